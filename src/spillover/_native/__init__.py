@@ -1,0 +1,1 @@
+"""Native extensions of spillover; import the public modules instead."""

@@ -1,0 +1,578 @@
+# cython: language_level=3
+"""Native core of the storage engine: framing, checksums, the batched and the
+threaded writer, and the zero-copy blocks the streaming reader hands out.
+
+Every loop and every I/O call runs with the GIL released; buffers arrive
+through the buffer protocol and are never copied in Python."""
+
+from cpython.buffer cimport (
+    PyBUF_SIMPLE,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.errno cimport EIO
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+from spl cimport *
+
+import os
+
+from spillover.errors import (
+    BadMagicError,
+    ClosedError,
+    CorruptFrameError,
+    CorruptHeaderError,
+    StorageError,
+    TruncatedFileError,
+    UnsupportedVersionError,
+)
+
+FORMAT_VERSION = SPL_FORMAT_VERSION
+HEADER_SIZE = SPL_HEADER_SIZE
+FRAME_HEADER_SIZE = SPL_FRAME_HEADER_SIZE
+TRAILER_SIZE = SPL_TRAILER_SIZE
+MAX_PAYLOAD = SPL_MAX_PAYLOAD
+
+# Below this a checksum is cheaper than releasing and taking back the GIL.
+DEF GIL_RELEASE_MIN = 16384
+DEF MAX_VIEWS = 512
+cdef char *FMT_B = "B"
+
+
+def crc32c(data, uint32_t value=0):
+    """CRC32C of a contiguous buffer, extending ``value``."""
+    cdef const uint8_t[::1] v = memoryview(data).cast("B")
+    cdef uint32_t r
+    with nogil:
+        r = spl_crc32c(value, &v[0] if v.shape[0] else NULL, v.shape[0])
+    return r
+
+
+def crc32c_hardware():
+    """True when CRC32C runs on the CPU's crc32 instruction."""
+    return bool(spl_crc32c_hw())
+
+
+def error_for(int code, str path, offset, str detail=None):
+    """The exception for a format error code found at ``offset`` of ``path``."""
+    if code == SPL_E_MAGIC:
+        return BadMagicError(
+            "not a spillover state file", path=path, offset=0, detail=detail,
+            hint="the file does not start with the state-file magic")
+    if code == SPL_E_VERSION:
+        return UnsupportedVersionError(
+            "unsupported state-file format version", path=path, offset=8, detail=detail,
+            hint=f"this reader supports format version {SPL_FORMAT_VERSION}; upgrade spillover")
+    if code == SPL_E_HEADER:
+        return CorruptHeaderError("corrupt state header", path=path, offset=0, detail=detail)
+    if code == SPL_E_FRAME_HEADER:
+        return CorruptHeaderError("corrupt frame header", path=path, offset=offset, detail=detail)
+    if code == SPL_E_PAYLOAD_CRC:
+        return CorruptFrameError(
+            "frame payload fails its checksum", path=path, offset=offset, detail=detail)
+    if code == SPL_E_TRAILER:
+        return CorruptHeaderError("corrupt trailer", path=path, offset=offset, detail=detail)
+    if code == SPL_E_TRUNCATED:
+        return TruncatedFileError("state file is truncated", path=path, offset=offset,
+                                  detail=detail)
+    return StorageError("storage failure", path=path, offset=offset, detail=detail)
+
+
+def encode_state_header(uint64_t checkpoint_id, uint32_t subtask_index, uint32_t gate_id,
+                        uint8_t gate_kind, uint8_t codec, bytes file_id):
+    """The 64-byte state header of format v1."""
+    cdef spl_state_header h
+    if len(file_id) != 16:
+        raise ValueError("file_id must be 16 bytes")
+    h.checkpoint_id = checkpoint_id
+    h.subtask_index = subtask_index
+    h.gate_id = gate_id
+    h.gate_kind = gate_kind
+    h.codec = codec
+    memcpy(h.file_id, PyBytes_AS_STRING(file_id), 16)
+    out = PyBytes_FromStringAndSize(NULL, SPL_HEADER_SIZE)
+    spl_encode_state_header(<uint8_t *>PyBytes_AS_STRING(out), &h)
+    return out
+
+
+def decode_state_header(const uint8_t[::1] data, str path=None):
+    """Fields of a state header as a dict; raises the matching FormatError."""
+    cdef spl_state_header h
+    if data.shape[0] < SPL_HEADER_SIZE:
+        raise TruncatedFileError("file is shorter than a state header", path=path,
+                                 offset=data.shape[0])
+    cdef int rc = spl_decode_state_header(&data[0], &h)
+    if rc == SPL_E_VERSION:
+        raise error_for(rc, path, 8, f"file has format version {h.version}")
+    if rc:
+        raise error_for(rc, path, 0)
+    return {
+        "format_version": h.version,
+        "checkpoint_id": h.checkpoint_id,
+        "subtask_index": h.subtask_index,
+        "gate_id": h.gate_id,
+        "gate_kind": h.gate_kind,
+        "codec": h.codec,
+        "file_id": bytes((<char *>h.file_id)[:16]),
+    }
+
+
+def encode_trailer(uint64_t frame_count, uint64_t raw_bytes, uint64_t stored_bytes,
+                   bytes file_id):
+    """The 64-byte trailer of format v1."""
+    cdef spl_trailer t
+    if len(file_id) != 16:
+        raise ValueError("file_id must be 16 bytes")
+    t.frame_count = frame_count
+    t.raw_bytes = raw_bytes
+    t.stored_bytes = stored_bytes
+    memcpy(t.file_id, PyBytes_AS_STRING(file_id), 16)
+    out = PyBytes_FromStringAndSize(NULL, SPL_TRAILER_SIZE)
+    spl_encode_trailer(<uint8_t *>PyBytes_AS_STRING(out), &t)
+    return out
+
+
+def decode_trailer(const uint8_t[::1] data, str path=None, offset=None):
+    """Fields of a trailer as a dict; raises CorruptHeaderError when damaged."""
+    cdef spl_trailer t
+    if data.shape[0] != SPL_TRAILER_SIZE or spl_decode_trailer(&data[0], &t):
+        raise error_for(SPL_E_TRAILER, path, offset,
+                        "the file does not end in a valid trailer; it was not closed cleanly "
+                        "or it was damaged")
+    return {
+        "frame_count": t.frame_count,
+        "raw_bytes": t.raw_bytes,
+        "stored_bytes": t.stored_bytes,
+        "file_id": bytes((<char *>t.file_id)[:16]),
+    }
+
+
+cdef int _py_sink(void *ctx, const iovec *iov, int n) noexcept with gil:
+    """Sink for Python streams: one write call per batch, with the batch coalesced."""
+    cdef NativeStorer self = <NativeStorer>ctx
+    cdef size_t total = 0, off = 0
+    cdef int i
+    for i in range(n):
+        total += iov[i].iov_len
+    try:
+        buf = PyByteArray_FromStringAndSize(NULL, total)
+        dst = PyByteArray_AS_STRING(buf)
+        with nogil:
+            for i in range(n):
+                memcpy(dst + off, iov[i].iov_base, iov[i].iov_len)
+                off += iov[i].iov_len
+        self.sink_write(buf)
+    except BaseException as e:
+        self.sink_exc = e
+        return EIO
+    return 0
+
+
+cdef class NativeStorer:
+    """Writes one state file through the C writer; see spillover.storage.Storer."""
+
+    cdef spl_writer *w
+    cdef Py_buffer views[MAX_VIEWS]
+    cdef int nviews
+    cdef object sink_write
+    cdef object sink_exc
+    cdef object compress
+    cdef bint async_mode
+    cdef bint closed
+    cdef bint in_append
+    cdef bytes file_id
+    cdef readonly str path
+    cdef readonly uint64_t frames
+    cdef readonly uint64_t raw_bytes
+    cdef readonly uint64_t stored_bytes
+    cdef readonly dict channels
+
+    def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
+                  size_t batch_bytes, size_t pool_bytes, str path):
+        self.nviews = 0
+        self.sink_write = sink_write
+        self.compress = compress
+        self.async_mode = pool_bytes > 0
+        self.file_id = file_id
+        self.path = path
+        self.channels = {}
+        if fd < 0 and sink_write is None:
+            raise ValueError("a storer needs a file descriptor or a write callable")
+        self.w = spl_writer_new(fd, <spl_sink_fn>_py_sink if fd < 0 else <spl_sink_fn>NULL,
+                                <void *>self, batch_bytes,
+                                pool_bytes)
+        if self.w == NULL:
+            raise MemoryError("cannot allocate the writer (pool or thread)")
+        cdef int flush_needed
+        self._check(spl_writer_put_raw(self.w, PyBytes_AS_STRING(header), len(header),
+                                       &flush_needed))
+
+    def __dealloc__(self):
+        self._release_views()
+        if self.w != NULL:
+            with nogil:
+                spl_writer_free(self.w)
+            self.w = NULL
+
+    cdef void _release_views(self) noexcept:
+        cdef int i
+        for i in range(self.nviews):
+            PyBuffer_Release(&self.views[i])
+        self.nviews = 0
+
+    cdef int _check(self, int rc) except -1:
+        cdef int err_no = 0
+        if rc == 0:
+            return 0
+        spl_writer_error(self.w, &err_no)
+        cause = self.sink_exc
+        msg = os.strerror(err_no) if err_no else "write failed"
+        if cause is not None:
+            exc = StorageError("writing the state file failed", path=self.path,
+                               offset=spl_writer_bytes_written(self.w),
+                               detail=f"{type(cause).__name__}: {cause}",
+                               errno=getattr(cause, "errno", None))
+            raise exc from cause
+        raise StorageError("writing the state file failed", path=self.path,
+                           offset=spl_writer_bytes_written(self.w), detail=msg, errno=err_no)
+
+    cdef int _flush(self) except -1:
+        cdef int rc
+        with nogil:
+            rc = spl_writer_flush(self.w)
+        self._release_views()
+        return self._check(rc)
+
+    def append(self, uint32_t channel_id, object buffer, int data_type=0):
+        """Frames ``buffer``; see Storer.append for ownership rules."""
+        cdef Py_buffer view
+        cdef int rc, flush_needed = 0
+        cdef uint8_t codec = SPL_CODEC_NONE
+        cdef Py_ssize_t raw_len
+        cdef int err_no = 0
+        if self.closed:
+            raise ClosedError("append after close", path=self.path)
+        if spl_writer_error(self.w, &err_no):
+            self._check(SPL_E_IO)
+        if data_type != SPL_DATA and data_type != SPL_EVENT:
+            raise ValueError(f"data_type must be 0 (data) or 1 (event), not {data_type}")
+        if self.in_append:
+            raise RuntimeError("a storer is not thread-safe: append called concurrently")
+        try:
+            PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+        except (BufferError, ValueError, TypeError) as e:
+            raise BufferError(
+                f"append needs one contiguous buffer of bytes, not {type(buffer).__name__}"
+            ) from e
+        raw_len = view.len
+        if raw_len > SPL_MAX_PAYLOAD:
+            PyBuffer_Release(&view)
+            raise ValueError(f"a buffer holds at most {SPL_MAX_PAYLOAD} bytes, not {raw_len}")
+        if self.compress is not None and raw_len > 0:
+            try:
+                packed = self.compress(buffer, store_size=False)
+            except BaseException:
+                PyBuffer_Release(&view)
+                raise
+            if len(packed) < raw_len:
+                PyBuffer_Release(&view)
+                PyObject_GetBuffer(packed, &view, PyBUF_SIMPLE)
+                codec = SPL_CODEC_LZ4
+        self.in_append = True
+        try:
+            if self.async_mode or view.len >= GIL_RELEASE_MIN:
+                with nogil:
+                    rc = spl_writer_add(self.w, channel_id, <uint8_t>data_type, codec, view.buf,
+                                        <uint32_t>view.len, <uint32_t>raw_len, &flush_needed)
+            else:
+                rc = spl_writer_add(self.w, channel_id, <uint8_t>data_type, codec, view.buf,
+                                    <uint32_t>view.len, <uint32_t>raw_len, &flush_needed)
+        finally:
+            self.in_append = False
+        if self.async_mode or rc:
+            PyBuffer_Release(&view)
+        else:
+            self.views[self.nviews] = view
+            self.nviews += 1
+        self._check(rc)
+        self.frames += 1
+        self.raw_bytes += raw_len
+        self.stored_bytes += view.len
+        stats = self.channels.get(channel_id)
+        if stats is None:
+            self.channels[channel_id] = [1, raw_len]
+        else:
+            stats[0] += 1
+            stats[1] += raw_len
+        if flush_needed:
+            self._flush()
+
+    def flush(self):
+        """Hands everything appended so far to the storage and drops held buffers."""
+        if self.closed:
+            raise ClosedError("flush after close", path=self.path)
+        self._flush()
+
+    def finish(self, bint fsync):
+        """Writes the trailer, drains, optionally fsyncs; returns the file size."""
+        cdef int rc, flush_needed = 0
+        cdef int do_fsync = fsync
+        if self.closed:
+            raise ClosedError("storer already closed", path=self.path)
+        trailer = encode_trailer(self.frames, self.raw_bytes, self.stored_bytes, self.file_id)
+        try:
+            rc = spl_writer_put_raw(self.w, PyBytes_AS_STRING(trailer), len(trailer),
+                                    &flush_needed)
+            if rc == 0:
+                with nogil:
+                    rc = spl_writer_finish(self.w, do_fsync)
+            self._release_views()
+            self._check(rc)
+        finally:
+            self.closed = True
+        return spl_writer_bytes_written(self.w)
+
+    def discard(self):
+        """Stops writing at once and drops everything queued (the caller deletes the file)."""
+        self.closed = True
+        self._release_views()
+        if self.w != NULL:
+            with nogil:
+                spl_writer_free(self.w)
+            self.w = NULL
+
+    @property
+    def bytes_written(self):
+        return spl_writer_bytes_written(self.w) if self.w != NULL else 0
+
+
+cdef class Block:
+    """A read-ahead block: malloc'd bytes that files are read into.
+
+    Buffers handed out by a retriever point into a block; the block is reused
+    only once none of them is alive (``users`` counts them)."""
+
+    cdef uint8_t *data
+    cdef readonly Py_ssize_t capacity
+    cdef public Py_ssize_t users
+
+    def __cinit__(self, Py_ssize_t capacity):
+        self.data = <uint8_t *>malloc(capacity if capacity > 0 else 1)
+        if self.data == NULL:
+            raise MemoryError(f"cannot allocate a read-ahead block of {capacity} bytes")
+        self.capacity = capacity
+        self.users = 0
+
+    def __dealloc__(self):
+        free(self.data)
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        buffer.buf = self.data
+        buffer.obj = self
+        buffer.len = self.capacity
+        buffer.readonly = 0
+        buffer.itemsize = 1
+        buffer.format = FMT_B if flags & 0x0004 else NULL  # PyBUF_FORMAT
+        buffer.ndim = 1
+        buffer.shape = &buffer.len if flags & 0x0008 else NULL  # PyBUF_ND
+        buffer.strides = &buffer.itemsize if flags & 0x0010 else NULL  # PyBUF_STRIDES
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
+
+    def move_tail(self, Block dst, Py_ssize_t start, Py_ssize_t end):
+        """Copies bytes [start, end) of this block to the start of ``dst``."""
+        if end - start > dst.capacity or start < 0 or end > self.capacity:
+            raise ValueError("tail does not fit the destination block")
+        with nogil:
+            memcpy(dst.data, self.data + start, end - start)
+
+    def u32_at(self, Py_ssize_t offset):
+        """The little-endian u32 at ``offset`` (a frame's stored length)."""
+        cdef uint8_t *p = self.data + offset
+        return p[0] | (p[1] << 8) | (p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef class RetrievedBuffer:
+    """One buffer read back from a state file.
+
+    It exposes its bytes through the buffer protocol, read-only, without a copy:
+    ``memoryview(buf)``, ``bytes(buf)``, ``numpy.frombuffer(buf, ...)``. The
+    memory stays valid as long as this object or any view of it is alive."""
+
+    cdef readonly uint32_t channel_id
+    cdef readonly int data_type
+    cdef readonly uint64_t offset
+    cdef public bint more_available
+    cdef object owner
+    cdef const uint8_t *ptr
+    cdef Py_ssize_t length
+    cdef Py_ssize_t shape[1]
+
+    def __dealloc__(self):
+        if isinstance(self.owner, Block):
+            (<Block>self.owner).users -= 1
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("retrieved buffers are read-only")
+        self.shape[0] = self.length
+        buffer.buf = <void *>self.ptr
+        buffer.obj = self
+        buffer.len = self.length
+        buffer.readonly = 1
+        buffer.itemsize = 1
+        buffer.format = FMT_B if flags & 0x0004 else NULL
+        buffer.ndim = 1
+        buffer.shape = self.shape if flags & 0x0008 else NULL
+        buffer.strides = &buffer.itemsize if flags & 0x0010 else NULL
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
+
+    def __len__(self):
+        return self.length
+
+    @property
+    def is_event(self):
+        """True for event buffers (data_type 1)."""
+        return self.data_type == SPL_EVENT
+
+    def tobytes(self):
+        """A copy of the bytes."""
+        return PyBytes_FromStringAndSize(<const char *>self.ptr, self.length)
+
+    def __repr__(self):
+        kind = "event" if self.data_type == SPL_EVENT else "data"
+        return f"<RetrievedBuffer channel={self.channel_id} {kind} {self.length} bytes>"
+
+
+cdef RetrievedBuffer _make_buffer(uint32_t channel, int data_type, uint64_t offset, object owner,
+                                  const uint8_t *ptr, Py_ssize_t length):
+    cdef RetrievedBuffer b = RetrievedBuffer.__new__(RetrievedBuffer)
+    b.channel_id = channel
+    b.data_type = data_type
+    b.offset = offset
+    b.owner = owner
+    b.ptr = ptr
+    b.length = length
+    if isinstance(owner, Block):
+        (<Block>owner).users += 1
+    return b
+
+
+cdef class FrameBatch:
+    """The whole frames found in one block, handed out one by one in order."""
+
+    cdef Block block
+    cdef spl_frame_ref *frames
+    cdef Py_ssize_t n
+    cdef Py_ssize_t i
+    cdef uint64_t base
+    cdef object decompress
+    cdef str path
+
+    def __dealloc__(self):
+        free(self.frames)
+        if self.block is not None:
+            self.block.users -= 1
+
+    @property
+    def remaining(self):
+        return self.n - self.i
+
+    def next(self):
+        """The next RetrievedBuffer, or None when the batch is used up."""
+        cdef spl_frame_ref *f
+        cdef const uint8_t *ptr
+        if self.i >= self.n:
+            return None
+        f = &self.frames[self.i]
+        self.i += 1
+        ptr = self.block.data + f.payload
+        offset = self.base + f.payload - SPL_FRAME_HEADER_SIZE
+        if f.codec == SPL_CODEC_NONE:
+            return _make_buffer(f.channel_id, f.data_type, offset, self.block, ptr,
+                                f.stored_length)
+        view = memoryview(self.block)[f.payload:f.payload + f.stored_length]
+        try:
+            raw = self.decompress(view, uncompressed_size=f.raw_length)
+        except Exception as e:
+            raise CorruptFrameError("lz4 frame does not decode", path=self.path, offset=offset,
+                                    detail=str(e)) from e
+        finally:
+            view.release()
+        if len(raw) != f.raw_length:
+            raise CorruptFrameError("lz4 frame decodes to the wrong length", path=self.path,
+                                    offset=offset,
+                                    detail=f"expected {f.raw_length}, got {len(raw)}")
+        return _make_buffer(f.channel_id, f.data_type, offset, raw,
+                            <const uint8_t *>PyBytes_AS_STRING(raw), f.raw_length)
+
+
+def scan_block(Block block, Py_ssize_t length, uint64_t base, bint verify, object decompress,
+               str path):
+    """Finds the whole frames in ``block[0:length)``, checking every header and, when
+    ``verify``, every payload checksum (GIL released).
+
+    Returns ``(batch, consumed, need, frames, raw_bytes, stored_bytes)``: ``need`` is
+    the size of the next, partial frame when its header is complete (else the size of
+    a frame header). Raises the matching FormatError, with the file offset, on damage.
+    """
+    cdef Py_ssize_t cap = 64, n = 0, k, pos = 0
+    cdef size_t got, consumed, err_at = 0
+    cdef int rc = 0
+    cdef uint64_t raw_sum = 0, stored_sum = 0
+    cdef spl_frame_ref *frames = <spl_frame_ref *>malloc(cap * sizeof(spl_frame_ref))
+    cdef spl_frame_ref *grown
+    if frames == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            while True:
+                rc = spl_scan_frames(block.data + pos, length - pos, frames + n, cap - n, verify,
+                                     &got, &consumed, &err_at)
+                for k in range(n, n + <Py_ssize_t>got):
+                    frames[k].payload += pos
+                    raw_sum += frames[k].raw_length
+                    stored_sum += frames[k].stored_length
+                n += got
+                err_at += pos
+                pos += consumed
+                if rc or n < cap:
+                    break
+                grown = <spl_frame_ref *>realloc(frames, 2 * cap * sizeof(spl_frame_ref))
+                if grown == NULL:
+                    rc = -1
+                    break
+                frames = grown
+                cap *= 2
+        if rc == -1:
+            raise MemoryError()
+        if rc:
+            raise error_for(rc, path, base + err_at)
+    except BaseException:
+        free(frames)
+        raise
+    cdef FrameBatch batch = FrameBatch.__new__(FrameBatch)
+    batch.block = block
+    block.users += 1
+    batch.frames = frames
+    batch.n = n
+    batch.i = 0
+    batch.base = base
+    batch.decompress = decompress
+    batch.path = path
+    need = SPL_FRAME_HEADER_SIZE
+    if length - pos >= SPL_FRAME_HEADER_SIZE:
+        need = SPL_FRAME_HEADER_SIZE + block.u32_at(pos + 8)
+    return batch, pos, need, n, raw_sum, stored_sum

@@ -1,0 +1,84 @@
+# C declarations of csrc/crc32c.h, csrc/frame.h and csrc/writer.h; no code here.
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+
+
+cdef extern from "<sys/uio.h>" nogil:
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+
+
+cdef extern from "crc32c.h" nogil:
+    uint32_t spl_crc32c(uint32_t crc, const void *data, size_t len)
+    uint32_t spl_crc32c_combine(uint32_t crc_a, uint32_t crc_b, size_t len_b)
+    int spl_crc32c_hw()
+
+
+cdef extern from "frame.h" nogil:
+    enum:
+        SPL_FORMAT_VERSION
+        SPL_HEADER_SIZE
+        SPL_FRAME_HEADER_SIZE
+        SPL_TRAILER_BODY_SIZE
+        SPL_TRAILER_SIZE
+        SPL_MAX_PAYLOAD
+        SPL_DATA
+        SPL_EVENT
+        SPL_CODEC_NONE
+        SPL_CODEC_LZ4
+        SPL_OK
+        SPL_E_MAGIC
+        SPL_E_VERSION
+        SPL_E_HEADER
+        SPL_E_FRAME_HEADER
+        SPL_E_PAYLOAD_CRC
+        SPL_E_TRAILER
+        SPL_E_TRUNCATED
+        SPL_E_IO
+
+    ctypedef struct spl_state_header:
+        uint16_t version
+        uint64_t checkpoint_id
+        uint32_t subtask_index
+        uint32_t gate_id
+        uint8_t gate_kind
+        uint8_t codec
+        uint8_t file_id[16]
+
+    ctypedef struct spl_trailer:
+        uint64_t frame_count
+        uint64_t raw_bytes
+        uint64_t stored_bytes
+        uint8_t file_id[16]
+
+    ctypedef struct spl_frame_ref:
+        uint64_t payload
+        uint32_t channel_id
+        uint32_t stored_length
+        uint32_t raw_length
+        uint8_t data_type
+        uint8_t codec
+
+    void spl_encode_state_header(uint8_t *out, const spl_state_header *h)
+    int spl_decode_state_header(const uint8_t *inp, spl_state_header *h)
+    void spl_encode_trailer(uint8_t *out, const spl_trailer *t)
+    int spl_decode_trailer(const uint8_t *inp, spl_trailer *t)
+    int spl_scan_frames(const uint8_t *buf, size_t len, spl_frame_ref *out, size_t max_out,
+                        int verify, size_t *n_out, size_t *consumed, size_t *err_at)
+
+
+cdef extern from "writer.h" nogil:
+    ctypedef int (*spl_sink_fn)(void *ctx, const iovec *iov, int n) noexcept
+    ctypedef struct spl_writer:
+        pass
+    spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batch_bytes,
+                               size_t pool_bytes)
+    int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_t codec,
+                       const void *payload, uint32_t stored_length, uint32_t raw_length,
+                       int *flush_needed)
+    int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_needed)
+    int spl_writer_flush(spl_writer *w)
+    int spl_writer_finish(spl_writer *w, int do_fsync)
+    int spl_writer_error(spl_writer *w, int *err_no)
+    uint64_t spl_writer_bytes_written(spl_writer *w)
+    void spl_writer_free(spl_writer *w)

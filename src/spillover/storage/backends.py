@@ -1,0 +1,230 @@
+"""Where state files live: local files (native I/O) or any ``pyarrow.fs`` filesystem.
+
+A backend turns file names inside one storage directory into writers and
+readers. The local backend hands the native writer a file descriptor, so the
+whole write path runs without the GIL; the pyarrow backend hands it the
+stream's ``write`` and the native writer calls it once per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as errno_mod
+import os
+from collections.abc import Callable
+from typing import Any, BinaryIO, Protocol, cast
+from urllib.parse import urlparse
+
+from spillover.errors import (
+    StateFileExistsError,
+    StateFileNotFoundError,
+    StorageError,
+)
+
+
+class ReadableFile(Protocol):
+    def readinto(self, b: Any) -> int | None: ...
+    def seek(self, offset: int, whence: int = ...) -> int: ...
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """The operations the engine needs from a place that holds state files."""
+
+    root: str
+
+    def uri_of(self, name: str) -> str: ...
+    def create(self, name: str) -> tuple[int, Callable[[Any], Any] | None, Callable[[bool], None]]:
+        """Creates ``name`` exclusively: ``(fd or -1, write or None, close(fsync))``."""
+        ...
+    def open_read(self, name: str) -> tuple[ReadableFile, int]:
+        """Opens ``name`` for reading: ``(file, size)``."""
+        ...
+    def delete(self, name: str) -> None: ...
+    def list(self) -> list[str]: ...
+
+
+class LocalBackend:
+    """State files in a local directory, written and read through file descriptors."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def uri_of(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def create(self, name: str) -> tuple[int, Callable[[Any], Any] | None, Callable[[bool], None]]:
+        path = self.uri_of(name)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError as e:
+            raise StateFileExistsError(
+                "state file already exists",
+                path=path,
+                errno=e.errno,
+                hint="each checkpoint and subtask needs its own storage directory",
+            ) from e
+        except OSError as e:
+            raise _storage_error("cannot create state file", path, e) from e
+
+        def close(fsync: bool) -> None:
+            try:
+                os.close(fd)
+                if fsync:
+                    dfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        os.fsync(dfd)
+                    finally:
+                        os.close(dfd)
+            except OSError as e:
+                raise _storage_error("cannot close state file", path, e) from e
+
+        return fd, None, close
+
+    def open_read(self, name: str) -> tuple[ReadableFile, int]:
+        path = self.uri_of(name)
+        try:
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - the retriever owns it
+        except FileNotFoundError as e:
+            raise StateFileNotFoundError("state file not found", path=path, errno=e.errno) from e
+        except OSError as e:
+            raise _storage_error("cannot open state file", path, e) from e
+        return cast(ReadableFile, f), os.fstat(f.fileno()).st_size
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.uri_of(name))
+
+    def list(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+
+
+class ArrowBackend:
+    """State files on any ``pyarrow.fs.FileSystem`` (S3, GCS, HDFS, local, ...)."""
+
+    def __init__(self, fs: Any, root: str, uri_prefix: str, query: str = "") -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.uri_prefix = uri_prefix.rstrip("/")
+        self.query = f"?{query}" if query else ""
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def uri_of(self, name: str) -> str:
+        # The query (endpoint, region, ...) is kept so a handle's URI reopens the file.
+        return f"{self.uri_prefix}/{name}{self.query}"
+
+    def create(self, name: str) -> tuple[int, Callable[[Any], Any] | None, Callable[[bool], None]]:
+        import pyarrow.fs as pafs
+
+        path = self._path(name)
+        try:
+            if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+                raise StateFileExistsError(
+                    "state file already exists",
+                    path=self.uri_of(name),
+                    errno=errno_mod.EEXIST,
+                    hint="each checkpoint and subtask needs its own storage directory",
+                )
+            self.fs.create_dir(self.root, recursive=True)
+            stream = self.fs.open_output_stream(path)
+        except StateFileExistsError:
+            raise
+        except OSError as e:
+            raise _storage_error("cannot create state file", self.uri_of(name), e) from e
+
+        def close(fsync: bool) -> None:
+            try:
+                stream.close()
+            except OSError as e:
+                raise _storage_error("cannot finish state file", self.uri_of(name), e) from e
+
+        return -1, stream.write, close
+
+    def open_read(self, name: str) -> tuple[ReadableFile, int]:
+        path = self._path(name)
+        try:
+            f = self.fs.open_input_file(path)
+            return cast(ReadableFile, f), int(f.size())
+        except FileNotFoundError as e:
+            raise StateFileNotFoundError(
+                "state file not found", path=self.uri_of(name), errno=errno_mod.ENOENT
+            ) from e
+        except OSError as e:
+            if "not found" in str(e).lower() or "does not exist" in str(e).lower():
+                raise StateFileNotFoundError(
+                    "state file not found", path=self.uri_of(name), errno=errno_mod.ENOENT
+                ) from e
+            raise _storage_error("cannot open state file", self.uri_of(name), e) from e
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self._path(name))
+
+    def list(self) -> list[str]:
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError as e:
+            raise _storage_error("cannot list storage directory", self.uri_prefix, e) from e
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+
+
+def _storage_error(message: str, path: str, e: OSError) -> StorageError:
+    return StorageError(
+        message,
+        path=path,
+        errno=e.errno,
+        detail=f"{type(e).__name__}: {e}",
+        hint="check that the storage is reachable and writable",
+    )
+
+
+def backend_for(uri: str | os.PathLike[str], filesystem: Any = None) -> Backend:
+    """The backend for a storage directory URI.
+
+    Plain paths and ``file://`` URIs use native local I/O; any other scheme goes
+    through ``pyarrow.fs.FileSystem.from_uri`` (so ``s3://bucket/dir?endpoint_override=...``
+    works); ``filesystem`` forces a given pyarrow filesystem with ``uri`` as its path.
+    """
+    text = os.fspath(uri)
+    if filesystem is not None:
+        return ArrowBackend(filesystem, text, text)
+    parsed = urlparse(text)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return LocalBackend(parsed.path if parsed.scheme == "file" else text)
+    try:
+        import pyarrow.fs as pafs
+    except ImportError as e:  # pragma: no cover - pyarrow is a dependency
+        raise StorageError(
+            "remote storage needs pyarrow", path=text, hint="pip install pyarrow"
+        ) from e
+    try:
+        fs, path = pafs.FileSystem.from_uri(text)
+    except (OSError, ValueError) as e:
+        raise StorageError(
+            "cannot open the filesystem of this URI",
+            path=text,
+            detail=f"{type(e).__name__}: {e}",
+            hint="use a local path or a URI pyarrow.fs understands (s3://, gs://, hdfs://)",
+        ) from e
+    prefix, _, query = text.partition("?")
+    return ArrowBackend(fs, path, prefix, query)
+
+
+def readinto_exact(f: ReadableFile | BinaryIO, view: memoryview) -> int:
+    """Reads until ``view`` is full or the file ends; returns the bytes read."""
+    got = 0
+    total = len(view)
+    while got < total:
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got

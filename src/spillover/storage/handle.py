@@ -1,0 +1,119 @@
+"""State handles: the small, serialisable record a closed storer returns."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spillover.errors import FormatError
+
+HANDLE_SCHEMA = 1
+
+
+class GateKind(enum.IntEnum):
+    """Which side of a subtask a gate is: an input gate or an output (result partition)."""
+
+    INPUT = 0
+    OUTPUT = 1
+
+    @classmethod
+    def parse(cls, value: GateKind | str | int) -> GateKind:
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                raise ValueError(f"gate kind must be 'input' or 'output', not {value!r}") from None
+        return cls(value)
+
+    @property
+    def prefix(self) -> str:
+        return "in" if self is GateKind.INPUT else "out"
+
+
+class DataType(enum.IntEnum):
+    """What a stored buffer holds."""
+
+    DATA = 0
+    EVENT = 1
+
+
+class Codec(enum.IntEnum):
+    """How a frame's payload is encoded."""
+
+    NONE = 0
+    LZ4 = 1
+
+    @classmethod
+    def parse(cls, value: str | None) -> Codec:
+        if value is None or value == "none":
+            return cls.NONE
+        if value == "lz4":
+            return cls.LZ4
+        raise ValueError(f"compression must be None or 'lz4', not {value!r}")
+
+    @property
+    def label(self) -> str | None:
+        return None if self is Codec.NONE else "lz4"
+
+
+def state_file_name(gate_id: int, kind: GateKind) -> str:
+    """``in-00003.spill`` / ``out-00003.spill`` (docs/format.md)."""
+    return f"{kind.prefix}-{gate_id:05d}.spill"
+
+
+@dataclass(frozen=True)
+class GateStateHandle:
+    """Where one gate's in-flight state lives and what it holds.
+
+    Cheap to keep in checkpoint metadata: ``to_dict()`` gives plain JSON types.
+    ``channels`` maps channel id to ``(frames, raw bytes)``.
+    """
+
+    uri: str
+    gate_id: int
+    gate_kind: GateKind
+    checkpoint_id: int
+    subtask_index: int
+    file_id: str
+    size: int
+    frame_count: int
+    raw_bytes: int
+    stored_bytes: int
+    codec: Codec = Codec.NONE
+    format_version: int = 1
+    channels: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema"] = HANDLE_SCHEMA
+        d["gate_kind"] = self.gate_kind.name.lower()
+        d["codec"] = self.codec.label
+        d["channels"] = {str(k): list(v) for k, v in sorted(self.channels.items())}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GateStateHandle:
+        if d.get("schema") != HANDLE_SCHEMA:
+            raise FormatError(
+                "unsupported state-handle schema",
+                detail=f"found {d.get('schema')!r}, this version reads {HANDLE_SCHEMA}",
+            )
+        try:
+            return cls(
+                uri=str(d["uri"]),
+                gate_id=int(d["gate_id"]),
+                gate_kind=GateKind.parse(d["gate_kind"]),
+                checkpoint_id=int(d["checkpoint_id"]),
+                subtask_index=int(d["subtask_index"]),
+                file_id=str(d["file_id"]),
+                size=int(d["size"]),
+                frame_count=int(d["frame_count"]),
+                raw_bytes=int(d["raw_bytes"]),
+                stored_bytes=int(d["stored_bytes"]),
+                codec=Codec.parse(d["codec"]),
+                format_version=int(d["format_version"]),
+                channels={int(k): (int(v[0]), int(v[1])) for k, v in d["channels"].items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise FormatError("malformed state handle", detail=str(e)) from e
