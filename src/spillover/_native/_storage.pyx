@@ -265,7 +265,11 @@ cdef class NativeStorer:
             raise RuntimeError("a storer is not thread-safe: append called concurrently")
         try:
             PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
-        except (BufferError, ValueError, TypeError) as e:
+        except TypeError as e:
+            raise TypeError(
+                f"append needs a bytes-like object (buffer protocol), not {type(buffer).__name__}"
+            ) from e
+        except (BufferError, ValueError) as e:
             raise BufferError(
                 f"append needs one contiguous buffer of bytes, not {type(buffer).__name__}"
             ) from e

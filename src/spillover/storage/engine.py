@@ -299,6 +299,15 @@ class Storer:
 _END = object()
 
 
+def _looks_like_trailer(tail: bytes | bytearray, file_id: bytes) -> bool:
+    """Whether the last 64 bytes are a trailer, perhaps damaged, rather than a cut file:
+    a damaged trailer still repeats the file id or keeps its intact trailer marking."""
+    if bytes(tail[-16:]) == file_id:
+        return True
+    intact = native.crc32c(memoryview(tail)[:20]) == int.from_bytes(tail[20:24], "little")
+    return intact and tail[:5] == b"\xff\xff\xff\xff\xff"
+
+
 class Retriever:
     """Streams the buffers of one state file back, in the order they were stored.
 
@@ -366,7 +375,7 @@ class Retriever:
         self._file.seek(self.size - ts)
         if readinto_exact(self._file, memoryview(tail)) != ts:
             raise TruncatedFileError("state file shrank while opening", path=self.uri)
-        if tail[4] != 255:
+        if not _looks_like_trailer(tail, header["file_id"]):
             raise TruncatedFileError(
                 "state file does not end in a trailer",
                 path=self.uri,

@@ -1,0 +1,42 @@
+# Set-up and the everyday commands. Everything installs into .venv (Python 3.11+).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NATIVE := $(wildcard csrc/*.c csrc/*.h src/spillover/_native/*.pyx src/spillover/_native/*.pxi src/spillover/_native/*.pxd src/spillover/_native/includes/*.pxd)
+
+.PHONY: install bench demo test lint typecheck unit benchmarks clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py $(NATIVE)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# The main job. Until the checkpoint benchmark lands this spills and restores a few
+# hundred MB through the engine and prints throughput against the raw disk.
+bench: demo
+demo: $(STAMP)
+	$(BIN)/spillover demo
+
+# The whole test suite: lint, types, tests.
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Performance figures for docs/benchmarks.md (minutes; not part of `make test`).
+benchmarks: $(STAMP)
+	$(BIN)/python -m pytest bench --benchmark-only -q
+
+clean:
+	rm -rf build $(VENV) src/spillover/_native/*.so src/spillover/_native/*.c

@@ -1,0 +1,91 @@
+"""Type stubs of the native storage core (see _storage.pyx)."""
+
+from collections.abc import Callable
+from typing import Any
+
+from spillover.errors import SpilloverError
+
+FORMAT_VERSION: int
+HEADER_SIZE: int
+FRAME_HEADER_SIZE: int
+TRAILER_SIZE: int
+MAX_PAYLOAD: int
+
+def crc32c(data: Any, value: int = 0) -> int: ...
+def crc32c_hardware() -> bool: ...
+def error_for(
+    code: int, path: str | None, offset: int | None, detail: str | None = None
+) -> SpilloverError: ...
+def encode_state_header(
+    checkpoint_id: int,
+    subtask_index: int,
+    gate_id: int,
+    gate_kind: int,
+    codec: int,
+    file_id: bytes,
+) -> bytes: ...
+def decode_state_header(data: Any, path: str | None = None) -> dict[str, Any]: ...
+def encode_trailer(
+    frame_count: int, raw_bytes: int, stored_bytes: int, file_id: bytes
+) -> bytes: ...
+def decode_trailer(
+    data: Any, path: str | None = None, offset: int | None = None
+) -> dict[str, Any]: ...
+
+class NativeStorer:
+    path: str
+    frames: int
+    raw_bytes: int
+    stored_bytes: int
+    channels: dict[int, list[int]]
+    bytes_written: int
+    def __init__(
+        self,
+        fd: int,
+        sink_write: Callable[[Any], Any] | None,
+        header: bytes,
+        file_id: bytes,
+        compress: Callable[..., bytes] | None,
+        batch_bytes: int,
+        pool_bytes: int,
+        path: str,
+    ) -> None: ...
+    def append(self, channel_id: int, buffer: Any, data_type: int = 0) -> None: ...
+    def flush(self) -> None: ...
+    def finish(self, fsync: bool) -> int: ...
+    def discard(self) -> None: ...
+
+class Block:
+    capacity: int
+    users: int
+    def __init__(self, capacity: int) -> None: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def move_tail(self, dst: Block, start: int, end: int) -> None: ...
+    def u32_at(self, offset: int) -> int: ...
+
+class RetrievedBuffer:
+    """One buffer read back from a state file; read-only, zero-copy (buffer protocol)."""
+
+    channel_id: int
+    data_type: int
+    offset: int
+    more_available: bool
+    @property
+    def is_event(self) -> bool: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __len__(self) -> int: ...
+    def tobytes(self) -> bytes: ...
+
+class FrameBatch:
+    @property
+    def remaining(self) -> int: ...
+    def next(self) -> RetrievedBuffer | None: ...
+
+def scan_block(
+    block: Block,
+    length: int,
+    base: int,
+    verify: bool,
+    decompress: Callable[..., bytes] | None,
+    path: str,
+) -> tuple[FrameBatch, int, int, int, int, int]: ...
