@@ -16,6 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import spillover
 from format_fuzz import (
     FrameTuple,
     check_every_cut_truncated,
@@ -24,10 +28,6 @@ from format_fuzz import (
     fuzz_reader,
     load_golden,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-import spillover
 from spillover._native import _storage as native
 from spillover.errors import (
     ClosedError,
@@ -108,7 +108,7 @@ def test_native_write_reads_back_in_both_readers(
     d = tmp_path / os.urandom(4).hex()
     handle = write_native(d, frames, codec, **mode)
     data = Path(handle.uri).read_bytes()
-    header, ref_frames = reference.read_state_file(data, path=handle.uri)
+    _header, ref_frames = reference.read_state_file(data, path=handle.uri)
     assert [(f.channel_id, f.data_type, f.data) for f in ref_frames] == frames
     assert native_read(data, "x.spill") == frames
     assert handle.size == len(data)

@@ -9,14 +9,17 @@ class, never by message text.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BadMagicError",
     "ClosedError",
     "ConfigError",
     "CorruptFrameError",
     "CorruptHeaderError",
-    "FormatError",
+    "CorruptRecordError",
     "ForeignFileError",
+    "FormatError",
     "RescaleError",
     "SpilloverError",
     "StateFileExistsError",
@@ -60,7 +63,7 @@ class SpilloverError(Exception):
     def __str__(self) -> str:
         return self._render()
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Any, ...]:
         return _rebuild, (
             type(self),
             self.message,
@@ -113,7 +116,11 @@ class StorageError(SpilloverError, OSError):
 
     def __init__(self, message: str, *, errno: int | None = None, **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
-        self.errno = errno  # type: ignore[misc]
+        self.errno = errno
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        cls, (kind, message, kw) = super().__reduce__()
+        return cls, (kind, message, {**kw, "errno": self.errno})
 
 
 class StateFileNotFoundError(StorageError, FileNotFoundError):
@@ -126,3 +133,7 @@ class StateFileExistsError(StorageError, FileExistsError):
 
 class RescaleError(SpilloverError, ValueError):
     """In-flight channel state cannot be mapped onto the new parallelism as asked."""
+
+
+class CorruptRecordError(FormatError):
+    """Records in a buffer do not parse: a bad length prefix, a record too short for its key."""

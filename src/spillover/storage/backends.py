@@ -12,7 +12,7 @@ import contextlib
 import errno as errno_mod
 import os
 from collections.abc import Callable
-from typing import Any, BinaryIO, Protocol, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlparse
 
 from spillover.errors import (
@@ -37,9 +37,11 @@ class Backend(Protocol):
     def create(self, name: str) -> tuple[int, Callable[[Any], Any] | None, Callable[[bool], None]]:
         """Creates ``name`` exclusively: ``(fd or -1, write or None, close(fsync))``."""
         ...
+
     def open_read(self, name: str) -> tuple[ReadableFile, int]:
         """Opens ``name`` for reading: ``(file, size)``."""
         ...
+
     def delete(self, name: str) -> None: ...
     def list(self) -> list[str]: ...
 
@@ -218,7 +220,7 @@ def backend_for(uri: str | os.PathLike[str], filesystem: Any = None) -> Backend:
     return ArrowBackend(fs, path, prefix, query)
 
 
-def readinto_exact(f: ReadableFile | BinaryIO, view: memoryview) -> int:
+def readinto_exact(f: ReadableFile, view: memoryview) -> int:
     """Reads until ``view`` is full or the file ends; returns the bytes read."""
     got = 0
     total = len(view)

@@ -146,9 +146,7 @@ class Storage:
         _check_u32("gate_id", gate_id)
         return Storer(self, gate_id, gk)
 
-    def create_retriever(
-        self, gate_id: int, *, kind: GateKind | str = GateKind.INPUT
-    ) -> Retriever:
+    def create_retriever(self, gate_id: int, *, kind: GateKind | str = GateKind.INPUT) -> Retriever:
         """A retriever streaming back one gate's buffers in the order they were stored."""
         gk = GateKind.parse(kind)
         _check_u32("gate_id", gate_id)
@@ -200,7 +198,11 @@ class Storer:
         self._file_id = uuid.uuid4().bytes
         fd, write, self._close_file = self._backend.create(self._name)
         header = native.encode_state_header(
-            self.checkpoint_id, self.subtask_index, gate_id, int(kind), int(self._codec),
+            self.checkpoint_id,
+            self.subtask_index,
+            gate_id,
+            int(kind),
+            int(self._codec),
             self._file_id,
         )
         compress = None
@@ -210,8 +212,14 @@ class Storer:
             compress = lz4.block.compress
         try:
             self._native = native.NativeStorer(
-                fd, write, header, self._file_id, compress, opts.batch_bytes,
-                0 if opts.blocking else opts.pool_bytes, self.uri,
+                fd,
+                write,
+                header,
+                self._file_id,
+                compress,
+                opts.batch_bytes,
+                0 if opts.blocking else opts.pool_bytes,
+                self.uri,
             )
         except BaseException:
             self._close_file(False)
@@ -440,9 +448,10 @@ class Retriever:
     def _read_frames(self) -> None:
         opts = self._opts
         decompress = None
-        if self.header["codec"] == Codec.LZ4 or self.trailer["stored_bytes"] != self.trailer[
-            "raw_bytes"
-        ]:
+        if (
+            self.header["codec"] == Codec.LZ4
+            or self.trailer["stored_bytes"] != self.trailer["raw_bytes"]
+        ):
             import lz4.block
 
             decompress = lz4.block.decompress
@@ -476,8 +485,9 @@ class Retriever:
             want = min(block.capacity - carry_len, left)
             got = readinto_exact(self._file, memoryview(block)[carry_len : carry_len + want])
             if got != want:
-                raise TruncatedFileError("state file shrank while reading", path=self.uri,
-                                         offset=pos + got)
+                raise TruncatedFileError(
+                    "state file shrank while reading", path=self.uri, offset=pos + got
+                )
             pos += got
             length = carry_len + got
             batch, consumed, need, n, r, s = native.scan_block(
@@ -517,7 +527,7 @@ class Retriever:
         while True:
             batch = self._batch
             if batch is not None:
-                buf = batch.next()
+                buf: RetrievedBuffer | None = batch.next()
                 if buf is not None:
                     buf.more_available = batch.remaining > 0 or not self._queue.empty()
                     return buf
