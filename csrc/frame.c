@@ -143,6 +143,7 @@ int spl_scan_frames(const uint8_t *buf, size_t len, spl_frame_ref *out, size_t m
         r->channel_id = f.channel_id;
         r->stored_length = f.stored_length;
         r->raw_length = f.raw_length;
+        r->payload_crc = f.payload_crc;
         r->data_type = f.data_type;
         r->codec = f.codec;
         r->_pad = 0;

@@ -66,6 +66,7 @@ typedef struct {
     uint32_t channel_id;
     uint32_t stored_length;
     uint32_t raw_length;
+    uint32_t payload_crc;
     uint8_t data_type;
     uint8_t codec;
     uint16_t _pad;
@@ -84,8 +85,9 @@ int spl_decode_trailer(const uint8_t in[SPL_TRAILER_SIZE], spl_trailer *t);
 /* Scans the frames in buf[0:len). Stops at the first frame that is not whole
  * in the block, or when `max_out` frames are found. On success returns SPL_OK
  * with *n_out frames and *consumed bytes; on a bad frame returns the error and
- * sets *err_at to its offset in the block. Payload checksums are verified when
- * `verify` is non-zero. */
+ * sets *err_at to its offset in the block. Header checksums are always
+ * verified, payload checksums when `verify` is non-zero (else the caller checks
+ * each payload against `payload_crc` when it hands it out). */
 int spl_scan_frames(const uint8_t *buf, size_t len, spl_frame_ref *out, size_t max_out,
                     int verify, size_t *n_out, size_t *consumed, size_t *err_at);
 

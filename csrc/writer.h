@@ -3,8 +3,11 @@
  * that live in Python, e.g. pyarrow streams; the callback takes the GIL).
  *
  * Blocking mode batches (header, payload) iovecs that point at the caller's
- * memory and writes them with one writev per batch: no copy. The caller keeps
- * each payload alive and unmodified until the batch is flushed.
+ * memory: no copy. A full batch is submitted to the writer thread, which
+ * writes it with writev while the caller fills the other batch, so checksums
+ * and the kernel's copy overlap. The caller keeps each payload alive and
+ * unmodified until the batch holding it is written: spl_writer_submit returns
+ * once the batch before it is written, and spl_writer_flush once all are.
  *
  * Non-blocking mode copies each frame into a bounded ring and a writer thread
  * persists it; an append waits while the ring is full. An I/O error is sticky:
@@ -21,14 +24,19 @@ typedef int (*spl_sink_fn)(void *ctx, const struct iovec *iov, int n);
 
 typedef struct spl_writer spl_writer;
 
+/* writev until every byte of iov[0:n) (n <= 1024) is written, in calls of at
+ * most 1 MiB; returns 0 or errno. */
+int spl_fd_write_all(int fd, const struct iovec *iov, int n);
+
 /* fd >= 0 selects the fd sink, else `sink` is used. pool_bytes > 0 selects
  * non-blocking mode with a ring of that size. Returns NULL when out of memory
  * or when the thread cannot start (errno set). */
 spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batch_bytes,
                            size_t pool_bytes);
 
-/* Frames one buffer. Blocking: queues iovecs and sets *flush_needed when the
- * batch is full (the caller must call spl_writer_flush before the next add).
+/* Frames one buffer. Blocking: queues iovecs into the current batch and sets
+ * *flush_needed when it is full (the caller must call spl_writer_submit before
+ * the next add).
  * Non-blocking: copies into the ring, waiting for room. The payload is
  * checksummed here. Returns SPL_OK or the sticky error. */
 int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_t codec,
@@ -38,8 +46,17 @@ int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_
 /* Queues raw bytes (the state header and the trailer; at most 64 bytes). */
 int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_needed);
 
-/* Blocking: writes the pending batch. Non-blocking: waits until the ring is
- * empty. After it returns, no payload given to spl_writer_add is referenced. */
+/* Blocking mode: hands the current batch to the thread once the previous one
+ * is written, and starts the other batch. The batch now current (the one
+ * written before) no longer references any payload. */
+int spl_writer_submit(spl_writer *w);
+
+/* Index (0 or 1) of the batch being filled, for callers that track payloads. */
+int spl_writer_current(spl_writer *w);
+
+/* Blocking: submits the current batch and waits until everything is written.
+ * Non-blocking: waits until the ring is empty. After it returns, no payload
+ * given to spl_writer_add is referenced. */
 int spl_writer_flush(spl_writer *w);
 
 /* Flushes, stops the writer thread, and fsyncs the fd when asked. */

@@ -69,6 +69,8 @@ class RetrievedBuffer:
     channel_id: int
     data_type: int
     offset: int
+    codec: int
+    stored_length: int
     more_available: bool
     @property
     def is_event(self) -> bool: ...
@@ -89,3 +91,5 @@ def scan_block(
     decompress: Callable[..., bytes] | None,
     path: str,
 ) -> tuple[FrameBatch, int, int, int, int, int]: ...
+def raw_write_baseline(fd: int, buffers: list[Any], batch_bytes: int) -> int: ...
+def raw_read_baseline(fd: int, block: Block) -> int: ...

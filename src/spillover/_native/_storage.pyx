@@ -13,7 +13,8 @@ from cpython.buffer cimport (
 )
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.errno cimport EIO
+from libc.errno cimport EIO, errno
+from posix.unistd cimport read
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
@@ -177,8 +178,9 @@ cdef class NativeStorer:
     """Writes one state file through the C writer; see spillover.storage.Storer."""
 
     cdef spl_writer *w
-    cdef Py_buffer views[MAX_VIEWS]
-    cdef int nviews
+    # Blocking mode holds the caller's buffers per batch until it is written.
+    cdef Py_buffer views[2][MAX_VIEWS]
+    cdef int nviews[2]
     cdef object sink_write
     cdef object sink_exc
     cdef object compress
@@ -194,7 +196,8 @@ cdef class NativeStorer:
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
                   size_t batch_bytes, size_t pool_bytes, str path):
-        self.nviews = 0
+        self.nviews[0] = 0
+        self.nviews[1] = 0
         self.sink_write = sink_write
         self.compress = compress
         self.async_mode = pool_bytes > 0
@@ -219,11 +222,15 @@ cdef class NativeStorer:
                 spl_writer_free(self.w)
             self.w = NULL
 
-    cdef void _release_views(self) noexcept:
+    cdef void _release_slot(self, int slot) noexcept:
         cdef int i
-        for i in range(self.nviews):
-            PyBuffer_Release(&self.views[i])
-        self.nviews = 0
+        for i in range(self.nviews[slot]):
+            PyBuffer_Release(&self.views[slot][i])
+        self.nviews[slot] = 0
+
+    cdef void _release_views(self) noexcept:
+        self._release_slot(0)
+        self._release_slot(1)
 
     cdef int _check(self, int rc) except -1:
         cdef int err_no = 0
@@ -248,10 +255,21 @@ cdef class NativeStorer:
         self._release_views()
         return self._check(rc)
 
+    cdef int _submit(self) except -1:
+        cdef int rc
+        with nogil:
+            rc = spl_writer_submit(self.w)
+        if rc:
+            self._release_views()
+            return self._check(rc)
+        # The batch now being filled was written before: its buffers are free.
+        self._release_slot(spl_writer_current(self.w))
+        return 0
+
     def append(self, uint32_t channel_id, object buffer, int data_type=0):
         """Frames ``buffer``; see Storer.append for ownership rules."""
         cdef Py_buffer view
-        cdef int rc, flush_needed = 0
+        cdef int rc, slot, flush_needed = 0
         cdef uint8_t codec = SPL_CODEC_NONE
         cdef Py_ssize_t raw_len
         cdef int err_no = 0
@@ -301,8 +319,9 @@ cdef class NativeStorer:
         if self.async_mode or rc:
             PyBuffer_Release(&view)
         else:
-            self.views[self.nviews] = view
-            self.nviews += 1
+            slot = spl_writer_current(self.w)
+            self.views[slot][self.nviews[slot]] = view
+            self.nviews[slot] += 1
         self._check(rc)
         self.frames += 1
         self.raw_bytes += raw_len
@@ -314,7 +333,10 @@ cdef class NativeStorer:
             stats[0] += 1
             stats[1] += raw_len
         if flush_needed:
-            self._flush()
+            if self.async_mode:
+                self._flush()
+            else:
+                self._submit()
 
     def flush(self):
         """Hands everything appended so far to the storage and drops held buffers."""
@@ -414,6 +436,8 @@ cdef class RetrievedBuffer:
     cdef readonly uint32_t channel_id
     cdef readonly int data_type
     cdef readonly uint64_t offset
+    cdef readonly int codec
+    cdef readonly uint32_t stored_length
     cdef public bint more_available
     cdef object owner
     cdef const uint8_t *ptr
@@ -460,11 +484,13 @@ cdef class RetrievedBuffer:
         return f"<RetrievedBuffer channel={self.channel_id} {kind} {self.length} bytes>"
 
 
-cdef RetrievedBuffer _make_buffer(uint32_t channel, int data_type, uint64_t offset, object owner,
+cdef RetrievedBuffer _make_buffer(spl_frame_ref *f, uint64_t offset, object owner,
                                   const uint8_t *ptr, Py_ssize_t length):
     cdef RetrievedBuffer b = RetrievedBuffer.__new__(RetrievedBuffer)
-    b.channel_id = channel
-    b.data_type = data_type
+    b.channel_id = f.channel_id
+    b.data_type = f.data_type
+    b.codec = f.codec
+    b.stored_length = f.stored_length
     b.offset = offset
     b.owner = owner
     b.ptr = ptr
@@ -484,6 +510,7 @@ cdef class FrameBatch:
     cdef uint64_t base
     cdef object decompress
     cdef str path
+    cdef bint verify
 
     def __dealloc__(self):
         free(self.frames)
@@ -498,15 +525,24 @@ cdef class FrameBatch:
         """The next RetrievedBuffer, or None when the batch is used up."""
         cdef spl_frame_ref *f
         cdef const uint8_t *ptr
+        cdef uint32_t crc
         if self.i >= self.n:
             return None
         f = &self.frames[self.i]
-        self.i += 1
         ptr = self.block.data + f.payload
         offset = self.base + f.payload - SPL_FRAME_HEADER_SIZE
+        if self.verify:
+            # Checked here, on the consumer's thread, so the reader thread only reads.
+            if f.stored_length >= GIL_RELEASE_MIN:
+                with nogil:
+                    crc = spl_crc32c(0, ptr, f.stored_length)
+            else:
+                crc = spl_crc32c(0, ptr, f.stored_length)
+            if crc != f.payload_crc:
+                raise error_for(SPL_E_PAYLOAD_CRC, self.path, offset)
+        self.i += 1
         if f.codec == SPL_CODEC_NONE:
-            return _make_buffer(f.channel_id, f.data_type, offset, self.block, ptr,
-                                f.stored_length)
+            return _make_buffer(f, offset, self.block, ptr, f.stored_length)
         view = memoryview(self.block)[f.payload:f.payload + f.stored_length]
         try:
             raw = self.decompress(view, uncompressed_size=f.raw_length)
@@ -519,14 +555,15 @@ cdef class FrameBatch:
             raise CorruptFrameError("lz4 frame decodes to the wrong length", path=self.path,
                                     offset=offset,
                                     detail=f"expected {f.raw_length}, got {len(raw)}")
-        return _make_buffer(f.channel_id, f.data_type, offset, raw,
-                            <const uint8_t *>PyBytes_AS_STRING(raw), f.raw_length)
+        return _make_buffer(f, offset, raw, <const uint8_t *>PyBytes_AS_STRING(raw),
+                            f.raw_length)
 
 
 def scan_block(Block block, Py_ssize_t length, uint64_t base, bint verify, object decompress,
                str path):
-    """Finds the whole frames in ``block[0:length)``, checking every header and, when
-    ``verify``, every payload checksum (GIL released).
+    """Finds the whole frames in ``block[0:length)``, checking every header (GIL
+    released); when ``verify``, the batch checks each payload's checksum as it hands
+    the buffer out.
 
     Returns ``(batch, consumed, need, frames, raw_bytes, stored_bytes)``: ``need`` is
     the size of the next, partial frame when its header is complete (else the size of
@@ -543,7 +580,7 @@ def scan_block(Block block, Py_ssize_t length, uint64_t base, bint verify, objec
     try:
         with nogil:
             while True:
-                rc = spl_scan_frames(block.data + pos, length - pos, frames + n, cap - n, verify,
+                rc = spl_scan_frames(block.data + pos, length - pos, frames + n, cap - n, 0,
                                      &got, &consumed, &err_at)
                 for k in range(n, n + <Py_ssize_t>got):
                     frames[k].payload += pos
@@ -576,7 +613,61 @@ def scan_block(Block block, Py_ssize_t length, uint64_t base, bint verify, objec
     batch.base = base
     batch.decompress = decompress
     batch.path = path
+    batch.verify = verify
     need = SPL_FRAME_HEADER_SIZE
     if length - pos >= SPL_FRAME_HEADER_SIZE:
         need = SPL_FRAME_HEADER_SIZE + block.u32_at(pos + 8)
     return batch, pos, need, n, raw_sum, stored_sum
+
+
+# -- baselines for the benchmarks: the same I/O without the format ---------------------
+
+
+def raw_write_baseline(int fd, list buffers, size_t batch_bytes):
+    """Writes ``buffers`` to ``fd`` with the storer's batched writev and nothing else:
+    the machine's own limit for what the storer does. Returns the bytes written."""
+    cdef Py_buffer views[MAX_VIEWS]
+    cdef iovec iov[MAX_VIEWS]
+    cdef int n = 0, rc = 0, i
+    cdef size_t pending = 0
+    cdef uint64_t total = 0
+    cdef Py_ssize_t k = 0, count = len(buffers)
+    try:
+        while k < count or n:
+            if k < count:
+                PyObject_GetBuffer(buffers[k], &views[n], PyBUF_SIMPLE)
+                iov[n].iov_base = views[n].buf
+                iov[n].iov_len = views[n].len
+                pending += views[n].len
+                n += 1
+                k += 1
+            if pending >= batch_bytes or n == MAX_VIEWS or (k == count and n):
+                with nogil:
+                    rc = spl_fd_write_all(fd, iov, n)
+                for i in range(n):
+                    PyBuffer_Release(&views[i])
+                n = 0
+                total += pending
+                pending = 0
+                if rc:
+                    raise OSError(rc, os.strerror(rc))
+    finally:
+        for i in range(n):
+            PyBuffer_Release(&views[i])
+    return total
+
+
+def raw_read_baseline(int fd, Block block):
+    """Reads ``fd`` to its end into one reused block: the machine's own read limit.
+    Returns the bytes read."""
+    cdef ssize_t r
+    cdef uint64_t total = 0
+    with nogil:
+        while True:
+            r = read(fd, block.data, block.capacity)
+            if r <= 0:
+                break
+            total += r
+    if r < 0:
+        raise OSError(errno, os.strerror(errno))
+    return total

@@ -56,6 +56,7 @@ cdef extern from "frame.h" nogil:
         uint32_t channel_id
         uint32_t stored_length
         uint32_t raw_length
+        uint32_t payload_crc
         uint8_t data_type
         uint8_t codec
 
@@ -71,12 +72,15 @@ cdef extern from "writer.h" nogil:
     ctypedef int (*spl_sink_fn)(void *ctx, const iovec *iov, int n) noexcept
     ctypedef struct spl_writer:
         pass
+    int spl_fd_write_all(int fd, const iovec *iov, int n)
     spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batch_bytes,
                                size_t pool_bytes)
     int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_t codec,
                        const void *payload, uint32_t stored_length, uint32_t raw_length,
                        int *flush_needed)
     int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_needed)
+    int spl_writer_submit(spl_writer *w)
+    int spl_writer_current(spl_writer *w)
     int spl_writer_flush(spl_writer *w)
     int spl_writer_finish(spl_writer *w, int do_fsync)
     int spl_writer_error(spl_writer *w, int *err_no)

@@ -1,0 +1,238 @@
+"""The ``spillover`` command line.
+
+Every option has an environment-variable twin (shown in ``--help``); the command
+line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from spillover.errors import SpilloverError
+
+
+class _EnvDefault(argparse.Action):
+    """An option whose default comes from an environment variable."""
+
+    def __init__(self, env: str, default: Any = None, **kw: Any) -> None:
+        if env in os.environ:
+            default = kw.get("type", str)(os.environ[env])
+            kw["required"] = False
+        kw["help"] = f"{kw.get('help', '')} [env {env}; default {default}]"
+        super().__init__(default=default, **kw)
+
+    def __call__(self, parser: Any, ns: Any, values: Any, option: Any = None) -> None:
+        setattr(ns, self.dest, values)
+
+
+def _env_option(p: argparse.ArgumentParser, *names: str, env: str, **kw: Any) -> None:
+    p.add_argument(*names, action=_EnvDefault, env=env, **kw)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from spillover.storage.inspection import inspect_state_file, state_files
+
+    reports: list[dict[str, Any]] = []
+    failed = 0
+    files = state_files(args.path)
+    if not files:
+        print(f"no state files (*.spill) under {args.path}", file=sys.stderr)
+        return 1
+    for uri in files:
+        try:
+            reports.append(inspect_state_file(uri, verify=not args.no_verify))
+        except SpilloverError as e:
+            failed += 1
+            reports.append({"uri": uri, "error": type(e).__name__, "message": str(e)})
+    if args.json:
+        json.dump(reports if len(reports) > 1 else reports[0], sys.stdout, indent=2)
+        print()
+        return 1 if failed else 0
+    for r in reports:
+        if "error" in r:
+            print(f"{r['uri']}: {r['error']}: {r['message']}")
+            continue
+        print(f"{r['uri']}  ({_fmt_bytes(r['size'])})")
+        print(
+            f"  format v{r['format_version']}, checkpoint {r['checkpoint_id']}, "
+            f"subtask {r['subtask_index']}, {r['gate_kind']} gate {r['gate_id']}, "
+            f"codec {r['codec']}, file id {r['file_id']}"
+        )
+        ratio = r["raw_bytes"] / r["stored_bytes"] if r["stored_bytes"] else 1.0
+        print(
+            f"  {r['frame_count']} frames, {_fmt_bytes(r['raw_bytes'])} raw, "
+            f"{_fmt_bytes(r['stored_bytes'])} stored ({ratio:.2f}x)"
+        )
+        if r["channels"]:
+            print(
+                f"  {'channel':>8} {'frames':>8} {'events':>7} {'raw':>12} {'stored':>12} {'lz4':>6}"
+            )
+            for ch, c in r["channels"].items():
+                print(
+                    f"  {ch:>8} {c['frames']:>8} {c['events']:>7} "
+                    f"{_fmt_bytes(c['raw_bytes']):>12} {_fmt_bytes(c['stored_bytes']):>12} "
+                    f"{c['lz4_frames']:>6}"
+                )
+        verified = "every checksum verified" if r["checksums_verified"] else "checksums not checked"
+        print(f"  ok: {verified}")
+    return 1 if failed else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Spills and restores a few hundred MB and compares with the raw disk."""
+    import numpy as np
+
+    import spillover
+    from spillover._native import _storage as native
+
+    total = args.size_mb * 1024 * 1024
+    size = args.buffer_size
+    n = max(1, total // size)
+    rng = np.random.default_rng(7)
+    # Partly compressible buffers: small integers next to random bytes.
+    pool = []
+    for _ in range(64):
+        b = rng.integers(0, 256, size, dtype=np.uint8)
+        b[: size // 2] = rng.integers(0, 4, size // 2, dtype=np.uint8)
+        pool.append(b.tobytes())
+    buffers = [pool[i % len(pool)] for i in range(n)]
+    nbytes = n * size
+    root = args.dir or tempfile.mkdtemp(prefix="spillover-demo-")
+    os.makedirs(root, exist_ok=True)
+    print(
+        f"spilling {_fmt_bytes(nbytes)} in {n} buffers of {_fmt_bytes(size)} "
+        f"over 8 channels to {root}"
+    )
+    rows = []
+
+    def fresh(path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        os.sync()
+
+    raw_path = os.path.join(root, "raw.bin")
+    fresh(raw_path)
+    fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    t = time.perf_counter()
+    native.raw_write_baseline(fd, buffers, 256 * 1024)
+    os.close(fd)
+    raw_write = nbytes / (time.perf_counter() - t)
+    rows.append(("raw sequential write (baseline)", raw_write, 1.0))
+    for label, opts in (
+        ("spill, blocking (zero-copy)", {"blocking": True}),
+        ("spill, non-blocking (pooled)", {"blocking": False}),
+        ("spill, blocking + lz4", {"blocking": True, "compression": "lz4"}),
+    ):
+        d = os.path.join(root, "spill")
+        fresh(d)
+        storage = spillover.open_storage(d, **opts)
+        t = time.perf_counter()
+        st = storage.create_storer(0)
+        append = st.append
+        for i, b in enumerate(buffers):
+            append(i & 7, b)
+        handle = st.close()
+        rate = nbytes / (time.perf_counter() - t)
+        rows.append((label, rate, rate / raw_write))
+    # Restore the last (lz4) file, then an uncompressed one, against a raw read.
+    fresh(os.path.join(root, "spill"))
+    st = spillover.open_storage(os.path.join(root, "spill")).create_storer(0)
+    for i, b in enumerate(buffers):
+        st.append(i & 7, b)
+    handle = st.close()
+    block = native.Block(1 << 20)
+    fd = os.open(raw_path, os.O_RDONLY)
+    t = time.perf_counter()
+    native.raw_read_baseline(fd, block)
+    os.close(fd)
+    raw_read = nbytes / (time.perf_counter() - t)
+    rows.append(("raw sequential read (baseline)", raw_read, 1.0))
+    t = time.perf_counter()
+    count = 0
+    with spillover.open_retriever(handle) as r:
+        for buf in r:
+            count += len(buf)
+    rate = nbytes / (time.perf_counter() - t)
+    assert count == nbytes
+    rows.append(("restore, streaming", rate, rate / raw_read))
+    print(f"\n{'':34} {'GB/s':>7} {'vs raw':>7}")
+    for label, rate, ratio in rows:
+        print(f"{label:34} {rate / 1e9:7.2f} {ratio:7.2f}")
+    print("\n(reads come from the page cache; see docs/benchmarks.md for the full suite)")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spillover",
+        description="Persist, restore and rescale the in-flight data of streaming dataflows.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="summarise and verify state files")
+    p.add_argument("path", help="a state file, or a storage directory (local path or URI)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-verify", action="store_true", help="skip payload checksums")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("demo", help="spill and restore a few hundred MB; print throughput")
+    _env_option(
+        p,
+        "--size-mb",
+        env="SPILLOVER_DEMO_SIZE_MB",
+        type=int,
+        default=512,
+        help="how much to spill",
+    )
+    _env_option(
+        p,
+        "--buffer-size",
+        env="SPILLOVER_DEMO_BUFFER_SIZE",
+        type=int,
+        default=32768,
+        help="bytes per buffer",
+    )
+    _env_option(
+        p,
+        "--dir",
+        env="SPILLOVER_DEMO_DIR",
+        type=str,
+        default=None,
+        help="where to spill (a temporary directory by default)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the files")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "size_mb", 1) <= 0 or getattr(args, "buffer_size", 1) <= 0:
+        parser.error("--size-mb and --buffer-size must be positive")
+    try:
+        return int(args.func(args))
+    except SpilloverError as e:
+        print(f"spillover: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
