@@ -80,9 +80,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"{_fmt_bytes(r['stored_bytes'])} stored ({ratio:.2f}x)"
         )
         if r["channels"]:
-            print(
-                f"  {'channel':>8} {'frames':>8} {'events':>7} {'raw':>12} {'stored':>12} {'lz4':>6}"
-            )
+            cols = ("channel", 8), ("frames", 8), ("events", 7), ("raw", 12), ("stored", 12)
+            print("  " + " ".join(f"{c:>{w}}" for c, w in cols) + f" {'lz4':>6}")
             for ch, c in r["channels"].items():
                 print(
                     f"  {ch:>8} {c['frames']:>8} {c['events']:>7} "
@@ -223,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `spillover inspect ... | head` is fine
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "size_mb", 1) <= 0 or getattr(args, "buffer_size", 1) <= 0:
