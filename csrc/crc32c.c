@@ -104,10 +104,17 @@ __attribute__((target("sse4.2"))) static uint32_t hw_update(uint32_t c, const ui
         cd = __builtin_ia32_crc32di(cd, wd);
     }
     /* Streams b and d started from the conditioned seed; combine works on
-     * final (xored) CRCs, so condition, combine, and uncondition. */
+     * final (xored) CRCs, so condition, combine, and uncondition. Buffer sizes
+     * repeat, so the shift operator for the stripe length is cached. */
+    static __thread size_t op_len;
+    static __thread uint32_t op;
+    if (op_len != stripe) {
+        op = x2nmodp(stripe, 3);
+        op_len = stripe;
+    }
     uint32_t r = ~(uint32_t)ca;
-    r = spl_crc32c_combine(r, ~(uint32_t)cb, stripe);
-    r = spl_crc32c_combine(r, ~(uint32_t)cd, stripe);
+    r = multmodp(op, r) ^ ~(uint32_t)cb;
+    r = multmodp(op, r) ^ ~(uint32_t)cd;
     return hw_update1(~r, p + 3 * stripe, n - 3 * stripe);
 }
 #else

@@ -1,0 +1,285 @@
+/* Record framing, reassembly, packing and the key-group filter loop. */
+#include "records.h"
+
+#include <stdlib.h>
+
+/* ---- reassembly ---- */
+
+int spl_carry_feed(spl_carry *c, const uint8_t *buf, size_t n, uint32_t max_len, size_t *used) {
+    size_t u = 0;
+    while (c->hdr_have < SPL_REC_PREFIX) {
+        if (u == n) {
+            *used = u;
+            return SPL_REC_MORE;
+        }
+        c->hdr[c->hdr_have++] = buf[u++];
+        if (c->hdr_have == SPL_REC_PREFIX) {
+            c->len = spl_le32(c->hdr);
+            c->have = 0;
+            if (c->len > max_len) {
+                *used = u;
+                return SPL_REC_E_TOO_LARGE;
+            }
+        }
+    }
+    if (c->cap < c->len) {
+        if (!c->self_alloc) {
+            *used = u;
+            return SPL_REC_NEED_ALLOC;
+        }
+        uint8_t *d = realloc(c->data, c->len);
+        if (!d) {
+            *used = u;
+            return SPL_REC_E_NOMEM;
+        }
+        c->data = d;
+        c->cap = c->len;
+    }
+    size_t take = c->len - c->have;
+    if (take > n - u) take = n - u;
+    if (take) memcpy(c->data + c->have, buf + u, take);
+    c->have += (uint32_t)take;
+    *used = u + take;
+    return c->have == c->len ? SPL_REC_OK : SPL_REC_MORE;
+}
+
+void spl_carry_reset(spl_carry *c) {
+    c->hdr_have = 0;
+    c->len = 0;
+    c->have = 0;
+    if (!c->self_alloc) {
+        c->data = NULL;
+        c->cap = 0;
+    }
+}
+
+void spl_carry_free(spl_carry *c) {
+    if (c->self_alloc) free(c->data);
+    c->data = NULL;
+    c->cap = 0;
+    spl_carry_reset(c);
+}
+
+int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, int64_t *offsets,
+                 int64_t *lengths, size_t max_out, size_t *count) {
+    size_t p = *pos, k = 0;
+    int rc = SPL_REC_OK;
+    while (k < max_out && p + SPL_REC_PREFIX <= n) {
+        uint32_t len = spl_le32(buf + p);
+        if (len > max_len) {
+            rc = SPL_REC_E_TOO_LARGE;
+            break;
+        }
+        if (len > n - p - SPL_REC_PREFIX) break;
+        offsets[k] = (int64_t)(p + SPL_REC_PREFIX);
+        lengths[k] = len;
+        k++;
+        p += SPL_REC_PREFIX + (size_t)len;
+    }
+    *pos = p;
+    *count = k;
+    return rc;
+}
+
+/* ---- packing ---- */
+
+#define SPL_SKEW_MIN_SIZE 8192
+
+int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs) {
+    memset(p, 0, sizeof *p);
+    p->outs = calloc(n_outs ? n_outs : 1, sizeof *p->outs);
+    if (!p->outs) return SPL_REC_E_NOMEM;
+    p->size = size;
+    p->n_outs = n_outs;
+    return SPL_REC_OK;
+}
+
+void spl_packer_free(spl_packer *p) {
+    if (p->outs)
+        for (uint32_t o = 0; o < p->n_outs; o++) free(p->outs[o].base);
+    for (size_t i = 0; i < p->n_full; i++) free(p->full[i].base);
+    free(p->outs);
+    free(p->full);
+    memset(p, 0, sizeof *p);
+}
+
+int spl_packer_retire(spl_packer *p, uint32_t o) {
+    if (p->n_full == p->full_cap) {
+        size_t cap = p->full_cap ? 2 * p->full_cap : 16;
+        spl_full *f = realloc(p->full, cap * sizeof *f);
+        if (!f) return SPL_REC_E_NOMEM;
+        p->full = f;
+        p->full_cap = cap;
+    }
+    spl_out *out = &p->outs[o];
+    p->full[p->n_full++] =
+        (spl_full){.buf = out->buf, .base = out->base, .output = (int32_t)o, .size = out->pos};
+    out->buf = NULL;
+    out->base = NULL;
+    out->pos = 0;
+    return SPL_REC_OK;
+}
+
+int spl_packer_flush(spl_packer *p) {
+    for (uint32_t o = 0; o < p->n_outs; o++) {
+        if (p->outs[o].pos) {
+            int rc = spl_packer_retire(p, o);
+            if (rc) return rc;
+        }
+    }
+    return SPL_REC_OK;
+}
+
+/* Copies src into output o, retiring every buffer it fills. */
+static int put_bytes(spl_packer *p, uint32_t o, const uint8_t *src, size_t n) {
+    spl_out *out = &p->outs[o];
+    while (n) {
+        if (!out->buf) {
+            /* Output buffers come from malloc at similar offsets modulo the
+             * cache's set stride, and fill at similar rates: with many outputs
+             * their write positions would fight over a few cache sets. Start
+             * each output at its own cache-line offset instead. */
+            size_t skew = p->size >= SPL_SKEW_MIN_SIZE ? (o * 7u % 64u) * 64u : 0;
+            out->base = malloc(p->size + skew);
+            if (!out->base) return SPL_REC_E_NOMEM;
+            out->buf = out->base + skew;
+            out->pos = 0;
+        }
+        size_t take = p->size - out->pos;
+        if (take > n) take = n;
+        memcpy(out->buf + out->pos, src, take);
+        out->pos += (uint32_t)take;
+        src += take;
+        n -= take;
+        if (out->pos == p->size) {
+            int rc = spl_packer_retire(p, o);
+            if (rc) return rc;
+        }
+    }
+    return SPL_REC_OK;
+}
+
+int spl_packer_put_slow(spl_packer *p, uint32_t o, const uint8_t *prefix, const uint8_t *payload,
+                        uint32_t len) {
+    int rc = put_bytes(p, o, prefix, SPL_REC_PREFIX);
+    return rc ? rc : put_bytes(p, o, payload, len);
+}
+
+int spl_packer_put_batch(spl_packer *p, uint32_t o, const uint8_t *data, const int64_t *offsets,
+                         size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int rc = spl_packer_put(p, o, data + offsets[i], (uint32_t)(offsets[i + 1] - offsets[i]));
+        if (rc) return rc;
+    }
+    return SPL_REC_OK;
+}
+
+/* ---- key groups and the filter ---- */
+
+#define SPL_REC_PREFETCH 2048
+
+int spl_rec_key_groups(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len,
+                       const spl_keyspec *key, int32_t max_p, int32_t *out, size_t max_out,
+                       size_t *count) {
+    spl_mod md = spl_mod_make((uint32_t)max_p);
+    size_t p = *pos, k = 0;
+    int rc = SPL_REC_OK;
+    while (k < max_out && p + SPL_REC_PREFIX <= n) {
+        uint32_t len = spl_le32(buf + p);
+        if (len > max_len) {
+            rc = SPL_REC_E_TOO_LARGE;
+            break;
+        }
+        if (len > n - p - SPL_REC_PREFIX) break;
+        int32_t h;
+        rc = spl_key_hash(key, buf + p + SPL_REC_PREFIX, len, &h);
+        if (rc) break;
+        out[k++] = spl_key_group_of_hash(h, md);
+        p += SPL_REC_PREFIX + (size_t)len;
+    }
+    *pos = p;
+    *count = k;
+    return rc;
+}
+
+int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg) {
+    if (kg < 0) {
+        int32_t h;
+        int rc = spl_key_hash(&d->key, payload, len, &h);
+        if (rc) return rc;
+        kg = spl_key_group_of_hash(h, d->mod);
+    }
+    int32_t o = d->table[kg];
+    if (o < 0) {
+        d->dropped++;
+        return SPL_REC_OK;
+    }
+    d->routed++;
+    return spl_packer_put(&d->packer, (uint32_t)o, payload, len);
+}
+
+/* The loop body, specialised by the compiler for each key kind (kind is a
+ * constant at every call site below), so the switch in spl_key_hash folds. */
+static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const uint8_t *buf,
+                                                            size_t n, size_t *pos,
+                                                            const int32_t *kgs, size_t max_records,
+                                                            size_t *count, int kind) {
+    const int32_t *table = d->table;
+    const spl_mod md = d->mod;
+    const uint32_t max_len = d->max_len;
+    spl_keyspec key = d->key;
+    key.kind = kind;
+    size_t p = *pos, k = 0;
+    uint64_t dropped = 0;
+    int rc = SPL_REC_OK;
+    while (k < max_records && p + SPL_REC_PREFIX <= n) {
+        /* The next record's address hangs on this one's length, which keeps
+         * loads from running ahead: fetch well in advance (a prefetch past the
+         * buffer's end is harmless). */
+        __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
+        uint32_t len = spl_le32(buf + p);
+        if (len > max_len) {
+            rc = SPL_REC_E_TOO_LARGE;
+            break;
+        }
+        if (len > n - p - SPL_REC_PREFIX) break;
+        int32_t kg;
+        if (kgs) {
+            kg = kgs[k];
+        } else {
+            int32_t h;
+            rc = spl_key_hash(&key, buf + p + SPL_REC_PREFIX, len, &h);
+            if (rc) break;
+            kg = spl_key_group_of_hash(h, md);
+        }
+        int32_t o = table[kg];
+        if (o >= 0) {
+            rc = spl_packer_put_framed(&d->packer, (uint32_t)o, buf + p, len);
+            if (rc) break;
+        } else {
+            dropped++;
+        }
+        k++;
+        p += SPL_REC_PREFIX + (size_t)len;
+    }
+    d->dropped += dropped;
+    d->routed += k - dropped;
+    *pos = p;
+    *count = k;
+    return rc;
+}
+
+int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const int32_t *kgs,
+                  size_t max_records, size_t *count) {
+    if (kgs) return demux_loop(d, buf, n, pos, kgs, max_records, count, d->key.kind);
+    switch (d->key.kind) {
+    case SPL_KEY_INT32:
+        return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_INT32);
+    case SPL_KEY_INT64:
+        return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_INT64);
+    case SPL_KEY_STR:
+        return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_STR);
+    default:
+        return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_BYTES);
+    }
+}

@@ -1,0 +1,96 @@
+# C declarations of csrc/keygroups.h and csrc/records.h; no code here.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "keygroups.h" nogil:
+    enum:
+        SPL_KEY_INT32
+        SPL_KEY_INT64
+        SPL_KEY_STR
+        SPL_KEY_BYTES
+
+    ctypedef struct spl_mod:
+        pass
+
+    int32_t spl_murmur_hash(int32_t code)
+    void spl_key_groups_from_hashes(const int32_t *hashes, size_t n, int32_t max_p, int32_t *out)
+    void spl_key_groups_int32(const int32_t *keys, size_t n, int32_t max_p, int32_t *out)
+    void spl_key_groups_int64(const int64_t *keys, size_t n, int32_t max_p, int32_t *out)
+    void spl_key_groups_packed(const uint8_t *data, const int64_t *offsets, size_t n, int kind,
+                               int32_t max_p, int32_t *out)
+    void spl_java_hashes_packed(const uint8_t *data, const int64_t *offsets, size_t n, int kind,
+                                int32_t *out)
+    spl_mod spl_mod_make(uint32_t d)
+
+
+cdef extern from "records.h" nogil:
+    enum:
+        SPL_REC_PREFIX
+        SPL_REC_MAX_LENGTH
+        SPL_REC_OK
+        SPL_REC_MORE
+        SPL_REC_NEED_ALLOC
+        SPL_REC_E_NOMEM
+        SPL_REC_E_TOO_LARGE
+        SPL_REC_E_SHORT_KEY
+
+    ctypedef struct spl_carry:
+        uint32_t hdr_have
+        uint32_t len
+        uint32_t have
+        uint32_t cap
+        uint8_t *data
+        int self_alloc
+
+    int spl_carry_feed(spl_carry *c, const uint8_t *buf, size_t n, uint32_t max_len, size_t *used)
+    void spl_carry_reset(spl_carry *c)
+    void spl_carry_free(spl_carry *c)
+    int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len,
+                     int64_t *offsets, int64_t *lengths, size_t max_out, size_t *count)
+
+    ctypedef struct spl_out:
+        uint8_t *buf
+        uint32_t pos
+
+    ctypedef struct spl_full:
+        uint8_t *buf
+        uint8_t *base
+        int32_t output
+        uint32_t size
+
+    ctypedef struct spl_packer:
+        uint32_t size
+        uint32_t n_outs
+        spl_out *outs
+        spl_full *full
+        size_t n_full
+
+    int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs)
+    void spl_packer_free(spl_packer *p)
+    int spl_packer_flush(spl_packer *p)
+    int spl_packer_put(spl_packer *p, uint32_t o, const uint8_t *payload, uint32_t len)
+    int spl_packer_put_batch(spl_packer *p, uint32_t o, const uint8_t *data,
+                             const int64_t *offsets, size_t n)
+
+    ctypedef struct spl_keyspec:
+        int kind
+        uint32_t offset
+        int prefixed
+
+    int spl_rec_key_groups(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len,
+                           const spl_keyspec *key, int32_t max_p, int32_t *out, size_t max_out,
+                           size_t *count)
+
+    ctypedef struct spl_demux:
+        spl_packer packer
+        const int32_t *table
+        spl_keyspec key
+        spl_mod mod
+        int32_t max_p
+        uint32_t max_len
+        uint64_t routed
+        uint64_t dropped
+
+    int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos,
+                      const int32_t *kgs, size_t max_records, size_t *count)
+    int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg)

@@ -1,0 +1,281 @@
+# Record framing: packing into fixed-size buffers, scanning, reassembly (csrc/records.c).
+
+MAX_RECORD_LENGTH = SPL_REC_MAX_LENGTH
+
+
+cdef class _Chunk:
+    """A malloc'd buffer handed over by the C packer; freed with its last view."""
+
+    cdef uint8_t *base
+    cdef uint8_t *ptr
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __dealloc__(self):
+        free(self.base)
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        view.buf = self.ptr
+        view.obj = self
+        view.len = self.shape[0]
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = <char *>"B" if flags & PyBUF_FORMAT else NULL
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef const uint8_t[::1] _as_bytes(object obj) except *:
+    """A flat byte view of any contiguous buffer (bytes, numpy, pyarrow, ...), without a copy."""
+    cdef const uint8_t[::1] mv
+    try:
+        mv = obj
+    except (ValueError, TypeError, BufferError):
+        mv = memoryview(obj).cast("B")  # other item formats or shapes, same bytes
+    return mv
+
+
+cdef object _adopt(uint8_t *base, uint8_t *ptr, size_t size):
+    """A numpy uint8 array over ptr[0..size) that frees base when it dies."""
+    cdef _Chunk c = _Chunk.__new__(_Chunk)
+    c.base = base
+    c.ptr = ptr
+    c.shape[0] = <Py_ssize_t>size
+    c.strides[0] = 1
+    cdef cnp.npy_intp dims[1]
+    dims[0] = <cnp.npy_intp>size
+    cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(1, dims, cnp.NPY_UINT8, ptr)
+    cnp.set_array_base(arr, c)
+    return arr
+
+
+cdef int _raise_rc(int rc, size_t at, str what) except -1:
+    if rc == SPL_REC_E_NOMEM:
+        raise MemoryError(f"out of memory while {what}")
+    if rc == SPL_REC_E_TOO_LARGE:
+        raise CorruptRecordError(
+            f"record length prefix too large while {what}",
+            detail=f"record starting at byte {at} of the buffer",
+            hint="the data is not length-prefixed records, or max_record_size is too small",
+        )
+    if rc == SPL_REC_E_SHORT_KEY:
+        raise CorruptRecordError(
+            f"record too short for its key field while {what}",
+            detail=f"record starting at byte {at} of the buffer",
+            hint="check the key's offset and type against the record layout",
+        )
+    raise RuntimeError(f"unexpected native status {rc} while {what}")
+
+
+cdef list _take_full(spl_packer *p):
+    """Hands every completed buffer over to Python as (output, array)."""
+    cdef size_t i
+    cdef list res = []
+    for i in range(p.n_full):
+        res.append((p.full[i].output, _adopt(p.full[i].base, p.full[i].buf, p.full[i].size)))
+    p.n_full = 0
+    return res
+
+
+cdef class Packer:
+    """Packs framed records into fixed-size buffers, one stream per output."""
+
+    cdef spl_packer p
+
+    def __cinit__(self, uint32_t buffer_size, uint32_t n_outputs):
+        memset(&self.p, 0, sizeof(self.p))
+        if buffer_size < 1:
+            raise ValueError("buffer_size must be at least 1")
+        if spl_packer_init(&self.p, buffer_size, n_outputs) != SPL_REC_OK:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        spl_packer_free(&self.p)
+
+    def put(self, uint32_t output, object record):
+        """Appends one record; returns the buffers it completed."""
+        cdef int rc
+        cdef const uint8_t[::1] payload = _as_bytes(record)
+        if output >= self.p.n_outs:
+            raise IndexError(output)
+        if <size_t>payload.shape[0] > SPL_REC_MAX_LENGTH:
+            raise ValueError("a record is at most 2**31 - 1 bytes")
+        with nogil:
+            rc = spl_packer_put(&self.p, output, _bytes_ptr(payload), <uint32_t>payload.shape[0])
+        if rc:
+            _raise_rc(rc, 0, "packing records")
+        return _take_full(&self.p)
+
+    def put_batch(self, uint32_t output, object records, const int64_t[::1] offsets):
+        """Appends records ``data[offsets[i]:offsets[i+1]]``; returns the buffers completed."""
+        cdef const uint8_t[::1] data = _as_bytes(records)
+        cdef int rc
+        cdef Py_ssize_t i
+        cdef size_t n
+        if output >= self.p.n_outs:
+            raise IndexError(output)
+        _check_offsets(data, offsets)
+        n = offsets.shape[0] - 1
+        with nogil:
+            for i in range(<Py_ssize_t>n):
+                if offsets[i + 1] - offsets[i] > SPL_REC_MAX_LENGTH:
+                    rc = -100
+                    break
+            else:
+                rc = spl_packer_put_batch(&self.p, output, _bytes_ptr(data), &offsets[0], n)
+        if rc == -100:
+            raise ValueError("a record is at most 2**31 - 1 bytes")
+        if rc:
+            _raise_rc(rc, 0, "packing records")
+        return _take_full(&self.p)
+
+    def flush(self):
+        """Hands out every partly filled buffer too (shorter than buffer_size)."""
+        if spl_packer_flush(&self.p):
+            raise MemoryError()
+        return _take_full(&self.p)
+
+    def pending_bytes(self):
+        """Bytes sitting in partly filled buffers."""
+        cdef uint32_t o
+        return sum(self.p.outs[o].pos for o in range(self.p.n_outs))
+
+
+cdef class Reassembler:
+    """Splits one channel's buffers into records, reassembling records that span buffers."""
+
+    cdef spl_carry c
+    cdef uint32_t max_len
+    cdef object _carry_arr
+    cdef object _off
+    cdef object _len
+    cdef uint64_t _consumed
+
+    def __cinit__(self, uint32_t max_len):
+        memset(&self.c, 0, sizeof(self.c))
+        self.c.self_alloc = 0
+        self.max_len = max_len
+        self._off = np.empty(0, dtype=np.int64)
+        self._len = np.empty(0, dtype=np.int64)
+        self._consumed = 0
+
+    @property
+    def pending_bytes(self):
+        """Bytes of a record begun in an earlier buffer and not yet complete."""
+        return self.c.hdr_have + self.c.have
+
+    cdef object _continue(self, const uint8_t *buf, size_t n, size_t *pos):
+        """Feeds buf[*pos..n) to the record in progress; returns it once complete."""
+        cdef int rc
+        cdef size_t used
+        cdef uint8_t[::1] dst
+        while True:
+            with nogil:
+                rc = spl_carry_feed(&self.c, buf + pos[0], n - pos[0], self.max_len, &used)
+            pos[0] += used
+            if rc == SPL_REC_NEED_ALLOC:
+                self._carry_arr = np.empty(self.c.len, dtype=np.uint8)
+                dst = self._carry_arr
+                self.c.data = &dst[0]
+                self.c.cap = self.c.len
+                continue
+            if rc == SPL_REC_OK:
+                done = self._carry_arr if self.c.len else np.empty(0, dtype=np.uint8)
+                self._carry_arr = None
+                spl_carry_reset(&self.c)
+                return done
+            if rc == SPL_REC_MORE:
+                return None
+            _raise_rc(rc, self._consumed + pos[0] - used, "reading records")
+
+    def feed(self, object buffer):
+        """Records completed by ``buf``: ``(carried, offsets, lengths)``.
+
+        ``carried`` is the payload (a new array) of the record that began in an
+        earlier buffer and ends in this one, or None; ``offsets``/``lengths``
+        (int64) locate the payloads of the records lying wholly in ``buf``.
+        """
+        cdef const uint8_t[::1] buf = _as_bytes(buffer)
+        cdef size_t n = buf.shape[0], pos = 0, count = 0, cap
+        cdef int rc
+        cdef int64_t[::1] o
+        cdef int64_t[::1] l
+        carried = None
+        if n == 0:
+            return None, self._off[:0].copy(), self._len[:0].copy()
+        cdef const uint8_t *p = &buf[0]
+        if self.c.hdr_have:
+            carried = self._continue(p, n, &pos)
+        if pos < n and not self.c.hdr_have:
+            cap = (n - pos) // SPL_REC_PREFIX + 1
+            if <size_t>self._off.shape[0] < cap:
+                self._off = np.empty(cap, dtype=np.int64)
+                self._len = np.empty(cap, dtype=np.int64)
+            o = self._off
+            l = self._len
+            with nogil:
+                rc = spl_rec_scan(p, n, &pos, self.max_len, &o[0], &l[0], cap, &count)
+            if rc:
+                _raise_rc(rc, self._consumed + pos, "reading records")
+            if pos < n:
+                self._continue(p, n, &pos)
+        self._consumed += n
+        return carried, self._off[:count].copy(), self._len[:count].copy()
+
+    def reset(self):
+        """Drops a partly read record."""
+        self._carry_arr = None
+        spl_carry_reset(&self.c)
+
+
+def scan_records(const uint8_t[::1] buf, uint32_t max_len):
+    """Payload offsets and lengths of the whole records at the start of ``buf``, and where they end."""
+    cdef size_t n = buf.shape[0], pos = 0, count = 0, cap = n // SPL_REC_PREFIX + 1
+    cdef int rc = SPL_REC_OK
+    off = np.empty(cap, dtype=np.int64)
+    lens = np.empty(cap, dtype=np.int64)
+    cdef int64_t[::1] o = off
+    cdef int64_t[::1] l = lens
+    if n:
+        with nogil:
+            rc = spl_rec_scan(&buf[0], n, &pos, max_len, &o[0], &l[0], cap, &count)
+    if rc:
+        _raise_rc(rc, pos, "scanning records")
+    return off[:count].copy(), lens[:count].copy(), pos
+
+
+cdef spl_keyspec _keyspec(int kind, uint32_t offset, bint prefixed):
+    cdef spl_keyspec k
+    k.kind = kind
+    k.offset = offset
+    k.prefixed = prefixed
+    return k
+
+
+def key_groups_of_buffer(
+    const uint8_t[::1] buf,
+    int32_t max_parallelism,
+    int kind,
+    uint32_t offset,
+    bint prefixed,
+    uint32_t max_len,
+):
+    """Key group of each whole record at the start of ``buf``, and where they end."""
+    cdef size_t n = buf.shape[0], pos = 0, count = 0, cap = n // SPL_REC_PREFIX + 1
+    cdef int rc = SPL_REC_OK
+    cdef spl_keyspec key = _keyspec(kind, offset, prefixed)
+    out = np.empty(cap, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    if n:
+        with nogil:
+            rc = spl_rec_key_groups(&buf[0], n, &pos, max_len, &key, max_parallelism, &o[0], cap,
+                                    &count)
+    if rc:
+        _raise_rc(rc, pos, "computing key groups")
+    return out[:count].copy(), pos

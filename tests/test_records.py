@@ -1,0 +1,338 @@
+"""Record framing, reassembly, serializers, keys and the key-group demultiplexer."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spillover.errors import ConfigError, CorruptRecordError
+from spillover.keygroups import (
+    assign_to_key_group,
+    key_group_range_for_operator,
+    key_group_table,
+)
+from spillover.records import (
+    BytesSerializer,
+    FieldKey,
+    FixedWidthSerializer,
+    KeyGroupDemux,
+    PickleSerializer,
+    RecordReader,
+    RecordWriter,
+    SelectorKey,
+    key_groups_of,
+    read_records,
+    write_records,
+)
+
+BUFFER_SIZES = st.one_of(st.integers(1, 16), st.sampled_from([31, 100, 1000, 4096, 65536]))
+# Mostly small records, some empty, some several buffers long.
+RECORDS = st.lists(
+    st.one_of(
+        st.binary(max_size=12),
+        st.just(b""),
+        st.integers(100, 70_000).map(lambda n: bytes(range(256)) * (n // 256) + b"x" * (n % 256)),
+    ),
+    max_size=40,
+)
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    bounds = [0, *points, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+# ---- writer and reader ----
+
+
+@settings(max_examples=150, deadline=None)
+@given(RECORDS, BUFFER_SIZES)
+def test_writer_then_reader_gives_back_the_records(records: list[bytes], size: int) -> None:
+    buffers = write_records(records, size)
+    assert all(len(b) == size for b in buffers[:-1])
+    assert 0 < len(buffers[-1]) <= size if buffers else not records
+    total = sum(4 + len(r) for r in records)
+    assert sum(len(b) for b in buffers) == total
+    assert read_records(buffers) == records
+
+
+@settings(max_examples=100, deadline=None)
+@given(RECORDS, st.lists(st.integers(0, 10**6), max_size=30))
+def test_reader_accepts_any_cut_of_the_stream(records: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(bytes(b) for b in write_records(records, 1 << 20))
+    assert read_records(split_at(stream, cuts)) == records
+
+
+@settings(max_examples=60, deadline=None)
+@given(RECORDS, BUFFER_SIZES)
+def test_write_batch_equals_one_by_one(records: list[bytes], size: int) -> None:
+    data, offsets = BytesSerializer().serialize_batch(records)
+    w = RecordWriter(size)
+    out = w.write_batch(data, offsets)
+    last = w.flush()
+    batched = b"".join(bytes(b) for b in [*out, *([last] if last is not None else [])])
+    assert batched == b"".join(bytes(b) for b in write_records(records, size))
+
+
+def test_reader_views_are_zero_copy_and_spanning_records_are_copied() -> None:
+    records = [b"a" * 10, b"b" * 50, b"c" * 3]
+    buffers = write_records(records, 32)
+    reader = RecordReader()
+    batches = [reader.feed(b) for b in buffers]
+    first = batches[0][0]
+    assert not first.copied and np.shares_memory(first.data, buffers[0])
+    assert first.to_list() == [b"a" * 10]
+    spanning = [b for bs in batches for b in bs if b.copied]
+    assert [b.to_list() for b in spanning] == [[b"b" * 50]]
+    assert not any(np.shares_memory(spanning[0].data, b) for b in buffers)
+
+
+def test_truncated_stream_and_huge_length_are_errors() -> None:
+    buffers = write_records([b"x" * 100], 16)
+    reader = RecordReader()
+    for b in buffers[:-1]:
+        reader.feed(b)
+    with pytest.raises(CorruptRecordError):
+        reader.finish()
+    with pytest.raises(CorruptRecordError):
+        RecordReader(max_record_size=99).feed(buffers[0])
+    with pytest.raises(CorruptRecordError):
+        RecordReader().feed(b"\xff\xff\xff\xff")  # 2**32 - 1 exceeds any Java int
+
+
+# ---- serializers ----
+
+DT = np.dtype([("key", "<i8"), ("value", "<f4"), ("tag", "S3")])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(-(2**63), 2**63 - 1), st.floats(width=32), st.binary(max_size=3)),
+        max_size=50,
+    ),
+    BUFFER_SIZES,
+)
+def test_fixed_width_round_trip(rows: list[tuple[int, float, bytes]], size: int) -> None:
+    ser: FixedWidthSerializer = FixedWidthSerializer(DT)
+    arr = np.array(rows, dtype=DT)
+    data, offsets = ser.serialize_batch(arr)
+    w = RecordWriter(size)
+    buffers = w.write_batch(data, offsets)
+    last = w.flush()
+    buffers += [last] if last is not None else []
+    reader = RecordReader()
+    parts = [ser.deserialize_batch(b) for buf in buffers for b in reader.feed(buf)]
+    got = np.concatenate(parts) if parts else np.empty(0, DT)
+    assert got.tobytes() == arr.tobytes()
+
+
+def test_fixed_width_batch_is_a_view_of_the_buffer() -> None:
+    ser: FixedWidthSerializer = FixedWidthSerializer(DT)
+    arr = np.array([(i, i / 2, b"ab") for i in range(100)], dtype=DT)
+    (buf,) = write_records([ser.serialize(x) for x in arr], 1 << 16)
+    (batch,) = RecordReader().feed(buf)
+    view = ser.deserialize_batch(batch)
+    assert np.shares_memory(view, buf)
+    assert (view["key"] == np.arange(100)).all()
+    with pytest.raises(CorruptRecordError):
+        ser.deserialize_batch(RecordReader().feed(write_records([b"short"], 64)[0])[0])
+
+
+def test_pickle_refuses_without_opt_in() -> None:
+    with pytest.raises(ConfigError):
+        PickleSerializer()
+    ser = PickleSerializer(allow_unsafe=True)
+    values = [{"a": 1}, (2, "b"), None]
+    data, offsets = ser.serialize_batch(values)
+    w = RecordWriter(7)
+    bufs = [*w.write_batch(data, offsets), w.flush()]
+    reader = RecordReader()
+    assert [v for b in bufs for bt in reader.feed(b) for v in ser.deserialize_batch(bt)] == values
+
+
+# ---- native keys ----
+
+KEYED = st.one_of(
+    st.tuples(st.just("int32"), st.lists(st.integers(-(2**31), 2**31 - 1), max_size=80)),
+    st.tuples(st.just("int64"), st.lists(st.integers(-(2**63), 2**63 - 1), max_size=80)),
+    st.tuples(st.just("str"), st.lists(st.text(max_size=20), max_size=80)),
+)
+
+
+def encode_key(kind: str, k: object) -> bytes:
+    if kind == "int32":
+        return struct.pack("<i", k)
+    if kind == "int64":
+        return struct.pack("<q", k)
+    assert isinstance(k, str)
+    raw = k.encode("utf-8")
+    return struct.pack("<I", len(raw)) + raw
+
+
+@settings(max_examples=100, deadline=None)
+@given(KEYED, st.integers(0, 7), st.integers(1, 32768))
+def test_native_record_key_groups_equal_scalar(
+    keyed: tuple[str, list[object]], pad: int, maxp: int
+) -> None:
+    kind, keys = keyed
+    recs = [b"p" * pad + encode_key(kind, k) + b"rest" for k in keys]
+    buf = b"".join(bytes(b) for b in write_records(recs, 1 << 20))
+    got = key_groups_of(buf, maxp, FieldKey(pad, kind))  # type: ignore[arg-type]
+    assert got.tolist() == [assign_to_key_group(k, maxp, kind) for k in keys]  # type: ignore[arg-type]
+
+
+def test_key_field_variants_and_errors() -> None:
+    recs = [b"\x00" + "k€😀".encode(), b"\x00"]
+    (buf,) = write_records(recs, 1024)
+    got = key_groups_of(buf, 128, FieldKey(1, "str", length_prefixed=False))
+    assert got.tolist() == [assign_to_key_group("k€😀", 128), assign_to_key_group("", 128)]
+    got = key_groups_of(buf, 128, FieldKey(1, "bytes", length_prefixed=False))
+    assert got.tolist() == [
+        assign_to_key_group("k€😀".encode(), 128),
+        assign_to_key_group(b"", 128),
+    ]
+    with pytest.raises(CorruptRecordError):
+        key_groups_of(buf, 128, FieldKey(0, "int64"))  # records too short for the key
+    with pytest.raises(CorruptRecordError):
+        key_groups_of(buf[:-1], 128, FieldKey(0, "bytes", length_prefixed=False))
+    with pytest.raises(ConfigError):
+        FieldKey(0, "float")  # type: ignore[arg-type]
+
+
+# ---- the demultiplexer ----
+
+
+@st.composite
+def demux_cases(draw: st.DrawFn) -> dict[str, object]:
+    maxp = draw(st.sampled_from([1, 7, 128, 1000]))
+    n_out = draw(st.integers(1, 6))
+    table = draw(st.lists(st.integers(-1, n_out - 1), min_size=maxp, max_size=maxp))
+    n_channels = draw(st.integers(1, 3))
+    channels = []
+    for c in range(n_channels):
+        keys = draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=60))
+        sizes = draw(
+            st.lists(
+                st.sampled_from([0, 1, 5, 40, 300, 5000]), min_size=len(keys), max_size=len(keys)
+            )
+        )
+        # Payload: int64 key, channel, sequence number, filler; identifies every record.
+        recs = [
+            struct.pack("<qHI", k, c, i) + b"f" * s
+            for i, (k, s) in enumerate(zip(keys, sizes, strict=True))
+        ]
+        in_size = draw(BUFFER_SIZES)
+        channels.append((keys, recs, write_records(recs, in_size)))
+    # Interleave the channels' buffers in a random order that keeps each channel's order.
+    order = draw(st.permutations([c for c, ch in enumerate(channels) for _ in ch[2]]))
+    return {
+        "maxp": maxp,
+        "n_out": n_out,
+        "table": table,
+        "channels": channels,
+        "order": order,
+        "out_size": draw(BUFFER_SIZES),
+    }
+
+
+@settings(max_examples=80, deadline=None)
+@given(demux_cases(), st.booleans())
+def test_demux_routes_every_record_to_its_key_groups_output(
+    case: dict[str, Any], selector: bool
+) -> None:
+    maxp, n_out, table, channels = case["maxp"], case["n_out"], case["table"], case["channels"]
+    key = (
+        SelectorKey(lambda b: struct.unpack_from("<q", b)[0], "int64")
+        if selector
+        else FieldKey(0, "int64")
+    )
+    demux = KeyGroupDemux(maxp, table, n_out, key=key, buffer_size=case["out_size"])
+    outs: dict[int, list[np.ndarray]] = {o: [] for o in range(n_out)}
+    cursor = [0] * len(channels)
+    for c in case["order"]:
+        buf = channels[c][2][cursor[c]]
+        cursor[c] += 1
+        for o, b in demux.push(buf, channel=c):
+            outs[o].append(b)
+    for o, b in demux.finish():
+        outs[o].append(b)
+
+    expected_out = {}
+    for keys, recs, _ in channels:
+        for k, r in zip(keys, recs, strict=True):
+            expected_out[r] = table[assign_to_key_group(k, maxp, "int64")]
+    got_all: list[bytes] = []
+    for o, bufs in outs.items():
+        assert all(len(b) == case["out_size"] for b in bufs[:-1])  # valid fixed-size buffers
+        got = read_records(bufs)
+        got_all += got
+        assert all(expected_out[r] == o for r in got)  # each record in its key group's output
+        for c, (_, recs, _) in enumerate(channels):  # input order kept per channel
+            mine = [r for r in got if struct.unpack_from("<H", r, 8)[0] == c]
+            assert mine == [r for r in recs if expected_out[r] == o]
+    kept = Counter(r for r, o in expected_out.items() if o >= 0)
+    assert Counter(got_all) == kept  # nothing lost, nothing duplicated, outputs disjoint
+    assert demux.routed == len(got_all)
+    assert demux.dropped == len(expected_out) - len(got_all)
+
+
+def test_demux_by_str_key_field_and_pending_records() -> None:
+    maxp, p = 128, 4
+    table = key_group_table(maxp, [key_group_range_for_operator(maxp, p, i) for i in range(p)])
+    words = ["alpha", "β", "😀", "", "delta"] * 20
+    recs = [encode_key("str", w) + b"!" for w in words]
+    demux = KeyGroupDemux(maxp, table, p, key=FieldKey(0, "str"), buffer_size=64)
+    bufs = write_records(recs, 13)
+    outs: dict[int, list[np.ndarray]] = {o: [] for o in range(p)}
+    for b in bufs[:-1]:
+        for o, ob in demux.push(b, channel="in"):
+            outs[o].append(ob)
+    assert demux.pending() == {"in": 4 + len(recs[-1]) - len(bufs[-1])}
+    with pytest.raises(CorruptRecordError):
+        demux.finish()
+    for o, ob in [*demux.push(bufs[-1], channel="in"), *demux.finish()]:
+        outs[o].append(ob)
+    for o in range(p):
+        owner = [table[assign_to_key_group(w, maxp)] for w in words]
+        assert read_records(outs[o]) == [r for r, ow in zip(recs, owner, strict=True) if ow == o]
+
+
+def test_demux_rejects_bad_tables_and_fails_stickily() -> None:
+    with pytest.raises(ConfigError):
+        KeyGroupDemux(128, np.zeros(127), 1)
+    with pytest.raises(ConfigError):
+        KeyGroupDemux(128, np.full(128, 2), 2)
+    demux = KeyGroupDemux(4, [0, 0, 0, 0], 1, key=FieldKey(0, "int64"))
+    with pytest.raises(CorruptRecordError):
+        demux.push(write_records([b"abc"], 64)[0])
+    with pytest.raises(RuntimeError):
+        demux.push(write_records([b"12345678"], 64)[0])
+
+
+def test_any_contiguous_buffer_is_accepted() -> None:
+    import pyarrow as pa
+
+    recs = [struct.pack("<q", 7) + b"abc", struct.pack("<q", -7), struct.pack("<q", 1) + b"x" * 40]
+    (buf,) = write_records(recs, 1024)
+    raw = bytes(buf)
+    kinds = [raw, bytearray(raw), memoryview(raw), np.frombuffer(raw, np.int8), pa.py_buffer(raw)]
+    for view in kinds:
+        assert read_records([view]) == recs
+        demux = KeyGroupDemux(128, np.zeros(128), 1)
+        assert read_records([b for _, b in [*demux.push(view), *demux.flush()]]) == recs
+        assert len(key_groups_of(view, 128)) == 3
+    w = RecordWriter(16)
+    out: list[object] = [*w.write(pa.py_buffer(b"hello")), *w.write(np.arange(3, dtype=np.int32))]
+    out.append(w.flush())
+    assert read_records(out) == [b"hello", np.arange(3, dtype=np.int32).tobytes()]
+    with pytest.raises((TypeError, ValueError)):
+        RecordReader().feed(np.zeros(16, np.uint8)[::2])  # not contiguous
