@@ -394,17 +394,34 @@ def test_retrieved_buffers_stay_valid_while_held(tmp_path: Path) -> None:
         assert arr.tobytes() == frames[0][2]
 
 
-def test_retrieval_memory_is_bounded(tmp_path: Path) -> None:
-    """Streaming a file many times the read-ahead window keeps few blocks alive."""
-    frames = [(0, 0, os.urandom(32768)) for _ in range(200)]  # 6.4 MiB
+@pytest.mark.parametrize("reader", ["native", "arrow"])
+def test_retrieval_memory_is_bounded(tmp_path: Path, reader: str) -> None:
+    """Streaming a file 10x the read-ahead window grows peak RSS by less than 2 windows."""
+    import subprocess
+    import sys
+
+    frames = [(i % 8, 0, os.urandom(32768)) for i in range(1280)]  # 40 MiB
     handle = write_native(tmp_path, frames)
-    r = spillover.open_retriever(handle, read_block_bytes=65536, read_ahead_bytes=262144)
-    peak = 0
-    for i, b in enumerate(r):
-        assert bytes(b) == frames[i][2]
-        peak = max(peak, len(r._pool))
-    assert peak <= r._queue.maxsize + 3
-    r.close()
+    code = f"""
+import spillover, pyarrow.fs as pafs
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+kw = {{"filesystem": pafs.LocalFileSystem()}} if {reader!r} == "arrow" else {{}}
+open("/proc/self/clear_refs", "w").write("5")
+before = rss("VmRSS:")
+n = 0
+with spillover.open_retriever({handle.uri!r}, read_ahead_bytes=4 << 20, **kw) as r:
+    for b in r:
+        n += len(b)
+assert n == 40 << 20
+print(rss("VmHWM:") - before)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    growth = int(out.stdout)
+    assert growth < 2 * (4 << 20), f"peak RSS grew by {growth} bytes"
 
 
 def test_large_buffer_spans_many_read_blocks(tmp_path: Path) -> None:

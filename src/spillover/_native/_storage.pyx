@@ -13,11 +13,13 @@ from cpython.buffer cimport (
 )
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.buffer cimport PyBUF_READ
 from libc.errno cimport EIO, errno
 from posix.unistd cimport read
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memmove
 
 from spl cimport *
 
@@ -378,29 +380,32 @@ cdef class NativeStorer:
 
 
 cdef class Block:
-    """A read-ahead block: malloc'd bytes that files are read into.
+    """A read-ahead block (a reference on a C block) for readers that fill blocks from
+    Python, e.g. pyarrow files. ``users`` counts the other references: the batch
+    made from it and the buffers pointing into it; the block is reused at zero."""
 
-    Buffers handed out by a retriever point into a block; the block is reused
-    only once none of them is alive (``users`` counts them)."""
-
-    cdef uint8_t *data
-    cdef readonly Py_ssize_t capacity
-    cdef public Py_ssize_t users
+    cdef spl_block *b
 
     def __cinit__(self, Py_ssize_t capacity):
-        self.data = <uint8_t *>malloc(capacity if capacity > 0 else 1)
-        if self.data == NULL:
+        self.b = spl_block_new(capacity)
+        if self.b == NULL:
             raise MemoryError(f"cannot allocate a read-ahead block of {capacity} bytes")
-        self.capacity = capacity
-        self.users = 0
 
     def __dealloc__(self):
-        free(self.data)
+        spl_block_decref(self.b)
+
+    @property
+    def capacity(self):
+        return self.b.cap
+
+    @property
+    def users(self):
+        return self.b.refs - 1
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
-        buffer.buf = self.data
+        buffer.buf = self.b.data
         buffer.obj = self
-        buffer.len = self.capacity
+        buffer.len = self.b.cap
         buffer.readonly = 0
         buffer.itemsize = 1
         buffer.format = FMT_B if flags & 0x0004 else NULL  # PyBUF_FORMAT
@@ -415,15 +420,10 @@ cdef class Block:
 
     def move_tail(self, Block dst, Py_ssize_t start, Py_ssize_t end):
         """Copies bytes [start, end) of this block to the start of ``dst``."""
-        if end - start > dst.capacity or start < 0 or end > self.capacity:
+        if end - start > <Py_ssize_t>dst.b.cap or start < 0 or end > <Py_ssize_t>self.b.cap:
             raise ValueError("tail does not fit the destination block")
         with nogil:
-            memcpy(dst.data, self.data + start, end - start)
-
-    def u32_at(self, Py_ssize_t offset):
-        """The little-endian u32 at ``offset`` (a frame's stored length)."""
-        cdef uint8_t *p = self.data + offset
-        return p[0] | (p[1] << 8) | (p[2] << 16) | (<uint32_t>p[3] << 24)
+            memmove(dst.b.data, self.b.data + start, end - start)
 
 
 cdef class RetrievedBuffer:
@@ -443,10 +443,6 @@ cdef class RetrievedBuffer:
     cdef const uint8_t *ptr
     cdef Py_ssize_t length
     cdef Py_ssize_t shape[1]
-
-    def __dealloc__(self):
-        if isinstance(self.owner, Block):
-            (<Block>self.owner).users -= 1
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
         if flags & PyBUF_WRITABLE:
@@ -484,7 +480,7 @@ cdef class RetrievedBuffer:
         return f"<RetrievedBuffer channel={self.channel_id} {kind} {self.length} bytes>"
 
 
-cdef RetrievedBuffer _make_buffer(spl_frame_ref *f, uint64_t offset, object owner,
+cdef inline RetrievedBuffer _make_buffer(spl_frame_ref *f, uint64_t offset, object owner,
                                   const uint8_t *ptr, Py_ssize_t length):
     cdef RetrievedBuffer b = RetrievedBuffer.__new__(RetrievedBuffer)
     b.channel_id = f.channel_id
@@ -495,44 +491,48 @@ cdef RetrievedBuffer _make_buffer(spl_frame_ref *f, uint64_t offset, object owne
     b.owner = owner
     b.ptr = ptr
     b.length = length
-    if isinstance(owner, Block):
-        (<Block>owner).users += 1
     return b
 
 
 cdef class FrameBatch:
-    """The whole frames found in one block, handed out one by one in order."""
+    """The whole frames of one block, handed out one by one in order. Each buffer
+    keeps the batch (and so the block) alive."""
 
-    cdef Block block
-    cdef spl_frame_ref *frames
-    cdef Py_ssize_t n
+    cdef spl_block *block
     cdef Py_ssize_t i
-    cdef uint64_t base
     cdef object decompress
     cdef str path
     cdef bint verify
 
     def __dealloc__(self):
-        free(self.frames)
-        if self.block is not None:
-            self.block.users -= 1
+        spl_block_decref(self.block)
 
     @property
     def remaining(self):
-        return self.n - self.i
+        return <Py_ssize_t>self.block.nframes - self.i
 
-    def next(self):
-        """The next RetrievedBuffer, or None when the batch is used up."""
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        b = self.next()
+        if b is None:
+            raise StopIteration
+        return b
+
+    cpdef next(self):
+        """The next RetrievedBuffer, or None when the batch is used up. Checks the
+        payload's checksum first when the retriever verifies."""
         cdef spl_frame_ref *f
+        cdef RetrievedBuffer buf
         cdef const uint8_t *ptr
         cdef uint32_t crc
-        if self.i >= self.n:
+        if self.i >= <Py_ssize_t>self.block.nframes:
             return None
-        f = &self.frames[self.i]
+        f = &self.block.frames[self.i]
         ptr = self.block.data + f.payload
-        offset = self.base + f.payload - SPL_FRAME_HEADER_SIZE
+        offset = self.block.base + f.payload - SPL_FRAME_HEADER_SIZE
         if self.verify:
-            # Checked here, on the consumer's thread, so the reader thread only reads.
             if f.stored_length >= GIL_RELEASE_MIN:
                 with nogil:
                     crc = spl_crc32c(0, ptr, f.stored_length)
@@ -542,8 +542,10 @@ cdef class FrameBatch:
                 raise error_for(SPL_E_PAYLOAD_CRC, self.path, offset)
         self.i += 1
         if f.codec == SPL_CODEC_NONE:
-            return _make_buffer(f, offset, self.block, ptr, f.stored_length)
-        view = memoryview(self.block)[f.payload:f.payload + f.stored_length]
+            buf = _make_buffer(f, offset, self, ptr, f.stored_length)
+            buf.more_available = self.i < <Py_ssize_t>self.block.nframes
+            return buf
+        view = PyMemoryView_FromMemory(<char *>ptr, f.stored_length, PyBUF_READ)
         try:
             raw = self.decompress(view, uncompressed_size=f.raw_length)
         except Exception as e:
@@ -555,8 +557,21 @@ cdef class FrameBatch:
             raise CorruptFrameError("lz4 frame decodes to the wrong length", path=self.path,
                                     offset=offset,
                                     detail=f"expected {f.raw_length}, got {len(raw)}")
-        return _make_buffer(f, offset, raw, <const uint8_t *>PyBytes_AS_STRING(raw),
-                            f.raw_length)
+        buf = _make_buffer(f, offset, raw, <const uint8_t *>PyBytes_AS_STRING(raw),
+                           f.raw_length)
+        buf.more_available = self.i < <Py_ssize_t>self.block.nframes
+        return buf
+
+
+cdef FrameBatch _make_batch(spl_block *b, bint verify, object decompress, str path):
+    """Wraps ``b``, taking over one reference to it."""
+    cdef FrameBatch batch = FrameBatch.__new__(FrameBatch)
+    batch.block = b
+    batch.i = 0
+    batch.verify = verify
+    batch.decompress = decompress
+    batch.path = path
+    return batch
 
 
 def scan_block(Block block, Py_ssize_t length, uint64_t base, bint verify, object decompress,
@@ -569,55 +584,84 @@ def scan_block(Block block, Py_ssize_t length, uint64_t base, bint verify, objec
     the size of the next, partial frame when its header is complete (else the size of
     a frame header). Raises the matching FormatError, with the file offset, on damage.
     """
-    cdef Py_ssize_t cap = 64, n = 0, k, pos = 0
-    cdef size_t got, consumed, err_at = 0
-    cdef int rc = 0
-    cdef uint64_t raw_sum = 0, stored_sum = 0
-    cdef spl_frame_ref *frames = <spl_frame_ref *>malloc(cap * sizeof(spl_frame_ref))
-    cdef spl_frame_ref *grown
-    if frames == NULL:
+    cdef size_t consumed = 0, need = 0, err_at = 0
+    cdef uint64_t frames = 0, raw = 0, stored = 0
+    cdef int rc
+    cdef spl_block *b = block.b
+    if length > <Py_ssize_t>b.cap:
+        raise ValueError("length exceeds the block")
+    b.len = length
+    b.base = base
+    with nogil:
+        rc = spl_block_scan(b, &consumed, &need, &err_at, &frames, &raw, &stored)
+    if rc == SPL_E_IO:
         raise MemoryError()
-    try:
-        with nogil:
-            while True:
-                rc = spl_scan_frames(block.data + pos, length - pos, frames + n, cap - n, 0,
-                                     &got, &consumed, &err_at)
-                for k in range(n, n + <Py_ssize_t>got):
-                    frames[k].payload += pos
-                    raw_sum += frames[k].raw_length
-                    stored_sum += frames[k].stored_length
-                n += got
-                err_at += pos
-                pos += consumed
-                if rc or n < cap:
-                    break
-                grown = <spl_frame_ref *>realloc(frames, 2 * cap * sizeof(spl_frame_ref))
-                if grown == NULL:
-                    rc = -1
-                    break
-                frames = grown
-                cap *= 2
-        if rc == -1:
-            raise MemoryError()
-        if rc:
-            raise error_for(rc, path, base + err_at)
-    except BaseException:
-        free(frames)
-        raise
-    cdef FrameBatch batch = FrameBatch.__new__(FrameBatch)
-    batch.block = block
-    block.users += 1
-    batch.frames = frames
-    batch.n = n
-    batch.i = 0
-    batch.base = base
-    batch.decompress = decompress
-    batch.path = path
-    batch.verify = verify
-    need = SPL_FRAME_HEADER_SIZE
-    if length - pos >= SPL_FRAME_HEADER_SIZE:
-        need = SPL_FRAME_HEADER_SIZE + block.u32_at(pos + 8)
-    return batch, pos, need, n, raw_sum, stored_sum
+    if rc:
+        raise error_for(rc, path, base + err_at)
+    spl_block_incref(b)
+    return _make_batch(b, verify, decompress, path), consumed, need, frames, raw, stored
+
+
+cdef class NativeReader:
+    """Read-ahead of a local state file by a native thread (see csrc/reader.h)."""
+
+    cdef spl_reader *r
+    cdef str path
+    cdef bint verify
+    cdef object decompress
+
+    def __cinit__(self, int fd, uint64_t start, uint64_t end, size_t block_bytes,
+                  size_t max_queued, uint64_t frames, uint64_t raw_bytes, uint64_t stored_bytes,
+                  bint verify, object decompress, str path):
+        self.path = path
+        self.verify = verify
+        self.decompress = decompress
+        self.r = spl_reader_new(fd, start, end, block_bytes, max_queued, frames, raw_bytes,
+                                stored_bytes)
+        if self.r == NULL:
+            raise MemoryError("cannot start the read-ahead thread")
+
+    def __dealloc__(self):
+        self.close()
+
+    def next_batch(self, double timeout):
+        """The next FrameBatch; None when none is ready within ``timeout`` seconds
+        (negative: wait as long as it takes); False at the end. Raises what the reader
+        found wrong."""
+        cdef int status = 0, err_no = 0
+        cdef uint64_t err_offset = 0
+        cdef int wait_ms = -1 if timeout < 0 else <int>(timeout * 1000)
+        cdef spl_block *b
+        if self.r == NULL:
+            raise ClosedError("retriever is closed", path=self.path)
+        if wait_ms == 0:
+            b = spl_reader_next(self.r, 0, &status, &err_offset, &err_no)
+        else:
+            with nogil:
+                b = spl_reader_next(self.r, wait_ms, &status, &err_offset, &err_no)
+        if b != NULL:
+            return _make_batch(b, self.verify, self.decompress, self.path)
+        if status == SPL_READER_WAIT:
+            return None
+        if status == SPL_READER_DONE:
+            return False
+        if status == SPL_E_IO:
+            raise StorageError("reading the state file failed", path=self.path,
+                               offset=err_offset, detail=os.strerror(err_no), errno=err_no)
+        if status == SPL_E_TRAILER:
+            raise CorruptHeaderError("trailer does not match the frames", path=self.path,
+                                     offset=err_offset)
+        if status == SPL_E_FRAME_HEADER and err_offset >= 0:
+            raise error_for(status, self.path, err_offset,
+                            "corrupt frame header, or a frame runs past the end of the data")
+        raise error_for(status, self.path, err_offset)
+
+    def close(self):
+        """Stops the thread; batches and buffers already handed out stay valid."""
+        if self.r != NULL:
+            with nogil:
+                spl_reader_free(self.r)
+            self.r = NULL
 
 
 # -- baselines for the benchmarks: the same I/O without the format ---------------------
@@ -664,7 +708,7 @@ def raw_read_baseline(int fd, Block block):
     cdef uint64_t total = 0
     with nogil:
         while True:
-            r = read(fd, block.data, block.capacity)
+            r = read(fd, block.b.data, block.b.cap)
             if r <= 0:
                 break
             total += r

@@ -8,6 +8,7 @@ to use them and docs/format.md specifies the bytes.
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import threading
@@ -353,18 +354,46 @@ class Retriever:
             raise
         self.gate_id = int(self.header["gate_id"])
         self.kind = GateKind(self.header["gate_kind"])
-        self._queue: queue.Queue[Any] = queue.Queue(
-            maxsize=max(1, options.read_ahead_bytes // options.read_block_bytes - 1)
-        )
-        self._stop = threading.Event()
         self._batch: Any = None
         self._finished = False
         self._closed = False
+        max_queued = max(1, options.read_ahead_bytes // options.read_block_bytes - 1)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queued)
+        self._stop = threading.Event()
         self._pool: list[Any] = []
-        self._thread = threading.Thread(
-            target=self._read_loop, name=f"spillover-read {name}", daemon=True
-        )
-        self._thread.start()
+        self._native: Any = None
+        self._thread: threading.Thread | None = None
+        decompress = self._decompressor()
+        fileno = getattr(self._file, "fileno", None)
+        if isinstance(self._file, io.FileIO) and fileno is not None:
+            # Local file: a native thread reads ahead, never needing the GIL.
+            t = self.trailer
+            self._native = native.NativeReader(
+                fileno(),
+                native.HEADER_SIZE,
+                self.size - native.TRAILER_SIZE,
+                options.read_block_bytes,
+                max_queued,
+                t["frame_count"],
+                t["raw_bytes"],
+                t["stored_bytes"],
+                options.verify_checksums,
+                decompress,
+                self.uri,
+            )
+        else:
+            self._thread = threading.Thread(
+                target=self._read_loop, name=f"spillover-read {name}", daemon=True
+            )
+            self._thread.start()
+
+    def _decompressor(self) -> Any:
+        t = self.trailer
+        if self.header["codec"] == Codec.LZ4 or t["stored_bytes"] != t["raw_bytes"]:
+            import lz4.block
+
+            return lz4.block.decompress
+        return None
 
     def _read_ends(self) -> tuple[dict[str, Any], dict[str, Any]]:
         hs, ts = native.HEADER_SIZE, native.TRAILER_SIZE
@@ -511,7 +540,30 @@ class Retriever:
 
     # -- consumer side -------------------------------------------------------
 
-    def _take(self, item: Any) -> None:
+    def _next_batch(self, timeout: float) -> bool:
+        """Takes the next batch (``timeout`` < 0 waits for ever, 0 polls); False when
+        none was ready. Marks the end; raises what the reader found wrong."""
+        if self._native is not None:
+            try:
+                item = self._native.next_batch(timeout)
+            except BaseException:
+                self._finished = True
+                raise
+            if item is None:
+                return False
+            if item is False:
+                self._finished = True
+                return True
+            self._batch = item
+            return True
+        try:
+            item = (
+                self._queue.get_nowait()
+                if timeout == 0
+                else self._queue.get(timeout=None if timeout < 0 else timeout)
+            )
+        except queue.Empty:
+            return False
         if item is _END:
             self._finished = True
         elif isinstance(item, BaseException):
@@ -519,6 +571,7 @@ class Retriever:
             raise item
         else:
             self._batch = item
+        return True
 
     def poll_next(self) -> RetrievedBuffer | None:
         """The next buffer if one is ready, else ``None`` (see ``finished``)."""
@@ -529,16 +582,10 @@ class Retriever:
             if batch is not None:
                 buf: RetrievedBuffer | None = batch.next()
                 if buf is not None:
-                    buf.more_available = batch.remaining > 0 or not self._queue.empty()
                     return buf
                 self._batch = None
-            if self._finished:
+            if self._finished or not self._next_batch(0):
                 return None
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return None
-            self._take(item)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until ``poll_next()`` has a buffer or the file is done; False on timeout."""
@@ -546,12 +593,7 @@ class Retriever:
             raise ClosedError("retriever is closed", path=self.uri)
         if self._finished or (self._batch is not None and self._batch.remaining):
             return True
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return False
-        self._take(item)
-        return True
+        return self._next_batch(-1.0 if timeout is None else timeout)
 
     @property
     def finished(self) -> bool:
@@ -559,23 +601,29 @@ class Retriever:
         return self._finished and (self._batch is None or not self._batch.remaining)
 
     def __iter__(self) -> Iterator[RetrievedBuffer]:
+        if self._closed:
+            raise ClosedError("retriever is closed", path=self.uri)
         while True:
-            buf = self.poll_next()
-            if buf is not None:
-                yield buf
-            elif self._finished:
+            if self._batch is not None:
+                yield from self._batch  # the batch iterates in C
+                self._batch = None
+            if self._finished:
                 return
-            else:
-                self.wait()
+            self._next_batch(-1.0)
 
     def close(self) -> None:
-        """Stops reading ahead and releases the file."""
+        """Stops reading ahead and releases the file. Buffers already returned stay valid."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._thread.join()
         self._batch = None
+        if self._native is not None:
+            self._native.close()
+            self._file.close()
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         while not self._queue.empty():
             self._queue.get_nowait()
 

@@ -86,3 +86,32 @@ cdef extern from "writer.h" nogil:
     int spl_writer_error(spl_writer *w, int *err_no)
     uint64_t spl_writer_bytes_written(spl_writer *w)
     void spl_writer_free(spl_writer *w)
+
+
+cdef extern from "reader.h" nogil:
+    ctypedef struct spl_block:
+        uint8_t *data
+        size_t cap
+        size_t len
+        uint64_t base
+        spl_frame_ref *frames
+        size_t nframes
+        int refs
+
+    spl_block *spl_block_new(size_t cap)
+    void spl_block_incref(spl_block *b)
+    void spl_block_decref(spl_block *b)
+    int spl_block_scan(spl_block *b, size_t *consumed, size_t *need, size_t *err_at,
+                       uint64_t *frames, uint64_t *raw, uint64_t *stored)
+
+    ctypedef struct spl_reader:
+        pass
+    enum:
+        SPL_READER_WAIT
+        SPL_READER_DONE
+    spl_reader *spl_reader_new(int fd, uint64_t start, uint64_t end, size_t block_bytes,
+                               size_t max_queued, uint64_t expect_frames, uint64_t expect_raw,
+                               uint64_t expect_stored)
+    spl_block *spl_reader_next(spl_reader *r, int wait_ms, int *status, uint64_t *err_offset,
+                               int *err_no)
+    void spl_reader_free(spl_reader *r)
