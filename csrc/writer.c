@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "crc32c.h"
@@ -29,7 +30,7 @@ struct spl_writer {
     spl_sink_fn sink;
     void *sink_ctx;
     size_t batch_bytes;
-    int error;
+    int error; /* sticky; written once under mu, read atomically */
     int err_no;
     uint64_t written;
 
@@ -39,17 +40,79 @@ struct spl_writer {
     int cur;
     int inflight;
 
-    /* non-blocking mode */
+    /* non-blocking mode: a single-producer, single-consumer byte ring */
     int async;
     uint8_t *ring;
     size_t cap;
+    size_t wake_bytes;   /* the thread sleeps until this much is queued */
     uint64_t head, tail; /* monotonic byte counters; position = counter % cap */
+    int flush_req;
+
     int stop;
     int thread_started;
     pthread_t thread;
+    /* mu and the conditions are only for sleeping; the state above is read and
+     * written with atomics, and a side that changes it wakes the other only if
+     * that one has said it sleeps (thread_sleeps / caller_sleeps). */
     pthread_mutex_t mu;
     pthread_cond_t not_empty, not_full;
+    int thread_sleeps, caller_sleeps;
 };
+
+#define LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
+#define STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
+
+/* A thread handoff costs tens of microseconds on a busy VM; a short spin
+ * catches the common case where the other side is about to finish. */
+#define SPIN_NS 20000
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Waits until `ready` holds: spins a little, then sleeps on `cv` having set
+ * `*flag` so the other side knows to signal. */
+#define WAIT_FOR(w, ready, cv, flag)                                              \
+    do {                                                                          \
+        if (!(ready)) {                                                           \
+            uint64_t t0_ = now_ns();                                              \
+            while (!(ready) && now_ns() - t0_ < SPIN_NS) cpu_relax();             \
+            if (!(ready)) {                                                       \
+                pthread_mutex_lock(&(w)->mu);                                     \
+                STORE(*(flag), 1);                                                \
+                while (!(ready)) pthread_cond_wait(&(cv), &(w)->mu);              \
+                STORE(*(flag), 0);                                                \
+                pthread_mutex_unlock(&(w)->mu);                                   \
+            }                                                                     \
+        }                                                                         \
+    } while (0)
+
+static void wake(spl_writer *w, pthread_cond_t *cv, int *flag) {
+    if (LOAD(*flag)) {
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_broadcast(cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+}
+
+static void set_error(spl_writer *w, int err_no) {
+    pthread_mutex_lock(&w->mu);
+    if (!w->error) {
+        w->err_no = err_no;
+        STORE(w->error, SPL_E_IO);
+    }
+    pthread_cond_broadcast(&w->not_full);
+    pthread_cond_broadcast(&w->not_empty);
+    pthread_mutex_unlock(&w->mu);
+}
 
 int spl_fd_write_all(int fd, const struct iovec *iov_in, int n) {
     struct iovec iov[MAX_IOV];
@@ -111,34 +174,32 @@ static void reset_batch(batch *b) {
 /* Blocking mode: write each submitted batch, one at a time. */
 static void batches_loop(spl_writer *w) {
     for (;;) {
-        while (!w->stop && w->inflight < 0) pthread_cond_wait(&w->not_empty, &w->mu);
-        if (w->inflight < 0) break; /* stopped and idle */
-        batch *b = &w->batches[w->inflight];
-        int rc = 0;
-        if (!w->error && b->iovcnt) {
-            pthread_mutex_unlock(&w->mu);
-            rc = sink_write(w, b->iov, b->iovcnt);
-            pthread_mutex_lock(&w->mu);
+        WAIT_FOR(w, LOAD(w->inflight) >= 0 || LOAD(w->stop), w->not_empty, &w->thread_sleeps);
+        int slot = LOAD(w->inflight);
+        if (slot < 0) break; /* stopped and idle */
+        batch *b = &w->batches[slot];
+        if (!LOAD(w->error) && b->iovcnt) {
+            int rc = sink_write(w, b->iov, b->iovcnt);
+            if (rc) set_error(w, rc);
         }
-        if (rc && !w->error) {
-            w->error = SPL_E_IO;
-            w->err_no = rc;
-        }
-        w->inflight = -1;
-        pthread_cond_broadcast(&w->not_full);
+        STORE(w->inflight, -1);
+        wake(w, &w->not_full, &w->caller_sleeps);
     }
 }
 
 /* Non-blocking mode: drain the ring in chunks of at most MAX_WRITE. */
 static void ring_loop(spl_writer *w) {
     for (;;) {
-        while (!w->stop && w->head == w->tail && !w->error) pthread_cond_wait(&w->not_empty, &w->mu);
-        if (w->error || (w->stop && w->head == w->tail)) break;
-        uint64_t avail = w->head - w->tail;
+        WAIT_FOR(w,
+                 LOAD(w->head) - w->tail >= w->wake_bytes ||
+                     (LOAD(w->head) != w->tail && (LOAD(w->flush_req) || LOAD(w->stop))) ||
+                     (LOAD(w->stop) && LOAD(w->head) == w->tail) || LOAD(w->error),
+                 w->not_empty, &w->thread_sleeps);
+        if (LOAD(w->error)) break;
+        uint64_t avail = LOAD(w->head) - w->tail;
+        if (avail == 0) break; /* stopped and drained */
         size_t chunk = avail < MAX_WRITE ? (size_t)avail : MAX_WRITE;
         size_t at = (size_t)(w->tail % w->cap);
-        pthread_mutex_unlock(&w->mu);
-
         struct iovec iov[2];
         int n = 1;
         iov[0].iov_base = w->ring + at;
@@ -151,25 +212,22 @@ static void ring_loop(spl_writer *w) {
             n = 2;
         }
         int rc = sink_write(w, iov, n);
-
-        pthread_mutex_lock(&w->mu);
         if (rc) {
-            w->error = SPL_E_IO;
-            w->err_no = rc;
-        } else {
-            w->tail += chunk;
+            set_error(w, rc);
+            break;
         }
-        pthread_cond_broadcast(&w->not_full);
+        STORE(w->tail, w->tail + chunk);
+        wake(w, &w->not_full, &w->caller_sleeps);
     }
 }
 
 static void *writer_main(void *arg) {
     spl_writer *w = arg;
-    pthread_mutex_lock(&w->mu);
     if (w->async)
         ring_loop(w);
     else
         batches_loop(w);
+    pthread_mutex_lock(&w->mu);
     pthread_cond_broadcast(&w->not_full);
     pthread_mutex_unlock(&w->mu);
     return NULL;
@@ -187,6 +245,7 @@ spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batc
     if (pool_bytes) {
         w->async = 1;
         w->cap = pool_bytes;
+        w->wake_bytes = w->batch_bytes < pool_bytes / 2 ? w->batch_bytes : pool_bytes / 2;
         w->ring = malloc(pool_bytes);
         if (!w->ring) {
             free(w);
@@ -208,29 +267,25 @@ spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batc
 }
 
 /* Copies bytes into the ring, waiting for room; the writer thread only reads
- * [tail, head), so the copy runs outside the lock. */
+ * [tail, head), so the copy needs no lock. */
 static int ring_put(spl_writer *w, const uint8_t *p, size_t len) {
     while (len) {
-        pthread_mutex_lock(&w->mu);
-        while (!w->error && w->head - w->tail == w->cap) pthread_cond_wait(&w->not_full, &w->mu);
-        if (w->error) {
-            pthread_mutex_unlock(&w->mu);
-            return w->error;
-        }
-        size_t room = w->cap - (size_t)(w->head - w->tail);
+        /* Wait for a good share of the ring rather than every freed byte. */
+        size_t want = len < w->cap / 4 ? len : w->cap / 4;
+        WAIT_FOR(w, w->cap - (size_t)(w->head - LOAD(w->tail)) >= want || LOAD(w->error),
+                 w->not_full, &w->caller_sleeps);
+        if (LOAD(w->error)) return LOAD(w->error);
+        size_t room = w->cap - (size_t)(w->head - LOAD(w->tail));
         size_t at = (size_t)(w->head % w->cap);
-        pthread_mutex_unlock(&w->mu);
-
         size_t n = len < room ? len : room;
         if (n > w->cap - at) n = w->cap - at;
         memcpy(w->ring + at, p, n);
         p += n;
         len -= n;
-
-        pthread_mutex_lock(&w->mu);
-        w->head += n;
-        pthread_cond_signal(&w->not_empty);
-        pthread_mutex_unlock(&w->mu);
+        uint64_t before = w->head - LOAD(w->tail);
+        STORE(w->head, w->head + n);
+        if (before < w->wake_bytes && before + n >= w->wake_bytes)
+            wake(w, &w->not_empty, &w->thread_sleeps);
     }
     return SPL_OK;
 }
@@ -248,18 +303,14 @@ static void queue_iov(batch *b, const void *p, size_t len) {
     b->pending += len;
 }
 
-/* The thread sets the sticky error under the lock; the caller peeks without it. */
-#define STICKY(w) __atomic_load_n(&(w)->error, __ATOMIC_ACQUIRE)
-
 int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_needed) {
     *flush_needed = 0;
-    if (STICKY(w)) return STICKY(w);
+    if (LOAD(w->error)) return LOAD(w->error);
     if (w->async) return ring_put(w, data, len);
     batch *b = &w->batches[w->cur];
     if (len > SPL_TRAILER_SIZE || b->iovcnt + 1 > MAX_IOV || b->small_used + len > SMALL_ARENA) {
-        w->error = SPL_E_IO;
-        w->err_no = EINVAL;
-        return w->error;
+        set_error(w, EINVAL);
+        return LOAD(w->error);
     }
     uint8_t *dst = b->small + b->small_used;
     memcpy(dst, data, len);
@@ -273,7 +324,7 @@ int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_
                    const void *payload, uint32_t stored_length, uint32_t raw_length,
                    int *flush_needed) {
     *flush_needed = 0;
-    if (STICKY(w)) return STICKY(w);
+    if (LOAD(w->error)) return LOAD(w->error);
     spl_frame_header f = {channel_id, data_type, codec, 0, stored_length, raw_length,
                           spl_crc32c(0, payload, stored_length)};
     if (w->async) {
@@ -295,40 +346,37 @@ int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_
 int spl_writer_current(spl_writer *w) { return w->cur; }
 
 int spl_writer_submit(spl_writer *w) {
-    pthread_mutex_lock(&w->mu);
-    while (w->inflight >= 0) pthread_cond_wait(&w->not_full, &w->mu);
-    if (!w->error) {
-        w->inflight = w->cur;
-        pthread_cond_signal(&w->not_empty);
+    WAIT_FOR(w, LOAD(w->inflight) < 0, w->not_full, &w->caller_sleeps);
+    int e = LOAD(w->error);
+    if (!e) {
+        STORE(w->inflight, w->cur);
+        wake(w, &w->not_empty, &w->thread_sleeps);
     }
-    int e = w->error;
-    pthread_mutex_unlock(&w->mu);
     w->cur ^= 1;
     reset_batch(&w->batches[w->cur]);
     return e;
 }
 
 int spl_writer_flush(spl_writer *w) {
-    pthread_mutex_lock(&w->mu);
     if (w->async) {
-        while (!w->error && w->head != w->tail) pthread_cond_wait(&w->not_full, &w->mu);
-        int e = w->error;
+        STORE(w->flush_req, 1);
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_broadcast(&w->not_empty);
         pthread_mutex_unlock(&w->mu);
-        return e;
+        WAIT_FOR(w, LOAD(w->head) == LOAD(w->tail) || LOAD(w->error), w->not_full,
+                 &w->caller_sleeps);
+        STORE(w->flush_req, 0);
+        return LOAD(w->error);
     }
-    pthread_mutex_unlock(&w->mu);
     spl_writer_submit(w);
-    pthread_mutex_lock(&w->mu);
-    while (w->inflight >= 0) pthread_cond_wait(&w->not_full, &w->mu);
-    int e = w->error;
-    pthread_mutex_unlock(&w->mu);
-    return e;
+    WAIT_FOR(w, LOAD(w->inflight) < 0, w->not_full, &w->caller_sleeps);
+    return LOAD(w->error);
 }
 
 static void stop_thread(spl_writer *w) {
     if (!w->thread_started) return;
     pthread_mutex_lock(&w->mu);
-    w->stop = 1;
+    STORE(w->stop, 1);
     pthread_cond_broadcast(&w->not_empty);
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->thread, NULL);
@@ -339,11 +387,8 @@ int spl_writer_finish(spl_writer *w, int do_fsync) {
     int rc = spl_writer_flush(w);
     stop_thread(w);
     if (rc) return rc;
-    if (do_fsync && w->fd >= 0 && fsync(w->fd) != 0) {
-        w->error = SPL_E_IO;
-        w->err_no = errno;
-    }
-    return w->error;
+    if (do_fsync && w->fd >= 0 && fsync(w->fd) != 0) set_error(w, errno);
+    return LOAD(w->error);
 }
 
 int spl_writer_error(spl_writer *w, int *err_no) {
@@ -360,13 +405,7 @@ void spl_writer_free(spl_writer *w) {
     if (!w) return;
     if (w->thread_started) {
         /* Abandoned without finish: make the thread drop what is queued. */
-        pthread_mutex_lock(&w->mu);
-        if (!w->error) {
-            w->error = SPL_E_IO;
-            w->err_no = ECANCELED;
-        }
-        pthread_cond_broadcast(&w->not_empty);
-        pthread_mutex_unlock(&w->mu);
+        set_error(w, ECANCELED);
         stop_thread(w);
     }
     pthread_mutex_destroy(&w->mu);
