@@ -2,9 +2,9 @@
 
 Each test builds synthetic old in-flight state that is consistent with how the
 old job partitioned its records, replays it through the mapping the way the
-runtime will (input pieces at the reading downstream subtask, output pieces
-re-sent by the replaying upstream subtask), and compares where every record
-lands with its true new owner, computed independently.
+runtime will (each old channel, input piece then output piece, at the reading
+downstream subtask), and compares where every record lands with its true new
+owner, computed independently.
 """
 
 from __future__ import annotations
@@ -123,22 +123,29 @@ def true_owner(et: EdgeType, par: Par, rec: Rec) -> int:
     return old_d % par.down_new
 
 
+def output_piece(et: EdgeType, src: ChannelSource) -> tuple[int, int]:
+    """The output piece (upstream, subpartition) of the old channel an input source names."""
+    if et is EdgeType.FORWARD:
+        return src.old_subtask, 0
+    return src.old_channel, src.old_subtask
+
+
 def replay(m: EdgeMapping, par: Par, recs: list[Rec]) -> dict[int, Counter[int]]:
-    """Apply the mapping: rid -> how many times each new downstream subtask receives it."""
+    """Apply the mapping: rid -> how many times each new downstream subtask receives it.
+
+    A reader of an old channel reads its input piece and its output piece.
+    """
     readers: dict[tuple[Side, int, int], list[tuple[int, ChannelSource]]] = {}
-    for side in Side:
-        for new, src in m.side(side):
-            readers.setdefault((side, src.old_subtask, src.old_channel), []).append((new, src))
-    pointwise = m.edge_type is EdgeType.FORWARD
+    for new, src in m.input:
+        readers.setdefault((Side.INPUT, src.old_subtask, src.old_channel), []).append((new, src))
+        tail = output_piece(m.edge_type, src)
+        readers.setdefault((Side.OUTPUT, *tail), []).append((new, src))
+    assert not any(m.output.sources), "new upstream subtasks re-send nothing"
     got: dict[int, Counter[int]] = {r.rid: Counter() for r in recs}
     for r in recs:
         for new, src in readers.get((r.side, r.old_subtask, r.old_channel), []):
             channels = src.route(key_group=r.key, partition=partitioner(r.key, par.down_new))
-            for ch in channels:
-                if r.side is Side.INPUT:
-                    got[r.rid][new] += 1
-                else:  # re-sent by upstream ``new`` on subpartition ``ch``
-                    got[r.rid][new if pointwise else ch] += 1
+            got[r.rid][new] += len(channels)
     return got
 
 
@@ -151,25 +158,21 @@ def check_exactly_once(et: EdgeType, par: Par, m: EdgeMapping, recs: list[Rec]) 
 def check_structure(et: EdgeType, par: Par, m: EdgeMapping) -> None:
     """Shape rules a retriever relies on, whatever the records."""
     assert m.output.new_parallelism == par.up_new and m.input.new_parallelism == par.down_new
-    # Each old output is replayed by exactly one new upstream, the documented one,
-    # and its input-side counterpart arrives on that upstream's channel, so the
-    # old channel's order (input part, then output part) survives.
-    for side in Side:
-        mapping = m.side(side)
-        for _, src in mapping:
-            assert 0 <= src.old_subtask < mapping.old_parallelism
-            assert 0 <= src.old_channel < mapping.old_channels
-            assert all(0 <= t.channel < mapping.new_channels for t in src.targets)
-    out_readers = Counter((s.old_subtask, s.old_channel) for _, s in m.output)
-    assert max(out_readers.values(), default=1) == 1
+    # Every old channel is read whole (input piece, then output piece) by the
+    # downstream readers of its input piece, on the input channel fed by the
+    # documented new upstream, so the old channel's order survives; new
+    # upstream subtasks re-send nothing.
+    for _, src in m.input:
+        assert 0 <= src.old_subtask < m.input.old_parallelism
+        assert 0 <= src.old_channel < m.input.old_channels
+        assert all(0 <= t.channel < m.input.new_channels for t in src.targets)
+        assert m.output_piece_of(src) == output_piece(et, src)
+    assert not any(m.output.sources)
+    assert set(m.output.joined) == {output_piece(et, s) for _, s in m.input}
     if et is EdgeType.FORWARD:
-        for new, src in m.output:
-            assert new == replay_owner(src.old_subtask, par.up_new)
         for new, src in m.input:
             assert new == replay_owner(src.old_subtask, par.up_new)
         return
-    for new, src in m.output:
-        assert new == replay_owner(src.old_subtask, par.up_new)
     for _, src in m.input:
         assert {t.channel for t in src.targets} == {replay_owner(src.old_channel, par.up_new)}
     if et is not EdgeType.BROADCAST:
@@ -244,15 +247,14 @@ def test_key_by_reads_only_intersecting_old_subtasks_and_filters_only_when_neede
             kept = old_range if target.key_groups is None else set(target.key_groups)
             assert kept == old_range & new_range
             assert (src.filtering is Filtering.NONE) == (old_range <= new_range)
-    for _, src in m.output:
-        old_range = key_range(par.max_p, par.down_old, src.old_channel)
-        assert {t.channel for t in src.targets} == {
-            nd for nd in range(par.down_new) if key_range(par.max_p, par.down_new, nd) & old_range
-        }
-        table = src.key_group_table(par.max_p)
-        kg = data.draw(st.sampled_from(sorted(old_range)))
-        assert table[kg] == owner_of_key_group(par.max_p, par.down_new, kg)
-        assert src.route(key_group=kg) == [table[kg]]
+    new, src = data.draw(st.sampled_from(list(m.input)))
+    old_range = key_range(par.max_p, par.down_old, src.old_subtask)
+    table = src.key_group_table(par.max_p)
+    kg = data.draw(st.sampled_from(sorted(old_range)))
+    mine = owner_of_key_group(par.max_p, par.down_new, kg) == new
+    channel = replay_owner(src.old_channel, par.up_new)
+    assert table[kg] == (channel if mine else -1)
+    assert src.route(key_group=kg) == ([channel] if mine else [])
 
 
 @settings(max_examples=60, deadline=None)
@@ -282,6 +284,12 @@ def test_broadcast_gives_each_new_subtask_every_record_once(par: Par, seed: int)
             assert got.get(rid, Counter())[new] + processed == 1, (rid, new)
     for new in range(min(par.down_old, par.down_new)):
         assert broadcast_source(new, par.down_old) == new
+    # Copies held for old subtasks without an heir are left on both sides.
+    heirless = set(range(par.down_old)) - {
+        broadcast_source(n, par.down_old) for n in range(par.down_new)
+    }
+    assert set(m.input.discarded) == {(d, u) for d in heirless for u in range(par.up_old)}
+    assert set(m.output.discarded) == {(u, d) for u in range(par.up_old) for d in heirless}
 
 
 @settings(max_examples=30, deadline=None)

@@ -1,4 +1,4 @@
-"""Rescaling of in-flight channel state: who replays which old piece, filtered how.
+"""Rescaling of in-flight channel state: who replays which old channel, filtered how.
 
 See ``docs/rescaling.md`` for the rules per edge type, with worked examples.
 """
@@ -20,6 +20,13 @@ from spillover.rescale.mappings import (
     map_edge,
     replay_owner,
 )
+from spillover.rescale.retriever import (
+    FilteringRetriever,
+    OnEvent,
+    RecordStream,
+    ReplayBuffer,
+    rescaled_retriever,
+)
 
 __all__ = [
     "FORCE_FORWARD_OPTION",
@@ -28,6 +35,10 @@ __all__ = [
     "EdgeMapping",
     "EdgeType",
     "Filtering",
+    "FilteringRetriever",
+    "OnEvent",
+    "RecordStream",
+    "ReplayBuffer",
     "RescaleMapping",
     "Side",
     "Target",
@@ -35,4 +46,5 @@ __all__ = [
     "key_group_table",
     "map_edge",
     "replay_owner",
+    "rescaled_retriever",
 ]

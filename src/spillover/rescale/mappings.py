@@ -7,12 +7,17 @@ and the **input** state of downstream subtask ``d`` holds the buffers received
 on its channel ``u`` (one per upstream subtask) but not yet processed. Forward
 edges have a single channel (index 0) per subtask pair.
 
+Together the two pieces of one old channel ``u -> d`` (``d``'s input piece,
+then ``u``'s output piece) are one byte stream, and a record may be cut
+between them. So both are read by the same new downstream subtask, one after
+the other; new upstream subtasks re-send nothing.
+
 :func:`map_edge` turns an edge type and the old and new parallelisms into an
-:class:`EdgeMapping`: for every new subtask on each side, the old
-``(subtask, channel)`` pieces it reads, and for each piece the new channels
-its records go to and whether they must be filtered on the way (by key group,
-or by a user partitioner). The rules are documented in ``docs/rescaling.md``.
-This is small, pure data; the retrievers that apply it live elsewhere.
+:class:`EdgeMapping`: for every new downstream subtask, the old channels it
+reads, and for each the new input channel its records go to and whether they
+must be filtered on the way (by key group, or by a user partitioner). The
+rules are documented in ``docs/rescaling.md``. This is small, pure data;
+:mod:`spillover.rescale.retriever` applies it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ import numpy as np
 import numpy.typing as npt
 
 from spillover.errors import ConfigError, RescaleError
+from spillover.keygroups import (
+    KeyGroupRange,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
+from spillover.keygroups import key_group_table as _ranges_table
 
 __all__ = [
     "FORCE_FORWARD_OPTION",
@@ -124,13 +135,13 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class ChannelSource:
-    """One old piece of channel state a new subtask reads, and where its records go.
+    """One old channel a new downstream subtask reads, and where its records go.
 
-    ``old_subtask`` and ``old_channel`` name the piece (one channel of one gate
-    of an old subtask; records spanning buffers are reassembled per piece).
-    On the input side every target's ``channel`` is an input channel of the
-    reading subtask; on the output side it is a subpartition of the replaying
-    upstream subtask, i.e. a new downstream subtask index.
+    ``old_subtask`` and ``old_channel`` name its input piece (one channel of the
+    old downstream's input gate); the old channel goes on in the output piece
+    :meth:`EdgeMapping.output_piece_of` names, and records spanning buffers are
+    reassembled across both. Every target's ``channel`` is an input channel of
+    the reading subtask.
     """
 
     old_subtask: int
@@ -178,7 +189,13 @@ class ChannelSource:
 
 @dataclass(frozen=True, slots=True)
 class RescaleMapping:
-    """For one side of an edge: the old pieces each new subtask reads, in replay order."""
+    """For one side of an edge: the old pieces each new subtask reads, in replay order.
+
+    On the input side each source stands for a whole old channel: its input
+    piece, then the output piece :meth:`EdgeMapping.output_piece_of` names. The
+    output side reads nothing itself (``sources`` are empty); ``joined`` lists
+    its pieces that input-side readers take as those tails.
+    """
 
     side: Side
     old_parallelism: int
@@ -189,6 +206,8 @@ class RescaleMapping:
     """Channels per new subtask on this side."""
     sources: tuple[tuple[ChannelSource, ...], ...]
     """Indexed by new subtask."""
+    joined: tuple[tuple[int, int], ...] = ()
+    """Output side: old ``(subtask, channel)`` pieces read by the downstream with their channel."""
 
     def for_subtask(self, new_subtask: int) -> tuple[ChannelSource, ...]:
         """The pieces new subtask ``new_subtask`` reads, ordered by old subtask then channel."""
@@ -206,9 +225,11 @@ class RescaleMapping:
 
     @property
     def is_identity(self) -> bool:
-        """True when every subtask simply replays its own old state, unfiltered, as it was."""
+        """True when every old piece stays with its own subtask and channel, unfiltered."""
         if self.old_parallelism != self.new_parallelism or self.old_channels != self.new_channels:
             return False
+        if self.side is Side.OUTPUT:
+            return not any(self.sources) and not self.discarded
         return all(
             tuple(srcs) == _own_pieces(i, self.old_channels) for i, srcs in enumerate(self.sources)
         )
@@ -216,7 +237,7 @@ class RescaleMapping:
     @property
     def discarded(self) -> tuple[tuple[int, int], ...]:
         """Old ``(subtask, channel)`` pieces nobody reads (duplicate broadcast copies)."""
-        read = {(s.old_subtask, s.old_channel) for _, s in self}
+        read = {(s.old_subtask, s.old_channel) for _, s in self} | set(self.joined)
         return tuple(
             (o, c)
             for o in range(self.old_parallelism)
@@ -243,31 +264,28 @@ class EdgeMapping:
         """The mapping of the given side."""
         return self.output if side is Side.OUTPUT else self.input
 
+    def output_piece_of(self, source: ChannelSource) -> tuple[int, int]:
+        """The old output piece ``(upstream, subpartition)`` that ends an input source's channel."""
+        if self.edge_type is EdgeType.FORWARD:
+            return source.old_subtask, 0
+        return source.old_channel, source.old_subtask
+
 
 def _own_pieces(subtask: int, channels: int) -> tuple[ChannelSource, ...]:
     return tuple(ChannelSource(subtask, c, (Target(c),)) for c in range(channels))
 
 
-def _kg_range(max_parallelism: int, parallelism: int, index: int) -> range:
-    start = (index * max_parallelism + parallelism - 1) // parallelism
-    end = ((index + 1) * max_parallelism - 1) // parallelism
-    return range(start, end + 1)
-
-
-def _operator_for(max_parallelism: int, parallelism: int, key_group: int) -> int:
-    return key_group * parallelism // max_parallelism
-
-
-def _intersect(a: range, b: range) -> range:
-    return range(max(a.start, b.start), min(a.stop, b.stop))
+def _as_range(key_groups: KeyGroupRange) -> range:
+    return range(key_groups.start, key_groups.end + 1)
 
 
 def replay_owner(old_upstream: int, new_upstream_parallelism: int) -> int:
-    """The new upstream subtask that replays old upstream subtask ``old_upstream``'s output.
+    """The new upstream subtask that takes over old upstream ``old_upstream``'s channels.
 
-    Round robin (``old mod new``), so each old output is replayed exactly once
-    and scale-down spreads the work evenly. The same subtask's input channel
-    carries the matching old input-side pieces, which keeps order per old channel.
+    Round robin (``old mod new``), so scale-down spreads old channels evenly.
+    A downstream subtask replays each old channel from ``old_upstream`` (input
+    piece, then output piece) on its input channel fed by this new subtask,
+    before that channel's new records, so order per old channel holds.
     """
     return old_upstream % new_upstream_parallelism
 
@@ -292,13 +310,20 @@ def key_group_table(
     the filter a reader of key-by input state applies.
     """
     _check_parallelism("parallelism", parallelism, max_parallelism)
-    kgs = np.arange(max_parallelism, dtype=np.int64)
-    owners = (kgs * parallelism // max_parallelism).astype(np.int32)
     if subtask is None:
-        return owners
+        return _ranges_table(
+            max_parallelism,
+            [
+                key_group_range_for_operator(max_parallelism, parallelism, i)
+                for i in range(parallelism)
+            ],
+        )
     if not 0 <= subtask < parallelism:
         raise ConfigError(f"subtask {subtask} out of range for parallelism {parallelism}")
-    return np.where(owners == subtask, np.int32(subtask), np.int32(-1)).astype(np.int32)
+    mine = _ranges_table(
+        max_parallelism, [key_group_range_for_operator(max_parallelism, parallelism, subtask)]
+    )
+    return np.where(mine == 0, np.int32(subtask), np.int32(-1)).astype(np.int32)
 
 
 def _check_parallelism(name: str, value: int, max_parallelism: int) -> None:
@@ -363,17 +388,23 @@ class _Edge:
     down_new: int
     max_p: int
 
-    def mappings(
-        self, out: list[list[ChannelSource]], in_: list[list[ChannelSource]], pointwise: bool
-    ) -> _Pair:
-        """Wrap per-new-subtask source lists of both sides into mappings."""
+    def mappings(self, in_: list[list[ChannelSource]], pointwise: bool) -> _Pair:
+        """Wrap the input side's per-new-subtask sources, and the output side they imply."""
+        # An input source (d, u) also reads the output piece (u, d) of its old
+        # channel, (d, 0) on a forward edge.
+        joined = {
+            (s.old_subtask, 0) if pointwise else (s.old_channel, s.old_subtask)
+            for srcs in in_
+            for s in srcs
+        }
         output = RescaleMapping(
             Side.OUTPUT,
             self.up_old,
             self.up_new,
             1 if pointwise else self.down_old,
             1 if pointwise else self.down_new,
-            _sorted(out),
+            tuple(() for _ in range(self.up_new)),
+            tuple(sorted(joined)),
         )
         input_ = RescaleMapping(
             Side.INPUT,
@@ -385,13 +416,6 @@ class _Edge:
         )
         return output, input_
 
-    def replayed_by(self) -> list[list[int]]:
-        """For each new upstream subtask, the old upstream subtasks whose output it replays."""
-        owned: list[list[int]] = [[] for _ in range(self.up_new)]
-        for u in range(self.up_old):
-            owned[replay_owner(u, self.up_new)].append(u)
-        return owned
-
 
 def _sorted(sources: list[list[ChannelSource]]) -> tuple[tuple[ChannelSource, ...], ...]:
     return tuple(tuple(sorted(s, key=lambda x: (x.old_subtask, x.old_channel))) for s in sources)
@@ -402,58 +426,35 @@ def _empty(n: int) -> list[list[ChannelSource]]:
 
 
 def _key_by(e: _Edge) -> _Pair:
-    old_ranges = [_kg_range(e.max_p, e.down_old, d) for d in range(e.down_old)]
-    new_ranges = [_kg_range(e.max_p, e.down_new, d) for d in range(e.down_new)]
-
-    def overlaps(old_d: int) -> list[tuple[int, range | None]]:
-        # (new downstream, key groups it takes from old_d; None when all of them).
-        rng = old_ranges[old_d]
-        first = _operator_for(e.max_p, e.down_new, rng.start)
-        last = _operator_for(e.max_p, e.down_new, rng[-1])
-        result: list[tuple[int, range | None]] = []
-        for nd in range(first, last + 1):
-            part = _intersect(rng, new_ranges[nd])
-            result.append((nd, None if part == rng else part))
-        return result
-
-    readers = [overlaps(d) for d in range(e.down_old)]
-    out = _empty(e.up_new)
-    for nu, olds in enumerate(e.replayed_by()):
-        for u in olds:
-            for d in range(e.down_old):
-                targets = tuple(Target(nd, key_groups=kgs) for nd, kgs in readers[d])
-                out[nu].append(ChannelSource(u, d, targets))
+    old_ranges = [key_group_range_for_operator(e.max_p, e.down_old, d) for d in range(e.down_old)]
+    new_ranges = [key_group_range_for_operator(e.max_p, e.down_new, d) for d in range(e.down_new)]
     in_ = _empty(e.down_new)
-    for d in range(e.down_old):
-        for nd, kgs in readers[d]:
+    for d, rng in enumerate(old_ranges):
+        first = operator_index_for_key_group(e.max_p, e.down_new, rng.start)
+        last = operator_index_for_key_group(e.max_p, e.down_new, rng.end)
+        for nd in range(first, last + 1):
+            part = rng.intersection(new_ranges[nd])
+            kgs = None if part == rng else _as_range(part)
             for u in range(e.up_old):
                 target = Target(replay_owner(u, e.up_new), key_groups=kgs)
                 in_[nd].append(ChannelSource(d, u, (target,)))
-    return e.mappings(out, in_, pointwise=False)
+    return e.mappings(in_, pointwise=False)
 
 
 def _rebalance(e: _Edge, pointwise: bool = False) -> _Pair:
     # Unkeyed records may go anywhere, so any one-to-one placement is correct;
-    # old downstream d's records stay together at new downstream d mod P_new.
-    out = _empty(e.up_new)
+    # old downstream d's channels stay together at new downstream d mod P_new.
     in_ = _empty(e.down_new)
     if pointwise:
-        # One channel (0) per subtask; new upstream u' only reaches downstream u'.
-        for nu, olds in enumerate(e.replayed_by()):
-            out[nu].extend(ChannelSource(u, 0, (Target(0),)) for u in olds)
+        # One channel (0) per subtask pair.
         for d in range(e.down_old):
             in_[d % e.down_new].append(ChannelSource(d, 0, (Target(0),)))
-        return e.mappings(out, in_, pointwise=True)
-    for nu, olds in enumerate(e.replayed_by()):
-        for u in olds:
-            out[nu].extend(
-                ChannelSource(u, d, (Target(d % e.down_new),)) for d in range(e.down_old)
-            )
+        return e.mappings(in_, pointwise=True)
     for d in range(e.down_old):
         in_[d % e.down_new].extend(
             ChannelSource(d, u, (Target(replay_owner(u, e.up_new)),)) for u in range(e.up_old)
         )
-    return e.mappings(out, in_, pointwise=False)
+    return e.mappings(in_, pointwise=False)
 
 
 def _forward(e: _Edge, force: bool) -> _Pair:
@@ -475,41 +476,24 @@ def _forward(e: _Edge, force: bool) -> _Pair:
 
 
 def _broadcast(e: _Edge) -> _Pair:
-    # Each new downstream inherits one old downstream's whole view: its input
-    # state and the output state every old upstream still held for it.
-    heirs: list[list[int]] = [[] for _ in range(e.down_old)]
-    for nd in range(e.down_new):
-        heirs[broadcast_source(nd, e.down_old)].append(nd)
-    out = _empty(e.up_new)
-    for nu, olds in enumerate(e.replayed_by()):
-        for u in olds:
-            out[nu].extend(
-                ChannelSource(u, d, tuple(Target(nd) for nd in heirs[d]))
-                for d in range(e.down_old)
-                if heirs[d]
-            )
+    # Each new downstream inherits one old downstream's whole view: its old
+    # channels, input pieces and the output pieces every old upstream held for it.
     in_ = _empty(e.down_new)
     for nd in range(e.down_new):
         d = broadcast_source(nd, e.down_old)
         in_[nd].extend(
             ChannelSource(d, u, (Target(replay_owner(u, e.up_new)),)) for u in range(e.up_old)
         )
-    return e.mappings(out, in_, pointwise=False)
+    return e.mappings(in_, pointwise=False)
 
 
 def _custom(e: _Edge) -> _Pair:
     if e.down_old == e.down_new or e.down_new == 1:
         # The partitioner would pick the same subtask again (same channel
-        # count), or can only pick 0: place buffers whole, like rebalance.
+        # count), or can only pick 0: place channels whole, like rebalance.
         return _rebalance(e)
-    # Read everything and let the partitioner route: replaying upstreams send
-    # each record to the subpartition it picks; downstream readers keep only
-    # the records it picks for them.
-    everyone = tuple(Target(nd, partition=nd) for nd in range(e.down_new))
-    out = _empty(e.up_new)
-    for nu, olds in enumerate(e.replayed_by()):
-        for u in olds:
-            out[nu].extend(ChannelSource(u, d, everyone) for d in range(e.down_old))
+    # Every new downstream reads every old channel and keeps the records the
+    # partitioner picks for it.
     in_ = _empty(e.down_new)
     for nd in range(e.down_new):
         for d in range(e.down_old):
@@ -517,4 +501,4 @@ def _custom(e: _Edge) -> _Pair:
                 ChannelSource(d, u, (Target(replay_owner(u, e.up_new), partition=nd),))
                 for u in range(e.up_old)
             )
-    return e.mappings(out, in_, pointwise=False)
+    return e.mappings(in_, pointwise=False)

@@ -1,0 +1,576 @@
+"""Stream old channels' in-flight records back to one new subtask, filtered by key group.
+
+After a rescale, a new subtask replays the in-flight records of the old
+channels the mapping gives it, keeping only its own. Each old channel is a
+:class:`RecordStream`: the downstream's input piece, then the upstream's
+output piece, one byte stream in which a record may be cut anywhere, between
+the pieces too. :class:`FilteringRetriever` reads the pieces lazily, one open
+state file at a time, routes whole records by key group with the native
+:class:`~spillover.records.KeyGroupDemux` (per old channel, so cut records
+are joined again), and hands out full network buffers per new channel.
+:func:`rescaled_retriever` builds one from an :class:`EdgeMapping`. See
+``docs/rescaling.md``, section "Filtering retriever".
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from spillover.errors import (
+    ClosedError,
+    ConfigError,
+    CorruptRecordError,
+    RescaleError,
+)
+from spillover.keygroups import KeyGroupRange, check_max_parallelism, key_group_range_for_operator
+from spillover.records import DEFAULT_BUFFER_SIZE, MAX_RECORD_SIZE, FieldKey, Key, KeyGroupDemux
+from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
+from spillover.storage import (
+    DataType,
+    GateKind,
+    GateStateHandle,
+    RetrievedBuffer,
+    Retriever,
+    StorageOptions,
+    open_retriever,
+)
+
+__all__ = [
+    "FilteringRetriever",
+    "OnEvent",
+    "RecordStream",
+    "ReplayBuffer",
+    "rescaled_retriever",
+]
+
+DEFAULT_KEY = FieldKey(0, "int64")
+"""The key both builders assume unless told: a little-endian int64 at the start of each record."""
+
+OnEvent = Literal["refuse", "forward"]
+"""What a retriever does with an event buffer found in channel state (see the class)."""
+
+
+class ReplayBuffer(np.ndarray[Any, np.dtype[np.uint8]]):
+    """One buffer to replay: a ``uint8`` array with the new ``channel_id`` and its ``data_type``.
+
+    Filtered buffers are new arrays; pass-through buffers and events are
+    read-only, zero-copy views of the read-ahead block they were read into
+    (holding one keeps that block alive, as with a ``RetrievedBuffer``).
+    """
+
+    channel_id: int
+    data_type: DataType
+
+    def __array_finalize__(self, obj: npt.NDArray[Any] | None, /) -> None:
+        self.channel_id = getattr(obj, "channel_id", 0)
+        self.data_type = getattr(obj, "data_type", DataType.DATA)
+
+    @property
+    def is_event(self) -> bool:
+        """True for an event buffer, False for data."""
+        return self.data_type == DataType.EVENT
+
+
+def _replay(data: object, channel: int, data_type: DataType) -> ReplayBuffer:
+    if isinstance(data, np.ndarray):
+        arr: npt.NDArray[np.uint8] = data
+    else:
+        arr = np.frombuffer(data, dtype=np.uint8)  # type: ignore[call-overload]
+    out = arr.view(ReplayBuffer)
+    out.channel_id = channel
+    out.data_type = data_type
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecordStream:
+    """The in-flight records of one old channel ``old_upstream -> old_downstream``.
+
+    ``pieces`` are ``(state handle, channel id)`` in stream order, usually the
+    old downstream's input gate with channel ``old_upstream``, then the old
+    upstream's output gate with subpartition ``old_downstream``. Together they
+    start and end on a record boundary; a record may be cut anywhere in
+    between, also where one piece ends and the next begins. ``channel`` is the
+    new channel the stream's records are replayed on; ``None`` lets the
+    retriever's key-group table pick one per record.
+    """
+
+    pieces: tuple[tuple[GateStateHandle, int], ...]
+    old_upstream: int
+    old_downstream: int
+    channel: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pieces", tuple((h, c) for h, c in self.pieces))
+        for handle, channel in self.pieces:
+            if not isinstance(handle, GateStateHandle):
+                raise ConfigError(f"a piece needs a GateStateHandle, got {type(handle).__name__}")
+            if not 0 <= channel < 1 << 32:
+                raise ConfigError(f"a piece's channel id must fit in 32 bits, got {channel}")
+        if self.old_upstream < 0 or self.old_downstream < 0:
+            raise ConfigError(f"bad old channel {self.old_upstream} -> {self.old_downstream}")
+        if self.channel is not None and self.channel < 0:
+            raise ConfigError(f"the new channel must be >= 0, got {self.channel}")
+
+    @property
+    def name(self) -> str:
+        """``old channel u -> d``, for reports."""
+        return f"old channel {self.old_upstream} -> {self.old_downstream}"
+
+    def describe(self) -> str:
+        """The stream and its pieces in one line, for error messages."""
+        pieces = "; ".join(f"{h.uri} channel {c}" for h, c in self.pieces) or "no pieces"
+        return f"{self.name} ({pieces})"
+
+
+def _frames_in(handle: GateStateHandle, channel: int) -> int | None:
+    """Frames the handle records for ``channel``; None when it has no per-channel counts."""
+    if sum(frames for frames, _ in handle.channels.values()) != handle.frame_count:
+        return None
+    return handle.channels.get(channel, (0, 0))[0]
+
+
+def _table(
+    key_group_table: npt.ArrayLike | KeyGroupRange, max_parallelism: int, n_outputs: int
+) -> npt.NDArray[np.int32]:
+    if isinstance(key_group_table, KeyGroupRange):
+        r = key_group_table
+        if len(r) and r.end >= max_parallelism:
+            raise ConfigError(f"{r!r} exceeds max parallelism {max_parallelism}")
+        table = np.full(max_parallelism, -1, dtype=np.int32)
+        table[r.start : r.end + 1] = 0
+        return table
+    arr = np.asarray(key_group_table)
+    if arr.shape != (max_parallelism,) or arr.dtype.kind not in "iu":
+        raise ConfigError(
+            f"key_group_table needs one integer per key group ({max_parallelism}), "
+            f"got shape {arr.shape} of {arr.dtype}"
+        )
+    if ((arr < -1) | (arr >= n_outputs)).any():
+        raise ConfigError(f"key_group_table entries must be -1 or in 0..{n_outputs - 1}")
+    return arr.astype(np.int32)
+
+
+class FilteringRetriever:
+    """Replays old channels' records that belong to one new subtask, as full network buffers.
+
+    Streams are read one after the other, each piece with its own
+    :func:`~spillover.open_retriever` opened only when the stream reaches it
+    (frames of other channels in the same file are skipped; a piece the handle
+    shows empty is not opened). Each data buffer goes through a native
+    :class:`~spillover.records.KeyGroupDemux` with the stream as the demux
+    channel, so a record cut between buffers, pieces or files comes out
+    whole. Records whose key group ``key_group_table`` maps to an output are
+    packed into ``buffer_size`` buffers framed like the input; the others are
+    dropped. The table is an int32 array of ``max_parallelism`` entries (an
+    output index, or -1), or a :class:`KeyGroupRange` (kept on output 0).
+
+    Order is kept per old channel (and so per key within it), not across old
+    channels: a new channel receives its old channels' records stream by
+    stream. Every output buffer is full except the last one of each new
+    channel, handed out when its last stream ends, and those ahead of an
+    event. A stream that ends inside a record raises
+    :class:`~spillover.errors.CorruptRecordError` naming it and its pieces:
+    the checkpoint lost data, which is never skipped silently.
+
+    With ``pass_through`` (the mapping takes every record whole), buffers go
+    out as they were stored, zero-copy and unparsed, on the stream's channel.
+
+    Event buffers in channel state describe the old channel (Flink itself
+    persists data buffers only). ``on_event="refuse"`` (default) raises
+    :class:`~spillover.errors.RescaleError` at the first one.
+    ``"forward"`` replays it in place: it must sit on a record boundary; the
+    records before it are flushed first, then it goes out on the stream's
+    channel (or on every output the table routes to).
+
+    Memory stays bounded: one open retriever's read-ahead, one partly filled
+    buffer per output, one partial record per stream and the buffers one
+    input buffer produced. ``poll_next()`` never waits for data (opening the
+    next state file reads its header and trailer).
+    """
+
+    def __init__(
+        self,
+        streams: Iterable[RecordStream],
+        *,
+        max_parallelism: int | None = None,
+        key_group_table: npt.ArrayLike | KeyGroupRange | None = None,
+        key: Key = DEFAULT_KEY,
+        n_outputs: int = 1,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        pass_through: bool = False,
+        on_event: OnEvent = "refuse",
+        max_record_size: int = MAX_RECORD_SIZE,
+        filesystem: Any = None,
+        **retriever_options: Any,
+    ) -> None:
+        self.streams = tuple(streams)
+        if not all(isinstance(s, RecordStream) for s in self.streams):
+            raise ConfigError("streams must be RecordStream objects")
+        ids = [(s.old_upstream, s.old_downstream) for s in self.streams]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ConfigError(f"old channel {dup[0]} -> {dup[1]} is given twice")
+        if on_event not in ("refuse", "forward"):
+            raise ConfigError(f"on_event must be 'refuse' or 'forward', got {on_event!r}")
+        if not 1 <= n_outputs < 1 << 31:
+            raise ConfigError(f"n_outputs must be at least 1, got {n_outputs}")
+        for s in self.streams:
+            if s.channel is not None and s.channel >= n_outputs:
+                raise ConfigError(
+                    f"{s.name} goes to channel {s.channel}, not in 0..{n_outputs - 1}"
+                )
+        try:
+            StorageOptions(**retriever_options)
+        except TypeError as e:
+            raise ConfigError("unknown retriever option", detail=str(e)) from e
+        self.n_outputs = n_outputs
+        self.pass_through = pass_through
+        self.on_event: OnEvent = on_event
+        self._filesystem = filesystem
+        self._options = retriever_options
+        self._demux_args: dict[str, Any] = {}
+        self._table = np.zeros(0, dtype=np.int32)
+        if pass_through:
+            if key_group_table is not None:
+                raise ConfigError("pass_through takes records whole; drop key_group_table")
+        else:
+            if max_parallelism is None or key_group_table is None:
+                raise ConfigError("filtering needs max_parallelism and key_group_table")
+            check_max_parallelism(max_parallelism)
+            self._table = _table(key_group_table, max_parallelism, n_outputs)
+            routed = {s.channel is None for s in self.streams}
+            if len(routed) > 1:
+                # Two demultiplexers writing one channel could cut each other's records.
+                raise ConfigError("give every stream a channel, or none (the table then routes)")
+            self._demux_args = {
+                "max_parallelism": max_parallelism,
+                "key": key,
+                "buffer_size": buffer_size,
+                "max_record_size": max_record_size,
+            }
+            KeyGroupDemux(kg_to_output=self._table, n_outputs=n_outputs, **self._demux_args)
+        # Outputs a stream's records can reach: where a forwarded event goes.
+        self._table_outputs = sorted({int(o) for o in np.unique(self._table) if o >= 0})
+        # A route is a stream's channel (None: the table picks); its demux is
+        # created at its first data and finished after its last stream.
+        self._last_of_route = {s.channel: i for i, s in enumerate(self.streams)}
+        self._demuxes: dict[int | None, KeyGroupDemux] = {}
+        self._counts = [0, 0]  # routed, dropped by retired demuxes
+        self._ready: collections.deque[ReplayBuffer] = collections.deque()
+        self._stream = 0
+        self._piece = 0
+        self._retriever: Retriever | None = None
+        self._piece_channel = 0
+        self._left: int | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+
+    # -- consumer side -------------------------------------------------------
+
+    def poll_next(self) -> ReplayBuffer | None:
+        """The next buffer if one is ready, else ``None`` (``finished`` tells whether for good)."""
+        self._check_usable()
+        try:
+            while not self._ready:
+                if self._stream >= len(self.streams):
+                    return None
+                r = self._retriever
+                if r is None:
+                    self._open_piece()
+                    continue
+                buf = r.poll_next()
+                if buf is None:
+                    if not r.finished:
+                        return None
+                    self._end_piece()
+                elif buf.channel_id == self._piece_channel:
+                    self._take(buf)
+            return self._ready.popleft()
+        except BaseException as e:
+            self._fail(e)
+            raise
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until ``poll_next()`` can make progress; False on timeout."""
+        self._check_usable()
+        if self._ready or self._retriever is None:
+            return True
+        try:
+            return self._retriever.wait(timeout)
+        except BaseException as e:
+            self._fail(e)
+            raise
+
+    @property
+    def finished(self) -> bool:
+        """True once every stream is read and every buffer handed out."""
+        return not self._ready and self._stream >= len(self.streams)
+
+    def __iter__(self) -> Iterator[ReplayBuffer]:
+        while True:
+            buf = self.poll_next()
+            if buf is not None:
+                yield buf
+            elif self.finished:
+                return
+            else:
+                self.wait()
+
+    @property
+    def routed(self) -> int:
+        """Records handed to an output so far (0 in pass-through mode)."""
+        return self._counts[0] + sum(d.routed for d in self._demuxes.values())
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped so far: their key group belongs to another subtask."""
+        return self._counts[1] + sum(d.dropped for d in self._demuxes.values())
+
+    def close(self) -> None:
+        """Stops reading and releases the open state file and the buffers held."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_retriever()
+        self._demuxes.clear()
+        self._ready.clear()
+
+    def __enter__(self) -> FilteringRetriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("filtering retriever is closed")
+        if self._error is not None:
+            raise self._error
+
+    def _fail(self, error: BaseException) -> None:
+        # The demux state is lost after an error, so the failure is sticky.
+        self._error = error
+        self._close_retriever()
+
+    def _close_retriever(self) -> None:
+        if self._retriever is not None:
+            self._retriever.close()
+            self._retriever = None
+
+    def _open_piece(self) -> None:
+        stream = self.streams[self._stream]
+        if self._piece >= len(stream.pieces):
+            self._end_stream()
+            return
+        handle, channel = stream.pieces[self._piece]
+        left = _frames_in(handle, channel)
+        if left == 0:
+            self._piece += 1
+            return
+        self._retriever = open_retriever(handle, filesystem=self._filesystem, **self._options)
+        self._piece_channel, self._left = channel, left
+
+    def _end_piece(self) -> None:
+        self._close_retriever()
+        self._piece += 1
+
+    def _end_stream(self) -> None:
+        index, stream = self._stream, self.streams[self._stream]
+        demux = self._demuxes.get(stream.channel)
+        if demux is not None:
+            pending = demux.pending().get(self._key(stream), 0)
+            if pending:
+                raise CorruptRecordError(
+                    f"{stream.name} ends in the middle of a record",
+                    path=stream.pieces[-1][0].uri,
+                    detail=f"{pending} bytes of its last record never end; "
+                    f"read {stream.describe()}",
+                    hint="a buffer of this channel was lost when the checkpoint was taken",
+                )
+            if self._last_of_route[stream.channel] == index:
+                self._emit(stream.channel, demux.finish())
+                self._counts[0] += demux.routed
+                self._counts[1] += demux.dropped
+                del self._demuxes[stream.channel]
+        self._stream, self._piece = index + 1, 0
+
+    @staticmethod
+    def _key(stream: RecordStream) -> tuple[int, int]:
+        return stream.old_upstream, stream.old_downstream
+
+    def _demux(self, route: int | None) -> KeyGroupDemux:
+        demux = self._demuxes.get(route)
+        if demux is None:
+            table, n = self._table, self.n_outputs
+            if route is not None:
+                table, n = np.where(table >= 0, 0, -1).astype(np.int32), 1
+            demux = KeyGroupDemux(kg_to_output=table, n_outputs=n, **self._demux_args)
+            self._demuxes[route] = demux
+        return demux
+
+    def _emit(self, route: int | None, buffers: list[tuple[int, npt.NDArray[np.uint8]]]) -> None:
+        for out, buf in buffers:
+            self._ready.append(_replay(buf, out if route is None else route, DataType.DATA))
+
+    def _take(self, buf: RetrievedBuffer) -> None:
+        stream = self.streams[self._stream]
+        if buf.is_event:
+            self._event(stream, buf)
+        elif self.pass_through:
+            self._ready.append(_replay(buf, stream.channel or 0, DataType.DATA))
+        else:
+            try:
+                pairs = self._demux(stream.channel).push(buf, self._key(stream))
+            except CorruptRecordError as e:
+                raise CorruptRecordError(
+                    e.message,
+                    path=stream.pieces[self._piece][0].uri,
+                    offset=buf.offset,
+                    detail=f"{e.detail or 'bad records'}; in {stream.describe()}",
+                    hint=e.hint,
+                ) from e
+            self._emit(stream.channel, pairs)
+        if self._left is not None:
+            self._left -= 1
+            if self._left == 0:  # the rest of the file holds other channels only
+                self._end_piece()
+
+    def _event(self, stream: RecordStream, buf: RetrievedBuffer) -> None:
+        uri = stream.pieces[self._piece][0].uri
+        if self.on_event == "refuse":
+            raise RescaleError(
+                "channel state holds an event, which a rescaled channel cannot replay",
+                path=uri,
+                offset=buf.offset,
+                detail=f"in {stream.describe()}",
+                hint="events describe the old channel; pass on_event='forward' to replay "
+                "them in place if the consumer expects that",
+            )
+        demux = self._demuxes.get(stream.channel)
+        if demux is not None:
+            if demux.pending().get(self._key(stream), 0):
+                raise CorruptRecordError(
+                    "an event sits inside a record",
+                    path=uri,
+                    offset=buf.offset,
+                    detail=f"in {stream.describe()}",
+                )
+            self._emit(stream.channel, demux.flush())
+        if self.pass_through or stream.channel is not None:
+            channels = [stream.channel or 0]
+        else:
+            channels = self._table_outputs
+        self._ready.extend(_replay(buf, c, DataType.EVENT) for c in channels)
+
+
+# ---- glue with the mappings ------------------------------------------------
+
+
+def _handle(
+    handles: Mapping[int, GateStateHandle | None], index: int, kind: GateKind, who: str
+) -> GateStateHandle | None:
+    if index not in handles:
+        raise RescaleError(
+            f"no state handle for old {who} {index}",
+            hint="pass None for a subtask that stored no in-flight data on this edge",
+        )
+    handle = handles[index]
+    if handle is not None and handle.gate_kind is not kind:
+        raise ConfigError(
+            f"old {who} {index}: expected an {kind.name.lower()} gate, "
+            f"got {handle.gate_kind.name.lower()} ({handle.uri})"
+        )
+    return handle
+
+
+def _stream_of(
+    mapping: EdgeMapping,
+    src: ChannelSource,
+    input_handles: Mapping[int, GateStateHandle | None],
+    output_handles: Mapping[int, GateStateHandle | None],
+) -> RecordStream:
+    if src.filtering is Filtering.PARTITIONER:
+        raise RescaleError(
+            "channel state routed by a custom partitioner cannot be filtered natively",
+            detail=f"old downstream {src.old_subtask}, channel {src.old_channel}",
+            hint="keep the downstream parallelism, or use a key_by edge",
+        )
+    if len(src.targets) != 1:
+        raise RescaleError(f"an input source needs one target, got {len(src.targets)}")
+    upstream, subpartition = mapping.output_piece_of(src)
+    pieces = []
+    head = _handle(input_handles, src.old_subtask, GateKind.INPUT, "downstream")
+    if head is not None:
+        pieces.append((head, src.old_channel))
+    tail = _handle(output_handles, upstream, GateKind.OUTPUT, "upstream")
+    if tail is not None:
+        pieces.append((tail, subpartition))
+    return RecordStream(tuple(pieces), upstream, src.old_subtask, src.targets[0].channel)
+
+
+def rescaled_retriever(
+    mapping: EdgeMapping,
+    side: Side | str,
+    new_subtask: int,
+    *,
+    input_handles: Mapping[int, GateStateHandle | None],
+    output_handles: Mapping[int, GateStateHandle | None],
+    key: Key = DEFAULT_KEY,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+    on_event: OnEvent = "refuse",
+    max_record_size: int = MAX_RECORD_SIZE,
+    filesystem: Any = None,
+    **retriever_options: Any,
+) -> FilteringRetriever:
+    """The retriever of what new subtask ``new_subtask`` on ``side`` of an edge replays.
+
+    ``input_handles`` maps each old downstream subtask to its input gate's
+    handle for this edge, ``output_handles`` each old upstream subtask to its
+    output gate's handle (``None``: that subtask stored nothing there; a
+    missing subtask is an error). A new downstream reads each of its old
+    channels whole, input piece then output piece, on the new input channel
+    the mapping names; when every channel is taken whole the buffers pass
+    through unparsed, else records are kept by the subtask's key-group range.
+    A new upstream replays nothing (the retriever is empty).
+    """
+    side = Side(side.strip().lower()) if isinstance(side, str) else side
+    rm = mapping.side(side)
+    if not 0 <= new_subtask < rm.new_parallelism:
+        raise ConfigError(
+            f"new subtask {new_subtask} out of range for parallelism {rm.new_parallelism}"
+        )
+    sources = rm.for_subtask(new_subtask)
+    streams = [_stream_of(mapping, s, input_handles, output_handles) for s in sources]
+    common: dict[str, Any] = {
+        "n_outputs": rm.new_channels,
+        "on_event": on_event,
+        "filesystem": filesystem,
+        **retriever_options,
+    }
+    if all(s.filtering is Filtering.NONE for s in sources):
+        return FilteringRetriever(streams, pass_through=True, **common)
+    # Key-group sources keep the intersection of their old range and this
+    # subtask's; whole ones lie inside it: one filter, this subtask's range.
+    mine = key_group_range_for_operator(mapping.max_parallelism, rm.new_parallelism, new_subtask)
+    for s in sources:
+        kgs = s.targets[0].key_groups
+        if kgs is not None and len(kgs) and not (mine.start <= kgs[0] and kgs[-1] <= mine.end):
+            raise RescaleError(f"mapping keeps key groups {kgs} outside {mine!r}")
+    return FilteringRetriever(
+        streams,
+        max_parallelism=mapping.max_parallelism,
+        key_group_table=mine,
+        key=key,
+        buffer_size=buffer_size,
+        max_record_size=max_record_size,
+        **common,
+    )

@@ -1,0 +1,540 @@
+"""The filtering retriever against real state files of a rescaled key_by edge.
+
+Each old channel ``u -> d`` is one record stream, written into small buffers
+and cut at a random buffer (often inside a record) into the old downstream's
+input piece and the old upstream's output piece. Every new subtask then
+replays what the mapping gives it, and the records that come out are checked
+against where Flink's key-group assignment says they belong.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import spillover
+from spillover.errors import ConfigError, CorruptRecordError, RescaleError
+from spillover.keygroups import (
+    KeyGroupRange,
+    assign_to_key_group,
+    operator_index_for_key_group,
+)
+from spillover.records import FieldKey, RecordReader, RecordWriter, read_records
+from spillover.rescale import (
+    EdgeMapping,
+    EdgeType,
+    FilteringRetriever,
+    RecordStream,
+    ReplayBuffer,
+    Side,
+    broadcast_source,
+    map_edge,
+    replay_owner,
+    rescaled_retriever,
+)
+
+KEY = FieldKey(0, "int64")
+
+
+def record(key: int, rid: int, payload: bytes) -> bytes:
+    """int64 key, then a record id (to follow it around), then the payload."""
+    return struct.pack("<qI", key, rid) + payload
+
+
+def rid_of(rec: bytes) -> int:
+    return int(struct.unpack_from("<I", rec, 8)[0])
+
+
+def key_of(rec: bytes) -> int:
+    return int(struct.unpack_from("<q", rec, 0)[0])
+
+
+def record_ends(records: list[bytes]) -> set[int]:
+    return set(np.cumsum([4 + len(r) for r in records]).tolist())
+
+
+@dataclass
+class OldChannel:
+    """One old channel's records, its buffers and where they were cut into two pieces."""
+
+    records: list[bytes] = field(default_factory=list)
+    buffers: list[bytes] = field(default_factory=list)
+    split: int = 0
+
+
+def write(records: list[bytes], buffer_size: int) -> list[bytes]:
+    w = RecordWriter(buffer_size)
+    out = [bytes(b) for r in records for b in w.write(r)]
+    last = w.flush()
+    return [*out, bytes(last)] if last is not None else out
+
+
+def cut(ch: OldChannel, rng: random.Random, inside_record: bool) -> int:
+    """A buffer index to split at; inside a record when asked and possible."""
+    n = len(ch.buffers)
+    ends = record_ends(ch.records)
+    offsets = np.cumsum([0, *(len(b) for b in ch.buffers)]).tolist()
+    inside = [k for k in range(1, n) if offsets[k] not in ends]
+    split = rng.choice(inside) if inside_record and inside else rng.randint(0, n)
+    event("a piece boundary cuts a record" if split in inside else "pieces end on records")
+    return split
+
+
+def persist(
+    root: Path,
+    kind: str,
+    parts: dict[int, dict[int, list[bytes]]],
+    rng: random.Random,
+) -> dict[int, spillover.GateStateHandle | None]:
+    """One gate file per old subtask; its channels' buffers interleaved as they arrived."""
+    handles: dict[int, spillover.GateStateHandle | None] = {}
+    for subtask, channels in parts.items():
+        if not any(channels.values()) and rng.random() < 0.5:
+            handles[subtask] = None  # stored nothing at all
+            continue
+        storage = spillover.open_storage(root / f"{kind}-{subtask}", subtask_index=subtask)
+        storer = storage.create_storer(0, kind=kind)
+        order = [c for c, bufs in channels.items() for _ in bufs]
+        rng.shuffle(order)
+        queues = {c: iter(bufs) for c, bufs in channels.items()}
+        for c in order:
+            storer.append(c, next(queues[c]))
+        handles[subtask] = storer.close()
+    return handles
+
+
+@dataclass
+class OldState:
+    """An old job's in-flight state on one edge, written to state files."""
+
+    channels: dict[tuple[int, int], OldChannel]
+    inputs: dict[int, spillover.GateStateHandle | None]
+    outputs: dict[int, spillover.GateStateHandle | None]
+
+    @property
+    def records(self) -> list[bytes]:
+        return [r for ch in self.channels.values() for r in ch.records]
+
+    def old_channel_by_rid(self) -> dict[int, tuple[int, int]]:
+        return {rid_of(r): uv for uv, ch in self.channels.items() for r in ch.records}
+
+
+def old_state(
+    root: Path,
+    placed: dict[tuple[int, int], list[bytes]],
+    up_old: int,
+    down_old: int,
+    rng: random.Random,
+    buffer_size: int,
+    inside_record: float = 0.7,
+    pointwise: bool = False,
+) -> OldState:
+    """Write each old channel (u, d): first part to d's input gate, the rest to u's output gate."""
+    channels: dict[tuple[int, int], OldChannel] = {}
+    ins: dict[int, dict[int, list[bytes]]] = {d: {} for d in range(down_old)}
+    outs: dict[int, dict[int, list[bytes]]] = {u: {} for u in range(up_old)}
+    for (u, d), recs in sorted(placed.items()):
+        ch = OldChannel(recs, write(recs, buffer_size))
+        ch.split = cut(ch, rng, rng.random() < inside_record)
+        channels[u, d] = ch
+        ins[d][0 if pointwise else u] = ch.buffers[: ch.split]
+        outs[u][0 if pointwise else d] = ch.buffers[ch.split :]
+    return OldState(channels, persist(root, "input", ins, rng), persist(root, "output", outs, rng))
+
+
+def collect(buffers: Iterable[ReplayBuffer]) -> tuple[dict[int, list[bytes]], dict[int, list[int]]]:
+    """Records per new channel, decoded with RecordReader, and the buffer sizes per channel."""
+    readers: dict[int, RecordReader] = defaultdict(RecordReader)
+    records: dict[int, list[bytes]] = defaultdict(list)
+    sizes: dict[int, list[int]] = defaultdict(list)
+    for buf in buffers:
+        assert not buf.is_event
+        sizes[buf.channel_id].append(len(buf))
+        for batch in readers[buf.channel_id].feed(buf):
+            records[buf.channel_id] += batch.to_list()
+    for r in readers.values():
+        r.finish()
+    return records, sizes
+
+
+def assert_old_channel_order(
+    per_channel: dict[int, list[bytes]], old_channel: dict[int, tuple[int, int]]
+) -> None:
+    """Within each new channel, each old channel's records keep their order."""
+    for recs in per_channel.values():
+        last: dict[tuple[int, int], int] = {}
+        for r in recs:
+            uv, rid = old_channel[rid_of(r)], rid_of(r)
+            assert rid > last.get(uv, -1), f"record {rid} of old channel {uv} overtook another"
+            last[uv] = rid
+
+
+def key_by_mapping(
+    up_old: int, down_old: int, up_new: int, down_new: int, max_p: int
+) -> EdgeMapping:
+    return map_edge(
+        EdgeType.KEY_BY,
+        old_upstream=up_old,
+        old_downstream=down_old,
+        new_upstream=up_new,
+        new_downstream=down_new,
+        max_parallelism=max_p,
+    )
+
+
+@st.composite
+def rescales(draw: st.DrawFn) -> tuple[int, int, int, int, int]:
+    up_old, down_old, up_new, down_new = (draw(st.integers(1, 8)) for _ in range(4))
+    max_p = draw(st.integers(max(up_old, down_old, up_new, down_new), 128))
+    return up_old, down_old, up_new, down_new, max_p
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    par=rescales(),
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 160),
+    buffer_size=st.integers(5, 64),
+    out_size=st.integers(8, 300),
+)
+def test_every_record_reaches_its_key_group_owner_exactly_once_and_in_order(
+    par: tuple[int, int, int, int, int], seed: int, n: int, buffer_size: int, out_size: int
+) -> None:
+    up_old, down_old, up_new, down_new, max_p = par
+    rng = random.Random(seed)
+    placed: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+    kg_of: dict[int, int] = {}
+    for rid in range(n):
+        key = rng.randrange(-(2**63), 2**63)
+        size = rng.choice([rng.randint(0, 40), rng.randint(0, 200)])
+        rec = record(key, rid, rng.randbytes(size))
+        kg_of[rid] = assign_to_key_group(key, max_p, key_type="int64")
+        d = operator_index_for_key_group(max_p, down_old, kg_of[rid])
+        placed[rng.randrange(up_old), d].append(rec)
+    m = key_by_mapping(up_old, down_old, up_new, down_new, max_p)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = old_state(Path(tmp), placed, up_old, down_old, rng, buffer_size)
+        got: dict[int, list[bytes]] = {}
+        for new in range(down_new):
+            with rescaled_retriever(
+                m,
+                Side.INPUT,
+                new,
+                input_handles=state.inputs,
+                output_handles=state.outputs,
+                key=KEY,
+                buffer_size=out_size,
+            ) as r:
+                per_channel, sizes = collect(r)
+            old_channel = state.old_channel_by_rid()
+            assert_old_channel_order(per_channel, old_channel)
+            for channel, recs in per_channel.items():
+                # Each old channel comes in on the channel fed by its upstream's heir.
+                assert {replay_owner(old_channel[rid_of(x)][0], up_new) for x in recs} == {channel}
+                if not r.pass_through:  # repacked: full buffers but the last of each channel
+                    assert all(s == out_size for s in sizes[channel][:-1]), sizes[channel]
+            got[new] = [x for recs in per_channel.values() for x in recs]
+        for new in range(up_new):
+            with rescaled_retriever(
+                m, Side.OUTPUT, new, input_handles=state.inputs, output_handles=state.outputs
+            ) as r:
+                assert list(r) == []  # the downstream reads output pieces with their channel
+    union = [x for recs in got.values() for x in recs]
+    assert Counter(union) == Counter(state.records)
+    assert sum(len(v) for v in got.values()) == len(set(union)) == n  # disjoint
+    for new, recs in got.items():
+        for x in recs:
+            assert operator_index_for_key_group(max_p, down_new, kg_of[rid_of(x)]) == new
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    et=st.sampled_from([EdgeType.REBALANCE, EdgeType.FORWARD, EdgeType.BROADCAST]),
+    olds=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    news=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_unkeyed_edges_replay_whole_old_channels_unparsed(
+    et: EdgeType, olds: tuple[int, int], news: tuple[int, int], seed: int
+) -> None:
+    rng = random.Random(seed)
+    up_old, down_old = olds
+    up_new, down_new = news
+    if et is EdgeType.FORWARD:
+        down_old, down_new = up_old, up_new
+    m = map_edge(
+        et,
+        old_upstream=up_old,
+        old_downstream=down_old,
+        new_upstream=up_new,
+        new_downstream=down_new,
+        max_parallelism=128,
+        force=True,
+    )
+    pairs = [(i, i) for i in range(up_old)] if et is EdgeType.FORWARD else None
+    placed: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+    for rid in range(120):
+        u, d = rng.choice(pairs) if pairs else (rng.randrange(up_old), rng.randrange(down_old))
+        placed[u, d].append(record(rid, rid, rng.randbytes(rng.randint(0, 90))))
+    with tempfile.TemporaryDirectory() as tmp:
+        state = old_state(
+            Path(tmp), placed, up_old, down_old, rng, 16, pointwise=et is EdgeType.FORWARD
+        )
+        old_channel = state.old_channel_by_rid()
+        got: dict[int, list[bytes]] = {}
+        for new in range(down_new):
+            r = rescaled_retriever(
+                m, "input", new, input_handles=state.inputs, output_handles=state.outputs
+            )
+            assert r.pass_through
+            per_channel, sizes = collect(r)
+            assert_old_channel_order(per_channel, old_channel)
+            for channel, recs in per_channel.items():
+                ups = {old_channel[rid_of(x)][0] for x in recs}
+                fed_by = {0} if et is EdgeType.FORWARD else {replay_owner(u, up_new) for u in ups}
+                assert fed_by == {channel}
+            got[new] = [x for recs in per_channel.values() for x in recs]
+            # Unparsed: the old 16-byte buffers, not repacked into 32 KiB ones.
+            assert all(s <= 16 for ss in sizes.values() for s in ss)
+            assert r.routed == 0
+    for new, recs in got.items():
+        if et is EdgeType.BROADCAST:
+            heir_of = broadcast_source(new, down_old)
+            want = [x for (u, d), ch in state.channels.items() if d == heir_of for x in ch.records]
+        else:
+            want = [
+                x
+                for (u, d), ch in state.channels.items()
+                if d % down_new == new
+                for x in ch.records
+            ]
+        assert Counter(recs) == Counter(want)
+
+
+# ---- targeted cases ----
+
+
+def one_channel(
+    root: Path, buffers: list[bytes], split: int, channel_in: int = 3, channel_out: int = 5
+) -> RecordStream:
+    """An old channel: its first ``split`` buffers in an input piece, the others in an output."""
+    inp = spillover.open_storage(root / "down").create_storer(0, kind="input")
+    out = spillover.open_storage(root / "up").create_storer(0, kind="output")
+    for b in buffers[:split]:
+        inp.append(channel_in, b)
+        inp.append(channel_in + 1, b"noise of another channel")
+    for b in buffers[split:]:
+        out.append(channel_in + 1, b"noise")
+        out.append(channel_out, b)
+    return RecordStream(((inp.close(), channel_in), (out.close(), channel_out)), 3, 5)
+
+
+def test_a_record_cut_between_input_and_output_state_comes_out_whole(tmp_path: Path) -> None:
+    recs = [record(k, k, bytes([k]) * 90) for k in range(6)]
+    buffers = write(recs, 64)  # the first record ends at byte 106: buffer 1 cuts it
+    with pytest.raises(CorruptRecordError):
+        read_records(buffers[:1])  # the input piece alone ends inside a record
+    stream = one_channel(tmp_path, buffers, split=1)
+    r = FilteringRetriever(
+        [stream], max_parallelism=128, key_group_table=KeyGroupRange(0, 127), buffer_size=64
+    )
+    out = list(r)
+    assert read_records(out) == recs
+    assert all(b.channel_id == 0 for b in out)
+    assert [len(b) for b in out[:-1]] == [64] * (len(out) - 1)
+    assert r.routed == len(recs) and r.dropped == 0
+
+
+def test_the_key_group_table_routes_records_to_outputs_and_drops_the_rest(
+    tmp_path: Path,
+) -> None:
+    max_p = 16
+    recs = [record(k, k, b"p" * (k % 50)) for k in range(300)]
+    stream = one_channel(tmp_path, write(recs, 40), split=4)
+    table = np.array([kg % 3 - 1 for kg in range(max_p)], dtype=np.int32)  # -1, 0, 1, -1, ...
+    r = FilteringRetriever(
+        [stream], max_parallelism=max_p, key_group_table=table, n_outputs=2, buffer_size=100
+    )
+    per_channel, _ = collect(r)
+    for out in (0, 1):
+        want = [x for x in recs if table[assign_to_key_group(key_of(x), max_p, "int64")] == out]
+        assert per_channel.get(out, []) == want
+    assert r.routed + r.dropped == len(recs) and r.dropped > 0
+
+
+def test_a_stream_cut_inside_a_record_is_refused_naming_it(tmp_path: Path) -> None:
+    recs = [record(k, k, b"x" * 70) for k in range(5)]
+    buffers = write(recs, 32)
+    stream = one_channel(tmp_path, buffers[:-2], split=3)  # the last buffers were lost
+    r = FilteringRetriever([stream], max_parallelism=128, key_group_table=KeyGroupRange(0, 127))
+    with pytest.raises(CorruptRecordError) as info:
+        list(r)
+    err = info.value
+    assert "old channel 3 -> 5" in str(err)
+    assert all(h.uri in (err.detail or "") for h, _ in stream.pieces)
+    assert isinstance(err, ValueError)
+    with pytest.raises(CorruptRecordError):  # sticky: the retriever cannot go on
+        r.poll_next()
+
+
+def test_pass_through_hands_out_the_stored_buffers_unchanged_and_zero_copy(
+    tmp_path: Path,
+) -> None:
+    buffers = write([record(k, k, b"y" * 33) for k in range(40)], 50)
+    stream = one_channel(tmp_path, buffers, split=2)
+    r = FilteringRetriever(
+        [RecordStream(stream.pieces, 3, 5, channel=2)], n_outputs=4, pass_through=True
+    )
+    out = list(r)
+    assert [bytes(b) for b in out] == buffers
+    assert {b.channel_id for b in out} == {2}
+    base: object = out[0]
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview) and isinstance(base.obj, spillover.RetrievedBuffer)
+    assert not out[0].flags.writeable
+
+
+def test_poll_next_and_wait_give_what_iteration_gives(tmp_path: Path) -> None:
+    recs = [record(k, k, b"z" * (k % 70)) for k in range(400)]
+    buffers = write(recs, 48)
+    args: dict[str, Any] = {
+        "max_parallelism": 64,
+        "key_group_table": KeyGroupRange(10, 40),
+        "buffer_size": 256,
+    }
+    stream = one_channel(tmp_path, buffers, split=len(buffers) // 2)
+    by_iter = [bytes(b) for b in FilteringRetriever([stream], **args)]
+    r = FilteringRetriever([stream], **args)
+    by_poll = []
+    while not r.finished:
+        buf = r.poll_next()
+        if buf is None:
+            assert r.wait(timeout=10)
+        else:
+            by_poll.append(bytes(buf))
+    assert by_poll == by_iter and read_records(by_poll) == [
+        x for x in recs if 10 <= assign_to_key_group(key_of(x), 64, "int64") <= 40
+    ]
+    r.close()
+    with pytest.raises(spillover.errors.ClosedError):
+        r.poll_next()
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc")
+def test_memory_stays_bounded_whatever_the_input_size(tmp_path: Path) -> None:
+    def growth(megabytes: int, where: Path) -> int:
+        # Written 1 MB at a time, so no large freed heap can hide what the retriever holds.
+        inp = spillover.open_storage(where / "down").create_storer(0, kind="input")
+        out = spillover.open_storage(where / "up").create_storer(0, kind="output")
+        w, rng, n = RecordWriter(32768), np.random.default_rng(1), 10_000
+        for i in range(megabytes):
+            data = np.frombuffer(rng.bytes(n * 100), np.uint8)
+            for b in w.write_batch(data, np.arange(n + 1, dtype=np.int64) * 100):
+                (inp if 2 * i < megabytes else out).append(0, b)
+        out.append(0, w.flush())
+        stream = RecordStream(((inp.close(), 0), (out.close(), 0)), 0, 0)
+        r = FilteringRetriever(
+            [stream],
+            max_parallelism=128,
+            key_group_table=KeyGroupRange(0, 127),
+            read_ahead_bytes=256 * 1024,
+            read_block_bytes=64 * 1024,
+        )
+        base = highest = rss()
+        total = 0
+        for i, buf in enumerate(r):  # each buffer is dropped once counted
+            total += len(buf)
+            if i % 16 == 0:
+                highest = max(highest, rss())
+        assert total == megabytes * n * 104
+        return highest - base
+
+    growth(4, tmp_path / "warm-up")
+    small = growth(4, tmp_path / "small")
+    large = growth(48, tmp_path / "large")
+    # Holding on to what was read would cost 48 MB more; allow allocator noise.
+    assert large < small + 12 * 2**20, (small, large)
+
+
+def test_events_are_refused_by_default_and_forwarded_in_place_on_request(
+    tmp_path: Path,
+) -> None:
+    recs = [record(k, k, b"e" * 20) for k in range(10)]
+    first, second = write(recs[:5], 1000), write(recs[5:], 1000)
+    storer = spillover.open_storage(tmp_path).create_storer(0, kind="input")
+    for b in first:
+        storer.append(0, b)
+    storer.append(0, b"\x07event", spillover.DataType.EVENT)
+    for b in second:
+        storer.append(0, b)
+    stream = RecordStream(((storer.close(), 0),), 0, 0)
+    filtering: dict[str, Any] = {"max_parallelism": 128, "key_group_table": KeyGroupRange(0, 127)}
+    with pytest.raises(RescaleError) as info:
+        list(FilteringRetriever([stream], **filtering))
+    assert info.value.offset is not None and info.value.path == stream.pieces[0][0].uri
+    for kw in (filtering, {"pass_through": True}):
+        out = list(FilteringRetriever([stream], on_event="forward", **kw))
+        kinds = [b.is_event for b in out]
+        assert kinds.count(True) == 1
+        at = kinds.index(True)
+        assert bytes(out[at]) == b"\x07event"
+        assert read_records(out[:at]) == recs[:5] and read_records(out[at + 1 :]) == recs[5:]
+
+
+def test_glue_refuses_what_it_cannot_replay_faithfully(tmp_path: Path) -> None:
+    m = key_by_mapping(2, 2, 2, 3, 128)
+    storer = spillover.open_storage(tmp_path).create_storer(0, kind="input")
+    handle = storer.close()
+    with pytest.raises(RescaleError):  # old upstream 1's output handle is missing
+        rescaled_retriever(
+            m, Side.INPUT, 0, input_handles={0: handle, 1: None}, output_handles={0: None}
+        )
+    with pytest.raises(ConfigError):  # input and output handles mixed up
+        rescaled_retriever(
+            m, Side.INPUT, 0, input_handles={0: None, 1: None}, output_handles={0: handle, 1: None}
+        )
+    custom = map_edge(
+        "custom",
+        old_upstream=1,
+        old_downstream=2,
+        new_upstream=1,
+        new_downstream=3,
+        max_parallelism=128,
+    )
+    with pytest.raises(RescaleError):
+        rescaled_retriever(
+            custom, Side.INPUT, 0, input_handles={0: None, 1: None}, output_handles={0: None}
+        )
+    with pytest.raises(ConfigError):
+        FilteringRetriever([], max_parallelism=128)  # filtering without a table
+    with pytest.raises(ConfigError):
+        FilteringRetriever([RecordStream((), 0, 0), RecordStream((), 0, 0)], pass_through=True)
+
+
+def test_a_record_too_short_for_its_key_is_refused_with_its_file_and_offset(
+    tmp_path: Path,
+) -> None:
+    buffers = write([record(1, 1, b"ok"), b"short"], 64)
+    stream = one_channel(tmp_path, buffers, split=1)
+    r = FilteringRetriever([stream], max_parallelism=128, key_group_table=KeyGroupRange(0, 127))
+    with pytest.raises(CorruptRecordError) as info:
+        list(r)
+    assert info.value.path == stream.pieces[0][0].uri and info.value.offset is not None
+    assert "old channel 3 -> 5" in (info.value.detail or "")
