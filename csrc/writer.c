@@ -32,13 +32,13 @@ struct spl_writer {
     size_t batch_bytes;
     int error; /* sticky; written once under mu, read atomically */
     int err_no;
-    uint64_t written;
+    uint64_t bytes_out;
 
-    /* blocking mode: the caller fills batches[cur] while the thread writes
-     * batches[inflight] (-1 when idle) */
-    batch batches[2];
-    int cur;
-    int inflight;
+    /* blocking mode: a ring of batch slots. The caller fills slot
+     * `submitted % SLOTS`; the thread writes slots `written .. submitted-1`. */
+    batch batches[SPL_WRITER_SLOTS];
+    uint64_t submitted; /* batches handed to the thread */
+    uint64_t written;   /* batches the thread has finished */
 
     /* non-blocking mode: a single-producer, single-consumer byte ring */
     int async;
@@ -161,7 +161,7 @@ static int sink_write(spl_writer *w, const struct iovec *iov, int n) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += iov[i].iov_len;
     int rc = w->fd >= 0 ? spl_fd_write_all(w->fd, iov, n) : w->sink(w->sink_ctx, iov, n);
-    if (rc == 0) __atomic_add_fetch(&w->written, total, __ATOMIC_RELAXED);
+    if (rc == 0) __atomic_add_fetch(&w->bytes_out, total, __ATOMIC_RELAXED);
     return rc;
 }
 
@@ -171,18 +171,18 @@ static void reset_batch(batch *b) {
     b->small_used = 0;
 }
 
-/* Blocking mode: write each submitted batch, one at a time. */
+/* Blocking mode: write the submitted batches in order. */
 static void batches_loop(spl_writer *w) {
     for (;;) {
-        WAIT_FOR(w, LOAD(w->inflight) >= 0 || LOAD(w->stop), w->not_empty, &w->thread_sleeps);
-        int slot = LOAD(w->inflight);
-        if (slot < 0) break; /* stopped and idle */
-        batch *b = &w->batches[slot];
+        WAIT_FOR(w, LOAD(w->submitted) != w->written || LOAD(w->stop), w->not_empty,
+                 &w->thread_sleeps);
+        if (LOAD(w->submitted) == w->written) break; /* stopped and idle */
+        batch *b = &w->batches[w->written % SPL_WRITER_SLOTS];
         if (!LOAD(w->error) && b->iovcnt) {
             int rc = sink_write(w, b->iov, b->iovcnt);
             if (rc) set_error(w, rc);
         }
-        STORE(w->inflight, -1);
+        STORE(w->written, w->written + 1);
         wake(w, &w->not_full, &w->caller_sleeps);
     }
 }
@@ -241,7 +241,6 @@ spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batc
     w->sink = sink;
     w->sink_ctx = sink_ctx;
     w->batch_bytes = batch_bytes ? batch_bytes : (256u << 10);
-    w->inflight = -1;
     if (pool_bytes) {
         w->async = 1;
         w->cap = pool_bytes;
@@ -307,7 +306,7 @@ int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_n
     *flush_needed = 0;
     if (LOAD(w->error)) return LOAD(w->error);
     if (w->async) return ring_put(w, data, len);
-    batch *b = &w->batches[w->cur];
+    batch *b = &w->batches[w->submitted % SPL_WRITER_SLOTS];
     if (len > SPL_TRAILER_SIZE || b->iovcnt + 1 > MAX_IOV || b->small_used + len > SMALL_ARENA) {
         set_error(w, EINVAL);
         return LOAD(w->error);
@@ -333,7 +332,7 @@ int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_
         int rc = ring_put(w, hdr, sizeof hdr);
         return rc ? rc : ring_put(w, payload, stored_length);
     }
-    batch *b = &w->batches[w->cur];
+    batch *b = &w->batches[w->submitted % SPL_WRITER_SLOTS];
     uint8_t *hdr = b->small + b->small_used;
     spl_encode_frame_header(hdr, &f);
     b->small_used += SPL_FRAME_HEADER_SIZE;
@@ -343,17 +342,18 @@ int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_
     return SPL_OK;
 }
 
-int spl_writer_current(spl_writer *w) { return w->cur; }
+uint64_t spl_writer_submitted(spl_writer *w) { return w->submitted; }
+
+uint64_t spl_writer_written(spl_writer *w) { return LOAD(w->written); }
 
 int spl_writer_submit(spl_writer *w) {
-    WAIT_FOR(w, LOAD(w->inflight) < 0, w->not_full, &w->caller_sleeps);
+    /* The next slot must be free: wait while every slot is in flight. */
+    WAIT_FOR(w, w->submitted + 1 - LOAD(w->written) < SPL_WRITER_SLOTS, w->not_full,
+             &w->caller_sleeps);
     int e = LOAD(w->error);
-    if (!e) {
-        STORE(w->inflight, w->cur);
-        wake(w, &w->not_empty, &w->thread_sleeps);
-    }
-    w->cur ^= 1;
-    reset_batch(&w->batches[w->cur]);
+    STORE(w->submitted, w->submitted + 1);
+    if (!e) wake(w, &w->not_empty, &w->thread_sleeps);
+    reset_batch(&w->batches[w->submitted % SPL_WRITER_SLOTS]);
     return e;
 }
 
@@ -369,7 +369,7 @@ int spl_writer_flush(spl_writer *w) {
         return LOAD(w->error);
     }
     spl_writer_submit(w);
-    WAIT_FOR(w, LOAD(w->inflight) < 0, w->not_full, &w->caller_sleeps);
+    WAIT_FOR(w, LOAD(w->written) == w->submitted, w->not_full, &w->caller_sleeps);
     return LOAD(w->error);
 }
 
@@ -399,7 +399,7 @@ int spl_writer_error(spl_writer *w, int *err_no) {
     return e;
 }
 
-uint64_t spl_writer_bytes_written(spl_writer *w) { return __atomic_load_n(&w->written, __ATOMIC_RELAXED); }
+uint64_t spl_writer_bytes_written(spl_writer *w) { return __atomic_load_n(&w->bytes_out, __ATOMIC_RELAXED); }
 
 void spl_writer_free(spl_writer *w) {
     if (!w) return;

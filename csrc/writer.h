@@ -4,10 +4,11 @@
  *
  * Blocking mode batches (header, payload) iovecs that point at the caller's
  * memory: no copy. A full batch is submitted to the writer thread, which
- * writes it with writev while the caller fills the other batch, so checksums
- * and the kernel's copy overlap. The caller keeps each payload alive and
- * unmodified until the batch holding it is written: spl_writer_submit returns
- * once the batch before it is written, and spl_writer_flush once all are.
+ * writes it with writev while the caller fills the next of SPL_WRITER_SLOTS
+ * batches, so checksums and the kernel's copy overlap and the caller waits only
+ * when every slot is in flight. The caller keeps each payload alive and
+ * unmodified until the batch holding it is written (spl_writer_written counts
+ * them); spl_writer_flush returns once all are.
  *
  * Non-blocking mode copies each frame into a bounded ring and a writer thread
  * persists it; an append waits while the ring is full. An I/O error is sticky:
@@ -23,6 +24,8 @@
 typedef int (*spl_sink_fn)(void *ctx, const struct iovec *iov, int n);
 
 typedef struct spl_writer spl_writer;
+
+#define SPL_WRITER_SLOTS 4
 
 /* writev until every byte of iov[0:n) (n <= 1024) is written, in calls of at
  * most 1 MiB; returns 0 or errno. */
@@ -46,13 +49,16 @@ int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_
 /* Queues raw bytes (the state header and the trailer; at most 64 bytes). */
 int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_needed);
 
-/* Blocking mode: hands the current batch to the thread once the previous one
- * is written, and starts the other batch. The batch now current (the one
- * written before) no longer references any payload. */
+/* Blocking mode: hands the current batch to the thread and starts the next
+ * slot, waiting first while every slot is in flight. */
 int spl_writer_submit(spl_writer *w);
 
-/* Index (0 or 1) of the batch being filled, for callers that track payloads. */
-int spl_writer_current(spl_writer *w);
+/* Batches submitted so far; the one being filled is number `submitted`, in
+ * slot `submitted % SPL_WRITER_SLOTS`. */
+uint64_t spl_writer_submitted(spl_writer *w);
+
+/* Batches written so far: their payloads are no longer referenced. */
+uint64_t spl_writer_written(spl_writer *w);
 
 /* Blocking: submits the current batch and waits until everything is written.
  * Non-blocking: waits until the ring is empty. After it returns, no payload

@@ -128,7 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     fresh(raw_path)
     fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     t = time.perf_counter()
-    native.raw_write_baseline(fd, buffers, 256 * 1024)
+    native.raw_write_baseline(fd, buffers, spillover.StorageOptions().batch_bytes)
     os.close(fd)
     raw_write = nbytes / (time.perf_counter() - t)
     rows.append(("raw sequential write (baseline)", raw_write, 1.0))

@@ -180,9 +180,10 @@ cdef class NativeStorer:
     """Writes one state file through the C writer; see spillover.storage.Storer."""
 
     cdef spl_writer *w
-    # Blocking mode holds the caller's buffers per batch until it is written.
-    cdef Py_buffer views[2][MAX_VIEWS]
-    cdef int nviews[2]
+    # Blocking mode holds the caller's buffers per batch slot until it is written.
+    cdef Py_buffer views[SPL_WRITER_SLOTS][MAX_VIEWS]
+    cdef int nviews[SPL_WRITER_SLOTS]
+    cdef uint64_t released  # batches whose views are released
     cdef object sink_write
     cdef object sink_exc
     cdef object compress
@@ -198,8 +199,10 @@ cdef class NativeStorer:
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
                   size_t batch_bytes, size_t pool_bytes, str path):
-        self.nviews[0] = 0
-        self.nviews[1] = 0
+        cdef int k
+        for k in range(SPL_WRITER_SLOTS):
+            self.nviews[k] = 0
+        self.released = 0
         self.sink_write = sink_write
         self.compress = compress
         self.async_mode = pool_bytes > 0
@@ -231,8 +234,9 @@ cdef class NativeStorer:
         self.nviews[slot] = 0
 
     cdef void _release_views(self) noexcept:
-        self._release_slot(0)
-        self._release_slot(1)
+        cdef int k
+        for k in range(SPL_WRITER_SLOTS):
+            self._release_slot(k)
 
     cdef int _check(self, int rc) except -1:
         cdef int err_no = 0
@@ -255,6 +259,7 @@ cdef class NativeStorer:
         with nogil:
             rc = spl_writer_flush(self.w)
         self._release_views()
+        self.released = spl_writer_submitted(self.w)
         return self._check(rc)
 
     cdef int _submit(self) except -1:
@@ -264,8 +269,11 @@ cdef class NativeStorer:
         if rc:
             self._release_views()
             return self._check(rc)
-        # The batch now being filled was written before: its buffers are free.
-        self._release_slot(spl_writer_current(self.w))
+        # Buffers of the batches written since the last look are free now.
+        cdef uint64_t done = spl_writer_written(self.w)
+        while self.released < done:
+            self._release_slot(self.released % SPL_WRITER_SLOTS)
+            self.released += 1
         return 0
 
     def append(self, uint32_t channel_id, object buffer, int data_type=0):
@@ -321,7 +329,7 @@ cdef class NativeStorer:
         if self.async_mode or rc:
             PyBuffer_Release(&view)
         else:
-            slot = spl_writer_current(self.w)
+            slot = spl_writer_submitted(self.w) % SPL_WRITER_SLOTS
             self.views[slot][self.nviews[slot]] = view
             self.nviews[slot] += 1
         self._check(rc)

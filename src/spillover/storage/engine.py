@@ -54,7 +54,9 @@ class StorageOptions:
     - ``blocking``: append writes from the caller's thread without copying (the buffer is
       referenced until its batch is written), or, when False, copies into a bounded pool
       that a native writer thread persists.
-    - ``batch_bytes``: bytes gathered per write call in blocking mode.
+    - ``batch_bytes``: bytes gathered per hand-off to the I/O thread in blocking mode
+      (each written with one vectored write); at most four batches are in flight, so
+      the storer references at most four times this much of the caller's memory.
     - ``pool_bytes``: the non-blocking pool; append waits while it is full.
     - ``fsync``: make files (and the directory entry) durable on close.
     - ``read_ahead_bytes`` / ``read_block_bytes``: the retriever reads blocks of
@@ -64,7 +66,7 @@ class StorageOptions:
 
     compression: str | None = None
     blocking: bool = True
-    batch_bytes: int = 256 * KiB
+    batch_bytes: int = 1 * MiB
     pool_bytes: int = 16 * MiB
     fsync: bool = False
     read_ahead_bytes: int = 4 * MiB

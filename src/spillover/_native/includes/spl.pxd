@@ -79,8 +79,11 @@ cdef extern from "writer.h" nogil:
                        const void *payload, uint32_t stored_length, uint32_t raw_length,
                        int *flush_needed)
     int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_needed)
+    enum:
+        SPL_WRITER_SLOTS
     int spl_writer_submit(spl_writer *w)
-    int spl_writer_current(spl_writer *w)
+    uint64_t spl_writer_submitted(spl_writer *w)
+    uint64_t spl_writer_written(spl_writer *w)
     int spl_writer_flush(spl_writer *w)
     int spl_writer_finish(spl_writer *w, int do_fsync)
     int spl_writer_error(spl_writer *w, int *err_no)
