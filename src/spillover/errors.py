@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "BadMagicError",
+    "BatchTypeError",
     "ClosedError",
     "ConfigError",
     "CorruptFrameError",
@@ -20,6 +21,7 @@ __all__ = [
     "CorruptRecordError",
     "ForeignFileError",
     "FormatError",
+    "KeyGroupRangeError",
     "RescaleError",
     "SpilloverError",
     "StateFileExistsError",
@@ -137,3 +139,12 @@ class RescaleError(SpilloverError, ValueError):
 
 class CorruptRecordError(FormatError):
     """Records in a buffer do not parse: a bad length prefix, a record too short for its key."""
+
+
+class BatchTypeError(SpilloverError, TypeError):
+    """A user function returned something other than a batch of the declared dtype
+    (or a filter mask that is not one boolean per record)."""
+
+
+class KeyGroupRangeError(SpilloverError, ValueError):
+    """Keyed state got a key whose key group lies outside the subtask's range (a routing bug)."""

@@ -1,0 +1,172 @@
+"""The contracts between the runtime's parts: records, operators, state, contexts.
+
+Records of a stream are rows of one numpy structured dtype (fixed width); a
+**batch** is a 1-D numpy structured array of that dtype. Operators receive and
+emit batches, never single records, so no operator loops over records in
+Python. On the wire, records are framed as in ``spillover.records`` (4-byte
+length prefix + the row's bytes) inside fixed-size network buffers.
+
+Lifecycle of an operator instance (one per subtask), always on the task's thread:
+
+1. ``open(ctx)``; then, when the job restores, ``restore(state)`` with what
+   ``snapshot`` returned at the restored checkpoint (before any input).
+2. ``process(batch, input_index)`` for every batch; ``on_timer()`` when the task
+   is idle or at ``ctx.timer_interval`` (sources use ``emit`` from here).
+3. ``snapshot(checkpoint_id)`` when a checkpoint's barrier has been aligned (or
+   a source is triggered): returns an ``OperatorSnapshot``. Its synchronous part
+   runs on the task thread; anything slow (writing files) goes in
+   ``OperatorSnapshot.finalize``, which the task runs off its thread.
+4. ``notify_checkpoint_complete(checkpoint_id)`` once the coordinator has
+   completed that checkpoint (two-phase-commit sinks commit here), and
+   ``notify_checkpoint_aborted(checkpoint_id)``.
+5. ``end_input(input_index)`` when an input has delivered its last record
+   (EndOfData on every channel), then ``finish()`` once every input ended
+   (sources: when exhausted), then ``close()``; ``close()`` also runs when the
+   task fails or is cancelled.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Batch = npt.NDArray[Any]  # a 1-D structured array of the stream's dtype
+
+
+class EdgeKind(enum.Enum):
+    """How records of an edge are distributed over the downstream subtasks."""
+
+    FORWARD = "forward"  # subtask i -> subtask i; chained when parallelism is equal
+    KEY_BY = "key_by"  # by key group of an int64 key field (Flink-compatible)
+    REBALANCE = "rebalance"  # round robin of whole buffers
+    BROADCAST = "broadcast"  # every buffer to every subtask
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """Names a piece of keyed state. ``kind``: ``"value"`` (last value per key),
+    ``"sum"`` (reducing state adding values), ``"list"`` (values appended per key).
+    ``dtype`` is the value's numpy dtype."""
+
+    name: str
+    kind: str
+    dtype: Any = np.int64
+
+
+class KeyedState(Protocol):
+    """One keyed state of a subtask: vectorised, keys are int64.
+
+    Every method takes arrays (one entry per record) and never loops in Python.
+    """
+
+    def get(self, keys: npt.NDArray[np.int64]) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_]]:
+        """Values (value/sum state) for ``keys`` and a mask of keys that have one."""
+        ...
+
+    def put(self, keys: npt.NDArray[np.int64], values: npt.NDArray[Any]) -> None:
+        """value: last write per key wins (in array order); sum: adds; list: appends."""
+        ...
+
+    def items(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+        """All (keys, values) pairs; for list state one row per appended value."""
+        ...
+
+    def clear(self, keys: npt.NDArray[np.int64]) -> None: ...
+
+
+class KeyedStateBackend(Protocol):
+    """Keyed state of one subtask, owning a key-group range (for rescaling)."""
+
+    def state(self, descriptor: StateDescriptor) -> KeyedState: ...
+
+    def snapshot(self) -> Callable[[str], dict[str, Any]]:
+        """Copies the state now (cheap, on the task thread) and returns a function that
+        writes it under a directory URI, grouped by key group, and returns a JSON-able
+        handle. The copy must not change when the state changes later."""
+        ...
+
+    def restore(self, handles: list[dict[str, Any]]) -> None:
+        """Loads every handle's entries whose key group is in this backend's range."""
+        ...
+
+
+@dataclass
+class OperatorSnapshot:
+    """What one operator contributes to a checkpoint.
+
+    ``operator_state``: JSON-able, small (offsets, pending file names).
+    ``finalize(directory_uri)``: runs off the task thread and returns the JSON-able
+    handles of large state it wrote (keyed state); None when nothing to write.
+    """
+
+    operator_state: Any = None
+    finalize: Callable[[str], Any] | None = None
+
+
+class Output(Protocol):
+    """Where an operator's batches go (the next chained operator or the network)."""
+
+    def emit(self, batch: Batch) -> None: ...
+
+
+@dataclass
+class OperatorContext:
+    """What an operator may use; given to ``open``."""
+
+    uid: str
+    name: str
+    subtask_index: int
+    parallelism: int
+    max_parallelism: int
+    attempt: int
+    output: Output
+    keyed: KeyedStateBackend | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    # Sources: how often on_timer is called while the task has no input.
+    timer_interval: float = 0.001
+
+
+class Operator:
+    """Base class of every operator; see the module docstring for the lifecycle.
+
+    ``out_dtype`` is the dtype of the batches it emits (None for sinks).
+    """
+
+    out_dtype: Any = None
+    is_source: bool = False
+
+    def open(self, ctx: OperatorContext) -> None:
+        self.ctx = ctx
+
+    def restore(self, state: Any) -> None:
+        """``state`` is the ``operator_state`` this subtask snapshotted (same parallelism)."""
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        raise NotImplementedError
+
+    def on_timer(self) -> bool:
+        """Sources emit here. Returns False once the source is exhausted."""
+        return True
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot()
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        pass
+
+    def end_input(self, input_index: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

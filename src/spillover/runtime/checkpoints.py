@@ -1,0 +1,209 @@
+"""Where checkpoints live and what their metadata says.
+
+Layout under ``state.checkpoints.dir``::
+
+    <dir>/<job-name>/chk-<id>/_metadata          JSON, written last (its presence = complete)
+    <dir>/<job-name>/chk-<id>/<vertex-uid>-<n>/  a subtask's state files
+
+The metadata is versioned JSON (``format``, ``version``): restore refuses other
+formats and newer versions, a different graph fingerprint, and a different max
+parallelism, each with a message that says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from spillover.errors import ConfigError, FormatError, StorageError
+
+METADATA_FORMAT = "spillover-checkpoint"
+METADATA_VERSION = 1
+METADATA_FILE = "_metadata"
+
+
+@dataclass
+class CompletedCheckpoint:
+    checkpoint_id: int
+    path: str
+    metadata: dict[str, Any] = field(repr=False)
+
+
+class CheckpointStorage:
+    """Checkpoint directories of one job on local disk or any pyarrow filesystem."""
+
+    def __init__(self, base: str, job_name: str) -> None:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)
+        self.local = "://" not in base or base.startswith("file://")
+        root = base[len("file://") :] if base.startswith("file://") else base
+        self.root = f"{root.rstrip('/')}/{safe}"
+        self._fs: Any = None
+        self._query = ""
+        if not self.local:
+            import pyarrow.fs as pafs
+
+            uri, _, self._query = base.partition("?")
+            self._fs, path = pafs.FileSystem.from_uri(base)
+            self._uri_prefix = uri.rstrip("/") + f"/{safe}"
+            self.root = f"{path.rstrip('/')}/{safe}"
+
+    def checkpoint_dir(self, checkpoint_id: int) -> str:
+        """The directory (path or URI) of one checkpoint, for state writers."""
+        name = f"chk-{checkpoint_id}"
+        if self.local:
+            return os.path.join(self.root, name)
+        q = f"?{self._query}" if self._query else ""
+        return f"{self._uri_prefix}/{name}{q}"
+
+    def subtask_dir(self, checkpoint_id: int, vertex_uid: str, subtask: int) -> str:
+        d = self.checkpoint_dir(checkpoint_id)
+        if self.local:
+            return os.path.join(d, f"{vertex_uid}-{subtask}")
+        base, _, q = d.partition("?")
+        return f"{base}/{vertex_uid}-{subtask}" + (f"?{q}" if q else "")
+
+    def _path(self, checkpoint_id: int, name: str = "") -> str:
+        p = f"{self.root}/chk-{checkpoint_id}"
+        return f"{p}/{name}" if name else p
+
+    def write_metadata(self, checkpoint_id: int, metadata: dict[str, Any]) -> str:
+        data = json.dumps(metadata, indent=1, sort_keys=True).encode()
+        target = self._path(checkpoint_id, METADATA_FILE)
+        try:
+            if self.local:
+                os.makedirs(self._path(checkpoint_id), exist_ok=True)
+                tmp = target + ".inprogress"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            else:
+                self._fs.create_dir(self._path(checkpoint_id), recursive=True)
+                with self._fs.open_output_stream(target) as out:
+                    out.write(data)
+        except OSError as e:
+            raise StorageError(
+                "cannot write checkpoint metadata", path=target, errno=e.errno, detail=str(e)
+            ) from e
+        return target
+
+    def read_metadata(self, checkpoint_id: int) -> dict[str, Any]:
+        target = self._path(checkpoint_id, METADATA_FILE)
+        try:
+            if self.local:
+                with open(target, "rb") as f:
+                    raw = f.read()
+            else:
+                with self._fs.open_input_stream(target) as f:
+                    raw = f.read()
+        except FileNotFoundError as e:
+            raise StorageError("checkpoint metadata not found", path=target, errno=2) from e
+        except OSError as e:
+            raise StorageError("cannot read checkpoint metadata", path=target, detail=str(e)) from e
+        try:
+            meta = json.loads(raw)
+        except ValueError as e:
+            raise FormatError("checkpoint metadata is not valid JSON", path=target) from e
+        check_metadata(meta, target)
+        return meta  # type: ignore[no-any-return]
+
+    def completed_ids(self) -> list[int]:
+        """Ids of checkpoints whose metadata exists, oldest first."""
+        ids = []
+        if self.local:
+            if not os.path.isdir(self.root):
+                return []
+            for name in os.listdir(self.root):
+                m = re.fullmatch(r"chk-(\d+)", name)
+                if m and os.path.exists(os.path.join(self.root, name, METADATA_FILE)):
+                    ids.append(int(m.group(1)))
+        else:
+            import pyarrow.fs as pafs
+
+            infos = self._fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+            for info in infos:
+                m = re.fullmatch(r"chk-(\d+)", info.base_name)
+                if m and self._fs.get_file_info(f"{info.path}/{METADATA_FILE}").type == (
+                    pafs.FileType.File
+                ):
+                    ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def latest(self) -> CompletedCheckpoint | None:
+        ids = self.completed_ids()
+        if not ids:
+            return None
+        cid = ids[-1]
+        return CompletedCheckpoint(cid, self._path(cid), self.read_metadata(cid))
+
+    def delete(self, checkpoint_id: int) -> None:
+        """Removes a checkpoint directory (subsumed or aborted); missing is fine."""
+        path = self._path(checkpoint_id)
+        try:
+            if self.local:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                self._fs.delete_dir(path)
+        except (FileNotFoundError, OSError):
+            pass
+
+
+def check_metadata(meta: Any, path: str) -> None:
+    if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
+        raise FormatError("not spillover checkpoint metadata", path=path)
+    version = meta.get("version")
+    if not isinstance(version, int) or version > METADATA_VERSION or version < 1:
+        raise FormatError(
+            "unsupported checkpoint metadata version",
+            path=path,
+            detail=f"found {version!r}, this version reads up to {METADATA_VERSION}",
+            hint="restore with the spillover version that wrote it, or newer",
+        )
+
+
+def check_compatible(meta: dict[str, Any], fingerprint: str, max_parallelism: int) -> None:
+    """Refuses to restore a checkpoint into a job it cannot belong to."""
+    settings = meta.get("settings", {})
+    if settings.get("max-parallelism") != max_parallelism:
+        raise ConfigError(
+            "max parallelism changed",
+            detail=f"checkpoint {meta['checkpoint_id']} was taken with "
+            f"{settings.get('max-parallelism')}, the job has {max_parallelism}",
+            hint="keep pipeline.max-parallelism unchanged across restores",
+        )
+    if meta.get("graph_fingerprint") != fingerprint:
+        raise ConfigError(
+            "the job graph changed since the checkpoint",
+            detail=f"checkpoint graph {meta.get('graph_fingerprint')}, job graph {fingerprint}",
+            hint="restore into the same topology, uids and parallelism (rescaling comes later)",
+        )
+
+
+def new_metadata(
+    *,
+    job_name: str,
+    checkpoint_id: int,
+    trigger_ms: int,
+    fingerprint: str,
+    settings: dict[str, Any],
+    tasks: dict[str, Any],
+    final: bool,
+) -> dict[str, Any]:
+    return {
+        "format": METADATA_FORMAT,
+        "version": METADATA_VERSION,
+        "job": job_name,
+        "checkpoint_id": checkpoint_id,
+        "trigger_ms": trigger_ms,
+        "completed_ms": int(time.time() * 1000),
+        "graph_fingerprint": fingerprint,
+        "settings": settings,
+        "final": final,
+        "tasks": tasks,
+    }

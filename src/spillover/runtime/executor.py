@@ -1,0 +1,333 @@
+"""The local executor: runs a job graph on this machine, one thread per subtask.
+
+It wires the network of each execution attempt, starts the coordinator and the
+tasks, and on a failure cancels the attempt and restarts the job from the
+latest completed checkpoint, as the restart strategy allows.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import traceback
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from spillover.config import Config, RestartStrategy
+from spillover.keygroups import key_group_range_for_operator
+from spillover.runtime.buffers import BufferPool
+from spillover.runtime.checkpoints import CheckpointStorage, check_compatible
+from spillover.runtime.coordinator import CheckpointCoordinator
+from spillover.runtime.failures import FailureInjector
+from spillover.runtime.graph import JobGraph, StreamEnvironment, Vertex
+from spillover.runtime.network import InputGate, ResultPartition, connect
+from spillover.runtime.task import InputChannelInfo, Task, TaskCancelled, TaskRestore
+from spillover.runtime.writers import PartitionWriter
+from spillover.storage.handle import DataType
+
+
+class JobFailedError(RuntimeError):
+    """The job failed and the restart strategy allows no more attempts."""
+
+
+@dataclass
+class JobResult:
+    """How a run went: status, attempts, per-checkpoint and per-task metrics."""
+
+    job_name: str
+    status: str  # finished | failed
+    attempts: int
+    duration_s: float
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    tracebacks: list[str] = field(default_factory=list, repr=False)
+    restored_from: list[int] = field(default_factory=list)
+    checkpoint_dir: str | None = None
+
+    def completed_checkpoints(self) -> list[dict[str, Any]]:
+        return [c for c in self.checkpoints if c["status"] == "completed"]
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, default=str, indent=1)
+
+
+class _Attempt:
+    """One execution attempt: the tasks, their network and the coordinator."""
+
+    def __init__(self, ex: LocalExecutor, attempt: int, restore: dict[str, Any] | None) -> None:
+        self.ex = ex
+        self.attempt = attempt
+        self.done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
+        self.coordinator_error: BaseException | None = None
+        g, cfg = ex.graph, ex.config
+        net = cfg.network
+        # Result partitions and writers per (vertex, subtask), gates per (vertex, subtask).
+        partitions: dict[tuple[int, int], list[Any]] = {}
+        writers: dict[tuple[int, int], list[Any]] = {}
+        gates: dict[tuple[int, int], Any] = {}
+        channels: dict[tuple[int, int], list[InputChannelInfo]] = {}
+        for v in g.vertices:
+            ins = sorted(g.inputs_of(v.id), key=lambda e: e.input_index)
+            for d in range(v.parallelism):
+                infos = [
+                    InputChannelInfo(e.input_index, e, u, e.dtype)
+                    for e in ins
+                    for u in range(g.vertices[e.source].parallelism)
+                ]
+                channels[(v.id, d)] = infos
+                gates[(v.id, d)] = (
+                    InputGate(
+                        len(infos),
+                        buffers_per_channel=net.buffers_per_channel,
+                        floating_buffers=net.floating_buffers_per_gate,
+                        name=f"{v.uid}#{d}",
+                    )
+                    if infos
+                    else None
+                )
+        for e in g.edges:
+            up, down = g.vertices[e.source], g.vertices[e.target]
+            first = next(k for k, c in enumerate(channels[(down.id, 0)]) if c.edge == e)
+            for u in range(up.parallelism):
+                pool = BufferPool(net.segment_size, net.buffers_per_partition, f"{up.uid}#{u}")
+                part = ResultPartition(down.parallelism, pool, name=f"{up.uid}#{u}->{down.uid}")
+                for d in range(down.parallelism):
+                    connect(part, d, gates[(down.id, d)], first + u)
+                partitions.setdefault((up.id, u), []).append(part)
+                writers.setdefault((up.id, u), []).append(
+                    PartitionWriter(
+                        e.kind,
+                        e.dtype,
+                        down.parallelism,
+                        u,
+                        net.segment_size,
+                        g.max_parallelism,
+                        e.key_field,
+                        send=_sender(part, pool),
+                        send_all=_broadcaster(part, pool),
+                    )
+                )
+        self.tasks: dict[tuple[str, int], Task] = {}
+        storage = ex.storage
+        for v in g.vertices:
+            for i in range(v.parallelism):
+                self.tasks[(v.uid, i)] = Task(
+                    graph=g,
+                    vertex=v,
+                    subtask=i,
+                    attempt=attempt,
+                    gate=gates[(v.id, i)],
+                    channels=channels[(v.id, i)],
+                    partitions=partitions.get((v.id, i), []),
+                    writers=writers.get((v.id, i), []),
+                    restore=_task_restore(restore, v, i),
+                    coordinator=None,
+                    checkpoint_dir=(
+                        storage.subtask_dir if storage is not None else _no_checkpoint_dir
+                    ),
+                    keyed_backend_factory=_keyed_backend(g),
+                    failures=ex.failures,
+                    on_done=lambda t, err: self.done.put((t, err)),
+                    flush_interval=ex.flush_interval,
+                )
+        cp = cfg.checkpointing
+        self.coordinator = CheckpointCoordinator(
+            job_name=g.name,
+            fingerprint=g.fingerprint(),
+            settings=ex.settings,
+            storage=storage,
+            tasks=self.tasks,
+            sources=[(v.uid, i) for v in g.vertices if v.is_source for i in range(v.parallelism)],
+            interval_s=cp.interval_s,
+            timeout_s=cp.timeout_s,
+            min_pause_s=cp.min_pause_s,
+            max_concurrent=cp.max_concurrent_checkpoints,
+            num_retained=cfg.state.num_retained,
+            tolerable_failures=cp.tolerable_failed_checkpoints,
+            # Ids are never reused: an aborted checkpoint's late writes must not land
+            # in a later checkpoint's directory.
+            first_id=max(ex.next_checkpoint_id, restore["checkpoint_id"] + 1 if restore else 1),
+            on_final=self._terminate_sources,
+            on_failure=self._coordinator_failed,
+            metrics_path=ex.metrics_path,
+        )
+        for t in self.tasks.values():
+            t.coordinator = self.coordinator
+
+    def _terminate_sources(self) -> None:
+        for (_uid, _i), t in self.tasks.items():
+            if t.vertex.is_source:
+                t.post("terminate")
+
+    def _coordinator_failed(self, e: BaseException) -> None:
+        self.coordinator_error = e
+        # Wake the executor's wait with a synthetic failure.
+        any_task = next(iter(self.tasks.values()))
+        self.done.put((any_task, e))
+
+    def run(self, deadline: float | None) -> BaseException | None:
+        """Runs until every task finished (None) or one failed (its error)."""
+        self.coordinator.start()
+        for t in self.tasks.values():
+            t.start()
+        remaining = set(self.tasks)
+        error: BaseException | None = None
+        while remaining:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                task, err = self.done.get(timeout=timeout)
+            except queue.Empty:
+                error = TimeoutError("the job did not finish in time")
+                break
+            if err is not None and not isinstance(err, TaskCancelled):
+                error = err
+                break
+            remaining.discard((task.vertex.uid, task.subtask))
+        if error is not None:
+            for t in self.tasks.values():
+                t.cancel()
+            for t in self.tasks.values():
+                t.thread.join(timeout=30)
+        self.coordinator.stop()
+        return error
+
+
+def _sender(part: Any, pool: Any) -> Any:
+    def send(sub: int, array: Any) -> None:
+        part.emit(sub, pool.wrap(array, DataType.DATA))
+
+    return send
+
+
+def _broadcaster(part: Any, pool: Any) -> Any:
+    def send_all(array: Any) -> None:
+        part.broadcast(pool.wrap(array, DataType.DATA))
+
+    return send_all
+
+
+def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
+    raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
+
+
+def _keyed_backend(g: JobGraph) -> Any:
+    from spillover.runtime.state import HeapKeyedStateBackend
+
+    def make(v: Vertex, i: int) -> Any:
+        rng = key_group_range_for_operator(g.max_parallelism, v.parallelism, i)
+        return HeapKeyedStateBackend(g.max_parallelism, rng)
+
+    return make
+
+
+def _task_restore(meta: dict[str, Any] | None, v: Vertex, i: int) -> TaskRestore | None:
+    if meta is None:
+        return None
+    entry = meta["tasks"].get(v.uid, {}).get("subtasks", {}).get(str(i))
+    if entry is None:
+        return TaskRestore(meta["checkpoint_id"])
+    return TaskRestore(
+        meta["checkpoint_id"],
+        operator_state=dict(entry.get("operators", {})),
+        keyed_handles={uid: [h] for uid, h in entry.get("keyed", {}).items()},
+    )
+
+
+class LocalExecutor:
+    """Runs a job graph with one thread per subtask, restarting it on failures."""
+
+    def __init__(
+        self,
+        job: JobGraph | StreamEnvironment,
+        config: Config | None = None,
+        *,
+        failures: FailureInjector | None = None,
+        metrics_path: str | None = None,
+        restore_checkpoint: int | str | None = None,
+        flush_interval: float = 0.005,
+    ) -> None:
+        self.graph = job.build() if isinstance(job, StreamEnvironment) else job
+        self.config = config or Config()
+        self.failures = failures or FailureInjector()
+        self.metrics_path = metrics_path
+        self.flush_interval = flush_interval
+        self.restore_checkpoint = restore_checkpoint
+        self.settings = {
+            **self.config.restore_critical(),
+            "max-parallelism": self.graph.max_parallelism,
+        }
+        cdir = self.config.state.checkpoints_dir
+        self.storage = (
+            CheckpointStorage(cdir, self.graph.name)
+            if cdir is not None and self.config.checkpointing.enabled
+            else None
+        )
+        self.next_checkpoint_id = 1
+        self.job_id = uuid.uuid4().hex
+
+    def _restore_point(self) -> dict[str, Any] | None:
+        if self.storage is None:
+            return None
+        meta: dict[str, Any] | None
+        if isinstance(self.restore_checkpoint, int):
+            meta = self.storage.read_metadata(self.restore_checkpoint)
+        else:
+            latest = self.storage.latest()
+            meta = latest.metadata if latest is not None else None
+        if meta is not None:
+            check_compatible(meta, self.graph.fingerprint(), self.graph.max_parallelism)
+        return meta
+
+    def run(self, timeout: float | None = None) -> JobResult:
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        strategy = self.config.restart_strategy
+        rs = self.config.restart
+        failure_times: deque[float] = deque()
+        result = JobResult(
+            self.graph.name,
+            "failed",
+            0,
+            0.0,
+            checkpoint_dir=self.storage.root if self.storage else None,
+        )
+        attempt = 0
+        restore = self._restore_point() if self.restore_checkpoint is not None else None
+        while True:
+            if restore is not None:
+                result.restored_from.append(int(restore["checkpoint_id"]))
+            run = _Attempt(self, attempt, restore)
+            error = run.run(deadline)
+            result.attempts = attempt + 1
+            result.checkpoints += [c.summary() for c in run.coordinator.history]
+            for (uid, i), t in run.tasks.items():
+                result.tasks[f"{uid}#{i}"] = t.metrics()
+            self.next_checkpoint_id = run.coordinator.next_id
+            if error is None:
+                result.status = "finished"
+                break
+            result.failures.append(f"attempt {attempt}: {type(error).__name__}: {error}")
+            result.tracebacks.append("".join(traceback.format_exception(error)))
+            now = time.monotonic()
+            if strategy is RestartStrategy.NONE or isinstance(error, TimeoutError):
+                break
+            if strategy is RestartStrategy.FIXED_DELAY:
+                if attempt >= rs.fixed_delay_attempts:
+                    break
+                delay = rs.fixed_delay_delay_s
+            else:
+                failure_times.append(now)
+                while failure_times and now - failure_times[0] > rs.failure_rate_interval_s:
+                    failure_times.popleft()
+                if len(failure_times) > rs.failure_rate_max_failures_per_interval:
+                    break
+                delay = rs.failure_rate_delay_s
+            time.sleep(delay)
+            attempt += 1
+            restore = self._restore_point()
+        result.duration_s = time.monotonic() - started
+        return result

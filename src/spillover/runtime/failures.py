@@ -1,0 +1,117 @@
+"""Failures induced on purpose, for exactly-once tests and ``spillover verify``.
+
+A ``FailureSpec`` names a point in the runtime; the runtime calls
+``FailureInjector.check`` at each point. Specs fire one after the other, each
+in a later attempt than the one before (a failure ends its attempt), so a list
+of specs is a script of failures: ``operator`` (while processing, once the
+subtask handled ``after_records`` records in this attempt), ``snapshot``
+(taking a checkpoint), ``restore`` (restoring operator state; only happens
+after a checkpoint completed, so put it after a ``commit``), ``commit``
+(before the operators hear that a checkpoint completed: a two-phase-commit
+sink fails before it publishes).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+
+
+class InducedFailure(RuntimeError):
+    """A failure injected on purpose."""
+
+
+POINTS = ("operator", "snapshot", "restore", "commit")
+
+
+@dataclass
+class FailureSpec:
+    point: str
+    vertex_uid: str | None = None  # None: any vertex
+    subtask: int | None = None  # None: any subtask
+    after_records: int = 0  # operator point: records handled by the subtask in this attempt
+    fired_in: int | None = None  # the attempt it fired in
+
+    def __post_init__(self) -> None:
+        if self.point not in POINTS:
+            raise ValueError(f"failure point must be one of {POINTS}, not {self.point!r}")
+
+    def describe(self) -> str:
+        where = f"{self.vertex_uid or '*'}#{'*' if self.subtask is None else self.subtask}"
+        extra = f" after {self.after_records} records" if self.point == "operator" else ""
+        return f"{self.point} at {where}{extra}"
+
+
+class FailureInjector:
+    """A script of failures; thread-safe. ``fired`` lists those that happened."""
+
+    def __init__(self, specs: list[FailureSpec] | None = None) -> None:
+        self.specs = list(specs or [])
+        self.fired: list[FailureSpec] = []
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        return len(self.specs) - len(self.fired)
+
+    def check(
+        self,
+        point: str,
+        attempt: int,
+        vertex_uid: str,
+        subtask: int,
+        *,
+        records: int = 0,
+        checkpoint: int | None = None,
+    ) -> None:
+        if len(self.fired) == len(self.specs):
+            return
+        with self._lock:
+            if len(self.fired) == len(self.specs):
+                return
+            s = self.specs[len(self.fired)]
+            last = self.fired[-1].fired_in if self.fired else -1
+            assert last is not None
+            if s.point != point or attempt <= last:
+                return
+            if s.vertex_uid is not None and s.vertex_uid != vertex_uid:
+                return
+            if s.subtask is not None and s.subtask != subtask:
+                return
+            if point == "operator" and records < s.after_records:
+                return
+            s.fired_in = attempt
+            self.fired.append(s)
+        raise InducedFailure(f"induced failure: {s.describe()} (attempt {attempt})")
+
+    @classmethod
+    def random(
+        cls,
+        count: int,
+        vertices: list[tuple[str, int]],
+        *,
+        seed: int,
+        records_per_subtask: int,
+    ) -> FailureInjector:
+        """``count`` failures at random points and places; every point kind appears
+        once ``count`` allows, and each ``restore`` follows a ``commit``."""
+        rng = random.Random(seed)
+        kinds = ["operator", "commit", "restore", "snapshot"]
+        script: list[str] = []
+        while len(script) < count:
+            script.extend(kinds)
+        script = script[:count]
+        specs = []
+        for point in script:
+            uid, parallelism = rng.choice(vertices)
+            anywhere = point in ("restore", "commit")
+            specs.append(
+                FailureSpec(
+                    point,
+                    None if anywhere else uid,
+                    None if anywhere else rng.randrange(parallelism),
+                    after_records=rng.randrange(1, max(2, records_per_subtask // (count + 2))),
+                )
+            )
+        return cls(specs)

@@ -1,0 +1,111 @@
+"""Turning batches into network buffers for one output edge.
+
+Records are framed as in ``spillover.records`` (length prefix + row bytes). Each
+subpartition gets its own stream of full ``segment_size`` buffers, so a record
+cut by a buffer boundary is completed in the next buffer of the same channel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spillover.keygroups import key_group_range_for_operator, key_group_table
+from spillover.records import FieldKey, KeyGroupDemux, RecordWriter
+from spillover.runtime.api import Batch, EdgeKind
+
+
+def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """The framed bytes of a batch: every row behind its 4-byte little-endian length."""
+    n, width = len(batch), batch.dtype.itemsize
+    out = np.empty((n, 4 + width), np.uint8)
+    out[:, :4] = np.frombuffer(np.uint32(width).tobytes(), np.uint8)
+    out[:, 4:] = np.ascontiguousarray(batch).view(np.uint8).reshape(n, width)
+    return out.reshape(-1)
+
+
+class PartitionWriter:
+    """Routes the batches of one output edge to the subpartitions of its partition.
+
+    ``send(subpartition, array)`` hands a filled buffer on (it may block: that is
+    where backpressure reaches the task); ``send_all(array)`` gives one buffer to
+    every subpartition (broadcast).
+    """
+
+    def __init__(
+        self,
+        kind: EdgeKind,
+        dtype: Any,
+        n_subpartitions: int,
+        subtask_index: int,
+        segment_size: int,
+        max_parallelism: int,
+        key_field: str | None,
+        send: Any,
+        send_all: Any,
+    ) -> None:
+        self.kind = kind
+        self.n = n_subpartitions
+        self.segment_size = segment_size
+        self._send = send
+        self._send_all = send_all
+        self._next = subtask_index % n_subpartitions  # rebalance spreads from here
+        self._subtask = subtask_index
+        self.records_out = 0
+        if kind is EdgeKind.KEY_BY:
+            assert key_field is not None
+            dt = np.dtype(dtype)
+            offset = dt.fields[key_field][1]
+            ranges = [
+                key_group_range_for_operator(max_parallelism, n_subpartitions, i)
+                for i in range(n_subpartitions)
+            ]
+            self._demux = KeyGroupDemux(
+                max_parallelism,
+                key_group_table(max_parallelism, ranges),
+                n_subpartitions,
+                FieldKey(offset, "int64"),
+                segment_size,
+            )
+        elif kind is EdgeKind.BROADCAST:
+            self._writers = [RecordWriter(segment_size)]
+        else:
+            self._writers = [RecordWriter(segment_size) for _ in range(n_subpartitions)]
+
+    def emit(self, batch: Batch) -> None:
+        if len(batch) == 0:
+            return
+        self.records_out += len(batch)
+        if self.kind is EdgeKind.KEY_BY:
+            for sub, buf in self._demux.push(frame(batch)):
+                self._send(sub, buf)
+            return
+        data = np.ascontiguousarray(batch).view(np.uint8)
+        offsets = np.arange(len(batch) + 1, dtype=np.int64) * batch.dtype.itemsize
+        if self.kind is EdgeKind.BROADCAST:
+            for buf in self._writers[0].write_batch(data, offsets):
+                self._send_all(buf)
+            return
+        if self.kind is EdgeKind.FORWARD:
+            sub = self._subtask
+        else:
+            sub = self._next
+            self._next = (self._next + 1) % self.n
+        for buf in self._writers[sub].write_batch(data, offsets):
+            self._send(sub, buf)
+
+    def flush(self) -> None:
+        """Sends every partly filled buffer (before a barrier, and on the flush timer)."""
+        if self.kind is EdgeKind.KEY_BY:
+            for sub, buf in self._demux.flush():
+                self._send(sub, buf)
+            return
+        for sub, w in enumerate(self._writers):
+            last = w.flush()
+            if last is None:
+                continue
+            if self.kind is EdgeKind.BROADCAST:
+                self._send_all(last)
+            else:
+                self._send(sub, last)
