@@ -24,7 +24,6 @@ from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.storage.handle import DataType
 
-
 # The id operators see when a job without checkpointing commits at its end.
 FINAL_WITHOUT_CHECKPOINTS = 2**62
 
@@ -464,7 +463,9 @@ class Task:
 
     def metrics(self) -> dict[str, float]:
         wall = (self.finished_at or time.monotonic()) - self.started_at
-        bp = sum(getattr(p, "backpressured_seconds", 0.0) for p in self.partitions)
+        # Blocked on credit (the consumer is slow) or on the partition's buffer budget
+        # (its buffers are all in flight): both are backpressure.
+        bp = sum(p.backpressured_seconds + p.pool.waited_seconds for p in self.partitions)
         return {
             "records_in": float(self.records_in),
             "records_out": float(self.net_out.records),
