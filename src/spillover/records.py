@@ -180,6 +180,13 @@ class RecordReader:
         """Bytes of a record begun and not yet complete."""
         return self._core.pending_bytes
 
+    def pending_raw(self) -> bytes:
+        """The framed bytes of the record in progress, as they stood in the buffers.
+
+        An unaligned checkpoint persists them: replayed into a fresh reader before the
+        rest of the channel, they complete the record."""
+        return self._core.pending_raw()
+
     def finish(self) -> None:
         """Checks that the stream ended on a record boundary."""
         if self._core.pending_bytes:

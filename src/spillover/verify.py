@@ -28,12 +28,13 @@ from spillover.runtime.executor import JobResult, LocalExecutor
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import DataStream, StreamEnvironment
 from spillover.runtime.operators import CoMap
-from spillover.runtime.sinks import ParquetSink
+from spillover.runtime.sinks import ParquetSink, ThrottledSink
 from spillover.runtime.sources import GeneratorSource
 
 OUT_DTYPE = np.dtype([("partition", "<i4"), ("seq", "<i8"), ("key", "<i8"), ("total", "<i8")])
 KEYS_PER_PARTITION = 97
 TOPOLOGIES = ("pipeline", "multi-input", "union")
+POLICIES = ("aligned", "unaligned", "timeout", "max-inflight")
 
 
 class RunningTotal(Operator):
@@ -93,7 +94,30 @@ class VerifySpec:
     failures: int = 5
     seed: int = 1
     interval_ms: int = 100
-    policy: str = "aligned"
+    policy: str = "aligned"  # aligned | unaligned | timeout | max-inflight
+    aligned_timeout_ms: int = 5
+    max_inflight_bytes: int = 256 * 1024
+    # The sink takes this share of what the sources offer: below 1, real backpressure.
+    sink_share: float = 0.8
+
+    def checkpoint_options(self) -> dict[str, Any]:
+        """The config keys of the policy."""
+        if self.policy == "aligned":
+            return {}
+        if self.policy == "unaligned":
+            return {"execution.checkpointing.unaligned.enabled": True}
+        if self.policy == "timeout":
+            timeout = f"{self.aligned_timeout_ms} ms"
+            return {
+                "execution.checkpointing.unaligned.enabled": True,
+                "execution.checkpointing.aligned-checkpoint-timeout": timeout,
+            }
+        if self.policy == "max-inflight":
+            return {
+                "execution.checkpointing.unaligned.enabled": True,
+                "execution.checkpointing.unaligned.max-inflight-bytes": self.max_inflight_bytes,
+            }
+        raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICIES}")
 
 
 def build(spec: VerifySpec, out_dir: str, name: str) -> StreamEnvironment:
@@ -133,7 +157,12 @@ def build(spec: VerifySpec, out_dir: str, name: str) -> StreamEnvironment:
     else:
         raise ValueError(f"unknown topology {spec.topology!r}; choose from {TOPOLOGIES}")
     totals = keyed.process(RunningTotal(), uid="running-total")
-    totals.sink(ParquetSink(out_dir), uid="parquet-sink")
+    sink: Operator = ParquetSink(out_dir)
+    if spec.rate_per_subtask and spec.sink_share < 1:
+        sources = 1 if spec.topology == "pipeline" else 2
+        rate = spec.rate_per_subtask * sources * spec.sink_share
+        sink = ThrottledSink(rate, inner=sink)
+    totals.rebalance().sink(sink, uid="parquet-sink")
     return env
 
 
@@ -191,6 +220,7 @@ def run_once(spec: VerifySpec, workdir: str, name: str, failures: FailureInjecto
             "restart-strategy.type": "fixed-delay",
             "restart-strategy.fixed-delay.attempts": spec.failures + 1,
             "restart-strategy.fixed-delay.delay": "10 ms",
+            **spec.checkpoint_options(),
         }
     )
     graph = env.build()
@@ -216,6 +246,8 @@ class Report:
     wrong_totals: list[tuple[int, int, int]]
     state_mismatch: list[tuple[int, int | None, int | None]]
     failures_fired: list[str]
+    inflight_persisted: int
+    inflight_replayed: int
     attempts: int
     checkpoints_completed: int
     duration_s: float
@@ -233,6 +265,8 @@ class Report:
             f"{self.checkpoints_completed} checkpoints completed, {self.duration_s:.1f} s",
             f"failures induced ({len(self.failures_fired)}): "
             + (", ".join(self.failures_fired) or "none"),
+            f"in-flight data: {self.inflight_persisted} bytes persisted by completed "
+            f"checkpoints, {self.inflight_replayed} bytes replayed by restores",
         ]
         if self.exact:
             lines.append("EXACT: no record lost, duplicated or reordered; final state equal")
@@ -315,6 +349,8 @@ def compare(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
         wrong,
         mismatch[:1000],
         actual.fired,
+        r.persisted_inflight_bytes,
+        r.replayed_bytes,
         r.attempts,
         len(r.completed_checkpoints()),
         r.duration_s,

@@ -387,6 +387,66 @@ cdef class NativeStorer:
         return spl_writer_bytes_written(self.w) if self.w != NULL else 0
 
 
+cdef class OnRelease:
+    """Exports another object's bytes, read-only, and calls ``callback`` once every view
+    of it has been released.
+
+    Handing ``OnRelease(network_buffer, network_buffer.release)`` to a blocking-mode
+    storer persists the buffer without a copy and gives it back to its pool exactly
+    when the storer is done with it (written, or copied in non-blocking mode)."""
+
+    cdef Py_buffer view
+    cdef bint has_view
+    cdef object callback
+    cdef int exports
+    cdef Py_ssize_t shape[1]
+
+    def __cinit__(self, object obj, object callback):
+        PyObject_GetBuffer(obj, &self.view, PyBUF_SIMPLE)
+        self.has_view = True
+        self.callback = callback
+        self.exports = 0
+
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+        if self.callback is not None:
+            self._fire()
+
+    cdef void _fire(self) noexcept:
+        cb = self.callback
+        self.callback = None
+        try:
+            cb()
+        except BaseException:
+            pass  # a release callback must not break the storer's bookkeeping
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("OnRelease exports read-only views")
+        self.shape[0] = self.view.len
+        buffer.buf = self.view.buf
+        buffer.obj = self
+        buffer.len = self.view.len
+        buffer.readonly = 1
+        buffer.itemsize = 1
+        buffer.format = FMT_B if flags & 0x0004 else NULL
+        buffer.ndim = 1
+        buffer.shape = self.shape if flags & 0x0008 else NULL
+        buffer.strides = &buffer.itemsize if flags & 0x0010 else NULL
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        self.exports -= 1
+        if self.exports == 0 and self.callback is not None:
+            self._fire()
+
+    def __len__(self):
+        return self.view.len
+
+
 cdef class Block:
     """A read-ahead block (a reference on a C block) for readers that fill blocks from
     Python, e.g. pyarrow files. ``users`` counts the other references: the batch

@@ -170,6 +170,16 @@ cdef class Reassembler:
         """Bytes of a record begun in an earlier buffer and not yet complete."""
         return self.c.hdr_have + self.c.have
 
+    def pending_raw(self):
+        """The framed bytes of the record in progress (its length prefix, or what of it
+        arrived, then its payload so far), exactly as they stood in the buffers: fed to
+        a fresh reassembler before the rest of the stream, they complete the record."""
+        cdef const char *h = <const char *>&self.c.hdr[0]
+        cdef bytes head = h[:self.c.hdr_have]
+        if self.c.hdr_have < 4 or self.c.have == 0 or self.c.data == NULL:
+            return head
+        return head + (<const char *>self.c.data)[:self.c.have]
+
     cdef object _continue(self, const uint8_t *buf, size_t n, size_t *pos):
         """Feeds buf[*pos..n) to the record in progress; returns it once complete."""
         cdef int rc

@@ -2,7 +2,7 @@
 writes metadata, keeps the last N, cleans up, and notifies completion.
 
 It runs on its own thread (the driver's, on Spark). Tasks call
-``acknowledge``, ``decline`` and ``source_finished`` from their threads; those
+``acknowledge``, ``decline`` and ``end_of_data`` from their threads; those
 calls only queue events, so the coordinator's state has one owner.
 """
 
@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spillover.runtime.checkpoints import CheckpointStorage, new_metadata
+
+ALIGNED_WITH_TIMEOUT = 2  # events.BarrierKind.ALIGNED_WITH_TIMEOUT
 
 
 class CheckpointFailuresExceeded(RuntimeError):
@@ -62,6 +64,7 @@ class _Pending:
     started: float
     expected: set[tuple[str, int]]
     acks: dict[tuple[str, int], Any] = field(default_factory=dict)
+    switched: bool = False
 
 
 class CheckpointCoordinator:
@@ -86,6 +89,8 @@ class CheckpointCoordinator:
         on_final: Callable[[], None],
         on_failure: Callable[[BaseException], None],
         metrics_path: str | None = None,
+        barrier_kind: int = 0,
+        alignment_timeout_s: float = 0.0,
     ) -> None:
         self.job_name = job_name
         self.fingerprint = fingerprint
@@ -103,11 +108,13 @@ class CheckpointCoordinator:
         self.on_final = on_final
         self.on_failure = on_failure
         self.metrics_path = metrics_path
+        self.barrier_kind = barrier_kind  # events.BarrierKind
+        self.alignment_timeout_s = alignment_timeout_s
         self.history: list[CheckpointStats] = []
         self.completed_ids: list[int] = []
         self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
-        self._finished_sources: set[tuple[str, int]] = set()
+        self._finished_tasks: set[tuple[str, int]] = set()
         self._final_id: int | None = None
         self._final_done = False
         self._consecutive_failures = 0
@@ -125,8 +132,9 @@ class CheckpointCoordinator:
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
         self._events.put(("decline", checkpoint_id, vertex_uid, subtask, reason))
 
-    def source_finished(self, vertex_uid: str, subtask: int) -> None:
-        self._events.put(("source_finished", vertex_uid, subtask))
+    def end_of_data(self, vertex_uid: str, subtask: int) -> None:
+        """A task finished: it processed all its input and emitted all its output."""
+        self._events.put(("end_of_data", vertex_uid, subtask))
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -189,12 +197,14 @@ class CheckpointCoordinator:
             if cid in self._pending:
                 self._abort(cid, f"declined by {uid}#{subtask}: {reason}")
                 self._count_failure(cid)
-        elif kind == "source_finished":
-            self._finished_sources.add((event[1], event[2]))
+        elif kind == "end_of_data":
+            self._finished_tasks.add((event[1], event[2]))
         return True
 
     def _maybe_final(self) -> None:
-        if self._final_done or self._finished_sources < self.sources or not self.sources:
+        """FLIP-147's final checkpoint: once every task processed all its input, one
+        aligned checkpoint (no data is in flight any more) commits the last output."""
+        if self._final_done or self._finished_tasks < set(self.tasks):
             return
         if self.storage is None:
             self._final_done = True
@@ -211,9 +221,12 @@ class CheckpointCoordinator:
         self.next_id += 1
         trigger_ms = int(time.time() * 1000)
         stats = CheckpointStats(cid, trigger_ms, final=final)
-        self._pending[cid] = _Pending(stats, time.monotonic(), set(self.tasks))
+        p = self._pending[cid] = _Pending(stats, time.monotonic(), set(self.tasks))
+        kind = 0 if final else self.barrier_kind  # the final one is aligned
+        p.switched = final
+        timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
         for key in sorted(self.sources):
-            self.tasks[key].post("trigger", cid, trigger_ms)
+            self.tasks[key].post("trigger", cid, trigger_ms, kind, timeout_ms)
         return cid
 
     def _on_ack(self, ack: Any) -> None:
@@ -236,6 +249,7 @@ class CheckpointCoordinator:
                 "operators": ack.operator_state,
                 "handles": ack.handles,
                 "keyed": ack.keyed,
+                "channel_state": ack.channel_state,
                 "metrics": ack.metrics,
             }
         for entry in tasks.values():
@@ -292,6 +306,17 @@ class CheckpointCoordinator:
     def _check_timeouts(self) -> None:
         now = time.monotonic()
         for cid, p in list(self._pending.items()):
+            if (
+                self.barrier_kind == ALIGNED_WITH_TIMEOUT
+                and not p.switched
+                and now - p.started >= self.alignment_timeout_s
+            ):
+                # Measured from the trigger: every task still aligning switches to
+                # unaligned, wherever the barrier waits (in an input or behind data).
+                p.switched = True
+                for key, task in self.tasks.items():
+                    if key not in p.acks:
+                        task.post("unaligned", cid)
             if now - p.started > self.timeout_s:
                 self._abort(cid, f"timed out after {self.timeout_s:g} s")
                 self._count_failure(cid)

@@ -16,17 +16,23 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillover.config import Config, RestartStrategy
+from spillover.config import Alignment, Config, RestartStrategy
 from spillover.keygroups import key_group_range_for_operator
 from spillover.runtime.buffers import BufferPool
 from spillover.runtime.checkpoints import CheckpointStorage, check_compatible
 from spillover.runtime.coordinator import CheckpointCoordinator
+from spillover.runtime.events import BarrierKind
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment, Vertex
 from spillover.runtime.network import InputGate, ResultPartition, connect
 from spillover.runtime.task import InputChannelInfo, Task, TaskCancelled, TaskRestore
-from spillover.runtime.writers import PartitionWriter
-from spillover.storage.handle import DataType
+from spillover.runtime.writers import Outbox, PartitionWriter
+
+_BARRIER_KIND = {
+    Alignment.ALIGNED: BarrierKind.ALIGNED,
+    Alignment.UNALIGNED: BarrierKind.UNALIGNED,
+    Alignment.ALIGNED_WITH_TIMEOUT: BarrierKind.ALIGNED_WITH_TIMEOUT,
+}
 
 
 class JobFailedError(RuntimeError):
@@ -46,10 +52,16 @@ class JobResult:
     failures: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list, repr=False)
     restored_from: list[int] = field(default_factory=list)
+    replayed_bytes: int = 0  # in-flight bytes replayed by restores, over every attempt
     checkpoint_dir: str | None = None
 
     def completed_checkpoints(self) -> list[dict[str, Any]]:
         return [c for c in self.checkpoints if c["status"] == "completed"]
+
+    @property
+    def persisted_inflight_bytes(self) -> int:
+        """In-flight bytes persisted by completed checkpoints, over every attempt."""
+        return sum(int(c["inflight_bytes"]) for c in self.completed_checkpoints())
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=str, indent=1)
@@ -67,6 +79,7 @@ class _Attempt:
         net = cfg.network
         # Result partitions and writers per (vertex, subtask), gates per (vertex, subtask).
         partitions: dict[tuple[int, int], list[Any]] = {}
+        outboxes: dict[tuple[int, int], list[Outbox]] = {}
         writers: dict[tuple[int, int], list[Any]] = {}
         gates: dict[tuple[int, int], Any] = {}
         channels: dict[tuple[int, int], list[InputChannelInfo]] = {}
@@ -98,6 +111,8 @@ class _Attempt:
                 for d in range(down.parallelism):
                     connect(part, d, gates[(down.id, d)], first + u)
                 partitions.setdefault((up.id, u), []).append(part)
+                box = Outbox(part, pool)
+                outboxes.setdefault((up.id, u), []).append(box)
                 writers.setdefault((up.id, u), []).append(
                     PartitionWriter(
                         e.kind,
@@ -107,8 +122,8 @@ class _Attempt:
                         net.segment_size,
                         g.max_parallelism,
                         e.key_field,
-                        send=_sender(part, pool),
-                        send_all=_broadcaster(part, pool),
+                        send=box.send,
+                        send_all=box.send_all,
                     )
                 )
         self.tasks: dict[tuple[str, int], Task] = {}
@@ -123,6 +138,7 @@ class _Attempt:
                     gate=gates[(v.id, i)],
                     channels=channels[(v.id, i)],
                     partitions=partitions.get((v.id, i), []),
+                    outboxes=outboxes.get((v.id, i), []),
                     writers=writers.get((v.id, i), []),
                     restore=_task_restore(restore, v, i),
                     coordinator=None,
@@ -133,6 +149,8 @@ class _Attempt:
                     failures=ex.failures,
                     on_done=lambda t, err: self.done.put((t, err)),
                     flush_interval=ex.flush_interval,
+                    channel_compression=cfg.checkpointing.codec.label,
+                    max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
                 )
         cp = cfg.checkpointing
         self.coordinator = CheckpointCoordinator(
@@ -154,6 +172,8 @@ class _Attempt:
             on_final=self._terminate_sources,
             on_failure=self._coordinator_failed,
             metrics_path=ex.metrics_path,
+            barrier_kind=_BARRIER_KIND[cp.alignment],
+            alignment_timeout_s=cp.aligned_checkpoint_timeout_s,
         )
         for t in self.tasks.values():
             t.coordinator = self.coordinator
@@ -196,20 +216,6 @@ class _Attempt:
         return error
 
 
-def _sender(part: Any, pool: Any) -> Any:
-    def send(sub: int, array: Any) -> None:
-        part.emit(sub, pool.wrap(array, DataType.DATA))
-
-    return send
-
-
-def _broadcaster(part: Any, pool: Any) -> Any:
-    def send_all(array: Any) -> None:
-        part.broadcast(pool.wrap(array, DataType.DATA))
-
-    return send_all
-
-
 def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
     raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
 
@@ -234,6 +240,7 @@ def _task_restore(meta: dict[str, Any] | None, v: Vertex, i: int) -> TaskRestore
         meta["checkpoint_id"],
         operator_state=dict(entry.get("operators", {})),
         keyed_handles={uid: [h] for uid, h in entry.get("keyed", {}).items()},
+        channel_state=dict(entry.get("channel_state") or {}),
     )
 
 
@@ -306,6 +313,7 @@ class LocalExecutor:
             result.checkpoints += [c.summary() for c in run.coordinator.history]
             for (uid, i), t in run.tasks.items():
                 result.tasks[f"{uid}#{i}"] = t.metrics()
+                result.replayed_bytes += t.replayed_bytes
             self.next_checkpoint_id = run.coordinator.next_id
             if error is None:
                 result.status = "finished"

@@ -26,7 +26,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from spillover.errors import ClosedError, ConfigError, SpilloverError
 from spillover.runtime.api import EdgeKind
@@ -360,13 +360,15 @@ class InputGate:
             where = f"input gate {self.name!r}"
             raise _failure(where if index is None else f"channel {index} of {where}", cause)
 
-    def _ready_locked(self) -> bool:
+    def _ready_locked(self, priority_only: bool = False) -> bool:
         """Whether poll would return a buffer now; drops stale ready entries."""
         prio, ready, channels = self._prio, self._ready, self._channels
         while prio:
             if channels[prio[0]]._priority:
                 return True
             prio.popleft()
+        if priority_only:
+            return False
         while ready:
             ch = channels[ready[0]]
             if ch._queue and not ch._blocked and not ch._finished:
@@ -375,8 +377,10 @@ class InputGate:
             ch._listed = False
         return False
 
-    def _take_locked(self) -> tuple[InputChannel, NetworkBuffer] | None:
-        if not self._ready_locked():
+    def _take_locked(
+        self, priority_only: bool = False
+    ) -> tuple[InputChannel, NetworkBuffer] | None:
+        if not self._ready_locked(priority_only):
             return None
         if self._prio:
             ch = self._channels[self._prio.popleft()]
@@ -399,7 +403,9 @@ class InputGate:
             self._num_finished += 1
         return ch, buf
 
-    def poll(self, timeout: float | None = None) -> tuple[int, NetworkBuffer] | None:
+    def poll(
+        self, timeout: float | None = None, priority_only: bool = False
+    ) -> tuple[int, NetworkBuffer] | None:
         """The next ``(channel index, buffer)``, waiting at most ``timeout`` seconds
         (None: until one comes, the gate finishes or :meth:`wake` is called).
 
@@ -408,13 +414,15 @@ class InputGate:
         on timeout, after a wake-up, or at once when the gate is finished. The
         caller owns the returned buffer and must release it; releasing a data
         buffer returns the channel's credit. Raises :class:`ChannelFailedError`
-        once a channel or the gate failed.
+        once a channel or the gate failed. With ``priority_only`` only priority
+        buffers are returned (a task whose output is backpressured still takes
+        its unaligned barriers).
         """
         deadline = _deadline(timeout)
         with self._lock:
             while True:
                 self._raise_if_failed_locked()
-                taken = self._take_locked()
+                taken = self._take_locked(priority_only)
                 if taken is not None:
                     break
                 if not self._wait_locked(deadline):
@@ -476,6 +484,28 @@ class InputGate:
                 if ch._queue:
                     self._list_locked(ch)
             self._available.notify_all()
+
+    def overtake(
+        self, channel: int, match: Callable[[NetworkBuffer], bool]
+    ) -> list[NetworkBuffer] | None:
+        """Takes the first queued event of ``channel`` that ``match`` accepts out of the
+        queue, as if it had come on the priority path, and returns the data buffers
+        queued ahead of it (retained: the caller releases them; they stay queued and
+        are still delivered). None when no such event is queued.
+
+        An aligned-with-timeout checkpoint that switches to unaligned uses it: the
+        barrier overtakes the data in front of it, which the checkpoint persists."""
+        with self._lock:
+            ch = self._channels[channel]
+            for i, buf in enumerate(ch._queue):
+                if buf.data_type != _DATA and buf is not ch._eop and match(buf):
+                    ahead = [b.retain() for b in list(ch._queue)[:i] if b.data_type == _DATA]
+                    del ch._queue[i]
+                    if not ch._queue and ch._listed:
+                        self._ready.remove(ch.index)
+                        ch._listed = False
+                    return ahead
+        return None
 
     def is_blocked(self, channel: int) -> bool:
         return self._channels[channel]._blocked

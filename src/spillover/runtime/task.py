@@ -17,11 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from spillover.records import FixedWidthSerializer, RecordReader
 from spillover.runtime.alignment import AlignmentStats, BarrierHandler
 from spillover.runtime.api import Batch, OperatorContext, OperatorSnapshot, Output
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
+from spillover.runtime.unaligned import InFlightCheckpoint
 from spillover.storage.handle import DataType
 
 # The id operators see when a job without checkpointing commits at its end.
@@ -49,6 +52,7 @@ class TaskRestore:
     checkpoint_id: int
     operator_state: dict[str, Any] = field(default_factory=dict)
     keyed_handles: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    channel_state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class Ack:
     handles: dict[str, Any]
     keyed: dict[str, Any]
     metrics: dict[str, float]
+    channel_state: dict[str, Any] = field(default_factory=dict)
 
 
 class ChainOutput:
@@ -102,6 +107,7 @@ class Task:
         gate: Any,
         channels: list[InputChannelInfo],
         partitions: list[Any],
+        outboxes: list[Any],
         writers: list[Any],
         restore: TaskRestore | None,
         coordinator: Any,
@@ -110,6 +116,8 @@ class Task:
         failures: FailureInjector,
         on_done: Callable[[Task, BaseException | None], None],
         flush_interval: float = 0.01,
+        channel_compression: str | None = None,
+        max_inflight_bytes: int | None = None,
     ) -> None:
         self.graph = graph
         self.vertex = vertex
@@ -118,6 +126,7 @@ class Task:
         self.gate = gate
         self.channels = channels
         self.partitions = partitions
+        self.outboxes = outboxes
         self.writers = writers
         self.restore_state = restore
         self.coordinator = coordinator
@@ -157,6 +166,13 @@ class Task:
             else None
         )
         self._cancelled_forwarded: set[int] = set()
+        self.channel_compression = channel_compression
+        self.max_inflight_bytes = max_inflight_bytes
+        self.inflight: InFlightCheckpoint | None = None
+        self._switched: set[int] = set()  # timed out before any of their barriers came
+        self.replayed_bytes = 0
+        self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure
+        self._done_checkpoints: set[int] = set()
 
     # -- control, from other threads -------------------------------------------------
 
@@ -189,6 +205,7 @@ class Task:
                 self._run_source()
             else:
                 self._run_inputs()
+            self._drain_blocking()
             for p in self.partitions:
                 p.finish()
         except BaseException as e:  # reported to the executor, which fails over
@@ -227,7 +244,29 @@ class Task:
             for node, op in zip(self.vertex.nodes, self.ops, strict=True):
                 if node.uid in r.operator_state:
                     op.restore(r.operator_state[node.uid])
+            self._replay(r.channel_state)
         self._last_flush = time.monotonic()
+
+    def _replay(self, state: dict[str, Any]) -> None:
+        """Recovered output state goes out before any new output, recovered input state
+        is processed before any new input; both stream from the files."""
+        from spillover.storage import GateStateHandle, open_retriever
+
+        for h in state.get("output", []):
+            handle = GateStateHandle.from_dict(h)
+            part = self.partitions[handle.gate_id]
+            with open_retriever(handle) as r:
+                for buf in r:
+                    self.replayed_bytes += len(buf)
+                    part.emit(
+                        buf.channel_id,
+                        part.pool.wrap(np.frombuffer(memoryview(buf), np.uint8), DataType.DATA),
+                    )
+        for h in state.get("input", []):
+            with open_retriever(GateStateHandle.from_dict(h)) as r:
+                for buf in r:
+                    self.replayed_bytes += len(buf)
+                    self._process(buf.channel_id, buf)
 
     def _mail(self, block: bool = False, timeout: float | None = None) -> None:
         """Runs queued mailbox actions."""
@@ -241,7 +280,9 @@ class Task:
             if kind == "cancel":
                 raise TaskCancelled(self.name)
             if kind == "trigger":  # sources only
-                self._snapshot(action[1], action[2], None)
+                self._trigger_source(*action[1:])
+            elif kind == "unaligned":
+                self._timeout_switch(action[1])
             elif kind == "complete":
                 self.failures.check(
                     "commit", self.attempt, self.vertex.uid, self.subtask, checkpoint=action[1]
@@ -249,10 +290,23 @@ class Task:
                 for op in self.ops:
                     op.notify_checkpoint_complete(action[1])
             elif kind == "abort":
+                if self.inflight is not None and self.inflight.checkpoint_id == action[1]:
+                    self._abort_unaligned()
                 for op in self.ops:
                     op.notify_checkpoint_aborted(action[1])
             elif kind == "terminate":
                 self._terminate = True
+
+    def _drain(self) -> bool:
+        """Moves output on as credit allows; True when every outbox is empty."""
+        done = True
+        for box in self.outboxes:
+            done = box.drain() and done
+        return done
+
+    def _drain_blocking(self) -> None:
+        for box in self.outboxes:
+            box.drain_blocking()
 
     def _maybe_flush(self) -> None:
         now = time.monotonic()
@@ -269,6 +323,11 @@ class Task:
             if self.cancelled.is_set():
                 raise TaskCancelled(self.name)
             if not exhausted:
+                if not self._drain():
+                    t = time.monotonic()
+                    self._mail(block=True, timeout=0.0005)  # backpressured: wait, stay responsive
+                    self.output_wait_seconds += time.monotonic() - t
+                    continue
                 t = time.monotonic()
                 more = src.on_timer()
                 self.busy_seconds += time.monotonic() - t
@@ -282,7 +341,6 @@ class Task:
                 if not more:
                     exhausted = True
                     self._end_of_data()
-                    self.coordinator.source_finished(self.vertex.uid, self.subtask)
                 self._maybe_flush()
             else:
                 self._mail(block=True, timeout=0.05)
@@ -308,6 +366,7 @@ class Task:
 
         for w in self.writers:
             w.flush()
+        self._drain_blocking()
         if getattr(self.coordinator, "storage", None) is None:
             snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in self.ops]
             for snap in snaps:
@@ -317,6 +376,8 @@ class Task:
                 op.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
         for p in self.partitions:
             p.broadcast_event(EndOfData())
+        # The final checkpoint waits until every task processed all its input.
+        self.coordinator.end_of_data(self.vertex.uid, self.subtask)
 
     def _run_inputs(self) -> None:
         from spillover.runtime import events as ev
@@ -326,6 +387,18 @@ class Task:
             self._mail()
             if self._terminate:
                 break
+            if not self._drain():
+                # Backpressured: process no new input, but take priority events.
+                t = time.monotonic()
+                item = gate.poll(0.0005, priority_only=True)
+                self.output_wait_seconds += time.monotonic() - t
+                if item is not None:
+                    ch, buf = item
+                    try:
+                        self._on_event(ch, ev.deserialize(buf))
+                    finally:
+                        buf.release()
+                continue
             item = gate.poll(self.flush_interval)
             if item is None:
                 self._maybe_flush()
@@ -343,14 +416,28 @@ class Task:
             self._maybe_flush()
 
     def _on_data(self, ch: int, buf: Any) -> None:
-        info = self.channels[ch]
         assert self.barriers is not None
-        self.barriers.record_bytes(len(buf.data))
-        head = self.ops[0]
-        for rb in self._readers[ch].feed(buf.data):
-            batch = self._serializers[ch].deserialize_batch(rb)
-            self.records_in += len(batch)
-            head.process(batch, info.input_index)
+        self.barriers.record_bytes(len(buf))
+        inf = self.inflight
+        if inf is not None and ch in inf.pending:
+            inf.writer.add_input(ch, buf)
+            if inf.over_limit():
+                inf.limited = True
+                for c in inf.pending:
+                    self.gate.block(c)
+        self._process(ch, buf)
+
+    def _process(self, ch: int, buf: Any) -> None:
+        info = self.channels[ch]
+        ser = self._serializers[ch]
+        parts = [ser.deserialize_batch(rb) for rb in self._readers[ch].feed(buf)]
+        if not parts:
+            return
+        # A record carried over from the previous buffer comes as its own batch: one
+        # call per buffer keeps batches large (operators cost per call, not per record).
+        batch = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.records_in += len(batch)
+        self.ops[0].process(batch, info.input_index)
         self.failures.check(
             "operator", self.attempt, self.vertex.uid, self.subtask, records=self.records_in
         )
@@ -360,8 +447,17 @@ class Task:
 
         assert self.barriers is not None
         if isinstance(event, ev.CheckpointBarrier):
-            self.barriers.on_barrier(ch, event)
+            cid = event.checkpoint_id
+            inf = self.inflight
+            if inf is not None and inf.checkpoint_id == cid:
+                self._channel_done(ch)
+            elif event.kind == ev.BarrierKind.UNALIGNED or cid in self._switched:
+                self._go_unaligned(event, ch)
+            else:
+                self.barriers.on_barrier(ch, event)
         elif isinstance(event, ev.CancelCheckpointMarker):
+            if self.inflight is not None and self.inflight.checkpoint_id == event.checkpoint_id:
+                self._abort_unaligned()
             self.barriers.on_cancel(event.checkpoint_id)
             self._forward_cancel(event.checkpoint_id)
         elif isinstance(event, ev.EndOfData):
@@ -376,6 +472,8 @@ class Task:
         elif isinstance(event, ev.EndOfPartition):
             self.gate.channel_finished(ch)
             self.barriers.on_end_of_partition(ch)
+            if self.inflight is not None:
+                self._channel_done(ch)
 
     def _end_of_data_inputs(self) -> None:
         for i, op in enumerate(self.ops):
@@ -390,6 +488,7 @@ class Task:
         if checkpoint_id in self._cancelled_forwarded:
             return
         self._cancelled_forwarded.add(checkpoint_id)
+        self._drain_blocking()
         for p in self.partitions:
             p.broadcast_event(CancelCheckpointMarker(checkpoint_id))
 
@@ -400,17 +499,184 @@ class Task:
         self.coordinator.decline(checkpoint_id, self.vertex.uid, self.subtask, "alignment aborted")
         self._forward_cancel(checkpoint_id)
 
+    def _trigger_source(
+        self, cid: int, trigger_ms: int, kind: int = 0, timeout_ms: int = 0
+    ) -> None:
+        from spillover.runtime.events import BarrierKind, CheckpointBarrier
+
+        barrier = CheckpointBarrier(cid, trigger_ms, BarrierKind(kind), timeout_ms)
+        if barrier.kind == BarrierKind.UNALIGNED:
+            self._start_unaligned(barrier, set(), None)
+        else:
+            self._snapshot(cid, trigger_ms, None, barrier)
+
+    # -- unaligned checkpoints (see unaligned.py) ------------------------------------
+
+    def _go_unaligned(self, barrier: Any, first_channel: int | None) -> None:
+        """The first barrier of an unaligned checkpoint (or a switched one) is here."""
+        from spillover.runtime import events as ev
+
+        assert self.barriers is not None
+        h = self.barriers
+        cid = barrier.checkpoint_id
+        if cid in self._done_checkpoints or cid < h.latest:
+            return  # a straggler of a checkpoint this task is done with
+        if self.inflight is not None:
+            self._abort_unaligned()  # a newer checkpoint: the older cannot complete
+        done: set[int] = set()
+        stats = None
+        if h.aligning:
+            if h.current == cid:
+                done |= h.seen  # those channels already delivered their barrier
+                stats = h.stats
+                h.current, h.seen = -1, set()
+                self.gate.unblock_all()
+            else:
+                h.abort_current()
+        h.latest = max(h.latest, cid)
+        self._switched.discard(cid)
+        if first_channel is not None:
+            done.add(first_channel)
+        pending = set(range(len(self.channels))) - done - h.ended
+        self._start_unaligned(barrier.as_unaligned(), pending, stats)
+        inf = self.inflight
+        assert inf is not None
+        # Barriers of this checkpoint still queued in line overtake the data ahead.
+        for ch in sorted(inf.pending):
+            ahead = self.gate.overtake(ch, _is_barrier(cid, ev))
+            if ahead is not None:
+                for b in ahead:
+                    inf.writer.add_input(ch, b)
+                    b.release()
+                self._channel_done(ch)
+
+    def _timeout_switch(self, cid: int) -> None:
+        """The coordinator's word that checkpoint ``cid``'s alignment timed out."""
+        from spillover.runtime import events as ev
+
+        if self.vertex.is_source or cid in self._done_checkpoints:
+            return
+        if self.inflight is not None and self.inflight.checkpoint_id == cid:
+            return
+        h = self.barriers
+        assert h is not None
+        if h.aligning and h.current == cid:
+            self._go_unaligned(h.barrier, None)
+            return
+        if cid < h.latest:
+            return
+        # No barrier of it seen yet: one may be queued behind data.
+        for ch in range(len(self.channels)):
+            found: list[Any] = []
+            ahead = self.gate.overtake(ch, _is_barrier(cid, ev, found))
+            if ahead is None:
+                continue
+            self._go_unaligned(found[0], None)
+            inf = self.inflight
+            assert inf is not None
+            for b in ahead:
+                inf.writer.add_input(ch, b)
+                b.release()
+            self._channel_done(ch)
+            return
+        self._switched.add(cid)
+
+    def _start_unaligned(
+        self, barrier: Any, pending: set[int], stats: AlignmentStats | None
+    ) -> None:
+        from spillover.runtime.unaligned import ChannelStateWriter, InFlightCheckpoint
+
+        cid = barrier.checkpoint_id
+        uri = self.checkpoint_dir(cid, self.vertex.uid, self.subtask)
+        base, sep, query = uri.partition("?")
+        writer = ChannelStateWriter(
+            f"{base}/channels{sep}{query}", cid, self.subtask, self.channel_compression
+        )
+        # A record begun in a buffer before the cut: its head is state too.
+        for ch, reader in enumerate(self._readers):
+            raw = reader.pending_raw()
+            if raw:
+                writer.add_input(ch, raw)
+        inf = InFlightCheckpoint(
+            cid,
+            writer,
+            set(pending),
+            barrier.timestamp_ms,
+            time.monotonic(),
+            self.max_inflight_bytes,
+        )
+        self.inflight = inf
+        self._snapshot(cid, barrier.timestamp_ms, stats, barrier, inf)
+        if inf.done:
+            self._complete_unaligned()
+
+    def _channel_done(self, ch: int) -> None:
+        inf = self.inflight
+        if inf is None or ch not in inf.pending:
+            return
+        inf.pending.discard(ch)
+        if inf.limited:
+            self.gate.unblock(ch)
+        if inf.done:
+            self._complete_unaligned()
+
+    def _complete_unaligned(self) -> None:
+        inf = self.inflight
+        assert inf is not None
+        self.inflight = None
+        self._done_checkpoints.add(inf.checkpoint_id)
+        self.snapshots.submit(self._ack_unaligned, inf)
+
+    def _abort_unaligned(self) -> None:
+        inf = self.inflight
+        if inf is None:
+            return
+        self.inflight = None
+        self._done_checkpoints.add(inf.checkpoint_id)
+        if inf.limited:
+            self.gate.unblock_all()
+        self.snapshots.submit(inf.writer.discard)
+        self.coordinator.decline(
+            inf.checkpoint_id, self.vertex.uid, self.subtask, "unaligned checkpoint aborted"
+        )
+
+    def _ack_unaligned(self, inf: Any) -> None:
+        parts = inf.metrics.get("parts")
+        if parts is None:  # the operator part failed and declined already
+            inf.writer.discard()
+            return
+        try:
+            channel_state = inf.writer.close()
+        except BaseException as e:
+            self.coordinator.decline(
+                inf.checkpoint_id,
+                self.vertex.uid,
+                self.subtask,
+                f"persisting in-flight data failed: {e!r}",
+            )
+            return
+        ack = parts
+        ack.channel_state = channel_state
+        ack.metrics["inflight_bytes"] = float(channel_state["bytes"])
+        ack.metrics["persist_ms"] = (time.monotonic() - inf.started) * 1000
+        self.coordinator.acknowledge(ack)
+
     def _snapshot(
-        self, cid: int, trigger_ms: int, stats: AlignmentStats | None, barrier: Any = None
+        self,
+        cid: int,
+        trigger_ms: int,
+        stats: AlignmentStats | None,
+        barrier: Any = None,
+        inflight: Any = None,
     ) -> None:
         from spillover.runtime.events import CheckpointBarrier
 
         t0 = time.monotonic()
-        start_delay_ms = (
-            max(0.0, time.time() * 1000 - trigger_ms)
-            if stats is None
-            else max(0.0, (stats.first_barrier_at - t0) * 1000 + time.time() * 1000 - trigger_ms)
-        )
+        if stats is not None:
+            first_wall = time.time() - (t0 - stats.first_barrier_at)
+            start_delay_ms = max(0.0, first_wall * 1000 - trigger_ms)
+        else:
+            start_delay_ms = max(0.0, time.time() * 1000 - trigger_ms)
         self.failures.check("snapshot", self.attempt, self.vertex.uid, self.subtask, checkpoint=cid)
         for w in self.writers:
             w.flush()
@@ -421,8 +687,23 @@ class Task:
         state_bytes = float(self.keyed.state_bytes()) if self.keyed is not None else 0.0
         if barrier is None:
             barrier = CheckpointBarrier(cid, trigger_ms)
-        for p in self.partitions:
-            p.broadcast_event(barrier)
+        if inflight is None:
+            self._drain_blocking()  # an aligned barrier follows every record before it
+            for p in self.partitions:
+                p.broadcast_event(barrier)
+        else:
+            # The barrier goes to the head of every output queue; what it overtook
+            # (queued in the channel, then still in the outbox) is output state.
+            for index, p in enumerate(self.partitions):
+                box = self.outboxes[index]
+                for sub, overtaken in enumerate(p.broadcast_event(barrier, priority=True)):
+                    for b in overtaken:
+                        inflight.writer.add_output(index, sub, b)
+                        b.release()
+                    for array in box.queues[sub]:
+                        inflight.writer.add_output(index, sub, array)
+        if inflight is None:
+            self._done_checkpoints.add(cid)
         sync_ms = (time.monotonic() - t0) * 1000
         metrics = {
             "start_delay_ms": start_delay_ms,
@@ -447,17 +728,19 @@ class Task:
                 coordinator.decline(cid, vertex_uid, subtask, f"snapshot failed: {e!r}")
                 return
             metrics["async_ms"] = (time.monotonic() - t1) * 1000
-            coordinator.acknowledge(
-                Ack(
-                    cid,
-                    vertex_uid,
-                    subtask,
-                    {uid: s.operator_state for uid, s in snaps.items()},
-                    handles,
-                    keyed,
-                    metrics,
-                )
+            ack = Ack(
+                cid,
+                vertex_uid,
+                subtask,
+                {uid: s.operator_state for uid, s in snaps.items()},
+                handles,
+                keyed,
+                metrics,
             )
+            if inflight is None:
+                coordinator.acknowledge(ack)
+            else:
+                inflight.metrics["parts"] = ack  # acked with the channel state once complete
 
         self.snapshots.submit(finish_async)
 
@@ -465,12 +748,29 @@ class Task:
         wall = (self.finished_at or time.monotonic()) - self.started_at
         # Blocked on credit (the consumer is slow) or on the partition's buffer budget
         # (its buffers are all in flight): both are backpressure.
-        bp = sum(p.backpressured_seconds + p.pool.waited_seconds for p in self.partitions)
+        bp = self.output_wait_seconds + sum(
+            p.backpressured_seconds + p.pool.waited_seconds for p in self.partitions
+        )
         return {
             "records_in": float(self.records_in),
             "records_out": float(self.net_out.records),
             "busy_seconds": self.busy_seconds,
             "backpressured_seconds": bp,
             "backpressured_share": bp / wall if wall > 0 else 0.0,
+            "replayed_bytes": float(self.replayed_bytes),
             "wall_seconds": wall,
         }
+
+
+def _is_barrier(cid: int, ev: Any, found: list[Any] | None = None) -> Callable[[Any], bool]:
+    """A matcher for ``InputGate.overtake``: checkpoint ``cid``'s barrier."""
+
+    def match(buf: Any) -> bool:
+        event = ev.deserialize(buf)
+        if isinstance(event, ev.CheckpointBarrier) and event.checkpoint_id == cid:
+            if found is not None:
+                found.append(event)
+            return True
+        return False
+
+    return match

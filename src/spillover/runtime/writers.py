@@ -7,6 +7,7 @@ cut by a buffer boundary is completed in the next buffer of the same channel.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from spillover.keygroups import key_group_range_for_operator, key_group_table
 from spillover.records import FieldKey, KeyGroupDemux, RecordWriter
 from spillover.runtime.api import Batch, EdgeKind
+from spillover.storage.handle import DataType
 
 
 def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -109,3 +111,47 @@ class PartitionWriter:
                 self._send_all(last)
             else:
                 self._send(sub, last)
+
+
+class Outbox:
+    """Buffers a task produced for one result partition and has not handed over yet.
+
+    Writers never block: they append here, and the task moves buffers on only as
+    far as the partition has credit and buffer budget, so a backpressured task still
+    runs its mailbox and takes its unaligned barriers. The task processes new input
+    only once its outboxes are empty, which bounds them to what one input buffer or
+    one source batch produces. An unaligned barrier overtakes what is here too.
+    """
+
+    def __init__(self, partition: Any, pool: Any) -> None:
+        self.partition = partition
+        self.pool = pool
+        self.queues: list[deque[Any]] = [deque() for _ in range(partition.num_subpartitions)]
+        self.count = 0
+
+    def send(self, sub: int, array: Any) -> None:
+        self.queues[sub].append(array)
+        self.count += 1
+
+    def send_all(self, array: Any) -> None:
+        for q in self.queues:
+            q.append(array)
+        self.count += len(self.queues)
+
+    def drain(self) -> bool:
+        """Hands on what can go without waiting; True when nothing is left."""
+        if not self.count:
+            return True
+        part, pool = self.partition, self.pool
+        for sub, q in enumerate(self.queues):
+            while q and part.credit(sub) > 0 and pool.available > 0:
+                part.emit(sub, pool.wrap(q.popleft(), DataType.DATA))
+                self.count -= 1
+        return self.count == 0
+
+    def drain_blocking(self) -> None:
+        """Hands on everything, waiting for credit (before in-line events)."""
+        for sub, q in enumerate(self.queues):
+            while q:
+                self.partition.emit(sub, self.pool.wrap(q.popleft(), DataType.DATA))
+                self.count -= 1

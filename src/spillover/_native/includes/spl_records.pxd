@@ -35,6 +35,7 @@ cdef extern from "records.h" nogil:
         SPL_REC_E_SHORT_KEY
 
     ctypedef struct spl_carry:
+        uint8_t hdr[4]
         uint32_t hdr_have
         uint32_t len
         uint32_t have

@@ -1,0 +1,123 @@
+"""Unaligned checkpoints of one task: persisting in-flight buffers through the engine.
+
+When the first barrier of checkpoint n reaches a task (on the priority path, or
+when an aligned-with-timeout checkpoint switches), the task snapshots its
+operators at once and forwards the barrier at the head of every output queue.
+The checkpoint then also holds:
+
+- output state: the data buffers the forwarded barrier overtook in each output
+  queue (``broadcast_event(priority=True)`` hands them back);
+- input state: per input channel, the bytes of a record the task had begun
+  reading, then every buffer the task processes from that channel until the
+  channel's own barrier n arrives (a channel whose barrier already came adds
+  nothing more).
+
+Each record stream thus replays as "this task's input state for the channel,
+then the upstream's output state for it", which is also how rescaling reads it.
+Buffers go to the storer without a copy (``OnRelease`` returns them to their
+pool once written); the writer thread does the I/O.
+
+A bound on in-flight data (``max_inflight_bytes``): once a task has persisted
+that many bytes of input state for checkpoint n, it blocks the channels whose
+barrier has not come, as an aligned checkpoint would, so it persists no more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spillover._native._storage import OnRelease
+from spillover.storage import Storage, Storer, open_storage
+
+
+class ChannelStateWriter:
+    """The in-flight buffers of one subtask for one checkpoint.
+
+    Appends come from the task thread; ``close`` (from the task's snapshot thread,
+    once the task stopped appending) finishes the files and returns JSON-able
+    handles. Gate 0 (kind input) holds the input channels; output gate ``p`` holds
+    the subpartitions of the task's ``p``-th result partition.
+    """
+
+    def __init__(self, uri: str, checkpoint_id: int, subtask: int, compression: str | None) -> None:
+        self.uri = uri
+        self._storage: Storage = open_storage(
+            uri, checkpoint_id=checkpoint_id, subtask_index=subtask, compression=compression
+        )
+        self._input: Storer | None = None
+        self._outputs: dict[int, Storer] = {}
+        self.input_bytes = 0
+        self.output_bytes = 0
+        self.closed = False
+
+    def _append(self, storer: Storer, channel: int, buffer: Any) -> None:
+        """Zero-copy for network buffers: retained now, released once written."""
+        release = getattr(buffer, "release", None)
+        if release is None:
+            storer.append(channel, buffer)
+            return
+        buffer.retain()
+        try:
+            storer.append(channel, OnRelease(buffer, release))
+        except BaseException:
+            release()
+            raise
+
+    def add_input(self, channel: int, buffer: Any) -> None:
+        if self._input is None:
+            self._input = self._storage.create_storer(0, kind="input")
+        self._append(self._input, channel, buffer)
+        self.input_bytes += len(buffer)
+
+    def add_output(self, partition: int, subpartition: int, buffer: Any) -> None:
+        storer = self._outputs.get(partition)
+        if storer is None:
+            storer = self._outputs[partition] = self._storage.create_storer(
+                partition, kind="output"
+            )
+        self._append(storer, subpartition, buffer)
+        self.output_bytes += len(buffer)
+
+    @property
+    def bytes(self) -> int:
+        return self.input_bytes + self.output_bytes
+
+    def close(self) -> dict[str, Any]:
+        """Finishes every file; ``{"input": [...], "output": [...], "bytes": n}``."""
+        self.closed = True
+        inputs = [self._input.close().to_dict()] if self._input is not None else []
+        outputs = [s.close().to_dict() for _, s in sorted(self._outputs.items())]
+        return {"input": inputs, "output": outputs, "bytes": self.bytes}
+
+    def discard(self) -> None:
+        """Drops everything (the checkpoint was aborted); buffers go back to their pools."""
+        self.closed = True
+        for s in [self._input, *self._outputs.values()]:
+            if s is not None:
+                s.discard()
+
+
+@dataclass
+class InFlightCheckpoint:
+    """A task's unaligned checkpoint while its input state is still being persisted."""
+
+    checkpoint_id: int
+    writer: ChannelStateWriter
+    pending: set[int]  # input channels whose barrier has not come yet
+    trigger_ms: int
+    started: float
+    max_inflight_bytes: int | None = None
+    limited: bool = False  # the bound was reached: pending channels are blocked
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    def over_limit(self) -> bool:
+        return (
+            self.max_inflight_bytes is not None
+            and not self.limited
+            and self.writer.input_bytes >= self.max_inflight_bytes
+        )
