@@ -44,7 +44,7 @@ class JobResult:
     """How a run went: status, attempts, per-checkpoint and per-task metrics."""
 
     job_name: str
-    status: str  # finished | failed
+    status: str  # finished | stopped | failed
     attempts: int
     duration_s: float
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
@@ -189,18 +189,25 @@ class _Attempt:
         any_task = next(iter(self.tasks.values()))
         self.done.put((any_task, e))
 
-    def run(self, deadline: float | None) -> BaseException | None:
-        """Runs until every task finished (None) or one failed (its error)."""
+    def run(self, deadline: float | None, stop_at: float | None = None) -> BaseException | None:
+        """Runs until every task finished (None) or one failed (its error); at
+        ``stop_at`` the job is stopped (cancelled, not failed: returns None)."""
         self.coordinator.start()
         for t in self.tasks.values():
             t.start()
         remaining = set(self.tasks)
         error: BaseException | None = None
+        self.stopped = False
         while remaining:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ends = [x for x in (deadline, stop_at) if x is not None]
+            timeout = None if not ends else max(0.0, min(ends) - time.monotonic())
             try:
                 task, err = self.done.get(timeout=timeout)
             except queue.Empty:
+                if stop_at is not None and time.monotonic() >= stop_at:
+                    self.stopped = True
+                    self._cancel_all()
+                    break
                 error = TimeoutError("the job did not finish in time")
                 break
             if err is not None and not isinstance(err, TaskCancelled):
@@ -208,12 +215,15 @@ class _Attempt:
                 break
             remaining.discard((task.vertex.uid, task.subtask))
         if error is not None:
-            for t in self.tasks.values():
-                t.cancel()
-            for t in self.tasks.values():
-                t.thread.join(timeout=30)
+            self._cancel_all()
         self.coordinator.stop()
         return error
+
+    def _cancel_all(self) -> None:
+        for t in self.tasks.values():
+            t.cancel()
+        for t in self.tasks.values():
+            t.thread.join(timeout=30)
 
 
 def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
@@ -289,9 +299,16 @@ class LocalExecutor:
             check_compatible(meta, self.graph.fingerprint(), self.graph.max_parallelism)
         return meta
 
-    def run(self, timeout: float | None = None) -> JobResult:
+    def run(self, timeout: float | None = None, *, stop_after: float | None = None) -> JobResult:
+        """Runs the job to its end, restarting it on failures as the strategy allows.
+
+        ``timeout``: give up (status ``failed``) after that many seconds.
+        ``stop_after``: stop an unbounded job after that many seconds (status
+        ``stopped``; the checkpoints taken until then are kept).
+        """
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
+        stop_at = None if stop_after is None else started + stop_after
         strategy = self.config.restart_strategy
         rs = self.config.restart
         failure_times: deque[float] = deque()
@@ -308,7 +325,7 @@ class LocalExecutor:
             if restore is not None:
                 result.restored_from.append(int(restore["checkpoint_id"]))
             run = _Attempt(self, attempt, restore)
-            error = run.run(deadline)
+            error = run.run(deadline, stop_at)
             result.attempts = attempt + 1
             result.checkpoints += [c.summary() for c in run.coordinator.history]
             for (uid, i), t in run.tasks.items():
@@ -316,7 +333,7 @@ class LocalExecutor:
                 result.replayed_bytes += t.replayed_bytes
             self.next_checkpoint_id = run.coordinator.next_id
             if error is None:
-                result.status = "finished"
+                result.status = "stopped" if run.stopped else "finished"
                 break
             result.failures.append(f"attempt {attempt}: {type(error).__name__}: {error}")
             result.tracebacks.append("".join(traceback.format_exception(error)))
