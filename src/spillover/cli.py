@@ -191,6 +191,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         policy=args.policy,
         interval_ms=args.interval_ms,
         rate_per_subtask=args.rate or None,
+        aligned_timeout_ms=args.aligned_timeout_ms,
+        max_inflight_bytes=args.max_inflight_bytes,
     )
     report = verify(spec)
     print(report.text())
@@ -269,8 +271,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         env="SPILLOVER_VERIFY_POLICY",
         default="aligned",
-        choices=["aligned"],
+        choices=["aligned", "unaligned", "timeout", "max-inflight"],
         help="checkpoint barrier policy",
+    )
+    _env_option(
+        p,
+        "--aligned-timeout-ms",
+        env="SPILLOVER_VERIFY_ALIGNED_TIMEOUT_MS",
+        type=int,
+        default=5,
+        help="timeout policy: switch to unaligned after this long",
+    )
+    _env_option(
+        p,
+        "--max-inflight-bytes",
+        env="SPILLOVER_VERIFY_MAX_INFLIGHT_BYTES",
+        type=int,
+        default=256 * 1024,
+        help="max-inflight policy: bound on persisted input bytes per subtask",
     )
     _env_option(
         p,
