@@ -348,6 +348,25 @@ cdef class NativeStorer:
             else:
                 self._submit()
 
+    def submit(self):
+        """Hands the batch being filled to the I/O thread now, without waiting for it
+        (unless every batch slot is in flight), so held buffers are written soon."""
+        if self.closed:
+            raise ClosedError("submit after close", path=self.path)
+        cdef int slot = spl_writer_submitted(self.w) % SPL_WRITER_SLOTS
+        if not self.async_mode and self.nviews[slot]:
+            self._submit()
+
+    def reap(self):
+        """Releases the caller's buffers of every batch already written; never waits."""
+        cdef uint64_t done
+        if self.w == NULL or self.async_mode:
+            return
+        done = spl_writer_written(self.w)
+        while self.released < done:
+            self._release_slot(self.released % SPL_WRITER_SLOTS)
+            self.released += 1
+
     def flush(self):
         """Hands everything appended so far to the storage and drops held buffers."""
         if self.closed:

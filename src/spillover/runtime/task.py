@@ -304,6 +304,29 @@ class Task:
             done = box.drain() and done
         return done
 
+    def _drain_responsive(self) -> None:
+        """Hands on all output before an in-line event, taking priority barriers and
+        mailbox actions while it waits for credit (a downstream checkpoint may need
+        this task's barrier before it gives credit back)."""
+        from spillover.runtime import events as ev
+
+        while not self._drain():
+            t = time.monotonic()
+            if self.inflight is not None:
+                self.inflight.writer.reap()
+            if self.gate is not None:
+                item = self.gate.poll(0.0005, priority_only=True)
+                if item is not None:
+                    ch, buf = item
+                    try:
+                        self._on_event(ch, ev.deserialize(buf))
+                    finally:
+                        buf.release()
+                self._mail()
+            else:
+                self._mail(block=True, timeout=0.0005)
+            self.output_wait_seconds += time.monotonic() - t
+
     def _drain_blocking(self) -> None:
         for box in self.outboxes:
             box.drain_blocking()
@@ -366,7 +389,7 @@ class Task:
 
         for w in self.writers:
             w.flush()
-        self._drain_blocking()
+        self._drain_responsive()
         if getattr(self.coordinator, "storage", None) is None:
             snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in self.ops]
             for snap in snaps:
@@ -385,6 +408,8 @@ class Task:
         gate = self.gate
         while not gate.finished:
             self._mail()
+            if self.inflight is not None:
+                self.inflight.writer.reap()
             if self._terminate:
                 break
             if not self._drain():

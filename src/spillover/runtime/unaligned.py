@@ -63,6 +63,15 @@ class ChannelStateWriter:
         except BaseException:
             release()
             raise
+        # A held network buffer holds its channel's credit: write it now, not when a
+        # batch fills, and give it back as soon as it is written (see reap).
+        storer.submit()
+
+    def reap(self) -> None:
+        """Gives back the network buffers already written (the task calls it often)."""
+        for s in [self._input, *self._outputs.values()]:
+            if s is not None:
+                s.reap()
 
     def add_input(self, channel: int, buffer: Any) -> None:
         if self._input is None:

@@ -241,6 +241,15 @@ class Storer:
         """Writes everything appended so far and releases the held buffers."""
         self._native.flush()
 
+    def submit(self) -> None:
+        """Blocking mode: starts writing what was appended so far without waiting for
+        it; pair with ``reap()`` to give buffers back as soon as they are written."""
+        self._native.submit()
+
+    def reap(self) -> None:
+        """Blocking mode: releases the held buffers of everything already written."""
+        self._native.reap()
+
     @property
     def frames(self) -> int:
         return int(self._native.frames)
