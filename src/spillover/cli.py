@@ -14,9 +14,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spillover.errors import SpilloverError
+
+if TYPE_CHECKING:
+    from spillover.bench import BenchSpec
 
 
 class _EnvDefault(argparse.Action):
@@ -201,6 +204,120 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.exact else 1
 
 
+# ---- bench: checkpoints under backpressure, one run per policy ----
+
+# (flag, env, default, help); values stay strings until cmd_bench checks them, so a
+# bad value from the command line or the environment gets the same clear error.
+_BENCH_FLAGS = (
+    ("--executor", "SPILLOVER_BENCH_CLI_EXECUTOR", "local", "where subtasks run (only local)"),
+    (
+        "--policies",
+        "SPILLOVER_BENCH_CLI_POLICIES",
+        "none,aligned,unaligned,timeout,max-inflight",
+        "comma-separated policies, one run each",
+    ),
+    ("--parallelism", "SPILLOVER_BENCH_CLI_PARALLELISM", "2", "parallelism of every operator"),
+    ("--duration", "SPILLOVER_BENCH_CLI_DURATION", "30", "measured seconds per policy"),
+    ("--warmup", "SPILLOVER_BENCH_CLI_WARMUP", "5", "seconds before measuring, per policy"),
+    ("--interval-ms", "SPILLOVER_BENCH_CLI_INTERVAL_MS", "1000", "checkpoint interval"),
+    ("--sink-rate", "SPILLOVER_BENCH_CLI_SINK_RATE", "5000", "sink records/s per subtask"),
+    ("--keys", "SPILLOVER_BENCH_CLI_KEYS", "10000", "distinct int64 keys"),
+    ("--payload-bytes", "SPILLOVER_BENCH_CLI_PAYLOAD_BYTES", "100", "payload bytes per record"),
+    (
+        "--aligned-timeout-ms",
+        "SPILLOVER_BENCH_CLI_ALIGNED_TIMEOUT_MS",
+        "100",
+        "timeout policy: switch to unaligned after this long",
+    ),
+    (
+        "--max-inflight-bytes",
+        "SPILLOVER_BENCH_CLI_MAX_INFLIGHT_BYTES",
+        "1MiB",
+        "max-inflight policy: in-flight bytes one subtask persists per checkpoint",
+    ),
+    (
+        "--checkpoint-dir",
+        "SPILLOVER_BENCH_CLI_CHECKPOINT_DIR",
+        None,
+        "checkpoint storage, a path or URI (a temporary directory by default)",
+    ),
+    ("--json", "SPILLOVER_BENCH_CLI_JSON", None, "write the JSON report here"),
+    ("--markdown", "SPILLOVER_BENCH_CLI_MARKDOWN", None, "write the markdown table here"),
+)
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds (``30``, ``2.5``) or a duration with a unit (``1 min``)."""
+    from spillover.config import parse_duration
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:  # bare numbers never get here: parse_duration would read them as ms
+        return parse_duration(text).total_seconds()
+    except ValueError:
+        raise ValueError("expected seconds (30, 2.5) or a duration with a unit (1 min)") from None
+
+
+def _bench_spec(args: argparse.Namespace) -> BenchSpec:
+    """The :class:`~spillover.bench.BenchSpec` of the flags; a bad one raises ConfigError."""
+    from spillover.bench import BenchSpec
+    from spillover.config import parse_memory_size
+    from spillover.errors import ConfigError
+
+    def value(flag: str, convert: Any, ok: Any = None, rule: str = "") -> Any:
+        raw = getattr(args, flag.lstrip("-").replace("-", "_"))
+        env = next(e for f, e, _, _ in _BENCH_FLAGS if f == flag)
+        try:
+            v = convert(raw)
+        except ValueError as e:
+            raise ConfigError(f"bad {flag} (env {env})", detail=f"{raw!r}: {e}") from None
+        if ok is not None and not ok(v):
+            raise ConfigError(f"bad {flag} (env {env})", detail=f"{raw!r} is not {rule}")
+        return v
+
+    return BenchSpec(
+        executor=args.executor.strip().lower(),
+        policies=[p.strip().lower() for p in args.policies.split(",") if p.strip()],
+        parallelism=value("--parallelism", int, lambda v: v >= 1, ">= 1"),
+        duration_s=value("--duration", _seconds, lambda v: v > 0, "> 0 s"),
+        warmup_s=value("--warmup", _seconds, lambda v: v >= 0, ">= 0 s"),
+        interval_ms=value("--interval-ms", int, lambda v: v >= 10, ">= 10 ms"),
+        sink_rate=value("--sink-rate", float, lambda v: v > 0, "> 0"),
+        keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
+        payload_bytes=value("--payload-bytes", int, lambda v: v >= 1, ">= 1"),
+        aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
+        max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
+        checkpoint_dir=args.checkpoint_dir or None,
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Runs the backpressured job once per policy; prints a line each, then the table."""
+    from spillover.bench import run, to_markdown
+
+    spec = _bench_spec(args)
+    per = spec.warmup_s + spec.duration_s
+    print(
+        f"{len(spec.policies)} runs of {per:g} s ({spec.warmup_s:g} s warm-up), "
+        f"parallelism {spec.parallelism}, sink {spec.sink_rate:g} records/s per subtask",
+        flush=True,
+    )
+    results = run(spec, progress=lambda line: print(line, flush=True))
+    table = to_markdown(results)
+    print()
+    print(table, end="")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    return 1 if any(r["status"] == "failed" for r in results["policies"].values()) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spillover",
@@ -339,6 +456,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the report as JSON here",
     )
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
+        "bench",
+        help="checkpoints under backpressure: one run per barrier policy",
+        description="Runs a backpressured job (unthrottled source, key_by, keyed count, "
+        "rebalance, a paced sink) once per policy and reports checkpoint duration, start "
+        "delay, alignment time, persisted in-flight bytes and sink throughput over the "
+        "measured window. See docs/benchmarks.md.",
+    )
+    for flag, env, default, help_text in _BENCH_FLAGS:
+        _env_option(p, flag, env=env, default=default, help=help_text)
+    p.set_defaults(func=cmd_bench)
     return parser
 
 
