@@ -250,13 +250,14 @@ def test_final_checkpoint_commits_bounded_jobs(tmp_path: Path) -> None:
     assert pq.read_table(tmp_path / "out").num_rows == 20_000
 
 
-def test_restore_refuses_a_changed_graph_or_max_parallelism(tmp_path: Path) -> None:
+def test_restore_refuses_lost_state_or_a_changed_max_parallelism(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     assert LocalExecutor(_keyed_job("r", tmp_path / "o1"), cfg).run(timeout=60).status == "finished"
     cid = CheckpointStorage(str(tmp_path / "ckpt"), "r").completed_ids()[-1]
-    changed = _keyed_job("r", tmp_path / "o2", p=3)
-    with pytest.raises(ConfigError, match="graph changed"):
-        LocalExecutor(changed, cfg, restore_checkpoint=cid).run(timeout=60)
+    env = StreamEnvironment("r", parallelism=2, max_parallelism=128)
+    env.from_source(_source(), uid="src").sink(CollectingSink("r"), uid="s")  # "sum" is gone
+    with pytest.raises(ConfigError, match="no longer has"):
+        LocalExecutor(env, cfg, restore_checkpoint=cid).run(timeout=60)
     env = StreamEnvironment("r", parallelism=2, max_parallelism=256)
     env.from_source(_source(), uid="src").sink(CollectingSink("r"), uid="s")
     with pytest.raises(ConfigError, match="max parallelism changed"):

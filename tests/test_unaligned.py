@@ -229,11 +229,15 @@ class Harness:
         assert self.error is None, repr(self.error)
 
 
-def persisted_input(ack: Any) -> dict[int, list[bytes]]:
+def persisted_input(ack: Any, task: Any) -> dict[int, list[bytes]]:
+    """The persisted input buffers per task channel (gate = input edge, channel =
+    upstream subtask in the files)."""
     out: dict[int, list[bytes]] = {}
     for h in ack.channel_state.get("input", []):
-        for buf in spillover.open_retriever(spillover.GateStateHandle.from_dict(h)):
-            out.setdefault(buf.channel_id, []).append(bytes(buf))
+        handle = spillover.GateStateHandle.from_dict(h)
+        for buf in spillover.open_retriever(handle):
+            ch = task._offset[handle.gate_id] + buf.channel_id
+            out.setdefault(ch, []).append(bytes(buf))
     return out
 
 
@@ -260,7 +264,7 @@ def test_unaligned_persists_exactly_the_buffers_before_each_channels_barrier(har
     h.settle()
     h.data(1)  # after channel 1's barrier: not state
     ack = h.coordinator.ack_for(1)
-    assert persisted_input(ack) == {1: [b1, b2]}
+    assert persisted_input(ack, h.task) == {1: [b1, b2]}
     assert ack.metrics["inflight_bytes"] == len(b1) + len(b2)
     assert h.coordinator.declines == []
     assert any(isinstance(e, CheckpointBarrier) and e.checkpoint_id == 1 for e in h.events)
@@ -287,7 +291,7 @@ def test_barrier_of_the_next_checkpoint_aborts_the_one_in_progress(harness: Any)
     ack = h.coordinator.ack_for(2)
     assert 1 in h.coordinator.declines
     assert all(a.checkpoint_id != 1 for a in h.coordinator.acks)
-    assert persisted_input(ack) == {1: [b, c]}
+    assert persisted_input(ack, h.task) == {1: [b, c]}
 
 
 def test_cancelled_checkpoint_with_barriers_still_travelling(harness: Any, tmp_path: Path) -> None:
@@ -331,7 +335,7 @@ def test_end_of_partition_completes_a_pending_unaligned_checkpoint(tmp_path: Pat
     h.settle()
     h.inputs[1][0].finish()  # channel 1 ends without a barrier
     ack = h.coordinator.ack_for(1)
-    assert persisted_input(ack) == {1: [b]}
+    assert persisted_input(ack, h.task) == {1: [b]}
     h.stop()
     assert h.out.finished
 

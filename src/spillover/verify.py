@@ -99,6 +99,9 @@ class VerifySpec:
     max_inflight_bytes: int = 256 * 1024
     # The sink takes this share of what the sources offer: below 1, real backpressure.
     sink_share: float = 0.8
+    # Restore at this parallelism: the run with failures stops part way, after a
+    # checkpoint holding in-flight data, and is restored at ``rescale_to``.
+    rescale_to: int | None = None
 
     def checkpoint_options(self) -> dict[str, Any]:
         """The config keys of the policy."""
@@ -120,13 +123,15 @@ class VerifySpec:
         raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICIES}")
 
 
-def build(spec: VerifySpec, out_dir: str, name: str) -> StreamEnvironment:
+def build(
+    spec: VerifySpec, out_dir: str, name: str, parallelism: int | None = None
+) -> StreamEnvironment:
     """One of the built-in topologies, writing committed output to ``out_dir``."""
-    p = spec.parallelism
-    env = StreamEnvironment(name, parallelism=p)
+    p = parallelism or spec.parallelism
+    env = StreamEnvironment(name, parallelism=p, max_parallelism=128)
 
     def source(uid: str, seed: int) -> DataStream:
-        partitions = 2 * p
+        partitions = 2 * spec.parallelism  # fixed across rescaling: partitions move
         gen = GeneratorSource(
             partitions=partitions,
             records_per_partition=max(1, spec.records // partitions),
@@ -208,12 +213,8 @@ def _final_state(result: JobResult, max_parallelism: int) -> dict[int, int]:
     return dict(zip(keys.tolist(), values.tolist(), strict=True))
 
 
-def run_once(spec: VerifySpec, workdir: str, name: str, failures: FailureInjector) -> RunOutput:
-    out_dir = os.path.join(workdir, name, "output")
-    ckpt = os.path.join(workdir, name, "checkpoints")
-    os.makedirs(out_dir, exist_ok=True)
-    env = build(spec, out_dir, name)
-    cfg = Config.from_dict(
+def _config(spec: VerifySpec, ckpt: str) -> Config:
+    return Config.from_dict(
         {
             "execution.checkpointing.interval": f"{spec.interval_ms} ms",
             "state.checkpoints.dir": ckpt,
@@ -223,12 +224,51 @@ def run_once(spec: VerifySpec, workdir: str, name: str, failures: FailureInjecto
             **spec.checkpoint_options(),
         }
     )
-    graph = env.build()
-    result = LocalExecutor(graph, cfg, failures=failures).run(timeout=600)
+
+
+def run_once(spec: VerifySpec, workdir: str, name: str, failures: FailureInjector) -> RunOutput:
+    out_dir = os.path.join(workdir, name, "output")
+    ckpt = os.path.join(workdir, name, "checkpoints")
+    os.makedirs(out_dir, exist_ok=True)
+    graph = build(spec, out_dir, name).build()
+    result = LocalExecutor(graph, _config(spec, ckpt), failures=failures).run(timeout=600)
     return RunOutput(
         result,
         _read_output(out_dir),
         _final_state(result, graph.max_parallelism),
+        [s.describe() for s in failures.fired],
+    )
+
+
+def run_rescaled(
+    spec: VerifySpec, workdir: str, name: str, failures: FailureInjector, stop_after: float
+) -> RunOutput:
+    """Runs at ``spec.parallelism`` (with failures) until ``stop_after`` seconds, then
+    restores the latest checkpoint at ``spec.rescale_to`` and runs to the end."""
+    assert spec.rescale_to is not None
+    out_dir = os.path.join(workdir, name, "output")
+    ckpt = os.path.join(workdir, name, "checkpoints")
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = _config(spec, ckpt)
+    first = LocalExecutor(build(spec, out_dir, name).build(), cfg, failures=failures)
+    r1 = first.run(timeout=600, stop_after=stop_after)
+    completed = r1.completed_checkpoints()
+    if not completed:
+        raise RuntimeError("no checkpoint completed before the stop: lengthen the run")
+    graph = build(spec, out_dir, name, spec.rescale_to).build()
+    second = LocalExecutor(graph, cfg, restore_checkpoint=completed[-1]["checkpoint_id"])
+    r2 = second.run(timeout=600)
+    r2.attempts += r1.attempts
+    r2.checkpoints = r1.checkpoints + r2.checkpoints
+    r2.failures = r1.failures + r2.failures
+    r2.restored_from = r1.restored_from + r2.restored_from
+    r2.replayed_bytes += r1.replayed_bytes
+    if r1.status not in ("stopped", "finished"):
+        r2.status = r1.status
+    return RunOutput(
+        r2,
+        _read_output(out_dir),
+        _final_state(r2, graph.max_parallelism),
         [s.describe() for s in failures.fired],
     )
 
@@ -259,8 +299,9 @@ class Report:
         return d
 
     def text(self) -> str:
+        rescale = f" -> {self.spec.rescale_to}" if self.spec.rescale_to else ""
         lines = [
-            f"topology {self.spec.topology}, parallelism {self.spec.parallelism}, "
+            f"topology {self.spec.topology}, parallelism {self.spec.parallelism}{rescale}, "
             f"policy {self.spec.policy}: {self.records} records, {self.attempts} attempts, "
             f"{self.checkpoints_completed} checkpoints completed, {self.duration_s:.1f} s",
             f"failures induced ({len(self.failures_fired)}): "
@@ -373,7 +414,11 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
             records_per_subtask=max(1, spec.records // spec.parallelism),
         )
         started = time.monotonic()
-        actual = run_once(spec, workdir, "with-failures", injector)
+        if spec.rescale_to is None:
+            actual = run_once(spec, workdir, "with-failures", injector)
+        else:
+            stop_after = max(1.0, 0.5 * baseline.result.duration_s)
+            actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after)
         report = compare(spec, baseline, actual)
         report.duration_s = time.monotonic() - started
         return report

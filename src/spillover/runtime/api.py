@@ -146,6 +146,19 @@ class Operator:
     def restore(self, state: Any) -> None:
         """``state`` is the ``operator_state`` this subtask snapshotted (same parallelism)."""
 
+    def restore_rescaled(self, states: list[Any]) -> None:
+        """The job is restored at another parallelism: ``states`` holds the operator
+        state of every old subtask (union redistribution); keep what this subtask owns.
+        Operators without operator state need nothing; the others must say how."""
+        if any(s is not None for s in states):
+            from spillover.errors import RescaleError
+
+            raise RescaleError(
+                f"{type(self).__name__} keeps operator state but cannot be restored at "
+                "another parallelism",
+                hint="implement restore_rescaled, or restore at the checkpoint's parallelism",
+            )
+
     def process(self, batch: Batch, input_index: int = 0) -> None:
         raise NotImplementedError
 

@@ -46,6 +46,7 @@ class CheckpointStats:
     def summary(self) -> dict[str, Any]:
         return {
             "checkpoint_id": self.checkpoint_id,
+            "trigger_ms": self.trigger_ms,
             "status": self.status,
             "final": self.final,
             "duration_ms": round(self.duration_ms, 3),
@@ -91,6 +92,7 @@ class CheckpointCoordinator:
         metrics_path: str | None = None,
         barrier_kind: int = 0,
         alignment_timeout_s: float = 0.0,
+        graph: dict[str, Any] | None = None,
     ) -> None:
         self.job_name = job_name
         self.fingerprint = fingerprint
@@ -109,6 +111,7 @@ class CheckpointCoordinator:
         self.on_failure = on_failure
         self.metrics_path = metrics_path
         self.barrier_kind = barrier_kind  # events.BarrierKind
+        self.graph = graph or {}
         self.alignment_timeout_s = alignment_timeout_s
         self.history: list[CheckpointStats] = []
         self.completed_ids: list[int] = []
@@ -263,6 +266,7 @@ class CheckpointCoordinator:
             tasks=tasks,
             final=p.stats.final,
         )
+        meta["graph"] = self.graph
         self.storage.write_metadata(cid, meta)
         p.stats.status = "completed"
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000

@@ -17,14 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.config import Alignment, Config, RestartStrategy
+from spillover.errors import ConfigError
 from spillover.keygroups import key_group_range_for_operator
 from spillover.runtime.buffers import BufferPool
-from spillover.runtime.checkpoints import CheckpointStorage, check_compatible
+from spillover.runtime.checkpoints import CheckpointStorage
 from spillover.runtime.coordinator import CheckpointCoordinator
 from spillover.runtime.events import BarrierKind
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment, Vertex
 from spillover.runtime.network import InputGate, ResultPartition, connect
+from spillover.runtime.restore import graph_info, plan_restore
 from spillover.runtime.task import InputChannelInfo, Task, TaskCancelled, TaskRestore
 from spillover.runtime.writers import Outbox, PartitionWriter
 
@@ -70,7 +72,13 @@ class JobResult:
 class _Attempt:
     """One execution attempt: the tasks, their network and the coordinator."""
 
-    def __init__(self, ex: LocalExecutor, attempt: int, restore: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        ex: LocalExecutor,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> None:
         self.ex = ex
         self.attempt = attempt
         self.done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
@@ -140,7 +148,7 @@ class _Attempt:
                     partitions=partitions.get((v.id, i), []),
                     outboxes=outboxes.get((v.id, i), []),
                     writers=writers.get((v.id, i), []),
-                    restore=_task_restore(restore, v, i),
+                    restore=(restore or {}).get((v.uid, i)),
                     coordinator=None,
                     checkpoint_dir=(
                         storage.subtask_dir if storage is not None else _no_checkpoint_dir
@@ -157,6 +165,7 @@ class _Attempt:
             job_name=g.name,
             fingerprint=g.fingerprint(),
             settings=ex.settings,
+            graph=graph_info(g),
             storage=storage,
             tasks=self.tasks,
             sources=[(v.uid, i) for v in g.vertices if v.is_source for i in range(v.parallelism)],
@@ -168,7 +177,7 @@ class _Attempt:
             tolerable_failures=cp.tolerable_failed_checkpoints,
             # Ids are never reused: an aborted checkpoint's late writes must not land
             # in a later checkpoint's directory.
-            first_id=max(ex.next_checkpoint_id, restore["checkpoint_id"] + 1 if restore else 1),
+            first_id=max(ex.next_checkpoint_id, restored_id + 1 if restored_id else 1),
             on_final=self._terminate_sources,
             on_failure=self._coordinator_failed,
             metrics_path=ex.metrics_path,
@@ -240,20 +249,6 @@ def _keyed_backend(g: JobGraph) -> Any:
     return make
 
 
-def _task_restore(meta: dict[str, Any] | None, v: Vertex, i: int) -> TaskRestore | None:
-    if meta is None:
-        return None
-    entry = meta["tasks"].get(v.uid, {}).get("subtasks", {}).get(str(i))
-    if entry is None:
-        return TaskRestore(meta["checkpoint_id"])
-    return TaskRestore(
-        meta["checkpoint_id"],
-        operator_state=dict(entry.get("operators", {})),
-        keyed_handles={uid: [h] for uid, h in entry.get("keyed", {}).items()},
-        channel_state=dict(entry.get("channel_state") or {}),
-    )
-
-
 class LocalExecutor:
     """Runs a job graph with one thread per subtask, restarting it on failures."""
 
@@ -266,6 +261,9 @@ class LocalExecutor:
         metrics_path: str | None = None,
         restore_checkpoint: int | str | None = None,
         flush_interval: float = 0.005,
+        allow_non_restored_state: bool = False,
+        ignore_inflight: bool = False,
+        force_forward_rescale: bool = False,
     ) -> None:
         self.graph = job.build() if isinstance(job, StreamEnvironment) else job
         self.config = config or Config()
@@ -273,6 +271,9 @@ class LocalExecutor:
         self.metrics_path = metrics_path
         self.flush_interval = flush_interval
         self.restore_checkpoint = restore_checkpoint
+        self.allow_non_restored_state = allow_non_restored_state
+        self.ignore_inflight = ignore_inflight
+        self.force_forward_rescale = force_forward_rescale
         self.settings = {
             **self.config.restore_critical(),
             "max-parallelism": self.graph.max_parallelism,
@@ -287,17 +288,32 @@ class LocalExecutor:
         self.job_id = uuid.uuid4().hex
 
     def _restore_point(self) -> dict[str, Any] | None:
+        """The metadata of the checkpoint to restore: the one asked for (an id in this
+        job's checkpoint directory, or a checkpoint directory's path), else the latest."""
+        rc = self.restore_checkpoint
+        if isinstance(rc, str):
+            base, _, name = rc.rstrip("/").rpartition("/")
+            job, _, chk = base.rpartition("/")
+            if not name.startswith("chk-"):
+                raise ConfigError(f"not a checkpoint directory: {rc!r}", hint="give .../chk-<id>")
+            return CheckpointStorage(job, chk).read_metadata(int(name[4:]))
         if self.storage is None:
             return None
-        meta: dict[str, Any] | None
-        if isinstance(self.restore_checkpoint, int):
-            meta = self.storage.read_metadata(self.restore_checkpoint)
-        else:
-            latest = self.storage.latest()
-            meta = latest.metadata if latest is not None else None
-        if meta is not None:
-            check_compatible(meta, self.graph.fingerprint(), self.graph.max_parallelism)
-        return meta
+        if isinstance(rc, int):
+            return self.storage.read_metadata(rc)
+        latest = self.storage.latest()
+        return latest.metadata if latest is not None else None
+
+    def _plan(self, meta: dict[str, Any] | None) -> dict[tuple[str, int], TaskRestore] | None:
+        if meta is None:
+            return None
+        return plan_restore(
+            meta,
+            self.graph,
+            allow_non_restored_state=self.allow_non_restored_state,
+            ignore_inflight=self.ignore_inflight,
+            force_forward=self.force_forward_rescale,
+        )
 
     def run(self, timeout: float | None = None, *, stop_after: float | None = None) -> JobResult:
         """Runs the job to its end, restarting it on failures as the strategy allows.
@@ -320,11 +336,13 @@ class LocalExecutor:
             checkpoint_dir=self.storage.root if self.storage else None,
         )
         attempt = 0
-        restore = self._restore_point() if self.restore_checkpoint is not None else None
+        meta = self._restore_point() if self.restore_checkpoint is not None else None
+        restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         while True:
-            if restore is not None:
-                result.restored_from.append(int(restore["checkpoint_id"]))
-            run = _Attempt(self, attempt, restore)
+            restored_id = int(meta["checkpoint_id"]) if meta is not None else None
+            if restored_id is not None:
+                result.restored_from.append(restored_id)
+            run = _Attempt(self, attempt, restore, restored_id)
             error = run.run(deadline, stop_at)
             result.attempts = attempt + 1
             result.checkpoints += [c.summary() for c in run.coordinator.history]
@@ -353,6 +371,8 @@ class LocalExecutor:
                 delay = rs.failure_rate_delay_s
             time.sleep(delay)
             attempt += 1
-            restore = self._restore_point()
+            self.restore_checkpoint = None  # failover: the latest completed checkpoint
+            meta = self._restore_point()
+            restore = self._plan(meta)
         result.duration_s = time.monotonic() - started
         return result

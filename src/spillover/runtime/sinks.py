@@ -161,6 +161,14 @@ class CollectingSink(Operator):
             for txn in [t for t, (s, _) in store.staged.items() if s == me]:
                 del store.staged[txn]
 
+    def restore_rescaled(self, states: list[Any]) -> None:
+        """Every old subtask's pending output belongs to a completed checkpoint: commit it
+        all (committing twice is a no-op)."""
+        for st in states:
+            if st is not None and not self.immediate:
+                for _, txns in sorted(_pending_from_state(st).items()):
+                    self._commit(txns)
+
     def _commit(self, txns: list[str]) -> None:
         with self._lock:
             store = self._store(self.name)
@@ -221,6 +229,10 @@ class ThrottledSink(Operator):
     def restore(self, state: Any) -> None:
         if self.inner is not None:
             self.inner.restore(state)
+
+    def restore_rescaled(self, states: list[Any]) -> None:
+        if self.inner is not None:
+            self.inner.restore_rescaled(states)
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         return OperatorSnapshot() if self.inner is None else self.inner.snapshot(checkpoint_id)
@@ -399,6 +411,20 @@ class ParquetSink(Operator):
                 self._publish(name)
         self._counter = int(state["counter"])
         self._last_checkpoint = int(state["checkpoint"])
+        self._delete_staged()
+
+    def restore_rescaled(self, states: list[Any]) -> None:
+        """Publishes the pending files of every old subtask (idempotent), continues the
+        file counter past all of them."""
+        live = [st for st in states if st is not None]
+        if not live:
+            return
+        for st in live:
+            for _, names in sorted(_pending_from_state(st).items()):
+                for name in names:
+                    self._publish(name)
+        self._counter = max(int(st["counter"]) for st in live)
+        self._last_checkpoint = max(int(st["checkpoint"]) for st in live)
         self._delete_staged()
 
     def _publish(self, name: str) -> None:

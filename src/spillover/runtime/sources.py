@@ -133,6 +133,14 @@ class GeneratorSource(Operator):
         next_seq = {int(p): int(s) for p, s in dict(state["next_seq"]).items()}
         self._next = np.array([next_seq.get(int(p), 0) for p in self._parts], dtype=np.int64)
 
+    def restore_rescaled(self, states: list[Any]) -> None:
+        """Partitions move between subtasks: merge every old subtask's offsets, keep ours."""
+        merged: dict[str, int] = {}
+        for st in states:
+            if st is not None:
+                merged.update({str(p): int(q) for p, q in dict(st["next_seq"]).items()})
+        self.restore({"next_seq": merged})
+
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         next_seq = {str(p): int(s) for p, s in zip(self._parts, self._next, strict=True)}
         return OperatorSnapshot({"next_seq": next_seq})

@@ -52,7 +52,9 @@ class TaskRestore:
     checkpoint_id: int
     operator_state: dict[str, Any] = field(default_factory=dict)
     keyed_handles: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    channel_state: dict[str, Any] = field(default_factory=dict)
+    channel_state: dict[str, Any] = field(default_factory=dict)  # the replay plan
+    # Restored at another parallelism: every old subtask's state, per operator uid.
+    rescaled_state: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -159,6 +161,14 @@ class Task:
             i: {ch for ch, c in enumerate(channels) if c.input_index == i} for i in range(n_inputs)
         }
         self._readers = [RecordReader() for _ in channels]
+        # In-flight state lives per input edge: input gate k, channel = upstream subtask.
+        edges: list[Any] = []
+        for c in channels:
+            if c.edge not in edges:
+                edges.append(c.edge)
+        self.input_edges = edges
+        self._gate_of = [(edges.index(c.edge), c.upstream_subtask) for c in channels]
+        self._offset = [next(i for i, c in enumerate(channels) if c.edge == e) for e in edges]
         self._serializers = [FixedWidthSerializer(c.dtype) for c in channels]
         self.barriers = (
             BarrierHandler(gate, len(channels), self._on_aligned, self._on_aborted)
@@ -242,31 +252,67 @@ class Task:
                 handles = [h for uid in r.keyed_handles for h in r.keyed_handles[uid]]
                 self.keyed.restore(handles)
             for node, op in zip(self.vertex.nodes, self.ops, strict=True):
-                if node.uid in r.operator_state:
+                if node.uid in r.rescaled_state:
+                    op.restore_rescaled(r.rescaled_state[node.uid])
+                elif node.uid in r.operator_state:
                     op.restore(r.operator_state[node.uid])
             self._replay(r.channel_state)
         self._last_flush = time.monotonic()
 
-    def _replay(self, state: dict[str, Any]) -> None:
+    def _replay(self, plan: dict[str, Any]) -> None:
         """Recovered output state goes out before any new output, recovered input state
-        is processed before any new input; both stream from the files."""
+        is processed before any new input; everything streams from the files.
+
+        ``plan["outputs"]``/``plan["inputs"]``: this subtask's own files of edges whose
+        parallelism did not change. ``plan["rescaled"]``: per rescaled input edge, what
+        the filtering retriever reads from the old subtasks (upstreams of a rescaled
+        edge replay nothing: the new downstream reads both parts of each old channel).
+        """
+        from spillover.rescale import rescaled_retriever
         from spillover.storage import GateStateHandle, open_retriever
 
-        for h in state.get("output", []):
+        for h in plan.get("outputs", []):
             handle = GateStateHandle.from_dict(h)
             part = self.partitions[handle.gate_id]
             with open_retriever(handle) as r:
                 for buf in r:
                     self.replayed_bytes += len(buf)
-                    part.emit(
-                        buf.channel_id,
-                        part.pool.wrap(np.frombuffer(memoryview(buf), np.uint8), DataType.DATA),
-                    )
-        for h in state.get("input", []):
-            with open_retriever(GateStateHandle.from_dict(h)) as r:
+                    array = np.frombuffer(memoryview(buf), np.uint8)
+                    part.emit(buf.channel_id, part.pool.wrap(array, DataType.DATA))
+        for h in plan.get("inputs", []):
+            handle = GateStateHandle.from_dict(h)
+            offset = self._offset[handle.gate_id]
+            with open_retriever(handle) as r:
                 for buf in r:
                     self.replayed_bytes += len(buf)
-                    self._process(buf.channel_id, buf)
+                    self._process(offset + buf.channel_id, buf)
+        for item in plan.get("rescaled", []):
+            k = item["edge"]
+            edge = self.input_edges[k]
+            from spillover.records import FieldKey
+
+            # key_by edges filter by the key group of the edge's int64 key field.
+            retriever = rescaled_retriever(
+                item["mapping"],
+                "input",
+                self.subtask,
+                input_handles=item["input_handles"],
+                output_handles=item["output_handles"],
+                key=FieldKey(item["key_offset"] or 0, "int64"),
+            )
+            readers: dict[int, RecordReader] = {}
+            ser = FixedWidthSerializer(edge.dtype)
+            with retriever:
+                for rbuf in retriever:
+                    self.replayed_bytes += len(rbuf)
+                    reader = readers.setdefault(rbuf.channel_id, RecordReader())
+                    parts = [ser.deserialize_batch(rb) for rb in reader.feed(rbuf)]
+                    if parts:
+                        batch = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                        self.records_in += len(batch)
+                        self.ops[0].process(batch, edge.input_index)
+            for reader in readers.values():
+                reader.finish()
 
     def _mail(self, block: bool = False, timeout: float | None = None) -> None:
         """Runs queued mailbox actions."""
@@ -445,7 +491,7 @@ class Task:
         self.barriers.record_bytes(len(buf))
         inf = self.inflight
         if inf is not None and ch in inf.pending:
-            inf.writer.add_input(ch, buf)
+            inf.writer.add_input(*self._gate_of[ch], buf)
             if inf.over_limit():
                 inf.limited = True
                 for c in inf.pending:
@@ -563,15 +609,13 @@ class Task:
         if first_channel is not None:
             done.add(first_channel)
         pending = set(range(len(self.channels))) - done - h.ended
-        self._start_unaligned(barrier.as_unaligned(), pending, stats)
-        inf = self.inflight
-        assert inf is not None
+        inf = self._start_unaligned(barrier.as_unaligned(), pending, stats)
         # Barriers of this checkpoint still queued in line overtake the data ahead.
         for ch in sorted(inf.pending):
             ahead = self.gate.overtake(ch, _is_barrier(cid, ev))
             if ahead is not None:
                 for b in ahead:
-                    inf.writer.add_input(ch, b)
+                    inf.writer.add_input(*self._gate_of[ch], b)
                     b.release()
                 self._channel_done(ch)
 
@@ -598,9 +642,12 @@ class Task:
                 continue
             self._go_unaligned(found[0], None)
             inf = self.inflight
-            assert inf is not None
+            if inf is None or inf.checkpoint_id != cid:
+                for b in ahead:  # completed already (its only channel): nothing to add
+                    b.release()
+                return
             for b in ahead:
-                inf.writer.add_input(ch, b)
+                inf.writer.add_input(*self._gate_of[ch], b)
                 b.release()
             self._channel_done(ch)
             return
@@ -608,7 +655,7 @@ class Task:
 
     def _start_unaligned(
         self, barrier: Any, pending: set[int], stats: AlignmentStats | None
-    ) -> None:
+    ) -> InFlightCheckpoint:
         from spillover.runtime.unaligned import ChannelStateWriter, InFlightCheckpoint
 
         cid = barrier.checkpoint_id
@@ -621,7 +668,7 @@ class Task:
         for ch, reader in enumerate(self._readers):
             raw = reader.pending_raw()
             if raw:
-                writer.add_input(ch, raw)
+                writer.add_input(*self._gate_of[ch], raw)
         inf = InFlightCheckpoint(
             cid,
             writer,
@@ -634,6 +681,7 @@ class Task:
         self._snapshot(cid, barrier.timestamp_ms, stats, barrier, inf)
         if inf.done:
             self._complete_unaligned()
+        return inf
 
     def _channel_done(self, ch: int) -> None:
         inf = self.inflight

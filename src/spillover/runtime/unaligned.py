@@ -36,8 +36,10 @@ class ChannelStateWriter:
 
     Appends come from the task thread; ``close`` (from the task's snapshot thread,
     once the task stopped appending) finishes the files and returns JSON-able
-    handles. Gate 0 (kind input) holds the input channels; output gate ``p`` holds
-    the subpartitions of the task's ``p``-th result partition.
+    handles. Input gate ``k`` holds the channels of the task's ``k``-th input edge,
+    one per upstream subtask; output gate ``p`` holds the subpartitions of the
+    task's ``p``-th result partition (one per downstream subtask). That is the
+    layout rescaling reads (docs/rescaling.md).
     """
 
     def __init__(self, uri: str, checkpoint_id: int, subtask: int, compression: str | None) -> None:
@@ -45,7 +47,7 @@ class ChannelStateWriter:
         self._storage: Storage = open_storage(
             uri, checkpoint_id=checkpoint_id, subtask_index=subtask, compression=compression
         )
-        self._input: Storer | None = None
+        self._inputs: dict[int, Storer] = {}
         self._outputs: dict[int, Storer] = {}
         self.input_bytes = 0
         self.output_bytes = 0
@@ -69,14 +71,14 @@ class ChannelStateWriter:
 
     def reap(self) -> None:
         """Gives back the network buffers already written (the task calls it often)."""
-        for s in [self._input, *self._outputs.values()]:
-            if s is not None:
-                s.reap()
+        for s in [*self._inputs.values(), *self._outputs.values()]:
+            s.reap()
 
-    def add_input(self, channel: int, buffer: Any) -> None:
-        if self._input is None:
-            self._input = self._storage.create_storer(0, kind="input")
-        self._append(self._input, channel, buffer)
+    def add_input(self, gate: int, channel: int, buffer: Any) -> None:
+        storer = self._inputs.get(gate)
+        if storer is None:
+            storer = self._inputs[gate] = self._storage.create_storer(gate, kind="input")
+        self._append(storer, channel, buffer)
         self.input_bytes += len(buffer)
 
     def add_output(self, partition: int, subpartition: int, buffer: Any) -> None:
@@ -95,16 +97,15 @@ class ChannelStateWriter:
     def close(self) -> dict[str, Any]:
         """Finishes every file; ``{"input": [...], "output": [...], "bytes": n}``."""
         self.closed = True
-        inputs = [self._input.close().to_dict()] if self._input is not None else []
+        inputs = [s.close().to_dict() for _, s in sorted(self._inputs.items())]
         outputs = [s.close().to_dict() for _, s in sorted(self._outputs.items())]
         return {"input": inputs, "output": outputs, "bytes": self.bytes}
 
     def discard(self) -> None:
         """Drops everything (the checkpoint was aborted); buffers go back to their pools."""
         self.closed = True
-        for s in [self._input, *self._outputs.values()]:
-            if s is not None:
-                s.discard()
+        for s in [*self._inputs.values(), *self._outputs.values()]:
+            s.discard()
 
 
 @dataclass
