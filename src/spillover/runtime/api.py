@@ -129,6 +129,9 @@ class OperatorContext:
     metrics: dict[str, Any] = field(default_factory=dict)
     # Sources: how often on_timer is called while the task has no input.
     timer_interval: float = 0.001
+    # True when the task honours ``Operator.ready_at``: an operator that paces itself
+    # then says when it can take more input instead of sleeping in ``process``.
+    pacing: bool = False
 
 
 class Operator:
@@ -161,6 +164,13 @@ class Operator:
 
     def process(self, batch: Batch, input_index: int = 0) -> None:
         raise NotImplementedError
+
+    def ready_at(self) -> float:
+        """``time.monotonic()`` before which the operator takes no more input (0: now).
+
+        The task waits until then without holding up its mailbox or its unaligned
+        barriers, so a deliberately slow operator does not delay checkpoints."""
+        return 0.0
 
     def on_timer(self) -> bool:
         """Sources emit here. Returns False once the source is exhausted."""

@@ -187,8 +187,9 @@ class CollectingSink(Operator):
 
 
 class ThrottledSink(Operator):
-    """Consumes at most ``rate_per_subtask`` records/s per subtask, by sleeping after
-    each batch until the batch's share of time has passed (never spinning).
+    """Consumes at most ``rate_per_subtask`` records/s per subtask: after each batch it
+    takes no more input until the batch's share of time has passed (``ready_at``;
+    outside a pacing task it sleeps), never spinning.
 
     It backpressures its inputs on purpose. Pacing has no memory of idle time:
     a burst after a pause is paced like any other. ``inner`` (another sink, e.g.
@@ -223,8 +224,12 @@ class ThrottledSink(Operator):
         now = self.clock()
         start = now if self._due is None else max(self._due, now)
         self._due = start + len(batch) / self.rate
-        if self._due > now:
+        # In a task that honours ready_at, the task waits (taking barriers meanwhile).
+        if self._due > now and not self.ctx.pacing:
             self.sleep(self._due - now)
+
+    def ready_at(self) -> float:
+        return self._due or 0.0
 
     def restore(self, state: Any) -> None:
         if self.inner is not None:

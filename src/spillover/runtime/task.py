@@ -215,6 +215,10 @@ class Task:
                 self._run_source()
             else:
                 self._run_inputs()
+            # The final checkpoint's completion is posted before the sources end, but
+            # the end of the input may be handled first: read the mailbox once more so
+            # two-phase-commit sinks publish before the task finishes.
+            self._mail()
             self._drain_blocking()
             for p in self.partitions:
                 p.finish()
@@ -243,6 +247,7 @@ class Task:
                     attempt=self.attempt,
                     output=out,
                     keyed=self.keyed if node.keyed else None,
+                    pacing=True,
                 )
             )
         r = self.restore_state
@@ -469,6 +474,18 @@ class Task:
                         self._on_event(ch, ev.deserialize(buf))
                     finally:
                         buf.release()
+                continue
+            pause = max(op.ready_at() for op in self.ops) - time.monotonic()
+            if pause > 0:
+                # An operator paces itself: wait, still taking unaligned barriers.
+                item = gate.poll(min(pause, self.flush_interval), priority_only=True)
+                if item is not None:
+                    ch, buf = item
+                    try:
+                        self._on_event(ch, ev.deserialize(buf))
+                    finally:
+                        buf.release()
+                self._maybe_flush()
                 continue
             item = gate.poll(self.flush_interval)
             if item is None:
