@@ -31,8 +31,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The slowest cases (wide rescales) run last, as their own group.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
 # Performance figures for docs/benchmarks.md (minutes; not part of `make test`).
 benchmarks: $(STAMP)

@@ -136,6 +136,30 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         {},
     ),
     "spillover.executor": ("SPARK", Executor.SPARK, lambda c: c.deployment.executor, {}),
+    "execution.state-recovery.path": (
+        "/ckpt/job/chk-7",
+        "/ckpt/job/chk-7",
+        lambda c: c.recovery.path,
+        {},
+    ),
+    "execution.state-recovery.ignore-unclaimed-state": (
+        "true",
+        True,
+        lambda c: c.recovery.ignore_unclaimed_state,
+        {},
+    ),
+    CP + "recover-without-channel-state.checkpoint-id": (
+        "7",
+        7,
+        lambda c: c.recovery.without_channel_state_checkpoint,
+        {},
+    ),
+    CP + "unaligned.forward-rescale.forced": (
+        "true",
+        True,
+        lambda c: c.recovery.force_forward_rescale,
+        {},
+    ),
 }
 
 
@@ -318,6 +342,10 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("restart-strategy.failure-rate.failure-rate-interval", 0),
     ("restart-strategy.failure-rate.delay", [1]),
     ("spillover.executor", "yarn"),
+    ("execution.state-recovery.path", 7),
+    ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
+    (CP + "recover-without-channel-state.checkpoint-id", -2),
+    (CP + "unaligned.forward-rescale.forced", "yes please"),
 ]
 
 

@@ -49,8 +49,18 @@ def _fmt_bytes(n: float) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from spillover.runtime.inspect_checkpoint import checkpoint_dirs, render, summarize
     from spillover.storage.inspection import inspect_state_file, state_files
 
+    checkpoints = checkpoint_dirs(args.path)
+    if checkpoints:
+        summaries = [summarize(d, verify=not args.no_verify) for d in checkpoints]
+        if args.json:
+            json.dump(summaries if len(summaries) > 1 else summaries[0], sys.stdout, indent=2)
+            print()
+        else:
+            print("\n".join(render(x) for x in summaries))
+        return 1 if any(x["problems"] for x in summaries) else 0
     reports: list[dict[str, Any]] = []
     failed = 0
     files = state_files(args.path)
@@ -196,6 +206,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         rate_per_subtask=args.rate or None,
         aligned_timeout_ms=args.aligned_timeout_ms,
         max_inflight_bytes=args.max_inflight_bytes,
+        rescale_to=args.rescale_to,
     )
     report = verify(spec)
     print(report.text())
@@ -438,6 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=100,
         help="checkpoint interval",
+    )
+    _env_option(
+        p,
+        "--rescale-to",
+        env="SPILLOVER_VERIFY_RESCALE_TO",
+        type=int,
+        default=None,
+        help="stop the run with failures part way and restore it at this parallelism",
     )
     _env_option(
         p,

@@ -45,6 +45,7 @@ __all__ = [
     "Executor",
     "NetworkConfig",
     "PipelineConfig",
+    "RecoveryConfig",
     "RestartConfig",
     "RestartStrategy",
     "StateConfig",
@@ -653,6 +654,26 @@ class DeploymentConfig:
         _check_fields(self)
 
 
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """How a job restores: from which checkpoint, and what it may leave behind."""
+
+    path: str | None = field(default=None, metadata=_key("execution.state-recovery.path", _Text()))
+    ignore_unclaimed_state: bool = field(
+        default=False, metadata=_key("execution.state-recovery.ignore-unclaimed-state", _Bool())
+    )
+    without_channel_state_checkpoint: int = field(
+        default=-1,
+        metadata=_key(_CP + "recover-without-channel-state.checkpoint-id", _Int(-1, 2**62)),
+    )
+    force_forward_rescale: bool = field(
+        default=False, metadata=_key(_CP + "unaligned.forward-rescale.forced", _Bool())
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
 # --- the whole tree -----------------------------------------------------------------------
 
 _SECTIONS: Final[tuple[tuple[str, type[Any]], ...]] = (
@@ -661,6 +682,7 @@ _SECTIONS: Final[tuple[tuple[str, type[Any]], ...]] = (
     ("network", NetworkConfig),
     ("pipeline", PipelineConfig),
     ("restart", RestartConfig),
+    ("recovery", RecoveryConfig),
     ("deployment", DeploymentConfig),
 )
 # key -> (section attribute, field name, spec)
@@ -770,6 +792,7 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     restart: RestartConfig = field(default_factory=RestartConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
 
     FILE_SUFFIXES: ClassVar[tuple[str, ...]] = (".yaml", ".yml", ".toml")

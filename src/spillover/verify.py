@@ -73,6 +73,10 @@ class RunningTotal(Operator):
         self.ctx.output.emit(out)
 
 
+def _same(batch: Batch) -> Batch:
+    return batch
+
+
 def _per_partition_keys(offset: int) -> Callable[[Batch], Batch]:
     def fn(batch: Batch) -> Batch:
         out = batch.copy()
@@ -152,11 +156,13 @@ def build(
         keyed = a.key_by("key").union(b.key_by("key")).map(lambda x: x, uid="union")
         keyed = keyed.key_by("key")
     elif spec.topology == "multi-input":
-        a = source("source-a", spec.seed)
-        b = source("source-b", spec.seed + 1)
+        # Two keyed inputs of a two-input operator (key_by edges rescale; forward
+        # edges into it would refuse to).
+        a = source("source-a", spec.seed).map(_per_partition_keys(0), uid="keys-a")
+        b = source("source-b", spec.seed + 1).map(_per_partition_keys(1000), uid="keys-b")
         dt = a.dtype
-        merged = a.connect(b).process(
-            CoMap(_per_partition_keys(0), _per_partition_keys(1000), dt), uid="co-map"
+        merged = (
+            a.key_by("key").connect(b.key_by("key")).process(CoMap(_same, _same, dt), uid="co-map")
         )
         keyed = merged.key_by("key")
     else:
@@ -177,6 +183,7 @@ class RunOutput:
     rows: np.ndarray[Any, Any]
     state: dict[int, int]
     fired: list[str] = field(default_factory=list)
+    restored_inflight: int = 0  # in-flight bytes of the checkpoint a rescale restored
 
 
 def _read_output(out_dir: str) -> np.ndarray[Any, Any]:
@@ -243,20 +250,30 @@ def run_once(spec: VerifySpec, workdir: str, name: str, failures: FailureInjecto
 def run_rescaled(
     spec: VerifySpec, workdir: str, name: str, failures: FailureInjector, stop_after: float
 ) -> RunOutput:
-    """Runs at ``spec.parallelism`` (with failures) until ``stop_after`` seconds, then
-    restores the latest checkpoint at ``spec.rescale_to`` and runs to the end."""
+    """Runs at ``spec.parallelism`` until every induced failure happened and the latest
+    completed checkpoint holds in-flight data (or ``stop_after`` seconds), stops it as
+    a crash would, restores that checkpoint at ``spec.rescale_to`` and runs to the end."""
+
+    def ready(history: list[dict[str, Any]]) -> bool:
+        done = [c for c in history if c["status"] == "completed" and not c["final"]]
+        return failures.pending == 0 and bool(done) and done[-1]["inflight_bytes"] > 0
+
     assert spec.rescale_to is not None
     out_dir = os.path.join(workdir, name, "output")
     ckpt = os.path.join(workdir, name, "checkpoints")
     os.makedirs(out_dir, exist_ok=True)
     cfg = _config(spec, ckpt)
     first = LocalExecutor(build(spec, out_dir, name).build(), cfg, failures=failures)
-    r1 = first.run(timeout=600, stop_after=stop_after)
+    r1 = first.run(timeout=600, stop_after=stop_after, stop_when=ready)
     completed = r1.completed_checkpoints()
+    if r1.status == "finished":
+        raise RuntimeError("the run ended before it was stopped: give it more records")
     if not completed:
         raise RuntimeError("no checkpoint completed before the stop: lengthen the run")
+    # Only the latest completed checkpoint keeps exactly-once: sinks published up to it.
+    restored = completed[-1]
     graph = build(spec, out_dir, name, spec.rescale_to).build()
-    second = LocalExecutor(graph, cfg, restore_checkpoint=completed[-1]["checkpoint_id"])
+    second = LocalExecutor(graph, cfg, restore_checkpoint=restored["checkpoint_id"])
     r2 = second.run(timeout=600)
     r2.attempts += r1.attempts
     r2.checkpoints = r1.checkpoints + r2.checkpoints
@@ -265,12 +282,14 @@ def run_rescaled(
     r2.replayed_bytes += r1.replayed_bytes
     if r1.status not in ("stopped", "finished"):
         r2.status = r1.status
-    return RunOutput(
+    out = RunOutput(
         r2,
         _read_output(out_dir),
         _final_state(r2, graph.max_parallelism),
         [s.describe() for s in failures.fired],
     )
+    out.restored_inflight = int(restored["inflight_bytes"])
+    return out
 
 
 @dataclass
@@ -288,6 +307,7 @@ class Report:
     failures_fired: list[str]
     inflight_persisted: int
     inflight_replayed: int
+    restored_inflight: int
     attempts: int
     checkpoints_completed: int
     duration_s: float
@@ -309,6 +329,11 @@ class Report:
             f"in-flight data: {self.inflight_persisted} bytes persisted by completed "
             f"checkpoints, {self.inflight_replayed} bytes replayed by restores",
         ]
+        if self.spec.rescale_to:
+            lines.append(
+                f"rescaled from the latest checkpoint, which held {self.restored_inflight} "
+                "bytes of in-flight data"
+            )
         if self.exact:
             lines.append("EXACT: no record lost, duplicated or reordered; final state equal")
             return "\n".join(lines)
@@ -392,6 +417,7 @@ def compare(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
         actual.fired,
         r.persisted_inflight_bytes,
         r.replayed_bytes,
+        actual.restored_inflight,
         r.attempts,
         len(r.completed_checkpoints()),
         r.duration_s,
@@ -417,7 +443,7 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
         if spec.rescale_to is None:
             actual = run_once(spec, workdir, "with-failures", injector)
         else:
-            stop_after = max(1.0, 0.5 * baseline.result.duration_s)
+            stop_after = 0.8 * baseline.result.duration_s + 5.0  # a bound; stop_when decides
             actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after)
         report = compare(spec, baseline, actual)
         report.duration_s = time.monotonic() - started

@@ -13,6 +13,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,7 +199,12 @@ class _Attempt:
         any_task = next(iter(self.tasks.values()))
         self.done.put((any_task, e))
 
-    def run(self, deadline: float | None, stop_at: float | None = None) -> BaseException | None:
+    def run(
+        self,
+        deadline: float | None,
+        stop_at: float | None = None,
+        stop_when: Callable[[list[dict[str, Any]]], bool] | None = None,
+    ) -> BaseException | None:
         """Runs until every task finished (None) or one failed (its error); at
         ``stop_at`` the job is stopped (cancelled, not failed: returns None)."""
         self.coordinator.start()
@@ -210,15 +216,23 @@ class _Attempt:
         while remaining:
             ends = [x for x in (deadline, stop_at) if x is not None]
             timeout = None if not ends else max(0.0, min(ends) - time.monotonic())
+            if stop_when is not None:
+                timeout = 0.02 if timeout is None else min(timeout, 0.02)
             try:
                 task, err = self.done.get(timeout=timeout)
             except queue.Empty:
-                if stop_at is not None and time.monotonic() >= stop_at:
+                now = time.monotonic()
+                if (stop_at is not None and now >= stop_at) or (
+                    stop_when is not None
+                    and stop_when([c.summary() for c in self.coordinator.history])
+                ):
                     self.stopped = True
                     self._cancel_all()
                     break
-                error = TimeoutError("the job did not finish in time")
-                break
+                if deadline is not None and now >= deadline:
+                    error = TimeoutError("the job did not finish in time")
+                    break
+                continue
             if err is not None and not isinstance(err, TaskCancelled):
                 error = err
                 break
@@ -261,19 +275,27 @@ class LocalExecutor:
         metrics_path: str | None = None,
         restore_checkpoint: int | str | None = None,
         flush_interval: float = 0.005,
-        allow_non_restored_state: bool = False,
-        ignore_inflight: bool = False,
-        force_forward_rescale: bool = False,
+        allow_non_restored_state: bool | None = None,
+        ignore_inflight: bool | None = None,
+        force_forward_rescale: bool | None = None,
     ) -> None:
         self.graph = job.build() if isinstance(job, StreamEnvironment) else job
         self.config = config or Config()
         self.failures = failures or FailureInjector()
         self.metrics_path = metrics_path
         self.flush_interval = flush_interval
-        self.restore_checkpoint = restore_checkpoint
-        self.allow_non_restored_state = allow_non_restored_state
-        self.ignore_inflight = ignore_inflight
-        self.force_forward_rescale = force_forward_rescale
+        rec = self.config.recovery
+        self.restore_checkpoint = restore_checkpoint if restore_checkpoint is not None else rec.path
+        self.allow_non_restored_state = (
+            rec.ignore_unclaimed_state
+            if allow_non_restored_state is None
+            else allow_non_restored_state
+        )
+        # True: drop in-flight data of whatever checkpoint is restored (the records are lost).
+        self.ignore_inflight = bool(ignore_inflight)
+        self.force_forward_rescale = (
+            rec.force_forward_rescale if force_forward_rescale is None else force_forward_rescale
+        )
         self.settings = {
             **self.config.restore_critical(),
             "max-parallelism": self.graph.max_parallelism,
@@ -307,20 +329,29 @@ class LocalExecutor:
     def _plan(self, meta: dict[str, Any] | None) -> dict[tuple[str, int], TaskRestore] | None:
         if meta is None:
             return None
+        cid = int(meta["checkpoint_id"])
         return plan_restore(
             meta,
             self.graph,
             allow_non_restored_state=self.allow_non_restored_state,
-            ignore_inflight=self.ignore_inflight,
+            ignore_inflight=self.ignore_inflight
+            or cid == self.config.recovery.without_channel_state_checkpoint,
             force_forward=self.force_forward_rescale,
         )
 
-    def run(self, timeout: float | None = None, *, stop_after: float | None = None) -> JobResult:
+    def run(
+        self,
+        timeout: float | None = None,
+        *,
+        stop_after: float | None = None,
+        stop_when: Callable[[list[dict[str, Any]]], bool] | None = None,
+    ) -> JobResult:
         """Runs the job to its end, restarting it on failures as the strategy allows.
 
         ``timeout``: give up (status ``failed``) after that many seconds.
         ``stop_after``: stop an unbounded job after that many seconds (status
-        ``stopped``; the checkpoints taken until then are kept).
+        ``stopped``; the checkpoints taken until then are kept). ``stop_when``: stop
+        as soon as it returns True for the current attempt's checkpoint summaries.
         """
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
@@ -343,7 +374,7 @@ class LocalExecutor:
             if restored_id is not None:
                 result.restored_from.append(restored_id)
             run = _Attempt(self, attempt, restore, restored_id)
-            error = run.run(deadline, stop_at)
+            error = run.run(deadline, stop_at, stop_when)
             result.attempts = attempt + 1
             result.checkpoints += [c.summary() for c in run.coordinator.history]
             for (uid, i), t in run.tasks.items():

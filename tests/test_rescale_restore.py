@@ -1,0 +1,162 @@
+"""Restoring checkpoints with in-flight data at another parallelism, end to end.
+
+Each case runs a built-in topology at N under backpressure with induced failures,
+stops it part way (as a crash would), restores the latest checkpoint, which must
+hold in-flight data, at M, runs it to the end and compares the committed output
+and the final keyed state with a run that never failed: nothing lost, nothing
+duplicated, order kept per key and source partition, every key in its key group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spillover.config import Config
+from spillover.errors import ConfigError, RescaleError, StorageError
+from spillover.runtime.api import Batch, Operator
+from spillover.runtime.executor import LocalExecutor
+from spillover.runtime.sources import GeneratorSource
+from spillover.verify import VerifySpec, build, verify
+
+PAIRS = [(1, 2), (2, 3), (3, 7), (4, 8), (5, 2), (3, 5), (7, 2)]
+PAIRS += [(b, a) for a, b in PAIRS]
+SLOW_PAIRS = [(20, 21), (21, 20), (12, 7), (7, 12)]
+
+
+def _check(topology: str, old: int, new: int, tmp_path: Path, policy: str = "unaligned") -> None:
+    spec = VerifySpec(
+        topology=topology,
+        policy=policy,
+        parallelism=old,
+        rescale_to=new,
+        records=30_000,
+        failures=2,
+        rate_per_subtask=30_000,
+        seed=old * 100 + new,
+    )
+    report = verify(spec, str(tmp_path))
+    assert report.exact, report.text()
+    assert report.restored_inflight > 0, "the restored checkpoint held no in-flight data"
+    assert report.inflight_replayed > 0
+
+
+@pytest.mark.parametrize(("old", "new"), PAIRS)
+def test_rescale_pipeline(old: int, new: int, tmp_path: Path) -> None:
+    _check("pipeline", old, new, tmp_path)
+
+
+@pytest.mark.parametrize("topology", ["multi-input", "union"])
+@pytest.mark.parametrize(("old", "new"), [(1, 2), (2, 3), (3, 2), (4, 2), (2, 5)])
+def test_rescale_multi_input_and_union(topology: str, old: int, new: int, tmp_path: Path) -> None:
+    _check(topology, old, new, tmp_path)
+
+
+def test_rescale_with_bounded_inflight_data(tmp_path: Path) -> None:
+    _check("pipeline", 3, 2, tmp_path, policy="max-inflight")
+
+
+def test_restore_without_rescaling(tmp_path: Path) -> None:
+    _check("union", 2, 2, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("old", "new"), SLOW_PAIRS)
+def test_rescale_wide(old: int, new: int, tmp_path: Path) -> None:
+    _check("pipeline", old, new, tmp_path)
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def _checkpointed(tmp_path: Path, spec: VerifySpec) -> tuple[Config, int]:
+    cfg = Config.from_dict(
+        {
+            "execution.checkpointing.interval": "50 ms",
+            "state.checkpoints.dir": str(tmp_path / "ckpt"),
+            **spec.checkpoint_options(),
+        }
+    )
+    r = LocalExecutor(build(spec, str(tmp_path / "out"), "job"), cfg).run(stop_after=1.0)
+    done = r.completed_checkpoints()
+    assert done and done[-1]["inflight_bytes"] > 0
+    return cfg, done[-1]["checkpoint_id"]
+
+
+def test_forward_edge_refuses_to_rescale_unless_forced(tmp_path: Path) -> None:
+    from spillover.runtime.graph import StreamEnvironment
+    from spillover.runtime.sinks import ThrottledSink
+
+    def job(p: int) -> StreamEnvironment:
+        env = StreamEnvironment("fwd", parallelism=p, max_parallelism=128)
+        src = env.from_source(GeneratorSource(partitions=4, payload_bytes=16), uid="src")
+        m = src.key_by("key").map(lambda b: b, uid="m")
+        # Two consumers: the forward edge is a network edge, not a chain.
+        m.forward().process(_Pass(), uid="fwd").sink(ThrottledSink(5_000), uid="sink")
+        m.sink(ThrottledSink(5_000), uid="other")
+        return env
+
+    cfg = Config.from_dict(
+        {
+            "execution.checkpointing.interval": "50 ms",
+            "state.checkpoints.dir": str(tmp_path / "ckpt"),
+            "execution.checkpointing.unaligned.enabled": True,
+        }
+    )
+    r = LocalExecutor(job(2), cfg).run(stop_after=1.0)
+    cid = r.completed_checkpoints()[-1]["checkpoint_id"]
+    with pytest.raises(RescaleError) as e:
+        LocalExecutor(job(3), cfg, restore_checkpoint=cid).run(stop_after=2.0)
+    assert "forward-rescale.forced" in str(e.value)
+    forced = cfg.with_options({"execution.checkpointing.unaligned.forward-rescale.forced": True})
+    r = LocalExecutor(job(3), forced, restore_checkpoint=cid).run(stop_after=1.0)
+    assert r.status == "stopped" and r.replayed_bytes > 0
+
+
+def test_missing_inflight_file_refuses_the_whole_restore(tmp_path: Path) -> None:
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
+    cfg, cid = _checkpointed(tmp_path, spec)
+    files = sorted((tmp_path / "ckpt" / "job" / f"chk-{cid}").rglob("*.spill"))
+    assert files
+    files[0].unlink()
+    env = build(spec, str(tmp_path / "out"), "job", 3)
+    with pytest.raises(StorageError) as e:
+        LocalExecutor(env, cfg, restore_checkpoint=cid).run(timeout=60)
+    assert e.value.path is not None and files[0].name in e.value.path
+
+
+def test_escape_hatch_restores_without_inflight_data(tmp_path: Path) -> None:
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=40_000, rate_per_subtask=20_000)
+    cfg, cid = _checkpointed(tmp_path, spec)
+    for f in (tmp_path / "ckpt" / "job" / f"chk-{cid}").rglob("*.spill"):
+        f.unlink()  # in-flight data unreadable
+    hatch = cfg.with_options(
+        {"execution.checkpointing.recover-without-channel-state.checkpoint-id": cid}
+    )
+    result = LocalExecutor(
+        build(spec, str(tmp_path / "out"), "job", 3), hatch, restore_checkpoint=cid
+    ).run(timeout=120)
+    assert result.status == "finished"
+    assert result.replayed_bytes == 0  # dropped, as documented
+
+
+def test_changed_max_parallelism_is_refused(tmp_path: Path) -> None:
+    from spillover.runtime.graph import StreamEnvironment
+    from spillover.runtime.sinks import CollectingSink
+
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
+    cfg, cid = _checkpointed(tmp_path, spec)
+    env = StreamEnvironment("job", parallelism=2, max_parallelism=256)
+    env.from_source(GeneratorSource(partitions=4), uid="source").sink(CollectingSink("x"), uid="s")
+    with pytest.raises(ConfigError, match="max parallelism"):
+        LocalExecutor(env, cfg, restore_checkpoint=cid).run(timeout=60)
+
+
+class _Pass(Operator):
+    """Passes batches on (a stateless operator behind a forward edge)."""
+
+    out_dtype = GeneratorSource.dtype(16)
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        self.ctx.output.emit(batch)
