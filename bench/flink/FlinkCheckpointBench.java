@@ -1,0 +1,490 @@
+// The reference job of `spillover bench`, run on Apache Flink 2.3 (local
+// MiniCluster), to compare checkpoint durations on the same machine and job
+// shape. Compiled and run by bench/flink/run.py; see docs/benchmarks.md.
+//
+//   unthrottled source: (long key of 10,000, 100-byte payload)
+//   -> keyBy(key) -> keyed count (ValueState<Long>, emits (key, count))
+//   -> rebalance() -> sink paced to N records/s per subtask (sleeps)
+//
+// Parallelism 2, exactly-once checkpoints every second, 32 KiB network
+// buffers, filesystem checkpoint storage in a temporary directory. After the
+// warm-up and the measured window, the per-checkpoint statistics are read from
+// the MiniCluster's REST API (bound to 127.0.0.1) and one JSON line is printed,
+// prefixed with "FLINK_BENCH_RESULT ".
+
+import java.io.IOException;
+import java.lang.management.ManagementFactory;
+import java.net.InetAddress;
+import java.net.ServerSocket;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Comparator;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.LongAdder;
+
+import org.apache.flink.api.common.eventtime.WatermarkStrategy;
+import org.apache.flink.api.common.functions.OpenContext;
+import org.apache.flink.api.common.state.ValueState;
+import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.api.common.typeinfo.TypeInformation;
+import org.apache.flink.api.common.typeinfo.Types;
+import org.apache.flink.api.connector.sink2.Sink;
+import org.apache.flink.api.connector.sink2.SinkWriter;
+import org.apache.flink.api.connector.sink2.WriterInitContext;
+import org.apache.flink.api.connector.source.util.ratelimit.RateLimiterStrategy;
+import org.apache.flink.api.java.tuple.Tuple2;
+import org.apache.flink.configuration.Configuration;
+import org.apache.flink.connector.datagen.source.DataGeneratorSource;
+import org.apache.flink.connector.datagen.source.GeneratorFunction;
+import org.apache.flink.core.execution.JobClient;
+import org.apache.flink.runtime.util.EnvironmentInformation;
+import org.apache.flink.shaded.jackson2.com.fasterxml.jackson.databind.JsonNode;
+import org.apache.flink.shaded.jackson2.com.fasterxml.jackson.databind.ObjectMapper;
+import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
+import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
+import org.apache.flink.util.Collector;
+
+public final class FlinkCheckpointBench {
+
+    static final int KEYS = 10_000;
+    static final int PAYLOAD_BYTES = 100;
+    static final String RESULT_PREFIX = "FLINK_BENCH_RESULT ";
+
+    // The MiniCluster runs in this JVM and the job's classes come from the
+    // application class path, so these counters are shared with the tasks.
+    static final LongAdder SOURCE_RECORDS = new LongAdder();
+    static final LongAdder SINK_RECORDS = new LongAdder();
+
+    // ------------------------------------------------------------------ job
+
+    /** Record i: a key among KEYS (spread by a 64-bit mix of i), a fixed payload. */
+    static final class RecordGenerator implements GeneratorFunction<Long, Tuple2<Long, byte[]>> {
+        private static final long serialVersionUID = 1L;
+        private transient byte[] payload;
+
+        @Override
+        public void open(org.apache.flink.api.connector.source.SourceReaderContext ctx) {
+            payload = new byte[PAYLOAD_BYTES];
+            for (int i = 0; i < PAYLOAD_BYTES; i++) {
+                payload[i] = (byte) ('a' + i % 26);
+            }
+        }
+
+        @Override
+        public Tuple2<Long, byte[]> map(Long index) {
+            long z = index * 0x9E3779B97F4A7C15L; // splitmix64 finaliser
+            z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9L;
+            z = (z ^ (z >>> 27)) * 0x94D049BB133111EBL;
+            z = z ^ (z >>> 31);
+            SOURCE_RECORDS.increment();
+            return Tuple2.of(Math.floorMod(z, (long) KEYS), payload);
+        }
+    }
+
+    /** count per key in ValueState<Long>; emits (key, count) for every record. */
+    static final class KeyedCount
+            extends KeyedProcessFunction<Long, Tuple2<Long, byte[]>, Tuple2<Long, Long>> {
+        private static final long serialVersionUID = 1L;
+        private transient ValueState<Long> count;
+
+        @Override
+        public void open(OpenContext ctx) {
+            count = getRuntimeContext().getState(new ValueStateDescriptor<>("count", Types.LONG));
+        }
+
+        @Override
+        public void processElement(Tuple2<Long, byte[]> rec, Context ctx,
+                                   Collector<Tuple2<Long, Long>> out) throws Exception {
+            Long c = count.value();
+            long n = (c == null ? 0L : c) + 1L;
+            count.update(n);
+            out.collect(Tuple2.of(rec.f0, n));
+        }
+    }
+
+    /**
+     * A sink that paces itself to {@code ratePerSubtask} records/s by sleeping
+     * on its task thread. Lost time (e.g. while blocked by an alignment) is
+     * caught up by at most {@code maxBurstMs} worth of records, like a token
+     * bucket, so the sink never runs far above its rate.
+     */
+    static final class PacedSink implements Sink<Tuple2<Long, Long>> {
+        private static final long serialVersionUID = 1L;
+        private final double ratePerSubtask;
+        private final long maxBurstMs;
+
+        PacedSink(double ratePerSubtask, long maxBurstMs) {
+            this.ratePerSubtask = ratePerSubtask;
+            this.maxBurstMs = maxBurstMs;
+        }
+
+        @Override
+        public SinkWriter<Tuple2<Long, Long>> createWriter(WriterInitContext context) {
+            return new PacedWriter(ratePerSubtask, maxBurstMs);
+        }
+    }
+
+    static final class PacedWriter implements SinkWriter<Tuple2<Long, Long>> {
+        private final long nanosPerRecord;
+        private final long maxBurstNanos;
+        private long next = Long.MIN_VALUE; // time the next record is due
+
+        PacedWriter(double rate, long maxBurstMs) {
+            this.nanosPerRecord = Math.max(1L, Math.round(1e9 / rate));
+            this.maxBurstNanos = TimeUnit.MILLISECONDS.toNanos(maxBurstMs);
+        }
+
+        @Override
+        public void write(Tuple2<Long, Long> element, Context context) throws InterruptedException {
+            long now = System.nanoTime();
+            if (next == Long.MIN_VALUE || now - next > maxBurstNanos) {
+                next = now - (next == Long.MIN_VALUE ? 0 : maxBurstNanos);
+            }
+            long ahead = next - now;
+            if (ahead >= 1_000_000L) { // sleep in steps of at least 1 ms
+                Thread.sleep(ahead / 1_000_000L, (int) (ahead % 1_000_000L));
+            }
+            next += nanosPerRecord;
+            SINK_RECORDS.increment();
+        }
+
+        @Override
+        public void flush(boolean endOfInput) {}
+
+        @Override
+        public void close() {}
+    }
+
+    // ------------------------------------------------------------- policies
+
+    static Map<String, String> policyConfig(String policy) {
+        Map<String, String> m = new LinkedHashMap<>();
+        switch (policy) {
+            case "aligned":
+                m.put("execution.checkpointing.unaligned.enabled", "false");
+                break;
+            case "unaligned":
+                m.put("execution.checkpointing.unaligned.enabled", "true");
+                m.put("execution.checkpointing.aligned-checkpoint-timeout", "0 ms");
+                break;
+            case "aligned-timeout":
+                m.put("execution.checkpointing.unaligned.enabled", "true");
+                m.put("execution.checkpointing.aligned-checkpoint-timeout", "100 ms");
+                break;
+            case "debloat":
+                m.put("execution.checkpointing.unaligned.enabled", "false");
+                m.put("taskmanager.network.memory.buffer-debloat.enabled", "true");
+                m.put("taskmanager.network.memory.buffer-debloat.target", "300 ms");
+                break;
+            default:
+                throw new IllegalArgumentException(
+                        "unknown policy " + policy + " (aligned, unaligned, aligned-timeout, debloat)");
+        }
+        return m;
+    }
+
+    // ----------------------------------------------------------------- main
+
+    public static void main(String[] argv) throws Exception {
+        Map<String, String> args = parseArgs(argv);
+        String policy = args.getOrDefault("policy", "aligned");
+        double duration = Double.parseDouble(args.getOrDefault("duration", "30"));
+        double warmup = Double.parseDouble(args.getOrDefault("warmup", "10"));
+        double sinkRate = Double.parseDouble(args.getOrDefault("sink-rate", "5000"));
+        int parallelism = Integer.parseInt(args.getOrDefault("parallelism", "2"));
+        long intervalMs = Long.parseLong(args.getOrDefault("interval-ms", "1000"));
+        Path ckptDir = args.containsKey("checkpoint-dir")
+                ? Path.of(args.get("checkpoint-dir"))
+                : Files.createTempDirectory("flink-ckpt-");
+        Files.createDirectories(ckptDir);
+        String rawOut = args.get("raw-out");
+
+        int restPort = freeLocalPort();
+        Map<String, String> conf = new LinkedHashMap<>();
+        conf.put("execution.checkpointing.interval", intervalMs + " ms");
+        conf.put("execution.checkpointing.mode", "EXACTLY_ONCE");
+        conf.put("execution.checkpointing.max-concurrent-checkpoints", "1");
+        conf.put("execution.checkpointing.min-pause", "0 ms");
+        conf.put("execution.checkpointing.timeout", "10 min");
+        conf.put("execution.checkpointing.storage", "filesystem");
+        conf.put("execution.checkpointing.dir", ckptDir.toUri().toString());
+        conf.put("execution.checkpointing.num-retained", "1");
+        conf.put("state.backend.type", "hashmap");
+        conf.put("taskmanager.memory.segment-size", "32kb");
+        conf.put("rest.bind-address", "127.0.0.1");
+        conf.put("rest.address", "127.0.0.1");
+        conf.put("rest.bind-port", Integer.toString(restPort));
+        conf.put("rest.port", Integer.toString(restPort));
+        conf.put("web.checkpoints.history", "10000");
+        conf.put("web.refresh-interval", "500");
+        conf.putAll(policyConfig(policy));
+
+        StreamExecutionEnvironment env =
+                StreamExecutionEnvironment.createLocalEnvironment(parallelism, Configuration.fromMap(conf));
+
+        TypeInformation<Tuple2<Long, byte[]>> recType =
+                Types.TUPLE(Types.LONG, Types.PRIMITIVE_ARRAY(Types.BYTE));
+        DataGeneratorSource<Tuple2<Long, byte[]>> source = new DataGeneratorSource<>(
+                new RecordGenerator(), Long.MAX_VALUE, RateLimiterStrategy.noOp(), recType);
+
+        env.fromSource(source, WatermarkStrategy.noWatermarks(), "source", recType)
+                .keyBy(t -> t.f0, Types.LONG)
+                .process(new KeyedCount())
+                .returns(Types.TUPLE(Types.LONG, Types.LONG))
+                .name("keyed-count")
+                .rebalance()
+                .sinkTo(new PacedSink(sinkRate, 50))
+                .name("paced-sink");
+
+        log("policy %s: starting (rest port %d, checkpoints in %s)", policy, restPort, ckptDir);
+        JobClient job = env.executeAsync("spillover-reference-" + policy);
+        String jobId = job.getJobID().toHexString();
+        String base = "http://127.0.0.1:" + restPort;
+        HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(5)).build();
+        ObjectMapper json = new ObjectMapper();
+
+        // Wait until every task runs, then warm up.
+        waitRunning(http, json, base, jobId, 120_000);
+        log("policy %s: job %s running; warm-up %.0f s", policy, jobId, warmup);
+        Thread.sleep((long) (warmup * 1000));
+
+        var os = (com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
+        long wallStartMs = System.currentTimeMillis();
+        long t0 = System.nanoTime();
+        long cpu0 = os.getProcessCpuTime();
+        long sink0 = SINK_RECORDS.sum();
+        long src0 = SOURCE_RECORDS.sum();
+        log("policy %s: measuring %.0f s", policy, duration);
+        Thread.sleep((long) (duration * 1000));
+        long t1 = System.nanoTime();
+        long cpu1 = os.getProcessCpuTime();
+        long sink1 = SINK_RECORDS.sum();
+        long src1 = SOURCE_RECORDS.sum();
+        long wallEndMs = System.currentTimeMillis();
+        double elapsed = (t1 - t0) / 1e9;
+
+        // Let a checkpoint in flight at the end of the window complete, then read stats.
+        Thread.sleep(1500);
+        JsonNode overview = getJson(http, json, base + "/jobs/" + jobId + "/checkpoints");
+        JsonNode jobInfo = getJson(http, json, base + "/jobs/" + jobId);
+        String jobState = jobInfo.path("state").asText();
+
+        List<String> vertexIds = new ArrayList<>();
+        Map<String, String> vertexNames = new HashMap<>();
+        for (JsonNode v : jobInfo.path("vertices")) {
+            vertexIds.add(v.path("id").asText());
+            vertexNames.put(v.path("id").asText(), v.path("name").asText());
+        }
+
+        List<Map<String, Object>> ckpts = new ArrayList<>();
+        int completed = 0, failed = 0, inProgress = 0;
+        List<Double> durations = new ArrayList<>();
+        List<Double> persisted = new ArrayList<>();
+        List<Double> processed = new ArrayList<>();
+        List<Double> stateSize = new ArrayList<>();
+        List<Double> startDelays = new ArrayList<>();
+        List<Double> alignments = new ArrayList<>();
+        int unalignedCount = 0;
+        List<JsonNode> history = new ArrayList<>();
+        overview.path("history").forEach(history::add);
+        history.sort(Comparator.comparingLong(h -> h.path("id").asLong()));
+        for (JsonNode h : history) {
+            long trig = h.path("trigger_timestamp").asLong();
+            if (trig < wallStartMs || trig >= wallEndMs) {
+                continue;
+            }
+            String status = h.path("status").asText();
+            if ("COMPLETED".equals(status)) {
+                completed++;
+            } else if ("FAILED".equals(status)) {
+                failed++;
+                continue;
+            } else {
+                inProgress++;
+                continue;
+            }
+            long id = h.path("id").asLong();
+            double d = h.path("end_to_end_duration").asDouble();
+            String type = h.path("checkpoint_type").asText();
+            boolean unaligned = h.path("unaligned").asBoolean(type.contains("UNALIGNED"));
+            if (unaligned) {
+                unalignedCount++;
+            }
+            // Per subtask: the start delay (trigger -> first barrier) and the
+            // alignment duration; the slowest subtask of any vertex counts.
+            double maxDelay = 0, maxAlign = 0;
+            for (String vid : vertexIds) {
+                JsonNode st = getJson(http, json,
+                        base + "/jobs/" + jobId + "/checkpoints/details/" + id + "/subtasks/" + vid);
+                for (JsonNode s : st.path("subtasks")) {
+                    maxDelay = Math.max(maxDelay, s.path("start_delay").asDouble());
+                    maxAlign = Math.max(maxAlign, s.path("alignment").path("duration").asDouble());
+                }
+            }
+            durations.add(d);
+            persisted.add(h.path("persisted_data").asDouble());
+            processed.add(h.path("processed_data").asDouble());
+            stateSize.add(h.path("state_size").asDouble());
+            startDelays.add(maxDelay);
+            alignments.add(maxAlign);
+            Map<String, Object> c = new LinkedHashMap<>();
+            c.put("id", id);
+            c.put("type", type);
+            c.put("duration_ms", d);
+            c.put("persisted_bytes", h.path("persisted_data").asLong());
+            c.put("processed_bytes", h.path("processed_data").asLong());
+            c.put("state_bytes", h.path("state_size").asLong());
+            c.put("max_start_delay_ms", maxDelay);
+            c.put("max_alignment_ms", maxAlign);
+            ckpts.add(c);
+        }
+        if (rawOut != null) {
+            Map<String, Object> raw = new LinkedHashMap<>();
+            raw.put("checkpoints", overview);
+            raw.put("job", jobInfo);
+            Files.writeString(Path.of(rawOut), json.writerWithDefaultPrettyPrinter().writeValueAsString(raw));
+        }
+
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("engine", "flink");
+        r.put("flink_version", EnvironmentInformation.getVersion());
+        r.put("java_version", System.getProperty("java.version"));
+        r.put("policy", policy);
+        r.put("config", conf);
+        r.put("parallelism", parallelism);
+        r.put("keys", KEYS);
+        r.put("payload_bytes", PAYLOAD_BYTES);
+        r.put("sink_rate_per_subtask", sinkRate);
+        r.put("warmup_s", warmup);
+        r.put("duration_s", round(elapsed, 3));
+        r.put("job_state_at_end", jobState);
+        r.put("checkpoints_completed", completed);
+        r.put("checkpoints_failed", failed);
+        r.put("checkpoints_in_progress", inProgress);
+        r.put("checkpoints_unaligned", unalignedCount);
+        r.put("checkpoint_ms_median", pct(durations, 50));
+        r.put("checkpoint_ms_p90", pct(durations, 90));
+        r.put("checkpoint_ms_max", durations.isEmpty() ? null : Collections.max(durations));
+        r.put("checkpoint_ms_min", durations.isEmpty() ? null : Collections.min(durations));
+        r.put("start_delay_ms_median", pct(startDelays, 50));
+        r.put("alignment_ms_median", pct(alignments, 50));
+        r.put("persisted_bytes_median", pct(persisted, 50));
+        r.put("persisted_bytes_max", persisted.isEmpty() ? null : Collections.max(persisted));
+        r.put("processed_bytes_median", pct(processed, 50));
+        r.put("state_bytes_median", pct(stateSize, 50));
+        r.put("sink_records_per_s", round((sink1 - sink0) / elapsed, 1));
+        r.put("sink_records_per_s_per_subtask", round((sink1 - sink0) / elapsed / parallelism, 1));
+        r.put("source_records_per_s", round((src1 - src0) / elapsed, 1));
+        r.put("cpu_cores_used", round((cpu1 - cpu0) / 1e9 / elapsed, 2));
+        r.put("vertices", vertexNames.values());
+        r.put("checkpoints", ckpts);
+        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
+        System.out.flush();
+
+        try {
+            job.cancel().get(60, TimeUnit.SECONDS);
+        } catch (Exception e) {
+            log("cancel: %s", e);
+        }
+        deleteTree(ckptDir);
+        System.exit(0);
+    }
+
+    // -------------------------------------------------------------- helpers
+
+    static Double pct(List<Double> xs, double p) {
+        if (xs.isEmpty()) {
+            return null;
+        }
+        List<Double> s = new ArrayList<>(xs);
+        Collections.sort(s);
+        double pos = (s.size() - 1) * p / 100.0; // linear interpolation between ranks
+        int lo = (int) Math.floor(pos);
+        int hi = (int) Math.ceil(pos);
+        return round(s.get(lo) + (s.get(hi) - s.get(lo)) * (pos - lo), 3);
+    }
+
+    static double round(double x, int digits) {
+        double f = Math.pow(10, digits);
+        return Math.round(x * f) / f;
+    }
+
+    static JsonNode getJson(HttpClient http, ObjectMapper json, String url)
+            throws IOException, InterruptedException {
+        HttpResponse<String> resp = http.send(
+                HttpRequest.newBuilder(URI.create(url)).timeout(Duration.ofSeconds(30)).GET().build(),
+                HttpResponse.BodyHandlers.ofString());
+        if (resp.statusCode() != 200) {
+            throw new IOException("GET " + url + " -> HTTP " + resp.statusCode() + ": " + resp.body());
+        }
+        return json.readTree(resp.body());
+    }
+
+    static void waitRunning(HttpClient http, ObjectMapper json, String base, String jobId, long timeoutMs)
+            throws Exception {
+        long deadline = System.currentTimeMillis() + timeoutMs;
+        String last = "?";
+        while (System.currentTimeMillis() < deadline) {
+            try {
+                JsonNode j = getJson(http, json, base + "/jobs/" + jobId);
+                last = j.path("state").asText();
+                boolean all = j.path("vertices").size() > 0;
+                for (JsonNode v : j.path("vertices")) {
+                    all &= "RUNNING".equals(v.path("status").asText());
+                }
+                if (all && "RUNNING".equals(last)) {
+                    return;
+                }
+                if ("FAILED".equals(last) || "CANCELED".equals(last) || "FINISHED".equals(last)) {
+                    break;
+                }
+            } catch (IOException e) {
+                last = e.toString();
+            }
+            Thread.sleep(200);
+        }
+        throw new IllegalStateException("job " + jobId + " did not reach RUNNING (last: " + last + ")");
+    }
+
+    static int freeLocalPort() throws IOException {
+        try (ServerSocket s = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+            return s.getLocalPort();
+        }
+    }
+
+    static void deleteTree(Path p) {
+        try (var walk = Files.walk(p)) {
+            walk.sorted(Comparator.reverseOrder()).forEach(q -> q.toFile().delete());
+        } catch (IOException ignored) {
+            // best effort
+        }
+    }
+
+    static Map<String, String> parseArgs(String[] argv) {
+        Map<String, String> m = new HashMap<>();
+        for (int i = 0; i < argv.length; i++) {
+            String a = argv[i];
+            if (!a.startsWith("--") || i + 1 >= argv.length) {
+                throw new IllegalArgumentException("usage: --name value ... (bad argument " + a + ")");
+            }
+            m.put(a.substring(2), argv[++i]);
+        }
+        return m;
+    }
+
+    static void log(String fmt, Object... a) {
+        System.err.println("[flink-bench] " + String.format(Locale.ROOT, fmt, a));
+    }
+}
