@@ -319,13 +319,19 @@ class Task:
             for reader in readers.values():
                 reader.finish()
 
-    def _mail(self, block: bool = False, timeout: float | None = None) -> None:
-        """Runs queued mailbox actions."""
+    def _mail(self, block: bool = False, timeout: float | None = None) -> float:
+        """Runs queued mailbox actions; returns the seconds spent waiting for one."""
+        waited = 0.0
         while True:
             try:
-                action = self.mailbox.get(block, timeout) if block else self.mailbox.get_nowait()
+                if block:
+                    t = time.monotonic()
+                    action = self.mailbox.get(True, timeout)
+                    waited = time.monotonic() - t
+                else:
+                    action = self.mailbox.get_nowait()
             except queue.Empty:
-                return
+                return waited + (timeout or 0.0) if block else waited
             block = False
             kind = action[0]
             if kind == "cancel":
@@ -362,11 +368,12 @@ class Task:
         from spillover.runtime import events as ev
 
         while not self._drain():
-            t = time.monotonic()
             if self.inflight is not None:
                 self.inflight.writer.reap()
             if self.gate is not None:
+                t = time.monotonic()
                 item = self.gate.poll(0.0005, priority_only=True)
+                self.output_wait_seconds += time.monotonic() - t
                 if item is not None:
                     ch, buf = item
                     try:
@@ -375,8 +382,7 @@ class Task:
                         buf.release()
                 self._mail()
             else:
-                self._mail(block=True, timeout=0.0005)
-            self.output_wait_seconds += time.monotonic() - t
+                self.output_wait_seconds += self._mail(block=True, timeout=0.0005)
 
     def _drain_blocking(self) -> None:
         for box in self.outboxes:
@@ -398,9 +404,9 @@ class Task:
                 raise TaskCancelled(self.name)
             if not exhausted:
                 if not self._drain():
-                    t = time.monotonic()
-                    self._mail(block=True, timeout=0.0005)  # backpressured: wait, stay responsive
-                    self.output_wait_seconds += time.monotonic() - t
+                    # Backpressured: wait a little, staying responsive to the mailbox;
+                    # only the waiting counts (actions run meanwhile have their own).
+                    self.output_wait_seconds += self._mail(block=True, timeout=0.0005)
                     continue
                 t = time.monotonic()
                 more = src.on_timer()
