@@ -37,8 +37,11 @@ class CompletedCheckpoint:
 class CheckpointStorage:
     """Checkpoint directories of one job on local disk or any pyarrow filesystem."""
 
-    def __init__(self, base: str, job_name: str) -> None:
+    def __init__(self, base: str, job_name: str, *, fsync: bool = False) -> None:
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)
+        # The metadata is written to a temporary name and renamed, so a reader never
+        # sees half of it; fsync also makes it survive a machine crash (slower).
+        self.fsync = fsync
         self.local = "://" not in base or base.startswith("file://")
         root = base[len("file://") :] if base.startswith("file://") else base
         self.root = f"{root.rstrip('/')}/{safe}"
@@ -80,8 +83,9 @@ class CheckpointStorage:
                 tmp = target + ".inprogress"
                 with open(tmp, "wb") as f:
                     f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
+                    if self.fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
                 os.replace(tmp, target)
             else:
                 self._fs.create_dir(self._path(checkpoint_id), recursive=True)
