@@ -6,34 +6,59 @@ the batching and timing: keys are made per source partition, so each key's
 records arrive in sequence order on one channel, and every record comes out
 with its key's total after it. The committed Parquet output and the final keyed
 state of a run with failures must equal those of a run without.
+
+The rescaling topologies (``RESCALE_TOPOLOGIES``) add edges that do not keep that
+order (rebalance, broadcast); each is checked on what it promises
+(``check_promises``): the exact multiset of records always, running totals only
+where order is kept, else the final keyed count and sum per key, and for a
+broadcast input one copy of every broadcast record per subtask.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from spillover.config import Config
-from spillover.keygroups import KeyGroupRange
-from spillover.runtime.api import Batch, Operator, OperatorContext, StateDescriptor
+from spillover.errors import ConfigError
+from spillover.keygroups import KeyGroupRange, key_groups
+from spillover.runtime.api import (
+    Batch,
+    KeyedState,
+    Operator,
+    OperatorContext,
+    StateDescriptor,
+)
 from spillover.runtime.executor import JobResult, LocalExecutor
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import DataStream, StreamEnvironment
-from spillover.runtime.operators import CoMap
+from spillover.runtime.operators import CoMap, TwoInputOperator
 from spillover.runtime.sinks import ParquetSink, ThrottledSink
 from spillover.runtime.sources import GeneratorSource
 
 OUT_DTYPE = np.dtype([("partition", "<i4"), ("seq", "<i8"), ("key", "<i8"), ("total", "<i8")])
+# The keyed subtask that emitted a record, so the check can place its key.
+STAMP_FIELDS = [("subtask", "<i4"), ("parallelism", "<i4")]
 KEYS_PER_PARTITION = 97
-TOPOLOGIES = ("pipeline", "multi-input", "union")
+RESCALE_TOPOLOGIES = (
+    "rebalance-chain",
+    "keyed-parallelisms",
+    "broadcast",
+    "stateless-between-keyed",
+)
+TOPOLOGIES = ("pipeline", "multi-input", "union", *RESCALE_TOPOLOGIES)
 POLICIES = ("aligned", "unaligned", "timeout", "max-inflight")
 
 
@@ -42,9 +67,10 @@ class RunningTotal(Operator):
 
     Vectorised: the batch is sorted by key (stable, so each key's records keep
     their order), totals are group-wise cumulative sums plus the stored total.
+    Each record also carries the subtask that emitted it (``STAMP_FIELDS``).
     """
 
-    out_dtype = OUT_DTYPE
+    out_dtype = np.dtype(OUT_DTYPE.descr + STAMP_FIELDS)
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -65,12 +91,45 @@ class RunningTotal(Operator):
         base = np.where(has, prev, 0).astype(np.int64)
         totals = csum - before_group + np.repeat(base, counts)
         self.totals.put(uniq, np.add.reduceat(v, starts))
-        out = np.empty(len(batch), OUT_DTYPE)
+        out = np.empty(len(batch), self.out_dtype)
         out["partition"] = batch["partition"]
         out["seq"] = batch["seq"]
         out["key"] = keys
         out["total"][order] = totals
+        out["subtask"] = self.ctx.subtask_index
+        out["parallelism"] = self.ctx.parallelism
         self.ctx.output.emit(out)
+
+
+class SubtaskStamp(Operator):
+    """Passes records on with ``subtask`` and ``parallelism`` set to its own subtask's.
+
+    Chain it right after a keyed operator (:func:`stamp_subtask`) and the
+    verification checks that every committed key lies in that subtask's key groups.
+    """
+
+    def __init__(self, in_dtype: Any) -> None:
+        dt = np.dtype(in_dtype)
+        names = dt.names or ()
+        extra = [(n, t) for n, t in STAMP_FIELDS if n not in names]
+        self.out_dtype = np.dtype(dt.descr + extra) if extra else dt
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        if batch.dtype == self.out_dtype:
+            out = batch.copy()
+        else:
+            out = np.empty(len(batch), self.out_dtype)
+            for name in batch.dtype.names or ():
+                out[name] = batch[name]
+        out["subtask"] = self.ctx.subtask_index
+        out["parallelism"] = self.ctx.parallelism
+        self.ctx.output.emit(out)
+
+
+def stamp_subtask(stream: DataStream, uid: str = "subtask-stamp") -> DataStream:
+    """``stream`` with ``subtask`` and ``parallelism`` fields of the subtask that emitted
+    each record; call it on the output of the keyed operator, before any rebalance."""
+    return stream.process(SubtaskStamp(stream.dtype), uid=uid)
 
 
 def _same(batch: Batch) -> Batch:
@@ -87,6 +146,64 @@ def _per_partition_keys(offset: int) -> Callable[[Batch], Batch]:
         return out
 
     return fn
+
+
+class JobFactory(Protocol):
+    """Builds the user's job to verify: ``make_job(out_dir, name, parallelism)``.
+
+    Called once per run (without failures, with failures, and again at
+    ``rescale_to`` when rescaling) with a fresh ``out_dir``; the environment must
+    be named ``name``, run at ``parallelism``, and build the same graph (uids,
+    max parallelism, source partitions) whatever the parallelism. Its source(s)
+    must be bounded and replayable (a ``GeneratorSource`` or any source with the
+    same guarantees), and it ends in ``ParquetSink(out_dir)`` (possibly inside a
+    ``ThrottledSink``), whose committed output has these columns:
+
+    - ``partition``, ``seq`` (ints): identify the source record the row comes
+      from; the multiset of ``(partition, seq)`` must equal the failure-free run's;
+    - ``key`` (int64, optional): the key the job keys by; order is checked per
+      ``(partition, key)`` instead of per ``partition``;
+    - ``total`` (optional): compared row by row with the failure-free run;
+    - ``subtask`` and ``parallelism`` (optional, together, see
+      :func:`stamp_subtask`): the keyed subtask that emitted the row; its key must
+      lie in that subtask's key groups;
+    - the ``VerifySpec.order_by`` column when one is named.
+    """
+
+    def __call__(self, out_dir: str, name: str, parallelism: int) -> StreamEnvironment: ...
+
+
+def load_job(ref: str) -> JobFactory:
+    """The factory named ``module:attr`` (``attr`` may be dotted) or ``path/to/file.py:attr``."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"bad job reference {ref!r}", hint="write module:function or path/to/file.py:function"
+        )
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(module_name)
+        name = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+        file_spec = importlib.util.spec_from_file_location(name, path)
+        if file_spec is None or file_spec.loader is None or not os.path.isfile(path):
+            raise ConfigError(f"no Python file {path} for job {ref!r}")
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[name] = module  # dataclasses and pickling look modules up by name
+        file_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ConfigError(f"cannot import the module of job {ref!r}", detail=str(e)) from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{module_name} has no {attr!r} for job {ref!r}") from None
+    if not callable(obj):
+        raise ConfigError(f"job {ref!r} is not callable")
+    factory: JobFactory = obj
+    return factory
 
 
 @dataclass
@@ -106,6 +223,49 @@ class VerifySpec:
     # Restore at this parallelism: the run with failures stops part way, after a
     # checkpoint holding in-flight data, and is restored at ``rescale_to``.
     rescale_to: int | None = None
+    # The user's job (a factory or "module:function"); None: the built-in ``topology``.
+    # Of the fields above, a user's job uses parallelism, rescale_to, policy and its
+    # settings, failures, seed, interval_ms, and records (per source) to place failures.
+    job: JobFactory | str | None = None
+    # "per-key": per (partition, key), or per partition without a key column, the
+    # committed seqs increase; None: order is not checked.
+    order: str | None = "per-key"
+    # The column that orders a key's records; None: commit order (then the job must
+    # bring each key's records to the sink without a rebalance). Built-ins: "total".
+    order_by: str | None = None
+    # The uid of a keyed operator whose final state must equal the failure-free run's,
+    # and optionally the one state of it to compare (default: every state it holds).
+    # Built-ins: "running-total" and "total".
+    state_uid: str | None = None
+    state: str | None = None
+
+    def describe(self) -> str:
+        """``topology <name>`` or ``job <module:function>``."""
+        if self.job is None:
+            return f"topology {self.topology}"
+        if isinstance(self.job, str):
+            return f"job {self.job}"
+        fn = self.job
+        qual = getattr(fn, "__qualname__", type(fn).__qualname__)
+        return f"job {getattr(fn, '__module__', '?')}:{qual}"
+
+    def factory(self) -> JobFactory:
+        """The job to run: the user's, or the built-in topology."""
+        if self.job is None:
+            return lambda out_dir, name, parallelism: build(self, out_dir, name, parallelism)
+        if isinstance(self.job, str):
+            return load_job(self.job)
+        return self.job
+
+    def checks(self) -> tuple[str | None, str | None, str | None]:
+        """``(order_by, state_uid, state)`` in effect: the built-ins fill in their own."""
+        if self.job is None:
+            return (
+                self.order_by or "total",
+                self.state_uid or "running-total",
+                self.state or ("total" if self.state_uid is None else None),
+            )
+        return self.order_by, self.state_uid, self.state
 
     def checkpoint_options(self) -> dict[str, Any]:
         """The config keys of the policy."""
@@ -133,6 +293,9 @@ def build(
     """One of the built-in topologies, writing committed output to ``out_dir``."""
     p = parallelism or spec.parallelism
     env = StreamEnvironment(name, parallelism=p, max_parallelism=128)
+    if spec.topology in RESCALE_TOPOLOGIES:
+        build_rescale_topology(spec, env, out_dir, p)
+        return env
 
     def source(uid: str, seed: int) -> DataStream:
         partitions = 2 * spec.parallelism  # fixed across rescaling: partitions move
@@ -180,26 +343,79 @@ def build(
 @dataclass
 class RunOutput:
     result: JobResult
-    rows: np.ndarray[Any, Any]
-    state: dict[int, int]
+    rows: np.ndarray[Any, Any]  # committed rows, in commit order
+    state: dict[Any, Any]
     fired: list[str] = field(default_factory=list)
     restored_inflight: int = 0  # in-flight bytes of the checkpoint a rescale restored
+    out_dir: str | None = None  # where the run committed its output
+    max_parallelism: int = 0
 
 
-def _read_output(out_dir: str) -> np.ndarray[Any, Any]:
+ID_COLUMNS = ("partition", "seq")
+OPTIONAL_COLUMNS = ("key", "total", "subtask", "parallelism")
+# ParquetSink's names: part-<subtask>-a<attempt>-c<last checkpoint>-<counter>.parquet
+_PART = re.compile(r"part-(\d+)-a(\d+)-c(\d+)-(\d+)\.parquet$")
+
+
+def _commit_order(name: str) -> tuple[int, int, int, str]:
+    """Sorts committed files as they were committed: a subtask writes one file per
+    checkpoint interval, named after the checkpoint before it, and a key moves to
+    another subtask only at a restore, whose files continue from that checkpoint."""
+    m = _PART.match(name)
+    if m is None:
+        return (sys.maxsize, 0, 0, name)
+    subtask, _, checkpoint, counter = map(int, m.groups())
+    return (checkpoint, counter, subtask, name)
+
+
+def read_output(out_dir: str, extra: tuple[str, ...] = ()) -> np.ndarray[Any, Any]:
+    """The committed rows under ``out_dir`` in commit order: ``partition``, ``seq``, the
+    optional contract columns present, and ``extra`` columns (see :class:`JobFactory`)."""
     import pyarrow.parquet as pq
 
     files = [f for f in os.listdir(out_dir) if f.endswith(".parquet") and not f.startswith("_")]
-    rows = np.empty(0, OUT_DTYPE)
-    if files:
-        t = pq.read_table([os.path.join(out_dir, f) for f in sorted(files)])
-        rows = np.empty(t.num_rows, OUT_DTYPE)
-        for name in OUT_DTYPE.names or ():
-            rows[name] = t.column(name).to_numpy()
+    if not files:
+        return np.empty(0, [(n, "<i8") for n in ID_COLUMNS])
+    files.sort(key=_commit_order)
+    t = pq.read_table([os.path.join(out_dir, f) for f in files])
+    names = set(t.column_names)
+    missing = [n for n in (*ID_COLUMNS, *extra) if n not in names]
+    if missing:
+        raise ConfigError(
+            f"the committed output under {out_dir} has no column {', '.join(missing)}",
+            detail=f"its columns: {', '.join(t.column_names)}",
+            hint="see the output contract of spillover.verify.JobFactory",
+        )
+    if ("subtask" in names) != ("parallelism" in names):
+        raise ConfigError(
+            f"the committed output under {out_dir} has one of subtask and parallelism",
+            hint="add both (stamp_subtask) or neither",
+        )
+    wanted = list(dict.fromkeys(n for n in (*ID_COLUMNS, *OPTIONAL_COLUMNS, *extra) if n in names))
+    cols = {n: t.column(n).to_numpy() for n in wanted}
+    ints = (*ID_COLUMNS, "key", "subtask", "parallelism")
+    rows = np.empty(t.num_rows, [(n, "<i8" if n in ints else cols[n].dtype) for n in wanted])
+    for n in wanted:
+        rows[n] = cols[n]
     return rows
 
 
-def _final_state(result: JobResult, max_parallelism: int) -> dict[int, int]:
+def _read_output(out_dir: str) -> np.ndarray[Any, Any]:
+    return read_output(out_dir)
+
+
+def final_state(
+    result: JobResult,
+    max_parallelism: int,
+    uid: str,
+    name: str | None = None,
+    *,
+    required: bool = True,
+) -> dict[Any, Any]:
+    """The keyed state of operator ``uid`` at the run's last checkpoint: ``{key: value}``
+    of state ``name``, or ``{(state, key): value}`` of every state when ``name`` is None
+    (a list state's value is the tuple of its entries). An operator or state that is
+    not there raises :class:`ConfigError` when ``required``, else gives ``{}``."""
     from spillover.runtime.checkpoints import CheckpointStorage
     from spillover.runtime.state import HeapKeyedStateBackend
 
@@ -209,15 +425,54 @@ def _final_state(result: JobResult, max_parallelism: int) -> dict[int, int]:
     latest = CheckpointStorage(base, job).latest()
     if latest is None:
         return {}
-    handles = [
-        h
-        for entry in latest.metadata["tasks"].get("running-total", {}).get("subtasks", {}).values()
-        for h in entry.get("keyed", {}).values()
+    keyed = [
+        entry.get("keyed") or {}
+        for task in latest.metadata["tasks"].values()
+        for entry in task.get("subtasks", {}).values()
     ]
+    handles = [k[uid] for k in keyed if k.get(uid) is not None]
+    kinds = {e["name"]: (e["kind"], np.dtype(e["dtype"])) for h in handles for e in h["states"]}
+    if (name is not None and name not in kinds) or not handles:
+        if not required:
+            return {}
+        operators = ", ".join(sorted({u for k in keyed for u in k})) or "none"
+        raise ConfigError(
+            f"no keyed state {name or ''!s} of operator {uid!r} in the last checkpoint",
+            detail=f"its states: {', '.join(sorted(kinds))}"
+            if handles
+            else f"keyed operators: {operators}",
+        )
     backend = HeapKeyedStateBackend(max_parallelism, KeyGroupRange(0, max_parallelism - 1))
     backend.restore(handles)
-    keys, values = backend.state(StateDescriptor("total", "sum", np.int64)).items()
-    return dict(zip(keys.tolist(), values.tolist(), strict=True))
+    out: dict[Any, Any] = {}
+    for state_name in [name] if name is not None else sorted(kinds):
+        kind, dtype = kinds[state_name]
+        keys, values = backend.state(StateDescriptor(state_name, kind, dtype)).items()
+        order = np.argsort(keys, kind="stable")
+        grouped: dict[int, list[Any]] = {}
+        for key, value in zip(keys[order].tolist(), values[order].tolist(), strict=True):
+            grouped.setdefault(key, []).append(value)
+        for key, vs in grouped.items():
+            out[key if name is not None else (state_name, key)] = (
+                tuple(vs) if kind == "list" else vs[0]
+            )
+    return out
+
+
+def _final_state(result: JobResult, max_parallelism: int) -> dict[Any, Any]:
+    return final_state(result, max_parallelism, "running-total", "total", required=False)
+
+
+def _state_of(spec: VerifySpec, result: JobResult, max_parallelism: int) -> dict[Any, Any]:
+    _, uid, name = spec.checks()
+    if uid is None:
+        return {}
+    return final_state(result, max_parallelism, uid, name, required=spec.job is not None)
+
+
+def _read(spec: VerifySpec, out_dir: str) -> np.ndarray[Any, Any]:
+    order_by = spec.checks()[0]
+    return read_output(out_dir, (order_by,) if order_by and spec.order else ())
 
 
 def _config(spec: VerifySpec, ckpt: str) -> Config:
@@ -237,13 +492,15 @@ def run_once(spec: VerifySpec, workdir: str, name: str, failures: FailureInjecto
     out_dir = os.path.join(workdir, name, "output")
     ckpt = os.path.join(workdir, name, "checkpoints")
     os.makedirs(out_dir, exist_ok=True)
-    graph = build(spec, out_dir, name).build()
+    graph = spec.factory()(out_dir, name, spec.parallelism).build()
     result = LocalExecutor(graph, _config(spec, ckpt), failures=failures).run(timeout=600)
     return RunOutput(
         result,
-        _read_output(out_dir),
-        _final_state(result, graph.max_parallelism),
+        _read(spec, out_dir),
+        _state_of(spec, result, graph.max_parallelism),
         [s.describe() for s in failures.fired],
+        out_dir=out_dir,
+        max_parallelism=graph.max_parallelism,
     )
 
 
@@ -256,23 +513,30 @@ def run_rescaled(
 
     def ready(history: list[dict[str, Any]]) -> bool:
         done = [c for c in history if c["status"] == "completed" and not c["final"]]
-        return failures.pending == 0 and bool(done) and done[-1]["inflight_bytes"] > 0
+        inflight = spec.policy == "aligned" or (bool(done) and done[-1]["inflight_bytes"] > 0)
+        return failures.pending == 0 and bool(done) and inflight
 
     assert spec.rescale_to is not None
     out_dir = os.path.join(workdir, name, "output")
     ckpt = os.path.join(workdir, name, "checkpoints")
     os.makedirs(out_dir, exist_ok=True)
     cfg = _config(spec, ckpt)
-    first = LocalExecutor(build(spec, out_dir, name).build(), cfg, failures=failures)
+    make_job = spec.factory()
+    first = LocalExecutor(make_job(out_dir, name, spec.parallelism).build(), cfg, failures=failures)
     r1 = first.run(timeout=600, stop_after=stop_after, stop_when=ready)
     completed = r1.completed_checkpoints()
     if r1.status == "finished":
-        raise RuntimeError("the run ended before it was stopped: give it more records")
+        raise RuntimeError(
+            "the run ended before it was stopped: give it more records (or a slower sink), "
+            "so that every induced failure happens and then a checkpoint completes"
+            + (" with in-flight data" if spec.policy != "aligned" else "")
+            + " while it runs"
+        )
     if not completed:
         raise RuntimeError("no checkpoint completed before the stop: lengthen the run")
     # Only the latest completed checkpoint keeps exactly-once: sinks published up to it.
     restored = completed[-1]
-    graph = build(spec, out_dir, name, spec.rescale_to).build()
+    graph = make_job(out_dir, name, spec.rescale_to).build()
     second = LocalExecutor(graph, cfg, restore_checkpoint=restored["checkpoint_id"])
     r2 = second.run(timeout=600)
     r2.attempts += r1.attempts
@@ -284,9 +548,11 @@ def run_rescaled(
         r2.status = r1.status
     out = RunOutput(
         r2,
-        _read_output(out_dir),
-        _final_state(r2, graph.max_parallelism),
+        _read(spec, out_dir),
+        _state_of(spec, r2, graph.max_parallelism),
         [s.describe() for s in failures.fired],
+        out_dir=out_dir,
+        max_parallelism=graph.max_parallelism,
     )
     out.restored_inflight = int(restored["inflight_bytes"])
     return out
@@ -312,6 +578,34 @@ class Report:
     checkpoints_completed: int
     duration_s: float
     status: str
+    # (node uid.state, key, expected, found) of order-free topologies (check_promises)
+    keyed_state_mismatch: list[tuple[str, int, int | None, int | None]] = field(
+        default_factory=list
+    )
+    # (new subtask, partition, seq, times) of broadcast records not seen exactly once
+    broadcast_wrong: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # (partition, seq) committed with failures but never without
+    unexpected: list[tuple[int, int]] = field(default_factory=list)
+    # (partition, seq, key, key group, subtask, parallelism): a key outside the key
+    # groups of the subtask that emitted it
+    misplaced: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)  # what an exact verdict proves
+    errors: list[str] = field(default_factory=list)  # why a run did not finish
+
+    def shortfalls(self) -> list[str]:
+        """Why the run proved less than its spec asked for, even when exact."""
+        out = []
+        if len(self.failures_fired) < self.spec.failures:
+            out.append(
+                f"only {len(self.failures_fired)} of {self.spec.failures} induced failures "
+                "happened: give the job more records (or fewer failures)"
+            )
+        if self.spec.rescale_to and self.spec.policy != "aligned" and not self.restored_inflight:
+            out.append(
+                "the restored checkpoint held no in-flight data: slow the sink down "
+                "(e.g. a ThrottledSink) so that records queue up under backpressure"
+            )
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -321,7 +615,7 @@ class Report:
     def text(self) -> str:
         rescale = f" -> {self.spec.rescale_to}" if self.spec.rescale_to else ""
         lines = [
-            f"topology {self.spec.topology}, parallelism {self.spec.parallelism}{rescale}, "
+            f"{self.spec.describe()}, parallelism {self.spec.parallelism}{rescale}, "
             f"policy {self.spec.policy}: {self.records} records, {self.attempts} attempts, "
             f"{self.checkpoints_completed} checkpoints completed, {self.duration_s:.1f} s",
             f"failures induced ({len(self.failures_fired)}): "
@@ -334,16 +628,30 @@ class Report:
                 f"rescaled from the latest checkpoint, which held {self.restored_inflight} "
                 "bytes of in-flight data"
             )
+        lines += [f"WARNING: {s}" for s in self.shortfalls()]
         if self.exact:
-            lines.append("EXACT: no record lost, duplicated or reordered; final state equal")
+            proved = "; ".join(self.checks) or "no record lost, duplicated or reordered"
+            lines.append(f"EXACT: {proved}")
             return "\n".join(lines)
         lines.append(f"NOT EXACT (job {self.status})")
+        lines += [f"  {e}" for e in self.errors]
         for title, items in (
             ("lost (partition, seq)", self.lost),
             ("duplicated (partition, seq, times)", self.duplicated),
+            ("not in the failure-free output (partition, seq)", self.unexpected),
             ("reordered (partition, seq)", self.reordered),
             ("wrong running total (partition, seq, total)", self.wrong_totals),
+            (
+                "outside the key groups of their subtask "
+                "(partition, seq, key, key group, subtask, parallelism)",
+                self.misplaced,
+            ),
             ("final state differs (key, expected, found)", self.state_mismatch),
+            ("keyed state differs (state, key, expected, found)", self.keyed_state_mismatch),
+            (
+                "broadcast records not seen once (subtask, partition, seq, times)",
+                self.broadcast_wrong,
+            ),
         ):
             if items:
                 shown = ", ".join(map(str, items[:20]))
@@ -356,56 +664,117 @@ def _unpack(i: Any) -> tuple[int, int]:
     return int(i >> 40), int(i & ((1 << 40) - 1))
 
 
+def _ids(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.int64]]:
+    return np.asarray(rows["partition"].astype(np.int64) << 40 | rows["seq"].astype(np.int64))
+
+
+def _count_diff(
+    e_ids: np.ndarray[Any, Any], a_ids: np.ndarray[Any, Any]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """Lost, duplicated (with the times seen) and unexpected records: the difference of
+    the two multisets of ``(partition, seq)``."""
+    ids = np.union1d(e_ids, a_ids)
+    e_u, e_c = np.unique(e_ids, return_counts=True)
+    a_u, a_c = np.unique(a_ids, return_counts=True)
+    ce = np.zeros(len(ids), np.int64)
+    ca = np.zeros(len(ids), np.int64)
+    ce[np.searchsorted(ids, e_u)] = e_c
+    ca[np.searchsorted(ids, a_u)] = a_c
+    lost = [_unpack(i) for i in ids[ca < ce][:1000]]
+    dup = (ca > ce) & (ce > 0)
+    duplicated = [
+        (*_unpack(i), int(c)) for i, c in zip(ids[dup][:1000], ca[dup][:1000], strict=True)
+    ]
+    unexpected = [_unpack(i) for i in ids[(ce == 0) & (ca > 0)][:1000]]
+    return lost, duplicated, unexpected
+
+
+def _pairs(ids: np.ndarray[Any, Any], values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``(id, value)`` rows as opaque bytes, to test membership of whole pairs."""
+    pairs = np.empty(len(ids), [("id", "<i8"), ("value", values.dtype)])
+    pairs["id"], pairs["value"] = ids, values
+    return pairs.view(f"V{pairs.dtype.itemsize}")
+
+
+def _reordered(rows: np.ndarray[Any, Any], order_by: str | None) -> list[tuple[int, int]]:
+    """Records committed after a later record of their ``(partition, key)`` (or partition),
+    in ``order_by`` order, or in commit order."""
+    if not len(rows):
+        return []
+    names = rows.dtype.names or ()
+    ordinal = rows[order_by] if order_by else np.arange(len(rows))
+    key = rows["key"] if "key" in names else np.zeros(len(rows), np.int64)
+    order = np.lexsort((ordinal, key, rows["partition"]))
+    p, k, s = rows["partition"][order], key[order], rows["seq"][order]
+    same = (p[1:] == p[:-1]) & (k[1:] == k[:-1])
+    back = np.flatnonzero(same & (s[1:] < s[:-1]))
+    return [(int(p[i + 1]), int(s[i + 1])) for i in back[:1000]]
+
+
+def _misplaced(
+    rows: np.ndarray[Any, Any], max_parallelism: int
+) -> list[tuple[int, int, int, int, int, int]]:
+    """``(partition, seq, key, key group, subtask, parallelism)`` of every row whose key
+    is not in the key groups of the subtask that emitted it."""
+    names = rows.dtype.names or ()
+    if not len(rows) or max_parallelism < 1 or "subtask" not in names or "key" not in names:
+        return []
+    kg = key_groups(np.ascontiguousarray(rows["key"], dtype=np.int64), max_parallelism)
+    owner = kg.astype(np.int64) * rows["parallelism"] // max_parallelism
+    bad = np.flatnonzero(owner != rows["subtask"])[:1000]
+    cols = ("partition", "seq", "key", "subtask", "parallelism")
+    found = [tuple(int(r[c]) for c in cols) for r in rows[bad]]
+    return [(p, s, k, int(g), t, n) for (p, s, k, t, n), g in zip(found, kg[bad], strict=True)]
+
+
 def compare(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
     """Every difference between a failure-free run and a run with failures."""
     e, a = expected.rows, actual.rows
-    e_ids = e["partition"].astype(np.int64) << 40 | e["seq"]
-    a_ids = a["partition"].astype(np.int64) << 40 | a["seq"]
-    uniq, counts = np.unique(a_ids, return_counts=True)
-    lost_ids = np.setdiff1d(e_ids, a_ids)
-    dup = uniq[counts > 1]
-    lost = [_unpack(i) for i in lost_ids[:1000]]
-    duplicated = [
-        (*_unpack(i), int(c)) for i, c in zip(dup[:1000], counts[counts > 1][:1000], strict=True)
-    ]
-    # Running totals must equal the failure-free ones record by record.
-    e_sorted = e[np.argsort(e_ids, kind="stable")]
-    _, first = np.unique(a_ids, return_index=True)
-    a_first = a[first]
-    common = np.isin(a_first["partition"].astype(np.int64) << 40 | a_first["seq"], e_ids)
-    a_common = a_first[common]
-    idx = np.searchsorted(
-        e_sorted["partition"].astype(np.int64) << 40 | e_sorted["seq"],
-        a_common["partition"].astype(np.int64) << 40 | a_common["seq"],
-    )
-    bad = a_common["total"] != e_sorted["total"][idx]
-    wrong = [(int(r["partition"]), int(r["seq"]), int(r["total"])) for r in a_common[bad][:1000]]
-    # Order per key: within each committed file's order, totals per key grow.
+    e_names, a_names = e.dtype.names or (), a.dtype.names or ()
+    e_ids, a_ids = _ids(e), _ids(a)
+    lost, duplicated, unexpected = _count_diff(e_ids, a_ids)
+    checks = ["every record committed as often as without failures"]
+    wrong: list[tuple[int, int, int]] = []
+    if "total" in e_names and "total" in a_names:
+        # Totals must equal the failure-free ones record by record.
+        known = np.isin(a_ids, e_ids)
+        totals = a["total"].astype(e["total"].dtype)
+        ok = np.isin(_pairs(a_ids, totals), _pairs(e_ids, e["total"]))
+        wrong = [
+            (int(r["partition"]), int(r["seq"]), r["total"].item()) for r in a[known & ~ok][:1000]
+        ]
+        checks.append("per-record totals equal")
+    order_by, state_uid, _ = spec.checks()
     reordered: list[tuple[int, int]] = []
-    if len(a):
-        order = np.lexsort((a["total"], a["key"]))
-        k, s = a["key"][order], a["seq"][order]
-        same = k[1:] == k[:-1]
-        back = np.flatnonzero(same & (s[1:] < s[:-1]))
-        reordered = [(int(a["partition"][order][i + 1]), int(s[i + 1])) for i in back[:1000]]
-    keys = sorted(set(expected.state) | set(actual.state))
+    if spec.order == "per-key":
+        reordered = _reordered(a, order_by)
+        per = "(partition, key)" if "key" in a_names else "partition"
+        checks.append(f"order per {per} kept" + (f" (by {order_by})" if order_by else ""))
+    misplaced = _misplaced(a, actual.max_parallelism)
+    if "subtask" in a_names and "key" in a_names:
+        checks.append("every key in its subtask's key groups")
+    keys = sorted(set(expected.state) | set(actual.state), key=repr)
     mismatch = [
         (k, expected.state.get(k), actual.state.get(k))
         for k in keys
         if expected.state.get(k) != actual.state.get(k)
     ]
+    if expected.state:
+        checks.append(f"final keyed state of {state_uid} equal")
     r = actual.result
     exact = (
         r.status == "finished"
         and expected.result.status == "finished"
         and not lost
         and not duplicated
+        and not unexpected
         and not reordered
         and not wrong
+        and not misplaced
         and not mismatch
         and len(a) == len(e)
     )
-    return Report(
+    report = Report(
         spec,
         exact,
         len(a),
@@ -422,16 +791,32 @@ def compare(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
         len(r.completed_checkpoints()),
         r.duration_s,
         r.status,
+        unexpected=unexpected,
+        misplaced=misplaced,
+        checks=checks,
+        errors=[
+            f"the run {label} {run.result.status}: {run.result.failures[-1]}"
+            for label, run in (("without failures", expected), ("with failures", actual))
+            if run.result.status != "finished" and run.result.failures
+        ],
     )
+    return check_promises(spec, expected, actual, report)
 
 
 def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
-    """Runs the topology without and with ``spec.failures`` induced failures."""
+    """Runs the job without and with ``spec.failures`` induced failures."""
+    if spec.order not in ("per-key", None):
+        raise ConfigError(f"order must be 'per-key' or None, got {spec.order!r}")
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-verify-")
     try:
         baseline = run_once(spec, workdir, "baseline", FailureInjector())
-        graph = build(spec, os.path.join(workdir, "probe"), "probe").build()
+        if spec.job is not None and baseline.result.status == "finished" and not len(baseline.rows):
+            raise ConfigError(
+                f"{spec.describe()} committed nothing without failures",
+                hint="end it in ParquetSink(out_dir), with out_dir the factory's first argument",
+            )
+        graph = spec.factory()(os.path.join(workdir, "probe"), "probe", spec.parallelism).build()
         vertices = [(v.uid, v.parallelism) for v in graph.vertices]
         injector = FailureInjector.random(
             spec.failures,
@@ -456,3 +841,302 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
 def write_json(report: Report, path: str) -> None:
     with open(path, "w") as f:
         json.dump(report.to_dict(), f, indent=1, default=str)
+
+
+# --- topologies for rescaling recovery ---------------------------------------------------------
+
+BROADCAST_DTYPE = np.dtype(
+    [
+        ("partition", "<i4"),
+        ("seq", "<i8"),
+        ("key", "<i8"),
+        ("subtask", "<i4"),  # the receiving subtask of a broadcast record; -1: a main record
+        ("parallelism", "<i4"),  # the receiving operator's parallelism then (0: main)
+    ]
+)
+BROADCAST_VIEW_DIR = "broadcast-view"  # under the output directory: the broadcast rows
+# Topologies whose keyed operator sees a key's records in no promised order: their
+# ``total`` column is the value a record added, so totals and order prove nothing there.
+ORDER_FREE_TOPOLOGIES = ("rebalance-chain",)
+# The keyed states compared with the failure-free run, per topology: (node uid, state name).
+KEYED_CHECKS: dict[str, tuple[tuple[str, str], ...]] = {
+    "rebalance-chain": (("count-sum", "count-sum.count"), ("count-sum", "count-sum.sum")),
+    "keyed-parallelisms": (("running-total-2", "running-total-2.total"),),
+    "stateless-between-keyed": (
+        ("count-sum", "count-sum.count"),
+        ("count-sum", "count-sum.sum"),
+    ),
+}
+
+
+def _running_totals(
+    state: KeyedState, keys: np.ndarray[Any, Any], values: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """Per record, its key's running total of ``values`` up to and with it (batch order
+    per key); the batch's sums are added to ``state``."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    k, v = keys[order], values[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    counts = np.diff(np.r_[starts, len(k)])
+    csum = np.cumsum(v)
+    uniq = k[starts]
+    prev, has = state.get(uniq)
+    base = np.where(has, prev, 0).astype(np.int64)
+    totals = np.empty(len(k), np.int64)
+    totals[order] = csum - np.repeat(csum[starts] - v[starts], counts) + np.repeat(base, counts)
+    state.put(uniq, np.add.reduceat(v, starts))
+    return totals
+
+
+class RunningTotalOfTotals(Operator):
+    """Keyed, behind a running total: every record leaves with its key's running sum of
+    the totals it arrived with, so a record reordered on the way here changes it; it is
+    stamped with the emitting subtask, like ``RunningTotal``."""
+
+    out_dtype = RunningTotal.out_dtype
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        assert ctx.keyed is not None, "RunningTotalOfTotals runs after key_by"
+        self.totals = ctx.keyed.state(StateDescriptor(f"{ctx.uid}.total", "sum", np.int64))
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        out = np.empty(len(batch), self.out_dtype)
+        for name in ("partition", "seq", "key"):
+            out[name] = batch[name]
+        out["total"] = _running_totals(self.totals, batch["key"], batch["total"])
+        out["subtask"] = self.ctx.subtask_index
+        out["parallelism"] = self.ctx.parallelism
+        self.ctx.output.emit(out)
+
+
+class CountSum(Operator):
+    """Keyed and order-free: counts records and sums ``value_field`` per key (states
+    ``<uid>.count`` and ``<uid>.sum``); every record leaves with ``total`` set to the
+    value it added, which does not depend on arrival order, and the emitting subtask."""
+
+    out_dtype = RunningTotal.out_dtype
+
+    def __init__(self, value_field: str) -> None:
+        self.value_field = value_field
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        assert ctx.keyed is not None, "CountSum runs after key_by"
+        self.count = ctx.keyed.state(StateDescriptor(f"{ctx.uid}.count", "sum", np.int64))
+        self.sum = ctx.keyed.state(StateDescriptor(f"{ctx.uid}.sum", "sum", np.int64))
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        keys = np.ascontiguousarray(batch["key"], dtype=np.int64)
+        values = np.ascontiguousarray(batch[self.value_field], dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        k = keys[order]
+        starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+        self.count.put(k[starts], np.diff(np.r_[starts, len(k)]).astype(np.int64))
+        self.sum.put(k[starts], np.add.reduceat(values[order], starts))
+        out = np.empty(len(batch), self.out_dtype)
+        out["partition"] = batch["partition"]
+        out["seq"] = batch["seq"]
+        out["key"] = keys
+        out["total"] = values
+        out["subtask"] = self.ctx.subtask_index
+        out["parallelism"] = self.ctx.parallelism
+        self.ctx.output.emit(out)
+
+
+class BroadcastView(TwoInputOperator):
+    """Input 0, the main records, passes on (``subtask`` -1); input 1, broadcast, leaves
+    one row per record tagged with the receiving subtask and parallelism, so the output
+    shows every broadcast record each subtask saw."""
+
+    out_dtype = BROADCAST_DTYPE
+
+    def _rows(self, batch: Batch, subtask: int, parallelism: int) -> None:
+        out = np.empty(len(batch), BROADCAST_DTYPE)
+        out["partition"] = batch["partition"]
+        out["seq"] = batch["seq"]
+        out["key"] = batch["key"]
+        out["subtask"] = subtask
+        out["parallelism"] = parallelism
+        self.ctx.output.emit(out)
+
+    def process1(self, batch: Batch) -> None:
+        self._rows(batch, -1, 0)
+
+    def process2(self, batch: Batch) -> None:
+        self._rows(batch, self.ctx.subtask_index, self.ctx.parallelism)
+
+
+class MainRunningTotal(RunningTotal):
+    """``RunningTotal`` of the broadcast topology's main records (broadcast rows skipped)."""
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        main = batch[batch["subtask"] < 0]
+        if len(main):
+            super().process(main, input_index)
+
+
+def _is_broadcast_row(batch: Batch) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """The rows of ``BroadcastView`` that record a broadcast record's arrival."""
+    return np.asarray(batch["subtask"] >= 0)
+
+
+def _broadcast_records(spec: VerifySpec) -> tuple[int, int]:
+    """Partitions and records per partition of the broadcast source: a quarter of the
+    main records, so its subtasks run about as long as the main ones."""
+    partitions = 2 * spec.parallelism
+    return partitions, max(1, spec.records // 4 // partitions)
+
+
+def build_rescale_topology(spec: VerifySpec, env: StreamEnvironment, out_dir: str, p: int) -> None:
+    """Adds one of ``RESCALE_TOPOLOGIES`` to ``env`` at parallelism ``p``.
+
+    - ``rebalance-chain``: one source subtask ("global") -> rebalance -> keys ->
+      rebalance ("shuffle") -> key_by -> count and sum per key;
+    - ``keyed-parallelisms``: key_by -> running total at ``p`` -> key_by -> running
+      total of the totals at ``p + 1``;
+    - ``broadcast``: keyed main records and a broadcast source into a two-input
+      operator; main records -> key_by -> running total; broadcast rows -> their sink
+      under ``out_dir/broadcast-view``;
+    - ``stateless-between-keyed``: key_by -> running total -> stateless map at
+      ``p + 1`` -> key_by -> count and sum of the totals per key.
+    """
+    rate = spec.rate_per_subtask
+    partitions = 2 * spec.parallelism  # fixed across rescaling: partitions move
+
+    def generator(seed: int, per_partition: int, rate_per_subtask: float | None) -> GeneratorSource:
+        return GeneratorSource(
+            partitions=partitions,
+            records_per_partition=per_partition,
+            payload_bytes=100,
+            keys=10_000,
+            rate_per_subtask=rate_per_subtask,
+            batch_size=512,
+            seed=seed,
+        )
+
+    def keyed_source() -> DataStream:
+        gen = generator(spec.seed, max(1, spec.records // partitions), rate)
+        s = env.from_source(gen, uid="source")
+        return s.map(_per_partition_keys(0), uid="keys")
+
+    def sink(stream: DataStream, offered: float | None) -> None:
+        """The committed output; it takes ``sink_share`` of the ``offered`` records/s."""
+        op: Operator = ParquetSink(out_dir)
+        if offered and spec.sink_share < 1:
+            op = ThrottledSink(offered * spec.sink_share / stream.node.parallelism, inner=op)
+        stream.rebalance().sink(op, uid="parquet-sink")
+
+    if spec.topology == "rebalance-chain":
+        total = rate * spec.parallelism if rate else None  # what spec.parallelism would offer
+        gen = generator(spec.seed, max(1, spec.records // partitions), total)
+        src = env.from_source(gen, uid="source", parallelism=1)
+        keys = src.rebalance().map(_per_partition_keys(0), uid="keys", parallelism=p)
+        shuffled = keys.rebalance().map(_same, uid="shuffle")
+        sink(shuffled.key_by("key").process(CountSum("seq"), uid="count-sum"), total)
+    elif spec.topology == "keyed-parallelisms":
+        totals = keyed_source().key_by("key").process(RunningTotal(), uid="running-total")
+        again = totals.key_by("key").process(
+            RunningTotalOfTotals(), uid="running-total-2", parallelism=p + 1
+        )
+        sink(again, rate * p if rate else None)
+    elif spec.topology == "stateless-between-keyed":
+        totals = keyed_source().key_by("key").process(RunningTotal(), uid="running-total")
+        between = totals.rebalance().map(_same, uid="stateless", parallelism=p + 1)
+        counted = between.key_by("key").process(CountSum("total"), uid="count-sum", parallelism=p)
+        sink(counted, rate * p if rate else None)
+    elif spec.topology == "broadcast":
+        _, b_per = _broadcast_records(spec)
+        b = env.from_source(
+            generator(spec.seed + 2, b_per, rate / 4 if rate else None), uid="broadcast-source"
+        )
+        co = (
+            keyed_source()
+            .key_by("key")
+            .connect(b.broadcast())
+            .process(BroadcastView(), uid="broadcast-join")
+        )
+        sink(
+            co.key_by("key").process(MainRunningTotal(), uid="running-total"),
+            rate * p if rate else None,
+        )
+        view = co.rebalance().filter(_is_broadcast_row, uid="broadcast-rows")
+        view.sink(ParquetSink(os.path.join(out_dir, BROADCAST_VIEW_DIR)), uid="broadcast-sink")
+    else:
+        raise ValueError(f"unknown topology {spec.topology!r}; choose from {TOPOLOGIES}")
+
+
+def _read_rows(directory: str, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """The committed rows of a ParquetSink directory, as ``dtype``."""
+    import pyarrow.parquet as pq
+
+    files = []
+    if os.path.isdir(directory):
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".parquet"))
+    rows = np.empty(0, dtype)
+    if files:
+        t = pq.read_table([os.path.join(directory, f) for f in files])
+        rows = np.empty(t.num_rows, dtype)
+        for name in dtype.names or ():
+            rows[name] = t.column(name).to_numpy()
+    return rows
+
+
+def broadcast_wrong(
+    spec: VerifySpec, rows: np.ndarray[Any, Any]
+) -> list[tuple[int, int, int, int]]:
+    """``(subtask, partition, seq, times)`` for every broadcast record that a subtask of
+    the last parallelism did not see exactly once.
+
+    A subtask ``d`` restored at another parallelism inherits the view of old subtask
+    ``broadcast_source(d, old)`` (its processed records were committed under the old
+    tag, its in-flight ones are replayed to ``d``), so its view is the rows of both.
+    """
+    from spillover.rescale import broadcast_source
+
+    old = spec.parallelism
+    new = spec.rescale_to or old
+    partitions, per = _broadcast_records(spec)
+    ids = rows["partition"].astype(np.int64) * per + rows["seq"]
+    valid = (rows["partition"] >= 0) & (rows["partition"] < partitions)
+    valid &= (rows["seq"] >= 0) & (rows["seq"] < per)
+    wrong: list[tuple[int, int, int, int]] = []
+    for d in range(new):
+        mine = (rows["parallelism"] == new) & (rows["subtask"] == d)
+        mine |= (rows["parallelism"] == old) & (rows["subtask"] == broadcast_source(d, old))
+        times = np.bincount(ids[mine & valid], minlength=partitions * per)
+        bad = np.flatnonzero(times != 1)
+        wrong += [(d, int(i // per), int(i % per), int(times[i])) for i in bad[:1000]]
+        foreign = rows[mine & ~valid]  # records the broadcast source never made
+        wrong += [(d, int(r["partition"]), int(r["seq"]), 1) for r in foreign[:1000]]
+    return wrong[:1000]
+
+
+def check_promises(
+    spec: VerifySpec, expected: RunOutput, actual: RunOutput, report: Report
+) -> Report:
+    """Adds to ``report`` what a rescaling topology promises beyond ``compare``: its
+    order-free keyed states equal the failure-free run's, and for ``broadcast`` every
+    subtask of the last parallelism saw every broadcast record exactly once."""
+    if spec.job is not None:
+        return report
+    if spec.topology in ORDER_FREE_TOPOLOGIES:
+        vacuous = ("per-record totals", "order per")
+        report.checks = [c for c in report.checks if not c.startswith(vacuous)]
+    for uid, name in KEYED_CHECKS.get(spec.topology, ()):
+        e = final_state(expected.result, expected.max_parallelism, uid, name)
+        a = final_state(actual.result, actual.max_parallelism, uid, name, required=False)
+        report.keyed_state_mismatch += [
+            (name, k, e.get(k), a.get(k)) for k in sorted(set(e) | set(a)) if e.get(k) != a.get(k)
+        ][:1000]
+        report.checks.append(f"final {name} per key equal")
+    if spec.topology == "broadcast":
+        if actual.out_dir is None:
+            raise ValueError("the run's output directory is unknown (RunOutput.out_dir)")
+        rows = _read_rows(os.path.join(actual.out_dir, BROADCAST_VIEW_DIR), BROADCAST_DTYPE)
+        report.broadcast_wrong = broadcast_wrong(spec, rows)
+        report.checks.append("every broadcast record seen once by every subtask")
+    report.exact = report.exact and not report.keyed_state_mismatch and not report.broadcast_wrong
+    return report
