@@ -365,24 +365,31 @@ class Task:
         """Hands on all output before an in-line event, taking priority barriers and
         mailbox actions while it waits for credit (a downstream checkpoint may need
         this task's barrier before it gives credit back)."""
-        from spillover.runtime import events as ev
 
         while not self._drain():
             if self.inflight is not None:
                 self.inflight.writer.reap()
             if self.gate is not None:
-                t = time.monotonic()
-                item = self.gate.poll(0.0005, priority_only=True)
-                self.output_wait_seconds += time.monotonic() - t
-                if item is not None:
-                    ch, buf = item
-                    try:
-                        self._on_event(ch, ev.deserialize(buf))
-                    finally:
-                        buf.release()
+                self.output_wait_seconds += self._take_priority(0.0005)
                 self._mail()
             else:
                 self.output_wait_seconds += self._mail(block=True, timeout=0.0005)
+
+    def _take_priority(self, timeout: float) -> float:
+        """Waits up to ``timeout`` for a priority event (an unaligned barrier) and
+        handles it; returns the seconds spent waiting."""
+        from spillover.runtime import events as ev
+
+        t = time.monotonic()
+        item = self.gate.poll(timeout, priority_only=True)
+        waited = time.monotonic() - t
+        if item is not None:
+            ch, buf = item
+            try:
+                self._on_event(ch, ev.deserialize(buf))
+            finally:
+                buf.release()
+        return waited
 
     def _drain_blocking(self) -> None:
         for box in self.outboxes:
@@ -471,26 +478,12 @@ class Task:
                 break
             if not self._drain():
                 # Backpressured: process no new input, but take priority events.
-                t = time.monotonic()
-                item = gate.poll(0.0005, priority_only=True)
-                self.output_wait_seconds += time.monotonic() - t
-                if item is not None:
-                    ch, buf = item
-                    try:
-                        self._on_event(ch, ev.deserialize(buf))
-                    finally:
-                        buf.release()
+                self.output_wait_seconds += self._take_priority(0.0005)
                 continue
             pause = max(op.ready_at() for op in self.ops) - time.monotonic()
             if pause > 0:
                 # An operator paces itself: wait, still taking unaligned barriers.
-                item = gate.poll(min(pause, self.flush_interval), priority_only=True)
-                if item is not None:
-                    ch, buf = item
-                    try:
-                        self._on_event(ch, ev.deserialize(buf))
-                    finally:
-                        buf.release()
+                self._take_priority(min(pause, self.flush_interval))
                 self._maybe_flush()
                 continue
             item = gate.poll(self.flush_interval)
