@@ -15,9 +15,12 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# The main job. Until the checkpoint benchmark lands this spills and restores a few
-# hundred MB through the engine and prints throughput against the raw disk.
-bench: demo
+# The main job: checkpoints under backpressure, one run per policy (a few minutes).
+# It runs on the local executor until the Spark executor lands.
+bench: $(STAMP)
+	$(BIN)/spillover bench --json results/bench.json --markdown results/bench.md
+
+# The engine alone: spill and restore a few hundred MB against the raw disk.
 demo: $(STAMP)
 	$(BIN)/spillover demo
 

@@ -330,6 +330,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     table = to_markdown(results)
     print()
     print(table, end="")
+    for path in (args.json, args.markdown):
+        if path and os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
