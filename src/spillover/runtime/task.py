@@ -27,6 +27,9 @@ from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.unaligned import InFlightCheckpoint
 from spillover.storage.handle import DataType
 
+# Buffer size of records replayed through a filtering retriever after a rescale.
+REPLAY_BUFFER_SIZE = 1 << 20
+
 # The id operators see when a job without checkpointing commits at its end.
 FINAL_WITHOUT_CHECKPOINTS = 2**62
 
@@ -304,6 +307,9 @@ class Task:
                 input_handles=item["input_handles"],
                 output_handles=item["output_handles"],
                 key=FieldKey(item["key_offset"] or 0, "int64"),
+                # Replayed records are processed here, not sent: large buffers mean
+                # fewer, larger batches (the per-batch cost dominates small ones).
+                buffer_size=REPLAY_BUFFER_SIZE,
             )
             readers: dict[int, RecordReader] = {}
             ser = FixedWidthSerializer(edge.dtype)
