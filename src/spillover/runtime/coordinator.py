@@ -320,7 +320,7 @@ class CheckpointCoordinator:
                 p.switched = True
                 for key, task in self.tasks.items():
                     if key not in p.acks:
-                        task.post("unaligned", cid)
+                        task.request_unaligned(cid)
             if now - p.started > self.timeout_s:
                 self._abort(cid, f"timed out after {self.timeout_s:g} s")
                 self._count_failure(cid)

@@ -185,6 +185,7 @@ class Task:
         self._switched: set[int] = set()  # timed out before any of their barriers came
         self.replayed_bytes = 0
         self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure
+        self._switch_requested = -1  # the checkpoint whose alignment timed out, if any
         self._done_checkpoints: set[int] = set()
 
     # -- control, from other threads -------------------------------------------------
@@ -641,6 +642,41 @@ class Task:
                     b.release()
                 self._channel_done(ch)
 
+    def request_unaligned(self, cid: int) -> None:
+        """From the coordinator: checkpoint ``cid``'s alignment timed out. Seen at once
+        by a task draining its output for that barrier, and queued for the rest."""
+        self._switch_requested = cid
+        self.post("unaligned", cid)
+
+    def _drain_unless_switched(self, cid: int) -> bool:
+        """Drains the outboxes; True when the switch to unaligned came first."""
+        while not self._drain():
+            if self._switch_requested == cid:
+                return True
+            if self.gate is not None:
+                self.output_wait_seconds += self._take_priority(0.0002)
+            else:
+                time.sleep(0.0002)
+                self.output_wait_seconds += 0.0002
+        return False
+
+    def _switched_output_state(self, barrier: Any) -> InFlightCheckpoint:
+        """An in-flight checkpoint for a barrier that switched while this task drained:
+        its inputs are aligned already, only its output state is left to persist."""
+        from spillover.runtime.unaligned import ChannelStateWriter, InFlightCheckpoint
+
+        cid = barrier.checkpoint_id
+        uri = self.checkpoint_dir(cid, self.vertex.uid, self.subtask)
+        base, sep, query = uri.partition("?")
+        writer = ChannelStateWriter(
+            f"{base}/channels{sep}{query}", cid, self.subtask, self.channel_compression
+        )
+        inf = InFlightCheckpoint(
+            cid, writer, set(), barrier.timestamp_ms, time.monotonic(), self.max_inflight_bytes
+        )
+        self.inflight = inf
+        return inf
+
     def _timeout_switch(self, cid: int) -> None:
         """The coordinator's word that checkpoint ``cid``'s alignment timed out."""
         from spillover.runtime import events as ev
@@ -764,7 +800,7 @@ class Task:
         barrier: Any = None,
         inflight: Any = None,
     ) -> None:
-        from spillover.runtime.events import CheckpointBarrier
+        from spillover.runtime.events import BarrierKind, CheckpointBarrier
 
         t0 = time.monotonic()
         if stats is not None:
@@ -782,6 +818,17 @@ class Task:
         state_bytes = float(self.keyed.state_bytes()) if self.keyed is not None else 0.0
         if barrier is None:
             barrier = CheckpointBarrier(cid, trigger_ms)
+        # Aligned with a timeout: wait for the output to drain, unless the alignment
+        # times out meanwhile; then the barrier overtakes what is still queued.
+        switched = False
+        if (
+            inflight is None
+            and barrier.kind == BarrierKind.ALIGNED_WITH_TIMEOUT
+            and self._drain_unless_switched(cid)
+        ):
+            inflight = self._switched_output_state(barrier)
+            barrier = barrier.as_unaligned()
+            switched = True
         if inflight is None:
             self._drain_blocking()  # an aligned barrier follows every record before it
             for p in self.partitions:
@@ -838,6 +885,8 @@ class Task:
                 inflight.metrics["parts"] = ack  # acked with the channel state once complete
 
         self.snapshots.submit(finish_async)
+        if switched:
+            self._complete_unaligned()  # its inputs were aligned: nothing more to wait for
 
     def metrics(self) -> dict[str, float]:
         wall = (self.finished_at or time.monotonic()) - self.started_at
