@@ -271,12 +271,22 @@ class FilteringRetriever:
         self._left: int | None = None
         self._error: BaseException | None = None
         self._closed = False
+        self._plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] | None = None
+        self._file = 0
+        self._file_left: int | None = None
+        self._files_ended = False
 
     # -- consumer side -------------------------------------------------------
 
     def poll_next(self) -> ReplayBuffer | None:
         """The next buffer if one is ready, else ``None`` (``finished`` tells whether for good)."""
         self._check_usable()
+        if not self.pass_through:
+            try:
+                return self._poll_files()
+            except BaseException as e:
+                self._fail(e)
+                raise
         try:
             while not self._ready:
                 if self._stream >= len(self.streams):
@@ -347,6 +357,73 @@ class FilteringRetriever:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- reading, filtering mode: each state file once --------------------------
+
+    def _file_plan(self) -> list[tuple[GateStateHandle, dict[int, int], int | None, int]]:
+        """The files to read, in phases: every stream's first piece (the old downstream's
+        input part), then every stream's second piece (the old upstream's output part).
+        A stream's pieces stay in order, and each file is read once per phase:
+        ``(handle, {channel: stream index}, frames to read or None, phase)``."""
+        plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] = []
+        phases = max((len(s.pieces) for s in self.streams), default=0)
+        for phase in range(phases):
+            files: dict[str, list[Any]] = {}
+            for i, stream in enumerate(self.streams):
+                if phase >= len(stream.pieces):
+                    continue
+                handle, channel = stream.pieces[phase]
+                entry = files.setdefault(handle.uri, [handle, {}, 0, phase])
+                entry[1][channel] = i
+                n = _frames_in(handle, channel)
+                entry[2] = None if n is None or entry[2] is None else entry[2] + n
+            plan += [(e[0], e[1], e[2], e[3]) for e in files.values()]
+        return plan
+
+    def _poll_files(self) -> ReplayBuffer | None:
+        if self._plan is None:
+            self._plan, self._file = self._file_plan(), 0
+            self._left = None  # counted per file here, not per piece
+        while not self._ready:
+            if self._file >= len(self._plan):
+                if not self._files_ended:
+                    self._files_ended = True
+                    self._stream = 0
+                    while self._stream < len(self.streams):
+                        self._end_stream()  # checks each stream ended on a record boundary
+                    continue  # the demuxes' last buffers
+                return None
+            r = self._retriever
+            handle, channels, left, phase = self._plan[self._file]
+            if r is None:
+                if left == 0:
+                    self._file += 1
+                    continue
+                self._retriever = open_retriever(
+                    handle, filesystem=self._filesystem, **self._options
+                )
+                self._file_left = left
+                continue
+            buf = r.poll_next()
+            if buf is None:
+                if not r.finished:
+                    return None
+                self._close_retriever()
+                self._file += 1
+                continue
+            index = channels.get(buf.channel_id)
+            if index is None:
+                continue
+            self._stream, self._piece = index, phase
+            self._take(buf)
+            if self._file_left is not None:
+                self._file_left -= 1
+                if self._file_left == 0:  # the rest of the file holds other channels only
+                    self._close_retriever()
+                    self._file += 1
+        if not self._files_ended:
+            self._stream = 0  # not finished while files remain
+        return self._ready.popleft()
 
     # -- reading -------------------------------------------------------------
 

@@ -840,10 +840,11 @@ class Task:
                 box = self.outboxes[index]
                 for sub, overtaken in enumerate(p.broadcast_event(barrier, priority=True)):
                     for b in overtaken:
-                        inflight.writer.add_output(index, sub, b)
+                        inflight.writer.add_output(index, sub, b, submit=False)
                         b.release()
                     for array in box.queues[sub]:
-                        inflight.writer.add_output(index, sub, array)
+                        inflight.writer.add_output(index, sub, array, submit=False)
+            inflight.writer.submit()  # one batch, not one hand-off per buffer
         if inflight is None:
             self._done_checkpoints.add(cid)
         sync_ms = (time.monotonic() - t0) * 1000

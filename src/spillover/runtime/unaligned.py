@@ -53,7 +53,7 @@ class ChannelStateWriter:
         self.output_bytes = 0
         self.closed = False
 
-    def _append(self, storer: Storer, channel: int, buffer: Any) -> None:
+    def _append(self, storer: Storer, channel: int, buffer: Any, submit: bool = True) -> None:
         """Zero-copy for network buffers: retained now, released once written."""
         release = getattr(buffer, "release", None)
         if release is None:
@@ -66,28 +66,37 @@ class ChannelStateWriter:
             release()
             raise
         # A held network buffer holds its channel's credit: write it now, not when a
-        # batch fills, and give it back as soon as it is written (see reap).
-        storer.submit()
+        # batch fills, and give it back as soon as it is written (see reap). Many
+        # buffers appended at once (a snapshot's output state) go as one batch.
+        if submit:
+            storer.submit()
+
+    def submit(self) -> None:
+        """Starts writing everything appended so far (after appends with submit=False)."""
+        for s in [*self._inputs.values(), *self._outputs.values()]:
+            s.submit()
 
     def reap(self) -> None:
         """Gives back the network buffers already written (the task calls it often)."""
         for s in [*self._inputs.values(), *self._outputs.values()]:
             s.reap()
 
-    def add_input(self, gate: int, channel: int, buffer: Any) -> None:
+    def add_input(self, gate: int, channel: int, buffer: Any, submit: bool = True) -> None:
         storer = self._inputs.get(gate)
         if storer is None:
             storer = self._inputs[gate] = self._storage.create_storer(gate, kind="input")
-        self._append(storer, channel, buffer)
+        self._append(storer, channel, buffer, submit)
         self.input_bytes += len(buffer)
 
-    def add_output(self, partition: int, subpartition: int, buffer: Any) -> None:
+    def add_output(
+        self, partition: int, subpartition: int, buffer: Any, submit: bool = True
+    ) -> None:
         storer = self._outputs.get(partition)
         if storer is None:
             storer = self._outputs[partition] = self._storage.create_storer(
                 partition, kind="output"
             )
-        self._append(storer, subpartition, buffer)
+        self._append(storer, subpartition, buffer, submit)
         self.output_bytes += len(buffer)
 
     @property
