@@ -18,7 +18,7 @@ from cpython.buffer cimport PyBUF_READ
 from libc.errno cimport EIO, errno
 from posix.unistd cimport read
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove
 
 from spl cimport *
@@ -44,6 +44,7 @@ MAX_PAYLOAD = SPL_MAX_PAYLOAD
 # Below this a checksum is cheaper than releasing and taking back the GIL.
 DEF GIL_RELEASE_MIN = 16384
 DEF MAX_VIEWS = 512
+DEF SMALL_CHANNELS = 1024
 cdef char *FMT_B = "B"
 
 
@@ -195,7 +196,8 @@ cdef class NativeStorer:
     cdef readonly uint64_t frames
     cdef readonly uint64_t raw_bytes
     cdef readonly uint64_t stored_bytes
-    cdef readonly dict channels
+    cdef dict _big_channels  # stats of channel ids >= SMALL_CHANNELS
+    cdef uint64_t *_small  # frames, raw bytes per channel id < SMALL_CHANNELS
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
                   size_t batch_bytes, size_t pool_bytes, str path):
@@ -208,7 +210,10 @@ cdef class NativeStorer:
         self.async_mode = pool_bytes > 0
         self.file_id = file_id
         self.path = path
-        self.channels = {}
+        self._big_channels = {}
+        self._small = <uint64_t *>calloc(2 * SMALL_CHANNELS, sizeof(uint64_t))
+        if self._small == NULL:
+            raise MemoryError()
         if fd < 0 and sink_write is None:
             raise ValueError("a storer needs a file descriptor or a write callable")
         self.w = spl_writer_new(fd, <spl_sink_fn>_py_sink if fd < 0 else <spl_sink_fn>NULL,
@@ -226,6 +231,20 @@ cdef class NativeStorer:
             with nogil:
                 spl_writer_free(self.w)
             self.w = NULL
+        free(self._small)
+        self._small = NULL
+
+    @property
+    def channels(self):
+        """``{channel id: [frames, raw bytes]}`` of everything appended."""
+        cdef int c
+        out = {}
+        if self._small != NULL:
+            for c in range(SMALL_CHANNELS):
+                if self._small[2 * c]:
+                    out[c] = [self._small[2 * c], self._small[2 * c + 1]]
+        out.update({k: list(v) for k, v in self._big_channels.items()})
+        return out
 
     cdef void _release_slot(self, int slot) noexcept:
         cdef int i
@@ -336,12 +355,16 @@ cdef class NativeStorer:
         self.frames += 1
         self.raw_bytes += raw_len
         self.stored_bytes += view.len
-        stats = self.channels.get(channel_id)
-        if stats is None:
-            self.channels[channel_id] = [1, raw_len]
+        if channel_id < SMALL_CHANNELS:  # no Python objects on the common path
+            self._small[2 * channel_id] += 1
+            self._small[2 * channel_id + 1] += raw_len
         else:
-            stats[0] += 1
-            stats[1] += raw_len
+            stats = self._big_channels.get(channel_id)
+            if stats is None:
+                self._big_channels[channel_id] = [1, raw_len]
+            else:
+                stats[0] += 1
+                stats[1] += raw_len
         if flush_needed:
             if self.async_mode:
                 self._flush()
