@@ -24,7 +24,6 @@ from spillover.errors import (
     ConfigError,
     CorruptHeaderError,
     ForeignFileError,
-    SpilloverError,
     TruncatedFileError,
 )
 from spillover.storage.backends import Backend, backend_for, readinto_exact
@@ -74,7 +73,6 @@ class StorageOptions:
     verify_checksums: bool = True
 
     def __post_init__(self) -> None:
-        Codec.parse(self.compression) if self.compression in (None, "none", "lz4") else None
         if self.compression not in (None, "none", "lz4"):
             raise ConfigError(
                 f"unknown compression {self.compression!r}",
@@ -672,7 +670,3 @@ def open_retriever(
         raise ConfigError("unknown storage option", detail=str(e)) from e
     backend = backend_for((directory or ".") + sep + query, filesystem)
     return Retriever(backend, name, opts, expect)
-
-
-# Re-exported so callers can catch every engine error from one place.
-Error = SpilloverError
