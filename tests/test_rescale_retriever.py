@@ -258,6 +258,79 @@ def test_every_record_reaches_its_key_group_owner_exactly_once_and_in_order(
             assert operator_index_for_key_group(max_p, down_new, kg_of[rid_of(x)]) == new
 
 
+def mixing_partitioner(keys: Any, n: int) -> Any:
+    """A user partitioner unrelated to key groups (vectorised, deterministic)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    return (keys ^ (keys >> 7)) % n
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    par=rescales(),
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 120),
+    buffer_size=st.integers(5, 64),
+    out_size=st.integers(16, 300),
+)
+def test_custom_partitioner_edges_reach_the_partitioners_pick_exactly_once_and_in_order(
+    par: tuple[int, int, int, int, int], seed: int, n: int, buffer_size: int, out_size: int
+) -> None:
+    up_old, down_old, up_new, down_new, max_p = par
+    rng = random.Random(seed)
+    placed: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+    key_of_rid: dict[int, int] = {}
+    for rid in range(n):
+        key = rng.randrange(-(2**63), 2**63)
+        rec = record(key, rid, rng.randbytes(rng.randint(0, 60)))
+        key_of_rid[rid] = key
+        d = int(mixing_partitioner([key], down_old)[0])
+        placed[rng.randrange(up_old), d].append(rec)
+    m = map_edge(
+        EdgeType.CUSTOM,
+        old_upstream=up_old,
+        old_downstream=down_old,
+        new_upstream=up_new,
+        new_downstream=down_new,
+        max_parallelism=max_p,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        state = old_state(Path(tmp), placed, up_old, down_old, rng, buffer_size)
+        got: dict[int, list[bytes]] = {}
+        for new in range(down_new):
+            with rescaled_retriever(
+                m,
+                Side.INPUT,
+                new,
+                input_handles=state.inputs,
+                output_handles=state.outputs,
+                key=KEY,
+                buffer_size=out_size,
+                partitioner=mixing_partitioner,
+            ) as r:
+                per_channel, _ = collect(r)
+            assert_old_channel_order(per_channel, state.old_channel_by_rid())
+            got[new] = [x for recs in per_channel.values() for x in recs]
+    union = [x for recs in got.values() for x in recs]
+    assert Counter(union) == Counter(state.records)
+    assert len(union) == n
+    for new, recs in got.items():
+        for x in recs:
+            assert int(mixing_partitioner([key_of_rid[rid_of(x)]], down_new)[0]) == new
+
+
+def test_a_custom_partitioner_that_answers_badly_is_refused(tmp_path: Path) -> None:
+    from spillover.records import PartitionerDemux
+
+    buf = write([record(5, 0, b"x"), record(6, 1, b"y")], 64)[0]
+    for bad in (lambda k, n: k * 0 + n, lambda k, n: np.zeros(1, np.int64), lambda k, n: k / 2):
+        demux = PartitionerDemux(bad, [0, -1], 1, key=KEY)
+        with pytest.raises(ConfigError, match="partitioner"):
+            demux.push(buf)
+    short = PartitionerDemux(mixing_partitioner, [0], 1, key=KEY)
+    with pytest.raises(CorruptRecordError, match="too short"):
+        short.push(write([b"abc"], 64)[0])
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     et=st.sampled_from([EdgeType.REBALANCE, EdgeType.FORWARD, EdgeType.BROADCAST]),

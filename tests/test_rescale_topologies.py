@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -110,3 +111,21 @@ def test_order_free_state_difference_is_named(tmp_path: Path) -> None:
     assert not report.exact
     names = {m[0] for m in report.keyed_state_mismatch}
     assert names == {"count-sum.count", "count-sum.sum"}, report.text()
+
+
+def test_rescaled_custom_edges_route_recovered_records_with_the_partitioner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spillover.records import PartitionerDemux
+
+    routed: list[int] = []
+    original = PartitionerDemux._route
+
+    def counting(self: PartitionerDemux, batch: Any) -> Any:
+        out = original(self, batch)
+        routed.append(len(batch))
+        return out
+
+    monkeypatch.setattr(PartitionerDemux, "_route", counting)
+    _check("custom-partitioner", 3, 2, tmp_path)
+    assert sum(routed) > 0, "no recovered record of the custom edge went through the partitioner"

@@ -452,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
             "keyed-parallelisms",
             "broadcast",
             "stateless-between-keyed",
+            "custom-partitioner",
         ],
         help="the job shape (without --job)",
     )

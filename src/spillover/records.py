@@ -504,3 +504,103 @@ class KeyGroupDemux:
     def dropped(self) -> int:
         """Records dropped so far (their key group maps to -1)."""
         return self._core.dropped
+
+
+class PartitionerDemux:
+    """Like :class:`KeyGroupDemux`, but a user partitioner routes each record.
+
+    ``partitioner(keys, n_partitions)`` gets the int64 (or int32) key field of
+    every record a pushed buffer completes, in one call, and returns each
+    record's partition; ``partition_to_output`` maps partitions to outputs (-1
+    drops). Reassembly and packing are native; only the partitioner and a
+    numpy gather run per buffer, never Python per record.
+    """
+
+    def __init__(
+        self,
+        partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike],
+        partition_to_output: npt.ArrayLike,
+        n_outputs: int,
+        key: FieldKey = FieldKey(0, "int64"),
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        max_record_size: int = MAX_RECORD_SIZE,
+    ) -> None:
+        _check_buffer_size(buffer_size)
+        _check_max_record_size(max_record_size)
+        if not isinstance(key, FieldKey) or key.type not in ("int32", "int64"):
+            raise ConfigError("a partitioner routes by an int32 or int64 FieldKey")
+        table = np.array(partition_to_output, dtype=np.int64).reshape(-1)
+        if not len(table) or ((table < -1) | (table >= n_outputs)).any():
+            raise ConfigError(f"partition_to_output entries must be -1 or in 0..{n_outputs - 1}")
+        self.partitioner = partitioner
+        self.n_partitions = len(table)
+        self.n_outputs = n_outputs
+        self.key = key
+        self._table = table
+        self._width = 8 if key.type == "int64" else 4
+        self._max_record_size = max_record_size
+        self._readers: dict[object, RecordReader] = {}
+        self._packer = _records.Packer(buffer_size, n_outputs)
+        self.routed = 0
+        self.dropped = 0
+
+    def push(self, buffer: object, channel: object = 0) -> list[tuple[int, Buffer]]:
+        """Routes one input buffer; returns the output buffers it filled as ``(output, buffer)``."""
+        reader = self._readers.get(channel)
+        if reader is None:
+            reader = self._readers[channel] = RecordReader(self._max_record_size)
+        out: list[tuple[int, Buffer]] = []
+        for batch in reader.feed(buffer):
+            out.extend(self._route(batch))
+        return out
+
+    def _route(self, batch: RecordBatch) -> list[tuple[int, Buffer]]:
+        data = np.frombuffer(batch.data, np.uint8)
+        offsets, lengths = batch.offsets, batch.lengths
+        if (lengths < self.key.offset + self._width).any():
+            raise CorruptRecordError(
+                f"a record is too short for its key at byte {self.key.offset}",
+                detail=f"shortest record: {int(lengths.min())} bytes",
+            )
+        at = (offsets + self.key.offset)[:, None] + np.arange(self._width)
+        dtype = "<i8" if self._width == 8 else "<i4"
+        keys = data[at].view(dtype).reshape(-1).astype(np.int64)
+        parts = np.asarray(self.partitioner(keys, self.n_partitions))
+        if parts.shape != keys.shape or not np.issubdtype(parts.dtype, np.integer):
+            raise ConfigError("the partitioner must return one integer per key")
+        if len(parts) and (parts.min() < 0 or parts.max() >= self.n_partitions):
+            raise ConfigError(
+                f"the partitioner picked a partition outside 0..{self.n_partitions - 1}"
+            )
+        outs = self._table[parts]
+        out: list[tuple[int, Buffer]] = []
+        for o in np.unique(outs[outs >= 0]).tolist():
+            sel = outs == o
+            starts, lens = offsets[sel], lengths[sel]
+            ends = np.cumsum(lens)
+            idx = np.repeat(starts - (ends - lens), lens) + np.arange(int(ends[-1]))
+            payload = data[idx]
+            out.extend(self._packer.put_batch(o, payload, _offsets(np.concatenate(([0], ends)))))
+        kept = int((outs >= 0).sum())
+        self.routed += kept
+        self.dropped += len(outs) - kept
+        return out
+
+    def flush(self) -> list[tuple[int, Buffer]]:
+        """Hands out every partly filled output buffer too (records begun on a channel stay)."""
+        return list(self._packer.flush())
+
+    def finish(self) -> list[tuple[int, Buffer]]:
+        """:meth:`flush`, after checking that no channel ended inside a record."""
+        pending = self.pending()
+        if pending:
+            raise CorruptRecordError(
+                "input channels end in the middle of a record",
+                detail=", ".join(f"channel {c!r}: {n} bytes" for c, n in pending.items()),
+                hint="a buffer is missing, or channels were mixed up",
+            )
+        return self.flush()
+
+    def pending(self) -> dict[object, int]:
+        """``{channel: bytes}`` of records begun and not yet complete."""
+        return {c: r.pending_bytes for c, r in self._readers.items() if r.pending_bytes}

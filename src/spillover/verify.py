@@ -57,6 +57,7 @@ RESCALE_TOPOLOGIES = (
     "keyed-parallelisms",
     "broadcast",
     "stateless-between-keyed",
+    "custom-partitioner",
 )
 TOPOLOGIES = ("pipeline", "multi-input", "union", *RESCALE_TOPOLOGIES)
 POLICIES = ("aligned", "unaligned", "timeout", "max-inflight")
@@ -866,7 +867,36 @@ KEYED_CHECKS: dict[str, tuple[tuple[str, str], ...]] = {
         ("count-sum", "count-sum.count"),
         ("count-sum", "count-sum.sum"),
     ),
+    "custom-partitioner": (
+        ("count-sum", "count-sum.count"),
+        ("count-sum", "count-sum.sum"),
+    ),
 }
+
+
+def key_modulo(keys: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
+    """The custom partitioner of the ``custom-partitioner`` topology: key mod n."""
+    return np.asarray(keys, dtype=np.int64) % n
+
+
+class CheckRouting(Operator):
+    """Stateless: passes records on, failing the job on one the partitioner did not pick
+    for this subtask (recovered records included)."""
+
+    def __init__(self, out_dtype: Any) -> None:
+        self.out_dtype = np.dtype(out_dtype)
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        picked = key_modulo(batch["key"], self.ctx.parallelism)
+        wrong = picked != self.ctx.subtask_index
+        if wrong.any():
+            key = int(batch["key"][wrong][0])
+            raise RuntimeError(
+                f"subtask {self.ctx.subtask_index} of {self.ctx.parallelism} received key "
+                f"{key}, which the partitioner sends to {int(picked[wrong][0])}"
+            )
+        if len(batch):
+            self.ctx.output.emit(batch)
 
 
 def _running_totals(
@@ -1001,7 +1031,10 @@ def build_rescale_topology(spec: VerifySpec, env: StreamEnvironment, out_dir: st
       operator; main records -> key_by -> running total; broadcast rows -> their sink
       under ``out_dir/broadcast-view``;
     - ``stateless-between-keyed``: key_by -> running total -> stateless map at
-      ``p + 1`` -> key_by -> count and sum of the totals per key.
+      ``p + 1`` -> key_by -> count and sum of the totals per key;
+    - ``custom-partitioner``: a custom partitioner (key mod n) -> a stateless
+      operator at ``p + 1`` that fails on a record routed elsewhere -> key_by ->
+      count and sum per key.
     """
     rate = spec.rate_per_subtask
     partitions = 2 * spec.parallelism  # fixed across rescaling: partitions move
@@ -1046,6 +1079,13 @@ def build_rescale_topology(spec: VerifySpec, env: StreamEnvironment, out_dir: st
         totals = keyed_source().key_by("key").process(RunningTotal(), uid="running-total")
         between = totals.rebalance().map(_same, uid="stateless", parallelism=p + 1)
         counted = between.key_by("key").process(CountSum("total"), uid="count-sum", parallelism=p)
+        sink(counted, rate * p if rate else None)
+    elif spec.topology == "custom-partitioner":
+        keyed = keyed_source()
+        routed = keyed.partition_custom(key_modulo, "key").process(
+            CheckRouting(keyed.dtype), uid="custom-routed", parallelism=p + 1
+        )
+        counted = routed.key_by("key").process(CountSum("seq"), uid="count-sum", parallelism=p)
         sink(counted, rate * p if rate else None)
     elif spec.topology == "broadcast":
         _, b_per = _broadcast_records(spec)

@@ -15,7 +15,7 @@ are joined again), and hands out full network buffers per new channel.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,7 +29,14 @@ from spillover.errors import (
     RescaleError,
 )
 from spillover.keygroups import KeyGroupRange, check_max_parallelism, key_group_range_for_operator
-from spillover.records import DEFAULT_BUFFER_SIZE, MAX_RECORD_SIZE, FieldKey, Key, KeyGroupDemux
+from spillover.records import (
+    DEFAULT_BUFFER_SIZE,
+    MAX_RECORD_SIZE,
+    FieldKey,
+    Key,
+    KeyGroupDemux,
+    PartitionerDemux,
+)
 from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
 from spillover.storage import (
     DataType,
@@ -208,6 +215,9 @@ class FilteringRetriever:
         on_event: OnEvent = "refuse",
         max_record_size: int = MAX_RECORD_SIZE,
         filesystem: Any = None,
+        partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike] | None = None,
+        partition: int | None = None,
+        n_partitions: int | None = None,
         **retriever_options: Any,
     ) -> None:
         self.streams = tuple(streams)
@@ -237,9 +247,23 @@ class FilteringRetriever:
         self._options = retriever_options
         self._demux_args: dict[str, Any] = {}
         self._table = np.zeros(0, dtype=np.int32)
+        self._partitioner = partitioner
+        self._partition = (partition or 0, n_partitions or 1)
         if pass_through:
             if key_group_table is not None:
                 raise ConfigError("pass_through takes records whole; drop key_group_table")
+        elif partitioner is not None:
+            if partition is None or n_partitions is None or not 0 <= partition < n_partitions:
+                raise ConfigError("a partitioner filter needs partition in 0..n_partitions-1")
+            if any(s.channel is None for s in self.streams):
+                raise ConfigError("a partitioner filter needs every stream's channel")
+            if not isinstance(key, FieldKey):
+                raise ConfigError("a partitioner filter reads an int FieldKey")
+            self._demux_args = {
+                "key": key,
+                "buffer_size": buffer_size,
+                "max_record_size": max_record_size,
+            }
         else:
             if max_parallelism is None or key_group_table is None:
                 raise ConfigError("filtering needs max_parallelism and key_group_table")
@@ -261,7 +285,7 @@ class FilteringRetriever:
         # A route is a stream's channel (None: the table picks); its demux is
         # created at its first data and finished after its last stream.
         self._last_of_route = {s.channel: i for i, s in enumerate(self.streams)}
-        self._demuxes: dict[int | None, KeyGroupDemux] = {}
+        self._demuxes: dict[int | None, KeyGroupDemux | PartitionerDemux] = {}
         self._counts = [0, 0]  # routed, dropped by retired demuxes
         self._ready: collections.deque[ReplayBuffer] = collections.deque()
         self._stream = 0
@@ -484,8 +508,15 @@ class FilteringRetriever:
     def _key(stream: RecordStream) -> tuple[int, int]:
         return stream.old_upstream, stream.old_downstream
 
-    def _demux(self, route: int | None) -> KeyGroupDemux:
+    def _demux(self, route: int | None) -> KeyGroupDemux | PartitionerDemux:
         demux = self._demuxes.get(route)
+        if demux is None and self._partitioner is not None:
+            keep, n = self._partition
+            keep_only = np.full(n, -1, np.int64)
+            keep_only[keep] = 0
+            demux = self._demuxes[route] = PartitionerDemux(
+                self._partitioner, keep_only, 1, **self._demux_args
+            )
         if demux is None:
             table, n = self._table, self.n_outputs
             if route is not None:
@@ -575,12 +606,6 @@ def _stream_of(
     input_handles: Mapping[int, GateStateHandle | None],
     output_handles: Mapping[int, GateStateHandle | None],
 ) -> RecordStream:
-    if src.filtering is Filtering.PARTITIONER:
-        raise RescaleError(
-            "channel state routed by a custom partitioner cannot be filtered natively",
-            detail=f"old downstream {src.old_subtask}, channel {src.old_channel}",
-            hint="keep the downstream parallelism, or use a key_by edge",
-        )
     if len(src.targets) != 1:
         raise RescaleError(f"an input source needs one target, got {len(src.targets)}")
     upstream, subpartition = mapping.output_piece_of(src)
@@ -606,6 +631,7 @@ def rescaled_retriever(
     on_event: OnEvent = "refuse",
     max_record_size: int = MAX_RECORD_SIZE,
     filesystem: Any = None,
+    partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike] | None = None,
     **retriever_options: Any,
 ) -> FilteringRetriever:
     """The retriever of what new subtask ``new_subtask`` on ``side`` of an edge replays.
@@ -635,6 +661,23 @@ def rescaled_retriever(
     }
     if all(s.filtering is Filtering.NONE for s in sources):
         return FilteringRetriever(streams, pass_through=True, **common)
+    if any(s.filtering is Filtering.PARTITIONER for s in sources):
+        if partitioner is None:
+            raise RescaleError(
+                "channel state of a custom-partitioned edge needs its partitioner to be rescaled",
+                detail=f"new subtask {new_subtask} of {rm.new_parallelism}",
+                hint="pass partitioner=, the edge's partitioner",
+            )
+        return FilteringRetriever(
+            streams,
+            key=key,
+            buffer_size=buffer_size,
+            max_record_size=max_record_size,
+            partitioner=partitioner,
+            partition=new_subtask,
+            n_partitions=rm.new_parallelism,
+            **common,
+        )
     # Key-group sources keep the intersection of their old range and this
     # subtask's; whole ones lie inside it: one filter, this subtask's range.
     mine = key_group_range_for_operator(mapping.max_parallelism, rm.new_parallelism, new_subtask)

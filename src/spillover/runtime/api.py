@@ -45,6 +45,24 @@ class EdgeKind(enum.Enum):
     KEY_BY = "key_by"  # by key group of an int64 key field (Flink-compatible)
     REBALANCE = "rebalance"  # round robin of whole buffers
     BROADCAST = "broadcast"  # every buffer to every subtask
+    CUSTOM = "custom"  # a user partitioner picks each record's subtask from its key
+
+
+Partitioner = Callable[[npt.NDArray[np.int64], int], npt.ArrayLike]
+"""``partitioner(keys, n)``: the downstream subtask (``0 .. n - 1``) of each key.
+
+Called once per batch with the int64 key field of every record, so it must be
+vectorised (numpy), deterministic, and depend on nothing but the keys and ``n``:
+a rescaled restore calls it again to route recovered records.
+"""
+
+
+def partitioner_name(p: Partitioner | None) -> str | None:
+    """What a checkpoint records of a partitioner: its qualified name."""
+    if p is None:
+        return None
+    owner = p if hasattr(p, "__qualname__") else type(p)
+    return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', '?')}"
 
 
 @dataclass(frozen=True)

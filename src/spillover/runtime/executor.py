@@ -133,6 +133,7 @@ class _Attempt:
                         e.key_field,
                         send=box.send,
                         send_all=box.send_all,
+                        partitioner=e.partitioner,
                     )
                 )
         self.tasks: dict[tuple[str, int], Task] = {}

@@ -19,7 +19,7 @@ import numpy as np
 
 from spillover.errors import ConfigError
 from spillover.keygroups import compute_default_max_parallelism
-from spillover.runtime.api import Batch, EdgeKind, Operator
+from spillover.runtime.api import Batch, EdgeKind, Operator, Partitioner, partitioner_name
 
 
 @dataclass
@@ -48,6 +48,7 @@ class InputEdge:
     kind: EdgeKind
     input_index: int = 0
     key_field: str | None = None
+    partitioner: Partitioner | None = None
 
 
 class StreamEnvironment:
@@ -127,11 +128,13 @@ class DataStream:
         node: Node,
         kind: EdgeKind | None = None,
         key_field: str | None = None,
+        partitioner: Partitioner | None = None,
     ) -> None:
         self.env = env
         self.node = node
         self._kind = kind  # the partitioning of the next edge; None = forward or rebalance
         self._key_field = key_field
+        self._partitioner = partitioner
 
     @property
     def dtype(self) -> Any:
@@ -149,7 +152,7 @@ class DataStream:
                 f"the downstream {downstream_parallelism}",
                 hint="use rebalance() or key_by() before the operator",
             )
-        return InputEdge(self.node.id, kind, input_index, self._key_field)
+        return InputEdge(self.node.id, kind, input_index, self._key_field, self._partitioner)
 
     def _then(
         self,
@@ -207,14 +210,29 @@ class DataStream:
             FlatMapOperator(fn, out_dtype if out_dtype is not None else self.dtype), **kw
         )
 
-    def key_by(self, key_field: str) -> DataStream:
-        """Partitions by the key group of an int64 field (Flink-compatible)."""
+    def _check_key_field(self, key_field: str) -> None:
         names = np.dtype(self.dtype).names or ()
         if key_field not in names:
             raise ConfigError(f"no field {key_field!r} in {np.dtype(self.dtype)}")
         if np.dtype(self.dtype)[key_field] != np.dtype("<i8"):
             raise ConfigError(f"key field {key_field!r} must be int64 (little-endian)")
+
+    def key_by(self, key_field: str) -> DataStream:
+        """Partitions by the key group of an int64 field (Flink-compatible)."""
+        self._check_key_field(key_field)
         return DataStream(self.env, self.node, EdgeKind.KEY_BY, key_field)
+
+    def partition_custom(self, partitioner: Partitioner, key_field: str) -> DataStream:
+        """Sends each record to the subtask ``partitioner(keys, n)`` picks for its int64 key.
+
+        The next operator is not keyed (no keyed state). The partitioner is
+        called per batch and again on a rescaled restore to route recovered
+        records, so it must be vectorised, deterministic and picklable.
+        """
+        self._check_key_field(key_field)
+        if not callable(partitioner):
+            raise ConfigError(f"partitioner must be callable, got {type(partitioner).__name__}")
+        return DataStream(self.env, self.node, EdgeKind.CUSTOM, key_field, partitioner)
 
     def rebalance(self) -> DataStream:
         return DataStream(self.env, self.node, EdgeKind.REBALANCE)
@@ -370,6 +388,7 @@ class JobEdge:
     input_index: int
     key_field: str | None
     dtype: Any
+    partitioner: Partitioner | None = None
 
 
 @dataclass
@@ -391,6 +410,7 @@ class JobGraph:
             "vertices": [[n.uid for n in v.nodes] + [v.parallelism] for v in self.vertices],
             "edges": [
                 [e.source, e.target, e.kind.value, e.input_index, e.key_field, str(e.dtype)]
+                + ([partitioner_name(e.partitioner)] if e.partitioner is not None else [])
                 for e in self.edges
             ],
             "max_parallelism": self.max_parallelism,
@@ -441,6 +461,7 @@ class JobGraph:
                             e.input_index,
                             e.key_field,
                             nodes[e.source].out_dtype,
+                            e.partitioner,
                         )
                     )
         max_p = env.max_parallelism or compute_default_max_parallelism(

@@ -36,6 +36,7 @@ _EDGE_TYPES = {
     EdgeKind.REBALANCE.value: EdgeType.REBALANCE,
     EdgeKind.BROADCAST.value: EdgeType.BROADCAST,
     EdgeKind.FORWARD.value: EdgeType.FORWARD,
+    EdgeKind.CUSTOM.value: EdgeType.CUSTOM,
 }
 
 

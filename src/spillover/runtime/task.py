@@ -311,6 +311,8 @@ class Task:
                 # Replayed records are processed here, not sent: large buffers mean
                 # fewer, larger batches (the per-batch cost dominates small ones).
                 buffer_size=REPLAY_BUFFER_SIZE,
+                # custom edges route recovered records with the job's partitioner
+                partitioner=edge.partitioner,
             )
             readers: dict[int, RecordReader] = {}
             ser = FixedWidthSerializer(edge.dtype)

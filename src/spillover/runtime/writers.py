@@ -11,10 +11,12 @@ from collections import deque
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from spillover.errors import ConfigError
 from spillover.keygroups import key_group_range_for_operator, key_group_table
 from spillover.records import FieldKey, KeyGroupDemux, RecordWriter
-from spillover.runtime.api import Batch, EdgeKind
+from spillover.runtime.api import Batch, EdgeKind, Partitioner, partitioner_name
 from spillover.storage.handle import DataType
 
 
@@ -25,6 +27,31 @@ def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:
     out[:, :4] = np.frombuffer(np.uint32(width).tobytes(), np.uint8)
     out[:, 4:] = np.ascontiguousarray(batch).view(np.uint8).reshape(n, width)
     return out.reshape(-1)
+
+
+def route_by_partitioner(partitioner: Partitioner, keys: Any, n: int) -> npt.NDArray[np.int64]:
+    """The subtask a user partitioner picks for each key, checked: one int per key in 0..n-1."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    try:
+        subs = np.asarray(partitioner(keys, n))
+    except Exception as e:
+        raise ConfigError(
+            f"the custom partitioner {partitioner_name(partitioner)} failed: {e}",
+            hint="a partitioner takes an int64 key array and the subtask count",
+        ) from e
+    if subs.shape != keys.shape or not np.issubdtype(subs.dtype, np.integer):
+        raise ConfigError(
+            f"the custom partitioner {partitioner_name(partitioner)} must return one integer "
+            f"per key: got {subs.dtype} of shape {subs.shape} for {keys.shape[0]} keys"
+        )
+    subs = subs.astype(np.int64, copy=False)
+    if len(subs) and (int(subs.min()) < 0 or int(subs.max()) >= n):
+        bad = subs[(subs < 0) | (subs >= n)][0]
+        raise ConfigError(
+            f"the custom partitioner {partitioner_name(partitioner)} picked subtask {bad}, "
+            f"outside 0..{n - 1}"
+        )
+    return subs
 
 
 class PartitionWriter:
@@ -46,6 +73,7 @@ class PartitionWriter:
         key_field: str | None,
         send: Any,
         send_all: Any,
+        partitioner: Partitioner | None = None,
     ) -> None:
         self.kind = kind
         self.n = n_subpartitions
@@ -74,6 +102,10 @@ class PartitionWriter:
             self._writers = [RecordWriter(segment_size)]
         else:
             self._writers = [RecordWriter(segment_size) for _ in range(n_subpartitions)]
+        if kind is EdgeKind.CUSTOM:
+            assert key_field is not None and partitioner is not None
+            self._partitioner = partitioner
+            self._key_field = key_field
 
     def emit(self, batch: Batch) -> None:
         if len(batch) == 0:
@@ -88,6 +120,15 @@ class PartitionWriter:
         if self.kind is EdgeKind.BROADCAST:
             for buf in self._writers[0].write_batch(data, offsets):
                 self._send_all(buf)
+            return
+        if self.kind is EdgeKind.CUSTOM:
+            subs = route_by_partitioner(self._partitioner, batch[self._key_field], self.n)
+            for sub in np.unique(subs).tolist():
+                # Selecting keeps each subtask's records in batch order.
+                picked = np.ascontiguousarray(batch[subs == sub]).view(np.uint8)
+                offs = np.arange(len(picked) // batch.dtype.itemsize + 1, dtype=np.int64)
+                for buf in self._writers[sub].write_batch(picked, offs * batch.dtype.itemsize):
+                    self._send(sub, buf)
             return
         if self.kind is EdgeKind.FORWARD:
             sub = self._subtask
