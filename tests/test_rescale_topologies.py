@@ -129,3 +129,25 @@ def test_rescaled_custom_edges_route_recovered_records_with_the_partitioner(
     monkeypatch.setattr(PartitionerDemux, "_route", counting)
     _check("custom-partitioner", 3, 2, tmp_path)
     assert sum(routed) > 0, "no recovered record of the custom edge went through the partitioner"
+
+
+# --- the whole matrix: every built-in topology over every rescale pair, run last ----------
+
+MATRIX_PAIRS = [(1, 2), (2, 3), (3, 7), (4, 8), (20, 21), (12, 7), (7, 2), (5, 2), (3, 5)]
+MATRIX_PAIRS += [(b, a) for a, b in MATRIX_PAIRS]
+# pipeline runs the whole matrix in test_rescale_restore; the rest are covered above.
+_COVERED = {(t, o, n) for t, o, n in CASES} | {
+    (t, o, n) for t in RESCALE_TOPOLOGIES for o, n in [(1, 4), (4, 7), (6, 3)]
+}
+MATRIX = [
+    (t, o, n)
+    for t in ("multi-input", "union", *RESCALE_TOPOLOGIES)
+    for o, n in MATRIX_PAIRS
+    if (t, o, n) not in _COVERED
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("topology", "old", "new"), MATRIX)
+def test_rescale_matrix(topology: str, old: int, new: int, tmp_path: Path) -> None:
+    _check(topology, old, new, tmp_path)
