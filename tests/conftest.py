@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +84,29 @@ def storage_location(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[st
         return str(tmp_path / "store"), {"filesystem": pafs.LocalFileSystem()}
     server = request.getfixturevalue("s3_server")
     return s3_uri(server, f"run-{uuid.uuid4().hex}"), {}
+
+
+@pytest.fixture
+def rescale_exact(tmp_path: Path) -> Callable[..., None]:
+    """``rescale_exact(topology, old, new, policy="unaligned")``: runs a built-in topology
+    at ``old`` with two induced failures, restores its latest checkpoint at ``new``,
+    and asserts the run was exact and that the checkpoint held in-flight data it replayed."""
+    from spillover.verify import VerifySpec, verify
+
+    def check(topology: str, old: int, new: int, policy: str = "unaligned") -> None:
+        spec = VerifySpec(
+            topology=topology,
+            policy=policy,
+            parallelism=old,
+            rescale_to=new,
+            records=30_000,
+            failures=2,
+            rate_per_subtask=30_000,
+            seed=old * 100 + new,
+        )
+        report = verify(spec, str(tmp_path))
+        assert report.exact, report.text()
+        assert report.restored_inflight > 0, "the restored checkpoint held no in-flight data"
+        assert report.inflight_replayed > 0
+
+    return check

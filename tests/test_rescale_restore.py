@@ -9,6 +9,7 @@ duplicated, order kept per key and source partition, every key in its key group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,53 +19,38 @@ from spillover.errors import ConfigError, RescaleError, StorageError
 from spillover.runtime.api import Batch, Operator
 from spillover.runtime.executor import LocalExecutor
 from spillover.runtime.sources import GeneratorSource
-from spillover.verify import VerifySpec, build, verify
+from spillover.verify import VerifySpec, build
 
 PAIRS = [(1, 2), (2, 3), (3, 7), (4, 8), (5, 2), (3, 5), (7, 2)]
 PAIRS += [(b, a) for a, b in PAIRS]
 SLOW_PAIRS = [(20, 21), (21, 20), (12, 7), (7, 12)]
 
 
-def _check(topology: str, old: int, new: int, tmp_path: Path, policy: str = "unaligned") -> None:
-    spec = VerifySpec(
-        topology=topology,
-        policy=policy,
-        parallelism=old,
-        rescale_to=new,
-        records=30_000,
-        failures=2,
-        rate_per_subtask=30_000,
-        seed=old * 100 + new,
-    )
-    report = verify(spec, str(tmp_path))
-    assert report.exact, report.text()
-    assert report.restored_inflight > 0, "the restored checkpoint held no in-flight data"
-    assert report.inflight_replayed > 0
-
-
 @pytest.mark.parametrize(("old", "new"), PAIRS)
-def test_rescale_pipeline(old: int, new: int, tmp_path: Path) -> None:
-    _check("pipeline", old, new, tmp_path)
+def test_rescale_pipeline(old: int, new: int, rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("pipeline", old, new)
 
 
 @pytest.mark.parametrize("topology", ["multi-input", "union"])
 @pytest.mark.parametrize(("old", "new"), [(1, 2), (2, 3), (3, 2), (4, 2), (2, 5)])
-def test_rescale_multi_input_and_union(topology: str, old: int, new: int, tmp_path: Path) -> None:
-    _check(topology, old, new, tmp_path)
+def test_rescale_multi_input_and_union(
+    topology: str, old: int, new: int, rescale_exact: Callable[..., None]
+) -> None:
+    rescale_exact(topology, old, new)
 
 
-def test_rescale_with_bounded_inflight_data(tmp_path: Path) -> None:
-    _check("pipeline", 3, 2, tmp_path, policy="max-inflight")
+def test_rescale_with_bounded_inflight_data(rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("pipeline", 3, 2, policy="max-inflight")
 
 
-def test_restore_without_rescaling(tmp_path: Path) -> None:
-    _check("union", 2, 2, tmp_path)
+def test_restore_without_rescaling(rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("union", 2, 2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("old", "new"), SLOW_PAIRS)
-def test_rescale_wide(old: int, new: int, tmp_path: Path) -> None:
-    _check("pipeline", old, new, tmp_path)
+def test_rescale_wide(old: int, new: int, rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("pipeline", old, new)
 
 
 # --- refusals ---------------------------------------------------------------------------------

@@ -193,6 +193,44 @@ def key_by_mapping(
     )
 
 
+Replayed = dict[int, tuple[FilteringRetriever, dict[int, list[bytes]], dict[int, list[int]]]]
+
+
+def replay_every_subtask(
+    m: EdgeMapping, state: OldState, down_new: int, out_size: int, **kw: Any
+) -> Replayed:
+    """Per new downstream subtask: its retriever (closed), records and buffer sizes per
+    new channel; each old channel's records must come in their order."""
+    got: Replayed = {}
+    for new in range(down_new):
+        with rescaled_retriever(
+            m,
+            Side.INPUT,
+            new,
+            input_handles=state.inputs,
+            output_handles=state.outputs,
+            key=KEY,
+            buffer_size=out_size,
+            **kw,
+        ) as r:
+            per_channel, sizes = collect(r)
+        assert_old_channel_order(per_channel, state.old_channel_by_rid())
+        got[new] = (r, per_channel, sizes)
+    return got
+
+
+def records_once_each(got: Replayed, state: OldState) -> dict[int, list[bytes]]:
+    """The records each new subtask replayed, after checking that together they are
+    every old record exactly once."""
+    per_subtask = {
+        new: [x for recs in pc.values() for x in recs] for new, (_, pc, _) in got.items()
+    }
+    union = [x for recs in per_subtask.values() for x in recs]
+    assert Counter(union) == Counter(state.records)
+    assert len(union) == len(set(union)) == len(state.records)  # disjoint
+    return per_subtask
+
+
 @st.composite
 def rescales(draw: st.DrawFn) -> tuple[int, int, int, int, int]:
     up_old, down_old, up_new, down_new = (draw(st.integers(1, 8)) for _ in range(4))
@@ -225,35 +263,20 @@ def test_every_record_reaches_its_key_group_owner_exactly_once_and_in_order(
     m = key_by_mapping(up_old, down_old, up_new, down_new, max_p)
     with tempfile.TemporaryDirectory() as tmp:
         state = old_state(Path(tmp), placed, up_old, down_old, rng, buffer_size)
-        got: dict[int, list[bytes]] = {}
-        for new in range(down_new):
-            with rescaled_retriever(
-                m,
-                Side.INPUT,
-                new,
-                input_handles=state.inputs,
-                output_handles=state.outputs,
-                key=KEY,
-                buffer_size=out_size,
-            ) as r:
-                per_channel, sizes = collect(r)
-            old_channel = state.old_channel_by_rid()
-            assert_old_channel_order(per_channel, old_channel)
+        got = replay_every_subtask(m, state, down_new, out_size)
+        old_channel = state.old_channel_by_rid()
+        for r, per_channel, sizes in got.values():
             for channel, recs in per_channel.items():
                 # Each old channel comes in on the channel fed by its upstream's heir.
                 assert {replay_owner(old_channel[rid_of(x)][0], up_new) for x in recs} == {channel}
                 if not r.pass_through:  # repacked: full buffers but the last of each channel
                     assert all(s == out_size for s in sizes[channel][:-1]), sizes[channel]
-            got[new] = [x for recs in per_channel.values() for x in recs]
         for new in range(up_new):
             with rescaled_retriever(
                 m, Side.OUTPUT, new, input_handles=state.inputs, output_handles=state.outputs
             ) as r:
                 assert list(r) == []  # the downstream reads output pieces with their channel
-    union = [x for recs in got.values() for x in recs]
-    assert Counter(union) == Counter(state.records)
-    assert sum(len(v) for v in got.values()) == len(set(union)) == n  # disjoint
-    for new, recs in got.items():
+    for new, recs in records_once_each(got, state).items():
         for x in recs:
             assert operator_index_for_key_group(max_p, down_new, kg_of[rid_of(x)]) == new
 
@@ -295,25 +318,8 @@ def test_custom_partitioner_edges_reach_the_partitioners_pick_exactly_once_and_i
     )
     with tempfile.TemporaryDirectory() as tmp:
         state = old_state(Path(tmp), placed, up_old, down_old, rng, buffer_size)
-        got: dict[int, list[bytes]] = {}
-        for new in range(down_new):
-            with rescaled_retriever(
-                m,
-                Side.INPUT,
-                new,
-                input_handles=state.inputs,
-                output_handles=state.outputs,
-                key=KEY,
-                buffer_size=out_size,
-                partitioner=mixing_partitioner,
-            ) as r:
-                per_channel, _ = collect(r)
-            assert_old_channel_order(per_channel, state.old_channel_by_rid())
-            got[new] = [x for recs in per_channel.values() for x in recs]
-    union = [x for recs in got.values() for x in recs]
-    assert Counter(union) == Counter(state.records)
-    assert len(union) == n
-    for new, recs in got.items():
+        got = replay_every_subtask(m, state, down_new, out_size, partitioner=mixing_partitioner)
+    for new, recs in records_once_each(got, state).items():
         for x in recs:
             assert int(mixing_partitioner([key_of_rid[rid_of(x)]], down_new)[0]) == new
 

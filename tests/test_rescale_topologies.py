@@ -13,6 +13,7 @@ count and sum per key; for broadcast, every broadcast record once per new subtas
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from spillover.verify import (
     VerifySpec,
     compare,
     run_once,
-    verify,
 )
 
 CASES = [("rebalance-chain", 1, 2)] + [
@@ -37,38 +37,23 @@ CASES = [("rebalance-chain", 1, 2)] + [
 ]
 
 
-def _check(topology: str, old: int, new: int, tmp_path: Path) -> None:
-    spec = VerifySpec(
-        topology=topology,
-        policy="unaligned",
-        parallelism=old,
-        rescale_to=new,
-        records=30_000,
-        failures=2,
-        rate_per_subtask=30_000,
-        seed=old * 100 + new,
-    )
-    report = verify(spec, str(tmp_path))
-    assert report.exact, report.text()
-    assert report.restored_inflight > 0, "the restored checkpoint held no in-flight data"
-    assert report.inflight_replayed > 0
-
-
 @pytest.mark.parametrize(("topology", "old", "new"), CASES)
-def test_rescale(topology: str, old: int, new: int, tmp_path: Path) -> None:
-    _check(topology, old, new, tmp_path)
+def test_rescale(topology: str, old: int, new: int, rescale_exact: Callable[..., None]) -> None:
+    rescale_exact(topology, old, new)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("topology", RESCALE_TOPOLOGIES)
 @pytest.mark.parametrize(("old", "new"), [(1, 4), (4, 7), (6, 3)])
-def test_rescale_wider(topology: str, old: int, new: int, tmp_path: Path) -> None:
-    _check(topology, old, new, tmp_path)
+def test_rescale_wider(
+    topology: str, old: int, new: int, rescale_exact: Callable[..., None]
+) -> None:
+    rescale_exact(topology, old, new)
 
 
 @pytest.mark.parametrize("topology", RESCALE_TOPOLOGIES)
-def test_restore_without_rescaling(topology: str, tmp_path: Path) -> None:
-    _check(topology, 2, 2, tmp_path)
+def test_restore_without_rescaling(topology: str, rescale_exact: Callable[..., None]) -> None:
+    rescale_exact(topology, 2, 2)
 
 
 # --- the checks see what they must ---------------------------------------------------------
@@ -114,7 +99,7 @@ def test_order_free_state_difference_is_named(tmp_path: Path) -> None:
 
 
 def test_rescaled_custom_edges_route_recovered_records_with_the_partitioner(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    rescale_exact: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from spillover.records import PartitionerDemux
 
@@ -127,7 +112,7 @@ def test_rescaled_custom_edges_route_recovered_records_with_the_partitioner(
         return out
 
     monkeypatch.setattr(PartitionerDemux, "_route", counting)
-    _check("custom-partitioner", 3, 2, tmp_path)
+    rescale_exact("custom-partitioner", 3, 2)
     assert sum(routed) > 0, "no recovered record of the custom edge went through the partitioner"
 
 
@@ -149,5 +134,7 @@ MATRIX = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("topology", "old", "new"), MATRIX)
-def test_rescale_matrix(topology: str, old: int, new: int, tmp_path: Path) -> None:
-    _check(topology, old, new, tmp_path)
+def test_rescale_matrix(
+    topology: str, old: int, new: int, rescale_exact: Callable[..., None]
+) -> None:
+    rescale_exact(topology, old, new)

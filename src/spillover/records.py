@@ -418,7 +418,28 @@ def key_groups_of(
 # ---- the filter ----
 
 
-class KeyGroupDemux:
+class _Demux:
+    """What both demultiplexers share: :meth:`finish` over :meth:`flush` and :meth:`pending`."""
+
+    def flush(self) -> list[tuple[int, Buffer]]:
+        raise NotImplementedError
+
+    def pending(self) -> dict[object, int]:
+        raise NotImplementedError
+
+    def finish(self) -> list[tuple[int, Buffer]]:
+        """:meth:`flush`, after checking that no channel ended inside a record."""
+        pending = self.pending()
+        if pending:
+            raise CorruptRecordError(
+                "input channels end in the middle of a record",
+                detail=", ".join(f"channel {c!r}: {n} bytes" for c, n in pending.items()),
+                hint="a buffer is missing, or channels were mixed up",
+            )
+        return self.flush()
+
+
+class KeyGroupDemux(_Demux):
     """Routes records to outputs by key group, packing each output into network buffers.
 
     ``kg_to_output`` (one int per key group, e.g. from
@@ -480,17 +501,6 @@ class KeyGroupDemux:
         """Hands out every partly filled output buffer too (records begun on a channel stay)."""
         return self._core.flush()
 
-    def finish(self) -> list[tuple[int, Buffer]]:
-        """:meth:`flush`, after checking that no channel ended inside a record."""
-        pending = self._core.pending()
-        if pending:
-            raise CorruptRecordError(
-                "input channels end in the middle of a record",
-                detail=", ".join(f"channel {c!r}: {n} bytes" for c, n in pending.items()),
-                hint="a buffer is missing, or channels were mixed up",
-            )
-        return self.flush()
-
     def pending(self) -> dict[object, int]:
         """``{channel: bytes}`` of records begun and not yet complete."""
         return self._core.pending()
@@ -506,7 +516,41 @@ class KeyGroupDemux:
         return self._core.dropped
 
 
-class PartitionerDemux:
+def partitioner_name(p: object) -> str:
+    """A partitioner's qualified name, for errors and checkpoint fingerprints."""
+    owner = p if hasattr(p, "__qualname__") else type(p)
+    return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', '?')}"
+
+
+def partitions_of(
+    partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike], keys: object, n: int
+) -> npt.NDArray[np.int64]:
+    """``partitioner(keys, n)``, checked: one integer per key, each in ``0 .. n - 1``.
+
+    Anything else raises :class:`~spillover.errors.ConfigError` naming the partitioner.
+    """
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    name = partitioner_name(partitioner)
+    try:
+        subs = np.asarray(partitioner(keys, n))
+    except Exception as e:
+        raise ConfigError(
+            f"the custom partitioner {name} failed: {e}",
+            hint="a partitioner takes an int64 key array and the subtask count",
+        ) from e
+    if subs.shape != keys.shape or not np.issubdtype(subs.dtype, np.integer):
+        raise ConfigError(
+            f"the custom partitioner {name} must return one integer per key: "
+            f"got {subs.dtype} of shape {subs.shape} for {keys.shape[0]} keys"
+        )
+    subs = subs.astype(np.int64, copy=False)
+    if len(subs) and (int(subs.min()) < 0 or int(subs.max()) >= n):
+        bad = subs[(subs < 0) | (subs >= n)][0]
+        raise ConfigError(f"the custom partitioner {name} picked subtask {bad}, outside 0..{n - 1}")
+    return subs
+
+
+class PartitionerDemux(_Demux):
     """Like :class:`KeyGroupDemux`, but a user partitioner routes each record.
 
     ``partitioner(keys, n_partitions)`` gets the int64 (or int32) key field of
@@ -565,14 +609,7 @@ class PartitionerDemux:
         at = (offsets + self.key.offset)[:, None] + np.arange(self._width)
         dtype = "<i8" if self._width == 8 else "<i4"
         keys = data[at].view(dtype).reshape(-1).astype(np.int64)
-        parts = np.asarray(self.partitioner(keys, self.n_partitions))
-        if parts.shape != keys.shape or not np.issubdtype(parts.dtype, np.integer):
-            raise ConfigError("the partitioner must return one integer per key")
-        if len(parts) and (parts.min() < 0 or parts.max() >= self.n_partitions):
-            raise ConfigError(
-                f"the partitioner picked a partition outside 0..{self.n_partitions - 1}"
-            )
-        outs = self._table[parts]
+        outs = self._table[partitions_of(self.partitioner, keys, self.n_partitions)]
         out: list[tuple[int, Buffer]] = []
         for o in np.unique(outs[outs >= 0]).tolist():
             sel = outs == o
@@ -589,17 +626,6 @@ class PartitionerDemux:
     def flush(self) -> list[tuple[int, Buffer]]:
         """Hands out every partly filled output buffer too (records begun on a channel stay)."""
         return list(self._packer.flush())
-
-    def finish(self) -> list[tuple[int, Buffer]]:
-        """:meth:`flush`, after checking that no channel ended inside a record."""
-        pending = self.pending()
-        if pending:
-            raise CorruptRecordError(
-                "input channels end in the middle of a record",
-                detail=", ".join(f"channel {c!r}: {n} bytes" for c, n in pending.items()),
-                hint="a buffer is missing, or channels were mixed up",
-            )
-        return self.flush()
 
     def pending(self) -> dict[object, int]:
         """``{channel: bytes}`` of records begun and not yet complete."""

@@ -57,14 +57,6 @@ a rescaled restore calls it again to route recovered records.
 """
 
 
-def partitioner_name(p: Partitioner | None) -> str | None:
-    """What a checkpoint records of a partitioner: its qualified name."""
-    if p is None:
-        return None
-    owner = p if hasattr(p, "__qualname__") else type(p)
-    return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', '?')}"
-
-
 @dataclass(frozen=True)
 class StateDescriptor:
     """Names a piece of keyed state. ``kind``: ``"value"`` (last value per key),

@@ -19,7 +19,8 @@ import numpy as np
 
 from spillover.errors import ConfigError
 from spillover.keygroups import compute_default_max_parallelism
-from spillover.runtime.api import Batch, EdgeKind, Operator, Partitioner, partitioner_name
+from spillover.records import partitioner_name
+from spillover.runtime.api import Batch, EdgeKind, Operator, Partitioner
 
 
 @dataclass

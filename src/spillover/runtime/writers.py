@@ -11,12 +11,10 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from spillover.errors import ConfigError
 from spillover.keygroups import key_group_range_for_operator, key_group_table
-from spillover.records import FieldKey, KeyGroupDemux, RecordWriter
-from spillover.runtime.api import Batch, EdgeKind, Partitioner, partitioner_name
+from spillover.records import FieldKey, KeyGroupDemux, RecordWriter, partitions_of
+from spillover.runtime.api import Batch, EdgeKind, Partitioner
 from spillover.storage.handle import DataType
 
 
@@ -27,31 +25,6 @@ def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:
     out[:, :4] = np.frombuffer(np.uint32(width).tobytes(), np.uint8)
     out[:, 4:] = np.ascontiguousarray(batch).view(np.uint8).reshape(n, width)
     return out.reshape(-1)
-
-
-def route_by_partitioner(partitioner: Partitioner, keys: Any, n: int) -> npt.NDArray[np.int64]:
-    """The subtask a user partitioner picks for each key, checked: one int per key in 0..n-1."""
-    keys = np.ascontiguousarray(keys, dtype=np.int64)
-    try:
-        subs = np.asarray(partitioner(keys, n))
-    except Exception as e:
-        raise ConfigError(
-            f"the custom partitioner {partitioner_name(partitioner)} failed: {e}",
-            hint="a partitioner takes an int64 key array and the subtask count",
-        ) from e
-    if subs.shape != keys.shape or not np.issubdtype(subs.dtype, np.integer):
-        raise ConfigError(
-            f"the custom partitioner {partitioner_name(partitioner)} must return one integer "
-            f"per key: got {subs.dtype} of shape {subs.shape} for {keys.shape[0]} keys"
-        )
-    subs = subs.astype(np.int64, copy=False)
-    if len(subs) and (int(subs.min()) < 0 or int(subs.max()) >= n):
-        bad = subs[(subs < 0) | (subs >= n)][0]
-        raise ConfigError(
-            f"the custom partitioner {partitioner_name(partitioner)} picked subtask {bad}, "
-            f"outside 0..{n - 1}"
-        )
-    return subs
 
 
 class PartitionWriter:
@@ -122,12 +95,17 @@ class PartitionWriter:
                 self._send_all(buf)
             return
         if self.kind is EdgeKind.CUSTOM:
-            subs = route_by_partitioner(self._partitioner, batch[self._key_field], self.n)
-            for sub in np.unique(subs).tolist():
-                # Selecting keeps each subtask's records in batch order.
-                picked = np.ascontiguousarray(batch[subs == sub]).view(np.uint8)
-                offs = np.arange(len(picked) // batch.dtype.itemsize + 1, dtype=np.int64)
-                for buf in self._writers[sub].write_batch(picked, offs * batch.dtype.itemsize):
+            subs = partitions_of(self._partitioner, batch[self._key_field], self.n)
+            # One stable gather groups the records by subtask, each in batch order.
+            order = np.argsort(subs, kind="stable")
+            grouped = np.ascontiguousarray(batch[order]).view(np.uint8)
+            counts = np.bincount(subs, minlength=self.n)
+            ends = np.cumsum(counts) * batch.dtype.itemsize
+            for sub in np.flatnonzero(counts).tolist():
+                start = int(ends[sub - 1]) if sub else 0
+                rows = grouped[start : int(ends[sub])]
+                offs = np.arange(0, len(rows) + 1, batch.dtype.itemsize, dtype=np.int64)
+                for buf in self._writers[sub].write_batch(rows, offs):
                     self._send(sub, buf)
             return
         if self.kind is EdgeKind.FORWARD:
