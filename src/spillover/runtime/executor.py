@@ -75,7 +75,7 @@ class _Attempt:
 
     def __init__(
         self,
-        ex: LocalExecutor,
+        ex: Executor,
         attempt: int,
         restore: dict[tuple[str, int], TaskRestore] | None,
         restored_id: int | None,
@@ -249,6 +249,10 @@ class _Attempt:
         for t in self.tasks.values():
             t.thread.join(timeout=30)
 
+    def task_metrics(self) -> dict[str, dict[str, float]]:
+        """Each subtask's metrics (``uid#i``), live while the attempt runs."""
+        return {f"{uid}#{i}": t.metrics() for (uid, i), t in self.tasks.items()}
+
 
 def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
     raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
@@ -264,8 +268,13 @@ def _keyed_backend(g: JobGraph) -> Any:
     return make
 
 
-class LocalExecutor:
-    """Runs a job graph with one thread per subtask, restarting it on failures."""
+class Executor:
+    """Runs a job graph, restarting it on failures; subclasses say where subtasks run.
+
+    A subclass gives ``_attempt(attempt, restore, restored_id)``: an object with
+    ``run(deadline, stop_at, stop_when)`` (the error that ended it, or None),
+    ``coordinator``, ``stopped`` and ``task_metrics()``.
+    """
 
     def __init__(
         self,
@@ -309,6 +318,26 @@ class LocalExecutor:
         )
         self.next_checkpoint_id = 1
         self.job_id = uuid.uuid4().hex
+        self._current: Any = None  # the running attempt
+
+    def _attempt(
+        self,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> Any:
+        raise NotImplementedError
+
+    def live_metric(self, uid: str, metric: str = "records_in") -> float:
+        """The sum of ``metric`` over the subtasks of operator ``uid`` in the running
+        attempt (0 before it starts); safe to call from any thread."""
+        run = self._current
+        if run is None:
+            return 0.0
+        prefix = f"{uid}#"
+        return float(
+            sum(m.get(metric, 0.0) for k, m in run.task_metrics().items() if k.startswith(prefix))
+        )
 
     def _restore_point(self) -> dict[str, Any] | None:
         """The metadata of the checkpoint to restore: the one asked for (an id in this
@@ -374,13 +403,13 @@ class LocalExecutor:
             restored_id = int(meta["checkpoint_id"]) if meta is not None else None
             if restored_id is not None:
                 result.restored_from.append(restored_id)
-            run = _Attempt(self, attempt, restore, restored_id)
+            run = self._current = self._attempt(attempt, restore, restored_id)
             error = run.run(deadline, stop_at, stop_when)
             result.attempts = attempt + 1
             result.checkpoints += [c.summary() for c in run.coordinator.history]
-            for (uid, i), t in run.tasks.items():
-                result.tasks[f"{uid}#{i}"] = t.metrics()
-                result.replayed_bytes += t.replayed_bytes
+            for name, m in run.task_metrics().items():
+                result.tasks[name] = m
+                result.replayed_bytes += int(m.get("replayed_bytes", 0))
             self.next_checkpoint_id = run.coordinator.next_id
             if error is None:
                 result.status = "stopped" if run.stopped else "finished"
@@ -408,3 +437,40 @@ class LocalExecutor:
             restore = self._plan(meta)
         result.duration_s = time.monotonic() - started
         return result
+
+
+class LocalExecutor(Executor):
+    """Runs a job graph with one thread per subtask, restarting it on failures."""
+
+    def _attempt(
+        self,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> _Attempt:
+        return _Attempt(self, attempt, restore, restored_id)
+
+
+EXECUTORS = ("local", "spark")
+
+
+def create_executor(
+    kind: str,
+    job: JobGraph | StreamEnvironment,
+    config: Config | None = None,
+    *,
+    master: str | None = None,
+    **options: Any,
+) -> Executor:
+    """An executor by name: ``local`` (threads in this process) or ``spark`` (a barrier
+    stage per attempt on ``master``, default the embedded local master). ``options``
+    are those of :class:`LocalExecutor`."""
+    if kind == "local":
+        if master is not None:
+            raise ConfigError("--master needs the spark executor", hint="add --executor spark")
+        return LocalExecutor(job, config, **options)
+    if kind == "spark":
+        from spillover.spark import SparkExecutor
+
+        return SparkExecutor(job, config, master=master, **options)
+    raise ConfigError(f"unknown executor {kind!r}", hint=f"choose one of {', '.join(EXECUTORS)}")
