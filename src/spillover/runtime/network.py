@@ -211,8 +211,18 @@ class InputChannel:
             gate._list_locked(self)
         return waited
 
-    def push_event(self, buffer: NetworkBuffer, priority: bool = False) -> list[NetworkBuffer]:
-        """Enqueues an event (no credit needed); see :meth:`Subpartition.add_event`."""
+    def push_event(
+        self,
+        buffer: NetworkBuffer,
+        priority: bool = False,
+        on_overtaken: Callable[[list[NetworkBuffer]], None] | None = None,
+    ) -> list[NetworkBuffer]:
+        """Enqueues an event (no credit needed); see :meth:`Subpartition.add_event`.
+
+        A priority event returns the data buffers it overtook (retained), or hands
+        them to ``on_overtaken`` (then returns ``[]``), which runs before the event
+        can be polled: whatever it records is there when the consumer sees the event.
+        """
         gate = self.gate
         with gate._lock:
             self._check_open_locked()
@@ -221,6 +231,9 @@ class InputChannel:
                 gate._list_locked(self)
                 return []
             overtaken = [b.retain() for b in self._queue if b.data_type == _DATA]
+            if on_overtaken is not None:
+                on_overtaken(overtaken)
+                overtaken = []
             self._priority.append(buffer)
             gate._prio.append(self.index)
             gate._available.notify_all()

@@ -13,7 +13,8 @@ import concurrent.futures
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,6 +188,10 @@ class Task:
         self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure
         self._switch_requested = -1  # the checkpoint whose alignment timed out, if any
         self._done_checkpoints: set[int] = set()
+        # Buffers a priority barrier overtook in a remote channel's receive queue, per
+        # channel: (checkpoint id, buffers), recorded by the TCP receiver (overtaken).
+        self._overtaken: dict[int, deque[tuple[int, list[Any]]]] = {}
+        self._overtaken_lock = threading.Lock()
 
     # -- control, from other threads -------------------------------------------------
 
@@ -198,6 +203,45 @@ class Task:
         self.mailbox.put(action)
         if self.gate is not None:
             self.gate.wake()
+
+    def overtaken(self, ch: int, event: Any, buffers: list[Any]) -> None:
+        """From a TCP receiving thread, before a priority event of input channel ``ch``
+        can be polled: the data buffers it overtook in the receive queue. For a
+        barrier they belong to that checkpoint's input state of ``ch`` (the producer
+        could not persist them: they had left it); the task takes them with the event."""
+        from spillover.runtime.events import CheckpointBarrier
+
+        if not isinstance(event, CheckpointBarrier) or not buffers:
+            for b in buffers:
+                b.release()
+            return
+        with self._overtaken_lock:
+            self._overtaken.setdefault(ch, deque()).append((event.checkpoint_id, buffers))
+
+    def _take_overtaken(self, ch: int, cid: int) -> list[Any]:
+        """The buffers checkpoint ``cid``'s barrier overtook on ``ch`` (older ones are
+        stale and released)."""
+        if not self._overtaken:
+            return []
+        out: list[Any] = []
+        with self._overtaken_lock:
+            q = self._overtaken.get(ch)
+            while q and q[0][0] <= cid:
+                c, bufs = q.popleft()
+                if c == cid:
+                    out.extend(bufs)
+                else:
+                    for b in bufs:
+                        b.release()
+        return out
+
+    def _release_overtaken(self) -> None:
+        with self._overtaken_lock:
+            for q in self._overtaken.values():
+                for _, bufs in q:
+                    for b in bufs:
+                        b.release()
+            self._overtaken.clear()
 
     def cancel(self) -> None:
         """Stops the task: wakes it wherever it blocks (emit, poll) with an error."""
@@ -229,6 +273,7 @@ class Task:
         except BaseException as e:  # reported to the executor, which fails over
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
+            self._release_overtaken()
             for op in self.ops:
                 try:
                     op.close()
@@ -545,12 +590,20 @@ class Task:
         if isinstance(event, ev.CheckpointBarrier):
             cid = event.checkpoint_id
             inf = self.inflight
-            if inf is not None and inf.checkpoint_id == cid:
-                self._channel_done(ch)
-            elif event.kind == ev.BarrierKind.UNALIGNED or cid in self._switched:
-                self._go_unaligned(event, ch)
-            else:
-                self.barriers.on_barrier(ch, event)
+            overtaken = self._take_overtaken(ch, cid)
+            try:
+                if inf is not None and inf.checkpoint_id == cid:
+                    if ch in inf.pending:
+                        for b in overtaken:
+                            inf.writer.add_input(*self._gate_of[ch], b)
+                    self._channel_done(ch)
+                elif event.kind == ev.BarrierKind.UNALIGNED or cid in self._switched:
+                    self._go_unaligned(event, ch, overtaken)
+                else:
+                    self.barriers.on_barrier(ch, event)
+            finally:
+                for b in overtaken:
+                    b.release()
         elif isinstance(event, ev.CancelCheckpointMarker):
             if self.inflight is not None and self.inflight.checkpoint_id == event.checkpoint_id:
                 self._abort_unaligned()
@@ -608,8 +661,11 @@ class Task:
 
     # -- unaligned checkpoints (see unaligned.py) ------------------------------------
 
-    def _go_unaligned(self, barrier: Any, first_channel: int | None) -> None:
-        """The first barrier of an unaligned checkpoint (or a switched one) is here."""
+    def _go_unaligned(
+        self, barrier: Any, first_channel: int | None, overtaken: Sequence[Any] = ()
+    ) -> None:
+        """The first barrier of an unaligned checkpoint (or a switched one) is here;
+        ``overtaken``: what it overtook in ``first_channel``'s receive queue."""
         from spillover.runtime import events as ev
 
         assert self.barriers is not None
@@ -634,7 +690,8 @@ class Task:
         if first_channel is not None:
             done.add(first_channel)
         pending = set(range(len(self.channels))) - done - h.ended
-        inf = self._start_unaligned(barrier.as_unaligned(), pending, stats)
+        first = (first_channel, overtaken) if first_channel is not None and overtaken else None
+        inf = self._start_unaligned(barrier.as_unaligned(), pending, stats, first)
         # Barriers of this checkpoint still queued in line overtake the data ahead.
         for ch in sorted(inf.pending):
             ahead = self.gate.overtake(ch, _is_barrier(cid, ev))
@@ -714,7 +771,11 @@ class Task:
         self._switched.add(cid)
 
     def _start_unaligned(
-        self, barrier: Any, pending: set[int], stats: AlignmentStats | None
+        self,
+        barrier: Any,
+        pending: set[int],
+        stats: AlignmentStats | None,
+        first: tuple[int, Sequence[Any]] | None = None,
     ) -> InFlightCheckpoint:
         from spillover.runtime.unaligned import ChannelStateWriter, InFlightCheckpoint
 
@@ -729,6 +790,9 @@ class Task:
             raw = reader.pending_raw()
             if raw:
                 writer.add_input(*self._gate_of[ch], raw)
+        if first is not None:  # what the barrier overtook on its channel comes next
+            for b in first[1]:
+                writer.add_input(*self._gate_of[first[0]], b)
         inf = InFlightCheckpoint(
             cid,
             writer,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import hashlib
 import hmac
 import os
@@ -113,8 +114,9 @@ _DATA = DataType.DATA
 
 OvertakenHandler = Callable[[int, Event, list[NetworkBuffer]], None]
 """``(channel index, priority event, overtaken data buffers)``, called by a receiving
-thread right after the event was queued; the handler owns the buffers (each
-retained for it) and releases every one, after persisting it."""
+thread just before the event can be polled (under the gate's lock: it must only
+record them, quickly); the handler owns the buffers (each retained for it) and
+releases every one, after persisting it."""
 
 
 class TransportError(NetworkError, ConnectionError):
@@ -1012,12 +1014,11 @@ class _Inbound(CreditListener):
                         raise ProtocolError(
                             "a priority event that does not parse", detail=str(e)
                         ) from e
-                    overtaken = ch.push_event(ev, True)
                     handler = self.on_overtaken
                     if handler is not None:
-                        handler(ch.index, event, overtaken)
+                        ch.push_event(ev, True, functools.partial(handler, ch.index, event))
                     else:
-                        for b in overtaken:
+                        for b in ch.push_event(ev, True):
                             b.release()
                 elif ftype == FrameType.END:
                     payload = _read_payload(sock, length, _MAX_EVENT, stop, "END")
