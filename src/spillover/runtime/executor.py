@@ -70,6 +70,117 @@ class JobResult:
         return json.dumps(self.__dict__, default=str, indent=1)
 
 
+RemoteConnect = Callable[[ResultPartition, int, str, int], None]
+"""``(partition, subpartition, gate name, channel)``: links a subpartition to an input
+channel of a subtask that runs elsewhere (see :func:`build_tasks`)."""
+
+
+def build_tasks(
+    g: JobGraph,
+    cfg: Config,
+    *,
+    attempt: int,
+    restore: dict[tuple[str, int], TaskRestore] | None,
+    checkpoint_dir: Callable[[int, str, int], str],
+    failures: FailureInjector,
+    on_done: Callable[[Task, BaseException | None], None],
+    flush_interval: float,
+    hosted: Callable[[int], bool] | None = None,
+    remote: RemoteConnect | None = None,
+) -> dict[tuple[str, int], Task]:
+    """The tasks of one execution attempt with their network, keyed ``(uid, subtask)``.
+
+    ``hosted(i)`` says whether subtask ``i`` of every operator runs here (default:
+    all, the local executor); a result partition's subpartition for a subtask that
+    runs elsewhere is linked with ``remote``. Input gates are named ``uid#i``; the
+    tasks' ``coordinator`` is set by the caller.
+    """
+    here = hosted or (lambda i: True)
+    net = cfg.network
+    gates: dict[tuple[int, int], Any] = {}
+    channels: dict[tuple[int, int], list[InputChannelInfo]] = {}
+    partitions: dict[tuple[int, int], list[Any]] = {}
+    outboxes: dict[tuple[int, int], list[Outbox]] = {}
+    writers: dict[tuple[int, int], list[Any]] = {}
+    for v in g.vertices:
+        ins = sorted(g.inputs_of(v.id), key=lambda e: e.input_index)
+        for d in range(v.parallelism):
+            infos = [
+                InputChannelInfo(e.input_index, e, u, e.dtype)
+                for e in ins
+                for u in range(g.vertices[e.source].parallelism)
+            ]
+            channels[(v.id, d)] = infos
+            gates[(v.id, d)] = (
+                InputGate(
+                    len(infos),
+                    buffers_per_channel=net.buffers_per_channel,
+                    floating_buffers=net.floating_buffers_per_gate,
+                    name=f"{v.uid}#{d}",
+                )
+                if infos and here(d)
+                else None
+            )
+    for e in g.edges:
+        up, down = g.vertices[e.source], g.vertices[e.target]
+        first = next(k for k, c in enumerate(channels[(down.id, 0)]) if c.edge == e)
+        for u in range(up.parallelism):
+            if not here(u):
+                continue
+            pool = BufferPool(net.segment_size, net.buffers_per_partition, f"{up.uid}#{u}")
+            part = ResultPartition(down.parallelism, pool, name=f"{up.uid}#{u}->{down.uid}")
+            for d in range(down.parallelism):
+                if here(d):
+                    connect(part, d, gates[(down.id, d)], first + u)
+                elif remote is None:
+                    raise ValueError(f"subtask {d} of {down.uid!r} runs elsewhere: give remote")
+                else:
+                    remote(part, d, f"{down.uid}#{d}", first + u)
+            partitions.setdefault((up.id, u), []).append(part)
+            box = Outbox(part, pool)
+            outboxes.setdefault((up.id, u), []).append(box)
+            writers.setdefault((up.id, u), []).append(
+                PartitionWriter(
+                    e.kind,
+                    e.dtype,
+                    down.parallelism,
+                    u,
+                    net.segment_size,
+                    g.max_parallelism,
+                    e.key_field,
+                    send=box.send,
+                    send_all=box.send_all,
+                    partitioner=e.partitioner,
+                )
+            )
+    tasks: dict[tuple[str, int], Task] = {}
+    for v in g.vertices:
+        for i in range(v.parallelism):
+            if not here(i):
+                continue
+            tasks[(v.uid, i)] = Task(
+                graph=g,
+                vertex=v,
+                subtask=i,
+                attempt=attempt,
+                gate=gates[(v.id, i)],
+                channels=channels[(v.id, i)],
+                partitions=partitions.get((v.id, i), []),
+                outboxes=outboxes.get((v.id, i), []),
+                writers=writers.get((v.id, i), []),
+                restore=(restore or {}).get((v.uid, i)),
+                coordinator=None,
+                checkpoint_dir=checkpoint_dir,
+                keyed_backend_factory=_keyed_backend(g),
+                failures=failures,
+                on_done=on_done,
+                flush_interval=flush_interval,
+                channel_compression=cfg.checkpointing.codec.label,
+                max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
+            )
+    return tasks
+
+
 class _Attempt:
     """One execution attempt: the tasks, their network and the coordinator."""
 
@@ -85,106 +196,19 @@ class _Attempt:
         self.done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
         self.coordinator_error: BaseException | None = None
         g, cfg = ex.graph, ex.config
-        net = cfg.network
-        # Result partitions and writers per (vertex, subtask), gates per (vertex, subtask).
-        partitions: dict[tuple[int, int], list[Any]] = {}
-        outboxes: dict[tuple[int, int], list[Outbox]] = {}
-        writers: dict[tuple[int, int], list[Any]] = {}
-        gates: dict[tuple[int, int], Any] = {}
-        channels: dict[tuple[int, int], list[InputChannelInfo]] = {}
-        for v in g.vertices:
-            ins = sorted(g.inputs_of(v.id), key=lambda e: e.input_index)
-            for d in range(v.parallelism):
-                infos = [
-                    InputChannelInfo(e.input_index, e, u, e.dtype)
-                    for e in ins
-                    for u in range(g.vertices[e.source].parallelism)
-                ]
-                channels[(v.id, d)] = infos
-                gates[(v.id, d)] = (
-                    InputGate(
-                        len(infos),
-                        buffers_per_channel=net.buffers_per_channel,
-                        floating_buffers=net.floating_buffers_per_gate,
-                        name=f"{v.uid}#{d}",
-                    )
-                    if infos
-                    else None
-                )
-        for e in g.edges:
-            up, down = g.vertices[e.source], g.vertices[e.target]
-            first = next(k for k, c in enumerate(channels[(down.id, 0)]) if c.edge == e)
-            for u in range(up.parallelism):
-                pool = BufferPool(net.segment_size, net.buffers_per_partition, f"{up.uid}#{u}")
-                part = ResultPartition(down.parallelism, pool, name=f"{up.uid}#{u}->{down.uid}")
-                for d in range(down.parallelism):
-                    connect(part, d, gates[(down.id, d)], first + u)
-                partitions.setdefault((up.id, u), []).append(part)
-                box = Outbox(part, pool)
-                outboxes.setdefault((up.id, u), []).append(box)
-                writers.setdefault((up.id, u), []).append(
-                    PartitionWriter(
-                        e.kind,
-                        e.dtype,
-                        down.parallelism,
-                        u,
-                        net.segment_size,
-                        g.max_parallelism,
-                        e.key_field,
-                        send=box.send,
-                        send_all=box.send_all,
-                        partitioner=e.partitioner,
-                    )
-                )
-        self.tasks: dict[tuple[str, int], Task] = {}
         storage = ex.storage
-        for v in g.vertices:
-            for i in range(v.parallelism):
-                self.tasks[(v.uid, i)] = Task(
-                    graph=g,
-                    vertex=v,
-                    subtask=i,
-                    attempt=attempt,
-                    gate=gates[(v.id, i)],
-                    channels=channels[(v.id, i)],
-                    partitions=partitions.get((v.id, i), []),
-                    outboxes=outboxes.get((v.id, i), []),
-                    writers=writers.get((v.id, i), []),
-                    restore=(restore or {}).get((v.uid, i)),
-                    coordinator=None,
-                    checkpoint_dir=(
-                        storage.subtask_dir if storage is not None else _no_checkpoint_dir
-                    ),
-                    keyed_backend_factory=_keyed_backend(g),
-                    failures=ex.failures,
-                    on_done=lambda t, err: self.done.put((t, err)),
-                    flush_interval=ex.flush_interval,
-                    channel_compression=cfg.checkpointing.codec.label,
-                    max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
-                )
-        cp = cfg.checkpointing
-        self.coordinator = CheckpointCoordinator(
-            job_name=g.name,
-            fingerprint=g.fingerprint(),
-            settings=ex.settings,
-            graph=graph_info(g),
-            storage=storage,
-            tasks=self.tasks,
-            sources=[(v.uid, i) for v in g.vertices if v.is_source for i in range(v.parallelism)],
-            interval_s=cp.interval_s,
-            timeout_s=cp.timeout_s,
-            min_pause_s=cp.min_pause_s,
-            max_concurrent=cp.max_concurrent_checkpoints,
-            num_retained=cfg.state.num_retained,
-            tolerable_failures=cp.tolerable_failed_checkpoints,
-            # Ids are never reused: an aborted checkpoint's late writes must not land
-            # in a later checkpoint's directory.
-            first_id=max(ex.next_checkpoint_id, restored_id + 1 if restored_id else 1),
-            on_final=self._terminate_sources,
-            on_failure=self._coordinator_failed,
-            metrics_path=ex.metrics_path,
-            barrier_kind=_BARRIER_KIND[cp.alignment],
-            alignment_timeout_s=cp.aligned_checkpoint_timeout_s,
+        self.tasks = build_tasks(
+            g,
+            cfg,
+            attempt=attempt,
+            restore=restore,
+            checkpoint_dir=storage.subtask_dir if storage is not None else _no_checkpoint_dir,
+            failures=ex.failures,
+            on_done=lambda t, err: self.done.put((t, err)),
+            flush_interval=ex.flush_interval,
+        )
+        self.coordinator = make_coordinator(
+            ex, self.tasks, restored_id, self._terminate_sources, self._coordinator_failed
         )
         for t in self.tasks.values():
             t.coordinator = self.coordinator
@@ -252,6 +276,41 @@ class _Attempt:
     def task_metrics(self) -> dict[str, dict[str, float]]:
         """Each subtask's metrics (``uid#i``), live while the attempt runs."""
         return {f"{uid}#{i}": t.metrics() for (uid, i), t in self.tasks.items()}
+
+
+def make_coordinator(
+    ex: Executor,
+    tasks: dict[tuple[str, int], Any],
+    restored_id: int | None,
+    on_final: Callable[[], None],
+    on_failure: Callable[[BaseException], None],
+) -> CheckpointCoordinator:
+    """The checkpoint coordinator of one attempt over ``tasks`` (anything with
+    ``post(*action)`` and ``request_unaligned(cid)``)."""
+    g, cp = ex.graph, ex.config.checkpointing
+    return CheckpointCoordinator(
+        job_name=g.name,
+        fingerprint=g.fingerprint(),
+        settings=ex.settings,
+        graph=graph_info(g),
+        storage=ex.storage,
+        tasks=tasks,
+        sources=[(v.uid, i) for v in g.vertices if v.is_source for i in range(v.parallelism)],
+        interval_s=cp.interval_s,
+        timeout_s=cp.timeout_s,
+        min_pause_s=cp.min_pause_s,
+        max_concurrent=cp.max_concurrent_checkpoints,
+        num_retained=ex.config.state.num_retained,
+        tolerable_failures=cp.tolerable_failed_checkpoints,
+        # Ids are never reused: an aborted checkpoint's late writes must not land
+        # in a later checkpoint's directory.
+        first_id=max(ex.next_checkpoint_id, restored_id + 1 if restored_id else 1),
+        on_final=on_final,
+        on_failure=on_failure,
+        metrics_path=ex.metrics_path,
+        barrier_kind=_BARRIER_KIND[cp.alignment],
+        alignment_timeout_s=cp.aligned_checkpoint_timeout_s,
+    )
 
 
 def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
