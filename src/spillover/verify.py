@@ -16,6 +16,7 @@ broadcast input one copy of every broadcast record per subtask.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -41,7 +42,7 @@ from spillover.runtime.api import (
     OperatorContext,
     StateDescriptor,
 )
-from spillover.runtime.executor import JobResult, LocalExecutor
+from spillover.runtime.executor import JobResult, create_executor
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import DataStream, StreamEnvironment
 from spillover.runtime.operators import CoMap, TwoInputOperator
@@ -239,6 +240,11 @@ class VerifySpec:
     # Built-ins: "running-total" and "total".
     state_uid: str | None = None
     state: str | None = None
+    # Where the runs with failures go: "local" (threads here) or "spark" (a barrier
+    # stage per attempt on ``master``, default the embedded local master). The
+    # failure-free reference run always uses the local executor.
+    executor: str = "local"
+    master: str | None = None
 
     def describe(self) -> str:
         """``topology <name>`` or ``job <module:function>``."""
@@ -489,12 +495,26 @@ def _config(spec: VerifySpec, ckpt: str) -> Config:
     )
 
 
-def run_once(spec: VerifySpec, workdir: str, name: str, failures: FailureInjector) -> RunOutput:
+def _executor(spec: VerifySpec, graph: Any, cfg: Config, **options: Any) -> Any:
+    if spec.executor == "local":
+        return create_executor("local", graph, cfg, **options)
+    return create_executor(spec.executor, graph, cfg, master=spec.master, **options)
+
+
+def run_once(
+    spec: VerifySpec,
+    workdir: str,
+    name: str,
+    failures: FailureInjector,
+    executor: str | None = None,
+) -> RunOutput:
+    """One run to the end; ``executor`` overrides ``spec.executor``."""
     out_dir = os.path.join(workdir, name, "output")
     ckpt = os.path.join(workdir, name, "checkpoints")
     os.makedirs(out_dir, exist_ok=True)
     graph = spec.factory()(out_dir, name, spec.parallelism).build()
-    result = LocalExecutor(graph, _config(spec, ckpt), failures=failures).run(timeout=600)
+    where = dataclasses.replace(spec, executor=executor) if executor else spec
+    result = _executor(where, graph, _config(spec, ckpt), failures=failures).run(timeout=600)
     return RunOutput(
         result,
         _read(spec, out_dir),
@@ -523,7 +543,9 @@ def run_rescaled(
     os.makedirs(out_dir, exist_ok=True)
     cfg = _config(spec, ckpt)
     make_job = spec.factory()
-    first = LocalExecutor(make_job(out_dir, name, spec.parallelism).build(), cfg, failures=failures)
+    first = _executor(
+        spec, make_job(out_dir, name, spec.parallelism).build(), cfg, failures=failures
+    )
     r1 = first.run(timeout=600, stop_after=stop_after, stop_when=ready)
     completed = r1.completed_checkpoints()
     if r1.status == "finished":
@@ -538,7 +560,7 @@ def run_rescaled(
     # Only the latest completed checkpoint keeps exactly-once: sinks published up to it.
     restored = completed[-1]
     graph = make_job(out_dir, name, spec.rescale_to).build()
-    second = LocalExecutor(graph, cfg, restore_checkpoint=restored["checkpoint_id"])
+    second = _executor(spec, graph, cfg, restore_checkpoint=restored["checkpoint_id"])
     r2 = second.run(timeout=600)
     r2.attempts += r1.attempts
     r2.checkpoints = r1.checkpoints + r2.checkpoints
@@ -811,7 +833,7 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-verify-")
     try:
-        baseline = run_once(spec, workdir, "baseline", FailureInjector())
+        baseline = run_once(spec, workdir, "baseline", FailureInjector(), executor="local")
         if spec.job is not None and baseline.result.status == "finished" and not len(baseline.rows):
             raise ConfigError(
                 f"{spec.describe()} committed nothing without failures",

@@ -51,6 +51,15 @@ class FailureInjector:
         self.fired: list[FailureSpec] = []
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def pending(self) -> int:
         return len(self.specs) - len(self.fired)

@@ -1,15 +1,12 @@
-"""Run spillover jobs on Spark: the job master on the driver, subtasks in barrier stages."""
+"""Run spillover jobs on Spark: the job master on the driver, subtasks in barrier stages.
+
+See docs/spark.md. ``SparkExecutor(job, config, master=...)`` runs like
+:class:`~spillover.runtime.executor.LocalExecutor`; ``spark_context()`` gives the
+embedded local master (or the active context).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from spillover.spark.runner import SparkExecutor, SubtaskFailedError, WorkerLostError, spark_context
 
-from spillover.errors import ConfigError
-from spillover.runtime.executor import Executor
-
-
-class SparkExecutor(Executor):
-    """Runs a job as one Spark barrier stage per execution attempt."""
-
-    def __init__(self, job: Any, config: Any = None, *, master: str | None = None, **kw: Any):
-        raise ConfigError("the spark executor is not built yet")
+__all__ = ["SparkExecutor", "SubtaskFailedError", "WorkerLostError", "spark_context"]

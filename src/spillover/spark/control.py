@@ -1,0 +1,187 @@
+"""The control connection between the job master (driver) and its workers.
+
+One TCP connection per worker, opened by the worker. The master's endpoint binds
+to the driver's address and admits only peers that prove they hold the job's
+secret: it sends a 32-byte nonce and expects ``HMAC-SHA256(secret, nonce +
+b"spillover-control/1")`` back within the handshake timeout, then answers
+``OK``. After that both sides exchange messages: a 4-byte little-endian length,
+then a pickled tuple whose first item names the message (docs/spark.md lists
+them). Pickles are read only from authenticated peers.
+
+Either side closing the connection ends the worker: the master treats it as a
+lost worker, the worker cancels its subtasks and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import pickle
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from spillover.errors import ConfigError
+
+__all__ = ["ControlConnection", "ControlError", "ControlServer", "connect"]
+
+_TAG = b"spillover-control/1"
+_NONCE = 32
+_LEN = struct.Struct("<I")
+_MAX_MESSAGE = 1 << 30
+_OK = b"OK"
+
+
+class ControlError(ConnectionError):
+    """The control connection failed, was refused or closed."""
+
+
+def _mac(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, nonce + _TAG, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    parts = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ControlError("the peer closed the control connection")
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+class ControlConnection:
+    """Framed pickled messages over an authenticated socket; ``send`` from any thread,
+    ``recv`` from one."""
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self._send_lock = threading.Lock()
+        self.closed = False
+
+    def send(self, *message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            if self.closed:
+                raise ControlError(f"control connection to {self.peer} is closed")
+            try:
+                self.sock.sendall(_LEN.pack(len(data)) + data)
+            except OSError as e:
+                raise ControlError(f"control connection to {self.peer}: {e}") from e
+
+    def recv(self) -> tuple[Any, ...]:
+        """The next message; raises :class:`ControlError` once the peer closed."""
+        try:
+            (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
+            if n > _MAX_MESSAGE:
+                raise ControlError(f"a control message of {n} bytes from {self.peer}")
+            message = pickle.loads(_recv_exact(self.sock, n))
+        except OSError as e:
+            raise ControlError(f"control connection to {self.peer}: {e}") from e
+        if not isinstance(message, tuple) or not message:
+            raise ControlError(f"a malformed control message from {self.peer}")
+        return message
+
+    def close(self) -> None:
+        with self._send_lock:
+            self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> ControlConnection:
+    """A worker's connection to the master's endpoint, authenticated."""
+    host, port = address
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise ControlError(f"cannot reach the job master at {host}:{port}: {e}") from e
+    try:
+        nonce = _recv_exact(sock, _NONCE)
+        sock.sendall(_mac(secret, nonce))
+        if _recv_exact(sock, len(_OK)) != _OK:
+            raise ControlError(f"the job master at {host}:{port} refused this worker")
+    except (OSError, ControlError) as e:
+        sock.close()
+        raise ControlError(f"handshake with the job master at {host}:{port} failed: {e}") from e
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return ControlConnection(sock, f"{host}:{port}")
+
+
+class ControlServer:
+    """The master's endpoint: accepts workers that hold ``secret`` and hands each
+    authenticated connection to ``on_connect`` (on a thread of its own)."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        on_connect: Callable[[ControlConnection], None],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        handshake_timeout: float = 10.0,
+    ) -> None:
+        if len(secret) < 16:
+            raise ConfigError("the job secret must be at least 16 bytes")
+        self._secret = secret
+        self._on_connect = on_connect
+        self.handshake_timeout = handshake_timeout
+        self.refused: list[str] = []
+        self._closing = False
+        try:
+            self._listener = socket.create_server((host, port), backlog=256)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot bind the job master's control endpoint to {host}:{port}",
+                detail=str(e),
+                hint="set spark.driver.host (or --driver-host) to an address of this machine",
+            ) from e
+        self._listener.settimeout(0.2)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=f"spillover-control {self.address}", daemon=True
+        )
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                sock, addr = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(
+                target=self._admit, args=(sock, f"{addr[0]}:{addr[1]}"), daemon=True
+            ).start()
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        try:
+            sock.settimeout(self.handshake_timeout)
+            nonce = os.urandom(_NONCE)
+            sock.sendall(nonce)
+            answer = _recv_exact(sock, hashlib.sha256().digest_size)
+            if not hmac.compare_digest(answer, _mac(self._secret, nonce)):
+                self.refused.append(f"{peer}: wrong secret")
+                sock.close()
+                return
+            sock.sendall(_OK)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, ControlError) as e:
+            self.refused.append(f"{peer}: {e}")
+            sock.close()
+            return
+        self._on_connect(ControlConnection(sock, peer))
+
+    def close(self) -> None:
+        self._closing = True
+        self._listener.close()
+        self._thread.join(timeout=5)

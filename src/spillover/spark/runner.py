@@ -1,0 +1,503 @@
+"""The job master on the Spark driver: one barrier stage per generation.
+
+:class:`SparkExecutor` is an :class:`~spillover.runtime.executor.Executor`: the same
+restart loop, restore planning and checkpoint coordinator as the local executor,
+but each execution attempt (a *generation*) runs as one PySpark barrier stage of
+``n`` tasks, ``n`` the largest parallelism of the job; Spark task ``i`` is one
+Python worker process hosting subtask ``i`` of every operator
+(:mod:`spillover.spark.worker`). The master talks to the workers over its control
+endpoint (:mod:`spillover.spark.control`); the workers exchange data over TCP.
+
+Restarts are the master's, not Spark's: when a subtask fails or a worker is lost,
+the master fails the generation, aborts its pending checkpoints, tells every
+worker to cancel, cancels the stage's job group if it does not end on its own,
+and submits generation + 1 with the checkpoint to restore in its closure.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from spillover.config import Config
+from spillover.errors import ConfigError
+from spillover.runtime.executor import Executor, make_coordinator
+from spillover.runtime.failures import FailureInjector
+from spillover.runtime.graph import JobGraph, StreamEnvironment
+from spillover.runtime.task import TaskRestore
+from spillover.spark.control import ControlConnection, ControlError, ControlServer
+from spillover.spark.worker import WorkerSpec, run_worker
+
+__all__ = ["SparkExecutor", "SubtaskFailedError", "WorkerLostError", "spark_context"]
+
+DEFAULT_LOCAL_SLOTS = 32
+_CONTEXT_LOCK = threading.Lock()
+
+
+class SubtaskFailedError(RuntimeError):
+    """A subtask failed in a Spark worker; the message and traceback are the worker's."""
+
+    def __init__(self, message: str, remote_type: str, remote_traceback: str) -> None:
+        super().__init__(message)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+
+class WorkerLostError(RuntimeError):
+    """A worker's process or its control connection is gone."""
+
+
+def spark_context(master: str | None = None, slots: int = 1, app_name: str = "spillover") -> Any:
+    """The active SparkContext, or a new one: ``master`` (default the embedded
+    ``local[max(32, slots)]``) set up for spillover's barrier stages. An active context
+    with another master, or with fewer than ``slots`` task slots, is refused."""
+    from pyspark import SparkConf, SparkContext
+
+    with _CONTEXT_LOCK:
+        active = SparkContext._active_spark_context
+        if active is not None:
+            if master is not None and active.master != master:
+                raise ConfigError(
+                    f"a SparkContext with master {active.master!r} is running",
+                    detail=f"asked for {master!r}",
+                    hint="stop it first, or pass that context (spark_context=)",
+                )
+            return active
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        url = master or f"local[{max(DEFAULT_LOCAL_SLOTS, slots)}]"
+        conf = (
+            SparkConf()
+            .setMaster(url)
+            .setAppName(app_name)
+            .set("spark.ui.showConsoleProgress", "false")
+            .set("spark.python.worker.reuse", "true")
+            .set("spark.python.task.killTimeout", "300ms")
+            # A barrier stage with more tasks than slots fails fast, not after minutes.
+            .set("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
+            .set("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+            .set("spark.task.maxFailures", "1")
+        )
+        if url.startswith("local"):
+            conf.set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
+        sc = SparkContext(conf=conf)
+        sc.setLogLevel(os.environ.get("SPILLOVER_SPARK_LOG_LEVEL", "ERROR"))
+        return sc
+
+
+def _slots(sc: Any) -> int:
+    return int(sc.defaultParallelism)
+
+
+class _RemoteTask:
+    """A subtask as the coordinator sees it: its mailbox is on a worker."""
+
+    def __init__(self, run: _SparkAttempt, worker: int, uid: str) -> None:
+        self.run = run
+        self.worker = worker
+        self.uid = uid
+
+    def post(self, *action: Any) -> None:
+        self.run.send(self.worker, "post", self.uid, self.worker, action)
+
+    def request_unaligned(self, cid: int) -> None:
+        self.run.send(self.worker, "unaligned", self.uid, self.worker, cid)
+
+
+class _SparkAttempt:
+    """One generation: a barrier stage, its control connections and the coordinator."""
+
+    def __init__(
+        self,
+        ex: SparkExecutor,
+        generation: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> None:
+        self.ex = ex
+        self.generation = generation
+        self.restore = restore
+        g = ex.graph
+        self.n = max(v.parallelism for v in g.vertices)
+        self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.conns: dict[int, ControlConnection] = {}
+        self.workers: dict[int, dict[str, Any]] = {}
+        self._finished: set[int] = set()
+        self._synced: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.metrics: dict[str, dict[str, float]] = {}
+        self.proxies = {
+            (v.uid, i): _RemoteTask(self, i, v.uid)
+            for v in g.vertices
+            for i in range(v.parallelism)
+        }
+        self.coordinator = make_coordinator(
+            ex, self.proxies, restored_id, self._terminate_sources, self._coordinator_failed
+        )
+        self.stopped = False
+        self.stage_error: BaseException | None = None
+        self.group = f"spillover-{ex.job_id[:12]}-gen-{generation}"
+
+    # -- messages ------------------------------------------------------------------
+
+    def send(self, worker: int, *message: Any) -> None:
+        conn = self.conns.get(worker)
+        if conn is None:
+            return
+        try:
+            conn.send(*message)
+        except ControlError as e:
+            if worker not in self._finished:
+                self.events.put(("lost", worker, str(e)))
+
+    def _on_connect(self, conn: ControlConnection) -> None:
+        threading.Thread(
+            target=self._serve, args=(conn,), name=f"spillover-master {conn.peer}", daemon=True
+        ).start()
+
+    def _serve(self, conn: ControlConnection) -> None:
+        index = -1
+        try:
+            hello = conn.recv()
+            if hello[0] != "hello" or hello[1] != self.generation:
+                conn.close()  # a straggler of another generation
+                return
+            _, _, index, address, pid, host = hello
+            with self._lock:
+                if not 0 <= index < self.n or index in self.conns:
+                    conn.close()
+                    return
+                self.conns[index] = conn
+                self.workers[index] = {"address": address, "pid": pid, "host": host}
+            self.events.put(("hello", index))
+            while True:
+                self._dispatch(index, conn.recv())
+        except ControlError as e:
+            if index >= 0 and index not in self._finished:
+                w = self.workers.get(index, {})
+                self.events.put(
+                    (
+                        "lost",
+                        index,
+                        f"worker {index} (pid {w.get('pid')} on {w.get('host')}) is gone: {e}",
+                    )
+                )
+
+    def _dispatch(self, index: int, m: tuple[Any, ...]) -> None:
+        kind = m[0]
+        co = self.coordinator
+        if kind == "ack":
+            co.acknowledge(m[1])
+        elif kind == "decline":
+            co.decline(*m[1:])
+        elif kind == "eod":
+            co.end_of_data(m[1], m[2])
+        elif kind == "metrics":
+            self.metrics.update(m[1])
+        elif kind == "fired":
+            self._fired(m[1], m[2])
+        elif kind == "done":
+            _, uid, i, err, metrics = m
+            self.metrics[f"{uid}#{i}"] = metrics
+            self.events.put(("done", (uid, i), err))
+        elif kind == "synced":
+            ev = self._synced.get(m[1])
+            if ev is not None:
+                ev.set()
+        elif kind in ("wired", "finished"):
+            if kind == "finished":
+                self._finished.add(index)
+            self.events.put((kind, index))
+
+    def _fired(self, k: int, attempt: int) -> None:
+        inj = self.ex.failures
+        with inj._lock:
+            if len(inj.fired) == k and k < len(inj.specs):
+                inj.specs[k].fired_in = attempt
+                inj.fired.append(inj.specs[k])
+
+    def _terminate_sources(self) -> None:
+        """After the final checkpoint: the workers hold its completion in every
+        subtask's mailbox before any source ends (a sink publishes before it ends)."""
+        waits = []
+        for w in list(self.conns):
+            token = f"{w}-{len(self._synced)}"
+            ev = self._synced[token] = threading.Event()
+            self.send(w, "sync", token)
+            waits.append(ev)
+        for ev in waits:
+            ev.wait(10.0)
+        sources = {v.uid for v in self.ex.graph.vertices if v.is_source}
+        for (uid, _), proxy in self.proxies.items():
+            if uid in sources:
+                proxy.post("terminate")
+
+    def _coordinator_failed(self, e: BaseException) -> None:
+        self.events.put(("coordinator", e))
+
+    # -- the generation --------------------------------------------------------------
+
+    def _submit(self, sc: Any, spec: WorkerSpec) -> None:
+        from pyspark import BarrierTaskContext
+
+        def work(_: Any) -> Any:
+            summary = run_worker(spec, BarrierTaskContext.get().partitionId())
+            return [summary]
+
+        try:
+            sc.setJobGroup(
+                self.group,
+                f"{self.ex.graph.name} generation {self.generation}",
+                interruptOnCancel=True,
+            )
+            sc.parallelize(range(self.n), self.n).barrier().mapPartitions(work).collect()
+        except BaseException as e:
+            self.stage_error = e
+        self.events.put(("stage", self.stage_error))
+
+    def _wait(self, kind: str, deadline: float) -> BaseException | None:
+        """Waits until every worker sent ``kind``; an error when something failed first."""
+        seen: set[int] = set()
+        while len(seen) < self.n:
+            try:
+                ev = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                missing = sorted(set(range(self.n)) - seen)
+                return WorkerLostError(
+                    f"workers {missing} of generation {self.generation} did not report "
+                    f"{kind!r} within {self.ex.register_timeout:g} s"
+                )
+            if ev[0] == kind:
+                seen.add(ev[1])
+            elif ev[0] == "stage":
+                return _stage_failure(ev[1], self.generation)
+            elif ev[0] in ("lost", "coordinator"):
+                return _as_error(ev)
+            elif ev[0] == "done" and ev[2] is not None:
+                return _subtask_error(ev[1], ev[2])
+        return None
+
+    def run(
+        self,
+        deadline: float | None,
+        stop_at: float | None = None,
+        stop_when: Callable[[list[dict[str, Any]]], bool] | None = None,
+    ) -> BaseException | None:
+        ex = self.ex
+        sc = ex.context()
+        server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
+        cfg = ex.config
+        cdir = cfg.state.checkpoints_dir
+        spec = WorkerSpec(
+            job_id=ex.job_id,
+            graph=ex.graph,
+            config=cfg,
+            generation=self.generation,
+            control=server.address,
+            secret=ex.secret,
+            restore=self.restore,
+            checkpoints=(cdir, ex.graph.name) if ex.storage is not None and cdir else None,
+            failures=ex.failures,
+            flush_interval=ex.flush_interval,
+        )
+        _check_shippable(spec)
+        stage = threading.Thread(
+            target=self._submit, args=(sc, spec), name=f"spillover-stage {self.group}", daemon=True
+        )
+        self.started = time.monotonic()
+        stage.start()
+        error: BaseException | None = None
+        try:
+            limit = time.monotonic() + ex.register_timeout
+            error = self._wait("hello", limit)
+            if error is None:
+                table = {i: w["address"] for i, w in self.workers.items()}
+                for i in range(self.n):
+                    self.send(i, "table", table)
+                error = self._wait("wired", limit)
+            if error is None:
+                for i in range(self.n):
+                    self.send(i, "go")
+                self.running_at = time.monotonic()
+                self.coordinator.start()
+                error = self._loop(deadline, stop_at, stop_when)
+        finally:
+            self.coordinator.stop()
+            self._end(sc, stage, cancel=error is not None or self.stopped)
+            server.close()
+        return error
+
+    def _loop(
+        self,
+        deadline: float | None,
+        stop_at: float | None,
+        stop_when: Callable[[list[dict[str, Any]]], bool] | None,
+    ) -> BaseException | None:
+        remaining = set(self.proxies)
+        while remaining:
+            ends = [x for x in (deadline, stop_at) if x is not None]
+            timeout = None if not ends else max(0.0, min(ends) - time.monotonic())
+            if stop_when is not None:
+                timeout = 0.02 if timeout is None else min(timeout, 0.02)
+            try:
+                ev = self.events.get(timeout=timeout)
+            except queue.Empty:
+                now = time.monotonic()
+                if (stop_at is not None and now >= stop_at) or (
+                    stop_when is not None
+                    and stop_when([c.summary() for c in self.coordinator.history])
+                ):
+                    self.stopped = True
+                    return None
+                if deadline is not None and now >= deadline:
+                    return TimeoutError("the job did not finish in time")
+                continue
+            kind = ev[0]
+            if kind == "done":
+                key, err = ev[1], ev[2]
+                if err is not None:
+                    return self._root_cause(_subtask_error(key, err))
+                remaining.discard(key)
+            elif kind == "stage":
+                if remaining:
+                    return _stage_failure(ev[1], self.generation)
+            elif kind in ("lost", "coordinator"):
+                return self._root_cause(_as_error(ev))
+        return None
+
+    def _root_cause(self, first: BaseException) -> BaseException:
+        """A subtask failing fails its peers' channels: prefer an error that is not a
+        network error, if one arrives within a moment."""
+        if not _is_consequence(first):
+            return first
+        until = time.monotonic() + 0.3
+        while (left := until - time.monotonic()) > 0:
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            if ev[0] == "done" and ev[2] is not None:
+                e = _subtask_error(ev[1], ev[2])
+                if not _is_consequence(e):
+                    return e
+        return first
+
+    def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
+        if cancel:
+            for i in list(self.conns):
+                self.send(i, "cancel")
+        stage.join(timeout=self.ex.cancel_grace_s if cancel else 30.0)
+        if stage.is_alive():
+            sc.cancelJobGroup(self.group)
+            stage.join(timeout=60.0)
+        for conn in list(self.conns.values()):
+            conn.close()
+
+    def task_metrics(self) -> dict[str, dict[str, float]]:
+        return dict(self.metrics)
+
+
+def _check_shippable(spec: WorkerSpec) -> None:
+    """Refuses, before any stage starts, a job that cannot travel to the workers."""
+    from pyspark import cloudpickle
+
+    try:
+        cloudpickle.dumps(spec)
+    except Exception as e:
+        raise ConfigError(
+            f"job {spec.graph.name!r} cannot be shipped to Spark workers",
+            detail=f"{type(e).__name__}: {e}",
+            hint="operators, functions and their attributes must pickle with cloudpickle "
+            "(no open files, locks or sockets: create those in open())",
+        ) from e
+
+
+def _is_consequence(e: BaseException) -> bool:
+    return isinstance(e, WorkerLostError) or (
+        isinstance(e, SubtaskFailedError)
+        and (e.remote_type.endswith("Error") and "Channel" in e.remote_type)
+    )
+
+
+def _subtask_error(key: tuple[str, int], err: tuple[str, str, str]) -> SubtaskFailedError:
+    name, message, tb = err
+    return SubtaskFailedError(f"subtask {key[0]}#{key[1]} failed: {name}: {message}", name, tb)
+
+
+def _as_error(ev: tuple[Any, ...]) -> BaseException:
+    if ev[0] == "coordinator":
+        e: BaseException = ev[1]
+        return e
+    return WorkerLostError(str(ev[2]))
+
+
+def _stage_failure(e: BaseException | None, generation: int) -> BaseException:
+    if e is None:
+        return WorkerLostError(f"the Spark stage of generation {generation} ended early")
+    text = str(e).strip().splitlines()
+    return WorkerLostError(
+        f"the Spark stage of generation {generation} failed: "
+        + (text[0][:500] if text else type(e).__name__)
+    )
+
+
+class SparkExecutor(Executor):
+    """Runs a job on Spark: the job master here, one barrier stage per generation.
+
+    ``master``: a Spark master URL (default: the embedded ``local[32]``);
+    ``spark_context``: an existing SparkContext to use instead. Other options are
+    those of :class:`~spillover.runtime.executor.LocalExecutor`.
+    """
+
+    def __init__(
+        self,
+        job: JobGraph | StreamEnvironment,
+        config: Config | None = None,
+        *,
+        master: str | None = None,
+        spark_context: Any = None,
+        failures: FailureInjector | None = None,
+        register_timeout: float = 120.0,
+        cancel_grace_s: float = 2.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(job, config, failures=failures, **options)
+        self.master = master
+        self._sc = spark_context
+        self.register_timeout = register_timeout
+        self.cancel_grace_s = cancel_grace_s
+        self.secret = secrets.token_bytes(32)
+        self.slots = max(v.parallelism for v in self.graph.vertices)
+
+    def context(self) -> Any:
+        """The SparkContext, created (embedded by default) on first use; it must have a
+        slot for every task of the stage."""
+        if self._sc is None:
+            self._sc = spark_context(self.master, self.slots)
+        have = _slots(self._sc)
+        if have < self.slots:
+            raise ConfigError(
+                f"the Spark cluster has {have} task slots; job {self.graph.name!r} needs "
+                f"{self.slots} (its largest parallelism) in one barrier stage",
+                hint="add executors or cores, or lower the job's parallelism",
+            )
+        return self._sc
+
+    def driver_host(self, sc: Any) -> str:
+        """The address the control endpoint binds to: the driver's."""
+        host = sc.getConf().get("spark.driver.host")
+        return str(host) if host else "127.0.0.1"
+
+    def _attempt(
+        self,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> _SparkAttempt:
+        return _SparkAttempt(self, attempt, restore, restored_id)
