@@ -368,7 +368,8 @@ def run_policy(
             args=(
                 lambda: ex.live_metric("sink", "records_in"),
                 started,
-                (spec.warmup_s, spec.run_s),
+                # The last sample a little before the stop, so the job still runs then.
+                (spec.warmup_s, spec.run_s - min(0.2, spec.duration_s / 10)),
                 sampled,
                 stop,
                 on_tick,
@@ -396,9 +397,9 @@ def _sample(
     stop: threading.Event,
     on_tick: Callable[[float], None] | None,
 ) -> None:
-    """Reads the sink's records every :data:`SAMPLE_EVERY_S` and at both ends of
-    ``window`` (seconds since ``started``); gives up once ``stop`` is set before a
-    sample is due (the job ended early)."""
+    """Reads the sink's records every :data:`SAMPLE_EVERY_S` until ``window`` ends,
+    and at both its ends (seconds since ``started``); gives up once ``stop`` is set
+    before a sample is due (the job ended early)."""
     end = window[1]
     ticks = {k * SAMPLE_EVERY_S for k in range(1, int(end / SAMPLE_EVERY_S) + 1)}
     for due in sorted(ticks | set(window)):
@@ -428,13 +429,14 @@ class ProgressBar:
         self,
         runs: int,
         run_s: float,
+        warmup_s: float = 0.0,
         stream: TextIO | None = None,
         tty: bool | None = None,
         width: int = 20,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
-        self.runs, self.run_s, self.width = runs, run_s, width
+        self.runs, self.run_s, self.warmup_s, self.width = runs, run_s, warmup_s, width
         self.index = 0
         self.label = ""
         self._lock = threading.Lock()
@@ -463,10 +465,12 @@ class ProgressBar:
         filled = round(self.width * e / self.run_s) if self.run_s > 0 else self.width
         bar = "#" * filled + "-" * (self.width - filled)
         total = (self.index - 1) * self.run_s + e
+        phase = "warm-up" if e < self.warmup_s else "measuring"
         with self._lock:
             self.stream.write(
                 f"\r\x1b[K[{self.index}/{self.runs}] {self.label:<24} [{bar}] "
-                f"{e:3.0f}/{self.run_s:g} s, total {total:.0f}/{self.runs * self.run_s:g} s"
+                f"{e:3.0f}/{self.run_s:g} s {phase:<9}, "
+                f"total {total:.0f}/{self.runs * self.run_s:g} s"
             )
             self.stream.flush()
             self._drawn = True
@@ -835,18 +839,18 @@ def plot(results: dict[str, Any], out_dir: str) -> list[str]:
     for g, (kind, runs) in enumerate(groups):
         xs = [i + (g - (len(groups) - 1) / 2) * width for i, p in enumerate(names) if p in runs]
         ys = [runs[p]["throughput_rps"] for p in names if p in runs]
-        label = kind if kind != ex or not local else f"{kind} (the bench's executor)"
+        label = kind if g == 0 else "local (comparison)"
         drawn = bars.bar(xs, ys, width, label=label, color=f"C{g}", alpha=0.85 if g == 0 else 0.5)
         bars.bar_label(drawn, fmt="{:,.0f}", fontsize=7)
     bars.set_xticks(range(len(names)), names)
-    bars.set_ylabel("sink records/s, measured window")
-    bars.set_title("Sink throughput per policy", fontsize=10)
+    bars.set_ylabel("sink records/s")
+    bars.set_title("Per policy, measured window", fontsize=10)
     bars.legend(fontsize=8, loc="lower right")
     bars.grid(True, axis="y", alpha=0.3)
     series.axvspan(0, warmup, color="0.92", label="warm-up")
     for g, (_, runs) in enumerate(groups):
         for r in runs.values():
-            pairs = list(itertools.pairwise(r["sink_series"]))
+            pairs = list(itertools.pairwise([[0.0, 0], *r["sink_series"]]))
             ts = [(a[0] + b[0]) / 2 for a, b in pairs]
             rates = [(b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else 0.0 for a, b in pairs]
             series.plot(
@@ -858,9 +862,11 @@ def plot(results: dict[str, Any], out_dir: str) -> list[str]:
                 label=r["policy"] if g == 0 else f"{r['policy']}, local",
             )
     series.set_xlim(0, end)
+    series.set_ylim(bottom=0)
     series.set_xlabel("seconds since the run started")
-    series.set_ylabel("sink records/s")
-    series.set_title(f"Sink throughput over time ({setting})", fontsize=10)
+    series.set_ylabel(f"sink records/s, over {SAMPLE_EVERY_S:g} s")
+    series.set_title("Sink throughput over time", fontsize=10)
+    fig.suptitle(f"Sink throughput ({setting})", fontsize=10)
     series.grid(True, alpha=0.3)
     series.legend(fontsize=8, ncol=2)
     paths.append(_save(fig, out_dir, "throughput.png"))

@@ -410,7 +410,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"sink {spec.sink_rate:g} records/s per subtask, {spec.payload_bytes} B payloads",
         flush=True,
     )
-    bar = ProgressBar(len(runs), spec.run_s)
+    bar = ProgressBar(len(runs), spec.run_s, spec.warmup_s)
     results = run(spec, progress=lambda line: print(line, flush=True), bar=bar)
     table = to_markdown(results)
     print()
