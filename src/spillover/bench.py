@@ -813,7 +813,7 @@ def plot(results: dict[str, Any], out_dir: str) -> list[str]:
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} ({ex} executor)\n{setting}", fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
         return fig
 
     fig = checkpoint_plot(

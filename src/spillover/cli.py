@@ -393,6 +393,10 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
     )
 
 
+def _about(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Runs the backpressured job once per policy (and again on the local executor for
     the comparison); prints a line each, then the table; writes the results folder."""
@@ -406,7 +410,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"{spec.executor} executor"
         + (f" ({spec.master})" if spec.master else "")
         + (f", {len(spec.compare_local or ())} again on local" if spec.compare_local else "")
-        + f": about {len(runs) * spec.run_s / 60:.1f} min; parallelism {spec.parallelism}, "
+        + f": about {_about(len(runs) * spec.run_s)}; parallelism {spec.parallelism}, "
         f"sink {spec.sink_rate:g} records/s per subtask, {spec.payload_bytes} B payloads",
         flush=True,
     )
