@@ -15,10 +15,11 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# The main job: checkpoints under backpressure, one run per policy (a few minutes).
-# It runs on the local executor until the Spark executor lands.
+# The main job: checkpoints under backpressure, one run per policy (a few minutes);
+# tables, CSV and plots go to results/. Flags and their SPILLOVER_BENCH_CLI_* twins:
+# docs/benchmarks.md, e.g. `make bench BENCH_ARGS="--executor spark"`.
 bench: $(STAMP)
-	$(BIN)/spillover bench --json results/bench.json --markdown results/bench.md
+	$(BIN)/spillover bench --out results $(BENCH_ARGS)
 
 # The engine alone: spill and restore a few hundred MB against the raw disk.
 demo: $(STAMP)

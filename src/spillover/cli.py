@@ -7,6 +7,7 @@ line wins over the environment.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -228,44 +229,72 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # ---- bench: checkpoints under backpressure, one run per policy ----
 
-# (flag, env, default, help); values stay strings until cmd_bench checks them, so a
-# bad value from the command line or the environment gets the same clear error.
-_BENCH_FLAGS = (
-    ("--executor", "SPILLOVER_BENCH_CLI_EXECUTOR", "local", "where subtasks run (only local)"),
-    (
-        "--policies",
-        "SPILLOVER_BENCH_CLI_POLICIES",
-        "none,aligned,unaligned,timeout,max-inflight",
-        "comma-separated policies, one run each",
-    ),
-    ("--parallelism", "SPILLOVER_BENCH_CLI_PARALLELISM", "2", "parallelism of every operator"),
-    ("--duration", "SPILLOVER_BENCH_CLI_DURATION", "30", "measured seconds per policy"),
-    ("--warmup", "SPILLOVER_BENCH_CLI_WARMUP", "5", "seconds before measuring, per policy"),
-    ("--interval-ms", "SPILLOVER_BENCH_CLI_INTERVAL_MS", "1000", "checkpoint interval"),
-    ("--sink-rate", "SPILLOVER_BENCH_CLI_SINK_RATE", "5000", "sink records/s per subtask"),
-    ("--keys", "SPILLOVER_BENCH_CLI_KEYS", "10000", "distinct int64 keys"),
-    ("--payload-bytes", "SPILLOVER_BENCH_CLI_PAYLOAD_BYTES", "100", "payload bytes per record"),
-    (
-        "--aligned-timeout-ms",
-        "SPILLOVER_BENCH_CLI_ALIGNED_TIMEOUT_MS",
-        "100",
-        "timeout policy: switch to unaligned after this long",
-    ),
-    (
-        "--max-inflight-bytes",
-        "SPILLOVER_BENCH_CLI_MAX_INFLIGHT_BYTES",
-        "1MiB",
-        "max-inflight policy: in-flight bytes one subtask persists per checkpoint",
-    ),
-    (
-        "--checkpoint-dir",
-        "SPILLOVER_BENCH_CLI_CHECKPOINT_DIR",
-        None,
-        "checkpoint storage, a path or URI (a temporary directory by default)",
-    ),
-    ("--json", "SPILLOVER_BENCH_CLI_JSON", None, "write the JSON report here"),
-    ("--markdown", "SPILLOVER_BENCH_CLI_MARKDOWN", None, "write the markdown table here"),
-)
+
+@functools.cache
+def _bench_flags() -> tuple[tuple[str, str, str | None, str], ...]:
+    """(flag, env, default, help) of ``spillover bench``; the defaults are BenchSpec's.
+
+    Values stay strings until :func:`_bench_spec` checks them, so a bad value from the
+    command line or the environment gets the same clear error.
+    """
+    from spillover.bench import BenchSpec
+
+    d = BenchSpec()
+    flags = (
+        ("--executor", str(d.executor), "where subtasks run: local (threads here) or spark"),
+        (
+            "--master",
+            None,
+            "Spark master URL, e.g. spark://host:7077 (spark executor only; default the "
+            "embedded local master)",
+        ),
+        (
+            "--compare-local",
+            "auto",
+            "policies run again on the local executor, for the executor's throughput cost: "
+            "a comma-separated list, all, off, or auto (none,unaligned with spark, off with "
+            "local)",
+        ),
+        ("--policies", ",".join(d.policies), "comma-separated policies, one run each"),
+        ("--parallelism", str(d.parallelism), "parallelism of every operator"),
+        ("--duration", f"{d.duration_s:g}", "measured seconds per run"),
+        ("--warmup", f"{d.warmup_s:g}", "seconds before measuring, per run"),
+        ("--interval-ms", str(d.interval_ms), "checkpoint interval"),
+        (
+            "--sink-rate",
+            f"{d.sink_rate:g}",
+            "backpressure: records/s each sink subtask takes (lower is stronger)",
+        ),
+        ("--keys", str(d.keys), "distinct int64 keys"),
+        ("--payload-bytes", str(d.payload_bytes), "record size: payload bytes per record"),
+        (
+            "--aligned-timeout-ms",
+            str(d.aligned_timeout_ms),
+            "timeout policy: switch to unaligned after this long",
+        ),
+        (
+            "--max-inflight-bytes",
+            str(d.max_inflight_bytes),
+            "max-inflight policy: in-flight bytes one subtask persists per checkpoint",
+        ),
+        (
+            "--checkpoint-dir",
+            None,
+            "checkpoint storage: a path or a pyarrow URI (s3://bucket/prefix); a temporary "
+            "directory by default",
+        ),
+        (
+            "--out",
+            "results",
+            "results folder: bench.json, bench.md, bench.csv, checkpoints.csv, PNG plots",
+        ),
+        ("--json", None, "also write the JSON report here"),
+        ("--markdown", None, "also write the markdown table here"),
+    )
+    return tuple(
+        (flag, "SPILLOVER_BENCH_CLI_" + flag[2:].upper().replace("-", "_"), default, text)
+        for flag, default, text in flags
+    )
 
 
 def _seconds(text: str) -> float:
@@ -283,53 +312,119 @@ def _seconds(text: str) -> float:
 
 
 def _bench_spec(args: argparse.Namespace) -> BenchSpec:
-    """The :class:`~spillover.bench.BenchSpec` of the flags; a bad one raises ConfigError."""
-    from spillover.bench import BenchSpec
+    """The :class:`~spillover.bench.BenchSpec` of the flags; a bad one raises a
+    ConfigError naming the flag and its environment variable."""
+    from spillover.bench import POLICIES, BenchSpec
     from spillover.config import parse_memory_size
     from spillover.errors import ConfigError
+    from spillover.runtime.executor import EXECUTORS
+
+    def name(flag: str) -> str:
+        env = next(e for f, e, _, _ in _bench_flags() if f == flag)
+        return f"{flag} (env {env})"
+
+    def raw(flag: str) -> Any:
+        return getattr(args, flag.lstrip("-").replace("-", "_"))
 
     def value(flag: str, convert: Any, ok: Any = None, rule: str = "") -> Any:
-        raw = getattr(args, flag.lstrip("-").replace("-", "_"))
-        env = next(e for f, e, _, _ in _BENCH_FLAGS if f == flag)
+        text = raw(flag)
         try:
-            v = convert(raw)
-        except ValueError as e:
-            raise ConfigError(f"bad {flag} (env {env})", detail=f"{raw!r}: {e}") from None
+            v = convert(text)
+        except ValueError as e:  # ConfigError is one too (parse_memory_size)
+            detail = e.detail if isinstance(e, ConfigError) and e.detail else str(e)
+            raise ConfigError(f"bad {name(flag)}", detail=f"{text!r}: {detail}") from None
         if ok is not None and not ok(v):
-            raise ConfigError(f"bad {flag} (env {env})", detail=f"{raw!r} is not {rule}")
+            raise ConfigError(f"bad {name(flag)}", detail=f"{text!r} is not {rule}")
         return v
 
+    def names(flag: str, allowed: Sequence[str]) -> list[str]:
+        out = [p.strip().lower() for p in str(raw(flag)).split(",") if p.strip()]
+        bad = [p for p in out if p not in allowed]
+        if bad or len(set(out)) != len(out):
+            raise ConfigError(
+                f"bad {name(flag)}",
+                detail=f"{raw(flag)!r}" + (f": {', '.join(bad)} unknown" if bad else ""),
+                hint=f"a comma-separated list, each once, of {', '.join(allowed)}",
+            )
+        return out
+
+    executor = str(args.executor).strip().lower()
+    if executor not in EXECUTORS:
+        raise ConfigError(
+            f"bad {name('--executor')}",
+            detail=f"{args.executor!r}",
+            hint=f"choose one of {', '.join(EXECUTORS)}",
+        )
+    master = (args.master or "").strip() or None
+    if master is not None and executor != "spark":
+        raise ConfigError(
+            f"{name('--master')} needs the spark executor",
+            detail=f"--executor is {executor!r}",
+            hint="add --executor spark (or SPILLOVER_BENCH_CLI_EXECUTOR=spark)",
+        )
+    policies = names("--policies", POLICIES)
+    if not policies:
+        raise ConfigError(f"bad {name('--policies')}", detail="no policy given")
+    compare = str(args.compare_local).strip().lower()
+    compare_local = (
+        None
+        if compare == "auto"
+        else []
+        if compare in ("off", "")
+        else policies
+        if compare == "all"
+        else names("--compare-local", policies)
+    )
     return BenchSpec(
-        executor=args.executor.strip().lower(),
-        policies=[p.strip().lower() for p in args.policies.split(",") if p.strip()],
+        executor=executor,
+        master=master,
+        compare_local=compare_local,
+        policies=policies,
         parallelism=value("--parallelism", int, lambda v: v >= 1, ">= 1"),
         duration_s=value("--duration", _seconds, lambda v: v > 0, "> 0 s"),
         warmup_s=value("--warmup", _seconds, lambda v: v >= 0, ">= 0 s"),
         interval_ms=value("--interval-ms", int, lambda v: v >= 10, ">= 10 ms"),
         sink_rate=value("--sink-rate", float, lambda v: v > 0, "> 0"),
         keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
-        payload_bytes=value("--payload-bytes", int, lambda v: v >= 1, ">= 1"),
+        payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),
         aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
         max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
         checkpoint_dir=args.checkpoint_dir or None,
     )
 
 
+def _about(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Runs the backpressured job once per policy; prints a line each, then the table."""
-    from spillover.bench import run, to_markdown
+    """Runs the backpressured job once per policy (and again on the local executor for
+    the comparison); prints a line each, then the table; writes the results folder."""
+    from spillover.bench import ProgressBar, run, to_markdown, write_results
 
     spec = _bench_spec(args)
-    per = spec.warmup_s + spec.duration_s
+    runs = spec.runs()
+    out = args.out or "results"
     print(
-        f"{len(spec.policies)} runs of {per:g} s ({spec.warmup_s:g} s warm-up), "
-        f"parallelism {spec.parallelism}, sink {spec.sink_rate:g} records/s per subtask",
+        f"{len(runs)} runs of {spec.run_s:g} s ({spec.warmup_s:g} s warm-up) on the "
+        f"{spec.executor} executor"
+        + (f" ({spec.master})" if spec.master else "")
+        + (f", {len(spec.compare_local or ())} again on local" if spec.compare_local else "")
+        + f": about {_about(len(runs) * spec.run_s)}; parallelism {spec.parallelism}, "
+        f"sink {spec.sink_rate:g} records/s per subtask, {spec.payload_bytes} B payloads",
         flush=True,
     )
-    results = run(spec, progress=lambda line: print(line, flush=True))
+    bar = ProgressBar(len(runs), spec.run_s, spec.warmup_s)
+    results = run(spec, progress=lambda line: print(line, flush=True), bar=bar)
     table = to_markdown(results)
     print()
     print(table, end="")
+    try:
+        written = write_results(results, out)
+    except ImportError as e:  # matplotlib missing: everything but the plots
+        print(f"spillover: no plots ({e}); pip install matplotlib", file=sys.stderr)
+        written = write_results(results, out, plots=False)
+    print(f"\nresults in {out}/: {', '.join(os.path.basename(p) for p in written)}")
     for path in (args.json, args.markdown):
         if path and os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -340,7 +435,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
-    return 1 if any(r["status"] == "failed" for r in results["policies"].values()) else 0
+    runs_done = [*results["policies"].values(), *results["local"].values()]
+    return 1 if any(r["status"] == "failed" for r in runs_done) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -550,11 +646,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="checkpoints under backpressure: one run per barrier policy",
         description="Runs a backpressured job (unthrottled source, key_by, keyed count, "
-        "rebalance, a paced sink) once per policy and reports checkpoint duration, start "
-        "delay, alignment time, persisted in-flight bytes and sink throughput over the "
-        "measured window. See docs/benchmarks.md.",
+        "rebalance, a paced sink) once per policy, and again on the local executor for the "
+        "comparison, and reports checkpoint duration, start delay, alignment time, "
+        "persisted in-flight bytes and sink throughput over the measured window. Writes "
+        "JSON, CSV, markdown and PNG plots to --out. See docs/benchmarks.md.",
     )
-    for flag, env, default, help_text in _BENCH_FLAGS:
+    for flag, env, default, help_text in _bench_flags():
         _env_option(p, flag, env=env, default=default, help=help_text)
     p.set_defaults(func=cmd_bench)
     return parser
