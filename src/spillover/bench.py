@@ -40,7 +40,7 @@ from spillover.runtime.sinks import ThrottledSink
 from spillover.runtime.sources import GeneratorSource
 
 POLICIES = ("none", "aligned", "unaligned", "timeout", "max-inflight")
-DEFAULT_EXECUTOR = "local"  # "spark" once the Spark executor runs jobs
+DEFAULT_EXECUTOR = "spark"
 # With --executor spark, the policies repeated on the local executor unless told
 # otherwise: the no-checkpoint baseline and the main policy, to keep the run short.
 COMPARE_AUTO = ("none", "unaligned")

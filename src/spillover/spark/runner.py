@@ -408,7 +408,7 @@ def _check_shippable(spec: WorkerSpec) -> None:
     from pyspark import cloudpickle
 
     try:
-        cloudpickle.dumps(spec)
+        cloudpickle.dumps(spec)  # type: ignore[no-untyped-call]
     except Exception as e:
         raise ConfigError(
             f"job {spec.graph.name!r} cannot be shipped to Spark workers",
