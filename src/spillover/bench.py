@@ -359,6 +359,7 @@ def run_policy(
             spec.config(policy, base or temp or _PLACEHOLDER_DIR),
             master=spec.master if kind == "spark" else None,
         )
+        ex.prepare()  # the cluster's start-up is not part of the measured run
         sampled = _Samples()
         stop = threading.Event()
         started = time.monotonic()

@@ -95,6 +95,30 @@ def _slots(sc: Any) -> int:
     return int(sc.defaultParallelism)
 
 
+_WARM: set[tuple[int, int]] = set()
+
+
+def _import_runtime(_: Any) -> list[int]:
+    import spillover.spark.worker  # noqa: F401  (what a worker imports, done once)
+
+    return [os.getpid()]
+
+
+def warm_up(sc: Any, tasks: int) -> None:
+    """Starts ``tasks`` Python workers and imports the runtime in them (reused by later
+    stages), so that a job's first generation does not pay for it. Once per context
+    and size."""
+    key = (id(sc), tasks)
+    if key in _WARM:
+        return
+    sc.setJobGroup("spillover-warm-up", "spillover: start Python workers", False)
+    try:
+        sc.parallelize(range(tasks), tasks).barrier().mapPartitions(_import_runtime).collect()
+    finally:
+        sc.setJobGroup("", "", False)
+    _WARM.add(key)
+
+
 class _RemoteTask:
     """A subtask as the coordinator sees it: its mailbox is on a worker."""
 
@@ -487,7 +511,12 @@ class SparkExecutor(Executor):
                 f"{self.slots} (its largest parallelism) in one barrier stage",
                 hint="add executors or cores, or lower the job's parallelism",
             )
+        warm_up(self._sc, self.slots)
         return self._sc
+
+    def prepare(self) -> None:
+        """Creates (or checks) the SparkContext and starts its Python workers."""
+        self.context()
 
     def driver_host(self, sc: Any) -> str:
         """The address the control endpoint binds to: the driver's."""
