@@ -217,8 +217,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         order_by=args.order_by or None,
         state_uid=state_uid or None,
         state=state or None,
+        executor=args.executor,
+        master=args.master or None,
     )
-    report = verify(spec)
+    if spec.master is not None and spec.executor != "spark":
+        from spillover.errors import ConfigError
+
+        raise ConfigError("--master needs --executor spark", detail=f"--master {spec.master}")
+    report = verify(spec, workdir=args.workdir or None)
     print(report.text())
     if args.json:
         write_json(report, args.json)
@@ -523,6 +529,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="UID or UID:STATE: the keyed operator (and state) whose final state must equal "
         "the failure-free run's",
+    )
+    _env_option(
+        p,
+        "--workdir",
+        env="SPILLOVER_VERIFY_WORKDIR",
+        type=str,
+        default=None,
+        help="keep outputs and checkpoints here (default: a temporary directory, removed); "
+        "with a Spark cluster, a directory every machine sees",
+    )
+    _env_option(
+        p,
+        "--executor",
+        env="SPILLOVER_VERIFY_EXECUTOR",
+        default="local",
+        choices=["local", "spark"],
+        help="where the run with failures goes: local (threads here) or spark (a barrier "
+        "stage per attempt); the failure-free reference always runs locally",
+    )
+    _env_option(
+        p,
+        "--master",
+        env="SPILLOVER_VERIFY_MASTER",
+        type=str,
+        default=None,
+        help="Spark master URL for --executor spark (default: the embedded local master); "
+        "on a cluster, give output and checkpoints storage every machine reaches",
     )
     _env_option(
         p,

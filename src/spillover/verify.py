@@ -851,7 +851,10 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
         if spec.rescale_to is None:
             actual = run_once(spec, workdir, "with-failures", injector)
         else:
-            stop_after = 0.8 * baseline.result.duration_s + 5.0  # a bound; stop_when decides
+            # A bound; stop_when decides. Spark adds a stage start per attempt.
+            stop_after = 0.8 * baseline.result.duration_s + 5.0
+            if spec.executor != "local":
+                stop_after += 30.0
             actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after)
         report = compare(spec, baseline, actual)
         report.duration_s = time.monotonic() - started
