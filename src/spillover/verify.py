@@ -245,6 +245,9 @@ class VerifySpec:
     # failure-free reference run always uses the local executor.
     executor: str = "local"
     master: str | None = None
+    # Where checkpoints go (a path or pyarrow URI such as s3://...): each run uses
+    # <checkpoint_dir>/<run name>. None: under the work directory.
+    checkpoint_dir: str | None = None
 
     def describe(self) -> str:
         """``topology <name>`` or ``job <module:function>``."""
@@ -428,8 +431,9 @@ def final_state(
 
     if result.checkpoint_dir is None:
         return {}
-    base, _, job = result.checkpoint_dir.rstrip("/").rpartition("/")
-    latest = CheckpointStorage(base, job).latest()
+    where, sep, query = result.checkpoint_dir.partition("?")
+    base, _, job = where.rstrip("/").rpartition("/")
+    latest = CheckpointStorage(base + sep + query, job).latest()
     if latest is None:
         return {}
     keyed = [
@@ -482,6 +486,18 @@ def _read(spec: VerifySpec, out_dir: str) -> np.ndarray[Any, Any]:
     return read_output(out_dir, (order_by,) if order_by and spec.order else ())
 
 
+def _checkpoints(spec: VerifySpec, workdir: str, name: str) -> str:
+    if spec.checkpoint_dir is None:
+        return os.path.join(workdir, name, "checkpoints")
+    base, sep, query = spec.checkpoint_dir.partition("?")
+    return f"{base.rstrip('/')}/{name}{sep}{query}"
+
+
+def config_for(spec: VerifySpec, ckpt: str) -> Config:
+    """The runtime configuration of ``spec``'s runs, checkpoints under ``ckpt``."""
+    return _config(spec, ckpt)
+
+
 def _config(spec: VerifySpec, ckpt: str) -> Config:
     return Config.from_dict(
         {
@@ -510,18 +526,30 @@ def run_once(
 ) -> RunOutput:
     """One run to the end; ``executor`` overrides ``spec.executor``."""
     out_dir = os.path.join(workdir, name, "output")
-    ckpt = os.path.join(workdir, name, "checkpoints")
+    ckpt = _checkpoints(spec, workdir, name)
     os.makedirs(out_dir, exist_ok=True)
     graph = spec.factory()(out_dir, name, spec.parallelism).build()
     where = dataclasses.replace(spec, executor=executor) if executor else spec
     result = _executor(where, graph, _config(spec, ckpt), failures=failures).run(timeout=600)
+    return output_of(spec, result, out_dir, graph.max_parallelism, failures)
+
+
+def output_of(
+    spec: VerifySpec,
+    result: JobResult,
+    out_dir: str,
+    max_parallelism: int,
+    failures: FailureInjector | None = None,
+) -> RunOutput:
+    """What a run of ``spec`` committed to ``out_dir`` and its final keyed state, for
+    :func:`compare`."""
     return RunOutput(
         result,
         _read(spec, out_dir),
-        _state_of(spec, result, graph.max_parallelism),
-        [s.describe() for s in failures.fired],
+        _state_of(spec, result, max_parallelism),
+        [s.describe() for s in failures.fired] if failures is not None else [],
         out_dir=out_dir,
-        max_parallelism=graph.max_parallelism,
+        max_parallelism=max_parallelism,
     )
 
 
@@ -539,7 +567,7 @@ def run_rescaled(
 
     assert spec.rescale_to is not None
     out_dir = os.path.join(workdir, name, "output")
-    ckpt = os.path.join(workdir, name, "checkpoints")
+    ckpt = _checkpoints(spec, workdir, name)
     os.makedirs(out_dir, exist_ok=True)
     cfg = _config(spec, ckpt)
     make_job = spec.factory()

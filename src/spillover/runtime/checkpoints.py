@@ -55,6 +55,13 @@ class CheckpointStorage:
             self._uri_prefix = uri.rstrip("/") + f"/{safe}"
             self.root = f"{path.rstrip('/')}/{safe}"
 
+    @property
+    def uri(self) -> str:
+        """This job's checkpoint directory: a path, or a URI with its query."""
+        if self.local:
+            return self.root
+        return self._uri_prefix + (f"?{self._query}" if self._query else "")
+
     def checkpoint_dir(self, checkpoint_id: int) -> str:
         """The directory (path or URI) of one checkpoint, for state writers."""
         name = f"chk-{checkpoint_id}"

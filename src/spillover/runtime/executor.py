@@ -387,6 +387,11 @@ class Executor:
     ) -> Any:
         raise NotImplementedError
 
+    def completed_ids(self) -> list[int]:
+        """The checkpoints the running attempt completed so far."""
+        run = self._current
+        return [] if run is None else list(run.coordinator.completed_ids)
+
     def prepare(self) -> None:
         """Gets the cluster ready (a no-op here), so that timing ``run`` measures the job."""
 
@@ -456,7 +461,7 @@ class Executor:
             "failed",
             0,
             0.0,
-            checkpoint_dir=self.storage.root if self.storage else None,
+            checkpoint_dir=self.storage.uri if self.storage else None,
         )
         attempt = 0
         meta = self._restore_point() if self.restore_checkpoint is not None else None

@@ -400,6 +400,7 @@ class _SparkAttempt:
         network error, if one arrives within a moment."""
         if not _is_consequence(first):
             return first
+        best = first
         until = time.monotonic() + 0.3
         while (left := until - time.monotonic()) > 0:
             try:
@@ -410,7 +411,9 @@ class _SparkAttempt:
                 e = _subtask_error(ev[1], ev[2])
                 if not _is_consequence(e):
                     return e
-        return first
+            elif ev[0] == "lost" and not isinstance(best, WorkerLostError):
+                best = _as_error(ev)  # a lost worker explains its peers' broken channels
+        return best
 
     def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
         if cancel:
@@ -513,6 +516,11 @@ class SparkExecutor(Executor):
             )
         warm_up(self._sc, self.slots)
         return self._sc
+
+    def workers(self) -> dict[int, dict[str, Any]]:
+        """The running generation's workers: ``{index: {"pid", "host", "address"}}``."""
+        run = self._current
+        return {} if run is None else {i: dict(w) for i, w in run.workers.items()}
 
     def prepare(self) -> None:
         """Creates (or checks) the SparkContext and starts its Python workers."""

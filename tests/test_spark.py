@@ -1,0 +1,150 @@
+"""Jobs on Spark: the embedded local master, one barrier stage per generation.
+
+One SparkContext serves the whole test process (Spark allows one per process); the
+standalone-cluster test runs its driver in a subprocess of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spillover.errors import ConfigError
+from spillover.runtime.api import Batch, Operator
+from spillover.runtime.failures import FailureInjector, FailureSpec
+from spillover.runtime.graph import StreamEnvironment
+from spillover.runtime.sinks import ParquetSink
+from spillover.runtime.sources import GeneratorSource
+from spillover.spark import SparkExecutor, spark_context
+from spillover.spark.control import ControlError, ControlServer, connect
+from spillover.verify import VerifySpec, config_for, verify
+
+pytest.importorskip("pyspark")
+
+
+@pytest.fixture(scope="module")
+def sc() -> Any:
+    return spark_context()
+
+
+def test_job_on_spark_is_exact_with_induced_failures(sc: Any) -> None:
+    """Every kind of failure, fired in Spark workers, restarts the job from its latest
+    checkpoint: the committed output equals a failure-free local run's."""
+    spec = VerifySpec(
+        topology="pipeline", parallelism=2, records=20_000, failures=4, policy="unaligned"
+    )
+    report = verify(VerifySpec(**{**spec.__dict__, "executor": "spark"}))
+    assert report.exact, report.text()
+    assert len(report.failures_fired) == 4  # each fired once, though workers hold copies
+    assert report.attempts == 5
+
+
+def test_rescaled_restore_on_spark_is_exact(sc: Any) -> None:
+    """An unaligned checkpoint holding in-flight data, taken on Spark at parallelism 3,
+    restores at 2 on Spark: nothing lost or duplicated, keys in their key groups."""
+    spec = VerifySpec(
+        topology="keyed-parallelisms",
+        parallelism=3,
+        rescale_to=2,
+        records=30_000,
+        failures=1,
+        policy="unaligned",
+        executor="spark",
+    )
+    report = verify(spec)
+    assert report.exact, report.text()
+    assert report.restored_inflight > 0
+
+
+def test_killed_worker_process_restarts_the_job_and_output_is_exact(
+    sc: Any, tmp_path: Path
+) -> None:
+    from spark_jobs import run_killing_a_worker
+
+    out = run_killing_a_worker(str(tmp_path))
+    assert out["killed"], "no checkpoint completed before the job ended: lengthen it"
+    assert out["status"] == "finished" and out["attempts"] >= 2, out
+    assert out["exact"], out["report"]
+    # The job master blames the killed worker, not the channels it broke.
+    assert "WorkerLostError" in out["failures"][0] or "killed" in out["failures"][0].lower()
+
+
+def test_generations_are_named_in_the_spark_ui(sc: Any, tmp_path: Path) -> None:
+    env = StreamEnvironment("ui-named", parallelism=2)
+    env.from_source(
+        GeneratorSource(partitions=2, records_per_partition=2_000), uid="src"
+    ).rebalance().sink(ParquetSink(str(tmp_path / "out")), uid="sink")
+    failures = FailureInjector([FailureSpec("operator", "sink", 0, after_records=100)])
+    cfg = config_for(VerifySpec(), str(tmp_path / "ckpt"))
+    result = SparkExecutor(env, cfg, failures=failures).run(timeout=120)
+    assert result.status == "finished" and result.attempts == 2
+    url = sc.uiWebUrl
+    if not url:
+        pytest.skip("the Spark UI is off")
+    app = sc.applicationId
+    with urllib.request.urlopen(f"{url}/api/v1/applications/{app}/jobs", timeout=10) as r:
+        jobs = json.load(r)
+    described = {j.get("description") for j in jobs}
+    assert {"ui-named generation 0", "ui-named generation 1"} <= described
+
+
+def test_too_few_task_slots_are_refused_before_any_stage(sc: Any) -> None:
+    env = StreamEnvironment("too-wide", parallelism=sc.defaultParallelism + 1)
+    env.from_source(GeneratorSource(partitions=1, records_per_partition=1), uid="s").sink(
+        _Discard(), uid="k"
+    )
+    with pytest.raises(ConfigError, match=r"task slots.*needs"):
+        SparkExecutor(env).run(timeout=30)
+
+
+class _Discard(Operator):
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        pass
+
+
+class _HoldsALock(_Discard):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def test_a_job_that_cannot_travel_to_workers_is_refused_clearly(sc: Any) -> None:
+    env = StreamEnvironment("unshippable", parallelism=1)
+    env.from_source(GeneratorSource(partitions=1, records_per_partition=1), uid="s").sink(
+        _HoldsALock(), uid="k"
+    )
+    with pytest.raises(ConfigError, match="cannot be shipped") as e:
+        SparkExecutor(env).run(timeout=30)
+    assert "lock" in str(e.value.detail)
+
+
+def test_control_endpoint_admits_only_the_job_secret() -> None:
+    secret = os.urandom(32)
+    got: list[Any] = []
+
+    def serve(conn: Any) -> None:
+        got.append(conn.recv())
+        conn.send("welcome", 7)
+
+    server = ControlServer(secret, serve)
+    try:
+        with pytest.raises(ControlError, match=r"refused|failed"):
+            connect(server.address, os.urandom(32), timeout=5)
+        conn = connect(server.address, secret, timeout=5)
+        conn.send("hello", 1, [2, 3])
+        assert conn.recv() == ("welcome", 7)
+        conn.close()
+        assert got == [("hello", 1, [2, 3])]
+        assert any("wrong secret" in r for r in server.refused)
+    finally:
+        server.close()
+
+
+def test_control_endpoint_refuses_a_short_secret() -> None:
+    with pytest.raises(ConfigError, match="at least 16 bytes"):
+        ControlServer(b"short", lambda c: None)
