@@ -92,7 +92,14 @@ def spark_context(master: str | None = None, slots: int = 1, app_name: str = "sp
 
 
 def _slots(sc: Any) -> int:
-    return int(sc.defaultParallelism)
+    """Tasks the cluster runs at once now: what Spark's barrier check counts (0 on a
+    cluster before its executors registered)."""
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # another Spark version: its default parallelism
+        return int(sc.defaultParallelism)
 
 
 _WARM: set[tuple[int, int]] = set()
@@ -508,6 +515,12 @@ class SparkExecutor(Executor):
         if self._sc is None:
             self._sc = spark_context(self.master, self.slots)
         have = _slots(self._sc)
+        if have < self.slots and not str(self._sc.master).startswith("local"):
+            # A cluster's executors register after the context starts: wait for them.
+            until = time.monotonic() + self.register_timeout
+            while have < self.slots and time.monotonic() < until:
+                time.sleep(0.25)
+                have = _slots(self._sc)
         if have < self.slots:
             raise ConfigError(
                 f"the Spark cluster has {have} task slots; job {self.graph.name!r} needs "
