@@ -65,12 +65,13 @@ def test_rescaled_restore_on_spark_is_exact(sc: Any) -> None:
 def test_killed_worker_process_restarts_the_job_and_output_is_exact(
     sc: Any, tmp_path: Path
 ) -> None:
-    from spark_jobs import run_killing_a_worker
+    from spillover.spark.chaos import run_killing_a_worker
 
     out = run_killing_a_worker(str(tmp_path))
     assert out["killed"], "no checkpoint completed before the job ended: lengthen it"
     assert out["status"] == "finished" and out["attempts"] >= 2, out
     assert out["exact"], out["report"]
+    assert len(out["restart_s"]) == out["attempts"] - 1  # each restart timed
     # The job master blames the killed worker, not the channels it broke.
     assert "WorkerLostError" in out["failures"][0] or "killed" in out["failures"][0].lower()
 

@@ -57,6 +57,9 @@ class JobResult:
     restored_from: list[int] = field(default_factory=list)
     replayed_bytes: int = 0  # in-flight bytes replayed by restores, over every attempt
     checkpoint_dir: str | None = None
+    # Per restart: seconds from the failure's detection to the next attempt's subtasks
+    # running (restore included; the restart strategy's delay too).
+    restart_s: list[float] = field(default_factory=list)
 
     def completed_checkpoints(self) -> list[dict[str, Any]]:
         return [c for c in self.checkpoints if c["status"] == "completed"]
@@ -235,6 +238,7 @@ class _Attempt:
         self.coordinator.start()
         for t in self.tasks.values():
             t.start()
+        self.running_at = time.monotonic()
         remaining = set(self.tasks)
         error: BaseException | None = None
         self.stopped = False
@@ -260,6 +264,7 @@ class _Attempt:
                 continue
             if err is not None and not isinstance(err, TaskCancelled):
                 error = err
+                self.failed_at = time.monotonic()
                 break
             remaining.discard((task.vertex.uid, task.subtask))
         if error is not None:
@@ -464,6 +469,7 @@ class Executor:
             checkpoint_dir=self.storage.uri if self.storage else None,
         )
         attempt = 0
+        failed_at: float | None = None
         meta = self._restore_point() if self.restore_checkpoint is not None else None
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         while True:
@@ -472,6 +478,10 @@ class Executor:
                 result.restored_from.append(restored_id)
             run = self._current = self._attempt(attempt, restore, restored_id)
             error = run.run(deadline, stop_at, stop_when)
+            running_at = getattr(run, "running_at", None)
+            if failed_at is not None and running_at is not None:
+                result.restart_s.append(round(running_at - failed_at, 4))
+            failed_at = getattr(run, "failed_at", None) or time.monotonic()
             result.attempts = attempt + 1
             result.checkpoints += [c.summary() for c in run.coordinator.history]
             for name, m in run.task_metrics().items():

@@ -358,6 +358,8 @@ class _SparkAttempt:
                 self.running_at = time.monotonic()
                 self.coordinator.start()
                 error = self._loop(deadline, stop_at, stop_when)
+            if error is not None:
+                self.failed_at = time.monotonic()
         finally:
             self.coordinator.stop()
             self._end(sc, stage, cancel=error is not None or self.stopped)
