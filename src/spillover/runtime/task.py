@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from spillover.records import FixedWidthSerializer, RecordReader
+from spillover.errors import CorruptFrameError
+from spillover.records import FixedWidthSerializer, FrameJoiner, RecordReader
 from spillover.runtime.alignment import AlignmentStats, BarrierHandler
 from spillover.runtime.api import Batch, OperatorContext, OperatorSnapshot, Output
 from spillover.runtime.failures import FailureInjector
@@ -291,10 +292,25 @@ class Task:
         for h in plan.get("inputs", []):
             handle = GateStateHandle.from_dict(h)
             offset = self._offset[handle.gate_id]
+            # A block's frames at once, each channel's joined into large buffers: one
+            # batch per channel per REPLAY_BUFFER_SIZE, not one per network buffer.
+            joiner = FrameJoiner(1 + max(handle.channels, default=0), REPLAY_BUFFER_SIZE)
             with open_retriever(handle) as r:
-                for buf in r:
-                    self.replayed_bytes += len(buf)
-                    self._process(offset + buf.channel_id, buf)
+                for frames in r.iter_frames():
+                    if (frames.data_types != DataType.DATA).any():
+                        raise CorruptFrameError(
+                            "recovered input state holds an event buffer",
+                            path=handle.uri,
+                            offset=int(frames.file_offsets[0]),
+                        )
+                    self.replayed_bytes += frames.nbytes
+                    out = joiner.put_frames(
+                        frames.data, frames.offsets, frames.lengths, frames.channel_ids
+                    )
+                    for ch, joined in out:
+                        self._process(offset + ch, joined)
+            for ch, joined in joiner.flush():
+                self._process(offset + ch, joined)
         for item in plan.get("rescaled", []):
             k = item["edge"]
             edge = self.input_edges[k]
@@ -311,6 +327,7 @@ class Task:
                 # Replayed records are processed here, not sent: large buffers mean
                 # fewer, larger batches (the per-batch cost dominates small ones).
                 buffer_size=REPLAY_BUFFER_SIZE,
+                coalesce=True,
                 # custom edges route recovered records with the job's partitioner
                 partitioner=edge.partitioner,
             )
