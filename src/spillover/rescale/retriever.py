@@ -114,9 +114,23 @@ class RecordStream:
     old_upstream: int
     old_downstream: int
     channel: int | None = None
+    # Per piece, bytes of its channel to skip first (a reference to recovered state
+    # that was partly replayed when its checkpoint was taken); empty: none.
+    skips: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pieces", tuple((h, c) for h, c in self.pieces))
+        pieces, skips = [], []
+        for piece in self.pieces:
+            pieces.append((piece[0], piece[1]))
+            skips.append(int(piece[2]) if len(piece) > 2 else 0)
+        if self.skips:
+            if len(self.skips) != len(pieces):
+                raise ConfigError("skips needs one entry per piece")
+            skips = [int(x) for x in self.skips]
+        object.__setattr__(self, "pieces", tuple(pieces))
+        object.__setattr__(self, "skips", tuple(skips) if any(skips) else ())
+        if any(x < 0 for x in skips):
+            raise ConfigError("a piece's skip must be >= 0")
         for handle, channel in self.pieces:
             if not isinstance(handle, GateStateHandle):
                 raise ConfigError(f"a piece needs a GateStateHandle, got {type(handle).__name__}")
@@ -243,6 +257,8 @@ class FilteringRetriever:
             StorageOptions(**retriever_options)
         except TypeError as e:
             raise ConfigError("unknown retriever option", detail=str(e)) from e
+        if pass_through and not coalesce and any(st.skips for st in self.streams):
+            raise ConfigError("pieces with skip need coalesce=True or filtering")
         self.n_outputs = n_outputs
         # pass_through with coalesce: records are reassembled per stream and repacked
         # into buffer_size buffers without reading keys (the filtering path, keep all).
@@ -316,6 +332,8 @@ class FilteringRetriever:
         self._error: BaseException | None = None
         self._closed = False
         self._plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] | None = None
+        self._plan_skips: dict[tuple[int, int], int] = {}  # (plan entry, channel) -> bytes
+        self._skip: dict[int, int] = {}
         self._file = 0
         self._file_left: int | None = None
         self._files_ended = False
@@ -419,6 +437,10 @@ class FilteringRetriever:
                 handle, channel = stream.pieces[phase]
                 entry = files.setdefault(handle.uri, [handle, {}, 0, phase])
                 entry[1][channel] = i
+                if stream.skips and stream.skips[phase]:
+                    self._plan_skips[(len(plan) + list(files).index(handle.uri), channel)] = (
+                        stream.skips[phase]
+                    )
                 n = _frames_in(handle, channel)
                 entry[2] = None if n is None or entry[2] is None else entry[2] + n
             plan += [(e[0], e[1], e[2], e[3]) for e in files.values()]
@@ -450,6 +472,11 @@ class FilteringRetriever:
                     **self._options,
                 )
                 self._file_left = left
+                self._skip = {
+                    c: self._plan_skips.get((self._file, c), 0)
+                    for c in channels
+                    if self._plan_skips.get((self._file, c), 0)
+                }
                 continue
             frames = r.poll_frames()
             if frames is None:
@@ -486,6 +513,17 @@ class FilteringRetriever:
             self._file_left -= int(np.count_nonzero(wanted))
         if not wanted.any():
             return
+        for channel, skip in self._skip.items():
+            if skip <= 0:
+                continue
+            for i in np.flatnonzero(ids == channel).tolist():
+                cut = min(skip, int(frames.lengths[i]))
+                frames.offsets[i] += cut
+                frames.lengths[i] -= cut
+                skip -= cut
+                if skip == 0:
+                    break
+            self._skip[channel] = skip
         self._piece = phase
         if self._single_route:
             routes = {self.streams[0].channel}
@@ -687,18 +725,28 @@ def _stream_of(
     src: ChannelSource,
     input_handles: Mapping[int, GateStateHandle | None],
     output_handles: Mapping[int, GateStateHandle | None],
+    input_references: Mapping[int, Mapping[int, Any]] | None = None,
 ) -> RecordStream:
     if len(src.targets) != 1:
         raise RescaleError(f"an input source needs one target, got {len(src.targets)}")
     upstream, subpartition = mapping.output_piece_of(src)
-    pieces = []
+    pieces: list[tuple[GateStateHandle, int, int]] = []
+    # Recovered state the old downstream had not replayed yet comes first.
+    for ref in (input_references or {}).get(src.old_subtask, {}).get(src.old_channel, []):
+        pieces.append((ref.handle, ref.channel, ref.skip))
     head = _handle(input_handles, src.old_subtask, GateKind.INPUT, "downstream")
     if head is not None:
-        pieces.append((head, src.old_channel))
+        pieces.append((head, src.old_channel, 0))
     tail = _handle(output_handles, upstream, GateKind.OUTPUT, "upstream")
     if tail is not None:
-        pieces.append((tail, subpartition))
-    return RecordStream(tuple(pieces), upstream, src.old_subtask, src.targets[0].channel)
+        pieces.append((tail, subpartition, 0))
+    return RecordStream(
+        tuple((h, c) for h, c, _ in pieces),
+        upstream,
+        src.old_subtask,
+        src.targets[0].channel,
+        skips=tuple(k for _, _, k in pieces),
+    )
 
 
 def rescaled_retriever(
@@ -715,6 +763,7 @@ def rescaled_retriever(
     filesystem: Any = None,
     partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike] | None = None,
     coalesce: bool = False,
+    input_references: Mapping[int, Mapping[int, Any]] | None = None,
     **retriever_options: Any,
 ) -> FilteringRetriever:
     """The retriever of what new subtask ``new_subtask`` on ``side`` of an edge replays.
@@ -727,6 +776,12 @@ def rescaled_retriever(
     the mapping names; when every channel is taken whole the buffers pass
     through unparsed, else records are kept by the subtask's key-group range.
     A new upstream replays nothing (the retriever is empty).
+
+    ``input_references`` maps an old downstream to ``{channel: pieces}`` its
+    checkpoint referenced instead of storing (objects with ``handle``,
+    ``channel``, ``skip``; see ``spillover.runtime.recovery``): they are read
+    before that channel's input piece. ``coalesce`` repacks whole channels into
+    ``buffer_size`` buffers (needed with references when nothing is filtered).
     """
     side = Side(side.strip().lower()) if isinstance(side, str) else side
     rm = mapping.side(side)
@@ -735,7 +790,9 @@ def rescaled_retriever(
             f"new subtask {new_subtask} out of range for parallelism {rm.new_parallelism}"
         )
     sources = rm.for_subtask(new_subtask)
-    streams = [_stream_of(mapping, s, input_handles, output_handles) for s in sources]
+    streams = [
+        _stream_of(mapping, s, input_handles, output_handles, input_references) for s in sources
+    ]
     common: dict[str, Any] = {
         "n_outputs": rm.new_channels,
         "on_event": on_event,

@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from spillover.errors import CorruptFrameError
-from spillover.records import FixedWidthSerializer, FrameJoiner, RecordReader
+from spillover.records import FixedWidthSerializer, RecordReader
 from spillover.runtime.alignment import AlignmentStats, BarrierHandler
 from spillover.runtime.api import Batch, OperatorContext, OperatorSnapshot, Output
 from spillover.runtime.failures import FailureInjector
@@ -188,6 +187,7 @@ class Task:
         self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure
         self._switch_requested = -1  # the checkpoint whose alignment timed out, if any
         self._done_checkpoints: set[int] = set()
+        self._recovery: Any = None  # recovered input state still being replayed
 
     # -- control, from other threads -------------------------------------------------
 
@@ -289,28 +289,24 @@ class Task:
                     self.replayed_bytes += len(buf)
                     array = np.frombuffer(memoryview(buf), np.uint8)
                     part.emit(buf.channel_id, part.pool.wrap(array, DataType.DATA))
+        # Own input state (and what it references) replays step by step from the task
+        # loop, which takes unaligned barriers between steps (runtime/recovery.py).
+        from spillover.runtime.recovery import InputRecovery, Piece
+
+        gates: dict[int, Any] = {}
         for h in plan.get("inputs", []):
             handle = GateStateHandle.from_dict(h)
-            offset = self._offset[handle.gate_id]
-            # A block's frames at once, each channel's joined into large buffers: one
-            # batch per channel per REPLAY_BUFFER_SIZE, not one per network buffer.
-            joiner = FrameJoiner(1 + max(handle.channels, default=0), REPLAY_BUFFER_SIZE)
-            with open_retriever(handle) as r:
-                for frames in r.iter_frames():
-                    if (frames.data_types != DataType.DATA).any():
-                        raise CorruptFrameError(
-                            "recovered input state holds an event buffer",
-                            path=handle.uri,
-                            offset=int(frames.file_offsets[0]),
-                        )
-                    self.replayed_bytes += frames.nbytes
-                    out = joiner.put_frames(
-                        frames.data, frames.offsets, frames.lengths, frames.channel_ids
-                    )
-                    for ch, joined in out:
-                        self._process(offset + ch, joined)
-            for ch, joined in joiner.flush():
-                self._process(offset + ch, joined)
+            gates[handle.gate_id] = (handle, {})
+        for ref in plan.get("references", []):
+            gate = int(ref["gate"])
+            _own, refs = gates.setdefault(gate, (None, {}))
+            refs.setdefault(int(ref["channel"]), []).extend(
+                Piece.from_dict(p) for p in ref["pieces"]
+            )
+        if gates:
+            self._recovery = InputRecovery(
+                gates, lambda gate, ch, buf: self._process(self._offset[gate] + ch, buf)
+            )
         for item in plan.get("rescaled", []):
             k = item["edge"]
             edge = self.input_edges[k]
@@ -328,6 +324,7 @@ class Task:
                 # fewer, larger batches (the per-batch cost dominates small ones).
                 buffer_size=REPLAY_BUFFER_SIZE,
                 coalesce=True,
+                input_references=item.get("input_references"),
                 # custom edges route recovered records with the job's partitioner
                 partitioner=edge.partitioner,
             )
@@ -344,6 +341,22 @@ class Task:
                         self.ops[0].process(batch, edge.input_index)
             for reader in readers.values():
                 reader.finish()
+
+    def _replay_step(self) -> None:
+        """One block of recovered input state; unaligned barriers may come first."""
+        self._take_priority(0.0)
+        rec = self._recovery
+        if rec is None:
+            return
+        t = time.monotonic()
+        before = rec.replayed_bytes
+        more = rec.step()
+        self.replayed_bytes += rec.replayed_bytes - before
+        self.busy_seconds += time.monotonic() - t
+        if not more:
+            rec.close()
+            self._recovery = None
+        self._maybe_flush()
 
     def _mail(self, block: bool = False, timeout: float | None = None) -> float:
         """Runs queued mailbox actions; returns the seconds spent waiting for one."""
@@ -511,6 +524,9 @@ class Task:
                 # An operator paces itself: wait, still taking unaligned barriers.
                 self._take_priority(min(pause, self.flush_interval))
                 self._maybe_flush()
+                continue
+            if self._recovery is not None:
+                self._replay_step()
                 continue
             item = gate.poll(self.flush_interval)
             if item is None:
@@ -741,9 +757,21 @@ class Task:
         writer = ChannelStateWriter(
             f"{base}/channels{sep}{query}", cid, self.subtask, self.channel_compression
         )
+        # Recovered input state not replayed yet is referenced, not written again:
+        # everything joined is processed first, then each channel's rest is cut at
+        # the start of the record its reader has begun.
+        references: list[dict[str, Any]] = []
+        recovering: set[int] = set()
+        rec = self._recovery
+        if rec is not None:
+            rec.flush()
+            references = rec.references(
+                lambda g, c: self._readers[self._offset[g] + c].pending_bytes
+            )
+            recovering = {self._offset[g] + c for g, c in rec.channels}
         # A record begun in a buffer before the cut: its head is state too.
         for ch, reader in enumerate(self._readers):
-            raw = reader.pending_raw()
+            raw = reader.pending_raw() if ch not in recovering else b""
             if raw:
                 writer.add_input(*self._gate_of[ch], raw)
         inf = InFlightCheckpoint(
@@ -754,6 +782,7 @@ class Task:
             time.monotonic(),
             self.max_inflight_bytes,
         )
+        inf.references = references
         self.inflight = inf
         self._snapshot(cid, barrier.timestamp_ms, stats, barrier, inf)
         if inf.done:
@@ -806,6 +835,15 @@ class Task:
             )
             return
         ack = parts
+        if inf.references:
+            channel_state["references"] = inf.references
+            ack.metrics["referenced_bytes"] = float(
+                sum(
+                    p["handle"]["channels"][str(p["channel"])][1] - p["skip"]
+                    for r in inf.references
+                    for p in r["pieces"]
+                )
+            )
         ack.channel_state = channel_state
         ack.metrics["inflight_bytes"] = float(channel_state["bytes"])
         ack.metrics["persist_ms"] = (time.monotonic() - inf.started) * 1000
