@@ -33,7 +33,13 @@ import pytest
 import spillover
 from spillover._native._storage import Block, raw_read_baseline
 from spillover.keygroups import key_groups
-from spillover.records import FieldKey, FixedWidthSerializer, RecordReader, RecordWriter
+from spillover.records import (
+    FieldKey,
+    FixedWidthSerializer,
+    FrameJoiner,
+    RecordReader,
+    RecordWriter,
+)
 from spillover.rescale import EdgeType, map_edge, rescaled_retriever
 from spillover.storage import GateStateHandle
 
@@ -43,6 +49,7 @@ GiB = 1024 * MiB
 
 MAX_PARALLELISM = 128
 BUFFER = 32 * KiB
+REPLAY_BUFFER = 1 * MiB  # replayed records go to the operator, not the network
 RECORD = np.dtype([("key", "<i8"), ("payload", "V92")])  # 100 bytes
 FRAMED = RECORD.itemsize + 4  # with its length prefix
 KEY = FieldKey(0, "int64")
@@ -281,36 +288,51 @@ def _drain(name: str, open_: Any, channel_of: Any, decoder: Decoder) -> Subtask:
     return st
 
 
+def _drain_blocks(name: str, handle: GateStateHandle, channel_of: Any, decoder: Decoder) -> Subtask:
+    """A state file's frames block by block (``Retriever.iter_frames``), each channel's
+    buffers joined natively into 1 MiB buffers (``FrameJoiner``), as the runtime replays
+    its own input state; every joined buffer is decoded."""
+    st = Subtask(name)
+    before = decoder.bytes
+    t0 = time.perf_counter()
+    n = 1 + max(handle.channels, default=0)
+    joiner = FrameJoiner(n, REPLAY_BUFFER)
+
+    def feed(pairs: list[tuple[int, Any]]) -> None:
+        for ch, buf in pairs:
+            if st.first_buffer_s != st.first_buffer_s:
+                st.first_buffer_s = time.perf_counter() - t0
+            if decoder.feed(channel_of(ch), buf) and st.first_record_s != st.first_record_s:
+                st.first_record_s = time.perf_counter() - t0
+
+    with spillover.open_retriever(handle) as r:
+        for frames in r.iter_frames():
+            feed(joiner.put_frames(frames.data, frames.offsets, frames.lengths, frames.channel_ids))
+            if st.first_record_s != st.first_record_s:
+                feed(joiner.flush())  # the first records at once, not after 1 MiB
+    feed(joiner.flush())
+    st.total_s = time.perf_counter() - t0
+    st.bytes = decoder.bytes - before
+    return st
+
+
 def replay(case: Case, ckpt: Checkpoint) -> tuple[list[Subtask], list[Decoder]]:
     """Replays the checkpoint at ``case.new``, one subtask after the other.
 
     Same parallelism: as the runtime does for an unchanged edge, each downstream
     replays its own input file, then each upstream its own output file, whose
     buffers go on the downstream's channel (same reader, so records cut between
-    the pieces join). Rescaled: ``rescaled_retriever`` for every new downstream,
-    a reader per new channel.
+    the pieces join); each file block by block, channels joined into 1 MiB buffers.
+    Rescaled: ``rescaled_retriever(..., buffer_size=1 MiB, coalesce=True)`` for every
+    new downstream, as the runtime uses it, a reader per new channel.
     """
     subtasks, decoders = [], []
     if case.old == case.new:
         dec = Decoder()
         for d, h in ckpt.inputs.items():
-            subtasks.append(
-                _drain(
-                    f"downstream {d} input",
-                    lambda h=h: spillover.open_retriever(h),
-                    lambda b, d=d: (d, b.channel_id),
-                    dec,
-                )
-            )
+            subtasks.append(_drain_blocks(f"downstream {d} input", h, lambda c, d=d: (d, c), dec))
         for u, h in ckpt.outputs.items():
-            subtasks.append(
-                _drain(
-                    f"upstream {u} output",
-                    lambda h=h: spillover.open_retriever(h),
-                    lambda b, u=u: (b.channel_id, u),
-                    dec,
-                )
-            )
+            subtasks.append(_drain_blocks(f"upstream {u} output", h, lambda c, u=u: (c, u), dec))
         decoders.append(dec)
     else:
         mapping = map_edge(
@@ -333,6 +355,8 @@ def replay(case: Case, ckpt: Checkpoint) -> tuple[list[Subtask], list[Decoder]]:
                         input_handles=ckpt.inputs,
                         output_handles=ckpt.outputs,
                         key=KEY,
+                        buffer_size=REPLAY_BUFFER,
+                        coalesce=True,
                     ),
                     lambda b: b.channel_id,
                     dec,

@@ -146,6 +146,7 @@ int spl_scan_frames(const uint8_t *buf, size_t len, spl_frame_ref *out, size_t m
         r->payload_crc = f.payload_crc;
         r->data_type = f.data_type;
         r->codec = f.codec;
+        r->checked = verify ? SPL_CRC_OK : SPL_CRC_UNCHECKED;
         r->_pad = 0;
         pos += SPL_FRAME_HEADER_SIZE + f.stored_length;
     }

@@ -69,8 +69,12 @@ typedef struct {
     uint32_t payload_crc;
     uint8_t data_type;
     uint8_t codec;
-    uint16_t _pad;
+    uint8_t checked; /* SPL_CRC_*: whether the payload checksum was checked yet */
+    uint8_t _pad;
 } spl_frame_ref;
+
+/* spl_frame_ref.checked */
+enum { SPL_CRC_UNCHECKED = 0, SPL_CRC_OK = 1, SPL_CRC_BAD = 2 };
 
 void spl_encode_state_header(uint8_t out[SPL_HEADER_SIZE], const spl_state_header *h);
 int spl_decode_state_header(const uint8_t in[SPL_HEADER_SIZE], spl_state_header *h);

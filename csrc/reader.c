@@ -1,5 +1,7 @@
 #include "reader.h"
 
+#include "crc32c.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -74,6 +76,16 @@ int spl_block_scan(spl_block *b, size_t *consumed, size_t *need, size_t *err_at,
     return SPL_OK;
 }
 
+void spl_block_check_payloads(spl_block *b) {
+    for (size_t k = 0; k < b->nframes; k++) {
+        spl_frame_ref *f = &b->frames[k];
+        if (f->checked == SPL_CRC_UNCHECKED)
+            f->checked = spl_crc32c(0, b->data + f->payload, f->stored_length) == f->payload_crc
+                             ? SPL_CRC_OK
+                             : SPL_CRC_BAD;
+    }
+}
+
 #define POOL_MAX 64
 
 struct spl_reader {
@@ -82,6 +94,7 @@ struct spl_reader {
     size_t block_bytes;
     size_t max_queued;
     uint64_t expect_frames, expect_raw, expect_stored;
+    int verify;
 
     pthread_t thread;
     int thread_started;
@@ -159,8 +172,9 @@ static void *reader_main(void *arg) {
                 fail(r, SPL_E_FRAME_HEADER, r->pos - carry_len, 0);
                 break;
             }
-            if (frames != r->expect_frames || raw != r->expect_raw ||
-                stored != r->expect_stored) {
+            if (r->expect_frames != SPL_READER_UNCHECKED &&
+                (frames != r->expect_frames || raw != r->expect_raw ||
+                 stored != r->expect_stored)) {
                 fail(r, SPL_E_TRAILER, r->end, 0);
                 break;
             }
@@ -211,6 +225,7 @@ static void *reader_main(void *arg) {
             spl_block_decref(b);
             break;
         }
+        if (r->verify) spl_block_check_payloads(b);
         if (carry) spl_block_decref(carry);
         carry = b; /* our reference now keeps the tail alive */
         carry_start = consumed;
@@ -235,7 +250,7 @@ static void *reader_main(void *arg) {
 
 spl_reader *spl_reader_new(int fd, uint64_t start, uint64_t end, size_t block_bytes,
                            size_t max_queued, uint64_t expect_frames, uint64_t expect_raw,
-                           uint64_t expect_stored) {
+                           uint64_t expect_stored, int verify) {
     spl_reader *r = calloc(1, sizeof(*r));
     if (!r) return NULL;
     r->fd = fd;
@@ -246,6 +261,7 @@ spl_reader *spl_reader_new(int fd, uint64_t start, uint64_t end, size_t block_by
     r->expect_frames = expect_frames;
     r->expect_raw = expect_raw;
     r->expect_stored = expect_stored;
+    r->verify = verify;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv_ready, NULL);
     pthread_cond_init(&r->cv_space, NULL);

@@ -39,11 +39,20 @@ typedef struct spl_reader spl_reader;
 
 enum { SPL_READER_WAIT = -1, SPL_READER_DONE = -2 };
 
+/* Checks the payload checksum of every frame of a scanned block and marks
+ * each frame's `checked` (SPL_CRC_OK or SPL_CRC_BAD); the consumer raises at
+ * a bad frame when it reaches it, so the frames before it still come out. */
+void spl_block_check_payloads(spl_block *b);
+
 /* Starts reading [start, end) of fd; the trailer's counts are checked at the
- * end. Returns NULL when out of memory or the thread cannot start. */
+ * end unless expect_frames is SPL_READER_UNCHECKED (a byte range of the file,
+ * whose reader counts its own frames). With `verify` the reader thread checks
+ * payload checksums too, off the consumer's thread. Returns NULL when out of
+ * memory or the thread cannot start. */
+#define SPL_READER_UNCHECKED UINT64_MAX
 spl_reader *spl_reader_new(int fd, uint64_t start, uint64_t end, size_t block_bytes,
                            size_t max_queued, uint64_t expect_frames, uint64_t expect_raw,
-                           uint64_t expect_stored);
+                           uint64_t expect_stored, int verify);
 
 /* The next block (the caller owns a reference) or NULL with *status:
  * SPL_READER_WAIT (none ready within wait_ms; -1 waits forever),

@@ -131,7 +131,7 @@ int spl_packer_flush(spl_packer *p) {
 }
 
 /* Copies src into output o, retiring every buffer it fills. */
-static int put_bytes(spl_packer *p, uint32_t o, const uint8_t *src, size_t n) {
+int spl_packer_put_bytes(spl_packer *p, uint32_t o, const uint8_t *src, size_t n) {
     spl_out *out = &p->outs[o];
     while (n) {
         if (!out->buf) {
@@ -161,8 +161,8 @@ static int put_bytes(spl_packer *p, uint32_t o, const uint8_t *src, size_t n) {
 
 int spl_packer_put_slow(spl_packer *p, uint32_t o, const uint8_t *prefix, const uint8_t *payload,
                         uint32_t len) {
-    int rc = put_bytes(p, o, prefix, SPL_REC_PREFIX);
-    return rc ? rc : put_bytes(p, o, payload, len);
+    int rc = spl_packer_put_bytes(p, o, prefix, SPL_REC_PREFIX);
+    return rc ? rc : spl_packer_put_bytes(p, o, payload, len);
 }
 
 int spl_packer_put_batch(spl_packer *p, uint32_t o, const uint8_t *data, const int64_t *offsets,
@@ -203,6 +203,10 @@ int spl_rec_key_groups(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_l
 }
 
 int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg) {
+    if (d->keep_all) {
+        d->routed++;
+        return spl_packer_put(&d->packer, 0, payload, len);
+    }
     if (kg < 0) {
         int32_t h;
         int rc = spl_key_hash(&d->key, payload, len, &h);
@@ -244,7 +248,13 @@ static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const 
         }
         if (len > n - p - SPL_REC_PREFIX) break;
         int32_t kg;
-        if (kgs) {
+        if (d->keep_all) {
+            rc = spl_packer_put_framed(&d->packer, 0, buf + p, len);
+            if (rc) break;
+            k++;
+            p += SPL_REC_PREFIX + (size_t)len;
+            continue;
+        } else if (kgs) {
             kg = kgs[k];
         } else {
             int32_t h;
@@ -282,4 +292,55 @@ int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const
     default:
         return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_BYTES);
     }
+}
+
+int spl_packer_put_frames(spl_packer *p, const uint8_t *data, const int64_t *offsets,
+                          const int64_t *lengths, const int32_t *outputs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (outputs[i] < 0) continue;
+        int rc = spl_packer_put_bytes(p, (uint32_t)outputs[i], data + offsets[i],
+                                      (size_t)lengths[i]);
+        if (rc) return rc;
+    }
+    return SPL_REC_OK;
+}
+
+int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
+                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
+                     size_t *err_frame, size_t *err_at) {
+    for (size_t i = 0; i < n; i++) {
+        if (slots[i] < 0) continue;
+        const uint8_t *buf = data + offsets[i];
+        size_t len = (size_t)lengths[i], pos = 0, used = 0, count = 0;
+        spl_carry *c = carries[slots[i]];
+        int rc = SPL_REC_OK;
+        *err_frame = i;
+        *err_at = 0;
+        if (c->hdr_have) {
+            rc = spl_carry_feed(c, buf, len, d->max_len, &used);
+            pos = used;
+            if (rc == SPL_REC_OK) {
+                rc = spl_demux_route(d, c->data, c->len, -1);
+                spl_carry_reset(c);
+                if (rc) return rc;
+            } else if (rc != SPL_REC_MORE) {
+                return rc;
+            }
+        }
+        if (pos < len && !c->hdr_have) {
+            rc = spl_demux_run(d, buf, len, &pos, NULL, SIZE_MAX, &count);
+            if (rc) {
+                *err_at = pos;
+                return rc;
+            }
+            if (pos < len) {
+                rc = spl_carry_feed(c, buf + pos, len - pos, d->max_len, &used);
+                if (rc != SPL_REC_MORE) {
+                    *err_at = pos;
+                    return rc;
+                }
+            }
+        }
+    }
+    return SPL_REC_OK;
 }

@@ -32,6 +32,14 @@ static inline uint32_t spl_le32(const uint8_t *p) {
     memcpy(&v, p, 4);
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     v = __builtin_bswap32(v);
+/* Routes the records of many buffers: data[offsets[i] .. + lengths[i]) for every
+ * i with slots[i] >= 0, in order, each continuing the record cut in carries[slots[i]]
+ * (one per demux channel, self-allocating). On error *err_frame is the buffer's
+ * index and *err_at the offending record's start in it. */
+int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
+                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
+                     size_t *err_frame, size_t *err_at);
+
 #endif
     return v;
 }
@@ -41,6 +49,14 @@ static inline uint64_t spl_le64(const uint8_t *p) {
     memcpy(&v, p, 8);
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     v = __builtin_bswap64(v);
+/* Routes the records of many buffers: data[offsets[i] .. + lengths[i]) for every
+ * i with slots[i] >= 0, in order, each continuing the record cut in carries[slots[i]]
+ * (one per demux channel, self-allocating). On error *err_frame is the buffer's
+ * index and *err_at the offending record's start in it. */
+int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
+                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
+                     size_t *err_frame, size_t *err_at);
+
 #endif
     return v;
 }
@@ -48,6 +64,14 @@ static inline uint64_t spl_le64(const uint8_t *p) {
 static inline void spl_put_le32(uint8_t *p, uint32_t v) {
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     v = __builtin_bswap32(v);
+/* Routes the records of many buffers: data[offsets[i] .. + lengths[i]) for every
+ * i with slots[i] >= 0, in order, each continuing the record cut in carries[slots[i]]
+ * (one per demux channel, self-allocating). On error *err_frame is the buffer's
+ * index and *err_at the offending record's start in it. */
+int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
+                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
+                     size_t *err_frame, size_t *err_at);
+
 #endif
     memcpy(p, &v, 4);
 }
@@ -108,6 +132,12 @@ void spl_packer_free(spl_packer *p);
 /* Moves every non-empty current buffer to the full list (as a short buffer). */
 int spl_packer_flush(spl_packer *p);
 int spl_packer_retire(spl_packer *p, uint32_t o);
+/* Appends raw bytes to output o (no framing), retiring every buffer it fills. */
+int spl_packer_put_bytes(spl_packer *p, uint32_t o, const uint8_t *src, size_t n);
+/* Appends data[offsets[i] .. + lengths[i]) raw to output outputs[i] (skipped when < 0),
+ * in order: the frames of a read-ahead block joined into each channel's stream. */
+int spl_packer_put_frames(spl_packer *p, const uint8_t *data, const int64_t *offsets,
+                          const int64_t *lengths, const int32_t *outputs, size_t n);
 int spl_packer_put_slow(spl_packer *p, uint32_t o, const uint8_t *prefix, const uint8_t *payload,
                         uint32_t len);
 /* Appends many records data[offsets[i] .. offsets[i+1]) to output o. */
@@ -214,6 +244,7 @@ typedef struct {
     spl_mod mod;
     int32_t max_p;
     uint32_t max_len;
+    int keep_all; /* every record to output 0, no key read (a channel taken whole) */
     uint64_t routed, dropped;
 } spl_demux;
 
@@ -225,5 +256,13 @@ int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const
                   size_t max_records, size_t *count);
 /* Routes one payload (e.g. a reassembled record); kg < 0: from the key spec. */
 int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg);
+
+/* Routes the records of many buffers: data[offsets[i] .. + lengths[i]) for every
+ * i with slots[i] >= 0, in order, each continuing the record cut in carries[slots[i]]
+ * (one per demux channel, self-allocating). On error *err_frame is the buffer's
+ * index and *err_at the offending record's start in it. */
+int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
+                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
+                     size_t *err_frame, size_t *err_at);
 
 #endif

@@ -36,6 +36,7 @@ __all__ = [
     "BytesSerializer",
     "FieldKey",
     "FixedWidthSerializer",
+    "FrameJoiner",
     "Key",
     "KeyGroupDemux",
     "PickleSerializer",
@@ -140,6 +141,49 @@ class RecordWriter:
     @property
     def pending_bytes(self) -> int:
         """Bytes written but not yet handed out."""
+        return self._packer.pending_bytes()
+
+
+class FrameJoiner:
+    """Joins each channel's buffers into one byte stream cut into ``buffer_size`` buffers.
+
+    ``put_frames`` takes many buffers at once (for instance one read-ahead block's
+    frames, ``Retriever.poll_frames``) and appends each, raw, to its output in one
+    native call with the GIL released. Records stay framed and may be cut at the new
+    buffer boundaries, as in any channel stream: read each output with its own
+    :class:`RecordReader`. Fewer, larger buffers mean less Python per byte.
+    """
+
+    def __init__(self, n_outputs: int, buffer_size: int = 1 << 20) -> None:
+        _check_buffer_size(buffer_size)
+        if not 1 <= n_outputs < 1 << 31:
+            raise ConfigError(f"n_outputs must be at least 1, got {n_outputs}")
+        self.n_outputs = n_outputs
+        self._packer = _records.Packer(buffer_size, n_outputs)
+
+    def put_frames(
+        self,
+        data: object,
+        offsets: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+        outputs: npt.NDArray[np.int32],
+    ) -> list[tuple[int, Buffer]]:
+        """Appends ``data[offsets[i]:offsets[i] + lengths[i]]`` to output ``outputs[i]``
+        (skipped when negative); returns the full buffers as ``(output, buffer)``."""
+        return self._packer.put_frames(
+            data,
+            np.ascontiguousarray(offsets, np.int64),
+            np.ascontiguousarray(lengths, np.int64),
+            np.ascontiguousarray(outputs, np.int32),
+        )
+
+    def flush(self) -> list[tuple[int, Buffer]]:
+        """Every partly filled buffer too, as ``(output, buffer)``."""
+        return self._packer.flush()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes joined but not yet handed out."""
         return self._packer.pending_bytes()
 
 
@@ -496,6 +540,36 @@ class KeyGroupDemux(_Demux):
     def push(self, buffer: object, channel: object = 0) -> list[tuple[int, Buffer]]:
         """Routes one input buffer; returns the output buffers it filled as ``(output, buffer)``."""
         return self._core.push(buffer, channel, self._selector)
+
+    def push_frames(
+        self,
+        data: object,
+        offsets: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+        slots: npt.NDArray[np.int32],
+        channels: list[object],
+    ) -> list[tuple[int, Buffer]]:
+        """Routes many input buffers at once, as ``push`` would one by one.
+
+        Buffer ``i`` is ``data[offsets[i]:offsets[i] + lengths[i]]`` of channel
+        ``channels[slots[i]]`` (skipped when ``slots[i] < 0``), e.g. the frames of a
+        read-ahead block (``Retriever.poll_frames``). With a :class:`FieldKey` the
+        whole call runs natively with the GIL released.
+        """
+        if self._selector is not None:
+            out: list[tuple[int, Buffer]] = []
+            view = np.frombuffer(data, np.uint8)  # type: ignore[call-overload]
+            for i in np.flatnonzero(slots >= 0).tolist():
+                o = int(offsets[i])
+                buf = view[o : o + int(lengths[i])]
+                out += self._core.push(buf, channels[slots[i]], self._selector)
+            return out
+        return self._core.push_frames(data, offsets, lengths, slots, channels)
+
+    def keep_all(self) -> None:
+        """Sends every record to output 0 without reading its key: a channel taken whole
+        (reassembled and repacked only)."""
+        self._core.set_keep_all(True)
 
     def flush(self) -> list[tuple[int, Buffer]]:
         """Hands out every partly filled output buffer too (records begun on a channel stay)."""

@@ -10,7 +10,7 @@ releases the GIL around every loop. Use :mod:`spillover.keygroups` and
 from cpython.buffer cimport PyBUF_FORMAT
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport SIZE_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from spl_records cimport *

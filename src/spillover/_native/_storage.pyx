@@ -17,13 +17,15 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.buffer cimport PyBUF_READ
 from libc.errno cimport EIO, errno
 from posix.unistd cimport read
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove
 
 from spl cimport *
 
 import os
+
+import numpy
 
 from spillover.errors import (
     BadMagicError,
@@ -198,6 +200,8 @@ cdef class NativeStorer:
     cdef readonly uint64_t stored_bytes
     cdef dict _big_channels  # stats of channel ids >= SMALL_CHANNELS
     cdef uint64_t *_small  # frames, raw bytes per channel id < SMALL_CHANNELS
+    cdef uint64_t *_small_range  # first frame's offset, end of the last, per small id
+    cdef uint64_t pos  # file offset of the next frame
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
                   size_t batch_bytes, size_t pool_bytes, str path):
@@ -212,8 +216,10 @@ cdef class NativeStorer:
         self.path = path
         self._big_channels = {}
         self._small = <uint64_t *>calloc(2 * SMALL_CHANNELS, sizeof(uint64_t))
-        if self._small == NULL:
+        self._small_range = <uint64_t *>calloc(2 * SMALL_CHANNELS, sizeof(uint64_t))
+        if self._small == NULL or self._small_range == NULL:
             raise MemoryError()
+        self.pos = len(header)
         if fd < 0 and sink_write is None:
             raise ValueError("a storer needs a file descriptor or a write callable")
         self.w = spl_writer_new(fd, <spl_sink_fn>_py_sink if fd < 0 else <spl_sink_fn>NULL,
@@ -233,6 +239,8 @@ cdef class NativeStorer:
             self.w = NULL
         free(self._small)
         self._small = NULL
+        free(self._small_range)
+        self._small_range = NULL
 
     @property
     def channels(self):
@@ -243,7 +251,19 @@ cdef class NativeStorer:
             for c in range(SMALL_CHANNELS):
                 if self._small[2 * c]:
                     out[c] = [self._small[2 * c], self._small[2 * c + 1]]
-        out.update({k: list(v) for k, v in self._big_channels.items()})
+        out.update({k: list(v[:2]) for k, v in self._big_channels.items()})
+        return out
+
+    @property
+    def channel_ranges(self):
+        """``{channel id: [first frame's file offset, end of its last frame]}``."""
+        cdef int c
+        out = {}
+        if self._small != NULL:
+            for c in range(SMALL_CHANNELS):
+                if self._small[2 * c]:
+                    out[c] = [self._small_range[2 * c], self._small_range[2 * c + 1]]
+        out.update({k: list(v[2:]) for k, v in self._big_channels.items()})
         return out
 
     cdef void _release_slot(self, int slot) noexcept:
@@ -355,16 +375,22 @@ cdef class NativeStorer:
         self.frames += 1
         self.raw_bytes += raw_len
         self.stored_bytes += view.len
+        cdef uint64_t start = self.pos
+        self.pos += SPL_FRAME_HEADER_SIZE + <uint64_t>view.len
         if channel_id < SMALL_CHANNELS:  # no Python objects on the common path
+            if self._small[2 * channel_id] == 0:
+                self._small_range[2 * channel_id] = start
+            self._small_range[2 * channel_id + 1] = self.pos
             self._small[2 * channel_id] += 1
             self._small[2 * channel_id + 1] += raw_len
         else:
             stats = self._big_channels.get(channel_id)
             if stats is None:
-                self._big_channels[channel_id] = [1, raw_len]
+                self._big_channels[channel_id] = [1, raw_len, start, self.pos]
             else:
                 stats[0] += 1
                 stats[1] += raw_len
+                stats[3] = self.pos
         if flush_needed:
             if self.async_mode:
                 self._flush()
@@ -642,13 +668,15 @@ cdef class FrameBatch:
         f = &self.block.frames[self.i]
         ptr = self.block.data + f.payload
         offset = self.block.base + f.payload - SPL_FRAME_HEADER_SIZE
-        if self.verify:
-            if f.stored_length >= GIL_RELEASE_MIN:
-                with nogil:
+        if self.verify and f.checked != SPL_CRC_OK:
+            if f.checked == SPL_CRC_UNCHECKED:
+                if f.stored_length >= GIL_RELEASE_MIN:
+                    with nogil:
+                        crc = spl_crc32c(0, ptr, f.stored_length)
+                else:
                     crc = spl_crc32c(0, ptr, f.stored_length)
-            else:
-                crc = spl_crc32c(0, ptr, f.stored_length)
-            if crc != f.payload_crc:
+                f.checked = SPL_CRC_OK if crc == f.payload_crc else SPL_CRC_BAD
+            if f.checked == SPL_CRC_BAD:
                 raise error_for(SPL_E_PAYLOAD_CRC, self.path, offset)
         self.i += 1
         if f.codec == SPL_CODEC_NONE:
@@ -671,6 +699,113 @@ cdef class FrameBatch:
                            f.raw_length)
         buf.more_available = self.i < <Py_ssize_t>self.block.nframes
         return buf
+
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a batch's block is read-only")
+        buffer.buf = self.block.data
+        buffer.obj = self
+        buffer.len = self.block.len
+        buffer.readonly = 1
+        buffer.itemsize = 1
+        buffer.format = FMT_B if flags & 0x0004 else NULL
+        buffer.ndim = 1
+        buffer.shape = &buffer.len if flags & 0x0008 else NULL
+        buffer.strides = &buffer.itemsize if flags & 0x0010 else NULL
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
+
+    @property
+    def base_offset(self):
+        """File offset of the block's first byte."""
+        return self.block.base
+
+    def take_all(self):
+        """Every remaining frame at once, as arrays: ``(data, channel_ids, offsets,
+        lengths, data_types, file_offsets)``.
+
+        ``data`` is a read-only uint8 array over the block (zero-copy; it keeps the
+        block alive) in which frame ``i``'s payload is ``data[offsets[i]:][:lengths[i]]``;
+        ``file_offsets[i]`` is where its frame header starts in the file. Payload
+        checksums are checked first (GIL released); a damaged frame raises before
+        any frame of the batch is handed out. LZ4 frames are decoded into a new
+        array instead (one Python call per compressed frame)."""
+        cdef Py_ssize_t k, n = <Py_ssize_t>self.block.nframes - self.i, j
+        cdef spl_frame_ref *f
+        cdef int bad = -1
+        cdef bint compressed = False
+        cdef uint32_t[::1] ch
+        cdef int64_t[::1] off
+        cdef int64_t[::1] ln
+        cdef uint8_t[::1] dt
+        cdef int64_t[::1] fo
+        if n < 0:
+            n = 0
+        channel_ids = numpy.empty(n, numpy.uint32)
+        offsets = numpy.empty(n, numpy.int64)
+        lengths = numpy.empty(n, numpy.int64)
+        data_types = numpy.empty(n, numpy.uint8)
+        file_offsets = numpy.empty(n, numpy.int64)
+        ch, off, ln, dt, fo = channel_ids, offsets, lengths, data_types, file_offsets
+        with nogil:
+            for k in range(n):
+                f = &self.block.frames[self.i + k]
+                if self.verify and f.checked == SPL_CRC_UNCHECKED:
+                    f.checked = (SPL_CRC_OK
+                                 if spl_crc32c(0, self.block.data + f.payload, f.stored_length)
+                                 == f.payload_crc else SPL_CRC_BAD)
+                if self.verify and f.checked == SPL_CRC_BAD and bad < 0:
+                    bad = <int>k
+                if f.codec != SPL_CODEC_NONE:
+                    compressed = True
+                ch[k] = f.channel_id
+                off[k] = <int64_t>f.payload
+                ln[k] = f.stored_length
+                dt[k] = f.data_type
+                fo[k] = <int64_t>(self.block.base + f.payload - SPL_FRAME_HEADER_SIZE)
+        if bad >= 0:
+            raise error_for(SPL_E_PAYLOAD_CRC, self.path, int(file_offsets[bad]))
+        if not compressed:
+            data = numpy.frombuffer(self, numpy.uint8)
+        else:
+            data = self._decoded(offsets, lengths)
+        self.i = self.block.nframes
+        return data, channel_ids, offsets, lengths, data_types, file_offsets
+
+    cdef object _decoded(self, object offsets, object lengths):
+        """The remaining payloads decoded into one new array; ``offsets``/``lengths``
+        are rewritten to point into it (the slow path of compressed files)."""
+        cdef Py_ssize_t k, n = len(offsets)
+        cdef spl_frame_ref *f
+        parts = []
+        pos = 0
+        for k in range(n):
+            f = &self.block.frames[self.i + k]
+            view = PyMemoryView_FromMemory(<char *>(self.block.data + f.payload),
+                                           f.stored_length, PyBUF_READ)
+            if f.codec == SPL_CODEC_NONE:
+                raw = bytes(view)
+            else:
+                offset = self.block.base + f.payload - SPL_FRAME_HEADER_SIZE
+                try:
+                    raw = self.decompress(view, uncompressed_size=f.raw_length)
+                except Exception as e:
+                    raise CorruptFrameError("lz4 frame does not decode", path=self.path,
+                                            offset=offset, detail=str(e)) from e
+                if len(raw) != f.raw_length:
+                    raise CorruptFrameError("lz4 frame decodes to the wrong length",
+                                            path=self.path, offset=offset,
+                                            detail=f"expected {f.raw_length}, got {len(raw)}")
+            view.release()
+            parts.append(raw)
+            offsets[k] = pos
+            lengths[k] = len(raw)
+            pos += len(raw)
+        return numpy.frombuffer(b"".join(parts), numpy.uint8)
 
 
 cdef FrameBatch _make_batch(spl_block *b, bint verify, object decompress, str path):
@@ -722,12 +857,15 @@ cdef class NativeReader:
 
     def __cinit__(self, int fd, uint64_t start, uint64_t end, size_t block_bytes,
                   size_t max_queued, uint64_t frames, uint64_t raw_bytes, uint64_t stored_bytes,
-                  bint verify, object decompress, str path):
+                  bint verify, object decompress, str path, bint whole=True):
+        # whole=False: [start, end) is a byte range of the file, whose frames the
+        # caller counts; the trailer's sums cover the whole file and are not checked.
         self.path = path
         self.verify = verify
         self.decompress = decompress
-        self.r = spl_reader_new(fd, start, end, block_bytes, max_queued, frames, raw_bytes,
-                                stored_bytes)
+        self.r = spl_reader_new(fd, start, end, block_bytes, max_queued,
+                                frames if whole else SPL_READER_UNCHECKED, raw_bytes,
+                                stored_bytes, verify)
         if self.r == NULL:
             raise MemoryError("cannot start the read-ahead thread")
 

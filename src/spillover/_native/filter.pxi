@@ -163,6 +163,60 @@ cdef class Demux:
                     self._fail(rc, pos)
         return _take_full(&self.d.packer)
 
+    def set_keep_all(self, bint keep_all):
+        """Every record to output 0 without reading its key (a channel taken whole)."""
+        self.d.keep_all = keep_all
+
+    def push_frames(self, object data, const int64_t[::1] offsets, const int64_t[::1] lengths,
+                    const int32_t[::1] slots, list channels):
+        """Routes the records of many input buffers in one call, GIL released.
+
+        Buffer ``i`` is ``data[offsets[i]:offsets[i] + lengths[i]]`` of input channel
+        ``channels[slots[i]]`` (skipped when ``slots[i] < 0``); buffers are taken in
+        order, as ``push`` would take them one by one (native key only). Returns the
+        completed ``(output, buffer)`` pairs. On error raises with the buffer's index
+        in ``detail``."""
+        cdef const uint8_t[::1] buf = _as_bytes(data)
+        cdef Py_ssize_t n = offsets.shape[0], i, m = len(channels)
+        cdef size_t err_frame = 0, err_at = 0
+        cdef int rc
+        cdef _Carry cr
+        cdef spl_carry **carries
+        self._check_usable()
+        if lengths.shape[0] != n or slots.shape[0] != n:
+            raise ValueError("offsets, lengths and slots differ in length")
+        if n == 0:
+            return []
+        for i in range(n):
+            if slots[i] >= m:
+                raise ValueError(f"slot {slots[i]} has no channel")
+            if slots[i] >= 0 and (offsets[i] < 0 or lengths[i] < 0
+                                  or offsets[i] + lengths[i] > buf.shape[0]):
+                raise ValueError(f"buffer {i} lies outside the data")
+        carries = <spl_carry **>malloc(max(m, 1) * sizeof(spl_carry *))
+        if carries == NULL:
+            raise MemoryError()
+        try:
+            for i in range(m):
+                cr = self._carries.get(channels[i])
+                if cr is None:
+                    cr = _Carry()
+                    self._carries[channels[i]] = cr
+                carries[i] = &cr.c
+            with nogil:
+                rc = spl_demux_frames(&self.d, &buf[0] if buf.shape[0] else NULL, &offsets[0],
+                                      &lengths[0], &slots[0], <size_t>n, carries, &err_frame,
+                                      &err_at)
+        finally:
+            free(carries)
+        if rc:
+            try:
+                self._fail(rc, err_at)
+            except CorruptRecordError as e:
+                raise CorruptRecordError(e.message, detail=f"{e.detail}, in buffer {err_frame}",
+                                         hint=e.hint) from None
+        return _take_full(&self.d.packer)
+
     def flush(self):
         """Hands out every partly filled output buffer too."""
         self._check_usable()

@@ -135,6 +135,32 @@ cdef class Packer:
             _raise_rc(rc, 0, "packing records")
         return _take_full(&self.p)
 
+    def put_frames(self, object data, const int64_t[::1] offsets, const int64_t[::1] lengths,
+                   const int32_t[::1] outputs):
+        """Appends ``data[offsets[i]:offsets[i] + lengths[i]]`` as raw bytes to output
+        ``outputs[i]`` (skipped when negative), in order, GIL released: joins each
+        channel's buffers into one stream cut into full buffers. Returns the buffers
+        completed."""
+        cdef const uint8_t[::1] buf = _as_bytes(data)
+        cdef Py_ssize_t n = offsets.shape[0], i
+        cdef int rc
+        if lengths.shape[0] != n or outputs.shape[0] != n:
+            raise ValueError("offsets, lengths and outputs differ in length")
+        for i in range(n):
+            if outputs[i] >= <int32_t>self.p.n_outs:
+                raise IndexError(outputs[i])
+            if outputs[i] >= 0 and (offsets[i] < 0 or lengths[i] < 0
+                                    or offsets[i] + lengths[i] > buf.shape[0]):
+                raise ValueError(f"buffer {i} lies outside the data")
+        if n == 0:
+            return []
+        with nogil:
+            rc = spl_packer_put_frames(&self.p, &buf[0] if buf.shape[0] else NULL, &offsets[0],
+                                       &lengths[0], &outputs[0], <size_t>n)
+        if rc:
+            _raise_rc(rc, 0, "joining buffers")
+        return _take_full(&self.p)
+
     def flush(self):
         """Hands out every partly filled buffer too (shorter than buffer_size)."""
         if spl_packer_flush(&self.p):

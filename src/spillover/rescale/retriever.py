@@ -25,6 +25,7 @@ import numpy.typing as npt
 from spillover.errors import (
     ClosedError,
     ConfigError,
+    CorruptHeaderError,
     CorruptRecordError,
     RescaleError,
 )
@@ -40,6 +41,7 @@ from spillover.records import (
 from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
 from spillover.storage import (
     DataType,
+    FrameArrays,
     GateKind,
     GateStateHandle,
     RetrievedBuffer,
@@ -112,9 +114,23 @@ class RecordStream:
     old_upstream: int
     old_downstream: int
     channel: int | None = None
+    # Per piece, bytes of its channel to skip first (a reference to recovered state
+    # that was partly replayed when its checkpoint was taken); empty: none.
+    skips: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pieces", tuple((h, c) for h, c in self.pieces))
+        pieces, skips = [], []
+        for piece in self.pieces:
+            pieces.append((piece[0], piece[1]))
+            skips.append(int(piece[2]) if len(piece) > 2 else 0)
+        if self.skips:
+            if len(self.skips) != len(pieces):
+                raise ConfigError("skips needs one entry per piece")
+            skips = [int(x) for x in self.skips]
+        object.__setattr__(self, "pieces", tuple(pieces))
+        object.__setattr__(self, "skips", tuple(skips) if any(skips) else ())
+        if any(x < 0 for x in skips):
+            raise ConfigError("a piece's skip must be >= 0")
         for handle, channel in self.pieces:
             if not isinstance(handle, GateStateHandle):
                 raise ConfigError(f"a piece needs a GateStateHandle, got {type(handle).__name__}")
@@ -218,6 +234,7 @@ class FilteringRetriever:
         partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike] | None = None,
         partition: int | None = None,
         n_partitions: int | None = None,
+        coalesce: bool = False,
         **retriever_options: Any,
     ) -> None:
         self.streams = tuple(streams)
@@ -240,8 +257,13 @@ class FilteringRetriever:
             StorageOptions(**retriever_options)
         except TypeError as e:
             raise ConfigError("unknown retriever option", detail=str(e)) from e
+        if pass_through and not coalesce and any(st.skips for st in self.streams):
+            raise ConfigError("pieces with skip need coalesce=True or filtering")
         self.n_outputs = n_outputs
-        self.pass_through = pass_through
+        # pass_through with coalesce: records are reassembled per stream and repacked
+        # into buffer_size buffers without reading keys (the filtering path, keep all).
+        self._keep_all = pass_through and coalesce
+        self.pass_through = pass_through and not coalesce
         self.on_event: OnEvent = on_event
         self._filesystem = filesystem
         self._options = retriever_options
@@ -252,6 +274,14 @@ class FilteringRetriever:
         if pass_through:
             if key_group_table is not None:
                 raise ConfigError("pass_through takes records whole; drop key_group_table")
+            if coalesce:
+                self._table = np.zeros(1, dtype=np.int32)
+                self._demux_args = {
+                    "max_parallelism": 1,
+                    "key": FieldKey(0, "int32"),
+                    "buffer_size": buffer_size,
+                    "max_record_size": max_record_size,
+                }
         elif partitioner is not None:
             if partition is None or n_partitions is None or not 0 <= partition < n_partitions:
                 raise ConfigError("a partitioner filter needs partition in 0..n_partitions-1")
@@ -280,6 +310,12 @@ class FilteringRetriever:
                 "max_record_size": max_record_size,
             }
             KeyGroupDemux(kg_to_output=self._table, n_outputs=n_outputs, **self._demux_args)
+        self._stream_keys: list[object] = [self._key(st) for st in self.streams]
+        self._single_route = len({st.channel for st in self.streams}) <= 1
+        self._in_route = {
+            r: np.array([st.channel == r for st in self.streams] + [False])
+            for r in {st.channel for st in self.streams}
+        }
         # Outputs a stream's records can reach: where a forwarded event goes.
         self._table_outputs = sorted({int(o) for o in np.unique(self._table) if o >= 0})
         # A route is a stream's channel (None: the table picks); its demux is
@@ -296,6 +332,8 @@ class FilteringRetriever:
         self._error: BaseException | None = None
         self._closed = False
         self._plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] | None = None
+        self._plan_skips: dict[tuple[int, int], int] = {}  # (plan entry, channel) -> bytes
+        self._skip: dict[int, int] = {}
         self._file = 0
         self._file_left: int | None = None
         self._files_ended = False
@@ -399,6 +437,10 @@ class FilteringRetriever:
                 handle, channel = stream.pieces[phase]
                 entry = files.setdefault(handle.uri, [handle, {}, 0, phase])
                 entry[1][channel] = i
+                if stream.skips and stream.skips[phase]:
+                    self._plan_skips[(len(plan) + list(files).index(handle.uri), channel)] = (
+                        stream.skips[phase]
+                    )
                 n = _frames_in(handle, channel)
                 entry[2] = None if n is None or entry[2] is None else entry[2] + n
             plan += [(e[0], e[1], e[2], e[3]) for e in files.values()]
@@ -424,30 +466,101 @@ class FilteringRetriever:
                     self._file += 1
                     continue
                 self._retriever = open_retriever(
-                    handle, filesystem=self._filesystem, **self._options
+                    handle,
+                    filesystem=self._filesystem,
+                    channels=channels if left is not None else None,
+                    **self._options,
                 )
                 self._file_left = left
+                self._skip = {
+                    c: self._plan_skips.get((self._file, c), 0)
+                    for c in channels
+                    if self._plan_skips.get((self._file, c), 0)
+                }
                 continue
-            buf = r.poll_next()
-            if buf is None:
+            frames = r.poll_frames()
+            if frames is None:
                 if not r.finished:
                     return None
+                if self._file_left:
+                    raise CorruptHeaderError(
+                        "state file holds fewer frames of a channel than its handle says",
+                        path=handle.uri,
+                        detail=f"{self._file_left} frames of channels {sorted(channels)} missing",
+                        hint="the file was replaced, or the handle belongs to another file",
+                    )
                 self._close_retriever()
                 self._file += 1
                 continue
-            index = channels.get(buf.channel_id)
-            if index is None:
-                continue
-            self._stream, self._piece = index, phase
-            self._take(buf)
-            if self._file_left is not None:
-                self._file_left -= 1
-                if self._file_left == 0:  # the rest of the file holds other channels only
-                    self._close_retriever()
-                    self._file += 1
+            self._take_frames(frames, channels, phase)
+            if self._file_left is not None and self._file_left <= 0:
+                # the rest of the file holds other channels only
+                self._close_retriever()
+                self._file += 1
         if not self._files_ended:
             self._stream = 0  # not finished while files remain
         return self._ready.popleft()
+
+    def _take_frames(self, frames: FrameArrays, channels: dict[int, int], phase: int) -> None:
+        """One read-ahead block's frames: each frame of a wanted channel goes to its
+        stream, in order; with the native key, one demux call per route and block."""
+        ids = frames.channel_ids
+        slots = np.full(len(ids), -1, np.int32)
+        for channel, index in channels.items():
+            slots[ids == channel] = index
+        wanted = slots >= 0
+        if self._file_left is not None:
+            self._file_left -= int(np.count_nonzero(wanted))
+        if not wanted.any():
+            return
+        for channel, skip in self._skip.items():
+            if skip <= 0:
+                continue
+            for i in np.flatnonzero(ids == channel).tolist():
+                cut = min(skip, int(frames.lengths[i]))
+                frames.offsets[i] += cut
+                frames.lengths[i] -= cut
+                skip -= cut
+                if skip == 0:
+                    break
+            self._skip[channel] = skip
+        self._piece = phase
+        if self._single_route:
+            routes = {self.streams[0].channel}
+        else:
+            present = np.bincount(slots[wanted], minlength=len(self.streams))
+            routes = {self.streams[i].channel for i in np.flatnonzero(present).tolist()}
+        if (frames.data_types[wanted] != 0).any() or self._partitioner is not None:
+            view = frames.data
+            for i in np.flatnonzero(wanted).tolist():
+                o = int(frames.offsets[i])
+                self._stream = int(slots[i])
+                self._take_frame(
+                    view[o : o + int(frames.lengths[i])],
+                    bool(frames.data_types[i]),
+                    int(frames.file_offsets[i]),
+                )
+            return
+        for route in routes:
+            mine = slots
+            if len(routes) > 1:
+                mine = np.where(self._in_route[route][slots], slots, -1).astype(np.int32)
+            demux = self._demux(route)
+            assert isinstance(demux, KeyGroupDemux)  # partitioner demuxes go frame by frame
+            try:
+                pairs = demux.push_frames(
+                    frames.data, frames.offsets, frames.lengths, mine, self._stream_keys
+                )
+            except CorruptRecordError as e:
+                first = self.streams[int(mine[mine >= 0][0])]
+                raise CorruptRecordError(
+                    e.message,
+                    path=first.pieces[min(phase, len(first.pieces) - 1)][0].uri,
+                    offset=int(frames.file_offsets[0]),
+                    detail=f"{e.detail or 'bad records'}; in a block of {first.describe()}",
+                    hint=e.hint,
+                ) from e
+            self._emit(route, pairs)
 
     # -- reading -------------------------------------------------------------
 
@@ -521,7 +634,11 @@ class FilteringRetriever:
             table, n = self._table, self.n_outputs
             if route is not None:
                 table, n = np.where(table >= 0, 0, -1).astype(np.int32), 1
+            if self._keep_all:
+                table, n = np.zeros(1, np.int32), max(n, 1 + (route or 0))
             demux = KeyGroupDemux(kg_to_output=table, n_outputs=n, **self._demux_args)
+            if self._keep_all:
+                demux.keep_all()
             self._demuxes[route] = demux
         return demux
 
@@ -530,9 +647,16 @@ class FilteringRetriever:
             self._ready.append(_replay(buf, out if route is None else route, DataType.DATA))
 
     def _take(self, buf: RetrievedBuffer) -> None:
+        self._take_frame(buf, buf.is_event, buf.offset)
+        if self._left is not None:
+            self._left -= 1
+            if self._left == 0:  # the rest of the file holds other channels only
+                self._end_piece()
+
+    def _take_frame(self, buf: Any, is_event: bool, offset: int) -> None:
         stream = self.streams[self._stream]
-        if buf.is_event:
-            self._event(stream, buf)
+        if is_event:
+            self._event(stream, buf, offset)
         elif self.pass_through:
             self._ready.append(_replay(buf, stream.channel or 0, DataType.DATA))
         else:
@@ -542,23 +666,19 @@ class FilteringRetriever:
                 raise CorruptRecordError(
                     e.message,
                     path=stream.pieces[self._piece][0].uri,
-                    offset=buf.offset,
+                    offset=offset,
                     detail=f"{e.detail or 'bad records'}; in {stream.describe()}",
                     hint=e.hint,
                 ) from e
             self._emit(stream.channel, pairs)
-        if self._left is not None:
-            self._left -= 1
-            if self._left == 0:  # the rest of the file holds other channels only
-                self._end_piece()
 
-    def _event(self, stream: RecordStream, buf: RetrievedBuffer) -> None:
+    def _event(self, stream: RecordStream, buf: Any, offset: int) -> None:
         uri = stream.pieces[self._piece][0].uri
         if self.on_event == "refuse":
             raise RescaleError(
                 "channel state holds an event, which a rescaled channel cannot replay",
                 path=uri,
-                offset=buf.offset,
+                offset=offset,
                 detail=f"in {stream.describe()}",
                 hint="events describe the old channel; pass on_event='forward' to replay "
                 "them in place if the consumer expects that",
@@ -569,7 +689,7 @@ class FilteringRetriever:
                 raise CorruptRecordError(
                     "an event sits inside a record",
                     path=uri,
-                    offset=buf.offset,
+                    offset=offset,
                     detail=f"in {stream.describe()}",
                 )
             self._emit(stream.channel, demux.flush())
@@ -605,18 +725,28 @@ def _stream_of(
     src: ChannelSource,
     input_handles: Mapping[int, GateStateHandle | None],
     output_handles: Mapping[int, GateStateHandle | None],
+    input_references: Mapping[int, Mapping[int, Any]] | None = None,
 ) -> RecordStream:
     if len(src.targets) != 1:
         raise RescaleError(f"an input source needs one target, got {len(src.targets)}")
     upstream, subpartition = mapping.output_piece_of(src)
-    pieces = []
+    pieces: list[tuple[GateStateHandle, int, int]] = []
+    # Recovered state the old downstream had not replayed yet comes first.
+    for ref in (input_references or {}).get(src.old_subtask, {}).get(src.old_channel, []):
+        pieces.append((ref.handle, ref.channel, ref.skip))
     head = _handle(input_handles, src.old_subtask, GateKind.INPUT, "downstream")
     if head is not None:
-        pieces.append((head, src.old_channel))
+        pieces.append((head, src.old_channel, 0))
     tail = _handle(output_handles, upstream, GateKind.OUTPUT, "upstream")
     if tail is not None:
-        pieces.append((tail, subpartition))
-    return RecordStream(tuple(pieces), upstream, src.old_subtask, src.targets[0].channel)
+        pieces.append((tail, subpartition, 0))
+    return RecordStream(
+        tuple((h, c) for h, c, _ in pieces),
+        upstream,
+        src.old_subtask,
+        src.targets[0].channel,
+        skips=tuple(k for _, _, k in pieces),
+    )
 
 
 def rescaled_retriever(
@@ -632,6 +762,8 @@ def rescaled_retriever(
     max_record_size: int = MAX_RECORD_SIZE,
     filesystem: Any = None,
     partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike] | None = None,
+    coalesce: bool = False,
+    input_references: Mapping[int, Mapping[int, Any]] | None = None,
     **retriever_options: Any,
 ) -> FilteringRetriever:
     """The retriever of what new subtask ``new_subtask`` on ``side`` of an edge replays.
@@ -644,6 +776,12 @@ def rescaled_retriever(
     the mapping names; when every channel is taken whole the buffers pass
     through unparsed, else records are kept by the subtask's key-group range.
     A new upstream replays nothing (the retriever is empty).
+
+    ``input_references`` maps an old downstream to ``{channel: pieces}`` its
+    checkpoint referenced instead of storing (objects with ``handle``,
+    ``channel``, ``skip``; see ``spillover.runtime.recovery``): they are read
+    before that channel's input piece. ``coalesce`` repacks whole channels into
+    ``buffer_size`` buffers (needed with references when nothing is filtered).
     """
     side = Side(side.strip().lower()) if isinstance(side, str) else side
     rm = mapping.side(side)
@@ -652,7 +790,9 @@ def rescaled_retriever(
             f"new subtask {new_subtask} out of range for parallelism {rm.new_parallelism}"
         )
     sources = rm.for_subtask(new_subtask)
-    streams = [_stream_of(mapping, s, input_handles, output_handles) for s in sources]
+    streams = [
+        _stream_of(mapping, s, input_handles, output_handles, input_references) for s in sources
+    ]
     common: dict[str, Any] = {
         "n_outputs": rm.new_channels,
         "on_event": on_event,
@@ -660,7 +800,9 @@ def rescaled_retriever(
         **retriever_options,
     }
     if all(s.filtering is Filtering.NONE for s in sources):
-        return FilteringRetriever(streams, pass_through=True, **common)
+        return FilteringRetriever(
+            streams, pass_through=True, coalesce=coalesce, buffer_size=buffer_size, **common
+        )
     if any(s.filtering is Filtering.PARTITIONER for s in sources):
         if partitioner is None:
             raise RescaleError(

@@ -165,6 +165,9 @@ class CheckpointStorage:
             pass
 
 
+_CHK_PART = re.compile(r"/chk-(\d+)/")
+
+
 def check_metadata(meta: Any, path: str) -> None:
     if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
         raise FormatError("not spillover checkpoint metadata", path=path)
@@ -218,3 +221,18 @@ def new_metadata(
         "final": final,
         "tasks": tasks,
     }
+
+
+def referenced_checkpoints(meta: dict[str, Any]) -> list[int]:
+    """Ids of the other checkpoints whose state files this one's channel-state
+    references point into (recovered data it had not replayed when it was taken)."""
+    own = int(meta.get("checkpoint_id", -1))
+    found: set[int] = set()
+    for entry in (meta.get("tasks") or {}).values():
+        for st in (entry.get("subtasks") or {}).values():
+            for ref in (st.get("channel_state") or {}).get("references", []):
+                for piece in ref["pieces"]:
+                    m = _CHK_PART.search(piece["handle"]["uri"])
+                    if m is not None and int(m.group(1)) != own:
+                        found.add(int(m.group(1)))
+    return sorted(found)

@@ -16,7 +16,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spillover.runtime.checkpoints import CheckpointStorage, new_metadata
+from spillover.errors import SpilloverError
+from spillover.runtime.checkpoints import (
+    CheckpointStorage,
+    new_metadata,
+    referenced_checkpoints,
+)
 
 ALIGNED_WITH_TIMEOUT = 2  # events.BarrierKind.ALIGNED_WITH_TIMEOUT
 
@@ -115,6 +120,8 @@ class CheckpointCoordinator:
         self.alignment_timeout_s = alignment_timeout_s
         self.history: list[CheckpointStats] = []
         self.completed_ids: list[int] = []
+        self._subsumed: list[int] = []  # out of retention, kept while referenced
+        self._references: dict[int, set[int]] = {}
         self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
         self._finished_tasks: set[tuple[str, int]] = set()
@@ -267,6 +274,9 @@ class CheckpointCoordinator:
             final=p.stats.final,
         )
         meta["graph"] = self.graph
+        # Checkpoints whose files this one references must outlive it (recovery.py).
+        meta["references"] = referenced_checkpoints(meta)
+        self._references[cid] = set(meta["references"])
         self.storage.write_metadata(cid, meta)
         p.stats.status = "completed"
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
@@ -275,12 +285,30 @@ class CheckpointCoordinator:
         self.completed_ids.append(cid)
         self._record(p.stats)
         while len(self.completed_ids) > self.num_retained:
-            self.storage.delete(self.completed_ids.pop(0))
+            self._subsumed.append(self.completed_ids.pop(0))
+        # A subsumed checkpoint whose files a retained one references stays until
+        # no retained checkpoint does.
+        needed = set().union(*(self._references_of(c) for c in self.completed_ids))
+        for old in list(self._subsumed):
+            if old not in needed:
+                self._subsumed.remove(old)
+                self._references.pop(old, None)
+                self.storage.delete(old)
         for task in self.tasks.values():
             task.post("complete", cid)
         if p.stats.final:
             self._final_done = True
             self.on_final()
+
+    def _references_of(self, cid: int) -> set[int]:
+        refs = self._references.get(cid)
+        if refs is None and self.storage is not None:
+            try:
+                refs = set(self.storage.read_metadata(cid).get("references", []))
+            except (OSError, ValueError, SpilloverError):
+                refs = set()
+            self._references[cid] = refs
+        return refs or set()
 
     def _abort(self, cid: int, reason: str) -> None:
         p = self._pending.pop(cid, None)

@@ -58,6 +58,14 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
                         g["verified"] = False
                         problems.append(f"{uid}#{idx} {side} gate {h['gate_id']}: {e}")
                     gates.append(g)
+            refs = [
+                {
+                    "gate": r["gate"],
+                    "channel": r["channel"],
+                    "pieces": [(p["handle"]["uri"], p["channel"], p["skip"]) for p in r["pieces"]],
+                }
+                for r in cs.get("references", [])
+            ]
             keyed = st.get("keyed") or {}
             state_bytes = int(st.get("metrics", {}).get("state_bytes", 0))
             inflight = int(cs.get("bytes", 0))
@@ -71,6 +79,7 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
                     "state_bytes": state_bytes,
                     "inflight_bytes": inflight,
                     "gates": gates,
+                    "references": refs,
                 }
             )
     return {
@@ -83,6 +92,7 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
         "trigger_ms": meta["trigger_ms"],
         "completed_ms": meta["completed_ms"],
         "inflight_bytes": total_inflight,
+        "referenced_checkpoints": meta.get("references", []),
         "state_bytes": total_state,
         "subtasks": subtasks,
         "problems": problems,
@@ -106,6 +116,14 @@ def render(s: dict[str, Any]) -> str:
                 f"      {g['kind']} gate {g['gate']}: {g['frames']} buffers on {g['channels']} "
                 f"channels, {g['raw_bytes']} B raw, {g['stored_bytes']} B stored: {ok}"
             )
+        for r in t.get("references", []):
+            for uri, channel, skip in r["pieces"]:
+                lines.append(
+                    f"      input gate {r['gate']} channel {r['channel']}: references {uri} "
+                    f"channel {channel} from byte {skip} (recovered, not yet replayed)"
+                )
+    if s.get("referenced_checkpoints"):
+        lines.append(f"  references files of checkpoints {s['referenced_checkpoints']}")
     for p in s["problems"]:
         lines.append(f"  problem: {p}")
     return "\n".join(lines)

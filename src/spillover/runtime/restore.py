@@ -28,6 +28,7 @@ from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.rescale import EdgeType, map_edge
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.graph import JobGraph
+from spillover.runtime.recovery import references_of
 from spillover.runtime.task import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
 
@@ -167,6 +168,15 @@ def plan_restore(
                         h = _find(channel(uid, i, "input"), k)
                         if h is not None:
                             plan["inputs"].append(h)
+                        refs = [
+                            r
+                            for r in (entry(uid, i).get("channel_state") or {}).get(
+                                "references", []
+                            )
+                            if int(r["gate"]) == k
+                        ]
+                        plan.setdefault("references", []).extend(refs)
+                        to_check += [p["handle"] for r in refs for p in r["pieces"]]
                         continue
                     mapping = map_edge(
                         _EDGE_TYPES[spec["kind"]],
@@ -183,6 +193,16 @@ def plan_restore(
                         for u in range(so["parallelism"])
                     }
                     to_check += [h for h in [*ins.values(), *outs.values()] if h is not None]
+                    in_refs = {
+                        d: references_of(entry(uid, d).get("channel_state"), k)
+                        for d in range(p_old)
+                    }
+                    to_check += [
+                        p.handle.to_dict()
+                        for r in in_refs.values()
+                        for ps in r.values()
+                        for p in ps
+                    ]
                     plan["rescaled"].append(
                         {
                             "edge": k,
@@ -196,6 +216,7 @@ def plan_restore(
                                 for u, h in outs.items()
                             },
                             "key_offset": spec["key_offset"],
+                            "input_references": in_refs,
                         }
                     )
             to_check += plan["outputs"] + plan["inputs"]

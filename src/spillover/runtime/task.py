@@ -192,6 +192,7 @@ class Task:
         # channel: (checkpoint id, buffers), recorded by the TCP receiver (overtaken).
         self._overtaken: dict[int, deque[tuple[int, list[Any]]]] = {}
         self._overtaken_lock = threading.Lock()
+        self._recovery: Any = None  # recovered input state still being replayed
 
     # -- control, from other threads -------------------------------------------------
 
@@ -333,13 +334,24 @@ class Task:
                     self.replayed_bytes += len(buf)
                     array = np.frombuffer(memoryview(buf), np.uint8)
                     part.emit(buf.channel_id, part.pool.wrap(array, DataType.DATA))
+        # Own input state (and what it references) replays step by step from the task
+        # loop, which takes unaligned barriers between steps (runtime/recovery.py).
+        from spillover.runtime.recovery import InputRecovery, Piece
+
+        gates: dict[int, Any] = {}
         for h in plan.get("inputs", []):
             handle = GateStateHandle.from_dict(h)
-            offset = self._offset[handle.gate_id]
-            with open_retriever(handle) as r:
-                for buf in r:
-                    self.replayed_bytes += len(buf)
-                    self._process(offset + buf.channel_id, buf)
+            gates[handle.gate_id] = (handle, {})
+        for ref in plan.get("references", []):
+            gate = int(ref["gate"])
+            _own, refs = gates.setdefault(gate, (None, {}))
+            refs.setdefault(int(ref["channel"]), []).extend(
+                Piece.from_dict(p) for p in ref["pieces"]
+            )
+        if gates:
+            self._recovery = InputRecovery(
+                gates, lambda gate, ch, buf: self._process(self._offset[gate] + ch, buf)
+            )
         for item in plan.get("rescaled", []):
             k = item["edge"]
             edge = self.input_edges[k]
@@ -356,6 +368,8 @@ class Task:
                 # Replayed records are processed here, not sent: large buffers mean
                 # fewer, larger batches (the per-batch cost dominates small ones).
                 buffer_size=REPLAY_BUFFER_SIZE,
+                coalesce=True,
+                input_references=item.get("input_references"),
                 # custom edges route recovered records with the job's partitioner
                 partitioner=edge.partitioner,
             )
@@ -372,6 +386,22 @@ class Task:
                         self.ops[0].process(batch, edge.input_index)
             for reader in readers.values():
                 reader.finish()
+
+    def _replay_step(self) -> None:
+        """One block of recovered input state; unaligned barriers may come first."""
+        self._take_priority(0.0)
+        rec = self._recovery
+        if rec is None:
+            return
+        t = time.monotonic()
+        before = rec.replayed_bytes
+        more = rec.step()
+        self.replayed_bytes += rec.replayed_bytes - before
+        self.busy_seconds += time.monotonic() - t
+        if not more:
+            rec.close()
+            self._recovery = None
+        self._maybe_flush()
 
     def _mail(self, block: bool = False, timeout: float | None = None) -> float:
         """Runs queued mailbox actions; returns the seconds spent waiting for one."""
@@ -539,6 +569,9 @@ class Task:
                 # An operator paces itself: wait, still taking unaligned barriers.
                 self._take_priority(min(pause, self.flush_interval))
                 self._maybe_flush()
+                continue
+            if self._recovery is not None:
+                self._replay_step()
                 continue
             item = gate.poll(self.flush_interval)
             if item is None:
@@ -785,9 +818,21 @@ class Task:
         writer = ChannelStateWriter(
             f"{base}/channels{sep}{query}", cid, self.subtask, self.channel_compression
         )
+        # Recovered input state not replayed yet is referenced, not written again:
+        # everything joined is processed first, then each channel's rest is cut at
+        # the start of the record its reader has begun.
+        references: list[dict[str, Any]] = []
+        recovering: set[int] = set()
+        rec = self._recovery
+        if rec is not None:
+            rec.flush()
+            references = rec.references(
+                lambda g, c: self._readers[self._offset[g] + c].pending_bytes
+            )
+            recovering = {self._offset[g] + c for g, c in rec.channels}
         # A record begun in a buffer before the cut: its head is state too.
         for ch, reader in enumerate(self._readers):
-            raw = reader.pending_raw()
+            raw = reader.pending_raw() if ch not in recovering else b""
             if raw:
                 writer.add_input(*self._gate_of[ch], raw)
         if first is not None:  # what the barrier overtook on its channel comes next
@@ -801,6 +846,7 @@ class Task:
             time.monotonic(),
             self.max_inflight_bytes,
         )
+        inf.references = references
         self.inflight = inf
         self._snapshot(cid, barrier.timestamp_ms, stats, barrier, inf)
         if inf.done:
@@ -853,6 +899,15 @@ class Task:
             )
             return
         ack = parts
+        if inf.references:
+            channel_state["references"] = inf.references
+            ack.metrics["referenced_bytes"] = float(
+                sum(
+                    p["handle"]["channels"][str(p["channel"])][1] - p["skip"]
+                    for r in inf.references
+                    for p in r["pieces"]
+                )
+            )
         ack.channel_state = channel_state
         ack.metrics["inflight_bytes"] = float(channel_state["bytes"])
         ack.metrics["persist_ms"] = (time.monotonic() - inf.started) * 1000

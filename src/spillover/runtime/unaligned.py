@@ -129,6 +129,8 @@ class InFlightCheckpoint:
     max_inflight_bytes: int | None = None
     limited: bool = False  # the bound was reached: pending channels are blocked
     metrics: dict[str, float] = field(default_factory=dict)
+    # Recovered input state not yet replayed, referenced in old files (recovery.py).
+    references: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:

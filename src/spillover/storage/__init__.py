@@ -1,6 +1,7 @@
 """The embeddable engine: persist a gate's in-flight buffers and stream them back."""
 
 from spillover.storage.engine import (
+    FrameArrays,
     RetrievedBuffer,
     Retriever,
     Storage,
@@ -14,6 +15,7 @@ from spillover.storage.handle import Codec, DataType, GateKind, GateStateHandle
 __all__ = [
     "Codec",
     "DataType",
+    "FrameArrays",
     "GateKind",
     "GateStateHandle",
     "RetrievedBuffer",

@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -30,6 +30,7 @@ from spillover.storage.backends import Backend, backend_for, readinto_exact
 from spillover.storage.handle import Codec, DataType, GateKind, GateStateHandle, state_file_name
 
 __all__ = [
+    "FrameArrays",
     "RetrievedBuffer",
     "Retriever",
     "Storage",
@@ -285,6 +286,7 @@ class Storer:
             codec=self._codec,
             format_version=native.FORMAT_VERSION,
             channels={int(k): (int(v[0]), int(v[1])) for k, v in n.channels.items()},
+            channel_ranges={int(k): (int(v[0]), int(v[1])) for k, v in n.channel_ranges.items()},
         )
         return self._handle
 
@@ -315,6 +317,32 @@ class Storer:
 
 
 _END = object()
+
+
+@dataclass(frozen=True, slots=True)
+class FrameArrays:
+    """The frames of one read-ahead block at once (``Retriever.poll_frames``).
+
+    Frame ``i`` has payload ``data[offsets[i]:offsets[i] + lengths[i]]`` (raw bytes,
+    decoded if it was compressed), channel ``channel_ids[i]``, ``data_types[i]``
+    (0 data, 1 event) and its frame header at byte ``file_offsets[i]`` of the file.
+    ``data`` is a read-only view of the block (no copy) and keeps it alive.
+    """
+
+    data: Any
+    channel_ids: Any
+    offsets: Any
+    lengths: Any
+    data_types: Any
+    file_offsets: Any
+
+    def __len__(self) -> int:
+        return len(self.channel_ids)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes of the frames."""
+        return int(self.lengths.sum())
 
 
 def _looks_like_trailer(tail: bytes | bytearray, file_id: bytes) -> bool:
@@ -350,6 +378,7 @@ class Retriever:
         name: str,
         options: StorageOptions,
         expect: GateStateHandle | None = None,
+        byte_range: tuple[int, int] | None = None,
     ) -> None:
         self.uri = backend.uri_of(name)
         self._opts = options
@@ -363,6 +392,17 @@ class Retriever:
             raise
         self.gate_id = int(self.header["gate_id"])
         self.kind = GateKind(self.header["gate_kind"])
+        data_start, data_end = native.HEADER_SIZE, self.size - native.TRAILER_SIZE
+        self._whole = byte_range is None or tuple(byte_range) == (data_start, data_end)
+        if byte_range is not None:
+            start, end = byte_range
+            if not data_start <= start <= end <= data_end:
+                self._file.close()
+                raise ValueError(
+                    f"byte_range {byte_range} is not inside the frames [{data_start}, {data_end})"
+                )
+            data_start, data_end = start, end
+        self._data_range = (data_start, data_end)
         self._batch: Any = None
         self._finished = False
         self._closed = False
@@ -379,8 +419,8 @@ class Retriever:
             t = self.trailer
             self._native = native.NativeReader(
                 fileno(),
-                native.HEADER_SIZE,
-                self.size - native.TRAILER_SIZE,
+                data_start,
+                data_end,
                 options.read_block_bytes,
                 max_queued,
                 t["frame_count"],
@@ -389,6 +429,7 @@ class Retriever:
                 options.verify_checksums,
                 decompress,
                 self.uri,
+                self._whole,
             )
         else:
             self._thread = threading.Thread(
@@ -493,8 +534,8 @@ class Retriever:
             import lz4.block
 
             decompress = lz4.block.decompress
-        pos = native.HEADER_SIZE
-        end = self.size - native.TRAILER_SIZE
+        pos, end = self._data_range
+        self._file.seek(pos)
         carry: Any = None
         carry_start = carry_len = 0
         need = native.FRAME_HEADER_SIZE
@@ -537,7 +578,11 @@ class Retriever:
             del batch
             carry, carry_start, carry_len = block, consumed, length - consumed
         t = self.trailer
-        if (frames, raw, stored) != (t["frame_count"], t["raw_bytes"], t["stored_bytes"]):
+        if self._whole and (frames, raw, stored) != (
+            t["frame_count"],
+            t["raw_bytes"],
+            t["stored_bytes"],
+        ):
             raise CorruptHeaderError(
                 "trailer does not match the frames",
                 path=self.uri,
@@ -596,6 +641,35 @@ class Retriever:
             if self._finished or not self._next_batch(0):
                 return None
 
+    def poll_frames(self) -> FrameArrays | None:
+        """Every frame of the next read-ahead block not yet returned, at once, or ``None``
+        when nothing is ready yet or the file is done (see ``finished``).
+
+        The batch counterpart of ``poll_next``: one call per block (about
+        ``read_block_bytes``), no Python object per buffer, checksums checked with the
+        GIL released. Both calls may be mixed; each frame comes out once."""
+        if self._closed:
+            raise ClosedError("retriever is closed", path=self.uri)
+        while True:
+            batch = self._batch
+            if batch is not None:
+                self._batch = None
+                if batch.remaining:
+                    return FrameArrays(*batch.take_all())
+            if self._finished or not self._next_batch(0):
+                return None
+
+    def iter_frames(self) -> Iterator[FrameArrays]:
+        """Blocks of frames (``poll_frames``), waiting as needed, until the file is done."""
+        while True:
+            arrays = self.poll_frames()
+            if arrays is not None:
+                yield arrays
+            elif self.finished:
+                return
+            else:
+                self.wait()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until ``poll_next()`` has a buffer or the file is done; False on timeout."""
         if self._closed:
@@ -651,12 +725,16 @@ def open_retriever(
     source: GateStateHandle | str | os.PathLike[str],
     *,
     filesystem: Any = None,
+    channels: Iterable[int] | None = None,
     **options: Any,
 ) -> Retriever:
     """A retriever for a state file, named by its handle or its URI.
 
     With a handle, the file must be the very one the handle describes (same file id and
-    size), else :class:`ForeignFileError`.
+    size), else :class:`ForeignFileError`. ``channels`` (with a handle that has a
+    channel index) reads only the byte range that holds those channels' frames;
+    frames of other channels inside that range still come out, and the caller counts
+    the frames it wants, since the trailer's sums cover the whole file.
     """
     expect = source if isinstance(source, GateStateHandle) else None
     uri = source.uri if isinstance(source, GateStateHandle) else os.fspath(source)
@@ -669,4 +747,7 @@ def open_retriever(
     except TypeError as e:
         raise ConfigError("unknown storage option", detail=str(e)) from e
     backend = backend_for((directory or ".") + sep + query, filesystem)
-    return Retriever(backend, name, opts, expect)
+    byte_range = None
+    if channels is not None and expect is not None:
+        byte_range = expect.byte_range(channels)
+    return Retriever(backend, name, opts, expect, byte_range)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,7 +68,10 @@ class GateStateHandle:
     """Where one gate's in-flight state lives and what it holds.
 
     Cheap to keep in checkpoint metadata: ``to_dict()`` gives plain JSON types.
-    ``channels`` maps channel id to ``(frames, raw bytes)``.
+    ``channels`` maps channel id to ``(frames, raw bytes)``. ``channel_ranges`` (the
+    channel index; empty in handles written before it existed) maps channel id to
+    the byte range ``(start, end)`` from its first frame header to the end of its
+    last frame, so a reader of some channels reads only the span that holds them.
     """
 
     uri: str
@@ -83,6 +87,18 @@ class GateStateHandle:
     codec: Codec = Codec.NONE
     format_version: int = 1
     channels: dict[int, tuple[int, int]] = field(default_factory=dict)
+    channel_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def byte_range(self, channels: Iterable[int]) -> tuple[int, int] | None:
+        """The byte range holding every frame of ``channels``; ``None`` when the handle
+        has no complete channel index (read the whole file then)."""
+        ranges = self.channel_ranges
+        if set(ranges) != set(self.channels):
+            return None
+        spans = [ranges[c] for c in set(channels) if c in ranges]
+        if not spans:
+            return (64, 64)  # none of them has a frame: an empty range after the header
+        return min(s for s, _ in spans), max(e for _, e in spans)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -90,6 +106,9 @@ class GateStateHandle:
         d["gate_kind"] = self.gate_kind.name.lower()
         d["codec"] = self.codec.label
         d["channels"] = {str(k): list(v) for k, v in sorted(self.channels.items())}
+        d["channel_ranges"] = {str(k): list(v) for k, v in sorted(self.channel_ranges.items())}
+        if not self.channel_ranges:
+            del d["channel_ranges"]
         return d
 
     @classmethod
@@ -114,6 +133,9 @@ class GateStateHandle:
                 codec=Codec.parse(d["codec"]),
                 format_version=int(d["format_version"]),
                 channels={int(k): (int(v[0]), int(v[1])) for k, v in d["channels"].items()},
+                channel_ranges={
+                    int(k): (int(v[0]), int(v[1])) for k, v in d.get("channel_ranges", {}).items()
+                },
             )
         except (KeyError, TypeError, ValueError) as e:
             raise FormatError("malformed state handle", detail=str(e)) from e

@@ -59,6 +59,11 @@ cdef extern from "frame.h" nogil:
         uint32_t payload_crc
         uint8_t data_type
         uint8_t codec
+        uint8_t checked
+    enum:
+        SPL_CRC_UNCHECKED
+        SPL_CRC_OK
+        SPL_CRC_BAD
 
     void spl_encode_state_header(uint8_t *out, const spl_state_header *h)
     int spl_decode_state_header(const uint8_t *inp, spl_state_header *h)
@@ -112,9 +117,11 @@ cdef extern from "reader.h" nogil:
     enum:
         SPL_READER_WAIT
         SPL_READER_DONE
+    uint64_t SPL_READER_UNCHECKED
+    void spl_block_check_payloads(spl_block *b)
     spl_reader *spl_reader_new(int fd, uint64_t start, uint64_t end, size_t block_bytes,
                                size_t max_queued, uint64_t expect_frames, uint64_t expect_raw,
-                               uint64_t expect_stored)
+                               uint64_t expect_stored, int verify)
     spl_block *spl_reader_next(spl_reader *r, int wait_ms, int *status, uint64_t *err_offset,
                                int *err_no)
     void spl_reader_free(spl_reader *r)

@@ -89,9 +89,15 @@ cdef extern from "records.h" nogil:
         spl_mod mod
         int32_t max_p
         uint32_t max_len
+        int keep_all
         uint64_t routed
         uint64_t dropped
 
     int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos,
                       const int32_t *kgs, size_t max_records, size_t *count)
     int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg)
+    int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
+                         const int64_t *lengths, const int32_t *slots, size_t n,
+                         spl_carry **carries, size_t *err_frame, size_t *err_at)
+    int spl_packer_put_frames(spl_packer *p, const uint8_t *data, const int64_t *offsets,
+                              const int64_t *lengths, const int32_t *outputs, size_t n)

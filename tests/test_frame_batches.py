@@ -1,0 +1,238 @@
+"""Block-at-a-time reading: ``Retriever.poll_frames``, the channel index in state
+handles, ``FrameJoiner`` and ``KeyGroupDemux.push_frames``.
+
+Each batch API must give exactly what the per-buffer API gives, whatever the block
+size, the codec or the channel layout.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import spillover
+from spillover.errors import CorruptFrameError, CorruptHeaderError
+from spillover.keygroups import KeyGroupRange
+from spillover.records import FieldKey, FrameJoiner, KeyGroupDemux, RecordReader, RecordWriter
+from spillover.rescale import FilteringRetriever, RecordStream
+from spillover.storage import GateStateHandle
+
+BLOCK = 4096
+
+frames_strategy = st.lists(
+    st.tuples(st.integers(0, 5), st.binary(min_size=0, max_size=3000)), max_size=40
+)
+
+
+def _write(root: Path, frames: list[tuple[int, bytes]], compression: str | None = None) -> Any:
+    storer = spillover.open_storage(root, compression=compression).create_storer(0)
+    for ch, payload in frames:
+        storer.append(ch, payload)
+    return storer.close()
+
+
+def _by_frames(handle: Any, **kw: Any) -> list[tuple[int, bytes]]:
+    out = []
+    with spillover.open_retriever(
+        handle, read_block_bytes=BLOCK, read_ahead_bytes=BLOCK, **kw
+    ) as r:
+        for fa in r.iter_frames():
+            for i in range(len(fa)):
+                o, n = int(fa.offsets[i]), int(fa.lengths[i])
+                out.append((int(fa.channel_ids[i]), bytes(fa.data[o : o + n])))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames=frames_strategy, compression=st.sampled_from([None, "lz4"]))
+def test_poll_frames_gives_what_poll_next_gives(frames: Any, compression: Any) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        handle = _write(Path(d), frames, compression)
+        assert _by_frames(handle) == [(c, bytes(p)) for c, p in frames]
+
+
+@settings(max_examples=40, deadline=None)
+@given(frames=frames_strategy, pattern=st.lists(st.booleans(), min_size=1, max_size=8))
+def test_poll_next_and_poll_frames_mix(frames: Any, pattern: list[bool]) -> None:
+    """Each frame comes out once, in order, whichever call takes it."""
+    with tempfile.TemporaryDirectory() as d:
+        handle = _write(Path(d), frames)
+        got: list[tuple[int, bytes]] = []
+        with spillover.open_retriever(handle, read_block_bytes=BLOCK, read_ahead_bytes=BLOCK) as r:
+            k = 0
+            while not r.finished:
+                if pattern[k % len(pattern)]:
+                    b = r.poll_next()
+                    if b is not None:
+                        got.append((b.channel_id, b.tobytes()))
+                else:
+                    fa = r.poll_frames()
+                    if fa is not None:
+                        for i in range(len(fa)):
+                            o, n = int(fa.offsets[i]), int(fa.lengths[i])
+                            got.append((int(fa.channel_ids[i]), bytes(fa.data[o : o + n])))
+                r.wait()
+                k += 1
+        assert got == [(c, bytes(p)) for c, p in frames]
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=frames_strategy, wanted=st.sets(st.integers(0, 6), max_size=3))
+def test_channel_index_covers_exactly_the_channels(frames: Any, wanted: set[int]) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        handle = _write(Path(d), frames)
+        assert set(handle.channel_ranges) == set(handle.channels)
+        again = GateStateHandle.from_dict(handle.to_dict())
+        assert again == handle
+        got = [f for f in _by_frames(handle, channels=wanted) if f[0] in wanted]
+        assert got == [(c, bytes(p)) for c, p in frames if c in wanted]
+        # The range starts at a wanted channel's first frame and ends after its last.
+        lo, hi = handle.byte_range(wanted)
+        if any(c in wanted for c, _ in frames):
+            assert lo == min(handle.channel_ranges[c][0] for c in wanted if c in handle.channels)
+            assert hi == max(handle.channel_ranges[c][1] for c in wanted if c in handle.channels)
+
+
+def test_handle_without_channel_index_reads_whole_file(tmp_path: Path) -> None:
+    """Handles written before the index existed have no ``channel_ranges``."""
+    handle = _write(tmp_path, [(0, b"a" * 100), (1, b"b" * 100), (0, b"c" * 10)])
+    old = handle.to_dict()
+    del old["channel_ranges"]
+    h = GateStateHandle.from_dict(old)
+    assert h.channel_ranges == {} and h.byte_range([1]) is None
+    assert _by_frames(h, channels=[1]) == [(0, b"a" * 100), (1, b"b" * 100), (0, b"c" * 10)]
+
+
+def test_poll_frames_names_a_damaged_frame(tmp_path: Path) -> None:
+    handle = _write(tmp_path, [(0, b"x" * 500), (1, b"y" * 500)])
+    with open(handle.uri, "r+b") as f:
+        f.seek(64 + 24 + 500 + 24 + 10)
+        f.write(b"Z")
+    with pytest.raises(CorruptFrameError) as e:
+        _by_frames(handle)
+    assert e.value.path == handle.uri and e.value.offset == 64 + 24 + 500
+
+
+def test_missing_frames_of_a_ranged_read_are_named(tmp_path: Path) -> None:
+    """A channel index whose range holds fewer frames than the handle counts is an
+    error, not a silent loss (a filtering retriever counts the frames it wants)."""
+    handle = _write(tmp_path, [(0, b"\0\0\0\0")] * 3 + [(1, b"\0\0\0\0")])
+    d = handle.to_dict()
+    d["channel_ranges"]["0"] = [64, 64 + 28]  # only the first of its three frames
+    lying = GateStateHandle.from_dict(d)
+    r = FilteringRetriever(
+        [RecordStream(((lying, 0),), 0, 0, channel=0)], pass_through=True, coalesce=True
+    )
+    with pytest.raises(CorruptHeaderError) as e:
+        list(r)
+    assert e.value.path == handle.uri
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    frames=st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=700)), max_size=30),
+    size=st.integers(1, 2000),
+)
+def test_frame_joiner_joins_each_channel(frames: Any, size: int) -> None:
+    data = b"".join(p for _, p in frames)
+    lengths = np.array([len(p) for _, p in frames], np.int64)
+    offsets = (np.cumsum(lengths) - lengths).astype(np.int64)
+    outputs = np.array([c for c, _ in frames], np.int32)
+    joiner = FrameJoiner(4, size)
+    out = joiner.put_frames(np.frombuffer(data, np.uint8), offsets, lengths, outputs)
+    full = {o for o, b in out}
+    assert all(len(b) == size for _, b in out)
+    out += joiner.flush()
+    for ch in range(4):
+        joined = b"".join(bytes(b) for o, b in out if o == ch)
+        assert joined == b"".join(p for c, p in frames if c == ch)
+    assert full <= set(range(4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    keys=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=300),
+    cut=st.integers(7, 400),
+    n_channels=st.integers(1, 3),
+    keep_all=st.booleans(),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_push_frames_is_push_one_by_one(
+    keys: list[int], cut: int, n_channels: int, keep_all: bool, rnd: Any
+) -> None:
+    """Frames of several channels, interleaved, records cut anywhere."""
+    buffers: list[tuple[int, bytes]] = []
+    for ch in range(n_channels):
+        w = RecordWriter(cut)
+        out = []
+        for k in keys:
+            out += w.write(np.int64(k).tobytes() + bytes(ch + 3))
+        last = w.flush()
+        out += [last] if last is not None else []
+        buffers += [(ch, bytes(b)) for b in out]
+    # Interleave the channels at random, each channel's own order kept.
+    queues: dict[int, list[bytes]] = {}
+    for ch, b in buffers:
+        queues.setdefault(ch, []).append(b)
+    seq: list[tuple[int, bytes]] = []
+    while any(queues.values()):
+        ch = rnd.choice([c for c, q in queues.items() if q])
+        seq.append((ch, queues[ch].pop(0)))
+    table = np.where(np.arange(128) * 2 // 128 == 1, 0, -1)
+
+    def demux() -> KeyGroupDemux:
+        d = KeyGroupDemux(
+            128, table if not keep_all else np.zeros(128), 1, FieldKey(0, "int64"), buffer_size=256
+        )
+        if keep_all:
+            d.keep_all()
+        return d
+
+    one = demux()
+    expect = []
+    for ch, b in seq:
+        expect += one.push(b, ("c", ch))
+    expect += one.finish()
+    data = b"".join(b for _, b in seq)
+    lengths = np.array([len(b) for _, b in seq], np.int64)
+    offsets = (np.cumsum(lengths) - lengths).astype(np.int64)
+    slots = np.array([ch for ch, _ in seq], np.int32)
+    many = demux()
+    got = many.push_frames(
+        np.frombuffer(data, np.uint8), offsets, lengths, slots, [("c", c) for c in range(3)]
+    )
+    got += many.finish()
+    assert [(o, bytes(b)) for o, b in got] == [(o, bytes(b)) for o, b in expect]
+    assert many.routed == one.routed and many.dropped == one.dropped
+
+
+def test_coalesced_pass_through_keeps_every_record(tmp_path: Path) -> None:
+    """pass_through + coalesce: the same records, per stream in order, in large buffers
+    (the runtime's replay path), also when a record is cut between two pieces."""
+    w = RecordWriter(100)
+    bufs = []
+    for i in range(500):
+        bufs += w.write(np.int64(i).tobytes() * 3)
+    last = w.flush()
+    bufs += [last] if last is not None else []
+    head, tail = bufs[: len(bufs) // 2], bufs[len(bufs) // 2 :]
+    s_in = spillover.open_storage(tmp_path / "in").create_storer(0)
+    for b in head:
+        s_in.append(1, b)
+        s_in.append(0, b"\0\0\0\0")  # another channel, interleaved
+    s_out = spillover.open_storage(tmp_path / "out").create_storer(0, kind="output")
+    for b in tail:
+        s_out.append(4, b)
+    stream = RecordStream(((s_in.close(), 1), (s_out.close(), 4)), 1, 4, channel=0)
+    r = FilteringRetriever([stream], pass_through=True, coalesce=True, buffer_size=1 << 16)
+    reader = RecordReader()
+    got = [bytes(rec) for buf in r for batch in reader.feed(buf) for rec in batch]
+    reader.finish()
+    assert got == [np.int64(i).tobytes() * 3 for i in range(500)]
+    assert KeyGroupRange(0, 1)  # the filter module stays importable alongside
