@@ -36,6 +36,7 @@ def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
         interval_ms=200,
         sink_rate=20_000,  # a shorter backlog, so aligned checkpoints complete in 2 s
         checkpoint_dir=str(tmp_path),
+        executor="local",
     )
     lines: list[str] = []
     results = json.loads(json.dumps(run(spec, progress=lines.append)))
@@ -63,6 +64,9 @@ class _ScriptedExecutor:
         self.started: float | None = None
         self.calls: list[tuple[str, str]] = []
 
+    def prepare(self) -> None:
+        pass
+
     def live_metric(self, uid: str, metric: str = "records_in") -> float:
         self.calls.append((uid, metric))
         return 0.0 if self.started is None else 1000 * (time.monotonic() - self.started)
@@ -83,7 +87,7 @@ def test_sink_throughput_comes_from_the_executors_live_metric(
         return made[-1][2]
 
     monkeypatch.setattr(bench, "create_executor", create)
-    spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3)
+    spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3, executor="local")
     r = run(spec)["policies"]["none"]
     assert [m[:2] for m in made] == [("local", None)]
     assert set(made[0][2].calls) == {("sink", "records_in")}
@@ -98,7 +102,8 @@ def test_cli_writes_the_results_folder_and_compares_with_local(
     out = tmp_path / "results"
     monkeypatch.setenv("SPILLOVER_BENCH_CLI_OUT", str(out))  # the environment twin
     monkeypatch.setenv("SPILLOVER_BENCH_CLI_SINK_RATE", "20000")
-    argv = ["bench", "--policies", "none,unaligned", "--compare-local", "unaligned"]
+    argv = ["bench", "--executor", "local", "--policies", "none,unaligned"]
+    argv += ["--compare-local", "unaligned"]
     argv += ["--duration", "1.5", "--warmup", "0.5", "--interval-ms", "200"]
     assert main(argv) == 0
     std = capsys.readouterr()
@@ -162,7 +167,10 @@ def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
     [
         (["--duration", "0"], "--duration (env SPILLOVER_BENCH_CLI_DURATION)"),
         (["--executor", "yarn"], "--executor (env SPILLOVER_BENCH_CLI_EXECUTOR)"),
-        (["--master", "local[2]"], "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark"),
+        (
+            ["--executor", "local", "--master", "local[2]"],
+            "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark",
+        ),
         (["--policies", "aligned,sideways"], "--policies (env SPILLOVER_BENCH_CLI_POLICIES)"),
         (
             ["--max-inflight-bytes", "plenty"],
@@ -210,7 +218,8 @@ def test_spark_compares_the_baseline_and_unaligned_with_local_by_default() -> No
     assert spec.compare_local == ("none", "unaligned")
     assert spec.runs()[:3] == [("spark", "none"), ("local", "none"), ("spark", "aligned")]
     assert BenchSpec(executor="spark", policies=["aligned"]).compare_local == ()
-    assert BenchSpec().compare_local == ()  # local against itself only when asked
+    # Local against itself only when asked.
+    assert BenchSpec(executor="local").compare_local == ()
 
 
 def test_a_cluster_master_needs_shared_checkpoint_storage() -> None:
@@ -219,7 +228,29 @@ def test_a_cluster_master_needs_shared_checkpoint_storage() -> None:
     BenchSpec(executor="spark", master="spark://head:7077", checkpoint_dir="s3://b/ckpt")
     BenchSpec(executor="spark", master="local[2]")  # one machine: a temporary dir will do
     with pytest.raises(ConfigError, match="spark executor"):
-        BenchSpec(master="local[2]")
+        BenchSpec(executor="local", master="local[2]")
+
+
+def test_the_default_runs_on_the_embedded_spark_master_against_local(tmp_path: Path) -> None:
+    """The README's main job: every policy on Spark, the baseline and unaligned again on
+    the local executor, with Spark's throughput cost per policy."""
+    spec = BenchSpec(
+        policies=["none", "unaligned"],
+        duration_s=2.0,
+        warmup_s=1.0,
+        interval_ms=200,
+        sink_rate=20_000,
+        checkpoint_dir=str(tmp_path),
+    )
+    assert spec.executor == "spark"
+    results = run(spec)
+    for policy in ("none", "unaligned"):
+        r = results["policies"][policy]
+        assert r["executor"] == "spark" and r["status"] == "stopped", r["failures"]
+        assert r["throughput_rps"] > 0  # the sinks' counts reach the driver from the workers
+        assert results["local"][policy]["throughput_rps"] > 0
+        assert results["comparison"]["executor_vs_local"][policy]["ratio"] > 0
+    assert results["policies"]["unaligned"]["checkpoints"] >= 1
 
 
 def test_trigger_offsets_rebuilt_from_the_schedule() -> None:

@@ -136,6 +136,12 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         {},
     ),
     "spillover.executor": ("SPARK", Executor.SPARK, lambda c: c.deployment.executor, {}),
+    "spillover.spark.master": (
+        "spark://head:7077",
+        "spark://head:7077",
+        lambda c: c.deployment.spark_master,
+        {},
+    ),
     "execution.state-recovery.path": (
         "/ckpt/job/chk-7",
         "/ckpt/job/chk-7",
@@ -342,6 +348,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("restart-strategy.failure-rate.failure-rate-interval", 0),
     ("restart-strategy.failure-rate.delay", [1]),
     ("spillover.executor", "yarn"),
+    ("spillover.spark.master", "head:7077"),
     ("execution.state-recovery.path", 7),
     ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
     (CP + "recover-without-channel-state.checkpoint-id", -2),
@@ -683,6 +690,7 @@ def valid_options(draw: st.DrawFn) -> dict[str, Any]:
     maybe("restart-strategy.type", st.sampled_from(["none", "fixed-delay", "failure-rate"]))
     maybe("restart-strategy.fixed-delay.attempts", st.integers(0, 2**31 - 1))
     maybe("spillover.executor", st.sampled_from(["local", "spark"]))
+    maybe("spillover.spark.master", st.sampled_from(["local[4]", "spark://h:7077", "yarn"]))
     return options
 
 

@@ -360,6 +360,20 @@ class _Text(_Kind):
             raise _Bad(f"{value!r} is not {self.expected}")
 
 
+_SPARK_MASTER = re.compile(
+    r"local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]"
+    r"|spark://[^\s/]+(,[^\s/]+)*|yarn|k8s://\S+|mesos://\S+"
+)
+
+
+class _SparkMaster(_Kind):
+    expected = "a Spark master URL: local[N], spark://host:port, yarn, k8s://..."
+
+    def check(self, value: object) -> None:
+        if not isinstance(value, str) or not _SPARK_MASTER.fullmatch(value):
+            raise _Bad(f"{value!r} is not {self.expected}")
+
+
 def _enum_choice(kind: type[enum.Enum], **aliases: enum.Enum) -> _Choice:
     return _Choice({**{m.value: m for m in kind}, **aliases})
 
@@ -648,6 +662,9 @@ class DeploymentConfig:
 
     executor: Executor = field(
         default=Executor.LOCAL, metadata=_key("spillover.executor", _enum_choice(Executor))
+    )
+    spark_master: str | None = field(
+        default=None, metadata=_key("spillover.spark.master", _SparkMaster())
     )
 
     def __post_init__(self) -> None:

@@ -532,7 +532,7 @@ EXECUTORS = ("local", "spark")
 
 
 def create_executor(
-    kind: str,
+    kind: str | None,
     job: JobGraph | StreamEnvironment,
     config: Config | None = None,
     *,
@@ -540,8 +540,14 @@ def create_executor(
     **options: Any,
 ) -> Executor:
     """An executor by name: ``local`` (threads in this process) or ``spark`` (a barrier
-    stage per attempt on ``master``, default the embedded local master). ``options``
-    are those of :class:`LocalExecutor`."""
+    stage per attempt on ``master``, default the embedded local master). None takes
+    both from the configuration (``spillover.executor``, ``spillover.spark.master``).
+    ``options`` are those of :class:`LocalExecutor`."""
+    if kind is None:
+        dep = (config or Config()).deployment
+        kind = dep.executor.value
+        if kind == "spark" and master is None:
+            master = dep.spark_master
     if kind == "local":
         if master is not None:
             raise ConfigError("--master needs the spark executor", hint="add --executor spark")
