@@ -39,6 +39,17 @@ def test_inspect_reports_every_gate_and_channel(
     assert "every checksum verified" in capsys.readouterr().out
 
 
+def test_commands_leave_the_sigpipe_disposition_alone(tmp_path: Path) -> None:
+    """A driver in the same process (a job on Spark) must see EPIPE from a dead worker's
+    socket, not die of SIGPIPE, after any command ran."""
+    import signal
+
+    before = signal.getsignal(signal.SIGPIPE)
+    _store(tmp_path)
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert signal.getsignal(signal.SIGPIPE) == before
+
+
 def test_inspect_names_the_damage_and_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

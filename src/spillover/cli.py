@@ -50,6 +50,18 @@ def _fmt_bytes(n: float) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    import signal
+
+    # `spillover inspect ... | head` ends quietly. Only while inspecting: a job's
+    # driver must survive a write to a peer that died (EPIPE, not a signal).
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        return _inspect(args)
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+
+
+def _inspect(args: argparse.Namespace) -> int:
     from spillover.runtime.inspect_checkpoint import checkpoint_dirs, render, summarize
     from spillover.storage.inspection import inspect_state_file, state_files
 
@@ -691,9 +703,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import signal
-
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `spillover inspect ... | head` is fine
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "size_mb", 1) <= 0 or getattr(args, "buffer_size", 1) <= 0:

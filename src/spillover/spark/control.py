@@ -34,6 +34,7 @@ _NONCE = 32
 _LEN = struct.Struct("<I")
 _MAX_MESSAGE = 1 << 30
 _OK = b"OK"
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # a dead peer: EPIPE, never SIGPIPE
 
 
 class ControlError(ConnectionError):
@@ -71,7 +72,7 @@ class ControlConnection:
             if self.closed:
                 raise ControlError(f"control connection to {self.peer} is closed")
             try:
-                self.sock.sendall(_LEN.pack(len(data)) + data)
+                self.sock.sendall(_LEN.pack(len(data)) + data, _SEND_FLAGS)
             except OSError as e:
                 raise ControlError(f"control connection to {self.peer}: {e}") from e
 
@@ -105,7 +106,7 @@ def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> C
         raise ControlError(f"cannot reach the job master at {host}:{port}: {e}") from e
     try:
         nonce = _recv_exact(sock, _NONCE)
-        sock.sendall(_mac(secret, nonce))
+        sock.sendall(_mac(secret, nonce), _SEND_FLAGS)
         if _recv_exact(sock, len(_OK)) != _OK:
             raise ControlError(f"the job master at {host}:{port} refused this worker")
     except (OSError, ControlError) as e:
@@ -166,13 +167,13 @@ class ControlServer:
         try:
             sock.settimeout(self.handshake_timeout)
             nonce = os.urandom(_NONCE)
-            sock.sendall(nonce)
+            sock.sendall(nonce, _SEND_FLAGS)
             answer = _recv_exact(sock, hashlib.sha256().digest_size)
             if not hmac.compare_digest(answer, _mac(self._secret, nonce)):
                 self.refused.append(f"{peer}: wrong secret")
                 sock.close()
                 return
-            sock.sendall(_OK)
+            sock.sendall(_OK, _SEND_FLAGS)
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, ControlError) as e:
