@@ -18,8 +18,9 @@ from spillover.config import Config
 from spillover.errors import ConfigError, RescaleError, StorageError
 from spillover.runtime.api import Batch, Operator
 from spillover.runtime.executor import LocalExecutor
+from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.sources import GeneratorSource
-from spillover.verify import VerifySpec, build
+from spillover.verify import VerifySpec, build, compare, config_for, output_of, run_once
 
 PAIRS = [(1, 2), (2, 3), (3, 7), (4, 8), (5, 2), (3, 5), (7, 2)]
 PAIRS += [(b, a) for a, b in PAIRS]
@@ -146,3 +147,54 @@ class _Pass(Operator):
 
     def process(self, batch: Batch, input_index: int = 0) -> None:
         self.ctx.output.emit(batch)
+
+
+def test_a_restart_may_change_the_parallelism(tmp_path: Path) -> None:
+    """A rescale policy answers a failure with the job at parallelism 2 instead of 3:
+    the next attempt restores the latest checkpoint rescaled (state and in-flight
+    data), and the output is exactly the failure-free run's."""
+
+    spec = VerifySpec(
+        topology="pipeline",
+        parallelism=3,
+        records=60_000,
+        rate_per_subtask=20_000.0,
+        policy="unaligned",
+    )
+    baseline = run_once(spec, str(tmp_path), "baseline", FailureInjector())
+    out_dir = str(tmp_path / "rescaled" / "output")
+    make = spec.factory()
+    asked: list[tuple[int, str]] = []
+
+    def to_two(ex: object, attempt: int, error: BaseException) -> object:
+        asked.append((attempt, type(error).__name__))
+        return make(out_dir, "rescaled", 2)
+
+    failures = FailureInjector([FailureSpec("operator", "running-total", 1, after_records=8_000)])
+    ex = LocalExecutor(
+        make(out_dir, "rescaled", 3),
+        config_for(spec, str(tmp_path / "rescaled" / "ckpt")),
+        failures=failures,
+        rescale=to_two,  # type: ignore[arg-type]
+    )
+    result = ex.run(timeout=300)
+    assert result.status == "finished" and result.attempts == 2, result.failures
+    assert asked == [(0, "InducedFailure")]
+    assert result.restored_from, "the second attempt restored a checkpoint"
+    assert max(v.parallelism for v in ex.graph.vertices) == 2
+    report = compare(spec, baseline, output_of(spec, result, out_dir, ex.graph.max_parallelism))
+    assert report.exact, report.text()
+
+
+def test_a_rescale_policy_must_keep_the_job_name_and_max_parallelism(tmp_path: Path) -> None:
+
+    spec = VerifySpec(topology="pipeline", parallelism=2, records=5_000)
+    make = spec.factory()
+    ex = LocalExecutor(
+        make(str(tmp_path / "o"), "job-a", 2),
+        config_for(spec, str(tmp_path / "ckpt")),
+        failures=FailureInjector([FailureSpec("operator", "running-total", 0, after_records=10)]),
+        rescale=lambda ex, a, e: make(str(tmp_path / "o"), "job-b", 2),
+    )
+    with pytest.raises(ConfigError, match="keep the job's name"):
+        ex.run(timeout=120)

@@ -332,6 +332,12 @@ def _keyed_backend(g: JobGraph) -> Any:
     return make
 
 
+RescalePolicy = Callable[["Executor", int, BaseException], "JobGraph | StreamEnvironment | None"]
+"""``(executor, failed attempt, its error)`` → the job to run the next attempt with
+(another parallelism: the restore rescales state and in-flight data), or None to
+keep it. Called before each restart."""
+
+
 class Executor:
     """Runs a job graph, restarting it on failures; subclasses say where subtasks run.
 
@@ -352,8 +358,10 @@ class Executor:
         allow_non_restored_state: bool | None = None,
         ignore_inflight: bool | None = None,
         force_forward_rescale: bool | None = None,
+        rescale: RescalePolicy | None = None,
     ) -> None:
         self.graph = job.build() if isinstance(job, StreamEnvironment) else job
+        self.rescale = rescale
         self.config = config or Config()
         self.failures = failures or FailureInjector()
         self.metrics_path = metrics_path
@@ -427,6 +435,19 @@ class Executor:
             return self.storage.read_metadata(rc)
         latest = self.storage.latest()
         return latest.metadata if latest is not None else None
+
+    def _use_graph(self, job: JobGraph | StreamEnvironment) -> None:
+        """The job at other parallelisms, for the next attempt (a rescale policy's
+        answer): the same job name and max parallelism, or it is refused."""
+        graph = job.build() if isinstance(job, StreamEnvironment) else job
+        if graph.name != self.graph.name or graph.max_parallelism != self.graph.max_parallelism:
+            raise ConfigError(
+                "a rescale policy must keep the job's name and max parallelism",
+                detail=f"{self.graph.name!r}/{self.graph.max_parallelism} became "
+                f"{graph.name!r}/{graph.max_parallelism}",
+                hint="build the job with the same name and pipeline.max-parallelism",
+            )
+        self.graph = graph
 
     def _plan(self, meta: dict[str, Any] | None) -> dict[tuple[str, int], TaskRestore] | None:
         if meta is None:
@@ -508,6 +529,10 @@ class Executor:
                     break
                 delay = rs.failure_rate_delay_s
             time.sleep(delay)
+            if self.rescale is not None:
+                changed = self.rescale(self, attempt, error)
+                if changed is not None:
+                    self._use_graph(changed)
             attempt += 1
             self.restore_checkpoint = None  # failover: the latest completed checkpoint
             meta = self._restore_point()

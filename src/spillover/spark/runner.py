@@ -34,7 +34,13 @@ from spillover.runtime.task import TaskRestore
 from spillover.spark.control import ControlConnection, ControlError, ControlServer
 from spillover.spark.worker import WorkerSpec, run_worker
 
-__all__ = ["SparkExecutor", "SubtaskFailedError", "WorkerLostError", "spark_context"]
+__all__ = [
+    "SparkExecutor",
+    "SubtaskFailedError",
+    "WorkerLostError",
+    "rescale_to_available_slots",
+    "spark_context",
+]
 
 DEFAULT_LOCAL_SLOTS = 32
 _CONTEXT_LOCK = threading.Lock()
@@ -509,7 +515,15 @@ class SparkExecutor(Executor):
         self.register_timeout = register_timeout
         self.cancel_grace_s = cancel_grace_s
         self.secret = secrets.token_bytes(32)
-        self.slots = max(v.parallelism for v in self.graph.vertices)
+
+    @property
+    def slots(self) -> int:
+        """Task slots a generation takes: the job's largest parallelism."""
+        return max(v.parallelism for v in self.graph.vertices)
+
+    def available_slots(self) -> int:
+        """Tasks the cluster runs at once now (after prepare or a run)."""
+        return _slots(self._sc) if self._sc is not None else 0
 
     def context(self) -> Any:
         """The SparkContext, created (embedded by default) on first use; it must have a
@@ -553,3 +567,25 @@ class SparkExecutor(Executor):
         restored_id: int | None,
     ) -> _SparkAttempt:
         return _SparkAttempt(self, attempt, restore, restored_id)
+
+
+def rescale_to_available_slots(
+    make_job: Callable[[int], JobGraph | StreamEnvironment],
+    wait_s: float = 10.0,
+) -> Callable[[Any, int, BaseException], JobGraph | StreamEnvironment | None]:
+    """A rescale policy for :class:`SparkExecutor`: when the cluster has fewer task slots
+    than the job needs after a failure (an executor is gone), the next generation runs
+    ``make_job(slots)`` instead of waiting for the lost capacity; with enough slots it
+    keeps the job. ``wait_s``: how long to give lost executors to come back first."""
+
+    def policy(ex: Any, attempt: int, error: BaseException) -> JobGraph | StreamEnvironment | None:
+        until = time.monotonic() + wait_s
+        have = ex.available_slots()
+        while have < ex.slots and time.monotonic() < until:
+            time.sleep(0.25)
+            have = ex.available_slots()
+        if have >= ex.slots or have < 1:
+            return None
+        return make_job(have)
+
+    return policy
