@@ -149,3 +149,20 @@ def test_control_endpoint_admits_only_the_job_secret() -> None:
 def test_control_endpoint_refuses_a_short_secret() -> None:
     with pytest.raises(ConfigError, match="at least 16 bytes"):
         ControlServer(b"short", lambda c: None)
+
+
+def test_rescale_to_available_slots_shrinks_the_job_only_when_slots_are_missing() -> None:
+    from spillover.spark import rescale_to_available_slots
+
+    class Cluster:
+        def __init__(self, have: int) -> None:
+            self.have, self.slots = have, 4
+
+        def available_slots(self) -> int:
+            return self.have
+
+    policy = rescale_to_available_slots(lambda p: f"job at {p}", wait_s=0.0)  # type: ignore[arg-type,return-value]
+    err = RuntimeError("executor lost")
+    assert policy(Cluster(2), 0, err) == "job at 2"  # half the cluster is gone
+    assert policy(Cluster(4), 0, err) is None  # enough slots: the same job
+    assert policy(Cluster(0), 0, err) is None  # nothing registered yet: wait, do not shrink to 0

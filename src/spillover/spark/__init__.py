@@ -7,6 +7,18 @@ embedded local master (or the active context).
 
 from __future__ import annotations
 
-from spillover.spark.runner import SparkExecutor, SubtaskFailedError, WorkerLostError, spark_context
+from spillover.spark.runner import (
+    SparkExecutor,
+    SubtaskFailedError,
+    WorkerLostError,
+    rescale_to_available_slots,
+    spark_context,
+)
 
-__all__ = ["SparkExecutor", "SubtaskFailedError", "WorkerLostError", "spark_context"]
+__all__ = [
+    "SparkExecutor",
+    "SubtaskFailedError",
+    "WorkerLostError",
+    "rescale_to_available_slots",
+    "spark_context",
+]
