@@ -21,6 +21,7 @@ import contextlib
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -56,6 +57,7 @@ class WorkerSpec:
     flush_interval: float = 0.005
     metrics_interval: float = 0.5
     connect_timeout: float = 30.0
+    switch_interval: float = float(os.environ.get("SPILLOVER_SWITCH_INTERVAL", "0.0005"))
 
 
 class _Relay:
@@ -115,6 +117,9 @@ def _error_info(err: BaseException | None) -> tuple[str, str, str] | None:
 
 def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
     """Runs worker ``index`` of ``spec``'s generation to its end; returns a summary."""
+    # Receiving threads wait for the GIL after each socket read; the default 5 ms
+    # switch interval would hold a channel to a few hundred buffers a second.
+    sys.setswitchinterval(spec.switch_interval)
     conn = connect(spec.control, spec.secret, timeout=spec.connect_timeout)
     receiver: TcpReceiver | None = None
     tasks: dict[tuple[str, int], Task] = {}
