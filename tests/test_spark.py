@@ -166,3 +166,37 @@ def test_rescale_to_available_slots_shrinks_the_job_only_when_slots_are_missing(
     assert policy(Cluster(2), 0, err) == "job at 2"  # half the cluster is gone
     assert policy(Cluster(4), 0, err) is None  # enough slots: the same job
     assert policy(Cluster(0), 0, err) is None  # nothing registered yet: wait, do not shrink to 0
+
+
+def test_a_users_job_file_runs_on_spark(sc: Any, tmp_path: Path) -> None:
+    """`spillover verify --executor spark --job file.py:make_job`: the workers cannot
+    import the user's file, so it travels with the job."""
+    job = tmp_path / "my_orders_job.py"
+    job.write_text(
+        "from spillover.runtime.graph import StreamEnvironment\n"
+        "from spillover.runtime.sinks import ParquetSink, ThrottledSink\n"
+        "from spillover.runtime.sources import GeneratorSource\n"
+        "\n"
+        "def keep(batch):  # defined here: the workers cannot import this file\n"
+        "    return batch['seq'] >= 0\n"
+        "\n"
+        "def make_job(out_dir, name, parallelism):\n"
+        "    env = StreamEnvironment(name, parallelism=parallelism, max_parallelism=128)\n"
+        "    src = GeneratorSource(partitions=4, records_per_partition=5000,\n"
+        "                          rate_per_subtask=20_000, keys=100, payload_bytes=8)\n"
+        "    env.from_source(src, uid='orders').filter(keep, uid='keep').key_by('key').sink(\n"
+        "        ThrottledSink(15_000, inner=ParquetSink(out_dir)), uid='sink')\n"
+        "    return env\n"
+    )
+    spec = VerifySpec(
+        job=f"{job}:make_job",
+        parallelism=2,
+        records=20_000,
+        failures=2,
+        policy="unaligned",
+        order=None,
+        executor="spark",
+    )
+    report = verify(spec)
+    assert report.exact, report.text()
+    assert len(report.failures_fired) == 2

@@ -204,8 +204,23 @@ def load_job(ref: str) -> JobFactory:
             raise ConfigError(f"{module_name} has no {attr!r} for job {ref!r}") from None
     if not callable(obj):
         raise ConfigError(f"job {ref!r} is not callable")
+    _ship_by_value(module)
     factory: JobFactory = obj
     return factory
+
+
+def _ship_by_value(module: Any) -> None:
+    """A job module outside the installed packages (a file next to the user, a test
+    module) travels to Spark workers by value: they could not import it by name, and
+    its operators and functions are part of the job."""
+    path = getattr(module, "__file__", None)
+    if module is None or not path or any(p in path for p in ("site-packages", "dist-packages")):
+        return
+    try:
+        from pyspark import cloudpickle
+    except ImportError:  # no Spark: nothing travels
+        return
+    cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 @dataclass
@@ -514,6 +529,8 @@ def _config(spec: VerifySpec, ckpt: str) -> Config:
 def _executor(spec: VerifySpec, graph: Any, cfg: Config, **options: Any) -> Any:
     if spec.executor == "local":
         return create_executor("local", graph, cfg, **options)
+    if callable(spec.job):
+        _ship_by_value(sys.modules.get(getattr(spec.job, "__module__", "")))
     return create_executor(spec.executor, graph, cfg, master=spec.master, **options)
 
 

@@ -515,8 +515,8 @@ class Executor:
             result.failures.append(f"attempt {attempt}: {type(error).__name__}: {error}")
             result.tracebacks.append("".join(traceback.format_exception(error)))
             now = time.monotonic()
-            if strategy is RestartStrategy.NONE or isinstance(error, TimeoutError):
-                break
+            if strategy is RestartStrategy.NONE or isinstance(error, TimeoutError | ConfigError):
+                break  # a configuration error does not heal on a restart
             if strategy is RestartStrategy.FIXED_DELAY:
                 if attempt >= rs.fixed_delay_attempts:
                     break

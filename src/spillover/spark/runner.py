@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import secrets
 import sys
 import threading
@@ -479,9 +480,20 @@ def _as_error(ev: tuple[Any, ...]) -> BaseException:
     return WorkerLostError(str(ev[2]))
 
 
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
+
+
 def _stage_failure(e: BaseException | None, generation: int) -> BaseException:
     if e is None:
         return WorkerLostError(f"the Spark stage of generation {generation} ended early")
+    missing = _MISSING_MODULE.search(str(e))
+    if missing:  # no restart heals this
+        return ConfigError(
+            f"the Spark workers cannot import module {missing.group(1)!r}, which the job uses",
+            hint="install it in the workers' Python environment (spark.pyspark.python), "
+            "or keep the job's own code in a module spillover ships by value "
+            "(pyspark.cloudpickle.register_pickle_by_value)",
+        )
     text = str(e).strip().splitlines()
     return WorkerLostError(
         f"the Spark stage of generation {generation} failed: "
