@@ -5,7 +5,8 @@ subtasks to P old downstream subtasks, every old channel ``u -> d`` a stream of
 100-byte records (an int64 key of ``d``'s key groups, then payload) in 32 KiB
 buffers, its first half in ``d``'s input state and the rest in ``u``'s output
 state. Each case replays all of it, new subtask after new subtask, decoding every
-record into numpy batches, next to a raw read of the same files in the same run.
+record into numpy batches, next to a raw read of the same files and the pure-Python
+reference of the same replay work (``spillover.storage.reference``) in the same run.
 docs/benchmarks.md ("Restore") gives the rules and the targets.
 
 ``SPILLOVER_BENCH_RESTORE_BYTES`` sets the in-flight bytes per checkpoint (default
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -32,7 +34,7 @@ import pytest
 
 import spillover
 from spillover._native._storage import Block, raw_read_baseline
-from spillover.keygroups import key_groups
+from spillover.keygroups import assign_to_key_group, key_group_range_for_operator, key_groups
 from spillover.records import (
     FieldKey,
     FixedWidthSerializer,
@@ -42,6 +44,7 @@ from spillover.records import (
 )
 from spillover.rescale import EdgeType, map_edge, rescaled_retriever
 from spillover.storage import GateStateHandle
+from spillover.storage.reference import iter_frames
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -371,6 +374,80 @@ def replay(case: Case, ckpt: Checkpoint) -> tuple[list[Subtask], list[Decoder]]:
     return subtasks, decoders
 
 
+_LENGTH = struct.Struct("<I")
+_KEY = struct.Struct("<q")
+
+
+@dataclass
+class _RefStream:
+    """One old channel, decoded in Python: a record cut between frames (or between its
+    input and output piece) waits in ``tail``; ``keep(key)`` filters, None keeps all."""
+
+    keep: Any = None
+    tail: bytes = b""
+    records: int = 0
+    key_sum: int = 0
+    bytes: int = 0
+
+    def feed(self, payload: bytes) -> None:
+        self.bytes += len(payload)
+        data = self.tail + payload if self.tail else payload
+        pos, end = 0, len(data)
+        while pos + 4 <= end:
+            (n,) = _LENGTH.unpack_from(data, pos)
+            if pos + 4 + n > end:
+                break
+            (key,) = _KEY.unpack_from(data, pos + 4)
+            if self.keep is None or self.keep(key):
+                self.records += 1
+                self.key_sum += key
+            pos += 4 + n
+        self.tail = data[pos:]
+
+
+def _reference_file(path: str, streams: dict[int, _RefStream]) -> None:
+    """Every frame of one state file through the pure-Python reader, each to its stream."""
+    with open(path, "rb") as f:
+        for frame in iter_frames(f, path=path):
+            stream = streams.get(frame.channel_id)
+            if stream is not None:
+                stream.feed(frame.data)
+
+
+def replay_reference(case: Case, ckpt: Checkpoint) -> tuple[int, int, int]:
+    """The replay of :func:`replay` with the pure-Python reference: each new subtask
+    reads the files of the old channels it owns with ``reference.iter_frames`` (each
+    file once, input pieces before output pieces), reassembles records per old
+    channel, and keeps those of its key groups (computed in Python only where an old
+    range reaches outside the new one). Returns records, key sum and bytes replayed."""
+    streams: list[_RefStream] = []
+    for i in range(case.new):
+        new = key_group_range_for_operator(MAX_PARALLELISM, case.new, i)
+        mine: dict[int, dict[int, _RefStream]] = {}  # old downstream -> old upstream -> stream
+        for d in range(case.old):
+            old = key_group_range_for_operator(MAX_PARALLELISM, case.old, d)
+            if case.old == case.new and d != i:
+                continue
+            if not len(old.intersection(new)):
+                continue
+            inside = new.start <= old.start and old.end <= new.end
+
+            def keep(key: int, lo: int = new.start, hi: int = new.end) -> bool:
+                return lo <= assign_to_key_group(key, MAX_PARALLELISM) <= hi
+
+            mine[d] = {u: _RefStream(None if inside else keep) for u in range(case.old)}
+        for d, by_up in mine.items():
+            _reference_file(ckpt.inputs[d].uri, by_up)
+        for u in range(case.old):
+            _reference_file(ckpt.outputs[u].uri, {d: by_up[u] for d, by_up in mine.items()})
+        streams += [s for by_up in mine.values() for s in by_up.values()]
+    assert all(not s.tail for s in streams), "a stream ended inside a record"
+    records = sum(s.records for s in streams)
+    key_sum = sum(s.key_sum for s in streams) % 2**64
+    assert (records, key_sum) == (ckpt.records, ckpt.key_sum), "records lost or duplicated"
+    return records, key_sum, sum(s.bytes for s in streams)
+
+
 def raw_read(files: list[Path]) -> int:
     """``raw_read_baseline`` of every file once, into one reused block."""
     block = Block(READ_BLOCK)
@@ -473,6 +550,29 @@ def test_restore_raw_read(benchmark: Any, bench_env: Any, checkpoints: Any, case
 
 
 @by_case
+def test_restore_reference(benchmark: Any, bench_env: Any, checkpoints: Any, case: Case) -> None:
+    """The same replay with the pure-Python reader of format v1 and Python decoding."""
+    ckpt = checkpoints.get(case.old)
+    _label(benchmark, case, ckpt)
+    replayed: list[int] = []
+
+    def run() -> None:
+        replayed.append(replay_reference(case, ckpt)[2])
+
+    benchmark.pedantic(
+        run, setup=lambda: _same_cache_state(bench_env, ckpt), rounds=bench_env.rounds
+    )
+    bench_env.record(
+        benchmark,
+        role="reference",
+        nbytes=ckpt.payload_bytes,
+        baselines=("raw",),
+        cache=_cache_mode(bench_env),
+        replayed_bytes=replayed[-1],
+    )
+
+
+@by_case
 def test_restore_engine(benchmark: Any, bench_env: Any, checkpoints: Any, case: Case) -> None:
     """Every subtask's replay, one after the other, every record decoded into a batch."""
     ckpt = checkpoints.get(case.old)
@@ -503,7 +603,7 @@ def test_restore_engine(benchmark: Any, bench_env: Any, checkpoints: Any, case: 
         benchmark,
         role="engine",
         nbytes=ckpt.payload_bytes,
-        baselines=("raw",),
+        baselines=("raw", "reference"),
         cache=_cache_mode(bench_env),
         schedule="new subtasks one after the other, on one thread",
         subtasks=len(last["subtasks"]),

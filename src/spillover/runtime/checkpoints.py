@@ -126,13 +126,24 @@ class CheckpointStorage:
 
     def completed_ids(self) -> list[int]:
         """Ids of checkpoints whose metadata exists, oldest first."""
+        return self._ids(completed=True)
+
+    def highest_id(self) -> int:
+        """The highest id of any checkpoint directory, complete or not (0 if none): a
+        new run continues after it, so a stopped run's unfinished checkpoint is never
+        written into again."""
+        return max(self._ids(completed=False), default=0)
+
+    def _ids(self, *, completed: bool) -> list[int]:
         ids = []
         if self.local:
             if not os.path.isdir(self.root):
                 return []
             for name in os.listdir(self.root):
                 m = re.fullmatch(r"chk-(\d+)", name)
-                if m and os.path.exists(os.path.join(self.root, name, METADATA_FILE)):
+                if m and (
+                    not completed or os.path.exists(os.path.join(self.root, name, METADATA_FILE))
+                ):
                     ids.append(int(m.group(1)))
         else:
             import pyarrow.fs as pafs
@@ -140,8 +151,10 @@ class CheckpointStorage:
             infos = self._fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
             for info in infos:
                 m = re.fullmatch(r"chk-(\d+)", info.base_name)
-                if m and self._fs.get_file_info(f"{info.path}/{METADATA_FILE}").type == (
-                    pafs.FileType.File
+                if m and (
+                    not completed
+                    or self._fs.get_file_info(f"{info.path}/{METADATA_FILE}").type
+                    == pafs.FileType.File
                 ):
                     ids.append(int(m.group(1)))
         return sorted(ids)

@@ -60,6 +60,7 @@ class CheckpointStats:
             "bytes_during_alignment": int(self.total("bytes_during_alignment")),
             "state_bytes": int(self.total("state_bytes")),
             "inflight_bytes": int(self.total("inflight_bytes")),
+            "referenced_bytes": int(self.total("referenced_bytes")),
             "reason": self.reason,
         }
 
@@ -111,7 +112,8 @@ class CheckpointCoordinator:
         self.max_concurrent = max_concurrent
         self.num_retained = num_retained
         self.tolerable_failures = tolerable_failures
-        self.next_id = first_id
+        # Ids are never reused, also across runs over the same directory.
+        self.next_id = max(first_id, storage.highest_id() + 1 if storage is not None else 1)
         self.on_final = on_final
         self.on_failure = on_failure
         self.metrics_path = metrics_path

@@ -316,7 +316,7 @@ class Task:
 
     def _replay(self, plan: dict[str, Any]) -> None:
         """Recovered output state goes out before any new output, recovered input state
-        is processed before any new input; everything streams from the files.
+        is processed before any new input; input state streams from the files.
 
         ``plan["outputs"]``/``plan["inputs"]``: this subtask's own files of edges whose
         parallelism did not change. ``plan["rescaled"]``: per rescaled input edge, what
@@ -326,14 +326,16 @@ class Task:
         from spillover.rescale import rescaled_retriever
         from spillover.storage import GateStateHandle, open_retriever
 
+        # Own output state goes into the outboxes, ahead of any new output: the task
+        # loop drains them as credit allows and takes barriers meanwhile; a checkpoint
+        # persists what is still there, like any output (it is bounded by credit).
         for h in plan.get("outputs", []):
             handle = GateStateHandle.from_dict(h)
-            part = self.partitions[handle.gate_id]
+            box = self.outboxes[handle.gate_id]
             with open_retriever(handle) as r:
                 for buf in r:
                     self.replayed_bytes += len(buf)
-                    array = np.frombuffer(memoryview(buf), np.uint8)
-                    part.emit(buf.channel_id, part.pool.wrap(array, DataType.DATA))
+                    box.send(buf.channel_id, np.frombuffer(memoryview(buf), np.uint8).copy())
         # Own input state (and what it references) replays step by step from the task
         # loop, which takes unaligned barriers between steps (runtime/recovery.py).
         from spillover.runtime.recovery import InputRecovery, Piece
@@ -847,6 +849,7 @@ class Task:
             self.max_inflight_bytes,
         )
         inf.references = references
+        inf.recovering = rec is not None
         self.inflight = inf
         self._snapshot(cid, barrier.timestamp_ms, stats, barrier, inf)
         if inf.done:
@@ -899,6 +902,9 @@ class Task:
             )
             return
         ack = parts
+        # Taken while recovered input state was still being replayed (a metric, so
+        # tests and operators can tell such checkpoints apart).
+        ack.metrics["recovering"] = 1.0 if inf.recovering else 0.0
         if inf.references:
             channel_state["references"] = inf.references
             ack.metrics["referenced_bytes"] = float(

@@ -131,6 +131,7 @@ class InFlightCheckpoint:
     metrics: dict[str, float] = field(default_factory=dict)
     # Recovered input state not yet replayed, referenced in old files (recovery.py).
     references: list[dict[str, Any]] = field(default_factory=list)
+    recovering: bool = False  # taken while recovered input state was being replayed
 
     @property
     def done(self) -> bool:
