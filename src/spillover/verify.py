@@ -659,6 +659,8 @@ class Report:
     misplaced: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)  # what an exact verdict proves
     errors: list[str] = field(default_factory=list)  # why a run did not finish
+    # Why each failed attempt of the run with failures failed (induced or not).
+    attempt_failures: list[str] = field(default_factory=list)
 
     def shortfalls(self) -> list[str]:
         """Why the run proved less than its spec asked for, even when exact."""
@@ -703,6 +705,7 @@ class Report:
             return "\n".join(lines)
         lines.append(f"NOT EXACT (job {self.status})")
         lines += [f"  {e}" for e in self.errors]
+        lines += [f"  failed {f}" for f in self.attempt_failures]
         for title, items in (
             ("lost (partition, seq)", self.lost),
             ("duplicated (partition, seq, times)", self.duplicated),
@@ -867,6 +870,7 @@ def compare(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
             for label, run in (("without failures", expected), ("with failures", actual))
             if run.result.status != "finished" and run.result.failures
         ],
+        attempt_failures=list(actual.result.failures),
     )
     return check_promises(spec, expected, actual, report)
 

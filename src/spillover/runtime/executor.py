@@ -275,12 +275,23 @@ class _Attempt:
     def _cancel_all(self) -> None:
         for t in self.tasks.values():
             t.cancel()
-        for t in self.tasks.values():
-            t.thread.join(timeout=30)
+        settle(self.tasks.values())
 
     def task_metrics(self) -> dict[str, dict[str, float]]:
         """Each subtask's metrics (``uid#i``), live while the attempt runs."""
         return {f"{uid}#{i}": t.metrics() for (uid, i), t in self.tasks.items()}
+
+
+def settle(tasks: Any, timeout: float = 30.0) -> None:
+    """Waits for cancelled tasks' threads and their snapshot writers: once an attempt
+    has ended, nothing of it writes to the checkpoint directory any more (a restore
+    right after a stop must not meet a late write)."""
+    tasks = list(tasks)
+    for t in tasks:
+        if t.thread.ident is not None:  # started
+            t.thread.join(timeout=timeout)
+    for t in tasks:
+        t.snapshots.shutdown(wait=True, cancel_futures=True)
 
 
 def make_coordinator(

@@ -30,7 +30,7 @@ from typing import Any
 
 from spillover.config import Config
 from spillover.runtime.checkpoints import CheckpointStorage
-from spillover.runtime.executor import build_tasks
+from spillover.runtime.executor import build_tasks, settle
 from spillover.runtime.failures import FailureInjector, InducedFailure
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.network import ResultPartition
@@ -137,6 +137,7 @@ def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
     finally:
         for t in tasks.values():
             t.cancel()
+        settle(tasks.values())  # no late snapshot write once this worker returned
         if receiver is not None:
             receiver.close(timeout=2.0)
         conn.close()
