@@ -200,3 +200,26 @@ def test_a_users_job_file_runs_on_spark(sc: Any, tmp_path: Path) -> None:
     report = verify(spec)
     assert report.exact, report.text()
     assert len(report.failures_fired) == 2
+
+
+def test_sinks_on_spark_commit_only_with_a_checkpoint(sc: Any, tmp_path: Path) -> None:
+    """A bounded job whose only checkpoint, the final one, fails: its sinks must not
+    have published at the end of their input (the restart replays everything, so an
+    early publish would commit every record twice)."""
+    from spillover.verify import compare, run_once
+
+    spec = VerifySpec(
+        topology="pipeline",
+        parallelism=2,
+        records=5_000,
+        interval_ms=600_000,  # no periodic checkpoint: the final one is the first
+        failures=1,
+        policy="unaligned",
+        executor="spark",
+    )
+    baseline = run_once(spec, str(tmp_path), "baseline", FailureInjector(), executor="local")
+    failures = FailureInjector([FailureSpec("snapshot", "parquet-sink", 0)])
+    actual = run_once(spec, str(tmp_path), "final-fails", failures)
+    assert actual.result.attempts == 2 and len(failures.fired) == 1, actual.result.failures
+    report = compare(spec, baseline, actual)
+    assert report.exact, report.text()

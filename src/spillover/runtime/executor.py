@@ -180,6 +180,8 @@ def build_tasks(
                 flush_interval=flush_interval,
                 channel_compression=cfg.checkpointing.codec.label,
                 max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
+                # As the executor decides (Executor.storage): a directory and an interval.
+                checkpointing=cfg.checkpointing.enabled and cfg.state.checkpoints_dir is not None,
             )
     return tasks
 

@@ -124,6 +124,7 @@ class Task:
         flush_interval: float = 0.01,
         channel_compression: str | None = None,
         max_inflight_bytes: int | None = None,
+        checkpointing: bool = True,
     ) -> None:
         self.graph = graph
         self.vertex = vertex
@@ -140,6 +141,8 @@ class Task:
         self.failures = failures
         self.on_done = on_done
         self.flush_interval = flush_interval
+        # Whether the job takes checkpoints (else sinks commit on their own at the end).
+        self.checkpointing = checkpointing
         self.name = f"{vertex.uid}#{subtask}"
         self.mailbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.cancelled = threading.Event()
@@ -540,7 +543,7 @@ class Task:
         for w in self.writers:
             w.flush()
         self._drain_responsive()
-        if getattr(self.coordinator, "storage", None) is None:
+        if not self.checkpointing:
             snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in self.ops]
             for snap in snaps:
                 if snap.finalize is not None:
