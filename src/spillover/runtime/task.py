@@ -361,6 +361,7 @@ class Task:
             )
         # Old channels' streams (rescaled edges, and streams a checkpoint referenced with
         # a filter) replay first, step by step too (runtime/recovery.py).
+        from spillover.runtime import recovery
         from spillover.runtime.recovery import (
             StreamRecovery,
             compose_filters,
@@ -383,7 +384,7 @@ class Task:
                     streams,
                     both,
                     partitioner=self.input_edges[gate].partitioner,
-                    buffer_size=REPLAY_BUFFER_SIZE,
+                    buffer_size=recovery.JOIN_BYTES,
                 )
                 parts.append((gate, r, both))
 
@@ -403,8 +404,9 @@ class Task:
                 output_handles=item["output_handles"],
                 key=FieldKey(item["key_offset"] or 0, "int64"),
                 # Replayed records are processed here, not sent: large buffers mean
-                # fewer, larger batches (the per-batch cost dominates small ones).
-                buffer_size=REPLAY_BUFFER_SIZE,
+                # fewer, larger batches (the per-batch cost dominates small ones),
+                # and a buffer is what a step hands on at least.
+                buffer_size=recovery.JOIN_BYTES,
                 coalesce=True,
                 input_references=item.get("input_references"),
                 # custom edges route recovered records with the job's partitioner
