@@ -29,9 +29,6 @@ from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.unaligned import InFlightCheckpoint
 from spillover.storage.handle import DataType
 
-# Buffer size of records replayed through a filtering retriever after a rescale.
-REPLAY_BUFFER_SIZE = 1 << 20
-
 # The id operators see when a job without checkpointing commits at its end.
 FINAL_WITHOUT_CHECKPOINTS = 2**62
 
