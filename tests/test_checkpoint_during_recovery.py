@@ -131,6 +131,7 @@ def _until(
     restore: int | None,
     good: Callable[[dict[str, Any]], bool],
     rate: float = RATE,
+    parallelism: int = 2,
 ) -> tuple[list[JobResult], int]:
     """Runs (restoring ``restore``) until the latest completed checkpoint is ``good``.
 
@@ -144,7 +145,7 @@ def _until(
             c = _latest(history)
             return c is not None and c["checkpoint_id"] > floor and good(c)
 
-        r = _run(ckpt, out_dir, 2, ready, restore, rate)
+        r = _run(ckpt, out_dir, parallelism, ready, restore, rate)
         runs.append(r)
         done = [c for c in r.completed_checkpoints() if not c["final"]]
         if done and good(done[-1]):
@@ -212,5 +213,66 @@ def test_checkpoint_during_replay_restores_exactly(
     assert r4.replayed_bytes > 0
     r4.checkpoints = [c for r in runs for c in r.checkpoints] + r4.checkpoints
     actual = output_of(spec, r4, out_dir, 128)
+    report = compare(spec, expected, actual)
+    assert report.exact, report.text()
+
+
+def test_checkpoint_during_rescaled_replay_restores_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restored 2 -> 3, the keyed task replays the old channels through the filtering
+    retriever; a checkpoint completes during that replay, referencing each old
+    channel's rest with its key-group filter; restored at 2 it runs to the end."""
+    monkeypatch.setattr(recovery, "STEP_BYTES", 8192)
+    monkeypatch.setattr(recovery, "JOIN_BYTES", 8192)
+    spec = VerifySpec(job=make_job, parallelism=2, state_uid=KEYED, state="total")
+    base_out = str(tmp_path / "baseline")
+    baseline = _run(tmp_path / "ckpt-baseline", base_out, 2, None)
+    expected = output_of(spec, baseline, base_out, 128)
+
+    ckpt, out_dir = tmp_path / "ckpt", str(tmp_path / "out")
+    runs, c1 = _until(
+        ckpt, out_dir, None, lambda c: _input_bytes(_metadata(ckpt, c["checkpoint_id"])) > 160 << 10
+    )
+
+    def filtered(meta: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            r
+            for st in _keyed_subtasks(meta)
+            for r in (st.get("channel_state") or {}).get("references", [])
+            if "filter" in r
+        ]
+
+    # Restored at 3, slowly, until a checkpoint completed during the rescaled replay.
+    more, c2 = _until(
+        ckpt,
+        out_dir,
+        c1,
+        lambda c: c["referenced_bytes"] > 0,
+        SLOW,
+        parallelism=3,
+    )
+    runs += more
+    meta2 = _metadata(ckpt, c2)
+    assert len(meta2["tasks"][KEYED]["subtasks"]) == 3
+    refs = filtered(meta2)
+    assert refs, "no filtered reference"
+    assert all(r["filter"]["kind"] == "key_groups" for r in refs)
+    during = [st for st in _keyed_subtasks(meta2) if st["metrics"].get("referenced_bytes", 0) > 0]
+    assert during and all(st["metrics"]["recovering"] == 1.0 for st in during)
+    # Pieces point into the old files (never into c2 itself), and those stay on disk.
+    assert meta2["references"] and all(r < c2 for r in meta2["references"])
+    for r in refs:
+        for piece in r["pieces"]:
+            assert f"/chk-{c2}/" not in piece["handle"]["uri"]
+    for old in meta2["references"]:
+        assert (ckpt / "job" / f"chk-{old}" / "_metadata").exists()
+
+    # Restored again at 2 (filters composed) and run to the end: exact output.
+    env = make_job(out_dir, "job", 2)
+    r3 = LocalExecutor(env, _config(ckpt), restore_checkpoint=c2).run(timeout=180)
+    assert r3.status == "finished", r3.failures
+    r3.checkpoints = [c for r in runs for c in r.checkpoints] + r3.checkpoints
+    actual = output_of(spec, r3, out_dir, 128)
     report = compare(spec, expected, actual)
     assert report.exact, report.text()

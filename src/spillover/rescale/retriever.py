@@ -37,6 +37,7 @@ from spillover.records import (
     Key,
     KeyGroupDemux,
     PartitionerDemux,
+    partitioner_name,
 )
 from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
 from spillover.storage import (
@@ -337,6 +338,10 @@ class FilteringRetriever:
         self._file = 0
         self._file_left: int | None = None
         self._files_ended = False
+        # Bytes fed to the demux per stream and piece (after its skip): where a
+        # checkpoint taken meanwhile cuts each stream (remainder).
+        self._fed = [[0] * len(st.pieces) for st in self.streams]
+        self._range = key_group_table if isinstance(key_group_table, KeyGroupRange) else None
 
     # -- consumer side -------------------------------------------------------
 
@@ -404,6 +409,65 @@ class FilteringRetriever:
     def dropped(self) -> int:
         """Records dropped so far: their key group belongs to another subtask."""
         return self._counts[1] + sum(d.dropped for d in self._demuxes.values())
+
+    @property
+    def filter(self) -> dict[str, Any]:
+        """What this retriever keeps, as a channel-state reference records it
+        (docs/format.md): ``{"kind": "none"}``, ``"key_groups"`` or ``"partitioner"``."""
+        key = self._demux_args.get("key")
+        if self._keep_all:
+            return {"kind": "none"}
+        if self._partitioner is not None and isinstance(key, FieldKey):
+            return {
+                "kind": "partitioner",
+                "name": partitioner_name(self._partitioner),
+                "index": self._partition[0],
+                "parallelism": self._partition[1],
+                "key_offset": key.offset,
+            }
+        if self._range is not None and isinstance(key, FieldKey) and key.type == "int64":
+            return {
+                "kind": "key_groups",
+                "start": self._range.start,
+                "end": self._range.end,
+                "max_parallelism": int(self._demux_args["max_parallelism"]),
+                "key_offset": key.offset,
+            }
+        raise ConfigError("only a key-group range, a partitioner or coalesce can be referenced")
+
+    def cut(self) -> list[ReplayBuffer]:
+        """Every buffer ready and every whole record kept so far, partly filled buffers
+        too. Once the caller has processed them, :meth:`remainder` says where each
+        stream stands; reading goes on afterwards as before."""
+        self._check_usable()
+        if self.pass_through:
+            raise ConfigError("a pass-through retriever cannot be cut; use coalesce=True")
+        out = list(self._ready)
+        self._ready.clear()
+        for route, demux in self._demuxes.items():
+            self._emit(route, demux.flush())
+            out += self._ready
+            self._ready.clear()
+        return out
+
+    def remainder(self) -> list[tuple[RecordStream, tuple[tuple[GateStateHandle, int, int], ...]]]:
+        """Per stream not replayed to its end, ``(stream, pieces)``: the pieces
+        ``(handle, channel, skip)`` from the first byte of the record it has begun
+        (after :meth:`cut`, everything before it was handed out or dropped)."""
+        out = []
+        for stream, fed in zip(self.streams, self._fed, strict=True):
+            demux = self._demuxes.get(stream.channel)
+            pos = sum(fed) - (demux.pending().get(self._key(stream), 0) if demux else 0)
+            skips = stream.skips or (0,) * len(stream.pieces)
+            rest: list[tuple[GateStateHandle, int, int]] = []
+            for (handle, channel), skip in zip(stream.pieces, skips, strict=True):
+                avail = handle.channels.get(channel, (0, 0))[1] - skip
+                if rest or pos < avail:
+                    rest.append((handle, channel, skip + max(pos, 0)))
+                pos -= max(avail, 0)
+            if rest:
+                out.append((stream, tuple(rest)))
+        return out
 
     def close(self) -> None:
         """Stops reading and releases the open state file and the buffers held."""
@@ -524,6 +588,11 @@ class FilteringRetriever:
                 if skip == 0:
                     break
             self._skip[channel] = skip
+        fed = np.bincount(
+            slots[wanted], weights=frames.lengths[wanted], minlength=len(self.streams)
+        )
+        for i in np.flatnonzero(fed).tolist():
+            self._fed[i][phase] += int(fed[i])
         self._piece = phase
         if self._single_route:
             routes = {self.streams[0].channel}

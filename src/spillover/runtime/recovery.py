@@ -67,11 +67,115 @@ def references_of(channel_state: dict[str, Any] | None, gate: int) -> dict[int, 
     """``{input channel: pieces}`` a checkpoint's channel state references for one gate."""
     out: dict[int, list[Piece]] = {}
     for ref in (channel_state or {}).get("references", []):
-        if int(ref["gate"]) == gate:
+        if int(ref["gate"]) == gate and "filter" not in ref:
             out.setdefault(int(ref["channel"]), []).extend(
                 Piece.from_dict(p) for p in ref["pieces"]
             )
     return out
+
+
+def filtered_references_of(
+    channel_state: dict[str, Any] | None, gate: int
+) -> list[tuple[list[Piece], dict[str, Any]]]:
+    """``[(pieces, filter)]``: the old channels' streams a checkpoint references for one
+    gate with the filter to apply (taken while replaying a rescaled edge), in order."""
+    return [
+        ([Piece.from_dict(p) for p in ref["pieces"]], dict(ref["filter"]))
+        for ref in (channel_state or {}).get("references", [])
+        if int(ref["gate"]) == gate and "filter" in ref
+    ]
+
+
+def compose_filters(old: dict[str, Any], new: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The filter keeping what both keep (``new`` None: keep what ``old`` keeps); None
+    when nothing can pass. Filters of one edge are of one kind (its kind never changes)."""
+    if new is None or new["kind"] == "none":
+        return old
+    if old["kind"] == "none":
+        return new
+    if old["kind"] == "key_groups" and new["kind"] == "key_groups":
+        start, end = max(old["start"], new["start"]), min(old["end"], new["end"])
+        return None if end < start else {**old, "start": start, "end": end}
+    if old["kind"] == "partitioner" and new["kind"] == "partitioner":
+        parts = [*old.get("all", [old]), *new.get("all", [new])]
+        return {"kind": "partitioner", "all": [{k: p[k] for k in _PART} for p in parts]}
+    raise FormatError("a reference's filter does not fit the edge", detail=f"{old} and {new}")
+
+
+_PART = ("name", "index", "parallelism", "key_offset")
+
+
+def filtered_retriever(
+    streams: list[tuple[list[Piece], int]],
+    flt: dict[str, Any],
+    *,
+    partitioner: Callable[..., Any] | None,
+    buffer_size: int,
+) -> Any:
+    """A filtering retriever replaying ``(pieces, new channel)`` streams, keeping what
+    ``flt`` keeps (a reference's filter, or a composition of them)."""
+    from spillover.keygroups import KeyGroupRange
+    from spillover.records import FieldKey, partitioner_name
+    from spillover.rescale import FilteringRetriever, RecordStream
+
+    rs = [
+        RecordStream(
+            tuple((p.handle, p.channel) for p in ps), i, 0, ch, skips=tuple(p.skip for p in ps)
+        )
+        for i, (ps, ch) in enumerate(streams)
+    ]
+    common: dict[str, Any] = {
+        "buffer_size": buffer_size,
+        "n_outputs": 1 + max(ch for _, ch in streams),
+    }
+    kind = flt["kind"]
+    if kind == "none":
+        return FilteringRetriever(rs, pass_through=True, coalesce=True, **common)
+    if kind == "key_groups":
+        return FilteringRetriever(
+            rs,
+            max_parallelism=int(flt["max_parallelism"]),
+            key_group_table=KeyGroupRange(int(flt["start"]), int(flt["end"])),
+            key=FieldKey(int(flt["key_offset"]), "int64"),
+            **common,
+        )
+    parts = flt.get("all", [flt])
+    if partitioner is None or any(p["name"] != partitioner_name(partitioner) for p in parts):
+        raise FormatError(
+            "a reference's partitioner is not the edge's",
+            detail=f"reference: {sorted({p['name'] for p in parts})}, edge: "
+            f"{partitioner_name(partitioner) if partitioner else None}",
+            hint="restore with the partitioner the checkpoint was taken with",
+        )
+    if len(parts) == 1:
+        p, fn = parts[0], partitioner
+        index, n = int(p["index"]), int(p["parallelism"])
+    else:
+        index, n = 0, 2
+        fn = _all_of(partitioner, [(int(p["index"]), int(p["parallelism"])) for p in parts])
+    return FilteringRetriever(
+        rs,
+        key=FieldKey(int(parts[0]["key_offset"]), "int64"),
+        partitioner=fn,
+        partition=index,
+        n_partitions=n,
+        **common,
+    )
+
+
+def _all_of(partitioner: Callable[..., Any], keep: list[tuple[int, int]]) -> Callable[..., Any]:
+    """A partitioner sending a record to 0 when ``partitioner`` picks ``index`` of
+    ``parallelism`` for every pair of ``keep``, else to 1 (one numpy call per pair)."""
+    from spillover.records import partitions_of
+
+    def both(keys: Any, _n: int) -> Any:
+        ok = np.ones(len(keys), bool)
+        for index, n in keep:
+            ok &= partitions_of(partitioner, keys, n) == index
+        return np.where(ok, 0, 1)
+
+    both.__qualname__ = f"all_of({getattr(partitioner, '__qualname__', '?')})"
+    return both
 
 
 @dataclass
@@ -242,3 +346,72 @@ class InputRecovery:
         if self._retriever is not None:
             self._retriever.close()
             self._retriever = None
+
+
+class StreamRecovery:
+    """Replays old channels' streams through filtering retrievers (a rescaled edge, or
+    a checkpoint's filtered references), a step of about :data:`STEP_BYTES` at a time.
+
+    ``parts`` are ``(gate, retriever, filter)`` replayed one after the other (the
+    filter as a reference records it: the retriever's, or a composition);
+    ``process(gate, buffer)`` takes the retrievers' buffers, each of whole records.
+    At a checkpoint, :meth:`references` hands out what is kept so far and lists each
+    unfinished stream's rest with the retriever's filter.
+    """
+
+    def __init__(
+        self, parts: list[tuple[int, Any, dict[str, Any]]], process: Callable[[int, Any], None]
+    ) -> None:
+        self._parts = parts
+        self._process = process
+        self._next = 0
+        self.replayed_bytes = 0
+
+    @property
+    def gates(self) -> set[int]:
+        return {g for g, _, _ in self._parts[self._next :]}
+
+    def step(self) -> bool:
+        """Replays about one step; False once everything was replayed."""
+        n = 0
+        while self._next < len(self._parts):
+            gate, r, _ = self._parts[self._next]
+            buf = r.poll_next()
+            if buf is None:
+                if r.finished:
+                    r.close()
+                    self._next += 1
+                    continue
+                if n:
+                    return True
+                r.wait()
+                continue
+            self.replayed_bytes += len(buf)
+            n += len(buf)
+            self._process(gate, buf)
+            if n >= STEP_BYTES:
+                return True
+        return False
+
+    def references(self) -> list[dict[str, Any]]:
+        """Processes every record kept so far, then returns each unfinished stream's
+        rest as a filtered reference (``{"gate", "channel", "pieces", "filter"}``)."""
+        out = []
+        for gate, r, flt in self._parts[self._next :]:
+            for buf in r.cut():
+                self._process(gate, buf)
+            for stream, pieces in r.remainder():
+                out.append(
+                    {
+                        "gate": gate,
+                        "channel": stream.channel or 0,
+                        "pieces": [Piece(h, c, k).to_dict() for h, c, k in pieces],
+                        "filter": flt,
+                    }
+                )
+        return out
+
+    def close(self) -> None:
+        for _, r, _ in self._parts[self._next :]:
+            r.close()
+        self._next = len(self._parts)

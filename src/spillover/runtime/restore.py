@@ -28,7 +28,7 @@ from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.rescale import EdgeType, map_edge
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.graph import JobGraph
-from spillover.runtime.recovery import references_of
+from spillover.runtime.recovery import filtered_references_of, references_of
 from spillover.runtime.task import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
 
@@ -197,12 +197,18 @@ def plan_restore(
                         d: references_of(entry(uid, d).get("channel_state"), k)
                         for d in range(p_old)
                     }
+                    # streams the old subtasks referenced with a filter: replayed first
+                    in_filtered = [
+                        f
+                        for d in range(p_old)
+                        for f in filtered_references_of(entry(uid, d).get("channel_state"), k)
+                    ]
                     to_check += [
                         p.handle.to_dict()
                         for r in in_refs.values()
                         for ps in r.values()
                         for p in ps
-                    ]
+                    ] + [p.handle.to_dict() for ps, _ in in_filtered for p in ps]
                     plan["rescaled"].append(
                         {
                             "edge": k,
@@ -217,6 +223,7 @@ def plan_restore(
                             },
                             "key_offset": spec["key_offset"],
                             "input_references": in_refs,
+                            "filtered_references": in_filtered,
                         }
                     )
             to_check += plan["outputs"] + plan["inputs"]

@@ -10,6 +10,7 @@ the task's snapshot thread, which acknowledges the checkpoint when done.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import queue
 import threading
 import time
@@ -27,9 +28,6 @@ from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.unaligned import InFlightCheckpoint
 from spillover.storage.handle import DataType
-
-# Buffer size of records replayed through a filtering retriever after a rescale.
-REPLAY_BUFFER_SIZE = 1 << 20
 
 # The id operators see when a job without checkpointing commits at its end.
 FINAL_WITHOUT_CHECKPOINTS = 2**62
@@ -196,6 +194,8 @@ class Task:
         self._overtaken: dict[int, deque[tuple[int, list[Any]]]] = {}
         self._overtaken_lock = threading.Lock()
         self._recovery: Any = None  # recovered input state still being replayed
+        self._streams: Any = None  # old channels' streams still being replayed (first)
+        self._edge_serializers: dict[int, FixedWidthSerializer] = {}
 
     # -- control, from other threads -------------------------------------------------
 
@@ -348,6 +348,8 @@ class Task:
             handle = GateStateHandle.from_dict(h)
             gates[handle.gate_id] = (handle, {})
         for ref in plan.get("references", []):
+            if "filter" in ref:
+                continue  # an old channel's stream, replayed below
             gate = int(ref["gate"])
             _own, refs = gates.setdefault(gate, (None, {}))
             refs.setdefault(int(ref["channel"]), []).extend(
@@ -357,6 +359,37 @@ class Task:
             self._recovery = InputRecovery(
                 gates, lambda gate, ch, buf: self._process(self._offset[gate] + ch, buf)
             )
+        # Old channels' streams (rescaled edges, and streams a checkpoint referenced with
+        # a filter) replay first, step by step too (runtime/recovery.py).
+        from spillover.runtime import recovery
+        from spillover.runtime.recovery import (
+            StreamRecovery,
+            compose_filters,
+            filtered_references_of,
+            filtered_retriever,
+        )
+
+        parts: list[tuple[int, Any, dict[str, Any]]] = []
+
+        def filtered(gate: int, refs: list[Any], new: dict[str, Any] | None) -> None:
+            groups: dict[str, tuple[dict[str, Any], list[Any]]] = {}
+            for pieces, flt in refs:
+                both = compose_filters(flt, new)
+                if both is not None:
+                    groups.setdefault(json.dumps(both, sort_keys=True), (both, []))[1].append(
+                        (pieces, 0)
+                    )
+            for both, streams in groups.values():
+                r = filtered_retriever(
+                    streams,
+                    both,
+                    partitioner=self.input_edges[gate].partitioner,
+                    buffer_size=recovery.JOIN_BYTES,
+                )
+                parts.append((gate, r, both))
+
+        for gate in sorted({int(r["gate"]) for r in plan.get("references", [])}):
+            filtered(gate, filtered_references_of(plan, gate), None)
         for item in plan.get("rescaled", []):
             k = item["edge"]
             edge = self.input_edges[k]
@@ -371,31 +404,37 @@ class Task:
                 output_handles=item["output_handles"],
                 key=FieldKey(item["key_offset"] or 0, "int64"),
                 # Replayed records are processed here, not sent: large buffers mean
-                # fewer, larger batches (the per-batch cost dominates small ones).
-                buffer_size=REPLAY_BUFFER_SIZE,
+                # fewer, larger batches (the per-batch cost dominates small ones),
+                # and a buffer is what a step hands on at least.
+                buffer_size=recovery.JOIN_BYTES,
                 coalesce=True,
                 input_references=item.get("input_references"),
                 # custom edges route recovered records with the job's partitioner
                 partitioner=edge.partitioner,
             )
-            readers: dict[int, RecordReader] = {}
-            ser = FixedWidthSerializer(edge.dtype)
-            with retriever:
-                for rbuf in retriever:
-                    self.replayed_bytes += len(rbuf)
-                    reader = readers.setdefault(rbuf.channel_id, RecordReader())
-                    parts = [ser.deserialize_batch(rb) for rb in reader.feed(rbuf)]
-                    if parts:
-                        batch = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                        self.records_in += len(batch)
-                        self.ops[0].process(batch, edge.input_index)
-            for reader in readers.values():
-                reader.finish()
+            # What the old subtasks referenced with a filter comes first, kept by
+            # both their filter and this subtask's.
+            filtered(k, item.get("filtered_references", []), retriever.filter)
+            parts.append((k, retriever, retriever.filter))
+        if parts:
+            readers: dict[tuple[int, int], RecordReader] = {}
+
+            def process(gate: int, rbuf: Any) -> None:
+                edge = self.input_edges[gate]
+                reader = readers.setdefault((gate, rbuf.channel_id), RecordReader())
+                ser = self._edge_serializers.setdefault(gate, FixedWidthSerializer(edge.dtype))
+                batches = [ser.deserialize_batch(rb) for rb in reader.feed(rbuf)]
+                if batches:
+                    batch = batches[0] if len(batches) == 1 else np.concatenate(batches)
+                    self.records_in += len(batch)
+                    self.ops[0].process(batch, edge.input_index)
+
+            self._streams = StreamRecovery(parts, process)
 
     def _replay_step(self) -> None:
         """One block of recovered input state; unaligned barriers may come first."""
         self._take_priority(0.0)
-        rec = self._recovery
+        rec = self._streams if self._streams is not None else self._recovery
         if rec is None:
             return
         t = time.monotonic()
@@ -405,7 +444,10 @@ class Task:
         self.busy_seconds += time.monotonic() - t
         if not more:
             rec.close()
-            self._recovery = None
+            if rec is self._streams:
+                self._streams = None
+            else:
+                self._recovery = None
         self._maybe_flush()
 
     def _mail(self, block: bool = False, timeout: float | None = None) -> float:
@@ -575,7 +617,7 @@ class Task:
                 self._take_priority(min(pause, self.flush_interval))
                 self._maybe_flush()
                 continue
-            if self._recovery is not None:
+            if self._streams is not None or self._recovery is not None:
                 self._replay_step()
                 continue
             item = gate.poll(self.flush_interval)
@@ -828,10 +870,12 @@ class Task:
         # the start of the record its reader has begun.
         references: list[dict[str, Any]] = []
         recovering: set[int] = set()
+        if self._streams is not None:  # kept records are processed, the rest referenced
+            references += self._streams.references()
         rec = self._recovery
         if rec is not None:
             rec.flush()
-            references = rec.references(
+            references += rec.references(
                 lambda g, c: self._readers[self._offset[g] + c].pending_bytes
             )
             recovering = {self._offset[g] + c for g, c in rec.channels}
@@ -852,7 +896,7 @@ class Task:
             self.max_inflight_bytes,
         )
         inf.references = references
-        inf.recovering = rec is not None
+        inf.recovering = rec is not None or self._streams is not None
         self.inflight = inf
         self._snapshot(cid, barrier.timestamp_ms, stats, barrier, inf)
         if inf.done:
