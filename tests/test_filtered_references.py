@@ -220,3 +220,50 @@ def test_filtered_references_keep_their_checkpoints() -> None:
         "tasks": {"t": {"subtasks": {"0": {"channel_state": {"references": [ref]}}}}},
     }
     assert referenced_checkpoints(meta) == [3]
+
+
+def test_inspect_says_which_records_a_filtered_reference_keeps() -> None:
+    from spillover.runtime.inspect_checkpoint import render
+
+    kg = {"kind": "key_groups", "start": 0, "end": 42, "max_parallelism": 128, "key_offset": 0}
+    part = {"name": "mod", "index": 1, "parallelism": 3, "key_offset": 0}
+    summary = {
+        "checkpoint_id": 9,
+        "job": "j",
+        "path": "/c/chk-9",
+        "final": False,
+        "completed_ms": 5,
+        "trigger_ms": 1,
+        "settings": {},
+        "graph_fingerprint": "f",
+        "state_bytes": 0,
+        "inflight_bytes": 0,
+        "referenced_checkpoints": [7],
+        "problems": [],
+        "subtasks": [
+            {
+                "task": "op#0",
+                "state_bytes": 0,
+                "inflight_bytes": 0,
+                "gates": [],
+                "references": [
+                    {
+                        "gate": 0,
+                        "channel": 1,
+                        "pieces": [("/c/chk-7/in.spill", 1, 10)],
+                        "filter": kg,
+                    },
+                    {
+                        "gate": 0,
+                        "channel": 2,
+                        "pieces": [("/c/chk-7/out.spill", 2, 0)],
+                        "filter": {"kind": "partitioner", "all": [{**part}, {**part, "index": 0}]},
+                    },
+                ],
+            }
+        ],
+    }
+    text = render(summary)
+    assert "channel 1 from byte 10, keeping key groups 0-42" in text
+    assert "keeping partition 1 of 3 by partitioner mod, keeping partition 0 of 3" in text
+    assert "references files of checkpoints [7]" in text

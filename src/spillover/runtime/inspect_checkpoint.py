@@ -63,6 +63,7 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
                     "gate": r["gate"],
                     "channel": r["channel"],
                     "pieces": [(p["handle"]["uri"], p["channel"], p["skip"]) for p in r["pieces"]],
+                    "filter": r.get("filter"),
                 }
                 for r in cs.get("references", [])
             ]
@@ -99,6 +100,22 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
     }
 
 
+def _keeps(flt: dict[str, Any] | None) -> str:
+    """How a filtered reference's records are kept, for ``render``."""
+    if not flt or flt.get("kind") == "none":
+        return ""
+    if "all" in flt:  # composed partitioners: every one of them keeps the record
+        return "".join(_keeps({"kind": "partitioner", **f}) for f in flt["all"])
+    if flt.get("kind") == "key_groups":
+        return f", keeping key groups {flt['start']}-{flt['end']}"
+    if flt.get("kind") == "partitioner":
+        return (
+            f", keeping partition {flt['index']} of {flt['parallelism']} "
+            f"by partitioner {flt['name']}"
+        )
+    return f", keeping {flt}"
+
+
 def render(s: dict[str, Any]) -> str:
     lines = [
         f"checkpoint {s['checkpoint_id']} of job {s['job']!r} ({s['path']})"
@@ -117,10 +134,11 @@ def render(s: dict[str, Any]) -> str:
                 f"channels, {g['raw_bytes']} B raw, {g['stored_bytes']} B stored: {ok}"
             )
         for r in t.get("references", []):
+            keeps = _keeps(r.get("filter"))
             for uri, channel, skip in r["pieces"]:
                 lines.append(
                     f"      input gate {r['gate']} channel {r['channel']}: references {uri} "
-                    f"channel {channel} from byte {skip} (recovered, not yet replayed)"
+                    f"channel {channel} from byte {skip}{keeps} (recovered, not yet replayed)"
                 )
     if s.get("referenced_checkpoints"):
         lines.append(f"  references files of checkpoints {s['referenced_checkpoints']}")
