@@ -362,3 +362,31 @@ def test_every_record_is_committed_at_the_end(policy: str, tmp_path: Path) -> No
         out = run_once(spec, str(tmp_path / str(i)), "b", FailureInjector())
         assert out.result.status == "finished"
         assert len(out.rows) == spec.records
+
+
+def test_a_failure_while_completing_an_unaligned_checkpoint_declines_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completing an unaligned checkpoint runs on the snapshot thread; an error there
+    must decline the checkpoint (aborted, the next one goes on), not leave it pending
+    until its timeout."""
+    real = Task._ack_unaligned_parts
+    calls: list[int] = []
+
+    def flaky(self: Task, inf: Any) -> None:
+        calls.append(inf.checkpoint_id)
+        if len(calls) == 1:
+            raise KeyError("boom")
+        real(self, inf)
+
+    monkeypatch.setattr(Task, "_ack_unaligned_parts", flaky)
+    from spillover.verify import run_once
+
+    spec = VerifySpec(topology="pipeline", records=20_000, failures=0, policy="unaligned")
+    out = run_once(spec, str(tmp_path), "flaky", FailureInjector())
+    assert out.result.status == "finished", out.result.failures
+    by_id = {c["checkpoint_id"]: c for c in out.result.checkpoints}
+    first = by_id[calls[0]]
+    assert first["status"] == "aborted"
+    assert "completing the unaligned checkpoint failed: KeyError" in first["reason"]
+    assert any(c["status"] == "completed" for c in by_id.values())  # the next ones go on

@@ -934,6 +934,19 @@ class Task:
         )
 
     def _ack_unaligned(self, inf: Any) -> None:
+        """On the snapshot thread: acknowledges, or declines whatever went wrong (an
+        exception here would otherwise vanish in the pool and hang the checkpoint)."""
+        try:
+            self._ack_unaligned_parts(inf)
+        except BaseException as e:
+            self.coordinator.decline(
+                inf.checkpoint_id,
+                self.vertex.uid,
+                self.subtask,
+                f"completing the unaligned checkpoint failed: {type(e).__name__}: {e}",
+            )
+
+    def _ack_unaligned_parts(self, inf: Any) -> None:
         parts = inf.metrics.get("parts")
         if parts is None:  # the operator part failed and declined already
             inf.writer.discard()
@@ -956,7 +969,8 @@ class Task:
             channel_state["references"] = inf.references
             ack.metrics["referenced_bytes"] = float(
                 sum(
-                    p["handle"]["channels"][str(p["channel"])][1] - p["skip"]
+                    # a channel the old file holds nothing of has no entry: 0 bytes
+                    max(0, p["handle"]["channels"].get(str(p["channel"]), (0, 0))[1] - p["skip"])
                     for r in inf.references
                     for p in r["pieces"]
                 )
