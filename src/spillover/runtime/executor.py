@@ -186,6 +186,37 @@ def build_tasks(
     return tasks
 
 
+StopWhen = Callable[[list[dict[str, Any]]], bool]
+
+
+def next_event(
+    events: queue.SimpleQueue[Any],
+    coordinator: CheckpointCoordinator,
+    deadline: float | None,
+    stop_at: float | None,
+    stop_when: StopWhen | None,
+) -> tuple[str, Any]:
+    """``("event", item)``: the attempt's next event; ``("stop", None)`` once ``stop_at``
+    passed or ``stop_when`` holds for the checkpoint summaries (polled every 20 ms);
+    ``("timeout", None)`` once ``deadline`` passed, whichever comes first."""
+    while True:
+        ends = [x for x in (deadline, stop_at) if x is not None]
+        timeout = None if not ends else max(0.0, min(ends) - time.monotonic())
+        if stop_when is not None:
+            timeout = 0.02 if timeout is None else min(timeout, 0.02)
+        try:
+            return "event", events.get(timeout=timeout)
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        if (stop_at is not None and now >= stop_at) or (
+            stop_when is not None and stop_when([c.summary() for c in coordinator.history])
+        ):
+            return "stop", None
+        if deadline is not None and now >= deadline:
+            return "timeout", None
+
+
 class _Attempt:
     """One execution attempt: the tasks, their network and the coordinator."""
 
@@ -233,7 +264,7 @@ class _Attempt:
         self,
         deadline: float | None,
         stop_at: float | None = None,
-        stop_when: Callable[[list[dict[str, Any]]], bool] | None = None,
+        stop_when: StopWhen | None = None,
     ) -> BaseException | None:
         """Runs until every task finished (None) or one failed (its error); at
         ``stop_at`` the job is stopped (cancelled, not failed: returns None)."""
@@ -245,25 +276,15 @@ class _Attempt:
         error: BaseException | None = None
         self.stopped = False
         while remaining:
-            ends = [x for x in (deadline, stop_at) if x is not None]
-            timeout = None if not ends else max(0.0, min(ends) - time.monotonic())
-            if stop_when is not None:
-                timeout = 0.02 if timeout is None else min(timeout, 0.02)
-            try:
-                task, err = self.done.get(timeout=timeout)
-            except queue.Empty:
-                now = time.monotonic()
-                if (stop_at is not None and now >= stop_at) or (
-                    stop_when is not None
-                    and stop_when([c.summary() for c in self.coordinator.history])
-                ):
-                    self.stopped = True
-                    self._cancel_all()
-                    break
-                if deadline is not None and now >= deadline:
-                    error = TimeoutError("the job did not finish in time")
-                    break
-                continue
+            what, item = next_event(self.done, self.coordinator, deadline, stop_at, stop_when)
+            if what == "stop":
+                self.stopped = True
+                self._cancel_all()
+                break
+            if what == "timeout":
+                error = TimeoutError("the job did not finish in time")
+                break
+            task, err = item
             if err is not None and not isinstance(err, TaskCancelled):
                 error = err
                 self.failed_at = time.monotonic()
@@ -480,7 +501,7 @@ class Executor:
         timeout: float | None = None,
         *,
         stop_after: float | None = None,
-        stop_when: Callable[[list[dict[str, Any]]], bool] | None = None,
+        stop_when: StopWhen | None = None,
     ) -> JobResult:
         """Runs the job to its end, restarting it on failures as the strategy allows.
 

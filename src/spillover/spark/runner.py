@@ -28,7 +28,7 @@ from typing import Any
 
 from spillover.config import Config
 from spillover.errors import ConfigError
-from spillover.runtime.executor import Executor, make_coordinator
+from spillover.runtime.executor import Executor, StopWhen, make_coordinator, next_event
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.task import TaskRestore
@@ -325,7 +325,7 @@ class _SparkAttempt:
         self,
         deadline: float | None,
         stop_at: float | None = None,
-        stop_when: Callable[[list[dict[str, Any]]], bool] | None = None,
+        stop_when: StopWhen | None = None,
     ) -> BaseException | None:
         ex = self.ex
         sc = ex.context()
@@ -377,27 +377,16 @@ class _SparkAttempt:
         self,
         deadline: float | None,
         stop_at: float | None,
-        stop_when: Callable[[list[dict[str, Any]]], bool] | None,
+        stop_when: StopWhen | None,
     ) -> BaseException | None:
         remaining = set(self.proxies)
         while remaining:
-            ends = [x for x in (deadline, stop_at) if x is not None]
-            timeout = None if not ends else max(0.0, min(ends) - time.monotonic())
-            if stop_when is not None:
-                timeout = 0.02 if timeout is None else min(timeout, 0.02)
-            try:
-                ev = self.events.get(timeout=timeout)
-            except queue.Empty:
-                now = time.monotonic()
-                if (stop_at is not None and now >= stop_at) or (
-                    stop_when is not None
-                    and stop_when([c.summary() for c in self.coordinator.history])
-                ):
-                    self.stopped = True
-                    return None
-                if deadline is not None and now >= deadline:
-                    return TimeoutError("the job did not finish in time")
-                continue
+            what, ev = next_event(self.events, self.coordinator, deadline, stop_at, stop_when)
+            if what == "stop":
+                self.stopped = True
+                return None
+            if what == "timeout":
+                return TimeoutError("the job did not finish in time")
             kind = ev[0]
             if kind == "done":
                 key, err = ev[1], ev[2]
