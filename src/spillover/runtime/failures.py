@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -44,16 +45,23 @@ class FailureSpec:
 
 
 class FailureInjector:
-    """A script of failures; thread-safe. ``fired`` lists those that happened."""
+    """A script of failures; thread-safe. ``fired`` lists those that happened.
+
+    A copy in another process (a Spark worker) sets ``on_fire(index, attempt)`` to
+    report a failure before it is raised; the original records it with
+    :meth:`mark_fired`, so the script plays once across every copy.
+    """
 
     def __init__(self, specs: list[FailureSpec] | None = None) -> None:
         self.specs = list(specs or [])
         self.fired: list[FailureSpec] = []
+        self.on_fire: Callable[[int, int], None] | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         del state["_lock"]
+        state["on_fire"] = None  # a copy reports to whoever set its own
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -92,7 +100,18 @@ class FailureInjector:
                 return
             s.fired_in = attempt
             self.fired.append(s)
+            index = len(self.fired) - 1
+        if self.on_fire is not None:
+            self.on_fire(index, attempt)
         raise InducedFailure(f"induced failure: {s.describe()} (attempt {attempt})")
+
+    def mark_fired(self, index: int, attempt: int) -> None:
+        """Spec ``index`` fired in ``attempt`` in a copy (see ``on_fire``); the first
+        report of it counts."""
+        with self._lock:
+            if len(self.fired) == index < len(self.specs):
+                self.specs[index].fired_in = attempt
+                self.fired.append(self.specs[index])
 
     @classmethod
     def random(

@@ -239,7 +239,7 @@ class _SparkAttempt:
         elif kind == "metrics":
             self.metrics.update(m[1])
         elif kind == "fired":
-            self._fired(m[1], m[2])
+            self.ex.failures.mark_fired(m[1], m[2])
         elif kind == "done":
             _, uid, i, err, metrics = m
             self.metrics[f"{uid}#{i}"] = metrics
@@ -252,13 +252,6 @@ class _SparkAttempt:
             if kind == "finished":
                 self._finished.add(index)
             self.events.put((kind, index))
-
-    def _fired(self, k: int, attempt: int) -> None:
-        inj = self.ex.failures
-        with inj._lock:
-            if len(inj.fired) == k and k < len(inj.specs):
-                inj.specs[k].fired_in = attempt
-                inj.fired.append(inj.specs[k])
 
     def _terminate_sources(self) -> None:
         """After the final checkpoint: the workers hold its completion in every

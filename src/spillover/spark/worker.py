@@ -31,7 +31,7 @@ from typing import Any
 from spillover.config import Config
 from spillover.runtime.checkpoints import CheckpointStorage
 from spillover.runtime.executor import build_tasks, settle
-from spillover.runtime.failures import FailureInjector, InducedFailure
+from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.network import ResultPartition
 from spillover.runtime.task import Task, TaskCancelled, TaskRestore
@@ -81,32 +81,11 @@ class _Relay:
         self._send("eod", vertex_uid, subtask)
 
 
-class _ReportingInjector(FailureInjector):
-    """The master's failure script, copied; a failure that fires here is reported
-    before the subtask fails, so the next generation does not fire it again."""
-
-    def __init__(self, base: FailureInjector, relay: _Relay) -> None:
-        super().__init__(base.specs)
-        self.fired = list(base.fired)
-        self._relay = relay
-
-    def check(
-        self,
-        point: str,
-        attempt: int,
-        vertex_uid: str,
-        subtask: int,
-        *,
-        records: int = 0,
-        checkpoint: int | None = None,
-    ) -> None:
-        try:
-            super().check(
-                point, attempt, vertex_uid, subtask, records=records, checkpoint=checkpoint
-            )
-        except InducedFailure:
-            self._relay._send("fired", len(self.fired) - 1, attempt)
-            raise
+def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:
+    """The master's failure script (this worker's copy), reporting each failure that
+    fires here before the subtask fails, so the next generation does not fire it."""
+    failures.on_fire = lambda index, attempt: relay._send("fired", index, attempt)
+    return failures
 
 
 def _error_info(err: BaseException | None) -> tuple[str, str, str] | None:
@@ -166,7 +145,7 @@ def _run(
             attempt=spec.generation,
             restore=spec.restore,
             checkpoint_dir=storage.subtask_dir if storage is not None else no_dir,
-            failures=_ReportingInjector(spec.failures, relay),
+            failures=_reporting(spec.failures, relay),
             on_done=lambda t, err: done.put((t, err)),
             flush_interval=spec.flush_interval,
             hosted=lambda i: i == index,
