@@ -223,3 +223,21 @@ def test_sinks_on_spark_commit_only_with_a_checkpoint(sc: Any, tmp_path: Path) -
     assert actual.result.attempts == 2 and len(failures.fired) == 1, actual.result.failures
     report = compare(spec, baseline, actual)
     assert report.exact, report.text()
+
+
+def test_a_worker_marks_broken_channels_so_the_master_blames_the_cause() -> None:
+    from spillover.runtime.failures import InducedFailure
+    from spillover.runtime.network import ChannelFailedError
+    from spillover.runtime.transport import ProtocolError, TransportError
+    from spillover.spark.runner import _is_consequence, _subtask_error
+    from spillover.spark.worker import _error_info
+
+    def blamed(err: BaseException) -> bool:
+        info = _error_info(err)
+        assert info is not None
+        return not _is_consequence(_subtask_error(("op", 0), info))
+
+    assert not blamed(ChannelFailedError("channel 1 failed: the producer failed"))
+    assert not blamed(TransportError("connection lost"))
+    assert blamed(ProtocolError("a data frame beyond the announced credit"))  # a bug there
+    assert blamed(InducedFailure("induced failure: operator at op#0"))

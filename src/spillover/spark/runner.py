@@ -50,10 +50,13 @@ _CONTEXT_LOCK = threading.Lock()
 class SubtaskFailedError(RuntimeError):
     """A subtask failed in a Spark worker; the message and traceback are the worker's."""
 
-    def __init__(self, message: str, remote_type: str, remote_traceback: str) -> None:
+    def __init__(
+        self, message: str, remote_type: str, remote_traceback: str, broken_channel: bool = False
+    ) -> None:
         super().__init__(message)
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
+        self.broken_channel = broken_channel  # likely a consequence of a peer's failure
 
 
 class WorkerLostError(RuntimeError):
@@ -445,14 +448,15 @@ def _check_shippable(spec: WorkerSpec) -> None:
 
 def _is_consequence(e: BaseException) -> bool:
     return isinstance(e, WorkerLostError) or (
-        isinstance(e, SubtaskFailedError)
-        and (e.remote_type.endswith("Error") and "Channel" in e.remote_type)
+        isinstance(e, SubtaskFailedError) and e.broken_channel
     )
 
 
-def _subtask_error(key: tuple[str, int], err: tuple[str, str, str]) -> SubtaskFailedError:
-    name, message, tb = err
-    return SubtaskFailedError(f"subtask {key[0]}#{key[1]} failed: {name}: {message}", name, tb)
+def _subtask_error(key: tuple[str, int], err: tuple[str, str, str, bool]) -> SubtaskFailedError:
+    name, message, tb, broken = err
+    return SubtaskFailedError(
+        f"subtask {key[0]}#{key[1]} failed: {name}: {message}", name, tb, broken
+    )
 
 
 def _as_error(ev: tuple[Any, ...]) -> BaseException:

@@ -33,9 +33,9 @@ from spillover.runtime.checkpoints import CheckpointStorage
 from spillover.runtime.executor import build_tasks, settle
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
-from spillover.runtime.network import ResultPartition
+from spillover.runtime.network import NetworkError, ResultPartition
 from spillover.runtime.task import Task, TaskCancelled, TaskRestore
-from spillover.runtime.transport import TcpReceiver, connect_tcp
+from spillover.runtime.transport import ProtocolError, TcpReceiver, connect_tcp
 from spillover.spark.control import ControlConnection, ControlError, connect
 
 __all__ = ["WorkerSpec", "run_worker"]
@@ -88,10 +88,13 @@ def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:
     return failures
 
 
-def _error_info(err: BaseException | None) -> tuple[str, str, str] | None:
+def _error_info(err: BaseException | None) -> tuple[str, str, str, bool] | None:
+    """``(type, message, traceback, broken channel)``: the last says the error is a
+    channel that broke (most likely because a peer failed), not a cause of its own."""
     if err is None:
         return None
-    return (type(err).__name__, str(err), "".join(traceback.format_exception(err)))
+    broken = isinstance(err, NetworkError) and not isinstance(err, ProtocolError)
+    return (type(err).__name__, str(err), "".join(traceback.format_exception(err)), broken)
 
 
 def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
