@@ -118,10 +118,6 @@ def _run(
         r.failures,
         [c["reason"] for c in r.checkpoints if c["status"] != "completed"],
     )
-    if stop_when:
-        # Snapshot threads of the cancelled tasks may still write the checkpoint that
-        # was pending at the stop; the next run continues after its directory.
-        time.sleep(0.3)
     return r
 
 
@@ -154,24 +150,54 @@ def _until(
     raise AssertionError("no run stopped on a checkpoint of the kind wanted")
 
 
+class _Case:
+    """A failure-free run's output, then a run stopped at a checkpoint ``c1`` that holds
+    a large input state at the keyed operator (replay takes many small steps, each a
+    chance for a barrier)."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(recovery, "STEP_BYTES", 8192)
+        monkeypatch.setattr(recovery, "JOIN_BYTES", 8192)
+        self.spec = VerifySpec(job=make_job, parallelism=2, state_uid=KEYED, state="total")
+        base_out = str(tmp_path / "baseline")
+        baseline = _run(tmp_path / "ckpt-baseline", base_out, 2, None)
+        self.expected = output_of(self.spec, baseline, base_out, 128)
+        self.ckpt, self.out_dir = tmp_path / "ckpt", str(tmp_path / "out")
+        ckpt = self.ckpt
+        self.runs, self.c1 = _until(
+            ckpt,
+            self.out_dir,
+            None,
+            lambda c: _input_bytes(_metadata(ckpt, c["checkpoint_id"])) > 160 << 10,
+        )
+
+    def points_back(self, cid: int, pieces: list[dict[str, Any]]) -> None:
+        """Checkpoint ``cid`` references only older checkpoints, which stay on disk."""
+        meta = _metadata(self.ckpt, cid)
+        assert meta["references"] and all(r < cid for r in meta["references"])
+        for old in meta["references"]:
+            assert (self.ckpt / "job" / f"chk-{old}" / "_metadata").exists()
+        for piece in pieces:
+            assert f"/chk-{cid}/" not in piece["handle"]["uri"]
+
+    def finish_exactly(self, restore: int, parallelism: int) -> None:
+        """Restores ``restore`` at ``parallelism``, runs to the end: exact output."""
+        env = make_job(self.out_dir, "job", parallelism)
+        r = LocalExecutor(env, _config(self.ckpt), restore_checkpoint=restore).run(timeout=180)
+        assert r.status == "finished", r.failures
+        assert r.replayed_bytes > 0
+        r.checkpoints = [c for run in self.runs for c in run.checkpoints] + r.checkpoints
+        actual = output_of(self.spec, r, self.out_dir, 128)
+        report = compare(self.spec, self.expected, actual)
+        assert report.exact, report.text()
+
+
 @pytest.mark.parametrize("new", [2, 3])
 def test_checkpoint_during_replay_restores_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new: int
 ) -> None:
-    # Small steps: the replay takes many steps, each a chance for a barrier.
-    monkeypatch.setattr(recovery, "STEP_BYTES", 8192)
-    monkeypatch.setattr(recovery, "JOIN_BYTES", 8192)
-    spec = VerifySpec(job=make_job, parallelism=2, state_uid=KEYED, state="total")
-    base_out = str(tmp_path / "baseline")
-    baseline = _run(tmp_path / "ckpt-baseline", base_out, 2, None)
-    expected = output_of(spec, baseline, base_out, 128)
-
-    ckpt, out_dir = tmp_path / "ckpt", str(tmp_path / "out")
-
-    # 1. Run until a checkpoint holds a large input state at the keyed operator.
-    runs, c1 = _until(
-        ckpt, out_dir, None, lambda c: _input_bytes(_metadata(ckpt, c["checkpoint_id"])) > 160 << 10
-    )
+    case = _Case(tmp_path, monkeypatch)
+    ckpt, out_dir, c1, runs = case.ckpt, case.out_dir, case.c1, case.runs
     recovered = _input_bytes(_metadata(ckpt, c1))
 
     # 2. Restore it, replaying slowly, until a checkpoint completed during the replay.
@@ -185,19 +211,15 @@ def test_checkpoint_during_replay_restores_exactly(
     if len(more) == 1:  # it restored c1 itself
         assert 0 < referenced <= recovered
         assert meta2["references"] == [c1]
-    # Referenced checkpoints stay on disk for it, though out of retention.
-    assert meta2["references"] and all(r < c2 for r in meta2["references"])
-    for old in meta2["references"]:
-        assert (ckpt / "job" / f"chk-{old}" / "_metadata").exists()
     # Referenced, not rewritten: its own input files hold less than what it had left.
     own = sum(
         h["raw_bytes"] for st in during for h in (st.get("channel_state") or {}).get("input", [])
     )
     assert own < referenced
-    for st in during:
-        for ref in st["channel_state"]["references"]:
-            for piece in ref["pieces"]:
-                assert f"/chk-{c2}/" not in piece["handle"]["uri"]
+    # Pointing into older checkpoints, which stay on disk for it, out of retention.
+    case.points_back(
+        c2, [p for st in during for r in st["channel_state"]["references"] for p in r["pieces"]]
+    )
 
     # 3. A chain: a checkpoint taken while replaying c2, whose input state references
     # older files, references those files directly (never c2's references).
@@ -207,14 +229,7 @@ def test_checkpoint_during_replay_restores_exactly(
     assert meta3["references"] and all(r < c3 for r in meta3["references"])
 
     # 4. Restore the chained checkpoint at ``new`` and run to the end.
-    env = make_job(out_dir, "job", new)
-    r4 = LocalExecutor(env, _config(ckpt), restore_checkpoint=c3).run(timeout=180)
-    assert r4.status == "finished", r4.failures
-    assert r4.replayed_bytes > 0
-    r4.checkpoints = [c for r in runs for c in r.checkpoints] + r4.checkpoints
-    actual = output_of(spec, r4, out_dir, 128)
-    report = compare(spec, expected, actual)
-    assert report.exact, report.text()
+    case.finish_exactly(c3, new)
 
 
 def test_checkpoint_during_rescaled_replay_restores_exactly(
@@ -223,17 +238,8 @@ def test_checkpoint_during_rescaled_replay_restores_exactly(
     """Restored 2 -> 3, the keyed task replays the old channels through the filtering
     retriever; a checkpoint completes during that replay, referencing each old
     channel's rest with its key-group filter; restored at 2 it runs to the end."""
-    monkeypatch.setattr(recovery, "STEP_BYTES", 8192)
-    monkeypatch.setattr(recovery, "JOIN_BYTES", 8192)
-    spec = VerifySpec(job=make_job, parallelism=2, state_uid=KEYED, state="total")
-    base_out = str(tmp_path / "baseline")
-    baseline = _run(tmp_path / "ckpt-baseline", base_out, 2, None)
-    expected = output_of(spec, baseline, base_out, 128)
-
-    ckpt, out_dir = tmp_path / "ckpt", str(tmp_path / "out")
-    runs, c1 = _until(
-        ckpt, out_dir, None, lambda c: _input_bytes(_metadata(ckpt, c["checkpoint_id"])) > 160 << 10
-    )
+    case = _Case(tmp_path, monkeypatch)
+    ckpt, out_dir, c1, runs = case.ckpt, case.out_dir, case.c1, case.runs
 
     def filtered(meta: dict[str, Any]) -> list[dict[str, Any]]:
         return [
@@ -261,18 +267,7 @@ def test_checkpoint_during_rescaled_replay_restores_exactly(
     during = [st for st in _keyed_subtasks(meta2) if st["metrics"].get("referenced_bytes", 0) > 0]
     assert during and all(st["metrics"]["recovering"] == 1.0 for st in during)
     # Pieces point into the old files (never into c2 itself), and those stay on disk.
-    assert meta2["references"] and all(r < c2 for r in meta2["references"])
-    for r in refs:
-        for piece in r["pieces"]:
-            assert f"/chk-{c2}/" not in piece["handle"]["uri"]
-    for old in meta2["references"]:
-        assert (ckpt / "job" / f"chk-{old}" / "_metadata").exists()
+    case.points_back(c2, [p for r in refs for p in r["pieces"]])
 
     # Restored again at 2 (filters composed) and run to the end: exact output.
-    env = make_job(out_dir, "job", 2)
-    r3 = LocalExecutor(env, _config(ckpt), restore_checkpoint=c2).run(timeout=180)
-    assert r3.status == "finished", r3.failures
-    r3.checkpoints = [c for r in runs for c in r.checkpoints] + r3.checkpoints
-    actual = output_of(spec, r3, out_dir, 128)
-    report = compare(spec, expected, actual)
-    assert report.exact, report.text()
+    case.finish_exactly(c2, 2)
