@@ -1,6 +1,7 @@
 /* Record framing, reassembly, packing and the key-group filter loop. */
 #include "records.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 /* ---- reassembly ---- */
@@ -81,14 +82,102 @@ int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, in
     return rc;
 }
 
+/* ---- the buffer pool ---- */
+
+struct spl_pool {
+    pthread_mutex_t mu;
+    size_t alloc;
+    uint32_t cap, n, refs;
+    int closed; /* the packer is gone: no spares kept */
+    uint8_t *spare[];
+};
+
+spl_pool *spl_pool_new(size_t alloc, uint32_t cap) {
+    spl_pool *pl = malloc(sizeof *pl + cap * sizeof(uint8_t *));
+    if (!pl) return NULL;
+    if (pthread_mutex_init(&pl->mu, NULL)) {
+        free(pl);
+        return NULL;
+    }
+    pl->alloc = alloc;
+    pl->cap = cap;
+    pl->n = 0;
+    pl->refs = 1;
+    pl->closed = 0;
+    return pl;
+}
+
+uint8_t *spl_pool_get(spl_pool *pl) {
+    uint8_t *b = NULL;
+    pthread_mutex_lock(&pl->mu);
+    if (pl->n) b = pl->spare[--pl->n];
+    pthread_mutex_unlock(&pl->mu);
+    return b ? b : malloc(pl->alloc);
+}
+
+void spl_pool_put(spl_pool *pl, uint8_t *base) {
+    if (!base) return;
+    pthread_mutex_lock(&pl->mu);
+    int keep = !pl->closed && pl->n < pl->cap;
+    if (keep) pl->spare[pl->n++] = base;
+    pthread_mutex_unlock(&pl->mu);
+    if (!keep) free(base);
+}
+
+void spl_pool_retain(spl_pool *pl) {
+    pthread_mutex_lock(&pl->mu);
+    pl->refs++;
+    pthread_mutex_unlock(&pl->mu);
+}
+
+void spl_pool_release(spl_pool *pl) {
+    pthread_mutex_lock(&pl->mu);
+    uint32_t left = --pl->refs;
+    pthread_mutex_unlock(&pl->mu);
+    if (left) return;
+    for (uint32_t i = 0; i < pl->n; i++) free(pl->spare[i]);
+    pthread_mutex_destroy(&pl->mu);
+    free(pl);
+}
+
+void spl_pool_close(spl_pool *pl) {
+    pthread_mutex_lock(&pl->mu);
+    pl->closed = 1;
+    uint32_t n = pl->n;
+    pl->n = 0;
+    pthread_mutex_unlock(&pl->mu);
+    for (uint32_t i = 0; i < n; i++) free(pl->spare[i]);
+    spl_pool_release(pl);
+}
+
+uint32_t spl_pool_spares(spl_pool *pl) {
+    pthread_mutex_lock(&pl->mu);
+    uint32_t n = pl->n;
+    pthread_mutex_unlock(&pl->mu);
+    return n;
+}
+
 /* ---- packing ---- */
 
 #define SPL_SKEW_MIN_SIZE 8192
+#define SPL_SKEW_MAX 4096          /* a buffer starts up to this far into its allocation */
+#define SPL_POOL_BYTES (8u << 20)  /* spares a packer keeps, at most */
+#define SPL_POOL_MAX 64
 
 int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs) {
     memset(p, 0, sizeof *p);
     p->outs = calloc(n_outs ? n_outs : 1, sizeof *p->outs);
     if (!p->outs) return SPL_REC_E_NOMEM;
+    size_t alloc = (size_t)size + (size >= SPL_SKEW_MIN_SIZE ? SPL_SKEW_MAX : 0);
+    size_t cap = SPL_POOL_BYTES / alloc;
+    if (cap < 2) cap = 2;
+    if (cap > SPL_POOL_MAX) cap = SPL_POOL_MAX;
+    p->pool = spl_pool_new(alloc, (uint32_t)cap);
+    if (!p->pool) {
+        free(p->outs);
+        p->outs = NULL;
+        return SPL_REC_E_NOMEM;
+    }
     p->size = size;
     p->n_outs = n_outs;
     return SPL_REC_OK;
@@ -98,6 +187,7 @@ void spl_packer_free(spl_packer *p) {
     if (p->outs)
         for (uint32_t o = 0; o < p->n_outs; o++) free(p->outs[o].base);
     for (size_t i = 0; i < p->n_full; i++) free(p->full[i].base);
+    if (p->pool) spl_pool_close(p->pool);
     free(p->outs);
     free(p->full);
     memset(p, 0, sizeof *p);
@@ -140,7 +230,7 @@ int spl_packer_put_bytes(spl_packer *p, uint32_t o, const uint8_t *src, size_t n
              * their write positions would fight over a few cache sets. Start
              * each output at its own cache-line offset instead. */
             size_t skew = p->size >= SPL_SKEW_MIN_SIZE ? (o * 7u % 64u) * 64u : 0;
-            out->base = malloc(p->size + skew);
+            out->base = spl_pool_get(p->pool);
             if (!out->base) return SPL_REC_E_NOMEM;
             out->buf = out->base + skew;
             out->pos = 0;

@@ -118,16 +118,33 @@ typedef struct {
     uint32_t size;
 } spl_full;
 
+/* A few spare allocations of one size, shared by a packer and the buffers it handed
+ * out (which may outlive it). Buffers given back while the pool has room are kept
+ * for the packer's next buffers: a fresh large allocation costs page faults and
+ * zeroing on every use, a reused one does not. Thread-safe; reference-counted (the
+ * packer holds one reference, each buffer handed out another). */
+typedef struct spl_pool spl_pool;
+
+spl_pool *spl_pool_new(size_t alloc, uint32_t cap); /* one reference, or NULL */
+uint8_t *spl_pool_get(spl_pool *pl);                /* a spare, or a new allocation */
+void spl_pool_put(spl_pool *pl, uint8_t *base);     /* kept as a spare, or freed */
+void spl_pool_retain(spl_pool *pl);
+void spl_pool_release(spl_pool *pl); /* the last reference frees the pool and its spares */
+void spl_pool_close(spl_pool *pl);   /* the owner's release: spares freed, none kept after */
+uint32_t spl_pool_spares(spl_pool *pl);
+
 typedef struct {
     uint32_t size; /* bytes per buffer */
     uint32_t n_outs;
     spl_out *outs;
     spl_full *full; /* buffers completed and not yet taken, in completion order */
     size_t n_full, full_cap;
+    spl_pool *pool; /* where buffers come from; a taken full[i].base goes back with
+                       spl_pool_put, then spl_pool_release (retain the pool on taking) */
 } spl_packer;
 
 int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs);
-/* Frees the current buffers and any full ones not taken. */
+/* Frees the current buffers and any full ones not taken; closes the pool. */
 void spl_packer_free(spl_packer *p);
 /* Moves every non-empty current buffer to the full list (as a short buffer). */
 int spl_packer_flush(spl_packer *p);

@@ -4,15 +4,21 @@ MAX_RECORD_LENGTH = SPL_REC_MAX_LENGTH
 
 
 cdef class _Chunk:
-    """A malloc'd buffer handed over by the C packer; freed with its last view."""
+    """A buffer handed over by the C packer; given back to its pool (or freed) with
+    its last view."""
 
     cdef uint8_t *base
     cdef uint8_t *ptr
+    cdef spl_pool *pool
     cdef Py_ssize_t shape[1]
     cdef Py_ssize_t strides[1]
 
     def __dealloc__(self):
-        free(self.base)
+        if self.pool is NULL:
+            free(self.base)
+        else:
+            spl_pool_put(self.pool, self.base)
+            spl_pool_release(self.pool)
 
     def __getbuffer__(self, Py_buffer *view, int flags):
         view.buf = self.ptr
@@ -41,11 +47,15 @@ cdef const uint8_t[::1] _as_bytes(object obj) except *:
     return mv
 
 
-cdef object _adopt(uint8_t *base, uint8_t *ptr, size_t size):
-    """A numpy uint8 array over ptr[0..size) that frees base when it dies."""
+cdef object _adopt(uint8_t *base, uint8_t *ptr, size_t size, spl_pool *pool):
+    """A numpy uint8 array over ptr[0..size) that gives base back to ``pool`` (frees it
+    when NULL) when it dies."""
     cdef _Chunk c = _Chunk.__new__(_Chunk)
     c.base = base
     c.ptr = ptr
+    if pool is not NULL:
+        spl_pool_retain(pool)
+        c.pool = pool
     c.shape[0] = <Py_ssize_t>size
     c.strides[0] = 1
     cdef cnp.npy_intp dims[1]
@@ -78,7 +88,9 @@ cdef list _take_full(spl_packer *p):
     cdef size_t i
     cdef list res = []
     for i in range(p.n_full):
-        res.append((p.full[i].output, _adopt(p.full[i].base, p.full[i].buf, p.full[i].size)))
+        res.append(
+            (p.full[i].output, _adopt(p.full[i].base, p.full[i].buf, p.full[i].size, p.pool))
+        )
     p.n_full = 0
     return res
 
@@ -166,6 +178,10 @@ cdef class Packer:
         if spl_packer_flush(&self.p):
             raise MemoryError()
         return _take_full(&self.p)
+
+    def spares(self):
+        """Buffers given back and kept for reuse."""
+        return spl_pool_spares(self.p.pool)
 
     def pending_bytes(self):
         """Bytes sitting in partly filled buffers."""

@@ -59,12 +59,21 @@ cdef extern from "records.h" nogil:
         int32_t output
         uint32_t size
 
+    ctypedef struct spl_pool:
+        pass
+
+    void spl_pool_put(spl_pool *pl, uint8_t *base)
+    void spl_pool_retain(spl_pool *pl)
+    void spl_pool_release(spl_pool *pl)
+    uint32_t spl_pool_spares(spl_pool *pl)
+
     ctypedef struct spl_packer:
         uint32_t size
         uint32_t n_outs
         spl_out *outs
         spl_full *full
         size_t n_full
+        spl_pool *pool
 
     int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs)
     void spl_packer_free(spl_packer *p)
