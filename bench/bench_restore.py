@@ -25,7 +25,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +236,10 @@ def as_records(batch: Any) -> Any:
 
 @dataclass
 class Decoder:
-    """A RecordReader per channel; every batch becomes a numpy view whose keys are summed."""
+    """A RecordReader per channel; every batch becomes a numpy view whose keys are summed.
+
+    Threads replaying at once each use their own Decoder; they may share ``readers``
+    as long as no two feed one channel at the same time."""
 
     readers: dict[Any, RecordReader] = field(default_factory=dict)
     records: int = 0
@@ -319,8 +324,40 @@ def _drain_blocks(name: str, handle: GateStateHandle, channel_of: Any, decoder: 
     return st
 
 
-def replay(case: Case, ckpt: Checkpoint) -> tuple[list[Subtask], list[Decoder]]:
-    """Replays the checkpoint at ``case.new``, one subtask after the other.
+def _pair(d: int, u: int) -> tuple[int, int]:
+    """Old channel (u, d) seen from downstream d's input gate (channel u)."""
+    return d, u
+
+
+def _pair_up(u: int, d: int) -> tuple[int, int]:
+    """Old channel (u, d) seen from upstream u's result partition (subpartition d)."""
+    return d, u
+
+
+def schedule() -> str:
+    """``SPILLOVER_BENCH_RESTORE_SCHEDULE``: ``parallel`` (default) or ``serial``."""
+    value = os.environ.get("SPILLOVER_BENCH_RESTORE_SCHEDULE", "").strip() or "parallel"
+    if value not in ("parallel", "serial"):
+        raise ValueError(f"SPILLOVER_BENCH_RESTORE_SCHEDULE must be parallel or serial: {value!r}")
+    return value
+
+
+def _phase(jobs: list[Any], parallel: bool) -> list[Subtask]:
+    """Runs every job (a function giving a Subtask): each on its own thread, or in turn."""
+    if not parallel or len(jobs) == 1:
+        return [job() for job in jobs]
+    with ThreadPoolExecutor(len(jobs), thread_name_prefix="replay") as pool:
+        return list(pool.map(lambda job: job(), jobs))
+
+
+def replay(
+    case: Case, ckpt: Checkpoint, parallel: bool | None = None
+) -> tuple[list[Subtask], list[Decoder]]:
+    """Replays the checkpoint at ``case.new``.
+
+    ``parallel`` (default: :func:`schedule`): the subtasks replay at once, each on
+    its own thread, as the runtime runs a task thread per subtask; otherwise one
+    after the other on the calling thread.
 
     Same parallelism: as the runtime does for an unchanged edge, each downstream
     replays its own input file, then each upstream its own output file, whose
@@ -329,14 +366,37 @@ def replay(case: Case, ckpt: Checkpoint) -> tuple[list[Subtask], list[Decoder]]:
     Rescaled: ``rescaled_retriever(..., buffer_size=1 MiB, coalesce=True)`` for every
     new downstream, as the runtime uses it, a reader per new channel.
     """
-    subtasks, decoders = [], []
+    if parallel is None:
+        parallel = schedule() == "parallel"
+    subtasks: list[Subtask] = []
+    decoders: list[Decoder] = []
+
+    def decoder(readers: dict[Any, RecordReader] | None = None) -> Decoder:
+        decoders.append(Decoder() if readers is None else Decoder(readers))
+        return decoders[-1]
+
     if case.old == case.new:
-        dec = Decoder()
-        for d, h in ckpt.inputs.items():
-            subtasks.append(_drain_blocks(f"downstream {d} input", h, lambda c, d=d: (d, c), dec))
-        for u, h in ckpt.outputs.items():
-            subtasks.append(_drain_blocks(f"upstream {u} output", h, lambda c, u=u: (c, u), dec))
-        decoders.append(dec)
+        # Old channel (u, d) is fed by downstream d's thread, then by upstream u's:
+        # the shared readers never see two threads at once.
+        readers: dict[Any, RecordReader] = {}
+        subtasks += _phase(
+            [
+                partial(
+                    _drain_blocks, f"downstream {d} input", h, partial(_pair, d), decoder(readers)
+                )
+                for d, h in ckpt.inputs.items()
+            ],
+            parallel,
+        )
+        subtasks += _phase(
+            [
+                partial(
+                    _drain_blocks, f"upstream {u} output", h, partial(_pair_up, u), decoder(readers)
+                )
+                for u, h in ckpt.outputs.items()
+            ],
+            parallel,
+        )
     else:
         mapping = map_edge(
             EdgeType.KEY_BY,
@@ -346,26 +406,25 @@ def replay(case: Case, ckpt: Checkpoint) -> tuple[list[Subtask], list[Decoder]]:
             new_downstream=case.new,
             max_parallelism=MAX_PARALLELISM,
         )
-        for i in range(case.new):
-            dec = Decoder()
-            subtasks.append(
-                _drain(
-                    f"new downstream {i}",
-                    lambda i=i: rescaled_retriever(
-                        mapping,
-                        "input",
-                        i,
-                        input_handles=ckpt.inputs,
-                        output_handles=ckpt.outputs,
-                        key=KEY,
-                        buffer_size=REPLAY_BUFFER,
-                        coalesce=True,
-                    ),
-                    lambda b: b.channel_id,
-                    dec,
-                )
+
+        def rescaled(i: int, dec: Decoder) -> Subtask:
+            return _drain(
+                f"new downstream {i}",
+                lambda: rescaled_retriever(
+                    mapping,
+                    "input",
+                    i,
+                    input_handles=ckpt.inputs,
+                    output_handles=ckpt.outputs,
+                    key=KEY,
+                    buffer_size=REPLAY_BUFFER,
+                    coalesce=True,
+                ),
+                lambda b: b.channel_id,
+                dec,
             )
-            decoders.append(dec)
+
+        subtasks += _phase([partial(rescaled, i, decoder()) for i in range(case.new)], parallel)
     for dec in decoders:
         dec.finish()
     records = sum(dec.records for dec in decoders)

@@ -268,10 +268,12 @@ int spl_packer_put_batch(spl_packer *p, uint32_t o, const uint8_t *data, const i
 
 #define SPL_REC_PREFETCH 2048
 
-int spl_rec_key_groups(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len,
-                       const spl_keyspec *key, int32_t max_p, int32_t *out, size_t max_out,
-                       size_t *count) {
-    spl_mod md = spl_mod_make((uint32_t)max_p);
+/* Specialised by the compiler for each key kind, like demux_loop below. */
+static inline __attribute__((always_inline)) int key_groups_loop(
+    const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, const spl_keyspec *key_in,
+    spl_mod md, int32_t *out, size_t max_out, size_t *count, int kind) {
+    spl_keyspec key = *key_in;
+    key.kind = kind;
     size_t p = *pos, k = 0;
     int rc = SPL_REC_OK;
     while (k < max_out && p + SPL_REC_PREFIX <= n) {
@@ -282,7 +284,7 @@ int spl_rec_key_groups(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_l
         }
         if (len > n - p - SPL_REC_PREFIX) break;
         int32_t h;
-        rc = spl_key_hash(key, buf + p + SPL_REC_PREFIX, len, &h);
+        rc = spl_key_hash(&key, buf + p + SPL_REC_PREFIX, len, &h);
         if (rc) break;
         out[k++] = spl_key_group_of_hash(h, md);
         p += SPL_REC_PREFIX + (size_t)len;
@@ -290,6 +292,22 @@ int spl_rec_key_groups(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_l
     *pos = p;
     *count = k;
     return rc;
+}
+
+int spl_rec_key_groups(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len,
+                       const spl_keyspec *key, int32_t max_p, int32_t *out, size_t max_out,
+                       size_t *count) {
+    spl_mod md = spl_mod_make((uint32_t)max_p);
+    switch (key->kind) {
+    case SPL_KEY_INT32:
+        return key_groups_loop(buf, n, pos, max_len, key, md, out, max_out, count, SPL_KEY_INT32);
+    case SPL_KEY_INT64:
+        return key_groups_loop(buf, n, pos, max_len, key, md, out, max_out, count, SPL_KEY_INT64);
+    case SPL_KEY_STR:
+        return key_groups_loop(buf, n, pos, max_len, key, md, out, max_out, count, SPL_KEY_STR);
+    default:
+        return key_groups_loop(buf, n, pos, max_len, key, md, out, max_out, count, SPL_KEY_BYTES);
+    }
 }
 
 int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg) {
@@ -369,9 +387,37 @@ static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const 
     return rc;
 }
 
+#define SPL_DEMUX_CHUNK 1024
+
 int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const int32_t *kgs,
                   size_t max_records, size_t *count) {
     if (kgs) return demux_loop(d, buf, n, pos, kgs, max_records, count, d->key.kind);
+    if (!d->keep_all) {
+        /* Two passes a chunk at a time: key groups first, then routing. Hashing has
+         * no branch to mispredict, so the hashes of many records overlap; routing
+         * keeps or drops each record on a branch that mispredicts wherever kept and
+         * dropped records mix, and fused with hashing each miss also stalled the
+         * hash chain of the records after it. */
+        int32_t chunk[SPL_DEMUX_CHUNK];
+        size_t done = 0;
+        int rc = SPL_REC_OK;
+        while (done < max_records) {
+            size_t want = max_records - done < SPL_DEMUX_CHUNK ? max_records - done : SPL_DEMUX_CHUNK;
+            size_t p = *pos, got = 0, routed = 0;
+            int hrc = spl_rec_key_groups(buf, n, &p, d->max_len, &d->key, d->max_p, chunk, want,
+                                         &got);
+            rc = demux_loop(d, buf, n, pos, chunk, got, &routed, d->key.kind);
+            done += routed;
+            if (rc) break;
+            if (hrc) {
+                rc = hrc;
+                break;
+            }
+            if (got < want) break;
+        }
+        *count = done;
+        return rc;
+    }
     switch (d->key.kind) {
     case SPL_KEY_INT32:
         return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_INT32);
