@@ -4,9 +4,11 @@ The checkpoint is built with the engine alone: a key_by edge from P old upstream
 subtasks to P old downstream subtasks, every old channel ``u -> d`` a stream of
 100-byte records (an int64 key of ``d``'s key groups, then payload) in 32 KiB
 buffers, its first half in ``d``'s input state and the rest in ``u``'s output
-state. Each case replays all of it, new subtask after new subtask, decoding every
-record into numpy batches, next to a raw read of the same files and the pure-Python
-reference of the same replay work (``spillover.storage.reference``) in the same run.
+state. Each case replays all of it, every new subtask on its own thread at once as
+the runtime runs them (``SPILLOVER_BENCH_RESTORE_SCHEDULE=serial``: one after the
+other), decoding every record into numpy batches, next to a raw read of the same
+files and the pure-Python reference of the same replay work
+(``spillover.storage.reference``) in the same run.
 docs/benchmarks.md ("Restore") gives the rules and the targets.
 
 ``SPILLOVER_BENCH_RESTORE_BYTES`` sets the in-flight bytes per checkpoint (default
@@ -664,7 +666,7 @@ def test_restore_engine(benchmark: Any, bench_env: Any, checkpoints: Any, case: 
         nbytes=ckpt.payload_bytes,
         baselines=("raw", "reference"),
         cache=_cache_mode(bench_env),
-        schedule="new subtasks one after the other, on one thread",
+        schedule=schedule(),
         subtasks=len(last["subtasks"]),
         first_buffer_s=round(float(np.median(first_buffer)), 4),
         first_record_s=round(float(np.median(first_record)), 4),
