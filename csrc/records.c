@@ -162,7 +162,7 @@ uint32_t spl_pool_spares(spl_pool *pl) {
 #define SPL_SKEW_MIN_SIZE 8192
 #define SPL_SKEW_MAX 4096          /* a buffer starts up to this far into its allocation */
 #define SPL_POOL_BYTES (8u << 20)  /* spares a packer keeps, at most */
-#define SPL_POOL_MAX 64
+#define SPL_POOL_MAX 16
 
 int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs) {
     memset(p, 0, sizeof *p);
