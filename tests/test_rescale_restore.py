@@ -198,3 +198,38 @@ def test_a_rescale_policy_must_keep_the_job_name_and_max_parallelism(tmp_path: P
     )
     with pytest.raises(ConfigError, match="keep the job's name"):
         ex.run(timeout=120)
+
+
+@pytest.mark.parametrize("new", [2, 3])
+def test_references_filtered_by_another_partitioner_are_refused_up_front(
+    tmp_path: Path, new: int
+) -> None:
+    """A checkpoint taken while replaying a custom-partitioner edge references old
+    channels with that partitioner's filter; restoring into a job whose edge has
+    another partitioner is refused before anything runs (same and other parallelism)."""
+    import json
+
+    spec = VerifySpec(
+        topology="custom-partitioner",
+        policy="unaligned",
+        parallelism=2,
+        records=10**9,
+        rate_per_subtask=20_000,
+    )
+    cfg, cid = _checkpointed(tmp_path, spec)
+    meta_path = tmp_path / "ckpt" / "job" / f"chk-{cid}" / "_metadata"
+    meta = json.loads(meta_path.read_text())
+    st = meta["tasks"]["custom-routed"]["subtasks"]["0"]
+    st["channel_state"] = st.get("channel_state") or {}
+    part = {"name": "elsewhere.other", "index": 0, "parallelism": 3, "key_offset": 0}
+    st["channel_state"].setdefault("references", []).append(
+        {"gate": 0, "pieces": [], "filter": {"kind": "partitioner", **part}}
+    )
+    meta_path.write_text(json.dumps(meta))
+    out = tmp_path / "out-restored"
+    with pytest.raises(ConfigError, match="another partitioner") as e:
+        LocalExecutor(build(spec, str(out), "job", new), cfg, restore_checkpoint=cid).run(
+            timeout=60
+        )
+    assert "elsewhere.other" in str(e.value) and "key_modulo" in str(e.value)
+    assert not out.exists() or not any(out.iterdir())  # nothing ran

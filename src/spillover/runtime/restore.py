@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from spillover.errors import ConfigError, SpilloverError, StorageError
+from spillover.records import partitioner_name
 from spillover.rescale import EdgeType, map_edge
 from spillover.runtime.api import EdgeKind
-from spillover.runtime.graph import JobGraph
+from spillover.runtime.graph import JobEdge, JobGraph
 from spillover.runtime.recovery import filtered_references_of, references_of
 from spillover.runtime.task import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
@@ -124,6 +125,7 @@ def plan_restore(
                 hint="restore into the same topology (parallelism may change)",
             )
     tasks = meta["tasks"]
+    edges = {v.uid: sorted(g.inputs_of(v.id), key=lambda e: e.input_index) for v in g.vertices}
 
     def entry(uid: str, j: int) -> dict[str, Any]:
         return tasks.get(uid, {}).get("subtasks", {}).get(str(j), {})  # type: ignore[no-any-return]
@@ -177,6 +179,9 @@ def plan_restore(
                         ]
                         plan.setdefault("references", []).extend(refs)
                         to_check += [p["handle"] for r in refs for p in r["pieces"]]
+                        _check_partitioner(
+                            cid, uid, k, edges[uid][k], [r["filter"] for r in refs if "filter" in r]
+                        )
                         continue
                     mapping = map_edge(
                         _EDGE_TYPES[spec["kind"]],
@@ -209,6 +214,7 @@ def plan_restore(
                         for ps in r.values()
                         for p in ps
                     ] + [p.handle.to_dict() for ps, _ in in_filtered for p in ps]
+                    _check_partitioner(cid, uid, k, edges[uid][k], [f for _, f in in_filtered])
                     plan["rescaled"].append(
                         {
                             "edge": k,
@@ -234,6 +240,25 @@ def plan_restore(
             cid, to_check, [h for r in plans.values() for v in r.keyed_handles.values() for h in v]
         )
     return plans
+
+
+def _check_partitioner(
+    cid: int, uid: str, gate: int, edge: JobEdge, filters: list[dict[str, Any]]
+) -> None:
+    """Refuses, before anything starts, references filtered by a custom partitioner
+    other than the one the edge has now: replay could not tell which records to keep."""
+    names = {
+        p["name"] for f in filters if f.get("kind") == "partitioner" for p in f.get("all", [f])
+    }
+    have = partitioner_name(edge.partitioner) if edge.partitioner is not None else None
+    if names and names != {have}:
+        raise ConfigError(
+            f"checkpoint {cid} cannot be restored: input {gate} of {uid!r} references "
+            "in-flight data filtered by another partitioner",
+            detail=f"checkpoint: {sorted(names)}, job: {have}",
+            hint="restore with the partitioner the checkpoint was taken with, or restore "
+            "without in-flight data",
+        )
 
 
 def _validate(cid: int, channel_handles: list[dict[str, Any]], keyed: list[dict[str, Any]]) -> None:
