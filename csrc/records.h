@@ -262,6 +262,7 @@ typedef struct {
     int32_t max_p;
     uint32_t max_len;
     int keep_all; /* every record to output 0, no key read (a channel taken whole) */
+    int drops;    /* some key group maps to -1 (see spl_demux_run) */
     uint64_t routed, dropped;
 } spl_demux;
 

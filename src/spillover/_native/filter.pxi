@@ -40,6 +40,7 @@ cdef class Demux:
         bint prefixed,
         uint32_t max_len,
     ):
+        cdef Py_ssize_t i
         memset(&self.d, 0, sizeof(self.d))
         if buffer_size < 1:
             raise ValueError("buffer_size must be at least 1")
@@ -48,6 +49,10 @@ cdef class Demux:
         self._table = table  # keeps the memory alive
         self.d.table = &table[0]
         self.d.max_p = <int32_t>table.shape[0]
+        for i in range(table.shape[0]):
+            if table[i] < 0:
+                self.d.drops = 1
+                break
         self.d.mod = spl_mod_make(<uint32_t>table.shape[0])
         self.d.key = _keyspec(kind, offset, prefixed)
         self.d.max_len = max_len

@@ -99,6 +99,7 @@ cdef extern from "records.h" nogil:
         int32_t max_p
         uint32_t max_len
         int keep_all
+        int drops
         uint64_t routed
         uint64_t dropped
 
