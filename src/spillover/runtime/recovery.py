@@ -105,6 +105,14 @@ def compose_filters(old: dict[str, Any], new: dict[str, Any] | None) -> dict[str
 _PART = ("name", "index", "parallelism", "key_offset")
 
 
+def filter_partitioners(flt: dict[str, Any]) -> set[str]:
+    """The names of the custom partitioners a reference's filter (or a composition of
+    them) applies; empty for other kinds."""
+    if flt.get("kind") != "partitioner":
+        return set()
+    return {p["name"] for p in flt.get("all", [flt])}
+
+
 def filtered_retriever(
     streams: list[tuple[list[Piece], int]],
     flt: dict[str, Any],
@@ -140,7 +148,7 @@ def filtered_retriever(
             **common,
         )
     parts = flt.get("all", [flt])
-    if partitioner is None or any(p["name"] != partitioner_name(partitioner) for p in parts):
+    if partitioner is None or filter_partitioners(flt) != {partitioner_name(partitioner)}:
         raise FormatError(
             "a reference's partitioner is not the edge's",
             detail=f"reference: {sorted({p['name'] for p in parts})}, edge: "

@@ -29,7 +29,11 @@ from spillover.records import partitioner_name
 from spillover.rescale import EdgeType, map_edge
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.graph import JobEdge, JobGraph
-from spillover.runtime.recovery import filtered_references_of, references_of
+from spillover.runtime.recovery import (
+    filter_partitioners,
+    filtered_references_of,
+    references_of,
+)
 from spillover.runtime.task import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
 
@@ -247,9 +251,7 @@ def _check_partitioner(
 ) -> None:
     """Refuses, before anything starts, references filtered by a custom partitioner
     other than the one the edge has now: replay could not tell which records to keep."""
-    names = {
-        p["name"] for f in filters if f.get("kind") == "partitioner" for p in f.get("all", [f])
-    }
+    names = set().union(*map(filter_partitioners, filters))
     have = partitioner_name(edge.partitioner) if edge.partitioner is not None else None
     if names and names != {have}:
         raise ConfigError(
