@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,38 @@ def test_control_endpoint_admits_only_the_job_secret() -> None:
         conn.close()
         assert got == [("hello", 1, [2, 3])]
         assert any("wrong secret" in r for r in server.refused)
+    finally:
+        server.close()
+
+
+def test_control_endpoint_keeps_accepting_after_an_accept_error() -> None:
+    """An accept that fails (say, out of file descriptors) does not end the endpoint:
+    a worker connecting afterwards is still admitted."""
+    secret = os.urandom(32)
+    server = ControlServer(secret, lambda conn: conn.send("welcome"))
+    real = server._listener
+
+    class Flaky:
+        failures = 3
+
+        def accept(self) -> Any:
+            if Flaky.failures:
+                Flaky.failures -= 1
+                raise OSError(24, "Too many open files")
+            return real.accept()
+
+        def close(self) -> None:
+            real.close()
+
+    server._listener = Flaky()  # type: ignore[assignment]
+    try:
+        deadline = time.monotonic() + 5
+        while Flaky.failures and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert Flaky.failures == 0, "the endpoint stopped accepting at the first error"
+        conn = connect(server.address, secret, timeout=5)
+        assert conn.recv() == ("welcome",)
+        conn.close()
     finally:
         server.close()
 

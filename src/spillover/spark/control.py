@@ -22,6 +22,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -158,7 +159,10 @@ class ControlServer:
             except TimeoutError:
                 continue
             except OSError:
-                return
+                if self._closing:
+                    return
+                time.sleep(0.05)  # e.g. out of descriptors: connects wait in the backlog
+                continue
             threading.Thread(
                 target=self._admit, args=(sock, f"{addr[0]}:{addr[1]}"), daemon=True
             ).start()
