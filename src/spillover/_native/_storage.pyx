@@ -779,33 +779,43 @@ cdef class FrameBatch:
     cdef object _decoded(self, object offsets, object lengths):
         """The remaining payloads decoded into one new array; ``offsets``/``lengths``
         are rewritten to point into it (the slow path of compressed files)."""
-        cdef Py_ssize_t k, n = len(offsets)
+        cdef Py_ssize_t k, n = len(offsets), total = 0, pos = 0, size
         cdef spl_frame_ref *f
-        parts = []
-        pos = 0
+        cdef const uint8_t[::1] raw
         for k in range(n):
             f = &self.block.frames[self.i + k]
-            view = PyMemoryView_FromMemory(<char *>(self.block.data + f.payload),
-                                           f.stored_length, PyBUF_READ)
+            total += f.stored_length if f.codec == SPL_CODEC_NONE else f.raw_length
+        out = numpy.empty(total, numpy.uint8)
+        cdef uint8_t[::1] dst = out
+        for k in range(n):
+            f = &self.block.frames[self.i + k]
             if f.codec == SPL_CODEC_NONE:
-                raw = bytes(view)
+                size = f.stored_length
+                if size:
+                    memcpy(&dst[pos], self.block.data + f.payload, size)
             else:
                 offset = self.block.base + f.payload - SPL_FRAME_HEADER_SIZE
+                view = PyMemoryView_FromMemory(<char *>(self.block.data + f.payload),
+                                               f.stored_length, PyBUF_READ)
                 try:
-                    raw = self.decompress(view, uncompressed_size=f.raw_length)
+                    decoded = self.decompress(view, uncompressed_size=f.raw_length)
                 except Exception as e:
                     raise CorruptFrameError("lz4 frame does not decode", path=self.path,
                                             offset=offset, detail=str(e)) from e
-                if len(raw) != f.raw_length:
+                finally:
+                    view.release()
+                if len(decoded) != f.raw_length:
                     raise CorruptFrameError("lz4 frame decodes to the wrong length",
                                             path=self.path, offset=offset,
-                                            detail=f"expected {f.raw_length}, got {len(raw)}")
-            view.release()
-            parts.append(raw)
+                                            detail=f"expected {f.raw_length}, got {len(decoded)}")
+                size = f.raw_length
+                if size:
+                    raw = decoded
+                    memcpy(&dst[pos], &raw[0], size)
             offsets[k] = pos
-            lengths[k] = len(raw)
-            pos += len(raw)
-        return numpy.frombuffer(b"".join(parts), numpy.uint8)
+            lengths[k] = size
+            pos += size
+        return out
 
 
 cdef FrameBatch _make_batch(spl_block *b, bint verify, object decompress, str path):
