@@ -7,6 +7,7 @@ size, the codec or the channel layout.
 
 from __future__ import annotations
 
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,25 @@ def test_poll_frames_names_a_damaged_frame(tmp_path: Path) -> None:
     with pytest.raises(CorruptFrameError) as e:
         _by_frames(handle)
     assert e.value.path == handle.uri and e.value.offset == 64 + 24 + 500
+
+
+def test_poll_frames_names_an_lz4_frame_that_does_not_decode(tmp_path: Path) -> None:
+    """Checksums off, a damaged compressed payload is caught by decoding, named by
+    its frame's offset; the frames before it come out intact."""
+    handle = _write(tmp_path, [(0, b"x" * 500), (1, b"y" * 500)], "lz4")
+    with open(handle.uri, "r+b") as f:
+        f.seek(64 + 8)
+        (stored,) = struct.unpack("<I", f.read(4))
+        second = 64 + 24 + stored
+        f.seek(second + 8)
+        (stored2,) = struct.unpack("<I", f.read(4))
+        assert stored2 < 500  # compressed
+        f.seek(second + 24)
+        f.write(b"\xff" * stored2)  # literal runs reaching past the payload
+    assert _by_frames(handle, verify_checksums=False, channels=[0]) == [(0, b"x" * 500)]
+    with pytest.raises(CorruptFrameError, match="lz4") as e:
+        _by_frames(handle, verify_checksums=False)
+    assert e.value.path == handle.uri and e.value.offset == second
 
 
 def test_missing_frames_of_a_ranged_read_are_named(tmp_path: Path) -> None:
