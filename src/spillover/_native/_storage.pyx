@@ -242,29 +242,27 @@ cdef class NativeStorer:
         free(self._small_range)
         self._small_range = NULL
 
-    @property
-    def channels(self):
-        """``{channel id: [frames, raw bytes]}`` of everything appended."""
+    cdef dict _per_channel(self, uint64_t *pairs, int first):
+        """``{channel id: [pairs[2c], pairs[2c + 1]]}`` for the small ids appended to,
+        and fields ``first``, ``first + 1`` of the big ids' stats."""
         cdef int c
         out = {}
         if self._small != NULL:
             for c in range(SMALL_CHANNELS):
                 if self._small[2 * c]:
-                    out[c] = [self._small[2 * c], self._small[2 * c + 1]]
-        out.update({k: list(v[:2]) for k, v in self._big_channels.items()})
+                    out[c] = [pairs[2 * c], pairs[2 * c + 1]]
+        out.update({k: list(v[first:first + 2]) for k, v in self._big_channels.items()})
         return out
+
+    @property
+    def channels(self):
+        """``{channel id: [frames, raw bytes]}`` of everything appended."""
+        return self._per_channel(self._small, 0)
 
     @property
     def channel_ranges(self):
         """``{channel id: [first frame's file offset, end of its last frame]}``."""
-        cdef int c
-        out = {}
-        if self._small != NULL:
-            for c in range(SMALL_CHANNELS):
-                if self._small[2 * c]:
-                    out[c] = [self._small_range[2 * c], self._small_range[2 * c + 1]]
-        out.update({k: list(v[2:]) for k, v in self._big_channels.items()})
-        return out
+        return self._per_channel(self._small_range, 2)
 
     cdef void _release_slot(self, int slot) noexcept:
         cdef int i
