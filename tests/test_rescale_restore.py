@@ -233,3 +233,54 @@ def test_references_filtered_by_another_partitioner_are_refused_up_front(
         )
     assert "elsewhere.other" in str(e.value) and "key_modulo" in str(e.value)
     assert not out.exists() or not any(out.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize("new", [1, 3, 4])
+def test_pass_through_references_go_where_their_old_subtask_goes(tmp_path: Path, new: int) -> None:
+    """A checkpoint taken while a rebalance edge replayed after a rescale references the
+    unreplayed rest of each old subtask's streams, unfiltered. Restored at yet another
+    parallelism, each such reference is replayed by the new subtasks the edge's mapping
+    gives that old subtask's input state to (exactly one for rebalance), never by all."""
+    import json
+
+    from spillover.rescale import EdgeType, Side, map_edge
+    from spillover.runtime.graph import JobGraph
+    from spillover.runtime.restore import plan_restore
+
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
+    _cfg, cid = _checkpointed(tmp_path, spec)
+    meta = json.loads((tmp_path / "ckpt" / "job" / f"chk-{cid}" / "_metadata").read_text())
+    sink = meta["tasks"]["parquet-sink"]["subtasks"]
+    handle = next(  # any stored handle, as the shape of the pieces' handles
+        h
+        for task in meta["tasks"].values()
+        for st in task["subtasks"].values()
+        for side in ("input", "output")
+        for h in (st.get("channel_state") or {}).get(side, [])
+    )
+    for d in ("0", "1"):
+        piece = {"handle": {**handle, "uri": f"old-{d}"}, "channel": 0, "skip": 0}
+        state = sink[d]["channel_state"] = sink[d].get("channel_state") or {}
+        state.setdefault("references", []).append(
+            {"gate": 0, "pieces": [piece], "filter": {"kind": "none"}}
+        )
+    graph = JobGraph.build(build(spec, str(tmp_path / "out"), "job", new))
+    plans = plan_restore(meta, graph, validate=False)
+    replayed_by: dict[str, list[int]] = {"old-0": [], "old-1": []}
+    for i in range(new):
+        (edge,) = plans[("parquet-sink", i)].channel_state["rescaled"]
+        for pieces, _flt in edge["filtered_references"]:
+            for p in pieces:
+                replayed_by[p.handle.uri].append(i)
+    m = map_edge(
+        EdgeType.REBALANCE,
+        old_upstream=2,
+        old_downstream=2,
+        new_upstream=new,
+        new_downstream=new,
+        max_parallelism=128,
+    )
+    for old in (0, 1):
+        expected = [i for i in range(new) if old in m.side(Side.INPUT).old_subtasks(i)]
+        assert replayed_by[f"old-{old}"] == expected
+        assert len(expected) == 1

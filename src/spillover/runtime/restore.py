@@ -26,7 +26,7 @@ import numpy as np
 
 from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.records import partitioner_name
-from spillover.rescale import EdgeType, map_edge
+from spillover.rescale import EdgeType, Side, map_edge
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.graph import JobEdge, JobGraph
 from spillover.runtime.recovery import (
@@ -206,10 +206,12 @@ def plan_restore(
                         d: references_of(entry(uid, d).get("channel_state"), k)
                         for d in range(p_old)
                     }
-                    # streams the old subtasks referenced with a filter: replayed first
+                    # Streams the old subtasks referenced with a filter, replayed first: an
+                    # old subtask's go where its input state goes (the mapping), then
+                    # the new subtask's own filter applies on top.
                     in_filtered = [
                         f
-                        for d in range(p_old)
+                        for d in mapping.side(Side.INPUT).old_subtasks(i)
                         for f in filtered_references_of(entry(uid, d).get("channel_state"), k)
                     ]
                     to_check += [
