@@ -249,10 +249,6 @@ class InputRecovery:
         self._left = 0
         self.replayed_bytes = 0
 
-    @property
-    def done(self) -> bool:
-        return self._step >= len(self._plan) and self._retriever is None
-
     def step(self) -> bool:
         """Replays one block; False once everything was replayed (and handed on)."""
         while self._retriever is None:
@@ -374,10 +370,6 @@ class StreamRecovery:
         self._process = process
         self._next = 0
         self.replayed_bytes = 0
-
-    @property
-    def gates(self) -> set[int]:
-        return {g for g, _, _ in self._parts[self._next :]}
 
     def step(self) -> bool:
         """Replays about one step; False once everything was replayed."""

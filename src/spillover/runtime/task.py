@@ -22,10 +22,20 @@ from typing import Any
 import numpy as np
 
 from spillover.records import FixedWidthSerializer, RecordReader
+from spillover.runtime import recovery
 from spillover.runtime.alignment import AlignmentStats, BarrierHandler
 from spillover.runtime.api import Batch, OperatorContext, OperatorSnapshot, Output
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
+from spillover.runtime.recovery import (
+    InputRecovery,
+    Piece,
+    StreamRecovery,
+    compose_filters,
+    filtered_references_of,
+    filtered_retriever,
+    references_of,
+)
 from spillover.runtime.unaligned import InFlightCheckpoint
 from spillover.storage.handle import DataType
 
@@ -195,7 +205,6 @@ class Task:
         self._overtaken_lock = threading.Lock()
         self._recovery: Any = None  # recovered input state still being replayed
         self._streams: Any = None  # old channels' streams still being replayed (first)
-        self._edge_serializers: dict[int, FixedWidthSerializer] = {}
 
     # -- control, from other threads -------------------------------------------------
 
@@ -341,34 +350,23 @@ class Task:
                     box.send(buf.channel_id, np.frombuffer(memoryview(buf), np.uint8).copy())
         # Own input state (and what it references) replays step by step from the task
         # loop, which takes unaligned barriers between steps (runtime/recovery.py).
-        from spillover.runtime.recovery import InputRecovery, Piece
 
         gates: dict[int, Any] = {}
         for h in plan.get("inputs", []):
             handle = GateStateHandle.from_dict(h)
             gates[handle.gate_id] = (handle, {})
-        for ref in plan.get("references", []):
-            if "filter" in ref:
-                continue  # an old channel's stream, replayed below
-            gate = int(ref["gate"])
-            _own, refs = gates.setdefault(gate, (None, {}))
-            refs.setdefault(int(ref["channel"]), []).extend(
-                Piece.from_dict(p) for p in ref["pieces"]
-            )
+        # Unfiltered references join their gate; filtered ones are old channels'
+        # streams, replayed below.
+        for gate in sorted({int(r["gate"]) for r in plan.get("references", [])}):
+            refs = references_of(plan, gate)
+            if refs:
+                gates[gate] = (gates.get(gate, (None, {}))[0], refs)
         if gates:
             self._recovery = InputRecovery(
                 gates, lambda gate, ch, buf: self._process(self._offset[gate] + ch, buf)
             )
         # Old channels' streams (rescaled edges, and streams a checkpoint referenced with
         # a filter) replay first, step by step too (runtime/recovery.py).
-        from spillover.runtime import recovery
-        from spillover.runtime.recovery import (
-            StreamRecovery,
-            compose_filters,
-            filtered_references_of,
-            filtered_retriever,
-        )
-
         parts: list[tuple[int, Any, dict[str, Any]]] = []
 
         def filtered(gate: int, refs: list[Any], new: dict[str, Any] | None) -> None:
@@ -417,19 +415,11 @@ class Task:
             filtered(k, item.get("filtered_references", []), retriever.filter)
             parts.append((k, retriever, retriever.filter))
         if parts:
-            readers: dict[tuple[int, int], RecordReader] = {}
-
-            def process(gate: int, rbuf: Any) -> None:
-                edge = self.input_edges[gate]
-                reader = readers.setdefault((gate, rbuf.channel_id), RecordReader())
-                ser = self._edge_serializers.setdefault(gate, FixedWidthSerializer(edge.dtype))
-                batches = [ser.deserialize_batch(rb) for rb in reader.feed(rbuf)]
-                if batches:
-                    batch = batches[0] if len(batches) == 1 else np.concatenate(batches)
-                    self.records_in += len(batch)
-                    self.ops[0].process(batch, edge.input_index)
-
-            self._streams = StreamRecovery(parts, process)
+            # Each part's streams end on record boundaries, and parts replay one after
+            # the other before any new input: the channels' own readers serve.
+            self._streams = StreamRecovery(
+                parts, lambda gate, b: self._process(self._offset[gate] + b.channel_id, b)
+            )
 
     def _replay_step(self) -> None:
         """One block of recovered input state; unaligned barriers may come first."""
@@ -967,14 +957,8 @@ class Task:
         ack.metrics["recovering"] = 1.0 if inf.recovering else 0.0
         if inf.references:
             channel_state["references"] = inf.references
-            ack.metrics["referenced_bytes"] = float(
-                sum(
-                    # a channel the old file holds nothing of has no entry: 0 bytes
-                    max(0, p["handle"]["channels"].get(str(p["channel"]), (0, 0))[1] - p["skip"])
-                    for r in inf.references
-                    for p in r["pieces"]
-                )
-            )
+            pieces = [Piece.from_dict(p) for r in inf.references for p in r["pieces"]]
+            ack.metrics["referenced_bytes"] = float(sum(max(0, p.nbytes - p.skip) for p in pieces))
         ack.channel_state = channel_state
         ack.metrics["inflight_bytes"] = float(channel_state["bytes"])
         ack.metrics["persist_ms"] = (time.monotonic() - inf.started) * 1000
