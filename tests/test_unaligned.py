@@ -372,10 +372,12 @@ def test_a_failure_while_completing_an_unaligned_checkpoint_declines_it(
     until its timeout."""
     real = Task._ack_unaligned_parts
     calls: list[int] = []
+    failed: list[Any] = []
 
     def flaky(self: Task, inf: Any) -> None:
         calls.append(inf.checkpoint_id)
         if len(calls) == 1:
+            failed.append(inf)
             raise KeyError("boom")
         real(self, inf)
 
@@ -389,4 +391,5 @@ def test_a_failure_while_completing_an_unaligned_checkpoint_declines_it(
     first = by_id[calls[0]]
     assert first["status"] == "aborted"
     assert "completing the unaligned checkpoint failed: KeyError" in first["reason"]
+    assert failed[0].writer.closed  # its channel files discarded, not left half-written
     assert any(c["status"] == "completed" for c in by_id.values())  # the next ones go on

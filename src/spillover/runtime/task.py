@@ -10,6 +10,7 @@ the task's snapshot thread, which acknowledges the checkpoint when done.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import queue
 import threading
@@ -929,6 +930,8 @@ class Task:
         try:
             self._ack_unaligned_parts(inf)
         except BaseException as e:
+            with contextlib.suppress(Exception):
+                inf.writer.discard()  # no half-written channel files left behind
             self.coordinator.decline(
                 inf.checkpoint_id,
                 self.vertex.uid,
