@@ -643,7 +643,8 @@ def test_restore_reference(benchmark: Any, bench_env: Any, checkpoints: Any, cas
 
 @by_case
 def test_restore_engine(benchmark: Any, bench_env: Any, checkpoints: Any, case: Case) -> None:
-    """Every subtask's replay, one after the other, every record decoded into a batch."""
+    """Every new subtask's replay, each on its own thread at once (one after the other
+    with ``SPILLOVER_BENCH_RESTORE_SCHEDULE=serial``), every record decoded into a batch."""
     ckpt = checkpoints.get(case.old)
     _label(benchmark, case, ckpt)
     rounds: list[dict[str, Any]] = []
