@@ -202,6 +202,16 @@ def test_a_bad_environment_value_names_its_variable(
     )
 
 
+def test_a_bad_combination_names_both_flags_and_their_variables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """BenchSpec's own check, worded by the command line: the flag at fault and the fix."""
+    assert main(["bench", "--executor", "local", "--master", "local[2]"]) == 1
+    err = capsys.readouterr().err
+    assert "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark executor" in err
+    assert "add --executor spark (or SPILLOVER_BENCH_CLI_EXECUTOR=spark)" in err
+
+
 def test_help_shows_every_environment_twin(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
@@ -266,5 +276,11 @@ def test_trigger_offsets_rebuilt_from_the_schedule() -> None:
 
 
 def test_spec_checks_policies() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="aligned named twice"):
         BenchSpec(policies=["aligned", "aligned"])
+    with pytest.raises(ConfigError, match="sideways unknown"):
+        BenchSpec(policies=["aligned", "sideways"])
+    with pytest.raises(ConfigError, match="none given"):
+        BenchSpec(policies=[])
+    with pytest.raises(ConfigError, match="aligned not run"):
+        BenchSpec(policies=["none"], compare_local=["aligned"])

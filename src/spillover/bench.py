@@ -79,22 +79,27 @@ class BenchSpec:
 
     def __post_init__(self) -> None:
         self.policies = tuple(self.policies)
-        bad = [p for p in self.policies if p not in POLICIES]
-        if bad or not self.policies:
-            raise ConfigError(
+        problems = _names_problems(self.policies, POLICIES)
+        if problems or not self.policies:
+            raise BenchSpecError(
                 "bad policies",
-                detail=f"got {list(self.policies)}",
-                hint=f"choose one or more of {', '.join(POLICIES)}",
+                field="policies",
+                detail=f"{list(self.policies)}: {problems or 'none given'}",
+                hint=f"one or more of {', '.join(POLICIES)}, each once",
             )
-        if len(set(self.policies)) != len(self.policies):
-            raise ConfigError("bad policies", detail=f"{list(self.policies)} names one twice")
         if self.executor not in EXECUTORS:
-            raise ConfigError(
-                f"unknown executor {self.executor!r}", hint=f"choose one of {', '.join(EXECUTORS)}"
+            raise BenchSpecError(
+                "bad executor",
+                field="executor",
+                detail=repr(self.executor),
+                hint=f"choose one of {', '.join(EXECUTORS)}",
             )
         if self.master is not None and self.executor != "spark":
-            raise ConfigError(
-                "a Spark master needs the spark executor", hint="add --executor spark"
+            raise BenchSpecError(
+                "master needs the spark executor",
+                field="master",
+                detail=f"{self.master!r} with executor {self.executor!r}",
+                hint="add --executor spark",
             )
         if (
             self.master is not None
@@ -111,11 +116,13 @@ class BenchSpec:
             auto = COMPARE_AUTO if self.executor == "spark" else ()
             self.compare_local = tuple(p for p in self.policies if p in auto)
         self.compare_local = tuple(self.compare_local)
-        missing = [p for p in self.compare_local if p not in self.policies]
-        if missing or len(set(self.compare_local)) != len(self.compare_local):
-            raise ConfigError(
-                "bad local comparison",
-                detail=f"{list(self.compare_local)} against policies {list(self.policies)}",
+        problems = _names_problems(self.compare_local, self.policies, "not run")
+        if problems:
+            raise BenchSpecError(
+                "bad compare_local",
+                field="compare_local",
+                detail=f"{list(self.compare_local)} against policies {list(self.policies)}: "
+                + problems,
                 hint="compare only policies that run, each once",
             )
         _check(self.parallelism >= 1, "parallelism", self.parallelism, ">= 1")
@@ -168,6 +175,24 @@ class BenchSpec:
         d["policies"] = list(self.policies)
         d["compare_local"] = list(self.compare_local or ())
         return d
+
+
+class BenchSpecError(ConfigError):
+    """A bad :class:`BenchSpec` field. ``field`` names it, and the message calls it by
+    that name, so that the command line can name the flag that set it instead."""
+
+    def __init__(self, message: str, *, field: str = "", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.field = field
+
+
+def _names_problems(names: Sequence[str], allowed: Sequence[str], unknown: str = "unknown") -> str:
+    """What is wrong with a list of names, each to be one of ``allowed`` at most once;
+    empty when nothing is."""
+    bad = [n for n in names if n not in allowed]
+    twice = sorted({n for n in names if names.count(n) > 1} - set(bad))
+    problems = [f"{', '.join(bad)} {unknown}"] if bad else []
+    return "; ".join(problems + ([f"{', '.join(twice)} named twice"] if twice else []))
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:

@@ -879,6 +879,12 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
     """Runs the job without and with ``spec.failures`` induced failures."""
     if spec.order not in ("per-key", None):
         raise ConfigError(f"order must be 'per-key' or None, got {spec.order!r}")
+    if spec.master is not None and spec.executor != "spark":
+        raise ConfigError(
+            "a Spark master (--master) needs the spark executor",
+            detail=f"master {spec.master!r} with executor {spec.executor!r}",
+            hint="add --executor spark (VerifySpec.executor='spark')",
+        )
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-verify-")
     try:
