@@ -136,7 +136,7 @@ def test_cli_writes_the_results_folder_and_compares_with_local(
     assert float(rows[1]["vs_local"]) == vs["unaligned"]["ratio"]
     with open(out / "checkpoints.csv", newline="") as f:
         cps = list(csv.DictReader(f))
-    runs = [*results["policies"].values(), *results["local"].values()]
+    runs = bench.runs(results)
     assert len(cps) == sum(len(r["checkpoint_list"]) for r in runs) > 0
     assert {c["policy"] for c in cps} == {"unaligned"}  # "none" takes no checkpoints
 

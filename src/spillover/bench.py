@@ -624,7 +624,7 @@ def run(
     }
 
 
-def _runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+def runs(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every run of a report: the bench executor's, then the local comparison's."""
     return [*results["policies"].values(), *results.get("local", {}).values()]
 
@@ -779,7 +779,7 @@ def write_results(results: dict[str, Any], out_dir: str, plots: bool = True) -> 
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, CHECKPOINT_COLUMNS, extrasaction="ignore")
         w.writeheader()
-        for r in _runs(results):
+        for r in runs(results):
             for c in r["checkpoint_list"]:
                 w.writerow({**c, "executor": r["executor"], "policy": r["policy"]})
     paths.append(path)

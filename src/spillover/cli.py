@@ -407,6 +407,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Runs the backpressured job once per policy (and again on the local executor for
     the comparison); prints a line each, then the table; writes the results folder."""
     from spillover.bench import ProgressBar, run, to_markdown, write_results
+    from spillover.bench import runs as bench_runs
 
     spec = _bench_spec(args)
     runs = spec.runs()
@@ -441,8 +442,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
-    runs_done = [*results["policies"].values(), *results["local"].values()]
-    return 1 if any(r["status"] == "failed" for r in runs_done) else 0
+    return 1 if any(r["status"] == "failed" for r in bench_runs(results)) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
