@@ -16,6 +16,7 @@ from spillover.bench import (
     PLOTS,
     RUN_COLUMNS,
     BenchSpec,
+    PolicyResult,
     ProgressBar,
     run,
     to_markdown,
@@ -146,6 +147,36 @@ def test_cli_writes_the_results_folder_and_compares_with_local(
     for name in PLOTS:
         png = (out / name).read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 10_000, name
+
+
+def _compared(sink_rate: float, spark_rps: float, local_rps: float) -> dict[str, Any]:
+    """A report of ``none`` on spark and on local, sinks paced at ``sink_rate`` each."""
+    spec = BenchSpec(policies=["none"], executor="spark", sink_rate=sink_rate)
+    policies = {"none": PolicyResult("none", "spark", "stopped", 10.0, 0, spark_rps).to_dict()}
+    local = {"none": PolicyResult("none", "local", "stopped", 10.0, 0, local_rps).to_dict()}
+    return {
+        "spec": spec.to_dict(),
+        "executor": "spark",
+        "policies": policies,
+        "local": local,
+        "comparison": bench.compare(policies, local, spec.sink_rate * spec.parallelism),
+    }
+
+
+def test_the_executor_verdict_says_what_paced_sinks_let_it_measure() -> None:
+    # Sinks at 2 x 5,000 records/s held both runs back: the ratio is no cost.
+    paced = _compared(5000, 9_700, 9_990)
+    assert paced["comparison"]["executor_vs_local"]["none"]["paced"] is True
+    md = to_markdown(paced)
+    assert "| paced: keeps up (+2.9%) |" in md
+    assert "10,000 records/s (5000 per subtask × 2)" in md and "whether spark keeps" in md
+    assert "| paced: falls behind (+19.9%) |" in to_markdown(_compared(5000, 8_000, 9_990))
+    # Sinks far above what the job reaches: a measured cost.
+    unpaced = _compared(1e8, 300_000, 400_000)
+    assert unpaced["comparison"]["executor_vs_local"]["none"]["paced"] is False
+    md = to_markdown(unpaced)
+    assert "| not met (+25.0%) |" in md and "Paced" not in md
+    assert "| met (-10.0%) |" in to_markdown(_compared(1e8, 440_000, 400_000))
 
 
 def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
