@@ -466,25 +466,30 @@ class _RefStream:
         self.tail = data[pos:]
 
 
-def _reference_file(path: str, streams: dict[int, _RefStream]) -> None:
-    """Every frame of one state file through the pure-Python reader, each to its stream."""
+def _reference_file(path: str, streams: dict[int, list[_RefStream]]) -> None:
+    """Every frame of one state file through the pure-Python reader, to each stream of
+    its channel (none: the frame is skipped)."""
     with open(path, "rb") as f:
         for frame in iter_frames(f, path=path):
-            stream = streams.get(frame.channel_id)
-            if stream is not None:
+            for stream in streams.get(frame.channel_id, ()):
                 stream.feed(frame.data)
 
 
 def replay_reference(case: Case, ckpt: Checkpoint) -> tuple[int, int, int]:
-    """The replay of :func:`replay` with the pure-Python reference: each new subtask
-    reads the files of the old channels it owns with ``reference.iter_frames`` (each
-    file once, input pieces before output pieces), reassembles records per old
-    channel, and keeps those of its key groups (computed in Python only where an old
-    range reaches outside the new one). Returns records, key sum and bytes replayed."""
+    """The replay of :func:`replay` with the pure-Python reference: every state file is
+    read once with ``reference.iter_frames`` (input files before output files, so each
+    old channel's input piece comes before its output piece), each frame handed to the
+    stream of every new subtask that owns its old channel; each stream reassembles its
+    records and keeps those of its subtask's key groups (computed in Python only where
+    an old range reaches outside the new one). Returns records, key sum and bytes
+    replayed (summed over the streams: a frame two new subtasks share counts twice)."""
+    # Old downstream d -> channel u of its input file -> the streams of old channel (u, d);
+    # old upstream u -> subpartition d of its output file -> the same streams.
+    by_input: dict[int, dict[int, list[_RefStream]]] = {d: {} for d in range(case.old)}
+    by_output: dict[int, dict[int, list[_RefStream]]] = {u: {} for u in range(case.old)}
     streams: list[_RefStream] = []
     for i in range(case.new):
         new = key_group_range_for_operator(MAX_PARALLELISM, case.new, i)
-        mine: dict[int, dict[int, _RefStream]] = {}  # old downstream -> old upstream -> stream
         for d in range(case.old):
             old = key_group_range_for_operator(MAX_PARALLELISM, case.old, d)
             if case.old == case.new and d != i:
@@ -496,12 +501,15 @@ def replay_reference(case: Case, ckpt: Checkpoint) -> tuple[int, int, int]:
             def keep(key: int, lo: int = new.start, hi: int = new.end) -> bool:
                 return lo <= assign_to_key_group(key, MAX_PARALLELISM) <= hi
 
-            mine[d] = {u: _RefStream(None if inside else keep) for u in range(case.old)}
-        for d, by_up in mine.items():
-            _reference_file(ckpt.inputs[d].uri, by_up)
-        for u in range(case.old):
-            _reference_file(ckpt.outputs[u].uri, {d: by_up[u] for d, by_up in mine.items()})
-        streams += [s for by_up in mine.values() for s in by_up.values()]
+            for u in range(case.old):
+                stream = _RefStream(None if inside else keep)
+                streams.append(stream)
+                by_input[d].setdefault(u, []).append(stream)
+                by_output[u].setdefault(d, []).append(stream)
+    for d, by_channel in by_input.items():
+        _reference_file(ckpt.inputs[d].uri, by_channel)
+    for u, by_channel in by_output.items():
+        _reference_file(ckpt.outputs[u].uri, by_channel)
     assert all(not s.tail for s in streams), "a stream ended inside a record"
     records = sum(s.records for s in streams)
     key_sum = sum(s.key_sum for s in streams) % 2**64
@@ -635,7 +643,8 @@ def test_restore_reference(benchmark: Any, bench_env: Any, checkpoints: Any, cas
 
 @by_case
 def test_restore_engine(benchmark: Any, bench_env: Any, checkpoints: Any, case: Case) -> None:
-    """Every subtask's replay, one after the other, every record decoded into a batch."""
+    """Every new subtask's replay, each on its own thread at once (one after the other
+    with ``SPILLOVER_BENCH_RESTORE_SCHEDULE=serial``), every record decoded into a batch."""
     ckpt = checkpoints.get(case.old)
     _label(benchmark, case, ckpt)
     rounds: list[dict[str, Any]] = []

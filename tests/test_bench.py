@@ -16,6 +16,7 @@ from spillover.bench import (
     PLOTS,
     RUN_COLUMNS,
     BenchSpec,
+    PolicyResult,
     ProgressBar,
     run,
     to_markdown,
@@ -136,7 +137,7 @@ def test_cli_writes_the_results_folder_and_compares_with_local(
     assert float(rows[1]["vs_local"]) == vs["unaligned"]["ratio"]
     with open(out / "checkpoints.csv", newline="") as f:
         cps = list(csv.DictReader(f))
-    runs = [*results["policies"].values(), *results["local"].values()]
+    runs = bench.runs(results)
     assert len(cps) == sum(len(r["checkpoint_list"]) for r in runs) > 0
     assert {c["policy"] for c in cps} == {"unaligned"}  # "none" takes no checkpoints
 
@@ -146,6 +147,36 @@ def test_cli_writes_the_results_folder_and_compares_with_local(
     for name in PLOTS:
         png = (out / name).read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 10_000, name
+
+
+def _compared(sink_rate: float, spark_rps: float, local_rps: float) -> dict[str, Any]:
+    """A report of ``none`` on spark and on local, sinks paced at ``sink_rate`` each."""
+    spec = BenchSpec(policies=["none"], executor="spark", sink_rate=sink_rate)
+    policies = {"none": PolicyResult("none", "spark", "stopped", 10.0, 0, spark_rps).to_dict()}
+    local = {"none": PolicyResult("none", "local", "stopped", 10.0, 0, local_rps).to_dict()}
+    return {
+        "spec": spec.to_dict(),
+        "executor": "spark",
+        "policies": policies,
+        "local": local,
+        "comparison": bench.compare(policies, local, spec.sink_rate * spec.parallelism),
+    }
+
+
+def test_the_executor_verdict_says_what_paced_sinks_let_it_measure() -> None:
+    # Sinks at 2 x 5,000 records/s held both runs back: the ratio is no cost.
+    paced = _compared(5000, 9_700, 9_990)
+    assert paced["comparison"]["executor_vs_local"]["none"]["paced"] is True
+    md = to_markdown(paced)
+    assert "| paced: keeps up (+2.9%) |" in md
+    assert "10,000 records/s (5000 per subtask × 2)" in md and "whether spark keeps" in md
+    assert "| paced: falls behind (+19.9%) |" in to_markdown(_compared(5000, 8_000, 9_990))
+    # Sinks far above what the job reaches: a measured cost.
+    unpaced = _compared(1e8, 300_000, 400_000)
+    assert unpaced["comparison"]["executor_vs_local"]["none"]["paced"] is False
+    md = to_markdown(unpaced)
+    assert "| not met (+25.0%) |" in md and "Paced" not in md
+    assert "| met (-10.0%) |" in to_markdown(_compared(1e8, 440_000, 400_000))
 
 
 def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
@@ -200,6 +231,16 @@ def test_a_bad_environment_value_names_its_variable(
     assert "bad --parallelism (env SPILLOVER_BENCH_CLI_PARALLELISM): 'two'" in (
         capsys.readouterr().err
     )
+
+
+def test_a_bad_combination_names_both_flags_and_their_variables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """BenchSpec's own check, worded by the command line: the flag at fault and the fix."""
+    assert main(["bench", "--executor", "local", "--master", "local[2]"]) == 1
+    err = capsys.readouterr().err
+    assert "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark executor" in err
+    assert "add --executor spark (or SPILLOVER_BENCH_CLI_EXECUTOR=spark)" in err
 
 
 def test_help_shows_every_environment_twin(capsys: pytest.CaptureFixture[str]) -> None:
@@ -266,5 +307,11 @@ def test_trigger_offsets_rebuilt_from_the_schedule() -> None:
 
 
 def test_spec_checks_policies() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="aligned named twice"):
         BenchSpec(policies=["aligned", "aligned"])
+    with pytest.raises(ConfigError, match="sideways unknown"):
+        BenchSpec(policies=["aligned", "sideways"])
+    with pytest.raises(ConfigError, match="none given"):
+        BenchSpec(policies=[])
+    with pytest.raises(ConfigError, match="aligned not run"):
+        BenchSpec(policies=["none"], compare_local=["aligned"])

@@ -246,8 +246,14 @@ def test_checkpoint_during_replay_restores_exactly(
     # older files, references those files directly (never c2's references).
     more, c3 = _until(ckpt, out_dir, c2, lambda c: c["referenced_bytes"] > 0, SLOW)
     runs += more
-    meta3 = _metadata(ckpt, c3)
-    assert meta3["references"] and all(r < c3 for r in meta3["references"])
+    pieces3 = [
+        p
+        for st in _keyed_subtasks(_metadata(ckpt, c3))
+        for r in (st.get("channel_state") or {}).get("references", [])
+        for p in r["pieces"]
+    ]
+    assert pieces3, "c3 referenced no recovered data"
+    case.points_back(c3, pieces3)
 
     # 4. Restore the chained checkpoint at ``new`` and run to the end.
     case.finish_exactly(c3, new)

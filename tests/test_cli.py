@@ -81,3 +81,15 @@ def test_bad_flags_fail_at_once(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as ei:
         main(["demo", "--size-mb", "0"])
     assert ei.value.code == 2
+
+
+def test_verify_refuses_a_master_without_the_spark_executor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before any run: nothing is written to the work directory."""
+    work = tmp_path / "work"
+    assert main(["verify", "--master", "local[2]", "--workdir", str(work)]) == 1
+    err = capsys.readouterr().err
+    assert "ConfigError" in err and "(--master) needs the spark executor" in err
+    assert "'local[2]' with executor 'local'" in err and "--executor spark" in err
+    assert not work.exists()

@@ -165,8 +165,8 @@ def test_filtered_references_replay_every_kept_record_once(
 ) -> None:
     """Replay part at one parallelism, reference the rest, restore that at another
     (filters composed), replay part, reference again, replay to the end."""
-    rec.STEP_BYTES = 2048  # small steps: cuts fall anywhere
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rec, "STEP_BYTES", 2048)  # small steps: cuts fall anywhere
         root = tmp_path_factory.mktemp("chk")
         pieces, keys = _write_streams(root, streams, 300, cut, seed)
         f1 = _filter(kind, data.draw(st.integers(0, p1 - 1)), p1)
@@ -189,8 +189,6 @@ def test_filtered_references_replay_every_kept_record_once(
             last = got_a[-1] if got_a else -1
             rest = b.got.get(s, []) + c.got.get(s, [])
             assert rest == [i for i in np.flatnonzero(k12).tolist() if i > last], f"stream {s}"
-    finally:
-        rec.STEP_BYTES = 1 << 20
 
 
 def test_composing_filters() -> None:

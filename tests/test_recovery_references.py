@@ -108,8 +108,9 @@ def test_a_chain_of_references_replays_every_record_once(
 ) -> None:
     """Replay part, reference the rest, replay part of that, reference again, then
     replay to the end: every record once, in order per channel."""
-    rec.STEP_BYTES = rec.JOIN_BYTES = 4096  # small steps: cuts fall anywhere
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # small steps: cuts fall anywhere
+        mp.setattr(rec, "STEP_BYTES", 4096)
+        mp.setattr(rec, "JOIN_BYTES", 4096)
         root = tmp_path_factory.mktemp("chk")
         handle, n = _write_gate(root, channels, 300, cut, seed)
         a, refs_a = _replay_partly({0: (handle, {})}, first)
@@ -121,8 +122,6 @@ def test_a_chain_of_references_replays_every_record_once(
         for ch in range(channels):
             seen = a.got.get(ch, []) + b.got.get(ch, []) + c.got.get(ch, [])
             assert seen == list(range(n)), f"channel {ch}"
-    finally:
-        rec.STEP_BYTES = rec.JOIN_BYTES = 1 << 20
 
 
 def test_a_record_cut_between_reference_and_own_file_joins(tmp_path: Path) -> None:
@@ -155,14 +154,13 @@ def test_a_rescaled_stream_skips_referenced_bytes(tmp_path: Path) -> None:
     """The filtering retriever reads referenced pieces with their skip first."""
     handle, n = _write_gate(tmp_path, 1, 200, 50, 3)
     part = _Sink()
-    rec.STEP_BYTES = rec.JOIN_BYTES = 4096
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rec, "STEP_BYTES", 4096)
+        mp.setattr(rec, "JOIN_BYTES", 4096)
         r = InputRecovery({0: (handle, {})}, part.process)
         r.step()
         r.flush()
         refs = r.references(part.pending)
-    finally:
-        rec.STEP_BYTES = rec.JOIN_BYTES = 1 << 20
     (ref,) = refs
     (p,) = [Piece.from_dict(x) for x in ref["pieces"]]
     pieces = ((p.handle, p.channel, p.skip),)

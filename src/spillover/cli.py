@@ -10,6 +10,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -232,10 +233,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         executor=args.executor,
         master=args.master or None,
     )
-    if spec.master is not None and spec.executor != "spark":
-        from spillover.errors import ConfigError
-
-        raise ConfigError("--master needs --executor spark", detail=f"--master {spec.master}")
     report = verify(spec, workdir=args.workdir or None)
     print(report.text())
     if args.json:
@@ -332,10 +329,9 @@ def _seconds(text: str) -> float:
 def _bench_spec(args: argparse.Namespace) -> BenchSpec:
     """The :class:`~spillover.bench.BenchSpec` of the flags; a bad one raises a
     ConfigError naming the flag and its environment variable."""
-    from spillover.bench import POLICIES, BenchSpec
+    from spillover.bench import BenchSpec, BenchSpecError
     from spillover.config import parse_memory_size
     from spillover.errors import ConfigError
-    from spillover.runtime.executor import EXECUTORS
 
     def name(flag: str) -> str:
         env = next(e for f, e, _, _ in _bench_flags() if f == flag)
@@ -355,34 +351,10 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             raise ConfigError(f"bad {name(flag)}", detail=f"{text!r} is not {rule}")
         return v
 
-    def names(flag: str, allowed: Sequence[str]) -> list[str]:
-        out = [p.strip().lower() for p in str(raw(flag)).split(",") if p.strip()]
-        bad = [p for p in out if p not in allowed]
-        if bad or len(set(out)) != len(out):
-            raise ConfigError(
-                f"bad {name(flag)}",
-                detail=f"{raw(flag)!r}" + (f": {', '.join(bad)} unknown" if bad else ""),
-                hint=f"a comma-separated list, each once, of {', '.join(allowed)}",
-            )
-        return out
+    def names(flag: str) -> list[str]:
+        return [p.strip().lower() for p in str(raw(flag)).split(",") if p.strip()]
 
-    executor = str(args.executor).strip().lower()
-    if executor not in EXECUTORS:
-        raise ConfigError(
-            f"bad {name('--executor')}",
-            detail=f"{args.executor!r}",
-            hint=f"choose one of {', '.join(EXECUTORS)}",
-        )
-    master = (args.master or "").strip() or None
-    if master is not None and executor != "spark":
-        raise ConfigError(
-            f"{name('--master')} needs the spark executor",
-            detail=f"--executor is {executor!r}",
-            hint="add --executor spark (or SPILLOVER_BENCH_CLI_EXECUTOR=spark)",
-        )
-    policies = names("--policies", POLICIES)
-    if not policies:
-        raise ConfigError(f"bad {name('--policies')}", detail="no policy given")
+    policies = names("--policies")
     compare = str(args.compare_local).strip().lower()
     compare_local = (
         None
@@ -391,24 +363,40 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
         if compare in ("off", "")
         else policies
         if compare == "all"
-        else names("--compare-local", policies)
+        else names("--compare-local")
     )
-    return BenchSpec(
-        executor=executor,
-        master=master,
-        compare_local=compare_local,
-        policies=policies,
-        parallelism=value("--parallelism", int, lambda v: v >= 1, ">= 1"),
-        duration_s=value("--duration", _seconds, lambda v: v > 0, "> 0 s"),
-        warmup_s=value("--warmup", _seconds, lambda v: v >= 0, ">= 0 s"),
-        interval_ms=value("--interval-ms", int, lambda v: v >= 10, ">= 10 ms"),
-        sink_rate=value("--sink-rate", float, lambda v: v > 0, "> 0"),
-        keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
-        payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),
-        aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
-        max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
-        checkpoint_dir=args.checkpoint_dir or None,
-    )
+    try:
+        return BenchSpec(
+            executor=str(args.executor).strip().lower(),
+            master=(args.master or "").strip() or None,
+            compare_local=compare_local,
+            policies=policies,
+            parallelism=value("--parallelism", int, lambda v: v >= 1, ">= 1"),
+            duration_s=value("--duration", _seconds, lambda v: v > 0, "> 0 s"),
+            warmup_s=value("--warmup", _seconds, lambda v: v >= 0, ">= 0 s"),
+            interval_ms=value("--interval-ms", int, lambda v: v >= 10, ">= 10 ms"),
+            sink_rate=value("--sink-rate", float, lambda v: v > 0, "> 0"),
+            keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
+            payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),
+            aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
+            max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
+            checkpoint_dir=args.checkpoint_dir or None,
+        )
+    except BenchSpecError as e:  # BenchSpec's own check, in the words of the command line
+        envs = {f: env for f, env, _, _ in _bench_flags()}
+        flag = "--" + e.field.replace("_", "-")
+        if flag not in envs:
+            raise
+
+        def twin(m: re.Match[str]) -> str:  # "--executor spark": and its variable
+            env = envs.get(m[1])
+            return m[0] if env is None else f"{m[0]} (or {env}={m[2]})"
+
+        raise ConfigError(
+            e.message.replace(e.field, name(flag), 1),
+            detail=e.detail,
+            hint=re.sub(r"(--[a-z-]+) ([\w.:/-]+)", twin, e.hint) if e.hint else None,
+        ) from None
 
 
 def _about(seconds: float) -> str:
@@ -419,6 +407,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Runs the backpressured job once per policy (and again on the local executor for
     the comparison); prints a line each, then the table; writes the results folder."""
     from spillover.bench import ProgressBar, run, to_markdown, write_results
+    from spillover.bench import runs as bench_runs
 
     spec = _bench_spec(args)
     runs = spec.runs()
@@ -453,8 +442,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
-    runs_done = [*results["policies"].values(), *results["local"].values()]
-    return 1 if any(r["status"] == "failed" for r in runs_done) else 0
+    return 1 if any(r["status"] == "failed" for r in bench_runs(results)) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,6 @@ broadcast input one copy of every broadcast record per subtask.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import json
@@ -214,7 +213,7 @@ def _ship_by_value(module: Any) -> None:
     module) travels to Spark workers by value: they could not import it by name, and
     its operators and functions are part of the job."""
     path = getattr(module, "__file__", None)
-    if module is None or not path or any(p in path for p in ("site-packages", "dist-packages")):
+    if not path or any(p in path for p in ("site-packages", "dist-packages")):
         return
     try:
         from pyspark import cloudpickle
@@ -510,10 +509,6 @@ def _checkpoints(spec: VerifySpec, workdir: str, name: str) -> str:
 
 def config_for(spec: VerifySpec, ckpt: str) -> Config:
     """The runtime configuration of ``spec``'s runs, checkpoints under ``ckpt``."""
-    return _config(spec, ckpt)
-
-
-def _config(spec: VerifySpec, ckpt: str) -> Config:
     return Config.from_dict(
         {
             "execution.checkpointing.interval": f"{spec.interval_ms} ms",
@@ -526,12 +521,16 @@ def _config(spec: VerifySpec, ckpt: str) -> Config:
     )
 
 
-def _executor(spec: VerifySpec, graph: Any, cfg: Config, **options: Any) -> Any:
-    if spec.executor == "local":
+def _executor(
+    spec: VerifySpec, graph: Any, cfg: Config, executor: str | None = None, **options: Any
+) -> Any:
+    """``executor`` (default ``spec.executor``) for ``graph``."""
+    kind = executor or spec.executor
+    if kind == "local":
         return create_executor("local", graph, cfg, **options)
     if callable(spec.job):
         _ship_by_value(sys.modules.get(getattr(spec.job, "__module__", "")))
-    return create_executor(spec.executor, graph, cfg, master=spec.master, **options)
+    return create_executor(kind, graph, cfg, master=spec.master, **options)
 
 
 def run_once(
@@ -546,8 +545,8 @@ def run_once(
     ckpt = _checkpoints(spec, workdir, name)
     os.makedirs(out_dir, exist_ok=True)
     graph = spec.factory()(out_dir, name, spec.parallelism).build()
-    where = dataclasses.replace(spec, executor=executor) if executor else spec
-    result = _executor(where, graph, _config(spec, ckpt), failures=failures).run(timeout=600)
+    cfg = config_for(spec, ckpt)
+    result = _executor(spec, graph, cfg, executor, failures=failures).run(timeout=600)
     return output_of(spec, result, out_dir, graph.max_parallelism, failures)
 
 
@@ -586,7 +585,7 @@ def run_rescaled(
     out_dir = os.path.join(workdir, name, "output")
     ckpt = _checkpoints(spec, workdir, name)
     os.makedirs(out_dir, exist_ok=True)
-    cfg = _config(spec, ckpt)
+    cfg = config_for(spec, ckpt)
     make_job = spec.factory()
     first = _executor(
         spec, make_job(out_dir, name, spec.parallelism).build(), cfg, failures=failures
@@ -879,6 +878,12 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
     """Runs the job without and with ``spec.failures`` induced failures."""
     if spec.order not in ("per-key", None):
         raise ConfigError(f"order must be 'per-key' or None, got {spec.order!r}")
+    if spec.master is not None and spec.executor != "spark":
+        raise ConfigError(
+            "a Spark master (--master) needs the spark executor",
+            detail=f"master {spec.master!r} with executor {spec.executor!r}",
+            hint="add --executor spark (VerifySpec.executor='spark')",
+        )
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-verify-")
     try:
