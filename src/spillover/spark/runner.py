@@ -326,17 +326,14 @@ class _SparkAttempt:
         ex = self.ex
         sc = ex.context()
         server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
-        cfg = ex.config
-        cdir = cfg.state.checkpoints_dir
         spec = WorkerSpec(
             job_id=ex.job_id,
             graph=ex.graph,
-            config=cfg,
+            config=ex.config,
             generation=self.generation,
             control=server.address,
             secret=ex.secret,
             restore=self.restore,
-            checkpoints=(cdir, ex.graph.name) if ex.storage is not None and cdir else None,
             failures=ex.failures,
             flush_interval=ex.flush_interval,
         )

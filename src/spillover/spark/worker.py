@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.config import Config
-from spillover.runtime.checkpoints import CheckpointStorage
-from spillover.runtime.executor import build_tasks, settle
+from spillover.runtime.executor import build_tasks, checkpoint_storage, settle
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.network import NetworkError, ResultPartition
@@ -43,7 +42,9 @@ __all__ = ["WorkerSpec", "run_worker"]
 
 @dataclass
 class WorkerSpec:
-    """Everything a worker of one generation needs; shipped in the stage's closure."""
+    """Everything a worker of one generation needs; shipped in the stage's closure.
+    The checkpoint storage is not in it: the worker derives it from ``config`` and
+    the job's name as the executor does (:func:`checkpoint_storage`)."""
 
     job_id: str
     graph: JobGraph
@@ -52,7 +53,6 @@ class WorkerSpec:
     control: tuple[str, int]
     secret: bytes
     restore: dict[tuple[str, int], TaskRestore] | None = None
-    checkpoints: tuple[str, str] | None = None  # (state.checkpoints.dir, job name)
     failures: FailureInjector = field(default_factory=FailureInjector)
     flush_interval: float = 0.005
     metrics_interval: float = 0.5
@@ -136,18 +136,13 @@ def _run(
     relay = _Relay(conn)
     done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
     links: list[tuple[ResultPartition, int, str, int]] = []
-    storage = CheckpointStorage(*spec.checkpoints) if spec.checkpoints is not None else None
-
-    def no_dir(cid: int, uid: str, subtask: int) -> str:
-        raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
-
     tasks.update(
         build_tasks(
             spec.graph,
             spec.config,
             attempt=spec.generation,
             restore=spec.restore,
-            checkpoint_dir=storage.subtask_dir if storage is not None else no_dir,
+            storage=checkpoint_storage(spec.config, spec.graph.name),
             failures=_reporting(spec.failures, relay),
             on_done=lambda t, err: done.put((t, err)),
             flush_interval=spec.flush_interval,
