@@ -77,7 +77,19 @@ def test_killed_worker_process_restarts_the_job_and_output_is_exact(
     assert "WorkerLostError" in out["failures"][0] or "killed" in out["failures"][0].lower()
 
 
-def test_generations_are_named_in_the_spark_ui(sc: Any, tmp_path: Path) -> None:
+def test_generations_are_named_in_the_spark_ui(
+    sc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spillover.spark import runner
+
+    checked: list[int] = []
+    check = runner._check_shippable
+
+    def counted(spec: Any) -> None:
+        checked.append(spec.generation)
+        check(spec)
+
+    monkeypatch.setattr(runner, "_check_shippable", counted)
     env = StreamEnvironment("ui-named", parallelism=2)
     env.from_source(
         GeneratorSource(partitions=2, records_per_partition=2_000), uid="src"
@@ -86,6 +98,7 @@ def test_generations_are_named_in_the_spark_ui(sc: Any, tmp_path: Path) -> None:
     cfg = config_for(VerifySpec(), str(tmp_path / "ckpt"))
     result = SparkExecutor(env, cfg, failures=failures).run(timeout=120)
     assert result.status == "finished" and result.attempts == 2
+    assert checked == [0]  # the job is pickled to check it once, not per generation
     url = sc.uiWebUrl
     if not url:
         pytest.skip("the Spark UI is off")
@@ -123,6 +136,9 @@ def test_a_job_that_cannot_travel_to_workers_is_refused_clearly(sc: Any) -> None
     with pytest.raises(ConfigError, match="cannot be shipped") as e:
         SparkExecutor(env).run(timeout=30)
     assert "lock" in str(e.value.detail)
+    # The refusal closes the generation's control endpoint: no accept thread lingers.
+    endpoints = [t for t in threading.enumerate() if t.name.startswith("spillover-control (")]
+    assert not endpoints, endpoints
 
 
 def test_control_endpoint_admits_only_the_job_secret() -> None:

@@ -326,25 +326,31 @@ class _SparkAttempt:
         ex = self.ex
         sc = ex.context()
         server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
-        spec = WorkerSpec(
-            job_id=ex.job_id,
-            graph=ex.graph,
-            config=ex.config,
-            generation=self.generation,
-            control=server.address,
-            secret=ex.secret,
-            restore=self.restore,
-            failures=ex.failures,
-            flush_interval=ex.flush_interval,
-        )
-        _check_shippable(spec)
-        stage = threading.Thread(
-            target=self._submit, args=(sc, spec), name=f"spillover-stage {self.group}", daemon=True
-        )
-        self.started = time.monotonic()
-        stage.start()
+        stage: threading.Thread | None = None
         error: BaseException | None = None
-        try:
+        try:  # from here on, the endpoint (its socket, its accept thread) is closed at the end
+            spec = WorkerSpec(
+                job_id=ex.job_id,
+                graph=ex.graph,
+                config=ex.config,
+                generation=self.generation,
+                control=server.address,
+                secret=ex.secret,
+                restore=self.restore,
+                failures=ex.failures,
+                flush_interval=ex.flush_interval,
+            )
+            if ex._shippable is not ex.graph:  # once per job graph, not every generation
+                _check_shippable(spec)
+                ex._shippable = ex.graph
+            stage = threading.Thread(
+                target=self._submit,
+                args=(sc, spec),
+                name=f"spillover-stage {self.group}",
+                daemon=True,
+            )
+            self.started = time.monotonic()
+            stage.start()
             limit = time.monotonic() + ex.register_timeout
             error = self._wait("hello", limit)
             if error is None:
@@ -361,9 +367,12 @@ class _SparkAttempt:
             if error is not None:
                 self.failed_at = time.monotonic()
         finally:
-            self.coordinator.stop()
-            self._end(sc, stage, cancel=error is not None or self.stopped)
-            server.close()
+            try:
+                self.coordinator.stop()
+                if stage is not None:
+                    self._end(sc, stage, cancel=error is not None or self.stopped)
+            finally:
+                server.close()
         return error
 
     def _loop(
@@ -510,6 +519,7 @@ class SparkExecutor(Executor):
         self.register_timeout = register_timeout
         self.cancel_grace_s = cancel_grace_s
         self.secret = secrets.token_bytes(32)
+        self._shippable: JobGraph | None = None  # the graph _check_shippable passed
 
     @property
     def slots(self) -> int:
