@@ -290,3 +290,29 @@ def test_a_worker_marks_broken_channels_so_the_master_blames_the_cause() -> None
     assert not blamed(TransportError("connection lost"))
     assert blamed(ProtocolError("a data frame beyond the announced credit"))  # a bug there
     assert blamed(InducedFailure("induced failure: operator at op#0"))
+
+
+def test_a_stage_ending_before_the_workers_last_messages_is_not_a_lost_worker() -> None:
+    """The stage's end (from Spark) can overtake the workers' last done messages (over
+    the control connections): the generation finished, it did not lose a worker; a
+    stage that ended with subtasks that never report fails after a short grace."""
+    from spillover.spark.runner import WorkerLostError
+
+    env = StreamEnvironment("stage-ends-first", parallelism=2)
+    env.from_source(GeneratorSource(partitions=2, records_per_partition=1), uid="s").sink(
+        _Discard(), uid="k"
+    )
+    ex = SparkExecutor(env)
+    run = ex._attempt(0, None, None)
+    run.events.put(("stage", None))
+    for key in run.proxies:
+        run.events.put(("done", key, None))
+    assert run._loop(time.monotonic() + 10, None, None) is None
+
+    run = ex._attempt(1, None, None)
+    run.events.put(("stage", None))
+    run.events.put(("done", ("s", 0), None))
+    started = time.monotonic()
+    error = run._loop(time.monotonic() + 10, None, None)
+    assert isinstance(error, WorkerLostError) and "ended early" in str(error)
+    assert time.monotonic() - started < 5

@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 DEFAULT_LOCAL_SLOTS = 32
+# After a stage ended normally: how long the workers' last messages may take to arrive.
+STAGE_END_GRACE_S = 1.0
 _CONTEXT_LOCK = threading.Lock()
 
 
@@ -382,12 +384,17 @@ class _SparkAttempt:
         stop_when: StopWhen | None,
     ) -> BaseException | None:
         remaining = set(self.proxies)
+        grace: float | None = None  # set when the stage ended with subtasks remaining
         while remaining:
-            what, ev = next_event(self.events, self.coordinator, deadline, stop_at, stop_when)
+            graced = grace is not None and (deadline is None or grace < deadline)
+            until = grace if graced else deadline
+            what, ev = next_event(self.events, self.coordinator, until, stop_at, stop_when)
             if what == "stop":
                 self.stopped = True
                 return None
             if what == "timeout":
+                if graced:
+                    return _stage_failure(None, self.generation)
                 return TimeoutError("the job did not finish in time")
             kind = ev[0]
             if kind == "done":
@@ -396,8 +403,12 @@ class _SparkAttempt:
                     return self._root_cause(_subtask_error(key, err))
                 remaining.discard(key)
             elif kind == "stage":
-                if remaining:
+                if ev[1] is not None:
                     return _stage_failure(ev[1], self.generation)
+                # The workers returned, but their last done/finished messages come over
+                # the control connections and may still be on their way: the stage
+                # ended early only if they do not arrive within a moment.
+                grace = time.monotonic() + STAGE_END_GRACE_S
             elif kind in ("lost", "coordinator"):
                 return self._root_cause(_as_error(ev))
         return None
