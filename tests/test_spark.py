@@ -316,3 +316,76 @@ def test_a_stage_ending_before_the_workers_last_messages_is_not_a_lost_worker() 
     error = run._loop(time.monotonic() + 10, None, None)
     assert isinstance(error, WorkerLostError) and "ended early" in str(error)
     assert time.monotonic() - started < 5
+
+
+def _connected_pair(secret: bytes) -> tuple[ControlServer, Any, Any]:
+    """A control endpoint, a worker's connection to it and the master's end of it."""
+    import queue
+
+    ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    server = ControlServer(secret, ends.put)
+    worker = connect(server.address, secret, timeout=5)
+    return server, worker, ends.get(timeout=5)
+
+
+def test_an_unreadable_control_message_is_a_control_error() -> None:
+    import struct
+
+    secret = os.urandom(32)
+    server, worker, master = _connected_pair(secret)
+    try:
+        master.sock.sendall(struct.pack("<I", 7) + b"garbage")
+        with pytest.raises(ControlError, match="unreadable"):
+            worker.recv()
+    finally:
+        worker.close()
+        master.close()
+        server.close()
+
+
+def test_a_malformed_message_from_a_worker_fails_the_generation() -> None:
+    """The master's thread for a worker does not die quietly on a message that is not
+    the protocol's (the job would wait forever): the worker counts as lost."""
+    env = StreamEnvironment("malformed", parallelism=1)
+    env.from_source(GeneratorSource(partitions=1, records_per_partition=1), uid="s").sink(
+        _Discard(), uid="k"
+    )
+    ex = SparkExecutor(env)
+    run = ex._attempt(0, None, None)
+    server = ControlServer(ex.secret, run._on_connect)
+    try:
+        worker = connect(server.address, ex.secret, timeout=5)
+        worker.send("hello", 0, 0, ("127.0.0.1", 1), os.getpid(), "here")
+        assert run.events.get(timeout=5) == ("hello", 0)
+        worker.send("done", "s")  # too short
+        ev = run.events.get(timeout=5)
+        assert ev[0] == "lost" and "malformed" in ev[2], ev
+        with pytest.raises(ControlError):  # and the worker is told
+            worker.recv()
+        worker.close()
+    finally:
+        server.close()
+
+
+def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() -> None:
+    from spillover.spark.worker import _control_loop
+
+    class Subtask:
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    secret = os.urandom(32)
+    server, worker, master = _connected_pair(secret)
+    try:
+        subtask = Subtask()
+        master.send("post", "s")  # too short
+        _control_loop(worker, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
+        assert subtask.cancelled
+        with pytest.raises(ControlError):  # the master sees this worker gone
+            master.recv()
+    finally:
+        worker.close()
+        master.close()
+        server.close()

@@ -221,7 +221,10 @@ class _SparkAttempt:
             self.events.put(("hello", index))
             while True:
                 self._dispatch(index, conn.recv())
-        except ControlError as e:
+        except Exception as e:  # a ControlError, or a message that is not the protocol's
+            if not isinstance(e, ControlError):
+                conn.close()  # the worker sees its master gone and cancels its subtasks
+                e = ControlError(f"a malformed control message: {type(e).__name__}: {e}")
             if index >= 0 and index not in self._finished:
                 w = self.workers.get(index, {})
                 self.events.put(

@@ -197,29 +197,36 @@ def _run(
 def _control_loop(
     conn: ControlConnection, tasks: dict[tuple[str, int], Task], stop: threading.Event
 ) -> None:
-    """Relays the master's messages to the subtasks until the connection ends."""
-    while True:
-        try:
-            message = conn.recv()
-        except ControlError:
-            if not stop.is_set():  # the master is gone: nothing may run on
-                for t in tasks.values():
-                    t.cancel()
-            return
-        kind = message[0]
-        if kind == "post":
-            _, uid, i, action = message
-            task = tasks.get((uid, i))
-            if task is not None:
-                task.post(*action)
-        elif kind == "unaligned":
-            _, uid, i, cid = message
-            task = tasks.get((uid, i))
-            if task is not None:
-                task.request_unaligned(cid)
-        elif kind == "sync":
-            with contextlib.suppress(ControlError):
-                conn.send("synced", message[1])
-        elif kind == "cancel":
+    """Relays the master's messages to the subtasks until the connection ends; a
+    message it cannot follow ends the connection as the master closing it does."""
+    try:
+        while True:
+            _follow(conn, conn.recv(), tasks)
+    except Exception:  # a ControlError, or a message that is not the protocol's
+        conn.close()  # the master sees this worker gone
+        if not stop.is_set():  # the master is gone: nothing may run on
             for t in tasks.values():
                 t.cancel()
+
+
+def _follow(
+    conn: ControlConnection, message: tuple[Any, ...], tasks: dict[tuple[str, int], Task]
+) -> None:
+    """Carries out one message of the master's."""
+    kind = message[0]
+    if kind == "post":
+        _, uid, i, action = message
+        task = tasks.get((uid, i))
+        if task is not None:
+            task.post(*action)
+    elif kind == "unaligned":
+        _, uid, i, cid = message
+        task = tasks.get((uid, i))
+        if task is not None:
+            task.request_unaligned(cid)
+    elif kind == "sync":
+        with contextlib.suppress(ControlError):
+            conn.send("synced", message[1])
+    elif kind == "cancel":
+        for t in tasks.values():
+            t.cancel()
