@@ -389,3 +389,30 @@ def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() 
         worker.close()
         master.close()
         server.close()
+
+
+def test_the_kill_routine_raises_what_the_job_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spillover.spark import chaos, runner
+
+    class Broken:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def prepare(self) -> None:
+            pass
+
+        def workers(self) -> dict[int, Any]:
+            return {}
+
+        def completed_ids(self) -> list[int]:
+            return []
+
+        def run(self, timeout: float) -> Any:
+            raise ConfigError("the cluster refused the job")
+
+    monkeypatch.setattr(chaos, "run_once", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner, "SparkExecutor", Broken)
+    with pytest.raises(ConfigError, match="refused the job"):
+        chaos.run_killing_a_worker(str(tmp_path), spec=chaos.kill_spec(records=100))
