@@ -416,3 +416,34 @@ def test_the_kill_routine_raises_what_the_job_raised(
     monkeypatch.setattr(runner, "SparkExecutor", Broken)
     with pytest.raises(ConfigError, match="refused the job"):
         chaos.run_killing_a_worker(str(tmp_path), spec=chaos.kill_spec(records=100))
+
+
+def test_sources_do_not_end_unless_every_worker_confirmed_the_final_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ending the sources before a worker holds the final checkpoint's completion could
+    end its sink without committing: the generation fails instead, after one wait."""
+    from spillover.spark import runner
+
+    monkeypatch.setattr(runner, "SYNC_TIMEOUT_S", 0.3)
+    env = StreamEnvironment("unsynced", parallelism=3)
+    env.from_source(GeneratorSource(partitions=3, records_per_partition=1), uid="s").sink(
+        _Discard(), uid="k"
+    )
+    run = SparkExecutor(env)._attempt(0, None, None)
+
+    class Silent:  # a worker that never answers
+        def __init__(self) -> None:
+            self.sent: list[tuple[Any, ...]] = []
+
+        def send(self, *message: Any) -> None:
+            self.sent.append(message)
+
+    conns = {i: Silent() for i in range(3)}
+    run.conns.update(conns)  # type: ignore[arg-type]
+    started = time.monotonic()
+    run._terminate_sources()
+    assert time.monotonic() - started < 0.3 * 2  # one wait for all, not one each
+    assert all(m[0] == "sync" for c in conns.values() for m in c.sent)
+    ev = run.events.get_nowait()
+    assert ev[0] == "lost" and "sync" in ev[2], ev

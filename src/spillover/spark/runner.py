@@ -46,6 +46,9 @@ __all__ = [
 DEFAULT_LOCAL_SLOTS = 32
 # After a stage ended normally: how long the workers' last messages may take to arrive.
 STAGE_END_GRACE_S = 1.0
+# After the final checkpoint: how long every worker has to confirm it holds the
+# completion before the sources end (else the generation fails).
+SYNC_TIMEOUT_S = 10.0
 _CONTEXT_LOCK = threading.Lock()
 
 
@@ -269,9 +272,21 @@ class _SparkAttempt:
             token = f"{w}-{len(self._synced)}"
             ev = self._synced[token] = threading.Event()
             self.send(w, "sync", token)
-            waits.append(ev)
-        for ev in waits:
-            ev.wait(10.0)
+            waits.append((w, ev))
+        until = time.monotonic() + SYNC_TIMEOUT_S
+        for w, ev in waits:
+            if not ev.wait(max(0.0, until - time.monotonic())):
+                # Ending the sources now could let a sink end without the final
+                # completion (and commit nothing, or the next attempt twice).
+                self.events.put(
+                    (
+                        "lost",
+                        w,
+                        f"worker {w} did not answer a sync within {SYNC_TIMEOUT_S:g} s "
+                        "before the sources end",
+                    )
+                )
+                return
         sources = {v.uid for v in self.ex.graph.vertices if v.is_source}
         for (uid, _), proxy in self.proxies.items():
             if uid in sources:
