@@ -380,8 +380,8 @@ def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() 
     server, worker, master = _connected_pair(secret)
     try:
         subtask = Subtask()
-        master.send("post", "s")  # too short
-        _control_loop(worker, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
+        master.send("post")  # too short
+        _control_loop(worker, 0, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
         assert subtask.cancelled
         with pytest.raises(ControlError):  # the master sees this worker gone
             master.recv()

@@ -29,7 +29,6 @@ from typing import Any
 from spillover.config import Config
 from spillover.errors import ConfigError
 from spillover.runtime.executor import Executor, StopWhen, make_coordinator, next_event
-from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.task import TaskRestore
 from spillover.spark.control import ControlConnection, ControlError, ControlServer
@@ -142,7 +141,8 @@ def warm_up(sc: Any, tasks: int) -> None:
 
 
 class _RemoteTask:
-    """A subtask as the coordinator sees it: its mailbox is on a worker."""
+    """A subtask as the coordinator sees it: its mailbox is on a worker (subtask ``i``
+    of an operator runs on worker ``i``, so the worker index names the subtask too)."""
 
     def __init__(self, run: _SparkAttempt, worker: int, uid: str) -> None:
         self.run = run
@@ -150,10 +150,10 @@ class _RemoteTask:
         self.uid = uid
 
     def post(self, *action: Any) -> None:
-        self.run.send(self.worker, "post", self.uid, self.worker, action)
+        self.run.send(self.worker, "post", self.uid, action)
 
     def request_unaligned(self, cid: int) -> None:
-        self.run.send(self.worker, "unaligned", self.uid, self.worker, cid)
+        self.run.send(self.worker, "unaligned", self.uid, cid)
 
 
 class _SparkAttempt:
@@ -170,7 +170,7 @@ class _SparkAttempt:
         self.generation = generation
         self.restore = restore
         g = ex.graph
-        self.n = max(v.parallelism for v in g.vertices)
+        self.n = ex.slots  # Spark tasks of this generation
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.conns: dict[int, ControlConnection] = {}
         self.workers: dict[int, dict[str, Any]] = {}
@@ -350,7 +350,6 @@ class _SparkAttempt:
         error: BaseException | None = None
         try:  # from here on, the endpoint (its socket, its accept thread) is closed at the end
             spec = WorkerSpec(
-                job_id=ex.job_id,
                 graph=ex.graph,
                 config=ex.config,
                 generation=self.generation,
@@ -369,7 +368,6 @@ class _SparkAttempt:
                 name=f"spillover-stage {self.group}",
                 daemon=True,
             )
-            self.started = time.monotonic()
             stage.start()
             limit = time.monotonic() + ex.register_timeout
             error = self._wait("hello", limit)
@@ -537,12 +535,11 @@ class SparkExecutor(Executor):
         *,
         master: str | None = None,
         spark_context: Any = None,
-        failures: FailureInjector | None = None,
         register_timeout: float = 120.0,
         cancel_grace_s: float = 2.0,
         **options: Any,
     ) -> None:
-        super().__init__(job, config, failures=failures, **options)
+        super().__init__(job, config, **options)
         self.master = master
         self._sc = spark_context
         self.register_timeout = register_timeout
