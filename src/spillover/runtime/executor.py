@@ -233,6 +233,8 @@ class _Attempt:
         self.attempt = attempt
         self.done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
         self.coordinator_error: BaseException | None = None
+        self.running_at: float | None = None
+        self.failed_at: float | None = None
         g, cfg = ex.graph, ex.config
         self.tasks = build_tasks(
             g,
@@ -388,7 +390,9 @@ class Executor:
 
     A subclass gives ``_attempt(attempt, restore, restored_id)``: an object with
     ``run(deadline, stop_at, stop_when)`` (the error that ended it, or None),
-    ``coordinator``, ``stopped`` and ``task_metrics()``.
+    ``coordinator``, ``stopped``, ``task_metrics()``, and the ``time.monotonic()``
+    instants ``running_at`` (its subtasks started) and ``failed_at`` (it detected its
+    failure), each None until then; ``JobResult.restart_s`` is timed from them.
     """
 
     def __init__(
@@ -539,10 +543,9 @@ class Executor:
                 result.restored_from.append(restored_id)
             run = self._current = self._attempt(attempt, restore, restored_id)
             error = run.run(deadline, stop_at, stop_when)
-            running_at = getattr(run, "running_at", None)
-            if failed_at is not None and running_at is not None:
-                result.restart_s.append(round(running_at - failed_at, 4))
-            failed_at = getattr(run, "failed_at", None) or time.monotonic()
+            if failed_at is not None and run.running_at is not None:
+                result.restart_s.append(round(run.running_at - failed_at, 4))
+            failed_at = run.failed_at or time.monotonic()
             result.attempts = attempt + 1
             result.checkpoints += [c.summary() for c in run.coordinator.history]
             for name, m in run.task_metrics().items():

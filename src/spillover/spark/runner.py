@@ -187,6 +187,8 @@ class _SparkAttempt:
             ex, self.proxies, restored_id, self._terminate_sources, self._coordinator_failed
         )
         self.stopped = False
+        self.running_at: float | None = None
+        self.failed_at: float | None = None
         self.stage_error: BaseException | None = None
         self.group = f"spillover-{ex.job_id[:12]}-gen-{generation}"
 
