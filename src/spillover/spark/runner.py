@@ -331,12 +331,8 @@ class _SparkAttempt:
                 )
             if ev[0] == kind:
                 seen.add(ev[1])
-            elif ev[0] == "stage":
-                return _stage_failure(ev[1], self.generation)
-            elif ev[0] in ("lost", "coordinator"):
-                return _as_error(ev)
-            elif ev[0] == "done" and ev[2] is not None:
-                return _subtask_error(ev[1], ev[2])
+            elif (error := _failure(ev, self.generation)) is not None:
+                return error
         return None
 
     def run(
@@ -415,20 +411,15 @@ class _SparkAttempt:
                     return _stage_failure(None, self.generation)
                 return TimeoutError("the job did not finish in time")
             kind = ev[0]
-            if kind == "done":
-                key, err = ev[1], ev[2]
-                if err is not None:
-                    return self._root_cause(_subtask_error(key, err))
-                remaining.discard(key)
-            elif kind == "stage":
-                if ev[1] is not None:
-                    return _stage_failure(ev[1], self.generation)
+            if kind == "done" and ev[2] is None:
+                remaining.discard(ev[1])
+            elif kind == "stage" and ev[1] is None:
                 # The workers returned, but their last done/finished messages come over
                 # the control connections and may still be on their way: the stage
                 # ended early only if they do not arrive within a moment.
                 grace = time.monotonic() + STAGE_END_GRACE_S
-            elif kind in ("lost", "coordinator"):
-                return self._root_cause(_as_error(ev))
+            elif (error := _failure(ev, self.generation)) is not None:
+                return error if kind == "stage" else self._root_cause(error)
         return None
 
     def _root_cause(self, first: BaseException) -> BaseException:
@@ -443,12 +434,12 @@ class _SparkAttempt:
                 ev = self.events.get(timeout=left)
             except queue.Empty:
                 break
-            if ev[0] == "done" and ev[2] is not None:
-                e = _subtask_error(ev[1], ev[2])
-                if not _is_consequence(e):
-                    return e
-            elif ev[0] == "lost" and not isinstance(best, WorkerLostError):
-                best = _as_error(ev)  # a lost worker explains its peers' broken channels
+            if ev[0] not in ("done", "lost") or (e := _failure(ev, self.generation)) is None:
+                continue
+            if not _is_consequence(e):
+                return e
+            if isinstance(e, WorkerLostError) and not isinstance(best, WorkerLostError):
+                best = e  # a lost worker explains its peers' broken channels
         return best
 
     def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
@@ -494,11 +485,21 @@ def _subtask_error(key: tuple[str, int], err: tuple[str, str, str, bool]) -> Sub
     )
 
 
-def _as_error(ev: tuple[Any, ...]) -> BaseException:
-    if ev[0] == "coordinator":
+def _failure(ev: tuple[Any, ...], generation: int) -> BaseException | None:
+    """The failure an event of a generation reports, or None (a hello, a subtask that
+    finished, ...). The stage's end is a failure here: it ended before what the
+    caller waits for (a caller that expects it to end says so first)."""
+    kind = ev[0]
+    if kind == "done":
+        return None if ev[2] is None else _subtask_error(ev[1], ev[2])
+    if kind == "stage":
+        return _stage_failure(ev[1], generation)
+    if kind == "lost":
+        return WorkerLostError(str(ev[2]))
+    if kind == "coordinator":
         e: BaseException = ev[1]
         return e
-    return WorkerLostError(str(ev[2]))
+    return None
 
 
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
