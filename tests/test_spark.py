@@ -38,9 +38,14 @@ def test_job_on_spark_is_exact_with_induced_failures(sc: Any) -> None:
     """Every kind of failure, fired in Spark workers, restarts the job from its latest
     checkpoint: the committed output equals a failure-free local run's."""
     spec = VerifySpec(
-        topology="pipeline", parallelism=2, records=20_000, failures=4, policy="unaligned"
+        topology="pipeline",
+        parallelism=2,
+        records=20_000,
+        failures=4,
+        policy="unaligned",
+        executor="spark",
     )
-    report = verify(VerifySpec(**{**spec.__dict__, "executor": "spark"}))
+    report = verify(spec)
     assert report.exact, report.text()
     assert len(report.failures_fired) == 4  # each fired once, though workers hold copies
     assert report.attempts == 5
