@@ -38,9 +38,14 @@ def test_job_on_spark_is_exact_with_induced_failures(sc: Any) -> None:
     """Every kind of failure, fired in Spark workers, restarts the job from its latest
     checkpoint: the committed output equals a failure-free local run's."""
     spec = VerifySpec(
-        topology="pipeline", parallelism=2, records=20_000, failures=4, policy="unaligned"
+        topology="pipeline",
+        parallelism=2,
+        records=20_000,
+        failures=4,
+        policy="unaligned",
+        executor="spark",
     )
-    report = verify(VerifySpec(**{**spec.__dict__, "executor": "spark"}))
+    report = verify(spec)
     assert report.exact, report.text()
     assert len(report.failures_fired) == 4  # each fired once, though workers hold copies
     assert report.attempts == 5
@@ -77,7 +82,19 @@ def test_killed_worker_process_restarts_the_job_and_output_is_exact(
     assert "WorkerLostError" in out["failures"][0] or "killed" in out["failures"][0].lower()
 
 
-def test_generations_are_named_in_the_spark_ui(sc: Any, tmp_path: Path) -> None:
+def test_generations_are_named_in_the_spark_ui(
+    sc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spillover.spark import runner
+
+    checked: list[int] = []
+    check = runner._check_shippable
+
+    def counted(spec: Any) -> None:
+        checked.append(spec.generation)
+        check(spec)
+
+    monkeypatch.setattr(runner, "_check_shippable", counted)
     env = StreamEnvironment("ui-named", parallelism=2)
     env.from_source(
         GeneratorSource(partitions=2, records_per_partition=2_000), uid="src"
@@ -86,6 +103,7 @@ def test_generations_are_named_in_the_spark_ui(sc: Any, tmp_path: Path) -> None:
     cfg = config_for(VerifySpec(), str(tmp_path / "ckpt"))
     result = SparkExecutor(env, cfg, failures=failures).run(timeout=120)
     assert result.status == "finished" and result.attempts == 2
+    assert checked == [0]  # the job is pickled to check it once, not per generation
     url = sc.uiWebUrl
     if not url:
         pytest.skip("the Spark UI is off")
@@ -123,6 +141,9 @@ def test_a_job_that_cannot_travel_to_workers_is_refused_clearly(sc: Any) -> None
     with pytest.raises(ConfigError, match="cannot be shipped") as e:
         SparkExecutor(env).run(timeout=30)
     assert "lock" in str(e.value.detail)
+    # The refusal closes the generation's control endpoint: no accept thread lingers.
+    endpoints = [t for t in threading.enumerate() if t.name.startswith("spillover-control (")]
+    assert not endpoints, endpoints
 
 
 def test_control_endpoint_admits_only_the_job_secret() -> None:
@@ -274,3 +295,160 @@ def test_a_worker_marks_broken_channels_so_the_master_blames_the_cause() -> None
     assert not blamed(TransportError("connection lost"))
     assert blamed(ProtocolError("a data frame beyond the announced credit"))  # a bug there
     assert blamed(InducedFailure("induced failure: operator at op#0"))
+
+
+def test_a_stage_ending_before_the_workers_last_messages_is_not_a_lost_worker() -> None:
+    """The stage's end (from Spark) can overtake the workers' last done messages (over
+    the control connections): the generation finished, it did not lose a worker; a
+    stage that ended with subtasks that never report fails after a short grace."""
+    from spillover.spark.runner import WorkerLostError
+
+    env = StreamEnvironment("stage-ends-first", parallelism=2)
+    env.from_source(GeneratorSource(partitions=2, records_per_partition=1), uid="s").sink(
+        _Discard(), uid="k"
+    )
+    ex = SparkExecutor(env)
+    run = ex._attempt(0, None, None)
+    run.events.put(("stage", None))
+    for key in run.proxies:
+        run.events.put(("done", key, None))
+    assert run._loop(time.monotonic() + 10, None, None) is None
+
+    run = ex._attempt(1, None, None)
+    run.events.put(("stage", None))
+    run.events.put(("done", ("s", 0), None))
+    started = time.monotonic()
+    error = run._loop(time.monotonic() + 10, None, None)
+    assert isinstance(error, WorkerLostError) and "ended early" in str(error)
+    assert time.monotonic() - started < 5
+
+
+def _connected_pair(secret: bytes) -> tuple[ControlServer, Any, Any]:
+    """A control endpoint, a worker's connection to it and the master's end of it."""
+    import queue
+
+    ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    server = ControlServer(secret, ends.put)
+    worker = connect(server.address, secret, timeout=5)
+    return server, worker, ends.get(timeout=5)
+
+
+def test_an_unreadable_control_message_is_a_control_error() -> None:
+    import struct
+
+    secret = os.urandom(32)
+    server, worker, master = _connected_pair(secret)
+    try:
+        master.sock.sendall(struct.pack("<I", 7) + b"garbage")
+        with pytest.raises(ControlError, match="unreadable"):
+            worker.recv()
+    finally:
+        worker.close()
+        master.close()
+        server.close()
+
+
+def test_a_malformed_message_from_a_worker_fails_the_generation() -> None:
+    """The master's thread for a worker does not die quietly on a message that is not
+    the protocol's (the job would wait forever): the worker counts as lost."""
+    env = StreamEnvironment("malformed", parallelism=1)
+    env.from_source(GeneratorSource(partitions=1, records_per_partition=1), uid="s").sink(
+        _Discard(), uid="k"
+    )
+    ex = SparkExecutor(env)
+    run = ex._attempt(0, None, None)
+    server = ControlServer(ex.secret, run._on_connect)
+    try:
+        worker = connect(server.address, ex.secret, timeout=5)
+        worker.send("hello", 0, 0, ("127.0.0.1", 1), os.getpid(), "here")
+        assert run.events.get(timeout=5) == ("hello", 0)
+        worker.send("done", "s")  # too short
+        ev = run.events.get(timeout=5)
+        assert ev[0] == "lost" and "malformed" in ev[2], ev
+        with pytest.raises(ControlError):  # and the worker is told
+            worker.recv()
+        worker.close()
+    finally:
+        server.close()
+
+
+def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() -> None:
+    from spillover.spark.worker import _control_loop
+
+    class Subtask:
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    secret = os.urandom(32)
+    server, worker, master = _connected_pair(secret)
+    try:
+        subtask = Subtask()
+        master.send("post")  # too short
+        _control_loop(worker, 0, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
+        assert subtask.cancelled
+        with pytest.raises(ControlError):  # the master sees this worker gone
+            master.recv()
+    finally:
+        worker.close()
+        master.close()
+        server.close()
+
+
+def test_the_kill_routine_raises_what_the_job_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spillover.spark import chaos, runner
+
+    class Broken:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def prepare(self) -> None:
+            pass
+
+        def workers(self) -> dict[int, Any]:
+            return {}
+
+        def completed_ids(self) -> list[int]:
+            return []
+
+        def run(self, timeout: float) -> Any:
+            raise ConfigError("the cluster refused the job")
+
+    monkeypatch.setattr(chaos, "run_once", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner, "SparkExecutor", Broken)
+    with pytest.raises(ConfigError, match="refused the job"):
+        chaos.run_killing_a_worker(str(tmp_path), spec=chaos.kill_spec(records=100))
+
+
+def test_sources_do_not_end_unless_every_worker_confirmed_the_final_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ending the sources before a worker holds the final checkpoint's completion could
+    end its sink without committing: the generation fails instead, after one wait."""
+    from spillover.spark import runner
+
+    monkeypatch.setattr(runner, "SYNC_TIMEOUT_S", 0.3)
+    env = StreamEnvironment("unsynced", parallelism=3)
+    env.from_source(GeneratorSource(partitions=3, records_per_partition=1), uid="s").sink(
+        _Discard(), uid="k"
+    )
+    run = SparkExecutor(env)._attempt(0, None, None)
+
+    class Silent:  # a worker that never answers
+        def __init__(self) -> None:
+            self.sent: list[tuple[Any, ...]] = []
+
+        def send(self, *message: Any) -> None:
+            self.sent.append(message)
+
+    conns = {i: Silent() for i in range(3)}
+    run.conns.update(conns)  # type: ignore[arg-type]
+    started = time.monotonic()
+    run._terminate_sources()
+    assert time.monotonic() - started < 0.3 * 2  # one wait for all, not one each
+    assert all(m[0] == "sync" for c in conns.values() for m in c.sent)
+    ev = run.events.get_nowait()
+    assert ev[0] == "lost" and "sync" in ev[2], ev

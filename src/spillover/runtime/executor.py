@@ -84,7 +84,7 @@ def build_tasks(
     *,
     attempt: int,
     restore: dict[tuple[str, int], TaskRestore] | None,
-    checkpoint_dir: Callable[[int, str, int], str],
+    storage: CheckpointStorage | None,
     failures: FailureInjector,
     on_done: Callable[[Task, BaseException | None], None],
     flush_interval: float,
@@ -93,13 +93,16 @@ def build_tasks(
 ) -> dict[tuple[str, int], Task]:
     """The tasks of one execution attempt with their network, keyed ``(uid, subtask)``.
 
-    ``hosted(i)`` says whether subtask ``i`` of every operator runs here (default:
-    all, the local executor); a result partition's subpartition for a subtask that
-    runs elsewhere is linked with ``remote``. Input gates are named ``uid#i``; the
-    tasks' ``coordinator`` is set by the caller.
+    ``storage`` is the job's checkpoint storage (:func:`checkpoint_storage`), None
+    when checkpointing is off: the tasks take both their directories and whether
+    they checkpoint from it. ``hosted(i)`` says whether subtask ``i`` of every
+    operator runs here (default: all, the local executor); a result partition's
+    subpartition for a subtask that runs elsewhere is linked with ``remote``. Input
+    gates are named ``uid#i``; the tasks' ``coordinator`` is set by the caller.
     """
     here = hosted or (lambda i: True)
     net = cfg.network
+    checkpoint_dir = storage.subtask_dir if storage is not None else _no_checkpoint_dir
     gates: dict[tuple[int, int], Any] = {}
     channels: dict[tuple[int, int], list[InputChannelInfo]] = {}
     partitions: dict[tuple[int, int], list[Any]] = {}
@@ -180,8 +183,7 @@ def build_tasks(
                 flush_interval=flush_interval,
                 channel_compression=cfg.checkpointing.codec.label,
                 max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
-                # As the executor decides (Executor.storage): a directory and an interval.
-                checkpointing=cfg.checkpointing.enabled and cfg.state.checkpoints_dir is not None,
+                checkpointing=storage is not None,
             )
     return tasks
 
@@ -231,14 +233,15 @@ class _Attempt:
         self.attempt = attempt
         self.done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
         self.coordinator_error: BaseException | None = None
+        self.running_at: float | None = None
+        self.failed_at: float | None = None
         g, cfg = ex.graph, ex.config
-        storage = ex.storage
         self.tasks = build_tasks(
             g,
             cfg,
             attempt=attempt,
             restore=restore,
-            checkpoint_dir=storage.subtask_dir if storage is not None else _no_checkpoint_dir,
+            storage=ex.storage,
             failures=ex.failures,
             on_done=lambda t, err: self.done.put((t, err)),
             flush_interval=ex.flush_interval,
@@ -352,6 +355,16 @@ def make_coordinator(
     )
 
 
+def checkpoint_storage(cfg: Config, job_name: str) -> CheckpointStorage | None:
+    """The job's checkpoint storage, or None when checkpointing is off: the one place
+    that decides it (a directory and checkpointing enabled). The executor keeps it as
+    ``Executor.storage``; a Spark worker derives the same from the job's configuration."""
+    cdir = cfg.state.checkpoints_dir
+    if cdir is None or not cfg.checkpointing.enabled:
+        return None
+    return CheckpointStorage(cdir, job_name)
+
+
 def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
     raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
 
@@ -377,7 +390,9 @@ class Executor:
 
     A subclass gives ``_attempt(attempt, restore, restored_id)``: an object with
     ``run(deadline, stop_at, stop_when)`` (the error that ended it, or None),
-    ``coordinator``, ``stopped`` and ``task_metrics()``.
+    ``coordinator``, ``stopped``, ``task_metrics()``, and the ``time.monotonic()``
+    instants ``running_at`` (its subtasks started) and ``failed_at`` (it detected its
+    failure), each None until then; ``JobResult.restart_s`` is timed from them.
     """
 
     def __init__(
@@ -416,12 +431,7 @@ class Executor:
             **self.config.restore_critical(),
             "max-parallelism": self.graph.max_parallelism,
         }
-        cdir = self.config.state.checkpoints_dir
-        self.storage = (
-            CheckpointStorage(cdir, self.graph.name)
-            if cdir is not None and self.config.checkpointing.enabled
-            else None
-        )
+        self.storage = checkpoint_storage(self.config, self.graph.name)
         self.next_checkpoint_id = 1
         self.job_id = uuid.uuid4().hex
         self._current: Any = None  # the running attempt
@@ -533,10 +543,9 @@ class Executor:
                 result.restored_from.append(restored_id)
             run = self._current = self._attempt(attempt, restore, restored_id)
             error = run.run(deadline, stop_at, stop_when)
-            running_at = getattr(run, "running_at", None)
-            if failed_at is not None and running_at is not None:
-                result.restart_s.append(round(running_at - failed_at, 4))
-            failed_at = getattr(run, "failed_at", None) or time.monotonic()
+            if failed_at is not None and run.running_at is not None:
+                result.restart_s.append(round(run.running_at - failed_at, 4))
+            failed_at = run.failed_at or time.monotonic()
             result.attempts = attempt + 1
             result.checkpoints += [c.summary() for c in run.coordinator.history]
             for name, m in run.task_metrics().items():

@@ -58,7 +58,14 @@ def run_killing_a_worker(
     ex = SparkExecutor(graph, config_for(spec, ckpt), master=master)
     ex.prepare()
     box: dict[str, Any] = {}
-    runner = threading.Thread(target=lambda: box.update(result=ex.run(timeout=300)))
+
+    def run() -> None:
+        try:
+            box["result"] = ex.run(timeout=300)
+        except BaseException as e:  # re-raised below, in the caller's thread
+            box["error"] = e
+
+    runner = threading.Thread(target=run, name="spillover-chaos-run", daemon=True)
     runner.start()
     killed: dict[str, Any] = {}
     deadline = time.monotonic() + 120
@@ -71,6 +78,10 @@ def run_killing_a_worker(
             break
         time.sleep(0.02)
     runner.join(timeout=300)
+    if runner.is_alive():
+        raise TimeoutError("the job on Spark did not end within 300 s of the kill")
+    if "error" in box:
+        raise box["error"]
     result = box["result"]
     actual = output_of(spec, result, out_dir, graph.max_parallelism)
     report = compare(spec, baseline, actual)

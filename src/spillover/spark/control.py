@@ -78,14 +78,21 @@ class ControlConnection:
                 raise ControlError(f"control connection to {self.peer}: {e}") from e
 
     def recv(self) -> tuple[Any, ...]:
-        """The next message; raises :class:`ControlError` once the peer closed."""
+        """The next message; raises :class:`ControlError` once the peer closed, or on a
+        message that does not unpickle to a tuple."""
         try:
             (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
             if n > _MAX_MESSAGE:
                 raise ControlError(f"a control message of {n} bytes from {self.peer}")
-            message = pickle.loads(_recv_exact(self.sock, n))
+            data = _recv_exact(self.sock, n)
         except OSError as e:
             raise ControlError(f"control connection to {self.peer}: {e}") from e
+        try:
+            message = pickle.loads(data)
+        except Exception as e:  # UnpicklingError, but also whatever a class's reduce raises
+            raise ControlError(
+                f"an unreadable control message from {self.peer}: {type(e).__name__}: {e}"
+            ) from e
         if not isinstance(message, tuple) or not message:
             raise ControlError(f"a malformed control message from {self.peer}")
         return message

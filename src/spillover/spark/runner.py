@@ -29,7 +29,6 @@ from typing import Any
 from spillover.config import Config
 from spillover.errors import ConfigError
 from spillover.runtime.executor import Executor, StopWhen, make_coordinator, next_event
-from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.task import TaskRestore
 from spillover.spark.control import ControlConnection, ControlError, ControlServer
@@ -44,6 +43,11 @@ __all__ = [
 ]
 
 DEFAULT_LOCAL_SLOTS = 32
+# After a stage ended normally: how long the workers' last messages may take to arrive.
+STAGE_END_GRACE_S = 1.0
+# After the final checkpoint: how long every worker has to confirm it holds the
+# completion before the sources end (else the generation fails).
+SYNC_TIMEOUT_S = 10.0
 _CONTEXT_LOCK = threading.Lock()
 
 
@@ -137,7 +141,8 @@ def warm_up(sc: Any, tasks: int) -> None:
 
 
 class _RemoteTask:
-    """A subtask as the coordinator sees it: its mailbox is on a worker."""
+    """A subtask as the coordinator sees it: its mailbox is on a worker (subtask ``i``
+    of an operator runs on worker ``i``, so the worker index names the subtask too)."""
 
     def __init__(self, run: _SparkAttempt, worker: int, uid: str) -> None:
         self.run = run
@@ -145,10 +150,10 @@ class _RemoteTask:
         self.uid = uid
 
     def post(self, *action: Any) -> None:
-        self.run.send(self.worker, "post", self.uid, self.worker, action)
+        self.run.send(self.worker, "post", self.uid, action)
 
     def request_unaligned(self, cid: int) -> None:
-        self.run.send(self.worker, "unaligned", self.uid, self.worker, cid)
+        self.run.send(self.worker, "unaligned", self.uid, cid)
 
 
 class _SparkAttempt:
@@ -165,7 +170,7 @@ class _SparkAttempt:
         self.generation = generation
         self.restore = restore
         g = ex.graph
-        self.n = max(v.parallelism for v in g.vertices)
+        self.n = ex.slots  # Spark tasks of this generation
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.conns: dict[int, ControlConnection] = {}
         self.workers: dict[int, dict[str, Any]] = {}
@@ -182,6 +187,8 @@ class _SparkAttempt:
             ex, self.proxies, restored_id, self._terminate_sources, self._coordinator_failed
         )
         self.stopped = False
+        self.running_at: float | None = None
+        self.failed_at: float | None = None
         self.stage_error: BaseException | None = None
         self.group = f"spillover-{ex.job_id[:12]}-gen-{generation}"
 
@@ -219,7 +226,10 @@ class _SparkAttempt:
             self.events.put(("hello", index))
             while True:
                 self._dispatch(index, conn.recv())
-        except ControlError as e:
+        except Exception as e:  # a ControlError, or a message that is not the protocol's
+            if not isinstance(e, ControlError):
+                conn.close()  # the worker sees its master gone and cancels its subtasks
+                e = ControlError(f"a malformed control message: {type(e).__name__}: {e}")
             if index >= 0 and index not in self._finished:
                 w = self.workers.get(index, {})
                 self.events.put(
@@ -264,9 +274,21 @@ class _SparkAttempt:
             token = f"{w}-{len(self._synced)}"
             ev = self._synced[token] = threading.Event()
             self.send(w, "sync", token)
-            waits.append(ev)
-        for ev in waits:
-            ev.wait(10.0)
+            waits.append((w, ev))
+        until = time.monotonic() + SYNC_TIMEOUT_S
+        for w, ev in waits:
+            if not ev.wait(max(0.0, until - time.monotonic())):
+                # Ending the sources now could let a sink end without the final
+                # completion (and commit nothing, or the next attempt twice).
+                self.events.put(
+                    (
+                        "lost",
+                        w,
+                        f"worker {w} did not answer a sync within {SYNC_TIMEOUT_S:g} s "
+                        "before the sources end",
+                    )
+                )
+                return
         sources = {v.uid for v in self.ex.graph.vertices if v.is_source}
         for (uid, _), proxy in self.proxies.items():
             if uid in sources:
@@ -309,12 +331,8 @@ class _SparkAttempt:
                 )
             if ev[0] == kind:
                 seen.add(ev[1])
-            elif ev[0] == "stage":
-                return _stage_failure(ev[1], self.generation)
-            elif ev[0] in ("lost", "coordinator"):
-                return _as_error(ev)
-            elif ev[0] == "done" and ev[2] is not None:
-                return _subtask_error(ev[1], ev[2])
+            elif (error := _failure(ev, self.generation)) is not None:
+                return error
         return None
 
     def run(
@@ -326,28 +344,29 @@ class _SparkAttempt:
         ex = self.ex
         sc = ex.context()
         server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
-        cfg = ex.config
-        cdir = cfg.state.checkpoints_dir
-        spec = WorkerSpec(
-            job_id=ex.job_id,
-            graph=ex.graph,
-            config=cfg,
-            generation=self.generation,
-            control=server.address,
-            secret=ex.secret,
-            restore=self.restore,
-            checkpoints=(cdir, ex.graph.name) if ex.storage is not None and cdir else None,
-            failures=ex.failures,
-            flush_interval=ex.flush_interval,
-        )
-        _check_shippable(spec)
-        stage = threading.Thread(
-            target=self._submit, args=(sc, spec), name=f"spillover-stage {self.group}", daemon=True
-        )
-        self.started = time.monotonic()
-        stage.start()
+        stage: threading.Thread | None = None
         error: BaseException | None = None
-        try:
+        try:  # from here on, the endpoint (its socket, its accept thread) is closed at the end
+            spec = WorkerSpec(
+                graph=ex.graph,
+                config=ex.config,
+                generation=self.generation,
+                control=server.address,
+                secret=ex.secret,
+                restore=self.restore,
+                failures=ex.failures,
+                flush_interval=ex.flush_interval,
+            )
+            if ex._shippable is not ex.graph:  # once per job graph, not every generation
+                _check_shippable(spec)
+                ex._shippable = ex.graph
+            stage = threading.Thread(
+                target=self._submit,
+                args=(sc, spec),
+                name=f"spillover-stage {self.group}",
+                daemon=True,
+            )
+            stage.start()
             limit = time.monotonic() + ex.register_timeout
             error = self._wait("hello", limit)
             if error is None:
@@ -364,9 +383,12 @@ class _SparkAttempt:
             if error is not None:
                 self.failed_at = time.monotonic()
         finally:
-            self.coordinator.stop()
-            self._end(sc, stage, cancel=error is not None or self.stopped)
-            server.close()
+            try:
+                self.coordinator.stop()
+                if stage is not None:
+                    self._end(sc, stage, cancel=error is not None or self.stopped)
+            finally:
+                server.close()
         return error
 
     def _loop(
@@ -376,24 +398,28 @@ class _SparkAttempt:
         stop_when: StopWhen | None,
     ) -> BaseException | None:
         remaining = set(self.proxies)
+        grace: float | None = None  # set when the stage ended with subtasks remaining
         while remaining:
-            what, ev = next_event(self.events, self.coordinator, deadline, stop_at, stop_when)
+            graced = grace is not None and (deadline is None or grace < deadline)
+            until = grace if graced else deadline
+            what, ev = next_event(self.events, self.coordinator, until, stop_at, stop_when)
             if what == "stop":
                 self.stopped = True
                 return None
             if what == "timeout":
+                if graced:
+                    return _stage_failure(None, self.generation)
                 return TimeoutError("the job did not finish in time")
             kind = ev[0]
-            if kind == "done":
-                key, err = ev[1], ev[2]
-                if err is not None:
-                    return self._root_cause(_subtask_error(key, err))
-                remaining.discard(key)
-            elif kind == "stage":
-                if remaining:
-                    return _stage_failure(ev[1], self.generation)
-            elif kind in ("lost", "coordinator"):
-                return self._root_cause(_as_error(ev))
+            if kind == "done" and ev[2] is None:
+                remaining.discard(ev[1])
+            elif kind == "stage" and ev[1] is None:
+                # The workers returned, but their last done/finished messages come over
+                # the control connections and may still be on their way: the stage
+                # ended early only if they do not arrive within a moment.
+                grace = time.monotonic() + STAGE_END_GRACE_S
+            elif (error := _failure(ev, self.generation)) is not None:
+                return error if kind == "stage" else self._root_cause(error)
         return None
 
     def _root_cause(self, first: BaseException) -> BaseException:
@@ -408,12 +434,12 @@ class _SparkAttempt:
                 ev = self.events.get(timeout=left)
             except queue.Empty:
                 break
-            if ev[0] == "done" and ev[2] is not None:
-                e = _subtask_error(ev[1], ev[2])
-                if not _is_consequence(e):
-                    return e
-            elif ev[0] == "lost" and not isinstance(best, WorkerLostError):
-                best = _as_error(ev)  # a lost worker explains its peers' broken channels
+            if ev[0] not in ("done", "lost") or (e := _failure(ev, self.generation)) is None:
+                continue
+            if not _is_consequence(e):
+                return e
+            if isinstance(e, WorkerLostError) and not isinstance(best, WorkerLostError):
+                best = e  # a lost worker explains its peers' broken channels
         return best
 
     def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
@@ -459,11 +485,21 @@ def _subtask_error(key: tuple[str, int], err: tuple[str, str, str, bool]) -> Sub
     )
 
 
-def _as_error(ev: tuple[Any, ...]) -> BaseException:
-    if ev[0] == "coordinator":
+def _failure(ev: tuple[Any, ...], generation: int) -> BaseException | None:
+    """The failure an event of a generation reports, or None (a hello, a subtask that
+    finished, ...). The stage's end is a failure here: it ended before what the
+    caller waits for (a caller that expects it to end says so first)."""
+    kind = ev[0]
+    if kind == "done":
+        return None if ev[2] is None else _subtask_error(ev[1], ev[2])
+    if kind == "stage":
+        return _stage_failure(ev[1], generation)
+    if kind == "lost":
+        return WorkerLostError(str(ev[2]))
+    if kind == "coordinator":
         e: BaseException = ev[1]
         return e
-    return WorkerLostError(str(ev[2]))
+    return None
 
 
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
@@ -502,17 +538,17 @@ class SparkExecutor(Executor):
         *,
         master: str | None = None,
         spark_context: Any = None,
-        failures: FailureInjector | None = None,
         register_timeout: float = 120.0,
         cancel_grace_s: float = 2.0,
         **options: Any,
     ) -> None:
-        super().__init__(job, config, failures=failures, **options)
+        super().__init__(job, config, **options)
         self.master = master
         self._sc = spark_context
         self.register_timeout = register_timeout
         self.cancel_grace_s = cancel_grace_s
         self.secret = secrets.token_bytes(32)
+        self._shippable: JobGraph | None = None  # the graph _check_shippable passed
 
     @property
     def slots(self) -> int:

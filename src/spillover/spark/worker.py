@@ -1,7 +1,8 @@
 """One Spark task of a generation: hosts subtask ``i`` of every operator.
 
-Runs inside a PySpark barrier task (or any process: tests call :func:`run_worker`
-directly). The protocol with the job master (docs/spark.md):
+Runs inside a PySpark barrier task, though :func:`run_worker` uses nothing of Spark:
+the runner passes the task's partition id as the worker index. The protocol with
+the job master (docs/spark.md):
 
 1. connect to the master's control endpoint with the job secret; start a
    :class:`~spillover.runtime.transport.TcpReceiver` on the address that reaches
@@ -29,8 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.config import Config
-from spillover.runtime.checkpoints import CheckpointStorage
-from spillover.runtime.executor import build_tasks, settle
+from spillover.runtime.executor import build_tasks, checkpoint_storage, settle
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.network import NetworkError, ResultPartition
@@ -43,16 +43,16 @@ __all__ = ["WorkerSpec", "run_worker"]
 
 @dataclass
 class WorkerSpec:
-    """Everything a worker of one generation needs; shipped in the stage's closure."""
+    """Everything a worker of one generation needs; shipped in the stage's closure.
+    The checkpoint storage is not in it: the worker derives it from ``config`` and
+    the job's name as the executor does (:func:`checkpoint_storage`)."""
 
-    job_id: str
     graph: JobGraph
     config: Config
     generation: int
     control: tuple[str, int]
     secret: bytes
     restore: dict[tuple[str, int], TaskRestore] | None = None
-    checkpoints: tuple[str, str] | None = None  # (state.checkpoints.dir, job name)
     failures: FailureInjector = field(default_factory=FailureInjector)
     flush_interval: float = 0.005
     metrics_interval: float = 0.5
@@ -66,25 +66,25 @@ class _Relay:
     def __init__(self, conn: ControlConnection) -> None:
         self.conn = conn
 
-    def _send(self, *message: Any) -> None:
+    def send(self, *message: Any) -> None:
         # The master gone: the control thread cancels the subtasks.
         with contextlib.suppress(ControlError):
             self.conn.send(*message)
 
     def acknowledge(self, ack: Any) -> None:
-        self._send("ack", ack)
+        self.send("ack", ack)
 
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
-        self._send("decline", checkpoint_id, vertex_uid, subtask, reason)
+        self.send("decline", checkpoint_id, vertex_uid, subtask, reason)
 
     def end_of_data(self, vertex_uid: str, subtask: int) -> None:
-        self._send("eod", vertex_uid, subtask)
+        self.send("eod", vertex_uid, subtask)
 
 
 def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:
     """The master's failure script (this worker's copy), reporting each failure that
     fires here before the subtask fails, so the next generation does not fire it."""
-    failures.on_fire = lambda index, attempt: relay._send("fired", index, attempt)
+    failures.on_fire = lambda index, attempt: relay.send("fired", index, attempt)
     return failures
 
 
@@ -136,18 +136,13 @@ def _run(
     relay = _Relay(conn)
     done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
     links: list[tuple[ResultPartition, int, str, int]] = []
-    storage = CheckpointStorage(*spec.checkpoints) if spec.checkpoints is not None else None
-
-    def no_dir(cid: int, uid: str, subtask: int) -> str:
-        raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
-
     tasks.update(
         build_tasks(
             spec.graph,
             spec.config,
             attempt=spec.generation,
             restore=spec.restore,
-            checkpoint_dir=storage.subtask_dir if storage is not None else no_dir,
+            storage=checkpoint_storage(spec.config, spec.graph.name),
             failures=_reporting(spec.failures, relay),
             on_done=lambda t, err: done.put((t, err)),
             flush_interval=spec.flush_interval,
@@ -168,7 +163,7 @@ def _run(
     ]
     stop = threading.Event()
     control = threading.Thread(
-        target=_control_loop, args=(conn, tasks, stop), name="spillover-control", daemon=True
+        target=_control_loop, args=(conn, index, tasks, stop), name="spillover-control", daemon=True
     )
     control.start()
     for t in tasks.values():
@@ -188,43 +183,57 @@ def _run(
             remaining.discard(key)
             cancelled = isinstance(err, TaskCancelled)
             errors += err is not None and not cancelled
-            relay._send("done", *key, None if cancelled else _error_info(err), t.metrics())
+            relay.send("done", *key, None if cancelled else _error_info(err), t.metrics())
         if now - last_metrics >= spec.metrics_interval and remaining:
             last_metrics = now
-            relay._send("metrics", {f"{u}#{i}": tasks[(u, i)].metrics() for u, i in remaining})
+            relay.send("metrics", {f"{u}#{i}": tasks[(u, i)].metrics() for u, i in remaining})
     for sub in subs:  # finished ones wait for their consumer to read the end
         sub.close(timeout=5.0)
-    relay._send("finished", index)
+    relay.send("finished", index)
     stop.set()
     return {"index": index, "status": "failed" if errors else "finished", "subtasks": len(tasks)}
 
 
 def _control_loop(
-    conn: ControlConnection, tasks: dict[tuple[str, int], Task], stop: threading.Event
+    conn: ControlConnection,
+    index: int,
+    tasks: dict[tuple[str, int], Task],
+    stop: threading.Event,
 ) -> None:
-    """Relays the master's messages to the subtasks until the connection ends."""
-    while True:
-        try:
-            message = conn.recv()
-        except ControlError:
-            if not stop.is_set():  # the master is gone: nothing may run on
-                for t in tasks.values():
-                    t.cancel()
-            return
-        kind = message[0]
-        if kind == "post":
-            _, uid, i, action = message
-            task = tasks.get((uid, i))
-            if task is not None:
-                task.post(*action)
-        elif kind == "unaligned":
-            _, uid, i, cid = message
-            task = tasks.get((uid, i))
-            if task is not None:
-                task.request_unaligned(cid)
-        elif kind == "sync":
-            with contextlib.suppress(ControlError):
-                conn.send("synced", message[1])
-        elif kind == "cancel":
+    """Relays the master's messages to the subtasks until the connection ends; a
+    message it cannot follow ends the connection as the master closing it does."""
+    try:
+        while True:
+            _follow(conn, conn.recv(), index, tasks)
+    except Exception:  # a ControlError, or a message that is not the protocol's
+        conn.close()  # the master sees this worker gone
+        if not stop.is_set():  # the master is gone: nothing may run on
             for t in tasks.values():
                 t.cancel()
+
+
+def _follow(
+    conn: ControlConnection,
+    message: tuple[Any, ...],
+    index: int,
+    tasks: dict[tuple[str, int], Task],
+) -> None:
+    """Carries out one message of the master's; ``uid`` in a message names this
+    worker's subtask of that operator (``index``)."""
+    kind = message[0]
+    if kind == "post":
+        _, uid, action = message
+        task = tasks.get((uid, index))
+        if task is not None:
+            task.post(*action)
+    elif kind == "unaligned":
+        _, uid, cid = message
+        task = tasks.get((uid, index))
+        if task is not None:
+            task.request_unaligned(cid)
+    elif kind == "sync":
+        with contextlib.suppress(ControlError):
+            conn.send("synced", message[1])
+    elif kind == "cancel":
+        for t in tasks.values():
+            t.cancel()
