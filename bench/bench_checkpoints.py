@@ -1,4 +1,4 @@
-"""Checkpoints under backpressure, one run per policy (``spillover.bench.run``).
+"""Checkpoints under backpressure, one run per policy (``spillover.benchmark.run``).
 
 Run: ``PYTHONPATH=src .venv/bin/python -m pytest bench/bench_checkpoints.py --benchmark-only -q``
 
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from spillover.bench import POLICIES, BenchSpec, run
+from spillover.benchmark import POLICIES, BenchSpec, run
 
 DURATION_S = float(os.environ.get("SPILLOVER_BENCH_CHECKPOINTS_DURATION", "10"))
 WARMUP_S = float(os.environ.get("SPILLOVER_BENCH_CHECKPOINTS_WARMUP", "2"))

@@ -31,15 +31,16 @@ import numpy as np
 import pytest
 
 from spillover.config import Config
+from spillover.deploy.local import LocalExecutor
 from spillover.keygroups import compute_default_max_parallelism
 from spillover.runtime.api import Batch, EdgeKind, Operator, OperatorContext
-from spillover.runtime.buffers import BufferPool
-from spillover.runtime.executor import JobResult, LocalExecutor
+from spillover.runtime.connectors.sources import GeneratorSource
 from spillover.runtime.graph import StreamEnvironment
-from spillover.runtime.network import InputGate, ResultPartition, connect
+from spillover.runtime.jobmaster import JobResult
+from spillover.runtime.network.buffers import BufferPool
+from spillover.runtime.network.channels import InputGate, ResultPartition, connect
+from spillover.runtime.network.writers import PartitionWriter
 from spillover.runtime.operators import KeyedSum
-from spillover.runtime.sources import GeneratorSource
-from spillover.runtime.writers import PartitionWriter
 from spillover.storage.handle import DataType
 
 PARALLELISM = 2

@@ -10,7 +10,7 @@ the next attempt's subtasks running; the restore of state happens after that, in
 the subtasks):
 
 - ``killed-worker``: a worker's Python process is SIGKILLed once a checkpoint
-  completed (:func:`spillover.spark.chaos.run_killing_a_worker`);
+  completed (:func:`spillover.verify.chaos.run_killing_a_worker`);
 - ``induced``: a subtask raises (an operator failure) on Spark;
 - ``local-induced``: the same failure on the local executor (threads, no Spark);
 - ``barrier-stage``: the floor: an empty barrier stage of the same width, submitted
@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
+from spillover.deploy.spark import spark_context
 from spillover.runtime.failures import FailureInjector, FailureSpec
-from spillover.spark import spark_context
-from spillover.spark.chaos import kill_spec, run_killing_a_worker
 from spillover.verify import run_once
+from spillover.verify.chaos import kill_spec, run_killing_a_worker
 
 ROUNDS = int(os.environ.get("SPILLOVER_BENCH_ROUNDS", "3"))
 RESTART_TARGET_S = 3.0

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from format_fuzz import GOLDEN_DIR, payload_from_recipe  # noqa: E402
 from spillover.storage.reference import ReferenceWriter, read_state_file  # noqa: E402
+from support.format_fuzz import GOLDEN_DIR, payload_from_recipe  # noqa: E402
 
 DATA, EVENT = 0, 1
 

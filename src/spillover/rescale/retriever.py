@@ -848,7 +848,7 @@ def rescaled_retriever(
 
     ``input_references`` maps an old downstream to ``{channel: pieces}`` its
     checkpoint referenced instead of storing (objects with ``handle``,
-    ``channel``, ``skip``; see ``spillover.runtime.recovery``): they are read
+    ``channel``, ``skip``; see ``spillover.runtime.recovery.replay``): they are read
     before that channel's input piece. ``coalesce`` repacks whole channels into
     ``buffer_size`` buffers (needed with references when nothing is filtered).
     """

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from spillover.records import FixedWidthSerializer, RecordReader
-from spillover.runtime import recovery
-from spillover.runtime.alignment import AlignmentStats, BarrierHandler
 from spillover.runtime.api import Batch, OperatorContext, OperatorSnapshot, Output
+from spillover.runtime.checkpointing.aligned import AlignmentStats, BarrierHandler
+from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
-from spillover.runtime.recovery import (
+from spillover.runtime.recovery import replay as recovery
+from spillover.runtime.recovery.replay import (
     InputRecovery,
     Piece,
     StreamRecovery,
@@ -37,7 +38,6 @@ from spillover.runtime.recovery import (
     filtered_retriever,
     references_of,
 )
-from spillover.runtime.unaligned import InFlightCheckpoint
 from spillover.storage.handle import DataType
 
 # The id operators see when a job without checkpointing commits at its end.
@@ -223,7 +223,7 @@ class Task:
         can be polled: the data buffers it overtook in the receive queue. For a
         barrier they belong to that checkpoint's input state of ``ch`` (the producer
         could not persist them: they had left it); the task takes them with the event."""
-        from spillover.runtime.events import CheckpointBarrier
+        from spillover.runtime.network.events import CheckpointBarrier
 
         if not isinstance(event, CheckpointBarrier) or not buffers:
             for b in buffers:
@@ -350,7 +350,7 @@ class Task:
                     self.replayed_bytes += len(buf)
                     box.send(buf.channel_id, np.frombuffer(memoryview(buf), np.uint8).copy())
         # Own input state (and what it references) replays step by step from the task
-        # loop, which takes unaligned barriers between steps (runtime/recovery.py).
+        # loop, which takes unaligned barriers between steps (runtime/recovery/replay.py).
 
         gates: dict[int, Any] = {}
         for h in plan.get("inputs", []):
@@ -367,7 +367,7 @@ class Task:
                 gates, lambda gate, ch, buf: self._process(self._offset[gate] + ch, buf)
             )
         # Old channels' streams (rescaled edges, and streams a checkpoint referenced with
-        # a filter) replay first, step by step too (runtime/recovery.py).
+        # a filter) replay first, step by step too (runtime/recovery/replay.py).
         parts: list[tuple[int, Any, dict[str, Any]]] = []
 
         def filtered(gate: int, refs: list[Any], new: dict[str, Any] | None) -> None:
@@ -500,7 +500,7 @@ class Task:
     def _take_priority(self, timeout: float) -> float:
         """Waits up to ``timeout`` for a priority event (an unaligned barrier) and
         handles it; returns the seconds spent waiting."""
-        from spillover.runtime import events as ev
+        from spillover.runtime.network import events as ev
 
         t = time.monotonic()
         item = self.gate.poll(timeout, priority_only=True)
@@ -571,7 +571,7 @@ class Task:
         """Flushes and tells downstream that data ended. Without checkpointing there
         is no final checkpoint to commit two-phase-commit sinks, and no recovery a
         commit could break, so the operators commit here on their own."""
-        from spillover.runtime.events import EndOfData
+        from spillover.runtime.network.events import EndOfData
 
         for w in self.writers:
             w.flush()
@@ -589,7 +589,7 @@ class Task:
         self.coordinator.end_of_data(self.vertex.uid, self.subtask)
 
     def _run_inputs(self) -> None:
-        from spillover.runtime import events as ev
+        from spillover.runtime.network import events as ev
 
         gate = self.gate
         while not gate.finished:
@@ -655,7 +655,7 @@ class Task:
         )
 
     def _on_event(self, ch: int, event: Any) -> None:
-        from spillover.runtime import events as ev
+        from spillover.runtime.network import events as ev
 
         assert self.barriers is not None
         if isinstance(event, ev.CheckpointBarrier):
@@ -703,7 +703,7 @@ class Task:
         self._after_finish()
 
     def _forward_cancel(self, checkpoint_id: int) -> None:
-        from spillover.runtime.events import CancelCheckpointMarker
+        from spillover.runtime.network.events import CancelCheckpointMarker
 
         if checkpoint_id in self._cancelled_forwarded:
             return
@@ -722,7 +722,7 @@ class Task:
     def _trigger_source(
         self, cid: int, trigger_ms: int, kind: int = 0, timeout_ms: int = 0
     ) -> None:
-        from spillover.runtime.events import BarrierKind, CheckpointBarrier
+        from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
 
         barrier = CheckpointBarrier(cid, trigger_ms, BarrierKind(kind), timeout_ms)
         if barrier.kind == BarrierKind.UNALIGNED:
@@ -737,7 +737,7 @@ class Task:
     ) -> None:
         """The first barrier of an unaligned checkpoint (or a switched one) is here;
         ``overtaken``: what it overtook in ``first_channel``'s receive queue."""
-        from spillover.runtime import events as ev
+        from spillover.runtime.network import events as ev
 
         assert self.barriers is not None
         h = self.barriers
@@ -793,7 +793,7 @@ class Task:
     def _switched_output_state(self, barrier: Any) -> InFlightCheckpoint:
         """An in-flight checkpoint for a barrier that switched while this task drained:
         its inputs are aligned already, only its output state is left to persist."""
-        from spillover.runtime.unaligned import ChannelStateWriter, InFlightCheckpoint
+        from spillover.runtime.checkpointing.unaligned import ChannelStateWriter, InFlightCheckpoint
 
         cid = barrier.checkpoint_id
         uri = self.checkpoint_dir(cid, self.vertex.uid, self.subtask)
@@ -809,7 +809,7 @@ class Task:
 
     def _timeout_switch(self, cid: int) -> None:
         """The coordinator's word that checkpoint ``cid``'s alignment timed out."""
-        from spillover.runtime import events as ev
+        from spillover.runtime.network import events as ev
 
         if self.vertex.is_source or cid in self._done_checkpoints:
             return
@@ -848,7 +848,7 @@ class Task:
         stats: AlignmentStats | None,
         first: tuple[int, Sequence[Any]] | None = None,
     ) -> InFlightCheckpoint:
-        from spillover.runtime.unaligned import ChannelStateWriter, InFlightCheckpoint
+        from spillover.runtime.checkpointing.unaligned import ChannelStateWriter, InFlightCheckpoint
 
         cid = barrier.checkpoint_id
         uri = self.checkpoint_dir(cid, self.vertex.uid, self.subtask)
@@ -975,7 +975,7 @@ class Task:
         barrier: Any = None,
         inflight: Any = None,
     ) -> None:
-        from spillover.runtime.events import BarrierKind, CheckpointBarrier
+        from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
 
         t0 = time.monotonic()
         if stats is not None:

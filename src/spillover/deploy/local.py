@@ -1,0 +1,111 @@
+"""The local deployment: every subtask of a job on a thread of this process."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+from spillover.runtime.jobmaster import Executor, StopWhen, next_event
+from spillover.runtime.task import Task, TaskCancelled, TaskRestore
+from spillover.runtime.wiring import build_tasks, make_coordinator, settle
+
+
+class _Attempt:
+    """One execution attempt: the tasks, their network and the coordinator."""
+
+    def __init__(
+        self,
+        ex: Executor,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> None:
+        self.ex = ex
+        self.attempt = attempt
+        self.done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
+        self.coordinator_error: BaseException | None = None
+        self.running_at: float | None = None
+        self.failed_at: float | None = None
+        g, cfg = ex.graph, ex.config
+        self.tasks = build_tasks(
+            g,
+            cfg,
+            attempt=attempt,
+            restore=restore,
+            storage=ex.storage,
+            failures=ex.failures,
+            on_done=lambda t, err: self.done.put((t, err)),
+            flush_interval=ex.flush_interval,
+        )
+        self.coordinator = make_coordinator(
+            ex, self.tasks, restored_id, self._terminate_sources, self._coordinator_failed
+        )
+        for t in self.tasks.values():
+            t.coordinator = self.coordinator
+
+    def _terminate_sources(self) -> None:
+        for (_uid, _i), t in self.tasks.items():
+            if t.vertex.is_source:
+                t.post("terminate")
+
+    def _coordinator_failed(self, e: BaseException) -> None:
+        self.coordinator_error = e
+        # Wake the executor's wait with a synthetic failure.
+        any_task = next(iter(self.tasks.values()))
+        self.done.put((any_task, e))
+
+    def run(
+        self,
+        deadline: float | None,
+        stop_at: float | None = None,
+        stop_when: StopWhen | None = None,
+    ) -> BaseException | None:
+        """Runs until every task finished (None) or one failed (its error); at
+        ``stop_at`` the job is stopped (cancelled, not failed: returns None)."""
+        self.coordinator.start()
+        for t in self.tasks.values():
+            t.start()
+        self.running_at = time.monotonic()
+        remaining = set(self.tasks)
+        error: BaseException | None = None
+        self.stopped = False
+        while remaining:
+            what, item = next_event(self.done, self.coordinator, deadline, stop_at, stop_when)
+            if what == "stop":
+                self.stopped = True
+                self._cancel_all()
+                break
+            if what == "timeout":
+                error = TimeoutError("the job did not finish in time")
+                break
+            task, err = item
+            if err is not None and not isinstance(err, TaskCancelled):
+                error = err
+                self.failed_at = time.monotonic()
+                break
+            remaining.discard((task.vertex.uid, task.subtask))
+        if error is not None:
+            self._cancel_all()
+        self.coordinator.stop()
+        return error
+
+    def _cancel_all(self) -> None:
+        for t in self.tasks.values():
+            t.cancel()
+        settle(self.tasks.values())
+
+    def task_metrics(self) -> dict[str, dict[str, float]]:
+        """Each subtask's metrics (``uid#i``), live while the attempt runs."""
+        return {f"{uid}#{i}": t.metrics() for (uid, i), t in self.tasks.items()}
+
+
+class LocalExecutor(Executor):
+    """Runs a job graph with one thread per subtask, restarting it on failures."""
+
+    def _attempt(
+        self,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> _Attempt:
+        return _Attempt(self, attempt, restore, restored_id)

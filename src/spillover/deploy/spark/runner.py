@@ -1,0 +1,626 @@
+"""The job master on the Spark driver: one barrier stage per generation.
+
+:class:`SparkExecutor` is an :class:`~spillover.runtime.jobmaster.Executor`: the same
+restart loop, restore planning and checkpoint coordinator as the local executor,
+but each execution attempt (a *generation*) runs as one PySpark barrier stage of
+``n`` tasks, ``n`` the largest parallelism of the job; Spark task ``i`` is one
+Python worker process hosting subtask ``i`` of every operator
+(:mod:`spillover.deploy.spark.worker`). The master talks to the workers over its control
+endpoint (:mod:`spillover.deploy.spark.control`); the workers exchange data over TCP.
+
+Restarts are the master's, not Spark's: when a subtask fails or a worker is lost,
+the master fails the generation, aborts its pending checkpoints, tells every
+worker to cancel, cancels the stage's job group if it does not end on its own,
+and submits generation + 1 with the checkpoint to restore in its closure.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from spillover.config import Config
+from spillover.deploy.spark.control import ControlConnection, ControlError, ControlServer
+from spillover.deploy.spark.worker import WorkerSpec, run_worker
+from spillover.errors import ConfigError
+from spillover.runtime.graph import JobGraph, StreamEnvironment
+from spillover.runtime.jobmaster import Executor, StopWhen, next_event
+from spillover.runtime.task import TaskRestore
+from spillover.runtime.wiring import make_coordinator
+
+__all__ = [
+    "SparkExecutor",
+    "SubtaskFailedError",
+    "WorkerLostError",
+    "rescale_to_available_slots",
+    "spark_context",
+]
+
+DEFAULT_LOCAL_SLOTS = 32
+# After a stage ended normally: how long the workers' last messages may take to arrive.
+STAGE_END_GRACE_S = 1.0
+# After the final checkpoint: how long every worker has to confirm it holds the
+# completion before the sources end (else the generation fails).
+SYNC_TIMEOUT_S = 10.0
+_CONTEXT_LOCK = threading.Lock()
+
+
+class SubtaskFailedError(RuntimeError):
+    """A subtask failed in a Spark worker; the message and traceback are the worker's."""
+
+    def __init__(
+        self, message: str, remote_type: str, remote_traceback: str, broken_channel: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+        self.broken_channel = broken_channel  # likely a consequence of a peer's failure
+
+
+class WorkerLostError(RuntimeError):
+    """A worker's process or its control connection is gone."""
+
+
+def spark_context(master: str | None = None, slots: int = 1, app_name: str = "spillover") -> Any:
+    """The active SparkContext, or a new one: ``master`` (default the embedded
+    ``local[max(32, slots)]``) set up for spillover's barrier stages. An active context
+    with another master, or with fewer than ``slots`` task slots, is refused."""
+    from pyspark import SparkConf, SparkContext
+
+    with _CONTEXT_LOCK:
+        active = SparkContext._active_spark_context
+        if active is not None:
+            if master is not None and active.master != master:
+                raise ConfigError(
+                    f"a SparkContext with master {active.master!r} is running",
+                    detail=f"asked for {master!r}",
+                    hint="stop it first, or pass that context (spark_context=)",
+                )
+            return active
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        url = master or f"local[{max(DEFAULT_LOCAL_SLOTS, slots)}]"
+        conf = (
+            SparkConf()
+            .setMaster(url)
+            .setAppName(app_name)
+            .set("spark.ui.showConsoleProgress", "false")
+            .set("spark.python.worker.reuse", "true")
+            .set("spark.python.task.killTimeout", "300ms")
+            # A barrier stage with more tasks than slots fails fast, not after minutes.
+            .set("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
+            .set("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+            .set("spark.task.maxFailures", "1")
+        )
+        if url.startswith("local"):
+            conf.set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
+        sc = SparkContext(conf=conf)
+        sc.setLogLevel(os.environ.get("SPILLOVER_SPARK_LOG_LEVEL", "ERROR"))
+        return sc
+
+
+def _slots(sc: Any) -> int:
+    """Tasks the cluster runs at once now: what Spark's barrier check counts (0 on a
+    cluster before its executors registered)."""
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # another Spark version: its default parallelism
+        return int(sc.defaultParallelism)
+
+
+_WARM: set[tuple[int, int]] = set()
+
+
+def _import_runtime(_: Any) -> list[int]:
+    import spillover.deploy.spark.worker  # noqa: F401  (what a worker imports, done once)
+
+    return [os.getpid()]
+
+
+def warm_up(sc: Any, tasks: int) -> None:
+    """Starts ``tasks`` Python workers and imports the runtime in them (reused by later
+    stages), so that a job's first generation does not pay for it. Once per context
+    and size."""
+    key = (id(sc), tasks)
+    if key in _WARM:
+        return
+    sc.setJobGroup("spillover-warm-up", "spillover: start Python workers", False)
+    try:
+        sc.parallelize(range(tasks), tasks).barrier().mapPartitions(_import_runtime).collect()
+    finally:
+        sc.setJobGroup("", "", False)
+    _WARM.add(key)
+
+
+class _RemoteTask:
+    """A subtask as the coordinator sees it: its mailbox is on a worker (subtask ``i``
+    of an operator runs on worker ``i``, so the worker index names the subtask too)."""
+
+    def __init__(self, run: _SparkAttempt, worker: int, uid: str) -> None:
+        self.run = run
+        self.worker = worker
+        self.uid = uid
+
+    def post(self, *action: Any) -> None:
+        self.run.send(self.worker, "post", self.uid, action)
+
+    def request_unaligned(self, cid: int) -> None:
+        self.run.send(self.worker, "unaligned", self.uid, cid)
+
+
+class _SparkAttempt:
+    """One generation: a barrier stage, its control connections and the coordinator."""
+
+    def __init__(
+        self,
+        ex: SparkExecutor,
+        generation: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> None:
+        self.ex = ex
+        self.generation = generation
+        self.restore = restore
+        g = ex.graph
+        self.n = ex.slots  # Spark tasks of this generation
+        self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.conns: dict[int, ControlConnection] = {}
+        self.workers: dict[int, dict[str, Any]] = {}
+        self._finished: set[int] = set()
+        self._synced: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.metrics: dict[str, dict[str, float]] = {}
+        self.proxies = {
+            (v.uid, i): _RemoteTask(self, i, v.uid)
+            for v in g.vertices
+            for i in range(v.parallelism)
+        }
+        self.coordinator = make_coordinator(
+            ex, self.proxies, restored_id, self._terminate_sources, self._coordinator_failed
+        )
+        self.stopped = False
+        self.running_at: float | None = None
+        self.failed_at: float | None = None
+        self.stage_error: BaseException | None = None
+        self.group = f"spillover-{ex.job_id[:12]}-gen-{generation}"
+
+    # -- messages ------------------------------------------------------------------
+
+    def send(self, worker: int, *message: Any) -> None:
+        conn = self.conns.get(worker)
+        if conn is None:
+            return
+        try:
+            conn.send(*message)
+        except ControlError as e:
+            if worker not in self._finished:
+                self.events.put(("lost", worker, str(e)))
+
+    def _on_connect(self, conn: ControlConnection) -> None:
+        threading.Thread(
+            target=self._serve, args=(conn,), name=f"spillover-master {conn.peer}", daemon=True
+        ).start()
+
+    def _serve(self, conn: ControlConnection) -> None:
+        index = -1
+        try:
+            hello = conn.recv()
+            if hello[0] != "hello" or hello[1] != self.generation:
+                conn.close()  # a straggler of another generation
+                return
+            _, _, index, address, pid, host = hello
+            with self._lock:
+                if not 0 <= index < self.n or index in self.conns:
+                    conn.close()
+                    return
+                self.conns[index] = conn
+                self.workers[index] = {"address": address, "pid": pid, "host": host}
+            self.events.put(("hello", index))
+            while True:
+                self._dispatch(index, conn.recv())
+        except Exception as e:  # a ControlError, or a message that is not the protocol's
+            if not isinstance(e, ControlError):
+                conn.close()  # the worker sees its master gone and cancels its subtasks
+                e = ControlError(f"a malformed control message: {type(e).__name__}: {e}")
+            if index >= 0 and index not in self._finished:
+                w = self.workers.get(index, {})
+                self.events.put(
+                    (
+                        "lost",
+                        index,
+                        f"worker {index} (pid {w.get('pid')} on {w.get('host')}) is gone: {e}",
+                    )
+                )
+
+    def _dispatch(self, index: int, m: tuple[Any, ...]) -> None:
+        kind = m[0]
+        co = self.coordinator
+        if kind == "ack":
+            co.acknowledge(m[1])
+        elif kind == "decline":
+            co.decline(*m[1:])
+        elif kind == "eod":
+            co.end_of_data(m[1], m[2])
+        elif kind == "metrics":
+            self.metrics.update(m[1])
+        elif kind == "fired":
+            self.ex.failures.mark_fired(m[1], m[2])
+        elif kind == "done":
+            _, uid, i, err, metrics = m
+            self.metrics[f"{uid}#{i}"] = metrics
+            self.events.put(("done", (uid, i), err))
+        elif kind == "synced":
+            ev = self._synced.get(m[1])
+            if ev is not None:
+                ev.set()
+        elif kind in ("wired", "finished"):
+            if kind == "finished":
+                self._finished.add(index)
+            self.events.put((kind, index))
+
+    def _terminate_sources(self) -> None:
+        """After the final checkpoint: the workers hold its completion in every
+        subtask's mailbox before any source ends (a sink publishes before it ends)."""
+        waits = []
+        for w in list(self.conns):
+            token = f"{w}-{len(self._synced)}"
+            ev = self._synced[token] = threading.Event()
+            self.send(w, "sync", token)
+            waits.append((w, ev))
+        until = time.monotonic() + SYNC_TIMEOUT_S
+        for w, ev in waits:
+            if not ev.wait(max(0.0, until - time.monotonic())):
+                # Ending the sources now could let a sink end without the final
+                # completion (and commit nothing, or the next attempt twice).
+                self.events.put(
+                    (
+                        "lost",
+                        w,
+                        f"worker {w} did not answer a sync within {SYNC_TIMEOUT_S:g} s "
+                        "before the sources end",
+                    )
+                )
+                return
+        sources = {v.uid for v in self.ex.graph.vertices if v.is_source}
+        for (uid, _), proxy in self.proxies.items():
+            if uid in sources:
+                proxy.post("terminate")
+
+    def _coordinator_failed(self, e: BaseException) -> None:
+        self.events.put(("coordinator", e))
+
+    # -- the generation --------------------------------------------------------------
+
+    def _submit(self, sc: Any, spec: WorkerSpec) -> None:
+        from pyspark import BarrierTaskContext
+
+        def work(_: Any) -> Any:
+            summary = run_worker(spec, BarrierTaskContext.get().partitionId())
+            return [summary]
+
+        try:
+            sc.setJobGroup(
+                self.group,
+                f"{self.ex.graph.name} generation {self.generation}",
+                interruptOnCancel=True,
+            )
+            sc.parallelize(range(self.n), self.n).barrier().mapPartitions(work).collect()
+        except BaseException as e:
+            self.stage_error = e
+        self.events.put(("stage", self.stage_error))
+
+    def _wait(self, kind: str, deadline: float) -> BaseException | None:
+        """Waits until every worker sent ``kind``; an error when something failed first."""
+        seen: set[int] = set()
+        while len(seen) < self.n:
+            try:
+                ev = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                missing = sorted(set(range(self.n)) - seen)
+                return WorkerLostError(
+                    f"workers {missing} of generation {self.generation} did not report "
+                    f"{kind!r} within {self.ex.register_timeout:g} s"
+                )
+            if ev[0] == kind:
+                seen.add(ev[1])
+            elif (error := _failure(ev, self.generation)) is not None:
+                return error
+        return None
+
+    def run(
+        self,
+        deadline: float | None,
+        stop_at: float | None = None,
+        stop_when: StopWhen | None = None,
+    ) -> BaseException | None:
+        ex = self.ex
+        sc = ex.context()
+        server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
+        stage: threading.Thread | None = None
+        error: BaseException | None = None
+        try:  # from here on, the endpoint (its socket, its accept thread) is closed at the end
+            spec = WorkerSpec(
+                graph=ex.graph,
+                config=ex.config,
+                generation=self.generation,
+                control=server.address,
+                secret=ex.secret,
+                restore=self.restore,
+                failures=ex.failures,
+                flush_interval=ex.flush_interval,
+            )
+            if ex._shippable is not ex.graph:  # once per job graph, not every generation
+                _check_shippable(spec)
+                ex._shippable = ex.graph
+            stage = threading.Thread(
+                target=self._submit,
+                args=(sc, spec),
+                name=f"spillover-stage {self.group}",
+                daemon=True,
+            )
+            stage.start()
+            limit = time.monotonic() + ex.register_timeout
+            error = self._wait("hello", limit)
+            if error is None:
+                table = {i: w["address"] for i, w in self.workers.items()}
+                for i in range(self.n):
+                    self.send(i, "table", table)
+                error = self._wait("wired", limit)
+            if error is None:
+                for i in range(self.n):
+                    self.send(i, "go")
+                self.running_at = time.monotonic()
+                self.coordinator.start()
+                error = self._loop(deadline, stop_at, stop_when)
+            if error is not None:
+                self.failed_at = time.monotonic()
+        finally:
+            try:
+                self.coordinator.stop()
+                if stage is not None:
+                    self._end(sc, stage, cancel=error is not None or self.stopped)
+            finally:
+                server.close()
+        return error
+
+    def _loop(
+        self,
+        deadline: float | None,
+        stop_at: float | None,
+        stop_when: StopWhen | None,
+    ) -> BaseException | None:
+        remaining = set(self.proxies)
+        grace: float | None = None  # set when the stage ended with subtasks remaining
+        while remaining:
+            graced = grace is not None and (deadline is None or grace < deadline)
+            until = grace if graced else deadline
+            what, ev = next_event(self.events, self.coordinator, until, stop_at, stop_when)
+            if what == "stop":
+                self.stopped = True
+                return None
+            if what == "timeout":
+                if graced:
+                    return _stage_failure(None, self.generation)
+                return TimeoutError("the job did not finish in time")
+            kind = ev[0]
+            if kind == "done" and ev[2] is None:
+                remaining.discard(ev[1])
+            elif kind == "stage" and ev[1] is None:
+                # The workers returned, but their last done/finished messages come over
+                # the control connections and may still be on their way: the stage
+                # ended early only if they do not arrive within a moment.
+                grace = time.monotonic() + STAGE_END_GRACE_S
+            elif (error := _failure(ev, self.generation)) is not None:
+                return error if kind == "stage" else self._root_cause(error)
+        return None
+
+    def _root_cause(self, first: BaseException) -> BaseException:
+        """A subtask failing fails its peers' channels: prefer an error that is not a
+        network error, if one arrives within a moment."""
+        if not _is_consequence(first):
+            return first
+        best = first
+        until = time.monotonic() + 0.3
+        while (left := until - time.monotonic()) > 0:
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            if ev[0] not in ("done", "lost") or (e := _failure(ev, self.generation)) is None:
+                continue
+            if not _is_consequence(e):
+                return e
+            if isinstance(e, WorkerLostError) and not isinstance(best, WorkerLostError):
+                best = e  # a lost worker explains its peers' broken channels
+        return best
+
+    def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
+        if cancel:
+            for i in list(self.conns):
+                self.send(i, "cancel")
+        stage.join(timeout=self.ex.cancel_grace_s if cancel else 30.0)
+        if stage.is_alive():
+            sc.cancelJobGroup(self.group)
+            stage.join(timeout=60.0)
+        for conn in list(self.conns.values()):
+            conn.close()
+
+    def task_metrics(self) -> dict[str, dict[str, float]]:
+        return dict(self.metrics)
+
+
+def _check_shippable(spec: WorkerSpec) -> None:
+    """Refuses, before any stage starts, a job that cannot travel to the workers."""
+    from pyspark import cloudpickle
+
+    try:
+        cloudpickle.dumps(spec)  # type: ignore[no-untyped-call]
+    except Exception as e:
+        raise ConfigError(
+            f"job {spec.graph.name!r} cannot be shipped to Spark workers",
+            detail=f"{type(e).__name__}: {e}",
+            hint="operators, functions and their attributes must pickle with cloudpickle "
+            "(no open files, locks or sockets: create those in open())",
+        ) from e
+
+
+def _is_consequence(e: BaseException) -> bool:
+    return isinstance(e, WorkerLostError) or (
+        isinstance(e, SubtaskFailedError) and e.broken_channel
+    )
+
+
+def _subtask_error(key: tuple[str, int], err: tuple[str, str, str, bool]) -> SubtaskFailedError:
+    name, message, tb, broken = err
+    return SubtaskFailedError(
+        f"subtask {key[0]}#{key[1]} failed: {name}: {message}", name, tb, broken
+    )
+
+
+def _failure(ev: tuple[Any, ...], generation: int) -> BaseException | None:
+    """The failure an event of a generation reports, or None (a hello, a subtask that
+    finished, ...). The stage's end is a failure here: it ended before what the
+    caller waits for (a caller that expects it to end says so first)."""
+    kind = ev[0]
+    if kind == "done":
+        return None if ev[2] is None else _subtask_error(ev[1], ev[2])
+    if kind == "stage":
+        return _stage_failure(ev[1], generation)
+    if kind == "lost":
+        return WorkerLostError(str(ev[2]))
+    if kind == "coordinator":
+        e: BaseException = ev[1]
+        return e
+    return None
+
+
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
+
+
+def _stage_failure(e: BaseException | None, generation: int) -> BaseException:
+    if e is None:
+        return WorkerLostError(f"the Spark stage of generation {generation} ended early")
+    missing = _MISSING_MODULE.search(str(e))
+    if missing:  # no restart heals this
+        return ConfigError(
+            f"the Spark workers cannot import module {missing.group(1)!r}, which the job uses",
+            hint="install it in the workers' Python environment (spark.pyspark.python), "
+            "or keep the job's own code in a module spillover ships by value "
+            "(pyspark.cloudpickle.register_pickle_by_value)",
+        )
+    text = str(e).strip().splitlines()
+    return WorkerLostError(
+        f"the Spark stage of generation {generation} failed: "
+        + (text[0][:500] if text else type(e).__name__)
+    )
+
+
+class SparkExecutor(Executor):
+    """Runs a job on Spark: the job master here, one barrier stage per generation.
+
+    ``master``: a Spark master URL (default: the embedded ``local[32]``);
+    ``spark_context``: an existing SparkContext to use instead. Other options are
+    those of :class:`~spillover.deploy.local.LocalExecutor`.
+    """
+
+    def __init__(
+        self,
+        job: JobGraph | StreamEnvironment,
+        config: Config | None = None,
+        *,
+        master: str | None = None,
+        spark_context: Any = None,
+        register_timeout: float = 120.0,
+        cancel_grace_s: float = 2.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(job, config, **options)
+        self.master = master
+        self._sc = spark_context
+        self.register_timeout = register_timeout
+        self.cancel_grace_s = cancel_grace_s
+        self.secret = secrets.token_bytes(32)
+        self._shippable: JobGraph | None = None  # the graph _check_shippable passed
+
+    @property
+    def slots(self) -> int:
+        """Task slots a generation takes: the job's largest parallelism."""
+        return max(v.parallelism for v in self.graph.vertices)
+
+    def available_slots(self) -> int:
+        """Tasks the cluster runs at once now (after prepare or a run)."""
+        return _slots(self._sc) if self._sc is not None else 0
+
+    def context(self) -> Any:
+        """The SparkContext, created (embedded by default) on first use; it must have a
+        slot for every task of the stage."""
+        if self._sc is None:
+            self._sc = spark_context(self.master, self.slots)
+        have = _slots(self._sc)
+        if have < self.slots and not str(self._sc.master).startswith("local"):
+            # A cluster's executors register after the context starts: wait for them.
+            until = time.monotonic() + self.register_timeout
+            while have < self.slots and time.monotonic() < until:
+                time.sleep(0.25)
+                have = _slots(self._sc)
+        if have < self.slots:
+            raise ConfigError(
+                f"the Spark cluster has {have} task slots; job {self.graph.name!r} needs "
+                f"{self.slots} (its largest parallelism) in one barrier stage",
+                hint="add executors or cores, or lower the job's parallelism",
+            )
+        warm_up(self._sc, self.slots)
+        return self._sc
+
+    def workers(self) -> dict[int, dict[str, Any]]:
+        """The running generation's workers: ``{index: {"pid", "host", "address"}}``."""
+        run = self._current
+        return {} if run is None else {i: dict(w) for i, w in run.workers.items()}
+
+    def prepare(self) -> None:
+        """Creates (or checks) the SparkContext and starts its Python workers."""
+        self.context()
+
+    def driver_host(self, sc: Any) -> str:
+        """The address the control endpoint binds to: the driver's."""
+        host = sc.getConf().get("spark.driver.host")
+        return str(host) if host else "127.0.0.1"
+
+    def _attempt(
+        self,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> _SparkAttempt:
+        return _SparkAttempt(self, attempt, restore, restored_id)
+
+
+def rescale_to_available_slots(
+    make_job: Callable[[int], JobGraph | StreamEnvironment],
+    wait_s: float = 10.0,
+) -> Callable[[Any, int, BaseException], JobGraph | StreamEnvironment | None]:
+    """A rescale policy for :class:`SparkExecutor`: when the cluster has fewer task slots
+    than the job needs after a failure (an executor is gone), the next generation runs
+    ``make_job(slots)`` instead of waiting for the lost capacity; with enough slots it
+    keeps the job. ``wait_s``: how long to give lost executors to come back first."""
+
+    def policy(ex: Any, attempt: int, error: BaseException) -> JobGraph | StreamEnvironment | None:
+        until = time.monotonic() + wait_s
+        have = ex.available_slots()
+        while have < ex.slots and time.monotonic() < until:
+            time.sleep(0.25)
+            have = ex.available_slots()
+        if have >= ex.slots or have < 1:
+            return None
+        return make_job(have)
+
+    return policy

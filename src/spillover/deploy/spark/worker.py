@@ -1,0 +1,239 @@
+"""One Spark task of a generation: hosts subtask ``i`` of every operator.
+
+Runs inside a PySpark barrier task, though :func:`run_worker` uses nothing of Spark:
+the runner passes the task's partition id as the worker index. The protocol with
+the job master (docs/spark.md):
+
+1. connect to the master's control endpoint with the job secret; start a
+   :class:`~spillover.runtime.network.tcp.transport.TcpReceiver` on the address that reaches
+   the master; send ``hello``;
+2. get the address table; build this worker's subtasks and their network (input
+   gates registered with the receiver, subpartitions for other workers linked over
+   TCP once every worker is ready); send ``wired``; on ``go``, link and start;
+3. relay: the coordinator's mailbox actions to the subtasks; their acks, declines,
+   end-of-data, failures, induced-failure reports and metrics to the master;
+4. end when every subtask ended, or cancel them all when the master says so or
+   the control connection closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from spillover.config import Config
+from spillover.deploy.spark.control import ControlConnection, ControlError, connect
+from spillover.runtime.failures import FailureInjector
+from spillover.runtime.graph import JobGraph
+from spillover.runtime.network.channels import NetworkError, ResultPartition
+from spillover.runtime.network.tcp.transport import ProtocolError, TcpReceiver, connect_tcp
+from spillover.runtime.task import Task, TaskCancelled, TaskRestore
+from spillover.runtime.wiring import build_tasks, checkpoint_storage, settle
+
+__all__ = ["WorkerSpec", "run_worker"]
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker of one generation needs; shipped in the stage's closure.
+    The checkpoint storage is not in it: the worker derives it from ``config`` and
+    the job's name as the executor does (:func:`checkpoint_storage`)."""
+
+    graph: JobGraph
+    config: Config
+    generation: int
+    control: tuple[str, int]
+    secret: bytes
+    restore: dict[tuple[str, int], TaskRestore] | None = None
+    failures: FailureInjector = field(default_factory=FailureInjector)
+    flush_interval: float = 0.005
+    metrics_interval: float = 0.5
+    connect_timeout: float = 30.0
+    switch_interval: float = float(os.environ.get("SPILLOVER_SWITCH_INTERVAL", "0.0005"))
+
+
+class _Relay:
+    """The coordinator as the subtasks see it: every call becomes a message."""
+
+    def __init__(self, conn: ControlConnection) -> None:
+        self.conn = conn
+
+    def send(self, *message: Any) -> None:
+        # The master gone: the control thread cancels the subtasks.
+        with contextlib.suppress(ControlError):
+            self.conn.send(*message)
+
+    def acknowledge(self, ack: Any) -> None:
+        self.send("ack", ack)
+
+    def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
+        self.send("decline", checkpoint_id, vertex_uid, subtask, reason)
+
+    def end_of_data(self, vertex_uid: str, subtask: int) -> None:
+        self.send("eod", vertex_uid, subtask)
+
+
+def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:
+    """The master's failure script (this worker's copy), reporting each failure that
+    fires here before the subtask fails, so the next generation does not fire it."""
+    failures.on_fire = lambda index, attempt: relay.send("fired", index, attempt)
+    return failures
+
+
+def _error_info(err: BaseException | None) -> tuple[str, str, str, bool] | None:
+    """``(type, message, traceback, broken channel)``: the last says the error is a
+    channel that broke (most likely because a peer failed), not a cause of its own."""
+    if err is None:
+        return None
+    broken = isinstance(err, NetworkError) and not isinstance(err, ProtocolError)
+    return (type(err).__name__, str(err), "".join(traceback.format_exception(err)), broken)
+
+
+def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
+    """Runs worker ``index`` of ``spec``'s generation to its end; returns a summary."""
+    # Receiving threads wait for the GIL after each socket read; the default 5 ms
+    # switch interval would hold a channel to a few hundred buffers a second.
+    sys.setswitchinterval(spec.switch_interval)
+    conn = connect(spec.control, spec.secret, timeout=spec.connect_timeout)
+    receiver: TcpReceiver | None = None
+    tasks: dict[tuple[str, int], Task] = {}
+    try:
+        host = conn.sock.getsockname()[0]
+        receiver = TcpReceiver(spec.secret, host=host, port=0)
+        conn.send(
+            "hello", spec.generation, index, receiver.address, os.getpid(), socket.gethostname()
+        )
+        message = conn.recv()
+        if message[0] != "table":
+            return {"index": index, "status": "cancelled before start"}
+        table: dict[int, tuple[str, int]] = message[1]
+        return _run(spec, index, conn, receiver, table, tasks)
+    finally:
+        for t in tasks.values():
+            t.cancel()
+        settle(tasks.values())  # no late snapshot write once this worker returned
+        if receiver is not None:
+            receiver.close(timeout=2.0)
+        conn.close()
+
+
+def _run(
+    spec: WorkerSpec,
+    index: int,
+    conn: ControlConnection,
+    receiver: TcpReceiver,
+    table: dict[int, tuple[str, int]],
+    tasks: dict[tuple[str, int], Task],
+) -> dict[str, Any]:
+    relay = _Relay(conn)
+    done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
+    links: list[tuple[ResultPartition, int, str, int]] = []
+    tasks.update(
+        build_tasks(
+            spec.graph,
+            spec.config,
+            attempt=spec.generation,
+            restore=spec.restore,
+            storage=checkpoint_storage(spec.config, spec.graph.name),
+            failures=_reporting(spec.failures, relay),
+            on_done=lambda t, err: done.put((t, err)),
+            flush_interval=spec.flush_interval,
+            hosted=lambda i: i == index,
+            remote=lambda part, d, gate, ch: links.append((part, d, gate, ch)),
+        )
+    )
+    for t in tasks.values():
+        t.coordinator = relay
+        if t.gate is not None:
+            receiver.register(t.gate, on_overtaken=t.overtaken)
+    conn.send("wired", index)
+    if conn.recv()[0] != "go":
+        return {"index": index, "status": "cancelled before start"}
+    subs = [
+        connect_tcp(part, d, table[d], gate, ch, spec.secret, timeout=spec.connect_timeout)
+        for part, d, gate, ch in links
+    ]
+    stop = threading.Event()
+    control = threading.Thread(
+        target=_control_loop, args=(conn, index, tasks, stop), name="spillover-control", daemon=True
+    )
+    control.start()
+    for t in tasks.values():
+        t.start()
+    remaining = set(tasks)
+    last_metrics = 0.0
+    errors = 0
+    while remaining:
+        try:
+            item: tuple[Task, BaseException | None] | None = done.get(timeout=0.1)
+        except queue.Empty:
+            item = None
+        now = time.monotonic()
+        if item is not None:
+            t, err = item
+            key = (t.vertex.uid, t.subtask)
+            remaining.discard(key)
+            cancelled = isinstance(err, TaskCancelled)
+            errors += err is not None and not cancelled
+            relay.send("done", *key, None if cancelled else _error_info(err), t.metrics())
+        if now - last_metrics >= spec.metrics_interval and remaining:
+            last_metrics = now
+            relay.send("metrics", {f"{u}#{i}": tasks[(u, i)].metrics() for u, i in remaining})
+    for sub in subs:  # finished ones wait for their consumer to read the end
+        sub.close(timeout=5.0)
+    relay.send("finished", index)
+    stop.set()
+    return {"index": index, "status": "failed" if errors else "finished", "subtasks": len(tasks)}
+
+
+def _control_loop(
+    conn: ControlConnection,
+    index: int,
+    tasks: dict[tuple[str, int], Task],
+    stop: threading.Event,
+) -> None:
+    """Relays the master's messages to the subtasks until the connection ends; a
+    message it cannot follow ends the connection as the master closing it does."""
+    try:
+        while True:
+            _follow(conn, conn.recv(), index, tasks)
+    except Exception:  # a ControlError, or a message that is not the protocol's
+        conn.close()  # the master sees this worker gone
+        if not stop.is_set():  # the master is gone: nothing may run on
+            for t in tasks.values():
+                t.cancel()
+
+
+def _follow(
+    conn: ControlConnection,
+    message: tuple[Any, ...],
+    index: int,
+    tasks: dict[tuple[str, int], Task],
+) -> None:
+    """Carries out one message of the master's; ``uid`` in a message names this
+    worker's subtask of that operator (``index``)."""
+    kind = message[0]
+    if kind == "post":
+        _, uid, action = message
+        task = tasks.get((uid, index))
+        if task is not None:
+            task.post(*action)
+    elif kind == "unaligned":
+        _, uid, cid = message
+        task = tasks.get((uid, index))
+        if task is not None:
+            task.request_unaligned(cid)
+    elif kind == "sync":
+        with contextlib.suppress(ControlError):
+            conn.send("synced", message[1])
+    elif kind == "cancel":
+        for t in tasks.values():
+            t.cancel()

@@ -1,0 +1,365 @@
+"""The checkpoint coordinator: triggers checkpoints, collects acknowledgements,
+writes metadata, keeps the last N, cleans up, and notifies completion.
+
+It runs on its own thread (the driver's, on Spark). Tasks call
+``acknowledge``, ``decline`` and ``end_of_data`` from their threads; those
+calls only queue events, so the coordinator's state has one owner.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spillover.errors import SpilloverError
+from spillover.runtime.checkpointing.metadata import (
+    CheckpointStorage,
+    new_metadata,
+    referenced_checkpoints,
+)
+
+ALIGNED_WITH_TIMEOUT = 2  # events.BarrierKind.ALIGNED_WITH_TIMEOUT
+
+
+class CheckpointFailuresExceeded(RuntimeError):
+    """Too many checkpoints failed in a row."""
+
+
+@dataclass
+class CheckpointStats:
+    """What one checkpoint cost; ``subtasks`` holds each subtask's metrics."""
+
+    checkpoint_id: int
+    trigger_ms: int
+    status: str = "pending"  # completed | aborted
+    final: bool = False
+    duration_ms: float = 0.0
+    reason: str = ""
+    subtasks: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def total(self, metric: str) -> float:
+        return sum(m.get(metric, 0.0) for m in self.subtasks.values())
+
+    def peak(self, metric: str) -> float:
+        return max((m.get(metric, 0.0) for m in self.subtasks.values()), default=0.0)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "checkpoint_id": self.checkpoint_id,
+            "trigger_ms": self.trigger_ms,
+            "status": self.status,
+            "final": self.final,
+            "duration_ms": round(self.duration_ms, 3),
+            "start_delay_ms": round(self.peak("start_delay_ms"), 3),
+            "alignment_ms": round(self.peak("alignment_ms"), 3),
+            "bytes_during_alignment": int(self.total("bytes_during_alignment")),
+            "state_bytes": int(self.total("state_bytes")),
+            "inflight_bytes": int(self.total("inflight_bytes")),
+            "referenced_bytes": int(self.total("referenced_bytes")),
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class _Pending:
+    stats: CheckpointStats
+    started: float
+    expected: set[tuple[str, int]]
+    acks: dict[tuple[str, int], Any] = field(default_factory=dict)
+    switched: bool = False
+
+
+class CheckpointCoordinator:
+    """Periodic and final checkpoints of one execution attempt of a job."""
+
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        fingerprint: str,
+        settings: dict[str, Any],
+        storage: CheckpointStorage | None,
+        tasks: dict[tuple[str, int], Any],
+        sources: list[tuple[str, int]],
+        interval_s: float | None,
+        timeout_s: float = 600.0,
+        min_pause_s: float = 0.0,
+        max_concurrent: int = 1,
+        num_retained: int = 1,
+        tolerable_failures: int = 0,
+        first_id: int = 1,
+        on_final: Callable[[], None],
+        on_failure: Callable[[BaseException], None],
+        metrics_path: str | None = None,
+        barrier_kind: int = 0,
+        alignment_timeout_s: float = 0.0,
+        graph: dict[str, Any] | None = None,
+    ) -> None:
+        self.job_name = job_name
+        self.fingerprint = fingerprint
+        self.settings = settings
+        self.storage = storage
+        self.tasks = tasks
+        self.sources = set(sources)
+        self.interval_s = interval_s if storage is not None else None
+        self.timeout_s = timeout_s
+        self.min_pause_s = min_pause_s
+        self.max_concurrent = max_concurrent
+        self.num_retained = num_retained
+        self.tolerable_failures = tolerable_failures
+        # Ids are never reused, also across runs over the same directory.
+        self.next_id = max(first_id, storage.highest_id() + 1 if storage is not None else 1)
+        self.on_final = on_final
+        self.on_failure = on_failure
+        self.metrics_path = metrics_path
+        self.barrier_kind = barrier_kind  # events.BarrierKind
+        self.graph = graph or {}
+        self.alignment_timeout_s = alignment_timeout_s
+        self.history: list[CheckpointStats] = []
+        self.completed_ids: list[int] = []
+        self._subsumed: list[int] = []  # out of retention, kept while referenced
+        self._references: dict[int, set[int]] = {}
+        self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._pending: dict[int, _Pending] = {}
+        self._finished_tasks: set[tuple[str, int]] = set()
+        self._final_id: int | None = None
+        self._final_done = False
+        self._consecutive_failures = 0
+        self._last_completed_at = 0.0
+        self._thread = threading.Thread(
+            target=self._run, name="checkpoint-coordinator", daemon=True
+        )
+        self._stopped = False
+
+    # -- called from task threads ------------------------------------------------------
+
+    def acknowledge(self, ack: Any) -> None:
+        self._events.put(("ack", ack))
+
+    def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
+        self._events.put(("decline", checkpoint_id, vertex_uid, subtask, reason))
+
+    def end_of_data(self, vertex_uid: str, subtask: int) -> None:
+        """A task finished: it processed all its input and emitted all its output."""
+        self._events.put(("end_of_data", vertex_uid, subtask))
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops triggering and aborts pending checkpoints (the attempt ends)."""
+        self._events.put(("stop",))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    def trigger_now(self) -> None:
+        self._events.put(("trigger",))
+
+    # -- the coordinator thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        next_trigger = time.monotonic() + (self.interval_s or 0)
+        try:
+            while True:
+                now = time.monotonic()
+                wait = 0.05
+                if self.interval_s is not None and self._final_id is None:
+                    if now >= next_trigger and self._can_trigger(now):
+                        self._trigger(final=False)
+                        next_trigger = now + self.interval_s
+                    wait = min(wait, max(0.001, next_trigger - now))
+                try:
+                    event = self._events.get(timeout=wait)
+                except queue.Empty:
+                    event = None
+                if event is not None and not self._handle(event):
+                    break
+                self._check_timeouts()
+                self._maybe_final()
+        except BaseException as e:  # a coordinator failure fails the attempt
+            self.on_failure(e)
+        finally:
+            for cid in list(self._pending):
+                self._abort(cid, "job attempt ended")
+
+    def _can_trigger(self, now: float) -> bool:
+        return (
+            len(self._pending) < self.max_concurrent
+            and now - self._last_completed_at >= self.min_pause_s
+        )
+
+    def _handle(self, event: tuple[Any, ...]) -> bool:
+        kind = event[0]
+        if kind == "stop":
+            return False
+        if kind == "trigger":
+            if self._can_trigger(time.monotonic()):
+                self._trigger(final=False)
+        elif kind == "ack":
+            self._on_ack(event[1])
+        elif kind == "decline":
+            _, cid, uid, subtask, reason = event
+            if cid in self._pending:
+                self._abort(cid, f"declined by {uid}#{subtask}: {reason}")
+                self._count_failure(cid)
+        elif kind == "end_of_data":
+            self._finished_tasks.add((event[1], event[2]))
+        return True
+
+    def _maybe_final(self) -> None:
+        """FLIP-147's final checkpoint: once every task processed all its input, one
+        aligned checkpoint (no data is in flight any more) commits the last output."""
+        if self._final_done or self._finished_tasks < set(self.tasks):
+            return
+        if self.storage is None:
+            self._final_done = True
+            self.on_final()
+            return
+        if self._final_id is None or self._final_id not in self._pending:
+            if self._final_id is not None and self._final_id in self.completed_ids:
+                return
+            if len(self._pending) < self.max_concurrent:
+                self._final_id = self._trigger(final=True)
+
+    def _trigger(self, final: bool) -> int:
+        cid = self.next_id
+        self.next_id += 1
+        trigger_ms = int(time.time() * 1000)
+        stats = CheckpointStats(cid, trigger_ms, final=final)
+        p = self._pending[cid] = _Pending(stats, time.monotonic(), set(self.tasks))
+        kind = 0 if final else self.barrier_kind  # the final one is aligned
+        p.switched = final
+        timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
+        for key in sorted(self.sources):
+            self.tasks[key].post("trigger", cid, trigger_ms, kind, timeout_ms)
+        return cid
+
+    def _on_ack(self, ack: Any) -> None:
+        p = self._pending.get(ack.checkpoint_id)
+        if p is None:
+            return  # late ack of an aborted checkpoint
+        key = (ack.vertex_uid, ack.subtask)
+        p.acks[key] = ack
+        p.stats.subtasks[f"{ack.vertex_uid}#{ack.subtask}"] = dict(ack.metrics)
+        if set(p.acks) >= p.expected:
+            self._complete(ack.checkpoint_id)
+
+    def _complete(self, cid: int) -> None:
+        p = self._pending.pop(cid)
+        assert self.storage is not None
+        tasks: dict[str, Any] = {}
+        for (uid, subtask), ack in sorted(p.acks.items()):
+            entry = tasks.setdefault(uid, {"subtasks": {}})
+            entry["subtasks"][str(subtask)] = {
+                "operators": ack.operator_state,
+                "handles": ack.handles,
+                "keyed": ack.keyed,
+                "channel_state": ack.channel_state,
+                "metrics": ack.metrics,
+            }
+        for entry in tasks.values():
+            entry["parallelism"] = len(entry["subtasks"])
+        meta = new_metadata(
+            job_name=self.job_name,
+            checkpoint_id=cid,
+            trigger_ms=p.stats.trigger_ms,
+            fingerprint=self.fingerprint,
+            settings=self.settings,
+            tasks=tasks,
+            final=p.stats.final,
+        )
+        meta["graph"] = self.graph
+        # Checkpoints whose files this one references must outlive it (recovery.py).
+        meta["references"] = referenced_checkpoints(meta)
+        self._references[cid] = set(meta["references"])
+        self.storage.write_metadata(cid, meta)
+        p.stats.status = "completed"
+        p.stats.duration_ms = (time.monotonic() - p.started) * 1000
+        self._last_completed_at = time.monotonic()
+        self._consecutive_failures = 0
+        self.completed_ids.append(cid)
+        self._record(p.stats)
+        while len(self.completed_ids) > self.num_retained:
+            self._subsumed.append(self.completed_ids.pop(0))
+        # A subsumed checkpoint whose files a retained one references stays until
+        # no retained checkpoint does.
+        needed = set().union(*(self._references_of(c) for c in self.completed_ids))
+        for old in list(self._subsumed):
+            if old not in needed:
+                self._subsumed.remove(old)
+                self._references.pop(old, None)
+                self.storage.delete(old)
+        for task in self.tasks.values():
+            task.post("complete", cid)
+        if p.stats.final:
+            self._final_done = True
+            self.on_final()
+
+    def _references_of(self, cid: int) -> set[int]:
+        refs = self._references.get(cid)
+        if refs is None and self.storage is not None:
+            try:
+                refs = set(self.storage.read_metadata(cid).get("references", []))
+            except (OSError, ValueError, SpilloverError):
+                refs = set()
+            self._references[cid] = refs
+        return refs or set()
+
+    def _abort(self, cid: int, reason: str) -> None:
+        p = self._pending.pop(cid, None)
+        if p is None:
+            return
+        p.stats.status = "aborted"
+        p.stats.reason = reason
+        p.stats.duration_ms = (time.monotonic() - p.started) * 1000
+        self._record(p.stats)
+        if self.storage is not None:
+            self.storage.delete(cid)
+        for task in self.tasks.values():
+            task.post("abort", cid)
+
+    def _count_failure(self, cid: int) -> None:
+        """Flink's rule: more than tolerable-failed-checkpoints failures in a row fail the job."""
+        self._consecutive_failures += 1
+        if self._consecutive_failures > self.tolerable_failures:
+            self.on_failure(
+                CheckpointFailuresExceeded(
+                    f"{self._consecutive_failures} checkpoints in a row failed (last: {cid}); "
+                    f"execution.checkpointing.tolerable-failed-checkpoints is "
+                    f"{self.tolerable_failures}"
+                )
+            )
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for cid, p in list(self._pending.items()):
+            if (
+                self.barrier_kind == ALIGNED_WITH_TIMEOUT
+                and not p.switched
+                and now - p.started >= self.alignment_timeout_s
+            ):
+                # Measured from the trigger: every task still aligning switches to
+                # unaligned, wherever the barrier waits (in an input or behind data).
+                p.switched = True
+                for key, task in self.tasks.items():
+                    if key not in p.acks:
+                        task.request_unaligned(cid)
+            if now - p.started > self.timeout_s:
+                self._abort(cid, f"timed out after {self.timeout_s:g} s")
+                self._count_failure(cid)
+
+    def _record(self, stats: CheckpointStats) -> None:
+        self.history.append(stats)
+        if self.metrics_path:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps({"type": "checkpoint", **stats.summary()}) + "\n")
+
+    def stats_dicts(self) -> list[dict[str, Any]]:
+        return [asdict(s) for s in self.history]

@@ -1,0 +1,296 @@
+"""The job master: runs a job graph, restarting it on failures from the latest
+completed checkpoint as the restart strategy allows (possibly at another
+parallelism); deployments (``spillover.deploy``) say where its subtasks run."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spillover.config import Config, RestartStrategy
+from spillover.errors import ConfigError
+from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.failures import FailureInjector
+from spillover.runtime.graph import JobGraph, StreamEnvironment
+from spillover.runtime.recovery.plan import plan_restore
+from spillover.runtime.task import TaskRestore
+from spillover.runtime.wiring import checkpoint_storage
+
+
+class JobFailedError(RuntimeError):
+    """The job failed and the restart strategy allows no more attempts."""
+
+
+@dataclass
+class JobResult:
+    """How a run went: status, attempts, per-checkpoint and per-task metrics."""
+
+    job_name: str
+    status: str  # finished | stopped | failed
+    attempts: int
+    duration_s: float
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    tracebacks: list[str] = field(default_factory=list, repr=False)
+    restored_from: list[int] = field(default_factory=list)
+    replayed_bytes: int = 0  # in-flight bytes replayed by restores, over every attempt
+    checkpoint_dir: str | None = None
+    # Per restart: seconds from the failure's detection to the next attempt's subtasks
+    # running (restore included; the restart strategy's delay too).
+    restart_s: list[float] = field(default_factory=list)
+
+    def completed_checkpoints(self) -> list[dict[str, Any]]:
+        return [c for c in self.checkpoints if c["status"] == "completed"]
+
+    @property
+    def persisted_inflight_bytes(self) -> int:
+        """In-flight bytes persisted by completed checkpoints, over every attempt."""
+        return sum(int(c["inflight_bytes"]) for c in self.completed_checkpoints())
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, default=str, indent=1)
+
+
+StopWhen = Callable[[list[dict[str, Any]]], bool]
+
+
+def next_event(
+    events: queue.SimpleQueue[Any],
+    coordinator: CheckpointCoordinator,
+    deadline: float | None,
+    stop_at: float | None,
+    stop_when: StopWhen | None,
+) -> tuple[str, Any]:
+    """``("event", item)``: the attempt's next event; ``("stop", None)`` once ``stop_at``
+    passed or ``stop_when`` holds for the checkpoint summaries (polled every 20 ms);
+    ``("timeout", None)`` once ``deadline`` passed, whichever comes first."""
+    while True:
+        ends = [x for x in (deadline, stop_at) if x is not None]
+        timeout = None if not ends else max(0.0, min(ends) - time.monotonic())
+        if stop_when is not None:
+            timeout = 0.02 if timeout is None else min(timeout, 0.02)
+        try:
+            return "event", events.get(timeout=timeout)
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        if (stop_at is not None and now >= stop_at) or (
+            stop_when is not None and stop_when([c.summary() for c in coordinator.history])
+        ):
+            return "stop", None
+        if deadline is not None and now >= deadline:
+            return "timeout", None
+
+
+RescalePolicy = Callable[["Executor", int, BaseException], "JobGraph | StreamEnvironment | None"]
+"""``(executor, failed attempt, its error)`` → the job to run the next attempt with
+(another parallelism: the restore rescales state and in-flight data), or None to
+keep it. Called before each restart."""
+
+
+class Executor:
+    """Runs a job graph, restarting it on failures; subclasses say where subtasks run.
+
+    A subclass gives ``_attempt(attempt, restore, restored_id)``: an object with
+    ``run(deadline, stop_at, stop_when)`` (the error that ended it, or None),
+    ``coordinator``, ``stopped``, ``task_metrics()``, and the ``time.monotonic()``
+    instants ``running_at`` (its subtasks started) and ``failed_at`` (it detected its
+    failure), each None until then; ``JobResult.restart_s`` is timed from them.
+    """
+
+    def __init__(
+        self,
+        job: JobGraph | StreamEnvironment,
+        config: Config | None = None,
+        *,
+        failures: FailureInjector | None = None,
+        metrics_path: str | None = None,
+        restore_checkpoint: int | str | None = None,
+        flush_interval: float = 0.005,
+        allow_non_restored_state: bool | None = None,
+        ignore_inflight: bool | None = None,
+        force_forward_rescale: bool | None = None,
+        rescale: RescalePolicy | None = None,
+    ) -> None:
+        self.graph = job.build() if isinstance(job, StreamEnvironment) else job
+        self.rescale = rescale
+        self.config = config or Config()
+        self.failures = failures or FailureInjector()
+        self.metrics_path = metrics_path
+        self.flush_interval = flush_interval
+        rec = self.config.recovery
+        self.restore_checkpoint = restore_checkpoint if restore_checkpoint is not None else rec.path
+        self.allow_non_restored_state = (
+            rec.ignore_unclaimed_state
+            if allow_non_restored_state is None
+            else allow_non_restored_state
+        )
+        # True: drop in-flight data of whatever checkpoint is restored (the records are lost).
+        self.ignore_inflight = bool(ignore_inflight)
+        self.force_forward_rescale = (
+            rec.force_forward_rescale if force_forward_rescale is None else force_forward_rescale
+        )
+        self.settings = {
+            **self.config.restore_critical(),
+            "max-parallelism": self.graph.max_parallelism,
+        }
+        self.storage = checkpoint_storage(self.config, self.graph.name)
+        self.next_checkpoint_id = 1
+        self.job_id = uuid.uuid4().hex
+        self._current: Any = None  # the running attempt
+
+    def _attempt(
+        self,
+        attempt: int,
+        restore: dict[tuple[str, int], TaskRestore] | None,
+        restored_id: int | None,
+    ) -> Any:
+        raise NotImplementedError
+
+    def completed_ids(self) -> list[int]:
+        """The checkpoints the running attempt completed so far."""
+        run = self._current
+        return [] if run is None else list(run.coordinator.completed_ids)
+
+    def prepare(self) -> None:
+        """Gets the cluster ready (a no-op here), so that timing ``run`` measures the job."""
+
+    def live_metric(self, uid: str, metric: str = "records_in") -> float:
+        """The sum of ``metric`` over the subtasks of operator ``uid`` in the running
+        attempt (0 before it starts); safe to call from any thread."""
+        run = self._current
+        if run is None:
+            return 0.0
+        prefix = f"{uid}#"
+        return float(
+            sum(m.get(metric, 0.0) for k, m in run.task_metrics().items() if k.startswith(prefix))
+        )
+
+    def _restore_point(self) -> dict[str, Any] | None:
+        """The metadata of the checkpoint to restore: the one asked for (an id in this
+        job's checkpoint directory, or a checkpoint directory's path), else the latest."""
+        rc = self.restore_checkpoint
+        if isinstance(rc, str):
+            base, _, name = rc.rstrip("/").rpartition("/")
+            job, _, chk = base.rpartition("/")
+            if not name.startswith("chk-"):
+                raise ConfigError(f"not a checkpoint directory: {rc!r}", hint="give .../chk-<id>")
+            return CheckpointStorage(job, chk).read_metadata(int(name[4:]))
+        if self.storage is None:
+            return None
+        if isinstance(rc, int):
+            return self.storage.read_metadata(rc)
+        latest = self.storage.latest()
+        return latest.metadata if latest is not None else None
+
+    def _use_graph(self, job: JobGraph | StreamEnvironment) -> None:
+        """The job at other parallelisms, for the next attempt (a rescale policy's
+        answer): the same job name and max parallelism, or it is refused."""
+        graph = job.build() if isinstance(job, StreamEnvironment) else job
+        if graph.name != self.graph.name or graph.max_parallelism != self.graph.max_parallelism:
+            raise ConfigError(
+                "a rescale policy must keep the job's name and max parallelism",
+                detail=f"{self.graph.name!r}/{self.graph.max_parallelism} became "
+                f"{graph.name!r}/{graph.max_parallelism}",
+                hint="build the job with the same name and pipeline.max-parallelism",
+            )
+        self.graph = graph
+
+    def _plan(self, meta: dict[str, Any] | None) -> dict[tuple[str, int], TaskRestore] | None:
+        if meta is None:
+            return None
+        cid = int(meta["checkpoint_id"])
+        return plan_restore(
+            meta,
+            self.graph,
+            allow_non_restored_state=self.allow_non_restored_state,
+            ignore_inflight=self.ignore_inflight
+            or cid == self.config.recovery.without_channel_state_checkpoint,
+            force_forward=self.force_forward_rescale,
+        )
+
+    def run(
+        self,
+        timeout: float | None = None,
+        *,
+        stop_after: float | None = None,
+        stop_when: StopWhen | None = None,
+    ) -> JobResult:
+        """Runs the job to its end, restarting it on failures as the strategy allows.
+
+        ``timeout``: give up (status ``failed``) after that many seconds.
+        ``stop_after``: stop an unbounded job after that many seconds (status
+        ``stopped``; the checkpoints taken until then are kept). ``stop_when``: stop
+        as soon as it returns True for the current attempt's checkpoint summaries.
+        """
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        stop_at = None if stop_after is None else started + stop_after
+        strategy = self.config.restart_strategy
+        rs = self.config.restart
+        failure_times: deque[float] = deque()
+        result = JobResult(
+            self.graph.name,
+            "failed",
+            0,
+            0.0,
+            checkpoint_dir=self.storage.uri if self.storage else None,
+        )
+        attempt = 0
+        failed_at: float | None = None
+        meta = self._restore_point() if self.restore_checkpoint is not None else None
+        restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
+        while True:
+            restored_id = int(meta["checkpoint_id"]) if meta is not None else None
+            if restored_id is not None:
+                result.restored_from.append(restored_id)
+            run = self._current = self._attempt(attempt, restore, restored_id)
+            error = run.run(deadline, stop_at, stop_when)
+            if failed_at is not None and run.running_at is not None:
+                result.restart_s.append(round(run.running_at - failed_at, 4))
+            failed_at = run.failed_at or time.monotonic()
+            result.attempts = attempt + 1
+            result.checkpoints += [c.summary() for c in run.coordinator.history]
+            for name, m in run.task_metrics().items():
+                result.tasks[name] = m
+                result.replayed_bytes += int(m.get("replayed_bytes", 0))
+            self.next_checkpoint_id = run.coordinator.next_id
+            if error is None:
+                result.status = "stopped" if run.stopped else "finished"
+                break
+            result.failures.append(f"attempt {attempt}: {type(error).__name__}: {error}")
+            result.tracebacks.append("".join(traceback.format_exception(error)))
+            now = time.monotonic()
+            if strategy is RestartStrategy.NONE or isinstance(error, TimeoutError | ConfigError):
+                break  # a configuration error does not heal on a restart
+            if strategy is RestartStrategy.FIXED_DELAY:
+                if attempt >= rs.fixed_delay_attempts:
+                    break
+                delay = rs.fixed_delay_delay_s
+            else:
+                failure_times.append(now)
+                while failure_times and now - failure_times[0] > rs.failure_rate_interval_s:
+                    failure_times.popleft()
+                if len(failure_times) > rs.failure_rate_max_failures_per_interval:
+                    break
+                delay = rs.failure_rate_delay_s
+            time.sleep(delay)
+            if self.rescale is not None:
+                changed = self.rescale(self, attempt, error)
+                if changed is not None:
+                    self._use_graph(changed)
+            attempt += 1
+            self.restore_checkpoint = None  # failover: the latest completed checkpoint
+            meta = self._restore_point()
+            restore = self._plan(meta)
+        result.duration_s = time.monotonic() - started
+        return result

@@ -1,0 +1,293 @@
+"""Restoring a job from a checkpoint, at the same or another parallelism per operator.
+
+``plan_restore`` checks that the checkpoint fits the job and works out, for every
+new subtask, what it restores:
+
+- keyed state: the handles of every old subtask; the backend keeps the key groups
+  of its own range (redistribution by key group);
+- operator state: its own when the operator's parallelism is unchanged, else the
+  states of every old subtask (``Operator.restore_rescaled``, union redistribution);
+- in-flight data, per edge: when neither side changed parallelism, the upstream
+  replays its own output state and the downstream its own input state; otherwise
+  the new downstream reads every old channel that maps to it, the old downstream's
+  input part then the old upstream's output part, filtered by key group where the
+  edge is keyed (``spillover.rescale``), and the upstream replays nothing for it.
+
+Every file the plan reads is opened and checked before any task starts, so a
+checkpoint with a missing or damaged file is refused whole, naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from spillover.errors import ConfigError, SpilloverError, StorageError
+from spillover.records import partitioner_name
+from spillover.rescale import EdgeType, Side, map_edge
+from spillover.runtime.api import EdgeKind
+from spillover.runtime.graph import JobEdge, JobGraph
+from spillover.runtime.recovery.replay import (
+    filter_partitioners,
+    filtered_references_of,
+    references_of,
+)
+from spillover.runtime.task import TaskRestore
+from spillover.storage import GateStateHandle, open_retriever
+
+_EDGE_TYPES = {
+    EdgeKind.KEY_BY.value: EdgeType.KEY_BY,
+    EdgeKind.REBALANCE.value: EdgeType.REBALANCE,
+    EdgeKind.BROADCAST.value: EdgeType.BROADCAST,
+    EdgeKind.FORWARD.value: EdgeType.FORWARD,
+    EdgeKind.CUSTOM.value: EdgeType.CUSTOM,
+}
+
+
+def graph_info(g: JobGraph) -> dict[str, Any]:
+    """What a checkpoint must remember of the graph to be restored into another one."""
+    vertices: dict[str, Any] = {}
+    for v in g.vertices:
+        outs = [e for e in g.edges if e.source == v.id]
+        ins = sorted(g.inputs_of(v.id), key=lambda e: e.input_index)
+        vertices[v.uid] = {
+            "parallelism": v.parallelism,
+            "nodes": [n.uid for n in v.nodes],
+            "inputs": [
+                {
+                    "source": g.vertices[e.source].uid,
+                    "kind": e.kind.value,
+                    "input_index": e.input_index,
+                    "key_field": e.key_field,
+                    "key_offset": (
+                        int(np.dtype(e.dtype).fields[e.key_field][1]) if e.key_field else None
+                    ),
+                    # the edge's result partition among the source's partitions
+                    "partition": [x for x in g.edges if x.source == e.source].index(e),
+                }
+                for e in ins
+            ],
+            "outputs": [g.vertices[e.target].uid for e in outs],
+        }
+    return {"vertices": vertices}
+
+
+def _find(handles: list[dict[str, Any]], gate: int) -> dict[str, Any] | None:
+    return next((h for h in handles if h["gate_id"] == gate), None)
+
+
+def plan_restore(
+    meta: dict[str, Any],
+    g: JobGraph,
+    *,
+    allow_non_restored_state: bool = False,
+    ignore_inflight: bool = False,
+    force_forward: bool = False,
+    validate: bool = True,
+) -> dict[tuple[str, int], TaskRestore]:
+    """Per new subtask ``(vertex uid, index)``, what it restores; raises when the
+    checkpoint does not fit the job (and nothing is started)."""
+    cid = int(meta["checkpoint_id"])
+    settings = meta.get("settings", {})
+    if settings.get("max-parallelism") != g.max_parallelism:
+        raise ConfigError(
+            "max parallelism changed",
+            detail=f"checkpoint {cid} was taken with {settings.get('max-parallelism')}, "
+            f"the job has {g.max_parallelism}",
+            hint="keep pipeline.max-parallelism unchanged across restores: it fixes key groups",
+        )
+    old = meta.get("graph", {}).get("vertices")
+    if old is None:
+        raise ConfigError(f"checkpoint {cid} does not describe its job graph")
+    new = graph_info(g)["vertices"]
+    gone = sorted(set(old) - set(new))
+    if gone and not allow_non_restored_state:
+        raise ConfigError(
+            "the checkpoint holds state of operators the job no longer has",
+            detail=f"uids {gone}",
+            hint="give operators their old uids, or allow non-restored state "
+            "(execution.state-recovery.ignore-unclaimed-state) to drop that state",
+        )
+    for uid, nv in new.items():
+        ov = old.get(uid)
+        if ov is None:
+            continue
+        if ov["nodes"] != nv["nodes"]:
+            raise ConfigError(
+                f"the chain of {uid!r} changed",
+                detail=f"checkpoint {ov['nodes']}, job {nv['nodes']}",
+                hint="keep the operators between network edges as they were",
+            )
+        sig = [(i["source"], i["kind"], i["input_index"], i["key_field"]) for i in nv["inputs"]]
+        if sig != [
+            (i["source"], i["kind"], i["input_index"], i["key_field"]) for i in ov["inputs"]
+        ]:
+            raise ConfigError(
+                f"the inputs of {uid!r} changed since the checkpoint",
+                hint="restore into the same topology (parallelism may change)",
+            )
+    tasks = meta["tasks"]
+    edges = {v.uid: sorted(g.inputs_of(v.id), key=lambda e: e.input_index) for v in g.vertices}
+
+    def entry(uid: str, j: int) -> dict[str, Any]:
+        return tasks.get(uid, {}).get("subtasks", {}).get(str(j), {})  # type: ignore[no-any-return]
+
+    def channel(uid: str, j: int, side: str) -> list[dict[str, Any]]:
+        return list((entry(uid, j).get("channel_state") or {}).get(side, []))
+
+    plans: dict[tuple[str, int], TaskRestore] = {}
+    to_check: list[dict[str, Any]] = []
+    for uid, nv in new.items():
+        ov = old.get(uid)
+        p_new = nv["parallelism"]
+        if ov is None:
+            continue  # a new operator starts empty
+        p_old = ov["parallelism"]
+        for i in range(p_new):
+            r = TaskRestore(cid)
+            for node in nv["nodes"]:
+                states = [entry(uid, j).get("operators", {}).get(node) for j in range(p_old)]
+                if p_old == p_new:
+                    if states[i] is not None:
+                        r.operator_state[node] = states[i]
+                else:
+                    r.rescaled_state[node] = states
+                keyed = [entry(uid, j).get("keyed", {}).get(node) for j in range(p_old)]
+                if any(k is not None for k in keyed):
+                    r.keyed_handles[node] = [k for k in keyed if k is not None]
+            plan: dict[str, Any] = {"outputs": [], "inputs": [], "rescaled": []}
+            if not ignore_inflight:
+                for part, target in enumerate(nv["outputs"]):
+                    tv, to = new[target], old.get(target)
+                    if to is not None and p_old == p_new and to["parallelism"] == tv["parallelism"]:
+                        h = _find(channel(uid, i, "output"), part)
+                        if h is not None:
+                            plan["outputs"].append(h)
+                for k, spec in enumerate(nv["inputs"]):
+                    src = spec["source"]
+                    so, sn = old.get(src), new[src]
+                    if so is None:
+                        continue
+                    if p_old == p_new and so["parallelism"] == sn["parallelism"]:
+                        h = _find(channel(uid, i, "input"), k)
+                        if h is not None:
+                            plan["inputs"].append(h)
+                        refs = [
+                            r
+                            for r in (entry(uid, i).get("channel_state") or {}).get(
+                                "references", []
+                            )
+                            if int(r["gate"]) == k
+                        ]
+                        plan.setdefault("references", []).extend(refs)
+                        to_check += [p["handle"] for r in refs for p in r["pieces"]]
+                        _check_partitioner(
+                            cid, uid, k, edges[uid][k], [r["filter"] for r in refs if "filter" in r]
+                        )
+                        continue
+                    mapping = map_edge(
+                        _EDGE_TYPES[spec["kind"]],
+                        old_upstream=so["parallelism"],
+                        old_downstream=p_old,
+                        new_upstream=sn["parallelism"],
+                        new_downstream=p_new,
+                        max_parallelism=g.max_parallelism,
+                        force=force_forward,
+                    )
+                    ins = {d: _find(channel(uid, d, "input"), k) for d in range(p_old)}
+                    outs = {
+                        u: _find(channel(src, u, "output"), spec["partition"])
+                        for u in range(so["parallelism"])
+                    }
+                    to_check += [h for h in [*ins.values(), *outs.values()] if h is not None]
+                    in_refs = {
+                        d: references_of(entry(uid, d).get("channel_state"), k)
+                        for d in range(p_old)
+                    }
+                    # Streams the old subtasks referenced with a filter, replayed first: an
+                    # old subtask's go where its input state goes (the mapping), then
+                    # the new subtask's own filter applies on top.
+                    in_filtered = [
+                        f
+                        for d in mapping.side(Side.INPUT).old_subtasks(i)
+                        for f in filtered_references_of(entry(uid, d).get("channel_state"), k)
+                    ]
+                    to_check += [
+                        p.handle.to_dict()
+                        for r in in_refs.values()
+                        for ps in r.values()
+                        for p in ps
+                    ] + [p.handle.to_dict() for ps, _ in in_filtered for p in ps]
+                    _check_partitioner(cid, uid, k, edges[uid][k], [f for _, f in in_filtered])
+                    plan["rescaled"].append(
+                        {
+                            "edge": k,
+                            "mapping": mapping,
+                            "input_handles": {
+                                d: GateStateHandle.from_dict(h) if h else None
+                                for d, h in ins.items()
+                            },
+                            "output_handles": {
+                                u: GateStateHandle.from_dict(h) if h else None
+                                for u, h in outs.items()
+                            },
+                            "key_offset": spec["key_offset"],
+                            "input_references": in_refs,
+                            "filtered_references": in_filtered,
+                        }
+                    )
+            to_check += plan["outputs"] + plan["inputs"]
+            r.channel_state = plan
+            plans[(uid, i)] = r
+    if validate:
+        _validate(
+            cid, to_check, [h for r in plans.values() for v in r.keyed_handles.values() for h in v]
+        )
+    return plans
+
+
+def _check_partitioner(
+    cid: int, uid: str, gate: int, edge: JobEdge, filters: list[dict[str, Any]]
+) -> None:
+    """Refuses, before anything starts, references filtered by a custom partitioner
+    other than the one the edge has now: replay could not tell which records to keep."""
+    names = set().union(*map(filter_partitioners, filters))
+    have = partitioner_name(edge.partitioner) if edge.partitioner is not None else None
+    if names and names != {have}:
+        raise ConfigError(
+            f"checkpoint {cid} cannot be restored: input {gate} of {uid!r} references "
+            "in-flight data filtered by another partitioner",
+            detail=f"checkpoint: {sorted(names)}, job: {have}",
+            hint="restore with the partitioner the checkpoint was taken with, or restore "
+            "without in-flight data",
+        )
+
+
+def _validate(cid: int, channel_handles: list[dict[str, Any]], keyed: list[dict[str, Any]]) -> None:
+    """Opens every file the restore will read; refuses the checkpoint on the first bad one."""
+    seen: set[str] = set()
+    for h in channel_handles:
+        if h["uri"] in seen:
+            continue
+        seen.add(h["uri"])
+        try:
+            open_retriever(GateStateHandle.from_dict(h)).close()
+        except SpilloverError as e:
+            raise type(e)(
+                f"checkpoint {cid} cannot be restored: {e.message}",
+                path=e.path,
+                offset=e.offset,
+                detail=e.detail,
+                hint="restore an older checkpoint, or restore without in-flight data",
+            ) from e
+    for h in keyed:
+        for st in h.get("states", []):
+            uri = st["uri"]
+            if "://" not in uri and not os.path.exists(uri):
+                raise StorageError(
+                    f"checkpoint {cid} cannot be restored: a keyed-state file is missing",
+                    path=uri,
+                    errno=2,
+                )

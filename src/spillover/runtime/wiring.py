@@ -1,0 +1,215 @@
+"""Wiring of one execution attempt: its tasks with their network, their coordinator,
+and the job's checkpoint storage; shared by every deployment (local threads, Spark
+workers), each of which hosts some of the subtasks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from spillover.config import Alignment, Config
+from spillover.keygroups import key_group_range_for_operator
+from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.failures import FailureInjector
+from spillover.runtime.graph import JobGraph, Vertex
+from spillover.runtime.network.buffers import BufferPool
+from spillover.runtime.network.channels import InputGate, ResultPartition, connect
+from spillover.runtime.network.events import BarrierKind
+from spillover.runtime.network.writers import Outbox, PartitionWriter
+from spillover.runtime.recovery.plan import graph_info
+from spillover.runtime.state import HeapKeyedStateBackend
+from spillover.runtime.task import InputChannelInfo, Task, TaskRestore
+
+if TYPE_CHECKING:
+    from spillover.runtime.jobmaster import Executor
+
+_BARRIER_KIND = {
+    Alignment.ALIGNED: BarrierKind.ALIGNED,
+    Alignment.UNALIGNED: BarrierKind.UNALIGNED,
+    Alignment.ALIGNED_WITH_TIMEOUT: BarrierKind.ALIGNED_WITH_TIMEOUT,
+}
+
+
+RemoteConnect = Callable[[ResultPartition, int, str, int], None]
+"""``(partition, subpartition, gate name, channel)``: links a subpartition to an input
+channel of a subtask that runs elsewhere (see :func:`build_tasks`)."""
+
+
+def build_tasks(
+    g: JobGraph,
+    cfg: Config,
+    *,
+    attempt: int,
+    restore: dict[tuple[str, int], TaskRestore] | None,
+    storage: CheckpointStorage | None,
+    failures: FailureInjector,
+    on_done: Callable[[Task, BaseException | None], None],
+    flush_interval: float,
+    hosted: Callable[[int], bool] | None = None,
+    remote: RemoteConnect | None = None,
+) -> dict[tuple[str, int], Task]:
+    """The tasks of one execution attempt with their network, keyed ``(uid, subtask)``.
+
+    ``storage`` is the job's checkpoint storage (:func:`checkpoint_storage`), None
+    when checkpointing is off: the tasks take both their directories and whether
+    they checkpoint from it. ``hosted(i)`` says whether subtask ``i`` of every
+    operator runs here (default: all, the local executor); a result partition's
+    subpartition for a subtask that runs elsewhere is linked with ``remote``. Input
+    gates are named ``uid#i``; the tasks' ``coordinator`` is set by the caller.
+    """
+    here = hosted or (lambda i: True)
+    net = cfg.network
+    checkpoint_dir = storage.subtask_dir if storage is not None else _no_checkpoint_dir
+    gates: dict[tuple[int, int], Any] = {}
+    channels: dict[tuple[int, int], list[InputChannelInfo]] = {}
+    partitions: dict[tuple[int, int], list[Any]] = {}
+    outboxes: dict[tuple[int, int], list[Outbox]] = {}
+    writers: dict[tuple[int, int], list[Any]] = {}
+    for v in g.vertices:
+        ins = sorted(g.inputs_of(v.id), key=lambda e: e.input_index)
+        for d in range(v.parallelism):
+            infos = [
+                InputChannelInfo(e.input_index, e, u, e.dtype)
+                for e in ins
+                for u in range(g.vertices[e.source].parallelism)
+            ]
+            channels[(v.id, d)] = infos
+            gates[(v.id, d)] = (
+                InputGate(
+                    len(infos),
+                    buffers_per_channel=net.buffers_per_channel,
+                    floating_buffers=net.floating_buffers_per_gate,
+                    name=f"{v.uid}#{d}",
+                )
+                if infos and here(d)
+                else None
+            )
+    for e in g.edges:
+        up, down = g.vertices[e.source], g.vertices[e.target]
+        first = next(k for k, c in enumerate(channels[(down.id, 0)]) if c.edge == e)
+        for u in range(up.parallelism):
+            if not here(u):
+                continue
+            pool = BufferPool(net.segment_size, net.buffers_per_partition, f"{up.uid}#{u}")
+            part = ResultPartition(down.parallelism, pool, name=f"{up.uid}#{u}->{down.uid}")
+            for d in range(down.parallelism):
+                if here(d):
+                    connect(part, d, gates[(down.id, d)], first + u)
+                elif remote is None:
+                    raise ValueError(f"subtask {d} of {down.uid!r} runs elsewhere: give remote")
+                else:
+                    remote(part, d, f"{down.uid}#{d}", first + u)
+            partitions.setdefault((up.id, u), []).append(part)
+            box = Outbox(part, pool)
+            outboxes.setdefault((up.id, u), []).append(box)
+            writers.setdefault((up.id, u), []).append(
+                PartitionWriter(
+                    e.kind,
+                    e.dtype,
+                    down.parallelism,
+                    u,
+                    net.segment_size,
+                    g.max_parallelism,
+                    e.key_field,
+                    send=box.send,
+                    send_all=box.send_all,
+                    partitioner=e.partitioner,
+                )
+            )
+    tasks: dict[tuple[str, int], Task] = {}
+    for v in g.vertices:
+        for i in range(v.parallelism):
+            if not here(i):
+                continue
+            tasks[(v.uid, i)] = Task(
+                graph=g,
+                vertex=v,
+                subtask=i,
+                attempt=attempt,
+                gate=gates[(v.id, i)],
+                channels=channels[(v.id, i)],
+                partitions=partitions.get((v.id, i), []),
+                outboxes=outboxes.get((v.id, i), []),
+                writers=writers.get((v.id, i), []),
+                restore=(restore or {}).get((v.uid, i)),
+                coordinator=None,
+                checkpoint_dir=checkpoint_dir,
+                keyed_backend_factory=_keyed_backend(g),
+                failures=failures,
+                on_done=on_done,
+                flush_interval=flush_interval,
+                channel_compression=cfg.checkpointing.codec.label,
+                max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
+                checkpointing=storage is not None,
+            )
+    return tasks
+
+
+def settle(tasks: Any, timeout: float = 30.0) -> None:
+    """Waits for cancelled tasks' threads and their snapshot writers: once an attempt
+    has ended, nothing of it writes to the checkpoint directory any more (a restore
+    right after a stop must not meet a late write)."""
+    tasks = list(tasks)
+    for t in tasks:
+        if t.thread.ident is not None:  # started
+            t.thread.join(timeout=timeout)
+    for t in tasks:
+        t.snapshots.shutdown(wait=True, cancel_futures=True)
+
+
+def make_coordinator(
+    ex: Executor,
+    tasks: dict[tuple[str, int], Any],
+    restored_id: int | None,
+    on_final: Callable[[], None],
+    on_failure: Callable[[BaseException], None],
+) -> CheckpointCoordinator:
+    """The checkpoint coordinator of one attempt over ``tasks`` (anything with
+    ``post(*action)`` and ``request_unaligned(cid)``)."""
+    g, cp = ex.graph, ex.config.checkpointing
+    return CheckpointCoordinator(
+        job_name=g.name,
+        fingerprint=g.fingerprint(),
+        settings=ex.settings,
+        graph=graph_info(g),
+        storage=ex.storage,
+        tasks=tasks,
+        sources=[(v.uid, i) for v in g.vertices if v.is_source for i in range(v.parallelism)],
+        interval_s=cp.interval_s,
+        timeout_s=cp.timeout_s,
+        min_pause_s=cp.min_pause_s,
+        max_concurrent=cp.max_concurrent_checkpoints,
+        num_retained=ex.config.state.num_retained,
+        tolerable_failures=cp.tolerable_failed_checkpoints,
+        # Ids are never reused: an aborted checkpoint's late writes must not land
+        # in a later checkpoint's directory.
+        first_id=max(ex.next_checkpoint_id, restored_id + 1 if restored_id else 1),
+        on_final=on_final,
+        on_failure=on_failure,
+        metrics_path=ex.metrics_path,
+        barrier_kind=_BARRIER_KIND[cp.alignment],
+        alignment_timeout_s=cp.aligned_checkpoint_timeout_s,
+    )
+
+
+def checkpoint_storage(cfg: Config, job_name: str) -> CheckpointStorage | None:
+    """The job's checkpoint storage, or None when checkpointing is off: the one place
+    that decides it (a directory and checkpointing enabled). The executor keeps it as
+    ``Executor.storage``; a Spark worker derives the same from the job's configuration."""
+    cdir = cfg.state.checkpoints_dir
+    if cdir is None or not cfg.checkpointing.enabled:
+        return None
+    return CheckpointStorage(cdir, job_name)
+
+
+def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
+    raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
+
+
+def _keyed_backend(g: JobGraph) -> Any:
+    def make(v: Vertex, i: int) -> Any:
+        rng = key_group_range_for_operator(g.max_parallelism, v.parallelism, i)
+        return HeapKeyedStateBackend(g.max_parallelism, rng)
+
+    return make

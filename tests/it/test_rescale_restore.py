@@ -1,0 +1,286 @@
+"""Restoring checkpoints with in-flight data at another parallelism, end to end.
+
+Each case runs a built-in topology at N under backpressure with induced failures,
+stops it part way (as a crash would), restores the latest checkpoint, which must
+hold in-flight data, at M, runs it to the end and compares the committed output
+and the final keyed state with a run that never failed: nothing lost, nothing
+duplicated, order kept per key and source partition, every key in its key group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from spillover.config import Config
+from spillover.deploy.local import LocalExecutor
+from spillover.errors import ConfigError, RescaleError, StorageError
+from spillover.runtime.api import Batch, Operator
+from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.failures import FailureInjector, FailureSpec
+from spillover.verify import VerifySpec, build, compare, config_for, output_of, run_once
+
+PAIRS = [(1, 2), (2, 3), (3, 7), (4, 8), (5, 2), (3, 5), (7, 2)]
+PAIRS += [(b, a) for a, b in PAIRS]
+SLOW_PAIRS = [(20, 21), (21, 20), (12, 7), (7, 12)]
+
+
+@pytest.mark.parametrize(("old", "new"), PAIRS)
+def test_rescale_pipeline(old: int, new: int, rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("pipeline", old, new)
+
+
+@pytest.mark.parametrize("topology", ["multi-input", "union"])
+@pytest.mark.parametrize(("old", "new"), [(1, 2), (2, 3), (3, 2), (4, 2), (2, 5)])
+def test_rescale_multi_input_and_union(
+    topology: str, old: int, new: int, rescale_exact: Callable[..., None]
+) -> None:
+    rescale_exact(topology, old, new)
+
+
+def test_rescale_with_bounded_inflight_data(rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("pipeline", 3, 2, policy="max-inflight")
+
+
+def test_restore_without_rescaling(rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("union", 2, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("old", "new"), SLOW_PAIRS)
+def test_rescale_wide(old: int, new: int, rescale_exact: Callable[..., None]) -> None:
+    rescale_exact("pipeline", old, new)
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def _checkpointed(tmp_path: Path, spec: VerifySpec) -> tuple[Config, int]:
+    cfg = Config.from_dict(
+        {
+            "execution.checkpointing.interval": "50 ms",
+            "state.checkpoints.dir": str(tmp_path / "ckpt"),
+            **spec.checkpoint_options(),
+        }
+    )
+    r = LocalExecutor(build(spec, str(tmp_path / "out"), "job"), cfg).run(stop_after=1.0)
+    done = r.completed_checkpoints()
+    assert done and done[-1]["inflight_bytes"] > 0
+    return cfg, done[-1]["checkpoint_id"]
+
+
+def test_forward_edge_refuses_to_rescale_unless_forced(tmp_path: Path) -> None:
+    from spillover.runtime.connectors.sinks import ThrottledSink
+    from spillover.runtime.graph import StreamEnvironment
+
+    def job(p: int) -> StreamEnvironment:
+        env = StreamEnvironment("fwd", parallelism=p, max_parallelism=128)
+        src = env.from_source(GeneratorSource(partitions=4, payload_bytes=16), uid="src")
+        m = src.key_by("key").map(lambda b: b, uid="m")
+        # Two consumers: the forward edge is a network edge, not a chain.
+        m.forward().process(_Pass(), uid="fwd").sink(ThrottledSink(5_000), uid="sink")
+        m.sink(ThrottledSink(5_000), uid="other")
+        return env
+
+    cfg = Config.from_dict(
+        {
+            "execution.checkpointing.interval": "50 ms",
+            "state.checkpoints.dir": str(tmp_path / "ckpt"),
+            "execution.checkpointing.unaligned.enabled": True,
+        }
+    )
+    r = LocalExecutor(job(2), cfg).run(stop_after=1.0)
+    cid = r.completed_checkpoints()[-1]["checkpoint_id"]
+    with pytest.raises(RescaleError) as e:
+        LocalExecutor(job(3), cfg, restore_checkpoint=cid).run(stop_after=2.0)
+    assert "forward-rescale.forced" in str(e.value)
+    forced = cfg.with_options({"execution.checkpointing.unaligned.forward-rescale.forced": True})
+    r = LocalExecutor(job(3), forced, restore_checkpoint=cid).run(stop_after=1.0)
+    assert r.status == "stopped" and r.replayed_bytes > 0
+
+
+def test_missing_inflight_file_refuses_the_whole_restore(tmp_path: Path) -> None:
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
+    cfg, cid = _checkpointed(tmp_path, spec)
+    files = sorted((tmp_path / "ckpt" / "job" / f"chk-{cid}").rglob("*.spill"))
+    assert files
+    files[0].unlink()
+    env = build(spec, str(tmp_path / "out"), "job", 3)
+    with pytest.raises(StorageError) as e:
+        LocalExecutor(env, cfg, restore_checkpoint=cid).run(timeout=60)
+    assert e.value.path is not None and files[0].name in e.value.path
+
+
+def test_escape_hatch_restores_without_inflight_data(tmp_path: Path) -> None:
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=40_000, rate_per_subtask=20_000)
+    cfg, cid = _checkpointed(tmp_path, spec)
+    for f in (tmp_path / "ckpt" / "job" / f"chk-{cid}").rglob("*.spill"):
+        f.unlink()  # in-flight data unreadable
+    hatch = cfg.with_options(
+        {"execution.checkpointing.recover-without-channel-state.checkpoint-id": cid}
+    )
+    result = LocalExecutor(
+        build(spec, str(tmp_path / "out"), "job", 3), hatch, restore_checkpoint=cid
+    ).run(timeout=120)
+    assert result.status == "finished"
+    assert result.replayed_bytes == 0  # dropped, as documented
+
+
+def test_changed_max_parallelism_is_refused(tmp_path: Path) -> None:
+    from spillover.runtime.connectors.sinks import CollectingSink
+    from spillover.runtime.graph import StreamEnvironment
+
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
+    cfg, cid = _checkpointed(tmp_path, spec)
+    env = StreamEnvironment("job", parallelism=2, max_parallelism=256)
+    env.from_source(GeneratorSource(partitions=4), uid="source").sink(CollectingSink("x"), uid="s")
+    with pytest.raises(ConfigError, match="max parallelism"):
+        LocalExecutor(env, cfg, restore_checkpoint=cid).run(timeout=60)
+
+
+class _Pass(Operator):
+    """Passes batches on (a stateless operator behind a forward edge)."""
+
+    out_dtype = GeneratorSource.dtype(16)
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        self.ctx.output.emit(batch)
+
+
+def test_a_restart_may_change_the_parallelism(tmp_path: Path) -> None:
+    """A rescale policy answers a failure with the job at parallelism 2 instead of 3:
+    the next attempt restores the latest checkpoint rescaled (state and in-flight
+    data), and the output is exactly the failure-free run's."""
+
+    spec = VerifySpec(
+        topology="pipeline",
+        parallelism=3,
+        records=60_000,
+        rate_per_subtask=20_000.0,
+        policy="unaligned",
+    )
+    baseline = run_once(spec, str(tmp_path), "baseline", FailureInjector())
+    out_dir = str(tmp_path / "rescaled" / "output")
+    make = spec.factory()
+    asked: list[tuple[int, str]] = []
+
+    def to_two(ex: object, attempt: int, error: BaseException) -> object:
+        asked.append((attempt, type(error).__name__))
+        return make(out_dir, "rescaled", 2)
+
+    failures = FailureInjector([FailureSpec("operator", "running-total", 1, after_records=8_000)])
+    ex = LocalExecutor(
+        make(out_dir, "rescaled", 3),
+        config_for(spec, str(tmp_path / "rescaled" / "ckpt")),
+        failures=failures,
+        rescale=to_two,  # type: ignore[arg-type]
+    )
+    result = ex.run(timeout=300)
+    assert result.status == "finished" and result.attempts == 2, result.failures
+    assert asked == [(0, "InducedFailure")]
+    assert result.restored_from, "the second attempt restored a checkpoint"
+    assert max(v.parallelism for v in ex.graph.vertices) == 2
+    report = compare(spec, baseline, output_of(spec, result, out_dir, ex.graph.max_parallelism))
+    assert report.exact, report.text()
+
+
+def test_a_rescale_policy_must_keep_the_job_name_and_max_parallelism(tmp_path: Path) -> None:
+
+    spec = VerifySpec(topology="pipeline", parallelism=2, records=5_000)
+    make = spec.factory()
+    ex = LocalExecutor(
+        make(str(tmp_path / "o"), "job-a", 2),
+        config_for(spec, str(tmp_path / "ckpt")),
+        failures=FailureInjector([FailureSpec("operator", "running-total", 0, after_records=10)]),
+        rescale=lambda ex, a, e: make(str(tmp_path / "o"), "job-b", 2),
+    )
+    with pytest.raises(ConfigError, match="keep the job's name"):
+        ex.run(timeout=120)
+
+
+@pytest.mark.parametrize("new", [2, 3])
+def test_references_filtered_by_another_partitioner_are_refused_up_front(
+    tmp_path: Path, new: int
+) -> None:
+    """A checkpoint taken while replaying a custom-partitioner edge references old
+    channels with that partitioner's filter; restoring into a job whose edge has
+    another partitioner is refused before anything runs (same and other parallelism)."""
+    import json
+
+    spec = VerifySpec(
+        topology="custom-partitioner",
+        policy="unaligned",
+        parallelism=2,
+        records=10**9,
+        rate_per_subtask=20_000,
+    )
+    cfg, cid = _checkpointed(tmp_path, spec)
+    meta_path = tmp_path / "ckpt" / "job" / f"chk-{cid}" / "_metadata"
+    meta = json.loads(meta_path.read_text())
+    st = meta["tasks"]["custom-routed"]["subtasks"]["0"]
+    st["channel_state"] = st.get("channel_state") or {}
+    part = {"name": "elsewhere.other", "index": 0, "parallelism": 3, "key_offset": 0}
+    st["channel_state"].setdefault("references", []).append(
+        {"gate": 0, "pieces": [], "filter": {"kind": "partitioner", **part}}
+    )
+    meta_path.write_text(json.dumps(meta))
+    out = tmp_path / "out-restored"
+    with pytest.raises(ConfigError, match="another partitioner") as e:
+        LocalExecutor(build(spec, str(out), "job", new), cfg, restore_checkpoint=cid).run(
+            timeout=60
+        )
+    assert "elsewhere.other" in str(e.value) and "key_modulo" in str(e.value)
+    assert not out.exists() or not any(out.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize("new", [1, 3, 4])
+def test_pass_through_references_go_where_their_old_subtask_goes(tmp_path: Path, new: int) -> None:
+    """A checkpoint taken while a rebalance edge replayed after a rescale references the
+    unreplayed rest of each old subtask's streams, unfiltered. Restored at yet another
+    parallelism, each such reference is replayed by the new subtasks the edge's mapping
+    gives that old subtask's input state to (exactly one for rebalance), never by all."""
+    import json
+
+    from spillover.rescale import EdgeType, Side, map_edge
+    from spillover.runtime.graph import JobGraph
+    from spillover.runtime.recovery.plan import plan_restore
+
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
+    _cfg, cid = _checkpointed(tmp_path, spec)
+    meta = json.loads((tmp_path / "ckpt" / "job" / f"chk-{cid}" / "_metadata").read_text())
+    sink = meta["tasks"]["parquet-sink"]["subtasks"]
+    handle = next(  # any stored handle, as the shape of the pieces' handles
+        h
+        for task in meta["tasks"].values()
+        for st in task["subtasks"].values()
+        for side in ("input", "output")
+        for h in (st.get("channel_state") or {}).get(side, [])
+    )
+    for d in ("0", "1"):
+        piece = {"handle": {**handle, "uri": f"old-{d}"}, "channel": 0, "skip": 0}
+        state = sink[d]["channel_state"] = sink[d].get("channel_state") or {}
+        state.setdefault("references", []).append(
+            {"gate": 0, "pieces": [piece], "filter": {"kind": "none"}}
+        )
+    graph = JobGraph.build(build(spec, str(tmp_path / "out"), "job", new))
+    plans = plan_restore(meta, graph, validate=False)
+    replayed_by: dict[str, list[int]] = {"old-0": [], "old-1": []}
+    for i in range(new):
+        (edge,) = plans[("parquet-sink", i)].channel_state["rescaled"]
+        for pieces, _flt in edge["filtered_references"]:
+            for p in pieces:
+                replayed_by[p.handle.uri].append(i)
+    m = map_edge(
+        EdgeType.REBALANCE,
+        old_upstream=2,
+        old_downstream=2,
+        new_upstream=new,
+        new_downstream=new,
+        max_parallelism=128,
+    )
+    for old in (0, 1):
+        expected = [i for i in range(new) if old in m.side(Side.INPUT).old_subtasks(i)]
+        assert replayed_by[f"old-{old}"] == expected
+        assert len(expected) == 1

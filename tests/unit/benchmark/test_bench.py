@@ -1,0 +1,317 @@
+"""``spillover bench``: short runs, the results folder, progress, flags and their errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spillover.benchmark as bench
+from spillover.benchmark import (
+    PLOTS,
+    RUN_COLUMNS,
+    BenchSpec,
+    PolicyResult,
+    ProgressBar,
+    run,
+    to_markdown,
+    trigger_offsets,
+)
+from spillover.cli import main
+from spillover.errors import ConfigError
+from spillover.runtime.jobmaster import JobResult
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
+    spec = BenchSpec(
+        policies=["aligned", "unaligned"],
+        duration_s=2.0,
+        warmup_s=0.5,
+        interval_ms=200,
+        sink_rate=20_000,  # a shorter backlog, so aligned checkpoints complete in 2 s
+        checkpoint_dir=str(tmp_path),
+        executor="local",
+    )
+    lines: list[str] = []
+    results = json.loads(json.dumps(run(spec, progress=lines.append)))
+    assert list(results["policies"]) == ["aligned", "unaligned"] and len(lines) == 2
+    assert results["local"] == {}  # the local executor is not compared with itself unasked
+    for name, r in results["policies"].items():
+        assert r["status"] == "stopped", (name, r["failures"])
+        assert r["executor"] == "local"
+        # The sinks are paced: what they took cannot beat 2 subtasks x 20,000 records/s.
+        assert 0 < r["throughput_rps"] <= 2 * 20_000 * 1.1, name
+        assert r["checkpoints"] >= 1, name
+        assert set(r["checkpoint_duration_ms"]) == {"median", "p90", "max"}
+        assert all("trigger_s" in c for c in r["checkpoint_list"])
+    assert results["policies"]["aligned"]["inflight_bytes"]["max"] == 0
+    assert results["policies"]["unaligned"]["inflight_bytes"]["max"] > 0
+    table = to_markdown(results)
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    assert [r.split("|")[2].strip() for r in rows[1:]] == ["aligned", "unaligned"]
+
+
+class _ScriptedExecutor:
+    """Runs nothing for ``stop_after`` seconds; its sink took 1,000 records/s."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.calls: list[tuple[str, str]] = []
+
+    def prepare(self) -> None:
+        pass
+
+    def live_metric(self, uid: str, metric: str = "records_in") -> float:
+        self.calls.append((uid, metric))
+        return 0.0 if self.started is None else 1000 * (time.monotonic() - self.started)
+
+    def run(self, timeout: float | None = None, *, stop_after: float = 0.0) -> JobResult:
+        self.started = time.monotonic()
+        time.sleep(stop_after)
+        return JobResult("scripted", "stopped", 1, stop_after)
+
+
+def test_sink_throughput_comes_from_the_executors_live_metric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[tuple[str, str | None, _ScriptedExecutor]] = []
+
+    def create(kind: str, job: Any, config: Any, *, master: str | None = None) -> Any:
+        made.append((kind, master, _ScriptedExecutor()))
+        return made[-1][2]
+
+    monkeypatch.setattr(bench, "create_executor", create)
+    spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3, executor="local")
+    r = run(spec)["policies"]["none"]
+    assert [m[:2] for m in made] == [("local", None)]
+    assert set(made[0][2].calls) == {("sink", "records_in")}
+    assert r["throughput_rps"] == pytest.approx(1000, rel=0.1)
+    assert r["sink_records"] == pytest.approx(1000 * r["window_s"], rel=0.1)
+    assert len(r["sink_series"]) >= 2  # one sample a second, for the throughput plot
+
+
+def test_cli_writes_the_results_folder_and_compares_with_local(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "results"
+    monkeypatch.setenv("SPILLOVER_BENCH_CLI_OUT", str(out))  # the environment twin
+    monkeypatch.setenv("SPILLOVER_BENCH_CLI_SINK_RATE", "20000")
+    argv = ["bench", "--executor", "local", "--policies", "none,unaligned"]
+    argv += ["--compare-local", "unaligned"]
+    argv += ["--duration", "1.5", "--warmup", "0.5", "--interval-ms", "200"]
+    assert main(argv) == 0
+    std = capsys.readouterr()
+    # Not a terminal: one plain progress line per run, on stderr.
+    assert std.err.splitlines() == [
+        "[1/3] local none: 2 s (total 0/6 s)",
+        "[2/3] local unaligned: 2 s (total 2/6 s)",
+        "[3/3] local unaligned: 2 s (total 4/6 s)",
+    ]
+    assert "local unaligned:" in std.out and "(local comparison)" in std.out
+
+    results = json.loads((out / "bench.json").read_text())
+    assert results["spec"]["sink_rate"] == 20_000 and results["spec"]["compare_local"] == [
+        "unaligned"
+    ]
+    assert list(results["policies"]) == ["none", "unaligned"]
+    assert list(results["local"]) == ["unaligned"]
+    vs = results["comparison"]["executor_vs_local"]
+    assert list(vs) == ["unaligned"] and vs["unaligned"]["ratio"] > 0
+    assert results["comparison"]["executor_cost_target"] == 0.10
+
+    with open(out / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == RUN_COLUMNS
+    assert [(r["executor"], r["policy"]) for r in rows] == [
+        ("local", "none"),
+        ("local", "unaligned"),
+        ("local", "unaligned"),
+    ]
+    assert float(rows[1]["vs_local"]) == vs["unaligned"]["ratio"]
+    with open(out / "checkpoints.csv", newline="") as f:
+        cps = list(csv.DictReader(f))
+    runs = bench.runs(results)
+    assert len(cps) == sum(len(r["checkpoint_list"]) for r in runs) > 0
+    assert {c["policy"] for c in cps} == {"unaligned"}  # "none" takes no checkpoints
+
+    md = (out / "bench.md").read_text()
+    assert "| local (comparison) | unaligned |" in md and "cost ≤ 10%" in md
+    assert md in std.out  # the table printed is the table written
+    for name in PLOTS:
+        png = (out / name).read_bytes()
+        assert png.startswith(PNG_MAGIC) and len(png) > 10_000, name
+
+
+def _compared(sink_rate: float, spark_rps: float, local_rps: float) -> dict[str, Any]:
+    """A report of ``none`` on spark and on local, sinks paced at ``sink_rate`` each."""
+    spec = BenchSpec(policies=["none"], executor="spark", sink_rate=sink_rate)
+    policies = {"none": PolicyResult("none", "spark", "stopped", 10.0, 0, spark_rps).to_dict()}
+    local = {"none": PolicyResult("none", "local", "stopped", 10.0, 0, local_rps).to_dict()}
+    return {
+        "spec": spec.to_dict(),
+        "executor": "spark",
+        "policies": policies,
+        "local": local,
+        "comparison": bench.compare(policies, local, spec.sink_rate * spec.parallelism),
+    }
+
+
+def test_the_executor_verdict_says_what_paced_sinks_let_it_measure() -> None:
+    # Sinks at 2 x 5,000 records/s held both runs back: the ratio is no cost.
+    paced = _compared(5000, 9_700, 9_990)
+    assert paced["comparison"]["executor_vs_local"]["none"]["paced"] is True
+    md = to_markdown(paced)
+    assert "| paced: keeps up (+2.9%) |" in md
+    assert "10,000 records/s (5000 per subtask × 2)" in md and "whether spark keeps" in md
+    assert "| paced: falls behind (+19.9%) |" in to_markdown(_compared(5000, 8_000, 9_990))
+    # Sinks far above what the job reaches: a measured cost.
+    unpaced = _compared(1e8, 300_000, 400_000)
+    assert unpaced["comparison"]["executor_vs_local"]["none"]["paced"] is False
+    md = to_markdown(unpaced)
+    assert "| not met (+25.0%) |" in md and "Paced" not in md
+    assert "| met (-10.0%) |" in to_markdown(_compared(1e8, 440_000, 400_000))
+
+
+def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
+    stream = io.StringIO()
+    bar = ProgressBar(runs=2, run_s=10, warmup_s=2, stream=stream, tty=True, width=10)
+    bar.start("spark", "unaligned")
+    bar.update(5)
+    bar.clear()
+    text = stream.getvalue()
+    assert "\n" not in text  # redrawn in place, never scrolls
+    last = text.split("\r\x1b[K")[-2]
+    assert last.startswith("[1/2] spark unaligned")
+    assert "[#####-----]" in last and "5/10 s measuring" in last and "total 5/20 s" in last
+    assert text.endswith("\r\x1b[K")  # cleared for the lines that follow
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--duration", "0"], "--duration (env SPILLOVER_BENCH_CLI_DURATION)"),
+        (["--executor", "yarn"], "--executor (env SPILLOVER_BENCH_CLI_EXECUTOR)"),
+        (
+            ["--executor", "local", "--master", "local[2]"],
+            "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark",
+        ),
+        (["--policies", "aligned,sideways"], "--policies (env SPILLOVER_BENCH_CLI_POLICIES)"),
+        (
+            ["--max-inflight-bytes", "plenty"],
+            "--max-inflight-bytes (env SPILLOVER_BENCH_CLI_MAX_INFLIGHT_BYTES)",
+        ),
+        (["--payload-bytes", "0"], "--payload-bytes (env SPILLOVER_BENCH_CLI_PAYLOAD_BYTES)"),
+        (
+            ["--policies", "none", "--compare-local", "aligned"],
+            "--compare-local (env SPILLOVER_BENCH_CLI_COMPARE_LOCAL)",
+        ),
+    ],
+)
+def test_bad_flags_fail_before_running_and_name_the_flag(
+    argv: list[str], names: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--out", str(tmp_path / "out"), *argv]) == 1
+    err = capsys.readouterr().err
+    assert "ConfigError" in err and names in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_environment_value_names_its_variable(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPILLOVER_BENCH_CLI_PARALLELISM", "two")
+    assert main(["bench"]) == 1
+    assert "bad --parallelism (env SPILLOVER_BENCH_CLI_PARALLELISM): 'two'" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_bad_combination_names_both_flags_and_their_variables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """BenchSpec's own check, worded by the command line: the flag at fault and the fix."""
+    assert main(["bench", "--executor", "local", "--master", "local[2]"]) == 1
+    err = capsys.readouterr().err
+    assert "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark executor" in err
+    assert "add --executor spark (or SPILLOVER_BENCH_CLI_EXECUTOR=spark)" in err
+
+
+def test_help_shows_every_environment_twin(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for env in ("EXECUTOR", "MASTER", "COMPARE_LOCAL", "PARALLELISM", "PAYLOAD_BYTES"):
+        assert f"SPILLOVER_BENCH_CLI_{env}" in text
+    for env in ("SINK_RATE", "INTERVAL_MS", "DURATION", "CHECKPOINT_DIR", "OUT"):
+        assert f"SPILLOVER_BENCH_CLI_{env}" in text
+    assert f"default {BenchSpec().duration_s:g}]" in text  # the defaults are BenchSpec's
+
+
+def test_spark_compares_the_baseline_and_unaligned_with_local_by_default() -> None:
+    spec = BenchSpec(executor="spark")
+    assert spec.compare_local == ("none", "unaligned")
+    assert spec.runs()[:3] == [("spark", "none"), ("local", "none"), ("spark", "aligned")]
+    assert BenchSpec(executor="spark", policies=["aligned"]).compare_local == ()
+    # Local against itself only when asked.
+    assert BenchSpec(executor="local").compare_local == ()
+
+
+def test_a_cluster_master_needs_shared_checkpoint_storage() -> None:
+    with pytest.raises(ConfigError, match="checkpoint storage"):
+        BenchSpec(executor="spark", master="spark://head:7077")
+    BenchSpec(executor="spark", master="spark://head:7077", checkpoint_dir="s3://b/ckpt")
+    BenchSpec(executor="spark", master="local[2]")  # one machine: a temporary dir will do
+    with pytest.raises(ConfigError, match="spark executor"):
+        BenchSpec(executor="local", master="local[2]")
+
+
+def test_the_default_runs_on_the_embedded_spark_master_against_local(tmp_path: Path) -> None:
+    """The README's main job: every policy on Spark, the baseline and unaligned again on
+    the local executor, with Spark's throughput cost per policy."""
+    spec = BenchSpec(
+        policies=["none", "unaligned"],
+        duration_s=2.0,
+        warmup_s=1.0,
+        interval_ms=200,
+        sink_rate=20_000,
+        checkpoint_dir=str(tmp_path),
+    )
+    assert spec.executor == "spark"
+    results = run(spec)
+    for policy in ("none", "unaligned"):
+        r = results["policies"][policy]
+        assert r["executor"] == "spark" and r["status"] == "stopped", r["failures"]
+        assert r["throughput_rps"] > 0  # the sinks' counts reach the driver from the workers
+        assert results["local"][policy]["throughput_rps"] > 0
+        assert results["comparison"]["executor_vs_local"][policy]["ratio"] > 0
+    assert results["policies"]["unaligned"]["checkpoints"] >= 1
+
+
+def test_trigger_offsets_rebuilt_from_the_schedule() -> None:
+    cps = [
+        {"checkpoint_id": 2, "duration_ms": 300.0},
+        {"checkpoint_id": 1, "duration_ms": 2500.0},  # longer than the interval
+        {"checkpoint_id": 3, "duration_ms": 10.0},
+    ]
+    offsets, exact = trigger_offsets(cps, 1.0, 0.0)
+    assert not exact and offsets == [3.5, 1.0, 4.5]
+    exact_offsets, exact = trigger_offsets([{"checkpoint_id": 1, "trigger_ms": 12_500}], 1.0, 10.0)
+    assert exact and exact_offsets == [2.5]
+
+
+def test_spec_checks_policies() -> None:
+    with pytest.raises(ConfigError, match="aligned named twice"):
+        BenchSpec(policies=["aligned", "aligned"])
+    with pytest.raises(ConfigError, match="sideways unknown"):
+        BenchSpec(policies=["aligned", "sideways"])
+    with pytest.raises(ConfigError, match="none given"):
+        BenchSpec(policies=[])
+    with pytest.raises(ConfigError, match="aligned not run"):
+        BenchSpec(policies=["none"], compare_local=["aligned"])
