@@ -28,9 +28,11 @@ demo: $(STAMP)
 # The whole test suite: lint, types, tests.
 test: lint typecheck unit
 
+# ruff, and the layers of docs/architecture.md as import-linter contracts (pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools
 	$(BIN)/ruff format --check src tests bench tools
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -125,7 +125,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import numpy as np
 
     import spillover
-    from spillover._native import _storage as native
+    from spillover.storage import baselines
 
     total = args.size_mb * 1024 * 1024
     size = args.buffer_size
@@ -155,7 +155,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     fresh(raw_path)
     fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     t = time.perf_counter()
-    native.raw_write_baseline(fd, buffers, spillover.StorageOptions().batch_bytes)
+    baselines.raw_write(fd, buffers, spillover.StorageOptions().batch_bytes)
     os.close(fd)
     raw_write = nbytes / (time.perf_counter() - t)
     rows.append(("raw sequential write (baseline)", raw_write, 1.0))
@@ -181,10 +181,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for i, b in enumerate(buffers):
         st.append(i & 7, b)
     handle = st.close()
-    block = native.Block(1 << 20)
     fd = os.open(raw_path, os.O_RDONLY)
     t = time.perf_counter()
-    native.raw_read_baseline(fd, block)
+    baselines.raw_read(fd, 1 << 20)
     os.close(fd)
     raw_read = nbytes / (time.perf_counter() - t)
     rows.append(("raw sequential read (baseline)", raw_read, 1.0))

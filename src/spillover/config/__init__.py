@@ -29,9 +29,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from spillover._native._storage import FORMAT_VERSION
 from spillover.errors import ConfigError
 from spillover.keygroups import UPPER_BOUND_MAX_PARALLELISM, compute_default_max_parallelism
+from spillover.storage import FORMAT_VERSION
 from spillover.storage.handle import Codec
 
 __all__ = [

@@ -1,5 +1,6 @@
 """The embeddable engine: persist a gate's in-flight buffers and stream them back."""
 
+from spillover._native._storage import FORMAT_VERSION, OnRelease
 from spillover.storage.engine import (
     FrameArrays,
     RetrievedBuffer,
@@ -13,11 +14,13 @@ from spillover.storage.engine import (
 from spillover.storage.handle import Codec, DataType, GateKind, GateStateHandle
 
 __all__ = [
+    "FORMAT_VERSION",
     "Codec",
     "DataType",
     "FrameArrays",
     "GateKind",
     "GateStateHandle",
+    "OnRelease",
     "RetrievedBuffer",
     "Retriever",
     "Storage",

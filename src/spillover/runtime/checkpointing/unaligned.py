@@ -27,8 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillover._native._storage import OnRelease
-from spillover.storage import Storage, Storer, open_storage
+from spillover.storage import OnRelease, Storage, Storer, open_storage
 
 
 class ChannelStateWriter:

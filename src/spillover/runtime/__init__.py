@@ -1,0 +1,1 @@
+"""The streaming runtime: jobs, tasks, network, checkpoints and recovery, whatever runs them."""
