@@ -15,9 +15,6 @@ lost worker, the worker cancels its subtasks and exits.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
-import os
 import pickle
 import socket
 import struct
@@ -27,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from spillover.errors import ConfigError
+from spillover.runtime.network.tcp import auth
 
 __all__ = ["ControlConnection", "ControlError", "ControlServer", "connect"]
 
 _TAG = b"spillover-control/1"
-_NONCE = 32
 _LEN = struct.Struct("<I")
 _MAX_MESSAGE = 1 << 30
 _OK = b"OK"
@@ -40,10 +37,6 @@ _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # a dead peer: EPIPE, never SI
 
 class ControlError(ConnectionError):
     """The control connection failed, was refused or closed."""
-
-
-def _mac(secret: bytes, nonce: bytes) -> bytes:
-    return hmac.new(secret, nonce + _TAG, hashlib.sha256).digest()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -113,8 +106,8 @@ def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> C
     except OSError as e:
         raise ControlError(f"cannot reach the job master at {host}:{port}: {e}") from e
     try:
-        nonce = _recv_exact(sock, _NONCE)
-        sock.sendall(_mac(secret, nonce), _SEND_FLAGS)
+        nonce = _recv_exact(sock, auth.NONCE_BYTES)
+        sock.sendall(auth.sign(secret, nonce, _TAG), _SEND_FLAGS)
         if _recv_exact(sock, len(_OK)) != _OK:
             raise ControlError(f"the job master at {host}:{port} refused this worker")
     except (OSError, ControlError) as e:
@@ -137,9 +130,7 @@ class ControlServer:
         port: int = 0,
         handshake_timeout: float = 10.0,
     ) -> None:
-        if len(secret) < 16:
-            raise ConfigError("the job secret must be at least 16 bytes")
-        self._secret = secret
+        self._secret = auth.job_key(secret)
         self._on_connect = on_connect
         self.handshake_timeout = handshake_timeout
         self.refused: list[str] = []
@@ -177,10 +168,10 @@ class ControlServer:
     def _admit(self, sock: socket.socket, peer: str) -> None:
         try:
             sock.settimeout(self.handshake_timeout)
-            nonce = os.urandom(_NONCE)
+            nonce = auth.new_nonce()
             sock.sendall(nonce, _SEND_FLAGS)
-            answer = _recv_exact(sock, hashlib.sha256().digest_size)
-            if not hmac.compare_digest(answer, _mac(self._secret, nonce)):
+            answer = _recv_exact(sock, auth.MAC_BYTES)
+            if not auth.verify(self._secret, nonce, _TAG, answer):
                 self.refused.append(f"{peer}: wrong secret")
                 sock.close()
                 return

@@ -5,7 +5,7 @@ the runner passes the task's partition id as the worker index. The protocol with
 the job master (docs/spark.md):
 
 1. connect to the master's control endpoint with the job secret; start a
-   :class:`~spillover.runtime.network.tcp.transport.TcpReceiver` on the address that reaches
+   :class:`~spillover.runtime.network.tcp.TcpReceiver` on the address that reaches
    the master; send ``hello``;
 2. get the address table; build this worker's subtasks and their network (input
    gates registered with the receiver, subpartitions for other workers linked over
@@ -34,7 +34,7 @@ from spillover.deploy.spark.control import ControlConnection, ControlError, conn
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.network.channels import NetworkError, ResultPartition
-from spillover.runtime.network.tcp.transport import ProtocolError, TcpReceiver, connect_tcp
+from spillover.runtime.network.tcp import ProtocolError, TcpReceiver, connect_tcp
 from spillover.runtime.task import Task, TaskCancelled, TaskRestore
 from spillover.runtime.wiring import build_tasks, checkpoint_storage, settle
 

@@ -38,7 +38,7 @@ from spillover.runtime.network.events import (
     deserialize,
     serialize,
 )
-from spillover.runtime.network.tcp.transport import (
+from spillover.runtime.network.tcp import (
     HEADER,
     HandshakeError,
     TcpReceiver,
@@ -48,7 +48,7 @@ from spillover.runtime.network.tcp.transport import (
 )
 
 JOIN = 10.0  # seconds a test thread may take before the test fails instead of hanging
-SECRET = b"job-7f3a secret"
+SECRET = b"job-7f3a secret 01"
 POLL = 0.05
 LOOPBACK = "127.0.0.1"
 
@@ -423,7 +423,7 @@ def test_wrong_secret_unknown_gate_and_second_connection_are_refused(
     receiver.register(gate)
     part = ResultPartition(2, BufferPool(8, 4), "p")
     with pytest.raises(HandshakeError, match="wrong job secret"):
-        connect_tcp(part, 0, receiver.address, "in", 0, b"not the secret")
+        connect_tcp(part, 0, receiver.address, "in", 0, b"not the job secret")
     assert not gate.channel(0).connected and len(receiver.refused) == 1
     with pytest.raises(HandshakeError, match="no input gate 'nope'"):
         connect_tcp(part, 0, receiver.address, "nope", 0, SECRET)
@@ -590,7 +590,7 @@ import numpy as np
 from spillover.runtime.network.buffers import BufferPool
 from spillover.runtime.network.events import CheckpointBarrier
 from spillover.runtime.network.channels import ResultPartition
-from spillover.runtime.network.tcp.transport import connect_tcp
+from spillover.runtime.network.tcp import connect_tcp
 
 host, port, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 pool = BufferPool(4096, 8, "remote")

@@ -1,0 +1,511 @@
+"""The producer's end of a remote channel: :class:`TcpSubpartition`, attached to a
+result partition with :func:`connect_tcp`."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections import deque
+
+from spillover.errors import ClosedError, ConfigError
+from spillover.runtime.network.buffers import NetworkBuffer, NetworkTimeoutError
+from spillover.runtime.network.channels import (
+    ChannelCancelledError,
+    ChannelFailedError,
+    NetworkError,
+    ResultPartition,
+    Subpartition,
+)
+from spillover.runtime.network.tcp import auth
+from spillover.runtime.network.tcp.protocol import (
+    _BATCH_BYTES,
+    _BATCH_FRAMES,
+    _CHALLENGE,
+    _DATA,
+    _END_BYTES,
+    _HELLO,
+    _MAX_EVENT,
+    _MAX_MESSAGE,
+    _MAX_NAME,
+    _NO_CHANNEL,
+    _U32,
+    HEADER,
+    MAGIC,
+    PROTOCOL_VERSION,
+    ErrorCode,
+    FrameType,
+    HandshakeError,
+    ProtocolError,
+    TransportError,
+    _error_payload,
+    _failure,
+    _frame,
+    _parse_error,
+    _read_header,
+    _read_payload,
+    _read_small_frame,
+    _remote_cause,
+    _send_all,
+    _Stopped,
+    _tune,
+)
+
+
+class TcpSubpartition(Subpartition):
+    """The producer's end of one remote channel; made by :func:`connect_tcp`.
+
+    Threads: the producer thread calls ``add_*``/``finish`` (``fail``, ``close``
+    from any thread); a sender thread writes queued buffers to the socket in
+    vectored batches; a reader thread takes the consumer's CREDIT and ERROR frames.
+    ``add_data`` waits until the consumer has announced credit for one more buffer,
+    so the send queue never holds more data than the consumer can take.
+
+    Ownership: a queued buffer belongs to the subpartition; the sender releases it
+    once written (or ``fail`` releases it unsent). Buffers returned by a priority
+    ``add_event`` are retained for the caller and still sent after the event.
+
+    Lifecycle: after ``finish`` the sender writes the rest and EndOfPartition,
+    half-closes the socket and the reader waits for the consumer to close; then
+    both threads are gone and the socket is closed. ``close`` waits for that (or
+    cancels an unfinished channel). ``fail``, an ERROR frame or a broken connection
+    fail the channel: waiters raise :class:`ChannelFailedError` (or
+    :class:`ChannelCancelledError`), queued buffers are released, and a local
+    failure is reported to the consumer in an ERROR frame.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        channel: int,
+        where: str,
+        segment_size: int,
+        initial_credit: int,
+        poll_interval: float = 0.2,
+        linger: float = 1.0,
+        end_timeout: float = 60.0,
+    ) -> None:
+        self.where = where
+        self.channel_id = channel
+        self.segment_size = segment_size
+        self.poll_interval = poll_interval
+        self.linger = linger
+        self.end_timeout = end_timeout
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._credit_cv = threading.Condition(self._lock)  # the producer waits here
+        self._work_cv = threading.Condition(self._lock)  # the sender waits here
+        self._queue: deque[NetworkBuffer] = deque()
+        self._prio: deque[NetworkBuffer] = deque()
+        self._end: NetworkBuffer | None = None
+        self._credit = initial_credit
+        self._queued_buffers = 0
+        self._queued_bytes = 0
+        self._finished = False
+        self._cause: BaseException | None = None
+        self._tell_peer = False
+        self._end_written_at: float | None = None
+        self._stopping = False
+        self._running = 2
+        self._done = threading.Event()
+        self.credit_granted = initial_credit
+        self.sent_buffers = 0
+        self.sent_bytes = 0
+        self._threads = [
+            threading.Thread(target=self._send_loop, name=f"spillover-tcp-send {where}"),
+            threading.Thread(target=self._read_loop, name=f"spillover-tcp-credit {where}"),
+        ]
+        for t in self._threads:
+            t.daemon = True
+
+    def _start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    # -- the Subpartition interface (producer thread) --
+
+    def _check_open_locked(self) -> None:
+        if self._cause is not None:
+            raise _failure(self.where, self._cause)
+        if self._finished:
+            raise ClosedError(f"{self.where} is finished")
+
+    def add_data(self, buffer: NetworkBuffer, deadline: float | None) -> float:
+        if len(buffer) > self.segment_size:
+            raise ConfigError(
+                f"{self.where}: a buffer of {len(buffer)} bytes exceeds the announced "
+                f"segment size of {self.segment_size}"
+            )
+        waited = 0.0
+        with self._lock:
+            self._check_open_locked()
+            if self._credit <= 0:
+                start = time.monotonic()
+                try:
+                    while self._credit <= 0:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise NetworkTimeoutError(
+                                f"{self.where}: no credit before the deadline",
+                                hint="the consumer is slow, blocked or not polling",
+                            )
+                        self._credit_cv.wait(remaining)
+                        self._check_open_locked()
+                finally:
+                    waited = time.monotonic() - start
+            self._credit -= 1
+            self._queue.append(buffer)
+            self._queued_buffers += 1
+            self._queued_bytes += len(buffer)
+            self._work_cv.notify()
+        return waited
+
+    def add_event(self, buffer: NetworkBuffer, priority: bool) -> list[NetworkBuffer]:
+        if len(buffer) > _MAX_EVENT:
+            raise ConfigError(f"{self.where}: an event of {len(buffer)} bytes is too large")
+        with self._lock:
+            self._check_open_locked()
+            self._work_cv.notify()
+            if not priority:
+                self._queue.append(buffer)
+                return []
+            self._prio.append(buffer)
+            return [b.retain() for b in self._queue if b.data_type == _DATA]
+
+    def finish(self, buffer: NetworkBuffer) -> None:
+        if bytes(buffer) != _END_BYTES:
+            raise ValueError(f"{self.where}: finish() takes an EndOfPartition buffer")
+        with self._lock:
+            self._check_open_locked()
+            self._queue.append(buffer)
+            self._end = buffer
+            self._finished = True
+            self._work_cv.notify()
+
+    def fail(self, cause: BaseException) -> None:
+        self._fail(cause, tell_peer=True)
+
+    @property
+    def credit(self) -> int:
+        return self._credit
+
+    @property
+    def backlog(self) -> tuple[int, int]:
+        """``(buffers, bytes)`` of data in the send queue (not yet handed to the
+        socket); buffers in flight or queued at the consumer are not counted."""
+        return self._queued_buffers, self._queued_bytes
+
+    @property
+    def closed(self) -> bool:
+        """Both threads are gone and the socket is closed."""
+        return self._done.is_set()
+
+    def close(self, timeout: float | None = 10.0) -> bool:
+        """Waits until everything queued and EndOfPartition were written and the
+        consumer closed, then returns True. An unfinished channel is failed first
+        (:class:`ChannelCancelledError`, reported to the consumer). If ``timeout``
+        passes, the connection is cut. Returns False unless the stream completed."""
+        with self._lock:
+            unfinished = not self._finished and self._cause is None
+        if unfinished:
+            self.fail(ChannelCancelledError(f"{self.where} was closed before it finished"))
+        if not self._done.wait(timeout):
+            with self._lock:
+                self._stopping = True
+                self._work_cv.notify_all()
+                self._credit_cv.notify_all()
+            self._shutdown()
+            self._done.wait(self.linger + 4 * self.poll_interval)
+        return self._end_written_at is not None and self._cause is None
+
+    # -- failure --
+
+    def _fail(self, cause: BaseException, tell_peer: bool) -> None:
+        with self._lock:
+            if self._cause is not None or self._end_written_at is not None:
+                return
+            self._cause = cause
+            self._tell_peer = tell_peer
+            dropped = [*self._prio, *self._queue]
+            self._prio.clear()
+            self._queue.clear()
+            self._queued_buffers = self._queued_bytes = 0
+            self._credit_cv.notify_all()
+            self._work_cv.notify_all()
+        for b in dropped:
+            b.release()
+        if not tell_peer:
+            self._shutdown()
+
+    def _shutdown(self, how: int = socket.SHUT_RDWR) -> None:
+        """Wakes both threads; never closes the descriptor (the last thread does)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(how)
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._running -= 1
+            last = self._running == 0
+        if last:
+            self._sock.close()
+            self._done.set()
+
+    # -- sender thread --
+
+    def _take_batch_locked(self) -> list[tuple[FrameType, NetworkBuffer]]:
+        batch: list[tuple[FrameType, NetworkBuffer]] = []
+        while self._prio and len(batch) < _BATCH_FRAMES:
+            batch.append((FrameType.PRIORITY_EVENT, self._prio.popleft()))
+        nbytes = 0
+        while self._queue and len(batch) < _BATCH_FRAMES and nbytes < _BATCH_BYTES:
+            buf = self._queue.popleft()
+            if buf.data_type == _DATA:
+                n = len(buf)
+                nbytes += n
+                self._queued_buffers -= 1
+                self._queued_bytes -= n
+                batch.append((FrameType.DATA, buf))
+            else:
+                batch.append((FrameType.END if buf is self._end else FrameType.EVENT, buf))
+        return batch
+
+    def _abort_send(self) -> bool:
+        return self._stopping or self._cause is not None
+
+    def _send_loop(self) -> None:
+        at_boundary = True
+        try:
+            while True:
+                with self._lock:
+                    while not (
+                        self._prio or self._queue or self._cause is not None or self._stopping
+                    ):
+                        self._work_cv.wait()
+                    if self._cause is not None or self._stopping:
+                        break
+                    batch = self._take_batch_locked()
+                views: list[memoryview] = []
+                for ftype, buf in batch:
+                    views.append(memoryview(HEADER.pack(ftype, 0, 0, self.channel_id, len(buf))))
+                    views.append(buf.data)
+                at_boundary = False
+                try:
+                    _send_all(self._sock, views, self._abort_send)
+                finally:
+                    for _, buf in batch:
+                        buf.release()
+                at_boundary = True
+                data = [len(b) for t, b in batch if t == FrameType.DATA]
+                self.sent_buffers += len(data)
+                self.sent_bytes += sum(data)
+                if batch[-1][0] == FrameType.END:
+                    with self._lock:
+                        self._end_written_at = time.monotonic()
+                    self._shutdown(socket.SHUT_WR)
+                    return
+        except _Stopped:
+            pass
+        except OSError as e:
+            at_boundary = False
+            self._fail(
+                TransportError(f"{self.where}: sending failed", detail=f"{type(e).__name__}: {e}"),
+                tell_peer=False,
+            )
+        finally:
+            if self._end_written_at is None:
+                self._goodbye(at_boundary)
+            self._exit()
+
+    def _goodbye(self, at_boundary: bool) -> None:
+        """Reports a local failure to the consumer (if the stream is intact), then
+        cuts the connection."""
+        cause = self._cause
+        if self._tell_peer and cause is not None and at_boundary:
+            code = ErrorCode.CANCELLED
+            if isinstance(cause, ProtocolError):
+                code = ErrorCode.PROTOCOL
+            elif not isinstance(cause, ChannelCancelledError):
+                code = ErrorCode.FAILED
+            message = f"{self.where}: {type(cause).__name__}: {cause}"
+            deadline = time.monotonic() + self.linger
+            with contextlib.suppress(OSError, _Stopped):
+                _send_all(
+                    self._sock,
+                    _frame(FrameType.ERROR, self.channel_id, _error_payload(code, message)),
+                    lambda: time.monotonic() > deadline,
+                )
+        self._shutdown()
+
+    # -- reader thread --
+
+    def _stop_reading(self) -> bool:
+        end = self._end_written_at
+        return self._stopping or (end is not None and time.monotonic() - end > self.end_timeout)
+
+    def _read_loop(self) -> None:
+        hdr = memoryview(bytearray(HEADER.size))
+        sock, stop = self._sock, self._stop_reading
+        try:
+            while True:
+                head = _read_header(sock, hdr, self.channel_id, stop)
+                if head is None:
+                    if self._end_written_at is None:
+                        self._fail(
+                            TransportError(f"{self.where}: the consumer closed the connection"),
+                            tell_peer=False,
+                        )
+                    return
+                ftype, length = head
+                if ftype == FrameType.CREDIT:
+                    if length != _U32.size:
+                        raise ProtocolError(f"a CREDIT frame of {length} bytes")
+                    (delta,) = _U32.unpack(_read_payload(sock, length, 4, stop, "CREDIT"))
+                    with self._lock:
+                        self._credit += delta
+                        self.credit_granted += delta
+                        self._credit_cv.notify_all()
+                elif ftype == FrameType.ERROR:
+                    payload = _read_payload(sock, length, _MAX_MESSAGE + 2, stop, "ERROR")
+                    if len(payload) < 2:
+                        raise ProtocolError("an ERROR frame without a code")
+                    code, message = _parse_error(payload)
+                    self._fail(_remote_cause(code, message, "the consumer"), tell_peer=False)
+                    return
+                else:
+                    raise ProtocolError(f"unexpected frame type {ftype} from the consumer")
+        except _Stopped:
+            pass
+        except ProtocolError as e:
+            self._fail(e, tell_peer=True)
+        except OSError as e:
+            self._fail(
+                TransportError(
+                    f"{self.where}: connection broken", detail=f"{type(e).__name__}: {e}"
+                ),
+                tell_peer=False,
+            )
+        finally:
+            self._exit()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._cause else "finished" if self._finished else "open"
+        return f"TcpSubpartition({self.where}, {state}, credit {self._credit})"
+
+
+def connect_tcp(
+    partition: ResultPartition,
+    subpartition: int,
+    address: tuple[str, int],
+    gate: str,
+    channel: int,
+    secret: bytes | str,
+    *,
+    timeout: float = 10.0,
+    poll_interval: float = 0.2,
+) -> TcpSubpartition:
+    """Links ``partition``'s subpartition to channel ``channel`` of the input gate
+    named ``gate`` at a :class:`TcpReceiver`'s ``address``, like
+    :func:`~spillover.runtime.network.channels.connect` does in memory.
+
+    Connects, answers the receiver's challenge with an HMAC of ``secret`` and
+    waits (at most ``timeout`` seconds) for the initial credit, which is the
+    acceptance. Raises :class:`HandshakeError` when refused or unanswered.
+    """
+    key = auth.job_key(secret)
+    host, port = address
+    where = (
+        f"subpartition {subpartition} of result partition {partition.name!r} "
+        f"(to channel {channel} of input gate {gate!r} at {host}:{port})"
+    )
+    pname, gname = partition.name.encode(), gate.encode()
+    if len(pname) > _MAX_NAME or len(gname) > _MAX_NAME:
+        raise ConfigError(f"{where}: names are limited to {_MAX_NAME} bytes")
+    if not 0 <= subpartition < partition.num_subpartitions or not 0 <= channel < _NO_CHANNEL:
+        raise ConfigError(f"{where}: no such subpartition or channel")
+    try:
+        partition.credit(subpartition)
+    except ChannelFailedError:
+        raise
+    except NetworkError:
+        pass  # not connected yet: as it should be
+    else:
+        raise NetworkError(f"subpartition {subpartition} of {partition.name!r} is connected")
+    segment_size = partition.pool.segment_size
+    deadline = time.monotonic() + timeout
+
+    def late() -> bool:
+        return time.monotonic() > deadline
+
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise HandshakeError(f"{where}: cannot connect", detail=str(e)) from e
+    try:
+        _tune(sock, min(poll_interval, timeout))
+        ftype, _, payload = _read_small_frame(sock, _MAX_MESSAGE + 2, late)
+        if ftype == FrameType.ERROR and len(payload) >= 2:
+            raise HandshakeError(f"{where}: refused", detail=_parse_error(payload)[1])
+        if ftype != FrameType.HELLO or len(payload) != _CHALLENGE.size:
+            raise HandshakeError(f"{where}: the peer is not a spillover TCP receiver")
+        magic, version, _, nonce = _CHALLENGE.unpack(payload)
+        if magic != MAGIC:
+            raise HandshakeError(f"{where}: the peer is not a spillover TCP receiver")
+        if version != PROTOCOL_VERSION:
+            raise HandshakeError(
+                f"{where}: the receiver speaks protocol version {version}",
+                detail=f"this producer speaks version {PROTOCOL_VERSION}",
+                hint="every worker of a job must run the same spillover version",
+            )
+        body = (
+            _HELLO.pack(
+                MAGIC,
+                PROTOCOL_VERSION,
+                0,
+                segment_size,
+                subpartition,
+                channel,
+                len(pname),
+                len(gname),
+            )
+            + pname
+            + gname
+        )
+        mac = auth.sign(key, nonce, body)
+        _send_all(sock, _frame(FrameType.HELLO, channel, body + mac), late)
+        ftype, chan, payload = _read_small_frame(sock, _MAX_MESSAGE + 2, late)
+        if ftype == FrameType.ERROR and len(payload) >= 2:
+            raise HandshakeError(
+                f"{where}: refused",
+                detail=_parse_error(payload)[1],
+                hint="every worker of a job must use the job's secret and wiring",
+            )
+        if ftype != FrameType.CREDIT or len(payload) != _U32.size or chan != channel:
+            raise HandshakeError(f"{where}: unexpected answer to the handshake (type {ftype})")
+        (initial,) = _U32.unpack(payload)
+        sock.settimeout(poll_interval)
+    except _Stopped:
+        sock.close()
+        raise HandshakeError(f"{where}: no answer within {timeout} s") from None
+    except HandshakeError:
+        sock.close()
+        raise
+    except OSError as e:
+        sock.close()
+        raise HandshakeError(f"{where}: handshake failed", detail=f"{type(e).__name__}: {e}") from e
+    sub = TcpSubpartition(
+        sock,
+        channel=channel,
+        where=where,
+        segment_size=segment_size,
+        initial_credit=initial,
+        poll_interval=poll_interval,
+    )
+    sub._start()
+    try:
+        partition.connect(subpartition, sub)
+    except BaseException:
+        sub.close(0)
+        raise
+    return sub
