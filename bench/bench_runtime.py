@@ -38,7 +38,9 @@ from spillover.runtime.connectors.sources import GeneratorSource
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
 from spillover.runtime.network.buffers import BufferPool
-from spillover.runtime.network.channels import InputGate, ResultPartition, connect
+from spillover.runtime.network.gate import InputGate
+from spillover.runtime.network.local import connect
+from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import PartitionWriter
 from spillover.runtime.operators import KeyedSum
 from spillover.storage.handle import DataType

@@ -283,7 +283,7 @@ def test_a_worker_marks_broken_channels_so_the_master_blames_the_cause() -> None
     from spillover.deploy.spark.runner import _is_consequence, _subtask_error
     from spillover.deploy.spark.worker import _error_info
     from spillover.runtime.failures import InducedFailure
-    from spillover.runtime.network.channels import ChannelFailedError
+    from spillover.runtime.network.errors import ChannelFailedError
     from spillover.runtime.network.tcp import ProtocolError, TransportError
 
     def blamed(err: BaseException) -> bool:

@@ -14,8 +14,10 @@ from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, Vertex
 from spillover.runtime.network.buffers import BufferPool
-from spillover.runtime.network.channels import InputGate, ResultPartition, connect
 from spillover.runtime.network.events import BarrierKind
+from spillover.runtime.network.gate import InputGate
+from spillover.runtime.network.local import connect
+from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.recovery.plan import graph_info
 from spillover.runtime.state import HeapKeyedStateBackend

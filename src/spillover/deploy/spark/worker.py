@@ -33,7 +33,8 @@ from spillover.config import Config
 from spillover.deploy.spark.control import ControlConnection, ControlError, connect
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
-from spillover.runtime.network.channels import NetworkError, ResultPartition
+from spillover.runtime.network.errors import NetworkError
+from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.tcp import ProtocolError, TcpReceiver, connect_tcp
 from spillover.runtime.task import Task, TaskCancelled, TaskRestore
 from spillover.runtime.wiring import build_tasks, checkpoint_storage, settle

@@ -22,7 +22,6 @@ from spillover.runtime.connectors.sources import GeneratorSource
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.network.buffers import BufferPool
-from spillover.runtime.network.channels import InputGate, ResultPartition, connect
 from spillover.runtime.network.events import (
     BarrierKind,
     CancelCheckpointMarker,
@@ -30,6 +29,9 @@ from spillover.runtime.network.events import (
     deserialize,
     to_buffer,
 )
+from spillover.runtime.network.gate import InputGate
+from spillover.runtime.network.local import connect
+from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.task import InputChannelInfo, Task
 from spillover.storage.handle import DataType

@@ -26,14 +26,10 @@ from spillover.runtime.network.buffers import (
     NetworkTimeoutError,
     PoolClosedError,
 )
-from spillover.runtime.network.channels import (
+from spillover.runtime.network.errors import (
     ChannelCancelledError,
     ChannelFailedError,
-    InputGate,
     NetworkError,
-    ResultPartition,
-    connect,
-    wire,
 )
 from spillover.runtime.network.events import (
     BarrierKind,
@@ -48,6 +44,9 @@ from spillover.runtime.network.events import (
     is_priority,
     serialize,
 )
+from spillover.runtime.network.gate import InputGate
+from spillover.runtime.network.local import connect, wire
+from spillover.runtime.network.partition import ResultPartition
 
 JOIN = 10.0  # seconds a test thread may take before the test fails instead of hanging
 

@@ -23,12 +23,7 @@ import pytest
 import spillover
 from spillover.errors import ClosedError
 from spillover.runtime.network.buffers import BufferPool, NetworkBuffer, NetworkTimeoutError
-from spillover.runtime.network.channels import (
-    ChannelCancelledError,
-    ChannelFailedError,
-    InputGate,
-    ResultPartition,
-)
+from spillover.runtime.network.errors import ChannelCancelledError, ChannelFailedError
 from spillover.runtime.network.events import (
     BarrierKind,
     CheckpointBarrier,
@@ -38,6 +33,8 @@ from spillover.runtime.network.events import (
     deserialize,
     serialize,
 )
+from spillover.runtime.network.gate import InputGate
+from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.tcp import (
     HEADER,
     HandshakeError,
@@ -589,7 +586,7 @@ import struct, sys
 import numpy as np
 from spillover.runtime.network.buffers import BufferPool
 from spillover.runtime.network.events import CheckpointBarrier
-from spillover.runtime.network.channels import ResultPartition
+from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.tcp import connect_tcp
 
 host, port, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

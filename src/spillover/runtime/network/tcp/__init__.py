@@ -5,7 +5,7 @@ with :func:`connect_tcp`); the consumer's end is a :class:`TcpReceiver`, one per
 worker, which serves the input gates registered with it. One TCP connection
 carries one channel; docs/network.md ("TCP transport") has the wire format.
 
-Semantics are those of :class:`~spillover.runtime.network.channels.LocalChannel`: FIFO
+Semantics are those of :class:`~spillover.runtime.network.local.LocalChannel`: FIFO
 data, credit-based flow control, events without credit, a priority path,
 EndOfPartition last, failures reaching both ends. Two differences:
 

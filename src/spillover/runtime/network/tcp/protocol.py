@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from spillover.errors import ClosedError
 from spillover.runtime.network.buffers import NetworkBuffer
-from spillover.runtime.network.channels import (
+from spillover.runtime.network.errors import (
     ChannelCancelledError,
     ChannelFailedError,
     NetworkError,

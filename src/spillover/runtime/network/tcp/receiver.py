@@ -18,14 +18,10 @@ from spillover.runtime.network.buffers import (
     NetworkTimeoutError,
     Segment,
 )
-from spillover.runtime.network.channels import (
-    ChannelCancelledError,
-    ChannelFailedError,
-    CreditListener,
-    InputChannel,
-    InputGate,
-)
+from spillover.runtime.network.errors import ChannelCancelledError, ChannelFailedError
 from spillover.runtime.network.events import EventFormatError, deserialize
+from spillover.runtime.network.gate import InputChannel, InputGate
+from spillover.runtime.network.partition import CreditListener
 from spillover.runtime.network.tcp import auth
 from spillover.runtime.network.tcp.protocol import (
     _CHALLENGE,

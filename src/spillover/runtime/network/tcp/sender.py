@@ -11,13 +11,12 @@ from collections import deque
 
 from spillover.errors import ClosedError, ConfigError
 from spillover.runtime.network.buffers import NetworkBuffer, NetworkTimeoutError
-from spillover.runtime.network.channels import (
+from spillover.runtime.network.errors import (
     ChannelCancelledError,
     ChannelFailedError,
     NetworkError,
-    ResultPartition,
-    Subpartition,
 )
+from spillover.runtime.network.partition import ResultPartition, Subpartition
 from spillover.runtime.network.tcp import auth
 from spillover.runtime.network.tcp.protocol import (
     _BATCH_BYTES,
@@ -407,7 +406,7 @@ def connect_tcp(
 ) -> TcpSubpartition:
     """Links ``partition``'s subpartition to channel ``channel`` of the input gate
     named ``gate`` at a :class:`TcpReceiver`'s ``address``, like
-    :func:`~spillover.runtime.network.channels.connect` does in memory.
+    :func:`~spillover.runtime.network.local.connect` does in memory.
 
     Connects, answers the receiver's challenge with an HMAC of ``secret`` and
     waits (at most ``timeout`` seconds) for the initial credit, which is the
