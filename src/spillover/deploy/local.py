@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import time
 
+from spillover.runtime.checkpointing.messages import Terminate
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.task import Task, TaskCancelled, TaskRestore
 from spillover.runtime.wiring import build_tasks, make_coordinator, settle
@@ -46,7 +47,7 @@ class _Attempt:
     def _terminate_sources(self) -> None:
         for (_uid, _i), t in self.tasks.items():
             if t.vertex.is_source:
-                t.post("terminate")
+                t.post(Terminate())
 
     def _coordinator_failed(self, e: BaseException) -> None:
         self.coordinator_error = e

@@ -62,7 +62,7 @@ def build_tasks(
     """
     here = hosted or (lambda i: True)
     net = cfg.network
-    checkpoint_dir = storage.subtask_dir if storage is not None else _no_checkpoint_dir
+    checkpoint_dir = storage.subtask_dir if storage is not None else None
     gates: dict[tuple[int, int], Any] = {}
     channels: dict[tuple[int, int], list[InputChannelInfo]] = {}
     partitions: dict[tuple[int, int], list[Any]] = {}
@@ -203,10 +203,6 @@ def checkpoint_storage(cfg: Config, job_name: str) -> CheckpointStorage | None:
     if cdir is None or not cfg.checkpointing.enabled:
         return None
     return CheckpointStorage(cdir, job_name)
-
-
-def _no_checkpoint_dir(cid: int, uid: str, subtask: int) -> str:
-    raise RuntimeError("checkpointing is off: state.checkpoints.dir is not set")
 
 
 def _keyed_backend(g: JobGraph) -> Any:

@@ -30,6 +30,7 @@ from spillover.config import Config
 from spillover.deploy.spark.control import ControlConnection, ControlError, ControlServer
 from spillover.deploy.spark.worker import WorkerSpec, run_worker
 from spillover.errors import ConfigError
+from spillover.runtime.checkpointing.messages import MailboxMessage, Terminate
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.task import TaskRestore
@@ -150,8 +151,8 @@ class _RemoteTask:
         self.worker = worker
         self.uid = uid
 
-    def post(self, *action: Any) -> None:
-        self.run.send(self.worker, "post", self.uid, action)
+    def post(self, message: MailboxMessage) -> None:
+        self.run.send(self.worker, "post", self.uid, message)
 
     def request_unaligned(self, cid: int) -> None:
         self.run.send(self.worker, "unaligned", self.uid, cid)
@@ -293,7 +294,7 @@ class _SparkAttempt:
         sources = {v.uid for v in self.ex.graph.vertices if v.is_source}
         for (uid, _), proxy in self.proxies.items():
             if uid in sources:
-                proxy.post("terminate")
+                proxy.post(Terminate())
 
     def _coordinator_failed(self, e: BaseException) -> None:
         self.events.put(("coordinator", e))

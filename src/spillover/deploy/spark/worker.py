@@ -31,6 +31,7 @@ from typing import Any
 
 from spillover.config import Config
 from spillover.deploy.spark.control import ControlConnection, ControlError, connect
+from spillover.runtime.checkpointing.messages import Ack
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.network.errors import NetworkError
@@ -72,7 +73,7 @@ class _Relay:
         with contextlib.suppress(ControlError):
             self.conn.send(*message)
 
-    def acknowledge(self, ack: Any) -> None:
+    def acknowledge(self, ack: Ack) -> None:
         self.send("ack", ack)
 
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
@@ -223,10 +224,10 @@ def _follow(
     worker's subtask of that operator (``index``)."""
     kind = message[0]
     if kind == "post":
-        _, uid, action = message
+        _, uid, mail = message
         task = tasks.get((uid, index))
         if task is not None:
-            task.post(*action)
+            task.post(mail)
     elif kind == "unaligned":
         _, uid, cid = message
         task = tasks.get((uid, index))

@@ -12,11 +12,18 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spillover.errors import SpilloverError
+from spillover.runtime.checkpointing.messages import (
+    Ack,
+    NotifyAborted,
+    NotifyComplete,
+    TaskGateway,
+    TriggerCheckpoint,
+)
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
     new_metadata,
@@ -84,7 +91,7 @@ class CheckpointCoordinator:
         fingerprint: str,
         settings: dict[str, Any],
         storage: CheckpointStorage | None,
-        tasks: dict[tuple[str, int], Any],
+        tasks: Mapping[tuple[str, int], TaskGateway],
         sources: list[tuple[str, int]],
         interval_s: float | None,
         timeout_s: float = 600.0,
@@ -138,7 +145,7 @@ class CheckpointCoordinator:
 
     # -- called from task threads ------------------------------------------------------
 
-    def acknowledge(self, ack: Any) -> None:
+    def acknowledge(self, ack: Ack) -> None:
         self._events.put(("ack", ack))
 
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
@@ -238,7 +245,7 @@ class CheckpointCoordinator:
         p.switched = final
         timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
         for key in sorted(self.sources):
-            self.tasks[key].post("trigger", cid, trigger_ms, kind, timeout_ms)
+            self.tasks[key].post(TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms))
         return cid
 
     def _on_ack(self, ack: Any) -> None:
@@ -297,7 +304,7 @@ class CheckpointCoordinator:
                 self._references.pop(old, None)
                 self.storage.delete(old)
         for task in self.tasks.values():
-            task.post("complete", cid)
+            task.post(NotifyComplete(cid))
         if p.stats.final:
             self._final_done = True
             self.on_final()
@@ -323,7 +330,7 @@ class CheckpointCoordinator:
         if self.storage is not None:
             self.storage.delete(cid)
         for task in self.tasks.values():
-            task.post("abort", cid)
+            task.post(NotifyAborted(cid))
 
     def _count_failure(self, cid: int) -> None:
         """Flink's rule: more than tolerable-failed-checkpoints failures in a row fail the job."""

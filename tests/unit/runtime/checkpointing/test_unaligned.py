@@ -17,6 +17,7 @@ import pytest
 
 import spillover
 from spillover.records import RecordWriter
+from spillover.runtime.checkpointing.unaligned import UnalignedCheckpoints
 from spillover.runtime.connectors.sinks import CollectingSink
 from spillover.runtime.connectors.sources import GeneratorSource
 from spillover.runtime.failures import FailureInjector
@@ -243,7 +244,7 @@ def persisted_input(ack: Any, task: Any) -> dict[int, list[bytes]]:
     for h in ack.channel_state.get("input", []):
         handle = spillover.GateStateHandle.from_dict(h)
         for buf in spillover.open_retriever(handle):
-            ch = task._offset[handle.gate_id] + buf.channel_id
+            ch = task.offsets[handle.gate_id] + buf.channel_id
             out.setdefault(ch, []).append(bytes(buf))
     return out
 
@@ -377,18 +378,18 @@ def test_a_failure_while_completing_an_unaligned_checkpoint_declines_it(
     """Completing an unaligned checkpoint runs on the snapshot thread; an error there
     must decline the checkpoint (aborted, the next one goes on), not leave it pending
     until its timeout."""
-    real = Task._ack_unaligned_parts
+    real = UnalignedCheckpoints._acknowledge_parts
     calls: list[int] = []
     failed: list[Any] = []
 
-    def flaky(self: Task, inf: Any) -> None:
+    def flaky(self: UnalignedCheckpoints, inf: Any) -> None:
         calls.append(inf.checkpoint_id)
         if len(calls) == 1:
             failed.append(inf)
             raise KeyError("boom")
         real(self, inf)
 
-    monkeypatch.setattr(Task, "_ack_unaligned_parts", flaky)
+    monkeypatch.setattr(UnalignedCheckpoints, "_acknowledge_parts", flaky)
     from spillover.verify import run_once
 
     spec = VerifySpec(topology="pipeline", records=20_000, failures=0, policy="unaligned")

@@ -1,0 +1,174 @@
+"""Channel state: the in-flight buffers a subtask persists for one checkpoint,
+written through the engine's ``Storer`` (the one place a task's input or output
+buffer becomes channel state), and its no-op twin for jobs that take no
+checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from spillover.storage import OnRelease, Storage, Storer, open_storage
+
+
+class ChannelState(Protocol):
+    """What a task appends to while an unaligned checkpoint collects in-flight data."""
+
+    input_bytes: int
+    output_bytes: int
+
+    def add_input(self, gate: int, channel: int, buffer: Any, submit: bool = True) -> None: ...
+
+    def add_output(
+        self, partition: int, subpartition: int, buffer: Any, submit: bool = True
+    ) -> None: ...
+
+    def submit(self) -> None: ...
+
+    def reap(self) -> None: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    def close(self) -> dict[str, Any]: ...
+
+    def discard(self) -> None: ...
+
+
+class ChannelStateWriter:
+    """The in-flight buffers of one subtask for one checkpoint.
+
+    Appends come from the task thread; ``close`` (from the task's snapshot thread,
+    once the task stopped appending) finishes the files and returns JSON-able
+    handles. Input gate ``k`` holds the channels of the task's ``k``-th input edge,
+    one per upstream subtask; output gate ``p`` holds the subpartitions of the
+    task's ``p``-th result partition (one per downstream subtask). That is the
+    layout rescaling reads (docs/rescaling.md).
+    """
+
+    def __init__(self, uri: str, checkpoint_id: int, subtask: int, compression: str | None) -> None:
+        self.uri = uri
+        self._storage: Storage = open_storage(
+            uri, checkpoint_id=checkpoint_id, subtask_index=subtask, compression=compression
+        )
+        self._inputs: dict[int, Storer] = {}
+        self._outputs: dict[int, Storer] = {}
+        self.input_bytes = 0
+        self.output_bytes = 0
+        self.closed = False
+
+    def _append(self, storer: Storer, channel: int, buffer: Any, submit: bool = True) -> None:
+        """Zero-copy for network buffers: retained now, released once written."""
+        release = getattr(buffer, "release", None)
+        if release is None:
+            storer.append(channel, buffer)
+            return
+        buffer.retain()
+        try:
+            storer.append(channel, OnRelease(buffer, release))
+        except BaseException:
+            release()
+            raise
+        # A held network buffer holds its channel's credit: write it now, not when a
+        # batch fills, and give it back as soon as it is written (see reap). Many
+        # buffers appended at once (a snapshot's output state) go as one batch.
+        if submit:
+            storer.submit()
+
+    def submit(self) -> None:
+        """Starts writing everything appended so far (after appends with submit=False)."""
+        for s in [*self._inputs.values(), *self._outputs.values()]:
+            s.submit()
+
+    def reap(self) -> None:
+        """Gives back the network buffers already written (the task calls it often)."""
+        for s in [*self._inputs.values(), *self._outputs.values()]:
+            s.reap()
+
+    def add_input(self, gate: int, channel: int, buffer: Any, submit: bool = True) -> None:
+        storer = self._inputs.get(gate)
+        if storer is None:
+            storer = self._inputs[gate] = self._storage.create_storer(gate, kind="input")
+        self._append(storer, channel, buffer, submit)
+        self.input_bytes += len(buffer)
+
+    def add_output(
+        self, partition: int, subpartition: int, buffer: Any, submit: bool = True
+    ) -> None:
+        storer = self._outputs.get(partition)
+        if storer is None:
+            storer = self._outputs[partition] = self._storage.create_storer(
+                partition, kind="output"
+            )
+        self._append(storer, subpartition, buffer, submit)
+        self.output_bytes += len(buffer)
+
+    @property
+    def bytes(self) -> int:
+        return self.input_bytes + self.output_bytes
+
+    def close(self) -> dict[str, Any]:
+        """Finishes every file; ``{"input": [...], "output": [...], "bytes": n}``."""
+        self.closed = True
+        inputs = [s.close().to_dict() for _, s in sorted(self._inputs.items())]
+        outputs = [s.close().to_dict() for _, s in sorted(self._outputs.items())]
+        return {"input": inputs, "output": outputs, "bytes": self.bytes}
+
+    def discard(self) -> None:
+        """Drops everything (the checkpoint was aborted); buffers go back to their pools."""
+        self.closed = True
+        for s in [*self._inputs.values(), *self._outputs.values()]:
+            s.discard()
+
+
+class NoChannelState:
+    """The twin for a job without checkpoint storage: takes every buffer and keeps
+    nothing (no unaligned checkpoint can complete without storage to hold it)."""
+
+    def __init__(self) -> None:
+        self.input_bytes = 0
+        self.output_bytes = 0
+
+    def add_input(self, gate: int, channel: int, buffer: Any, submit: bool = True) -> None:
+        self.input_bytes += len(buffer)
+
+    def add_output(
+        self, partition: int, subpartition: int, buffer: Any, submit: bool = True
+    ) -> None:
+        self.output_bytes += len(buffer)
+
+    def submit(self) -> None:
+        pass
+
+    def reap(self) -> None:
+        pass
+
+    @property
+    def bytes(self) -> int:
+        return self.input_bytes + self.output_bytes
+
+    def close(self) -> dict[str, Any]:
+        return {"input": [], "output": [], "bytes": 0}
+
+    def discard(self) -> None:
+        pass
+
+
+CheckpointDir = Callable[[int, str, int], str]
+"""``(checkpoint id, operator uid, subtask)`` -> the subtask's checkpoint directory URI."""
+
+
+def open_channel_state(
+    checkpoint_dir: CheckpointDir | None,
+    checkpoint_id: int,
+    uid: str,
+    subtask: int,
+    compression: str | None,
+) -> ChannelState:
+    """The channel state of one subtask for one checkpoint: files under
+    ``<subtask dir>/channels`` (the directory's query string, e.g. an S3 endpoint,
+    kept), or :class:`NoChannelState` when the job has no checkpoint storage."""
+    if checkpoint_dir is None:
+        return NoChannelState()
+    base, sep, query = checkpoint_dir(checkpoint_id, uid, subtask).partition("?")
+    return ChannelStateWriter(f"{base}/channels{sep}{query}", checkpoint_id, subtask, compression)

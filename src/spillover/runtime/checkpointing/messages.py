@@ -1,0 +1,94 @@
+"""Typed messages between a task and the checkpoint coordinator, and the Protocols
+each side offers the other.
+
+A task's mailbox takes :data:`MailboxMessage` values (the coordinator's triggers and
+notifications, the executor's termination and cancellation); a task reports to
+the coordinator through a :class:`CoordinatorGateway` (acknowledge, decline, end of
+data), and the coordinator reaches a task through a :class:`TaskGateway`. The local
+coordinator and the tasks implement them in one process; on Spark a worker's relay
+and the driver's remote-task proxies implement the same Protocols over the control
+connection, which is why every message here pickles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerCheckpoint:
+    """Sources only: take checkpoint ``checkpoint_id`` now and send its barrier."""
+
+    checkpoint_id: int
+    trigger_ms: int
+    kind: int = 0  # events.BarrierKind
+    timeout_ms: int = 0  # the alignment timeout of an aligned-with-timeout barrier
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchToUnaligned:
+    """Checkpoint ``checkpoint_id``'s alignment timed out: persist in-flight data."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyComplete:
+    """Checkpoint ``checkpoint_id`` completed: two-phase-commit operators commit."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyAborted:
+    """Checkpoint ``checkpoint_id`` was aborted."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """Sources only: stop emitting and finish (after the final checkpoint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Stop at once: the attempt is failing over or stopping."""
+
+
+MailboxMessage = (
+    TriggerCheckpoint | SwitchToUnaligned | NotifyComplete | NotifyAborted | Terminate | Cancel
+)
+
+
+@dataclass
+class Ack:
+    """A subtask's part of a checkpoint, sent to the coordinator."""
+
+    checkpoint_id: int
+    vertex_uid: str
+    subtask: int
+    operator_state: dict[str, Any]
+    handles: dict[str, Any]
+    keyed: dict[str, Any]
+    metrics: dict[str, float]
+    channel_state: dict[str, Any] = field(default_factory=dict)
+
+
+class CoordinatorGateway(Protocol):
+    """What a task tells the checkpoint coordinator (from the task's threads)."""
+
+    def acknowledge(self, ack: Ack) -> None: ...
+
+    def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None: ...
+
+    def end_of_data(self, vertex_uid: str, subtask: int) -> None: ...
+
+
+class TaskGateway(Protocol):
+    """What the coordinator (or the executor) may do to a task, from any thread."""
+
+    def post(self, message: MailboxMessage) -> None: ...
+
+    def request_unaligned(self, checkpoint_id: int) -> None: ...

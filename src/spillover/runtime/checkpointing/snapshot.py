@@ -1,0 +1,122 @@
+"""A task's snapshot of one checkpoint: the synchronous part on the task thread
+(operators and keyed state captured, the barrier forwarded), the asynchronous part
+(writing state files) on the task's snapshot thread, which acknowledges.
+
+An aligned barrier follows every record before it; an unaligned one goes to the
+head of every output queue, and what it overtook (queued in the channel, then
+still in the outbox) becomes output state. Aligned with a timeout: the task waits
+for its output to drain, unless the alignment times out meanwhile; then the
+barrier overtakes what is still queued.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from spillover.runtime.api import OperatorSnapshot
+from spillover.runtime.checkpointing.aligned import AlignmentStats
+from spillover.runtime.checkpointing.messages import Ack
+from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint
+from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
+
+if TYPE_CHECKING:
+    from spillover.runtime.task import Task
+
+
+def take_snapshot(
+    task: Task,
+    cid: int,
+    trigger_ms: int,
+    stats: AlignmentStats | None,
+    barrier: CheckpointBarrier | None = None,
+    inflight: InFlightCheckpoint | None = None,
+) -> None:
+    """Snapshots ``task`` for checkpoint ``cid`` and forwards its barrier; with
+    ``inflight`` (an unaligned checkpoint) the acknowledgement waits for the
+    checkpoint's channel state to be complete."""
+    if task.checkpoint_dir is None:  # no storage: nothing could hold the checkpoint
+        task.coordinator.decline(cid, task.vertex.uid, task.subtask, "checkpointing is off")
+        return
+    t0 = time.monotonic()
+    if stats is not None:
+        first_wall = time.time() - (t0 - stats.first_barrier_at)
+        start_delay_ms = max(0.0, first_wall * 1000 - trigger_ms)
+    else:
+        start_delay_ms = max(0.0, time.time() * 1000 - trigger_ms)
+    task.failures.check("snapshot", task.attempt, task.vertex.uid, task.subtask, checkpoint=cid)
+    for w in task.writers:
+        w.flush()
+    snaps: dict[str, OperatorSnapshot] = {
+        n.uid: op.snapshot(cid) for n, op in zip(task.vertex.nodes, task.ops, strict=True)
+    }
+    keyed_write = task.keyed.snapshot() if task.keyed is not None else None
+    state_bytes = float(task.keyed.state_bytes()) if task.keyed is not None else 0.0
+    if barrier is None:
+        barrier = CheckpointBarrier(cid, trigger_ms)
+    unaligned = task.unaligned
+    switched = False
+    if (
+        inflight is None
+        and barrier.kind == BarrierKind.ALIGNED_WITH_TIMEOUT
+        and unaligned.drain_unless_switched(cid)
+    ):
+        inflight = unaligned.switched_output_state(barrier)
+        barrier = barrier.as_unaligned()
+        switched = True
+    if inflight is None:
+        task.drain_blocking()  # an aligned barrier follows every record before it
+        for p in task.partitions:
+            p.broadcast_event(barrier)
+        unaligned.done_checkpoints.add(cid)
+    else:
+        for index, p in enumerate(task.partitions):
+            box = task.outboxes[index]
+            for sub, overtaken in enumerate(p.broadcast_event(barrier, priority=True)):
+                for b in overtaken:
+                    inflight.writer.add_output(index, sub, b, submit=False)
+                    b.release()
+                for array in box.queues[sub]:
+                    inflight.writer.add_output(index, sub, array, submit=False)
+        inflight.writer.submit()  # one batch, not one hand-off per buffer
+    metrics = {
+        "start_delay_ms": start_delay_ms,
+        "alignment_ms": stats.alignment_seconds * 1000 if stats else 0.0,
+        "bytes_during_alignment": float(stats.bytes_during_alignment) if stats else 0.0,
+        "sync_ms": (time.monotonic() - t0) * 1000,
+        "state_bytes": state_bytes,
+        "inflight_bytes": 0.0,
+    }
+    directory = task.checkpoint_dir(cid, task.vertex.uid, task.subtask)
+    vertex_uid, subtask, coordinator = task.vertex.uid, task.subtask, task.coordinator
+    key_uid = next((n.uid for n in task.vertex.nodes if n.keyed), None)
+    pending = inflight
+
+    def finish_async() -> None:
+        t1 = time.monotonic()
+        try:
+            handles = {
+                uid: s.finalize(directory) for uid, s in snaps.items() if s.finalize is not None
+            }
+            keyed = {key_uid: keyed_write(directory)} if keyed_write and key_uid else {}
+        except BaseException as e:
+            coordinator.decline(cid, vertex_uid, subtask, f"snapshot failed: {e!r}")
+            return
+        metrics["async_ms"] = (time.monotonic() - t1) * 1000
+        ack = Ack(
+            cid,
+            vertex_uid,
+            subtask,
+            {uid: s.operator_state for uid, s in snaps.items()},
+            handles,
+            keyed,
+            metrics,
+        )
+        if pending is None:
+            coordinator.acknowledge(ack)
+        else:
+            pending.operator_part = ack  # acked with the channel state once complete
+
+    task.snapshots.submit(finish_async)
+    if switched:
+        unaligned.complete()  # its inputs were aligned: nothing more to wait for

@@ -1,0 +1,179 @@
+"""A restored task's channel state, replayed before anything new.
+
+Recovered output state goes into the task's outboxes ahead of any new output (the
+task loop drains them as credit allows and takes barriers meanwhile; a checkpoint
+persists what is still there, like any output). Recovered input state is processed
+before any new input, one block per step, so the task loop takes unaligned
+barriers between steps: old channels' streams (rescaled edges, and streams a
+checkpoint referenced with a filter) first, then the task's own input files and
+what they reference (``replay.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from spillover.records import FieldKey, RecordReader
+from spillover.rescale import rescaled_retriever
+from spillover.runtime.graph import JobEdge
+from spillover.runtime.recovery import replay
+from spillover.runtime.recovery.replay import (
+    InputRecovery,
+    StreamRecovery,
+    compose_filters,
+    filtered_references_of,
+    filtered_retriever,
+    references_of,
+)
+from spillover.storage import GateStateHandle, open_retriever
+
+Process = Callable[[int, Any], None]
+"""``(task input channel, buffer)``: processes a replayed buffer as input."""
+
+
+class ChannelStateReplay:
+    """One restored subtask's recovered input state, replayed step by step.
+
+    ``plan["outputs"]``/``plan["inputs"]``: this subtask's own files of edges whose
+    parallelism did not change. ``plan["rescaled"]``: per rescaled input edge, what
+    the filtering retriever reads from the old subtasks (upstreams of a rescaled
+    edge replay nothing: the new downstream reads both parts of each old channel).
+    """
+
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        *,
+        subtask: int,
+        input_edges: Sequence[JobEdge],
+        offsets: Sequence[int],
+        outboxes: Sequence[Any],
+        process: Process,
+    ) -> None:
+        self.offsets = offsets
+        self.replayed_bytes = 0
+        for h in plan.get("outputs", []):
+            handle = GateStateHandle.from_dict(h)
+            box = outboxes[handle.gate_id]
+            with open_retriever(handle) as r:
+                for buf in r:
+                    self.replayed_bytes += len(buf)
+                    box.send(buf.channel_id, np.frombuffer(memoryview(buf), np.uint8).copy())
+
+        gates: dict[int, Any] = {}
+        for h in plan.get("inputs", []):
+            handle = GateStateHandle.from_dict(h)
+            gates[handle.gate_id] = (handle, {})
+        # Unfiltered references join their gate; filtered ones are old channels'
+        # streams, replayed below.
+        for gate in sorted({int(r["gate"]) for r in plan.get("references", [])}):
+            refs = references_of(plan, gate)
+            if refs:
+                gates[gate] = (gates.get(gate, (None, {}))[0], refs)
+        self.inputs: InputRecovery | None = (
+            InputRecovery(gates, lambda gate, ch, buf: process(offsets[gate] + ch, buf))
+            if gates
+            else None
+        )
+        parts: list[tuple[int, Any, dict[str, Any]]] = []
+
+        def filtered(gate: int, refs: list[Any], new: dict[str, Any] | None) -> None:
+            groups: dict[str, tuple[dict[str, Any], list[Any]]] = {}
+            for pieces, flt in refs:
+                both = compose_filters(flt, new)
+                if both is not None:
+                    groups.setdefault(json.dumps(both, sort_keys=True), (both, []))[1].append(
+                        (pieces, 0)
+                    )
+            for both, streams in groups.values():
+                r = filtered_retriever(
+                    streams,
+                    both,
+                    partitioner=input_edges[gate].partitioner,
+                    buffer_size=replay.JOIN_BYTES,
+                )
+                parts.append((gate, r, both))
+
+        for gate in sorted({int(r["gate"]) for r in plan.get("references", [])}):
+            filtered(gate, filtered_references_of(plan, gate), None)
+        for item in plan.get("rescaled", []):
+            k = item["edge"]
+            # key_by edges filter by the key group of the edge's int64 key field.
+            retriever = rescaled_retriever(
+                item["mapping"],
+                "input",
+                subtask,
+                input_handles=item["input_handles"],
+                output_handles=item["output_handles"],
+                key=FieldKey(item["key_offset"] or 0, "int64"),
+                # Replayed records are processed here, not sent: large buffers mean
+                # fewer, larger batches (the per-batch cost dominates small ones),
+                # and a buffer is what a step hands on at least.
+                buffer_size=replay.JOIN_BYTES,
+                coalesce=True,
+                input_references=item.get("input_references"),
+                # custom edges route recovered records with the job's partitioner
+                partitioner=input_edges[k].partitioner,
+            )
+            # What the old subtasks referenced with a filter comes first, kept by
+            # both their filter and this subtask's.
+            filtered(k, item.get("filtered_references", []), retriever.filter)
+            parts.append((k, retriever, retriever.filter))
+        # Each part's streams end on record boundaries, and parts replay one after the
+        # other before any new input: the channels' own readers serve.
+        self.streams: StreamRecovery | None = (
+            StreamRecovery(parts, lambda gate, b: process(offsets[gate] + b.channel_id, b))
+            if parts
+            else None
+        )
+
+    @property
+    def active(self) -> bool:
+        """Whether recovered input state is left to replay."""
+        return self.streams is not None or self.inputs is not None
+
+    def step(self) -> None:
+        """Replays one block of recovered input state."""
+        rec: InputRecovery | StreamRecovery | None = (
+            self.streams if self.streams is not None else self.inputs
+        )
+        if rec is None:
+            return
+        before = rec.replayed_bytes
+        more = rec.step()
+        self.replayed_bytes += rec.replayed_bytes - before
+        if not more:
+            rec.close()
+            if rec is self.streams:
+                self.streams = None
+            else:
+                self.inputs = None
+
+    def references(self, readers: Sequence[RecordReader]) -> list[dict[str, Any]]:
+        """For a checkpoint taken now: what is left to replay, as references into the
+        old files (the kept records of old streams are processed first; each own
+        channel's rest is cut at the start of the record its reader has begun)."""
+        out: list[dict[str, Any]] = []
+        if self.streams is not None:
+            out += self.streams.references()
+        rec = self.inputs
+        if rec is not None:
+            rec.flush()
+            out += rec.references(lambda g, c: readers[self.offsets[g] + c].pending_bytes)
+        return out
+
+    def recovering_channels(self) -> set[int]:
+        """Task input channels whose own recovered input state is still replaying
+        (their readers' begun records are in the references, not new state)."""
+        if self.inputs is None:
+            return set()
+        return {self.offsets[g] + c for g, c in self.inputs.channels}
+
+    def close(self) -> None:
+        for rec in (self.streams, self.inputs):
+            if rec is not None:
+                rec.close()
