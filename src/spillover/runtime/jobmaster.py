@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import time
 import traceback
 import uuid
@@ -23,6 +24,7 @@ from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.task import TaskRestore
 from spillover.runtime.wiring import checkpoint_storage
+from spillover.storage.location import Location
 
 
 class JobFailedError(RuntimeError):
@@ -180,11 +182,11 @@ class Executor:
         job's checkpoint directory, or a checkpoint directory's path), else the latest."""
         rc = self.restore_checkpoint
         if isinstance(rc, str):
-            base, _, name = rc.rstrip("/").rpartition("/")
-            job, _, chk = base.rpartition("/")
-            if not name.startswith("chk-"):
+            chk = Location.parse(rc)
+            if not re.fullmatch(r"chk-\d+", chk.name):
                 raise ConfigError(f"not a checkpoint directory: {rc!r}", hint="give .../chk-<id>")
-            return CheckpointStorage(job, chk).read_metadata(int(name[4:]))
+            job = chk.parent
+            return CheckpointStorage(job.parent.uri, job.name).read_metadata(int(chk.name[4:]))
         if self.storage is None:
             return None
         if isinstance(rc, int):

@@ -13,13 +13,13 @@ import errno as errno_mod
 import os
 from collections.abc import Callable
 from typing import Any, Protocol, cast
-from urllib.parse import urlparse
 
 from spillover.errors import (
     StateFileExistsError,
     StateFileNotFoundError,
     StorageError,
 )
+from spillover.storage.location import Location
 
 
 class ReadableFile(Protocol):
@@ -158,11 +158,20 @@ class ArrowBackend:
                 "state file not found", path=self.uri_of(name), errno=errno_mod.ENOENT
             ) from e
         except OSError as e:
-            if "not found" in str(e).lower() or "does not exist" in str(e).lower():
+            if self._missing(path):
                 raise StateFileNotFoundError(
                     "state file not found", path=self.uri_of(name), errno=errno_mod.ENOENT
                 ) from e
             raise _storage_error("cannot open state file", self.uri_of(name), e) from e
+
+    def _missing(self, path: str) -> bool:
+        """Asked of the filesystem after a failed open (its error carries no errno)."""
+        import pyarrow.fs as pafs
+
+        try:
+            return bool(self.fs.get_file_info(path).type == pafs.FileType.NotFound)
+        except OSError:
+            return False
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -188,36 +197,13 @@ def _storage_error(message: str, path: str, e: OSError) -> StorageError:
     )
 
 
-def backend_for(uri: str | os.PathLike[str], filesystem: Any = None) -> Backend:
-    """The backend for a storage directory URI.
-
-    Plain paths and ``file://`` URIs use native local I/O; any other scheme goes
-    through ``pyarrow.fs.FileSystem.from_uri`` (so ``s3://bucket/dir?endpoint_override=...``
-    works); ``filesystem`` forces a given pyarrow filesystem with ``uri`` as its path.
-    """
-    text = os.fspath(uri)
-    if filesystem is not None:
-        return ArrowBackend(filesystem, text, text)
-    parsed = urlparse(text)
-    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
-        return LocalBackend(parsed.path if parsed.scheme == "file" else text)
-    try:
-        import pyarrow.fs as pafs
-    except ImportError as e:  # pragma: no cover - pyarrow is a dependency
-        raise StorageError(
-            "remote storage needs pyarrow", path=text, hint="pip install pyarrow"
-        ) from e
-    try:
-        fs, path = pafs.FileSystem.from_uri(text)
-    except (OSError, ValueError) as e:
-        raise StorageError(
-            "cannot open the filesystem of this URI",
-            path=text,
-            detail=f"{type(e).__name__}: {e}",
-            hint="use a local path or a URI pyarrow.fs understands (s3://, gs://, hdfs://)",
-        ) from e
-    prefix, _, query = text.partition("?")
-    return ArrowBackend(fs, path, prefix, query)
+def backend_for(uri: str | os.PathLike[str] | Location, filesystem: Any = None) -> Backend:
+    """The backend for a storage directory (see :class:`Location`): native local I/O
+    for local paths and ``file://`` URIs, pyarrow for every other filesystem."""
+    loc = uri if isinstance(uri, Location) else Location.parse(uri, filesystem)
+    if loc.local:
+        return LocalBackend(loc.path)
+    return ArrowBackend(loc.filesystem, loc.path, loc.prefix, loc.query)
 
 
 def readinto_exact(f: ReadableFile, view: memoryview) -> int:

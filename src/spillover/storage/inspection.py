@@ -6,8 +6,10 @@ import os
 from typing import Any
 
 from spillover.storage.backends import LocalBackend, backend_for
-from spillover.storage.engine import Retriever, StorageOptions
 from spillover.storage.handle import Codec, GateKind
+from spillover.storage.location import Location
+from spillover.storage.options import StorageOptions
+from spillover.storage.retriever import Retriever
 
 
 def inspect_state_file(uri: str, *, verify: bool = True, filesystem: Any = None) -> dict[str, Any]:
@@ -16,9 +18,8 @@ def inspect_state_file(uri: str, *, verify: bool = True, filesystem: Any = None)
     Reads every frame (so every checksum is checked when ``verify``); raises the
     file's :class:`~spillover.errors.SpilloverError` when it is damaged.
     """
-    base, sep, query = uri.partition("?")
-    directory, _, name = base.rpartition("/")
-    backend = backend_for((directory or ".") + sep + query, filesystem)
+    loc = Location.parse(uri, filesystem)
+    backend, name = backend_for(loc.parent), loc.name
     opts = StorageOptions(verify_checksums=verify)
     channels: dict[int, dict[str, int]] = {}
     with Retriever(backend, name, opts) as r:

@@ -48,6 +48,7 @@ from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import DataStream, StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
 from spillover.runtime.operators import CoMap, TwoInputOperator
+from spillover.storage.location import Location
 
 OUT_DTYPE = np.dtype([("partition", "<i4"), ("seq", "<i8"), ("key", "<i8"), ("total", "<i8")])
 # The keyed subtask that emitted a record, so the check can place its key.
@@ -446,9 +447,8 @@ def final_state(
 
     if result.checkpoint_dir is None:
         return {}
-    where, sep, query = result.checkpoint_dir.partition("?")
-    base, _, job = where.rstrip("/").rpartition("/")
-    latest = CheckpointStorage(base + sep + query, job).latest()
+    job = Location.parse(result.checkpoint_dir)
+    latest = CheckpointStorage(job.parent.uri, job.name).latest()
     if latest is None:
         return {}
     keyed = [
@@ -504,8 +504,7 @@ def _read(spec: VerifySpec, out_dir: str) -> np.ndarray[Any, Any]:
 def _checkpoints(spec: VerifySpec, workdir: str, name: str) -> str:
     if spec.checkpoint_dir is None:
         return os.path.join(workdir, name, "checkpoints")
-    base, sep, query = spec.checkpoint_dir.partition("?")
-    return f"{base.rstrip('/')}/{name}{sep}{query}"
+    return Location.parse(spec.checkpoint_dir).child(name).uri
 
 
 def config_for(spec: VerifySpec, ckpt: str) -> Config:

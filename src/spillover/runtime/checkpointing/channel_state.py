@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from spillover.storage import OnRelease, Storage, Storer, open_storage
+from spillover.storage.location import Location
 
 
 class ChannelState(Protocol):
@@ -170,5 +171,5 @@ def open_channel_state(
     kept), or :class:`NoChannelState` when the job has no checkpoint storage."""
     if checkpoint_dir is None:
         return NoChannelState()
-    base, sep, query = checkpoint_dir(checkpoint_id, uid, subtask).partition("?")
-    return ChannelStateWriter(f"{base}/channels{sep}{query}", checkpoint_id, subtask, compression)
+    where = Location.parse(checkpoint_dir(checkpoint_id, uid, subtask)).child("channels")
+    return ChannelStateWriter(where.uri, checkpoint_id, subtask, compression)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.errors import ConfigError, FormatError, StorageError
+from spillover.storage.location import Location
 
 METADATA_FORMAT = "spillover-checkpoint"
 METADATA_VERSION = 1
@@ -42,40 +43,22 @@ class CheckpointStorage:
         # The metadata is written to a temporary name and renamed, so a reader never
         # sees half of it; fsync also makes it survive a machine crash (slower).
         self.fsync = fsync
-        self.local = "://" not in base or base.startswith("file://")
-        root = base[len("file://") :] if base.startswith("file://") else base
-        self.root = f"{root.rstrip('/')}/{safe}"
-        self._fs: Any = None
-        self._query = ""
-        if not self.local:
-            import pyarrow.fs as pafs
-
-            uri, _, self._query = base.partition("?")
-            self._fs, path = pafs.FileSystem.from_uri(base)
-            self._uri_prefix = uri.rstrip("/") + f"/{safe}"
-            self.root = f"{path.rstrip('/')}/{safe}"
+        self.location = Location.parse(base).child(safe)
+        self.local = self.location.local
+        self.root = self.location.path  # the job's directory on its filesystem
+        self._fs: Any = self.location.filesystem
 
     @property
     def uri(self) -> str:
         """This job's checkpoint directory: a path, or a URI with its query."""
-        if self.local:
-            return self.root
-        return self._uri_prefix + (f"?{self._query}" if self._query else "")
+        return self.location.uri
 
     def checkpoint_dir(self, checkpoint_id: int) -> str:
         """The directory (path or URI) of one checkpoint, for state writers."""
-        name = f"chk-{checkpoint_id}"
-        if self.local:
-            return os.path.join(self.root, name)
-        q = f"?{self._query}" if self._query else ""
-        return f"{self._uri_prefix}/{name}{q}"
+        return self.location.child(f"chk-{checkpoint_id}").uri
 
     def subtask_dir(self, checkpoint_id: int, vertex_uid: str, subtask: int) -> str:
-        d = self.checkpoint_dir(checkpoint_id)
-        if self.local:
-            return os.path.join(d, f"{vertex_uid}-{subtask}")
-        base, _, q = d.partition("?")
-        return f"{base}/{vertex_uid}-{subtask}" + (f"?{q}" if q else "")
+        return self.location.child(f"chk-{checkpoint_id}", f"{vertex_uid}-{subtask}").uri
 
     def _path(self, checkpoint_id: int, name: str = "") -> str:
         p = f"{self.root}/chk-{checkpoint_id}"

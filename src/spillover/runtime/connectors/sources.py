@@ -11,13 +11,13 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 import numpy.typing as npt
 
 from spillover.errors import ConfigError, StorageError
 from spillover.runtime.api import Batch, Operator, OperatorContext, OperatorSnapshot
+from spillover.storage.location import Location
 
 __all__ = [
     "GeneratorSource",
@@ -220,24 +220,7 @@ class GeneratorSource(Operator):
 def filesystem_for(uri: str | os.PathLike[str], filesystem: Any = None) -> tuple[Any, str]:
     """``(pyarrow filesystem, path)`` of a local path, a ``file://`` URI or any URI
     ``pyarrow.fs`` understands (``s3://bucket/dir?endpoint_override=...``)."""
-    import pyarrow.fs as pafs
-
-    text = os.fspath(uri)
-    if filesystem is not None:
-        return filesystem, text
-    parsed = urlparse(text)
-    if parsed.scheme in ("", "file"):
-        return pafs.LocalFileSystem(), os.path.abspath(parsed.path if parsed.scheme else text)
-    try:
-        fs, path = pafs.FileSystem.from_uri(text)
-    except (OSError, ValueError) as e:
-        raise StorageError(
-            "cannot open the filesystem of this URI",
-            path=text,
-            detail=f"{type(e).__name__}: {e}",
-            hint="use a local path or a URI pyarrow.fs understands (s3://, gs://, hdfs://)",
-        ) from e
-    return fs, path
+    return Location.parse(uri, filesystem).arrow()
 
 
 def byte_matrix(batch: Batch, name: str) -> npt.NDArray[np.uint8]:

@@ -29,7 +29,6 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
-from urllib.parse import urlparse
 
 import numpy as np
 import numpy.typing as npt
@@ -46,7 +45,6 @@ from spillover.errors import (
     KeyGroupRangeError,
     RescaleError,
     StateFileExistsError,
-    StateFileNotFoundError,
     StorageError,
     TruncatedFileError,
     UnsupportedVersionError,
@@ -58,7 +56,7 @@ from spillover.keygroups import (
     key_groups,
 )
 from spillover.runtime.api import KeyedState, StateDescriptor
-from spillover.storage.backends import ArrowBackend, backend_for
+from spillover.storage.location import Location
 
 __all__ = [
     "FORMAT_NAME",
@@ -616,18 +614,6 @@ def _meta(key: str) -> bytes:
     return f"spillover.{key}".encode()
 
 
-def _location(
-    directory_uri: str,
-) -> tuple[pafs.FileSystem, Callable[[str], str], Callable[[str], str]]:
-    """``(filesystem, path_of(name), uri_of(name))`` for a directory URI, resolved as the
-    engine resolves storage directories."""
-    backend = backend_for(directory_uri)
-    if isinstance(backend, ArrowBackend):
-        fs, root = backend.fs, backend.root
-        return fs, lambda name: f"{root}/{name}", backend.uri_of
-    return pafs.LocalFileSystem(), backend.uri_of, backend.uri_of
-
-
 def _write_snapshot(
     directory_uri: str,
     copies: list[tuple[str, str, np.dtype[Any], Keys, Values]],
@@ -636,8 +622,8 @@ def _write_snapshot(
     prefix: str,
     fsync: bool,
 ) -> dict[str, Any]:
-    fs, path_of, uri_of = _location(directory_uri)
-    local = isinstance(fs, pafs.LocalFileSystem)
+    directory = Location.parse(directory_uri)
+    fs, _ = directory.arrow()
     entries = []
     for i, (name, kind, dtype, keys, values) in enumerate(copies):
         kg = key_groups(keys, max_p)
@@ -662,13 +648,14 @@ def _write_snapshot(
         )
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
         file_name = f"{prefix}-kg{rng.start:05d}-{rng.end:05d}-{i:03d}-{safe}.arrow"
-        size = _write_file(fs, path_of(file_name), uri_of(file_name), batch, fsync and local)
+        where = directory.child(file_name)
+        size = _write_file(fs, where.path, where.uri, batch, fsync and where.local)
         entries.append(
             {
                 "name": name,
                 "kind": kind,
                 "dtype": _dtype_to_json(dtype),
-                "uri": uri_of(file_name),
+                "uri": where.uri,
                 "rows": int(keys.size),
                 "bytes": size,
             }
@@ -768,23 +755,7 @@ def _check_handle(handle: Any, max_p: int) -> KeyGroupRange:
 
 
 def _open_input(uri: str) -> pa.NativeFile:
-    parsed = urlparse(uri)
-    try:
-        if parsed.scheme not in ("", "file"):
-            fs, path = pafs.FileSystem.from_uri(uri)
-            return fs.open_input_file(path)
-        return pa.memory_map(parsed.path if parsed.scheme == "file" else uri)
-    except FileNotFoundError as e:
-        raise StateFileNotFoundError("keyed-state file not found", path=uri, errno=e.errno) from e
-    except OSError as e:
-        if "not found" in str(e).lower() or "does not exist" in str(e).lower():
-            raise StateFileNotFoundError("keyed-state file not found", path=uri) from e
-        raise StorageError(
-            "cannot open keyed-state file",
-            path=uri,
-            errno=e.errno,
-            detail=f"{type(e).__name__}: {e}",
-        ) from e
+    return Location.parse(uri).open_input("keyed-state file")
 
 
 def _read_state_file(

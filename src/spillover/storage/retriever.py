@@ -1,10 +1,5 @@
-"""Storage, Storer and Retriever: persist a gate's in-flight buffers, stream them back.
-
-These are FLIP-76's PersistentInFlightDataStorage / Storer / Retriever. One
-:class:`Storage` belongs to one subtask for one checkpoint; it makes one
-:class:`Storer` and one :class:`Retriever` per gate. docs/embedding.md shows how
-to use them and docs/format.md specifies the bytes.
-"""
+"""Retriever: stream a gate's persisted buffers back, in the order they were stored,
+with bounded memory (FLIP-76's PersistentInFlightDataRetriever)."""
 
 from __future__ import annotations
 
@@ -12,10 +7,8 @@ import io
 import os
 import queue
 import threading
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from spillover._native import _storage as native
@@ -27,294 +20,13 @@ from spillover.errors import (
     TruncatedFileError,
 )
 from spillover.storage.backends import Backend, backend_for, readinto_exact
-from spillover.storage.handle import Codec, DataType, GateKind, GateStateHandle, state_file_name
+from spillover.storage.handle import Codec, GateKind, GateStateHandle
+from spillover.storage.location import Location
+from spillover.storage.options import StorageOptions
 
-__all__ = [
-    "FrameArrays",
-    "RetrievedBuffer",
-    "Retriever",
-    "Storage",
-    "StorageOptions",
-    "Storer",
-    "open_retriever",
-    "open_storage",
-]
+__all__ = ["FrameArrays", "RetrievedBuffer", "Retriever", "open_retriever"]
 
 RetrievedBuffer = native.RetrievedBuffer
-
-KiB = 1024
-MiB = 1024 * KiB
-
-
-@dataclass(frozen=True)
-class StorageOptions:
-    """Tuning of a storage; every field has a keyword of the same name in open_storage.
-
-    - ``compression``: ``None`` or ``"lz4"`` (per buffer; kept only where it shrinks it).
-    - ``blocking``: append writes from the caller's thread without copying (the buffer is
-      referenced until its batch is written), or, when False, copies into a bounded pool
-      that a native writer thread persists.
-    - ``batch_bytes``: bytes gathered per hand-off to the I/O thread in blocking mode
-      (each written with one vectored write); at most four batches are in flight, so
-      the storer references at most four times this much of the caller's memory.
-    - ``pool_bytes``: the non-blocking pool; append waits while it is full.
-    - ``fsync``: make files (and the directory entry) durable on close.
-    - ``read_ahead_bytes`` / ``read_block_bytes``: the retriever reads blocks of
-      ``read_block_bytes`` and keeps at most ``read_ahead_bytes`` of them ahead.
-    - ``verify_checksums``: check every payload's CRC32C while reading.
-    """
-
-    compression: str | None = None
-    blocking: bool = True
-    batch_bytes: int = 1 * MiB
-    pool_bytes: int = 16 * MiB
-    fsync: bool = False
-    read_ahead_bytes: int = 4 * MiB
-    read_block_bytes: int = 1 * MiB
-    verify_checksums: bool = True
-
-    def __post_init__(self) -> None:
-        if self.compression not in (None, "none", "lz4"):
-            raise ConfigError(
-                f"unknown compression {self.compression!r}",
-                hint="use compression=None or compression='lz4'",
-            )
-        for name, low in (
-            ("batch_bytes", 4 * KiB),
-            ("pool_bytes", 64 * KiB),
-            ("read_block_bytes", 4 * KiB),
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name} must be an int of at least {low}, not {value!r}")
-        if self.read_ahead_bytes < self.read_block_bytes:
-            raise ConfigError(
-                "read_ahead_bytes must be at least read_block_bytes",
-                detail=f"{self.read_ahead_bytes} < {self.read_block_bytes}",
-            )
-
-    @property
-    def codec(self) -> Codec:
-        return Codec.parse(self.compression)
-
-
-def open_storage(
-    uri: str | os.PathLike[str],
-    *,
-    compression: str | None = None,
-    blocking: bool = True,
-    checkpoint_id: int = 0,
-    subtask_index: int = 0,
-    filesystem: Any = None,
-    **options: Any,
-) -> Storage:
-    """Opens the storage directory of one subtask for one checkpoint.
-
-    ``uri`` is a local path, a ``file://`` URI or any URI ``pyarrow.fs`` understands
-    (``s3://bucket/ckpt/17/task-3``, ``gs://...``, ``hdfs://...``); ``filesystem`` passes a
-    ready pyarrow filesystem instead. Further keywords are :class:`StorageOptions` fields.
-    """
-    try:
-        opts = StorageOptions(compression=compression, blocking=blocking, **options)
-    except TypeError as e:
-        raise ConfigError(
-            "unknown storage option", detail=str(e), hint="see StorageOptions for the options"
-        ) from e
-    if not 0 <= checkpoint_id < 2**64:
-        raise ConfigError(f"checkpoint_id must fit in 64 bits, not {checkpoint_id}")
-    if not 0 <= subtask_index < 2**32:
-        raise ConfigError(f"subtask_index must fit in 32 bits, not {subtask_index}")
-    return Storage(backend_for(uri, filesystem), opts, checkpoint_id, subtask_index)
-
-
-class Storage:
-    """The in-flight data of one subtask for one checkpoint: one state file per gate."""
-
-    def __init__(
-        self, backend: Backend, options: StorageOptions, checkpoint_id: int, subtask_index: int
-    ) -> None:
-        self.backend = backend
-        self.options = options
-        self.checkpoint_id = checkpoint_id
-        self.subtask_index = subtask_index
-
-    @property
-    def uri(self) -> str:
-        return self.backend.root
-
-    def create_storer(self, gate_id: int, *, kind: GateKind | str = GateKind.INPUT) -> Storer:
-        """A storer for one gate; fails if that gate's file exists already."""
-        gk = GateKind.parse(kind)
-        _check_u32("gate_id", gate_id)
-        return Storer(self, gate_id, gk)
-
-    def create_retriever(self, gate_id: int, *, kind: GateKind | str = GateKind.INPUT) -> Retriever:
-        """A retriever streaming back one gate's buffers in the order they were stored."""
-        gk = GateKind.parse(kind)
-        _check_u32("gate_id", gate_id)
-        return Retriever(self.backend, state_file_name(gate_id, gk), self.options)
-
-    def gates(self) -> list[tuple[GateKind, int]]:
-        """The gates that have a state file here, as ``(kind, gate_id)``."""
-        found = []
-        for name in self.backend.list():
-            prefix, _, rest = name.partition("-")
-            if rest.endswith(".spill") and prefix in ("in", "out") and rest[:-6].isdigit():
-                kind = GateKind.INPUT if prefix == "in" else GateKind.OUTPUT
-                found.append((kind, int(rest[:-6])))
-        return sorted(found)
-
-
-def _check_u32(name: str, value: int) -> None:
-    if not isinstance(value, int) or not 0 <= value < 2**32:
-        raise ValueError(f"{name} must be an int in [0, 2**32), not {value!r}")
-
-
-class Storer:
-    """Persists the buffers of one gate, in append order, into one state file.
-
-    Lifecycle: ``append`` any number of times, then ``close()`` (which returns the
-    :class:`GateStateHandle`) or ``discard()``. Used from one thread at a time.
-
-    Buffer ownership: in blocking mode ``append`` keeps a reference to the caller's
-    buffer, without copying it, until the batch holding it is written (after at most
-    ``batch_bytes`` more, or at ``flush()`` / ``close()``); do not modify it until then
-    (if you do, the checksum written with it no longer matches and reading it back
-    fails). In non-blocking mode ``append`` copies the buffer and returns; the caller
-    may reuse it at once. I/O errors are sticky: they are raised by the next
-    ``append``, ``flush`` or ``close``, and what was appended before stays intact
-    up to the failure.
-    """
-
-    def __init__(self, storage: Storage, gate_id: int, kind: GateKind) -> None:
-        opts = storage.options
-        self._backend = storage.backend
-        self._name = state_file_name(gate_id, kind)
-        self.gate_id = gate_id
-        self.kind = kind
-        self.checkpoint_id = storage.checkpoint_id
-        self.subtask_index = storage.subtask_index
-        self.uri = self._backend.uri_of(self._name)
-        self._fsync = opts.fsync
-        self._codec = opts.codec
-        self._file_id = uuid.uuid4().bytes
-        fd, write, self._close_file = self._backend.create(self._name)
-        header = native.encode_state_header(
-            self.checkpoint_id,
-            self.subtask_index,
-            gate_id,
-            int(kind),
-            int(self._codec),
-            self._file_id,
-        )
-        compress = None
-        if self._codec is Codec.LZ4:
-            import lz4.block
-
-            compress = lz4.block.compress
-        try:
-            self._native = native.NativeStorer(
-                fd,
-                write,
-                header,
-                self._file_id,
-                compress,
-                opts.batch_bytes,
-                0 if opts.blocking else opts.pool_bytes,
-                self.uri,
-            )
-        except BaseException:
-            self._close_file(False)
-            self._backend.delete(self._name)
-            raise
-        self._handle: GateStateHandle | None = None
-        self._done = False
-        # Binding the native method skips one Python frame per buffer.
-        self.append = self._native.append  # type: ignore[method-assign]
-
-    def append(self, channel_id: int, buffer: Any, data_type: int = DataType.DATA) -> None:
-        """Stores one buffer of ``channel_id`` (data or event); see the class for ownership."""
-        self._native.append(channel_id, buffer, data_type)
-
-    def flush(self) -> None:
-        """Writes everything appended so far and releases the held buffers."""
-        self._native.flush()
-
-    def submit(self) -> None:
-        """Blocking mode: starts writing what was appended so far without waiting for
-        it; pair with ``reap()`` to give buffers back as soon as they are written."""
-        self._native.submit()
-
-    def reap(self) -> None:
-        """Blocking mode: releases the held buffers of everything already written."""
-        self._native.reap()
-
-    @property
-    def frames(self) -> int:
-        return int(self._native.frames)
-
-    @property
-    def raw_bytes(self) -> int:
-        return int(self._native.raw_bytes)
-
-    def close(self) -> GateStateHandle:
-        """Writes the trailer, waits until every byte is stored (fsynced if asked) and
-        returns the handle. Closing again returns the same handle."""
-        if self._handle is not None:
-            return self._handle
-        if self._done:
-            raise ClosedError("storer was discarded", path=self.uri)
-        self._done = True
-        try:
-            size = self._native.finish(self._fsync)
-        except BaseException:
-            self._close_file(False)
-            raise
-        self._close_file(self._fsync)
-        n = self._native
-        self._handle = GateStateHandle(
-            uri=self.uri,
-            gate_id=self.gate_id,
-            gate_kind=self.kind,
-            checkpoint_id=self.checkpoint_id,
-            subtask_index=self.subtask_index,
-            file_id=self._file_id.hex(),
-            size=int(size),
-            frame_count=int(n.frames),
-            raw_bytes=int(n.raw_bytes),
-            stored_bytes=int(n.stored_bytes),
-            codec=self._codec,
-            format_version=native.FORMAT_VERSION,
-            channels={int(k): (int(v[0]), int(v[1])) for k, v in n.channels.items()},
-            channel_ranges={int(k): (int(v[0]), int(v[1])) for k, v in n.channel_ranges.items()},
-        )
-        return self._handle
-
-    def discard(self) -> None:
-        """Drops what is queued and deletes the file (an aborted checkpoint)."""
-        if self._handle is not None or self._done:
-            return
-        self._done = True
-        self._native.discard()
-        try:
-            self._close_file(False)
-        finally:
-            self._backend.delete(self._name)
-
-    def __enter__(self) -> Storer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
-
 
 _END = object()
 
@@ -738,15 +450,15 @@ def open_retriever(
     """
     expect = source if isinstance(source, GateStateHandle) else None
     uri = source.uri if isinstance(source, GateStateHandle) else os.fspath(source)
-    base, sep, query = uri.partition("?")
-    directory, _, name = base.rpartition("/")
-    if not name:
+    if not uri.partition("?")[0].rpartition("/")[2]:
         raise ValueError(f"not a state-file URI: {uri!r}")
+    loc = Location.parse(uri, filesystem)
     try:
         opts = StorageOptions(**options)
     except TypeError as e:
         raise ConfigError("unknown storage option", detail=str(e)) from e
-    backend = backend_for((directory or ".") + sep + query, filesystem)
+    backend = backend_for(loc.parent)
+    name = loc.name
     byte_range = None
     if channels is not None and expect is not None:
         byte_range = expect.byte_range(channels)

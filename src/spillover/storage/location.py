@@ -1,0 +1,157 @@
+"""Where storage lives: one value for a local directory or a path on any
+``pyarrow.fs`` filesystem, worked out from a URI in one place.
+
+A :class:`Location` keeps what a URI says (``/tmp/x``, ``file:///tmp/x``,
+``s3://bucket/dir?endpoint_override=host:port&scheme=http``): the filesystem, the
+path on it, and the query (endpoint, region, ...) that every child URI carries on,
+so that a URI written into a handle or checkpoint metadata reopens the same place.
+Local locations use native I/O (``filesystem`` is None); everything else goes
+through pyarrow. "Not found" is told by errno or by the filesystem's own
+``FileType.NotFound``, never by an exception's message text.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from spillover.errors import StateFileNotFoundError, StorageError
+
+__all__ = ["Location"]
+
+
+@dataclass(frozen=True)
+class Location:
+    """A directory or file: ``path`` on ``filesystem`` (None: the local disk).
+
+    ``prefix`` is the URI without its query (for a local location, the path), and
+    ``query`` the URI's query without ``?``.
+    """
+
+    path: str
+    filesystem: Any = None
+    prefix: str = ""
+    query: str = ""
+
+    @classmethod
+    def parse(cls, uri: str | os.PathLike[str], filesystem: Any = None) -> Location:
+        """The location of a local path, a ``file://`` URI or any URI ``pyarrow.fs``
+        understands; ``filesystem`` forces a pyarrow filesystem with ``uri`` as its
+        path (such a location's URI reopens only with the same filesystem)."""
+        text = os.fspath(uri)
+        if filesystem is not None:
+            return cls(text, filesystem, text)
+        parsed = urlparse(text)
+        if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+            path = os.path.abspath(parsed.path if parsed.scheme == "file" else text)
+            return cls(path, None, path)
+        try:
+            fs, path = pafs.FileSystem.from_uri(text)
+        except (OSError, ValueError) as e:
+            raise StorageError(
+                "cannot open the filesystem of this URI",
+                path=text,
+                detail=f"{type(e).__name__}: {e}",
+                hint="use a local path or a URI pyarrow.fs understands (s3://, gs://, hdfs://)",
+            ) from e
+        prefix, _, query = text.partition("?")
+        return cls(path.rstrip("/"), fs, prefix.rstrip("/"), query)
+
+    @property
+    def local(self) -> bool:
+        """Whether native local I/O serves this location."""
+        return self.filesystem is None
+
+    @property
+    def uri(self) -> str:
+        """The URI that parses back to this location (a path when local)."""
+        return self.prefix + (f"?{self.query}" if self.query else "")
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rpartition("/")[2]
+
+    def child(self, *names: str) -> Location:
+        """The location of ``names`` below this one (the query carried on)."""
+        if self.local:
+            path = os.path.join(self.path, *names)
+            return Location(path, None, path)
+        tail = "/".join(n.strip("/") for n in names)
+        return Location(f"{self.path}/{tail}", self.filesystem, f"{self.prefix}/{tail}", self.query)
+
+    @property
+    def parent(self) -> Location:
+        """The directory holding this location."""
+        if self.local:
+            path = os.path.dirname(self.path) or "."
+            return Location(path, None, path)
+        return Location(
+            self.path.rpartition("/")[0],
+            self.filesystem,
+            self.prefix.rpartition("/")[0],
+            self.query,
+        )
+
+    def arrow(self) -> tuple[Any, str]:
+        """``(pyarrow filesystem, path)``, a local location included."""
+        return (self.filesystem or pafs.LocalFileSystem()), self.path
+
+    def file_type(self) -> pafs.FileType:
+        fs, path = self.arrow()
+        try:
+            return fs.get_file_info(path).type
+        except OSError as e:
+            raise self.error("cannot reach storage", e) from e
+
+    def exists(self) -> bool:
+        return bool(self.file_type() != pafs.FileType.NotFound)
+
+    def open_input(self, what: str = "file") -> Any:
+        """A random-access pyarrow file (memory-mapped when local); a missing file
+        raises :class:`StateFileNotFoundError`."""
+        try:
+            if self.local:
+                import pyarrow as pa
+
+                return pa.memory_map(self.path)
+            return self.filesystem.open_input_file(self.path)
+        except FileNotFoundError as e:
+            raise self.not_found(what) from e
+        except OSError as e:
+            if self._missing():
+                raise self.not_found(what) from e
+            raise self.error(f"cannot open {what}", e) from e
+
+    def open_output(self, what: str = "file") -> Any:
+        """A pyarrow output stream, its directory created first."""
+        fs, path = self.arrow()
+        try:
+            fs.create_dir(self.parent.path, recursive=True)
+            return fs.open_output_stream(path)
+        except OSError as e:
+            raise self.error(f"cannot create {what}", e) from e
+
+    def _missing(self) -> bool:
+        """Whether the file is not there (asked of the filesystem after a failure)."""
+        fs, path = self.arrow()
+        try:
+            return bool(fs.get_file_info(path).type == pafs.FileType.NotFound)
+        except OSError:
+            return False
+
+    def not_found(self, what: str = "file") -> StateFileNotFoundError:
+        return StateFileNotFoundError(f"{what} not found", path=self.uri, errno=errno_mod.ENOENT)
+
+    def error(self, message: str, e: OSError) -> StorageError:
+        return StorageError(
+            message,
+            path=self.uri,
+            errno=e.errno,
+            detail=f"{type(e).__name__}: {e}",
+            hint="check that the storage is reachable and writable",
+        )
