@@ -154,7 +154,7 @@ def _run(
     )
     for t in tasks.values():
         t.coordinator = relay
-        if t.gate is not None:
+        if t.has_input:
             receiver.register(t.gate, on_overtaken=t.overtaken)
     conn.send("wired", index)
     if conn.recv()[0] != "go":
