@@ -1,0 +1,7 @@
+"""``python -m spillover.cli``: the ``spillover`` command."""
+
+import sys
+
+from spillover.cli import main
+
+sys.exit(main())

@@ -1,0 +1,33 @@
+"""Command-line options with environment-variable twins, and shared formatting."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+class _EnvDefault(argparse.Action):
+    """An option whose default comes from an environment variable."""
+
+    def __init__(self, env: str, default: Any = None, **kw: Any) -> None:
+        if env in os.environ:
+            default = kw.get("type", str)(os.environ[env])
+            kw["required"] = False
+        kw["help"] = f"{kw.get('help', '')} [env {env}; default {default}]"
+        super().__init__(default=default, **kw)
+
+    def __call__(self, parser: Any, ns: Any, values: Any, option: Any = None) -> None:
+        setattr(ns, self.dest, values)
+
+
+def env_option(p: argparse.ArgumentParser, *names: str, env: str, **kw: Any) -> None:
+    p.add_argument(*names, action=_EnvDefault, env=env, **kw)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,245 @@
+"""``spillover verify``: a topology or a user's job with induced failures, checked exactly."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from typing import Any
+
+from spillover.cli.options import env_option
+from spillover.config.policies import CHECKPOINT_POLICIES
+from spillover.verify import VerifySpec, verify, write_json
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Runs a built-in topology or the user's job with induced failures; exit 0 only
+    when exact (and, with ``--strict``, when the run proved all it was asked to)."""
+
+    if args.job and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: modules next to the user
+    state_uid, _, state = (args.state or "").partition(":")
+    spec = VerifySpec(
+        topology=args.topology,
+        parallelism=args.parallelism,
+        records=args.records,
+        failures=args.failures,
+        seed=args.seed,
+        policy=args.policy,
+        interval_ms=args.interval_ms,
+        rate_per_subtask=args.rate or None,
+        aligned_timeout_ms=args.aligned_timeout_ms,
+        max_inflight_bytes=args.max_inflight_bytes,
+        rescale_to=args.rescale_to,
+        job=args.job or None,
+        order=None if args.order == "none" else args.order,
+        order_by=args.order_by or None,
+        state_uid=state_uid or None,
+        state=state or None,
+        executor=args.executor,
+        master=args.master or None,
+    )
+    report = verify(spec, workdir=args.workdir or None)
+    print(report.text())
+    if args.json:
+        write_json(report, args.json)
+    if not report.exact:
+        return 1
+    return 1 if args.strict and report.shortfalls() else 0
+
+
+# ---- bench: checkpoints under backpressure, one run per policy ----
+
+
+@functools.cache
+def add_parser(sub: Any) -> None:
+    """Adds the command to the ``spillover`` parser."""
+    p = sub.add_parser(
+        "verify",
+        help="run a built-in topology or your job with induced failures and check exactly-once",
+        description="Runs the topology, or the job of --job, once without failures and once "
+        "with --failures induced failures (in operators, snapshots, restores and before "
+        "commits), then compares the committed output and the final keyed state. Exit code "
+        "0 only when nothing was lost, duplicated or reordered. See 'Testing your own jobs' "
+        "in docs/runtime.md for the contract of --job.",
+    )
+    env_option(
+        p,
+        "--job",
+        env="SPILLOVER_VERIFY_JOB",
+        type=str,
+        default=None,
+        help="your job instead of a topology: module:function or file.py:function, "
+        "function(out_dir, name, parallelism) -> StreamEnvironment",
+    )
+    env_option(
+        p,
+        "--order",
+        env="SPILLOVER_VERIFY_ORDER",
+        default="per-key",
+        choices=["per-key", "none"],
+        help="check that seqs increase per (partition, key) in the committed output",
+    )
+    env_option(
+        p,
+        "--order-by",
+        env="SPILLOVER_VERIFY_ORDER_BY",
+        type=str,
+        default=None,
+        help="the output column ordering a key's records (default: commit order; "
+        "topologies: total)",
+    )
+    env_option(
+        p,
+        "--state",
+        env="SPILLOVER_VERIFY_STATE",
+        type=str,
+        default=None,
+        help="UID or UID:STATE: the keyed operator (and state) whose final state must equal "
+        "the failure-free run's",
+    )
+    env_option(
+        p,
+        "--workdir",
+        env="SPILLOVER_VERIFY_WORKDIR",
+        type=str,
+        default=None,
+        help="keep outputs and checkpoints here (default: a temporary directory, removed); "
+        "with a Spark cluster, a directory every machine sees",
+    )
+    env_option(
+        p,
+        "--executor",
+        env="SPILLOVER_VERIFY_EXECUTOR",
+        default="local",
+        choices=["local", "spark"],
+        help="where the run with failures goes: local (threads here) or spark (a barrier "
+        "stage per attempt); the failure-free reference always runs locally",
+    )
+    env_option(
+        p,
+        "--master",
+        env="SPILLOVER_VERIFY_MASTER",
+        type=str,
+        default=None,
+        help="Spark master URL for --executor spark (default: the embedded local master); "
+        "on a cluster, give output and checkpoints storage every machine reaches",
+    )
+    env_option(
+        p,
+        "--strict",
+        env="SPILLOVER_VERIFY_STRICT",
+        type=lambda v: str(v).strip().lower() in ("1", "true", "yes", "on"),
+        nargs="?",
+        const=True,
+        default=False,
+        help="also fail when fewer failures happened than asked, or a rescale restored no "
+        "in-flight data",
+    )
+    env_option(
+        p,
+        "--topology",
+        env="SPILLOVER_VERIFY_TOPOLOGY",
+        default="pipeline",
+        choices=[
+            "pipeline",
+            "multi-input",
+            "union",
+            "rebalance-chain",
+            "keyed-parallelisms",
+            "broadcast",
+            "stateless-between-keyed",
+            "custom-partitioner",
+        ],
+        help="the job shape (without --job)",
+    )
+    env_option(
+        p,
+        "--parallelism",
+        env="SPILLOVER_VERIFY_PARALLELISM",
+        type=int,
+        default=2,
+        help="parallelism of every operator",
+    )
+    env_option(
+        p,
+        "--policy",
+        env="SPILLOVER_VERIFY_POLICY",
+        default="aligned",
+        choices=list(CHECKPOINT_POLICIES),
+        help="checkpoint barrier policy",
+    )
+    env_option(
+        p,
+        "--aligned-timeout-ms",
+        env="SPILLOVER_VERIFY_ALIGNED_TIMEOUT_MS",
+        type=int,
+        default=5,
+        help="timeout policy: switch to unaligned after this long",
+    )
+    env_option(
+        p,
+        "--max-inflight-bytes",
+        env="SPILLOVER_VERIFY_MAX_INFLIGHT_BYTES",
+        type=int,
+        default=256 * 1024,
+        help="max-inflight policy: bound on persisted input bytes per subtask",
+    )
+    env_option(
+        p,
+        "--failures",
+        env="SPILLOVER_VERIFY_FAILURES",
+        type=int,
+        default=5,
+        help="failures to induce",
+    )
+    env_option(
+        p,
+        "--records",
+        env="SPILLOVER_VERIFY_RECORDS",
+        type=int,
+        default=200_000,
+        help="records per source",
+    )
+    env_option(
+        p,
+        "--rate",
+        env="SPILLOVER_VERIFY_RATE",
+        type=float,
+        default=50_000.0,
+        help="records/s per source subtask (0: unthrottled)",
+    )
+    env_option(
+        p,
+        "--interval-ms",
+        env="SPILLOVER_VERIFY_INTERVAL_MS",
+        type=int,
+        default=100,
+        help="checkpoint interval",
+    )
+    env_option(
+        p,
+        "--rescale-to",
+        env="SPILLOVER_VERIFY_RESCALE_TO",
+        type=int,
+        default=None,
+        help="stop the run with failures part way and restore it at this parallelism",
+    )
+    env_option(
+        p,
+        "--seed",
+        env="SPILLOVER_VERIFY_SEED",
+        type=int,
+        default=1,
+        help="seed of the data and of the failure script",
+    )
+    env_option(
+        p,
+        "--json",
+        env="SPILLOVER_VERIFY_JSON",
+        type=str,
+        default=None,
+        help="also write the report as JSON here",
+    )
+    p.set_defaults(func=cmd_verify)
