@@ -28,7 +28,7 @@ from spillover.runtime.connectors.sinks import ParquetSink, ThrottledSink
 from spillover.runtime.connectors.sources import GeneratorSource
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
-from spillover.verify import RunningTotal, VerifySpec, _per_partition_keys, compare, output_of
+from spillover.verify import RunningTotal, VerifySpec, compare, output_of, per_partition_keys
 
 PARTITIONS = 4
 RECORDS = 20_000  # per partition
@@ -62,7 +62,7 @@ def make_job(out_dir: str, name: str, parallelism: int, rate: float = RATE) -> S
         seed=5,
     )
     src = env.from_source(gen, uid="source")
-    keyed = src.process(_Stall(src.dtype), uid="stall").map(_per_partition_keys(0), uid="keys")
+    keyed = src.process(_Stall(src.dtype), uid="stall").map(per_partition_keys(0), uid="keys")
     totals = keyed.key_by("key").process(RunningTotal(), uid=KEYED)
     totals.sink(ThrottledSink(rate, inner=ParquetSink(out_dir)), uid="sink")
     return env

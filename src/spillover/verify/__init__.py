@@ -63,6 +63,7 @@ from spillover.verify.topologies import (
     build_rescale_topology,
     key_modulo,
     load_job,
+    per_partition_keys,
     stamp_subtask,
 )
 
@@ -100,6 +101,7 @@ __all__ = [
     "key_modulo",
     "load_job",
     "output_of",
+    "per_partition_keys",
     "read_output",
     "run_once",
     "run_rescaled",

@@ -120,7 +120,9 @@ def _same(batch: Batch) -> Batch:
     return batch
 
 
-def _per_partition_keys(offset: int) -> Callable[[Batch], Batch]:
+def per_partition_keys(offset: int) -> Callable[[Batch], Batch]:
+    """A map giving each record the key of its source partition plus ``offset`` (keys made
+    per partition keep each key's records in sequence order on one channel)."""
     def fn(batch: Batch) -> Batch:
         out = batch.copy()
         out["partition"] = batch["partition"] + offset
@@ -229,18 +231,18 @@ def build(
         return env.from_source(gen, uid=uid)
 
     if spec.topology == "pipeline":
-        s = source("source", spec.seed).map(_per_partition_keys(0), uid="keys")
+        s = source("source", spec.seed).map(per_partition_keys(0), uid="keys")
         keyed = s.key_by("key")
     elif spec.topology == "union":
-        a = source("source-a", spec.seed).map(_per_partition_keys(0), uid="keys-a")
-        b = source("source-b", spec.seed + 1).map(_per_partition_keys(1000), uid="keys-b")
+        a = source("source-a", spec.seed).map(per_partition_keys(0), uid="keys-a")
+        b = source("source-b", spec.seed + 1).map(per_partition_keys(1000), uid="keys-b")
         keyed = a.key_by("key").union(b.key_by("key")).map(lambda x: x, uid="union")
         keyed = keyed.key_by("key")
     elif spec.topology == "multi-input":
         # Two keyed inputs of a two-input operator (key_by edges rescale; forward
         # edges into it would refuse to).
-        a = source("source-a", spec.seed).map(_per_partition_keys(0), uid="keys-a")
-        b = source("source-b", spec.seed + 1).map(_per_partition_keys(1000), uid="keys-b")
+        a = source("source-a", spec.seed).map(per_partition_keys(0), uid="keys-a")
+        b = source("source-b", spec.seed + 1).map(per_partition_keys(1000), uid="keys-b")
         dt = a.dtype
         merged = (
             a.key_by("key").connect(b.key_by("key")).process(CoMap(_same, _same, dt), uid="co-map")
@@ -467,7 +469,7 @@ def build_rescale_topology(spec: VerifySpec, env: StreamEnvironment, out_dir: st
     def keyed_source() -> DataStream:
         gen = generator(spec.seed, max(1, spec.records // partitions), rate)
         s = env.from_source(gen, uid="source")
-        return s.map(_per_partition_keys(0), uid="keys")
+        return s.map(per_partition_keys(0), uid="keys")
 
     def sink(stream: DataStream, offered: float | None) -> None:
         """The committed output; it takes ``sink_share`` of the ``offered`` records/s."""
@@ -480,7 +482,7 @@ def build_rescale_topology(spec: VerifySpec, env: StreamEnvironment, out_dir: st
         total = rate * spec.parallelism if rate else None  # what spec.parallelism would offer
         gen = generator(spec.seed, max(1, spec.records // partitions), total)
         src = env.from_source(gen, uid="source", parallelism=1)
-        keys = src.rebalance().map(_per_partition_keys(0), uid="keys", parallelism=p)
+        keys = src.rebalance().map(per_partition_keys(0), uid="keys", parallelism=p)
         shuffled = keys.rebalance().map(_same, uid="shuffle")
         sink(shuffled.key_by("key").process(CountSum("seq"), uid="count-sum"), total)
     elif spec.topology == "keyed-parallelisms":
