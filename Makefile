@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(wildcard csrc/*.c csrc/*.h src/spillover/_native/*.pyx src/spillover/_native/*.pxi src/spillover/_native/*.pxd src/spillover/_native/includes/*.pxd)
 
-.PHONY: install bench demo test lint typecheck unit benchmarks clean
+.PHONY: install bench demo test lint typecheck unit debug-test benchmarks clean
 
 install: $(STAMP)
 
@@ -41,6 +41,15 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
+
+# The storage tests on a debug build (C asserts on, native handles counted): the run
+# fails unless every handle was freed. The optimised build is put back afterwards.
+debug-test: $(STAMP)
+	SPILLOVER_DEBUG=1 $(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/debug
+	SPILLOVER_CHECK_LEAKS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/contract tests/unit/storage -m "not s3"; \
+	status=$$?; \
+	$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/release; \
+	exit $$status
 
 # Performance figures for docs/benchmarks.md (minutes; not part of `make test`).
 benchmarks: $(STAMP)

@@ -2,7 +2,8 @@
 
 Environment variables:
   SPILLOVER_CFLAGS  extra compiler flags (default: ``-O3``), e.g. ``-O2 -march=native``
-  SPILLOVER_DEBUG   ``1`` builds with ``-O0 -g``, C asserts on and Cython line tracing
+  SPILLOVER_DEBUG   ``1`` builds with ``-O0 -g``, C asserts (SPL_ASSERT) on, native handles
+                    counted (``live_handles()``) and Cython line tracing
 """
 
 import os
@@ -22,8 +23,8 @@ else:
 
 # Each extension lists the C sources it links; csrc/ has no Python in it.
 EXTENSIONS = {
-    "_storage": ["csrc/crc32c.c", "csrc/frame.c", "csrc/writer.c", "csrc/reader.c"],
-    "_records": ["csrc/keygroups.c", "csrc/records.c"],
+    "_storage": ["csrc/crc32c.c", "csrc/frame.c", "csrc/writer.c", "csrc/reader.c", "csrc/debug.c"],
+    "_records": ["csrc/keygroups.c", "csrc/records.c", "csrc/debug.c"],
 }
 
 

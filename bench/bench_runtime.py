@@ -34,7 +34,7 @@ from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.keygroups import compute_default_max_parallelism
 from spillover.runtime.api import Batch, EdgeKind, Operator, OperatorContext
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
 from spillover.runtime.network.buffers import BufferPool

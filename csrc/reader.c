@@ -1,4 +1,5 @@
 #include "reader.h"
+#include "debug.h"
 
 #include "crc32c.h"
 
@@ -23,13 +24,18 @@ spl_block *spl_block_new(size_t cap) {
     }
     b->cap = cap;
     b->refs = 1;
+    SPL_HANDLE_NEW();
     return b;
 }
 
-void spl_block_incref(spl_block *b) { __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED); }
+void spl_block_incref(spl_block *b) {
+    SPL_ASSERT(__atomic_load_n(&b->refs, __ATOMIC_RELAXED) > 0); /* never revive a freed block */
+    __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
+}
 
 void spl_block_decref(spl_block *b) {
     if (b && __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        SPL_HANDLE_FREE();
         free(b->data);
         free(b->frames);
         free(b);
@@ -272,6 +278,7 @@ spl_reader *spl_reader_new(int fd, uint64_t start, uint64_t end, size_t block_by
         return NULL;
     }
     r->thread_started = 1;
+    SPL_HANDLE_NEW();
     return r;
 }
 
@@ -316,6 +323,7 @@ spl_block *spl_reader_next(spl_reader *r, int wait_ms, int *status, uint64_t *er
 
 void spl_reader_free(spl_reader *r) {
     if (!r) return;
+    SPL_HANDLE_FREE();
     if (r->thread_started) {
         pthread_mutex_lock(&r->mu);
         r->stop = 1;

@@ -1,5 +1,6 @@
 /* Record framing, reassembly, packing and the key-group filter loop. */
 #include "records.h"
+#include "debug.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -104,6 +105,7 @@ spl_pool *spl_pool_new(size_t alloc, uint32_t cap) {
     pl->n = 0;
     pl->refs = 1;
     pl->closed = 0;
+    SPL_HANDLE_NEW();
     return pl;
 }
 
@@ -135,6 +137,7 @@ void spl_pool_release(spl_pool *pl) {
     uint32_t left = --pl->refs;
     pthread_mutex_unlock(&pl->mu);
     if (left) return;
+    SPL_HANDLE_FREE();
     for (uint32_t i = 0; i < pl->n; i++) free(pl->spare[i]);
     pthread_mutex_destroy(&pl->mu);
     free(pl);

@@ -1,4 +1,5 @@
 #include "writer.h"
+#include "debug.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -262,6 +263,7 @@ spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batc
         return NULL;
     }
     w->thread_started = 1;
+    SPL_HANDLE_NEW();
     return w;
 }
 
@@ -403,6 +405,7 @@ uint64_t spl_writer_bytes_written(spl_writer *w) { return __atomic_load_n(&w->by
 
 void spl_writer_free(spl_writer *w) {
     if (!w) return;
+    SPL_HANDLE_FREE();
     if (w->thread_started) {
         /* Abandoned without finish: make the thread drop what is queued. */
         set_error(w, ECANCELED);

@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, settings
 
 from support.s3 import s3_server, s3_uri  # noqa: F401 (s3_server is a fixture)
 
+pytest_plugins = ["support.native_leaks"]
+
 # Property tests assert on what happens, never on how fast: on a loaded machine a
 # generated example may take seconds, which is neither a failure nor a slow strategy.
 settings.register_profile("spillover", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -30,8 +30,10 @@ from spillover.runtime.api import (
     OperatorSnapshot,
     StateDescriptor,
 )
-from spillover.runtime.connectors.sinks import CollectingSink, ParquetSink, ThrottledSink
-from spillover.runtime.connectors.sources import GeneratorSource, ParquetSource
+from spillover.runtime.connectors.collecting import CollectingSink
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.parquet import ParquetSink, ParquetSource
+from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.failures import FailureInjector, FailureSpec, InducedFailure
 from spillover.runtime.graph import ConnectedStreams, DataStream, StreamEnvironment, UnionStream
 from spillover.runtime.jobmaster import Executor, JobResult

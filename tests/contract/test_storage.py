@@ -254,6 +254,7 @@ def test_failed_append_keeps_storer_and_data_intact(tmp_path: Path) -> None:
     assert native_read(Path(handle.uri).read_bytes(), "a") == [(0, 0, b"first"), (1, 0, b"second")]
 
 
+@pytest.mark.native_only
 def test_blocking_mode_holds_buffers_without_copying_until_flush(tmp_path: Path) -> None:
     st = spillover.open_storage(tmp_path).create_storer(0)
     buf = bytearray(b"a" * 1000)
@@ -464,33 +465,6 @@ def test_bad_options_fail_at_once(tmp_path: Path) -> None:
         spillover.open_storage(tmp_path, batch_size=3)
     with pytest.raises(ConfigError):
         spillover.open_storage(tmp_path, read_ahead_bytes=4096, read_block_bytes=65536)
-
-
-# --- one contract, every backend -----------------------------------------------------------
-
-
-def test_backend_contract(storage_location: tuple[str, dict[str, Any]]) -> None:
-    uri, extra = storage_location
-    storage = spillover.open_storage(uri, checkpoint_id=42, subtask_index=3, **extra)
-    payloads = [os.urandom(n) for n in (0, 1, 4096, 70000, 1 << 20)]
-    with storage.create_storer(1, kind="output") as st:
-        for i, p in enumerate(payloads):
-            st.append(i, p)
-    handle = st.close()
-    with storage.create_storer(0) as st2:
-        st2.append(7, b"input side", spillover.DataType.EVENT)
-    assert storage.gates() == [(spillover.GateKind.INPUT, 0), (spillover.GateKind.OUTPUT, 1)]
-    with storage.create_retriever(1, kind="output") as r:
-        assert [bytes(b) for b in r] == payloads
-        assert r.header["checkpoint_id"] == 42 and r.header["subtask_index"] == 3
-    with spillover.open_retriever(
-        handle, **({"filesystem": extra["filesystem"]} if extra else {})
-    ) as r:
-        assert [(b.channel_id, bytes(b)) for b in r] == list(enumerate(payloads))
-    with pytest.raises(StateFileExistsError):
-        storage.create_storer(1, kind="output")
-    with pytest.raises(StateFileNotFoundError):
-        storage.create_retriever(5)
 
 
 @pytest.mark.s3

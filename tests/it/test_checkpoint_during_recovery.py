@@ -24,8 +24,9 @@ import spillover.runtime.recovery.replay as recovery
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.runtime.api import Batch, Operator
-from spillover.runtime.connectors.sinks import ParquetSink, ThrottledSink
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.parquet import ParquetSink
+from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
 from spillover.verify import RunningTotal, VerifySpec, compare, output_of, per_partition_keys

@@ -18,7 +18,7 @@ from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.errors import ConfigError, RescaleError, StorageError
 from spillover.runtime.api import Batch, Operator
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.verify import VerifySpec, build, compare, config_for, output_of, run_once
 
@@ -72,7 +72,7 @@ def _checkpointed(tmp_path: Path, spec: VerifySpec) -> tuple[Config, int]:
 
 
 def test_forward_edge_refuses_to_rescale_unless_forced(tmp_path: Path) -> None:
-    from spillover.runtime.connectors.sinks import ThrottledSink
+    from spillover.runtime.connectors.throttled import ThrottledSink
     from spillover.runtime.graph import StreamEnvironment
 
     def job(p: int) -> StreamEnvironment:
@@ -129,7 +129,7 @@ def test_escape_hatch_restores_without_inflight_data(tmp_path: Path) -> None:
 
 
 def test_changed_max_parallelism_is_refused(tmp_path: Path) -> None:
-    from spillover.runtime.connectors.sinks import CollectingSink
+    from spillover.runtime.connectors.collecting import CollectingSink
     from spillover.runtime.graph import StreamEnvironment
 
     spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)

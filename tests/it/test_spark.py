@@ -18,10 +18,18 @@ import pytest
 
 from spillover.deploy.spark import SparkExecutor, spark_context
 from spillover.deploy.spark.control import ControlError, ControlServer, connect
+from spillover.deploy.spark.messages import (
+    Hello,
+    StageEnded,
+    SubtaskDone,
+    Sync,
+    WorkerJoined,
+    WorkerLost,
+)
 from spillover.errors import ConfigError
 from spillover.runtime.api import Batch, Operator
-from spillover.runtime.connectors.sinks import ParquetSink
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.parquet import ParquetSink
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.graph import StreamEnvironment
 from spillover.verify import VerifySpec, config_for, verify
@@ -152,14 +160,14 @@ def test_control_endpoint_admits_only_the_job_secret() -> None:
 
     def serve(conn: Any) -> None:
         got.append(conn.recv())
-        conn.send("welcome", 7)
+        conn.send(("welcome", 7))
 
     server = ControlServer(secret, serve)
     try:
         with pytest.raises(ControlError, match=r"refused|failed"):
             connect(server.address, os.urandom(32), timeout=5)
         conn = connect(server.address, secret, timeout=5)
-        conn.send("hello", 1, [2, 3])
+        conn.send(("hello", 1, [2, 3]))
         assert conn.recv() == ("welcome", 7)
         conn.close()
         assert got == [("hello", 1, [2, 3])]
@@ -172,7 +180,7 @@ def test_control_endpoint_keeps_accepting_after_an_accept_error() -> None:
     """An accept that fails (say, out of file descriptors) does not end the endpoint:
     a worker connecting afterwards is still admitted."""
     secret = os.urandom(32)
-    server = ControlServer(secret, lambda conn: conn.send("welcome"))
+    server = ControlServer(secret, lambda conn: conn.send(("welcome",)))
     real = server._listener
 
     class Flaky:
@@ -228,8 +236,8 @@ def test_a_users_job_file_runs_on_spark(sc: Any, tmp_path: Path) -> None:
     job = tmp_path / "my_orders_job.py"
     job.write_text(
         "from spillover.runtime.graph import StreamEnvironment\n"
-        "from spillover.runtime.connectors.sinks import ParquetSink, ThrottledSink\n"
-        "from spillover.runtime.connectors.sources import GeneratorSource\n"
+        "from spillover.runtime.connectors import ParquetSink, ThrottledSink\n"
+        "from spillover.runtime.connectors import GeneratorSource\n"
         "\n"
         "def keep(batch):  # defined here: the workers cannot import this file\n"
         "    return batch['seq'] >= 0\n"
@@ -309,14 +317,14 @@ def test_a_stage_ending_before_the_workers_last_messages_is_not_a_lost_worker() 
     )
     ex = SparkExecutor(env)
     run = ex._attempt(0, None, None)
-    run.events.put(("stage", None))
+    run.events.put(StageEnded(None))
     for key in run.proxies:
-        run.events.put(("done", key, None))
+        run.events.put(SubtaskDone(key, None))
     assert run._loop(time.monotonic() + 10, None, None) is None
 
     run = ex._attempt(1, None, None)
-    run.events.put(("stage", None))
-    run.events.put(("done", ("s", 0), None))
+    run.events.put(StageEnded(None))
+    run.events.put(SubtaskDone(("s", 0), None))
     started = time.monotonic()
     error = run._loop(time.monotonic() + 10, None, None)
     assert isinstance(error, WorkerLostError) and "ended early" in str(error)
@@ -360,11 +368,11 @@ def test_a_malformed_message_from_a_worker_fails_the_generation() -> None:
     server = ControlServer(ex.secret, run._on_connect)
     try:
         worker = connect(server.address, ex.secret, timeout=5)
-        worker.send("hello", 0, 0, ("127.0.0.1", 1), os.getpid(), "here")
-        assert run.events.get(timeout=5) == ("hello", 0)
-        worker.send("done", "s")  # too short
+        worker.send(Hello(0, 0, ("127.0.0.1", 1), os.getpid(), "here"))
+        assert run.events.get(timeout=5) == WorkerJoined("hello", 0)
+        worker.send(("done", "s"))  # not one of the protocol's messages
         ev = run.events.get(timeout=5)
-        assert ev[0] == "lost" and "malformed" in ev[2], ev
+        assert isinstance(ev, WorkerLost) and "malformed" in ev.reason, ev
         with pytest.raises(ControlError):  # and the worker is told
             worker.recv()
         worker.close()
@@ -385,7 +393,7 @@ def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() 
     server, worker, master = _connected_pair(secret)
     try:
         subtask = Subtask()
-        master.send("post")  # too short
+        master.send(("post",))  # not one of the protocol's messages
         _control_loop(worker, 0, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
         assert subtask.cancelled
         with pytest.raises(ControlError):  # the master sees this worker gone
@@ -440,9 +448,9 @@ def test_sources_do_not_end_unless_every_worker_confirmed_the_final_checkpoint(
 
     class Silent:  # a worker that never answers
         def __init__(self) -> None:
-            self.sent: list[tuple[Any, ...]] = []
+            self.sent: list[Any] = []
 
-        def send(self, *message: Any) -> None:
+        def send(self, message: Any) -> None:
             self.sent.append(message)
 
     waits: list[float | None] = []
@@ -459,6 +467,6 @@ def test_sources_do_not_end_unless_every_worker_confirmed_the_final_checkpoint(
     run._terminate_sources()
     # One deadline for all the workers, not one wait of SYNC_TIMEOUT_S each.
     assert sum(w or 0.0 for w in waits) <= 0.3, waits
-    assert all(m[0] == "sync" for c in conns.values() for m in c.sent)
+    assert all(isinstance(m, Sync) for c in conns.values() for m in c.sent)
     ev = run.events.get_nowait()
-    assert ev[0] == "lost" and "sync" in ev[2], ev
+    assert isinstance(ev, WorkerLost) and "sync" in ev.reason, ev

@@ -23,8 +23,8 @@ import pytest
 from spillover.cli import main
 from spillover.errors import ConfigError
 from spillover.runtime.api import Batch, Operator, OperatorContext
-from spillover.runtime.connectors.sinks import batch_to_arrow
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.parquet import batch_to_arrow
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
 from spillover.testing import assert_exact, cases
@@ -41,8 +41,9 @@ import numpy as np
 from spillover.runtime.api import Batch, Operator, StateDescriptor
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.operators import KeyedProcess
-from spillover.runtime.connectors.sinks import ParquetSink, ThrottledSink
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.parquet import ParquetSink
+from spillover.runtime.connectors.throttled import ThrottledSink
+from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.verify import stamp_subtask
 
 RECORDS = 24_000

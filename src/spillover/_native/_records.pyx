@@ -22,6 +22,7 @@ cnp.import_array()
 
 from spillover.errors import CorruptRecordError
 
+include "debug.pxi"
 include "keygroups.pxi"
 include "records.pxi"
 include "filter.pxi"

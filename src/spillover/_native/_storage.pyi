@@ -14,7 +14,12 @@ MAX_PAYLOAD: int
 def crc32c(data: Any, value: int = 0) -> int: ...
 def crc32c_hardware() -> bool: ...
 def error_for(
-    code: int, path: str | None, offset: int | None, detail: str | None = None
+    code: int,
+    path: str | None,
+    offset: int | None,
+    detail: str | None = None,
+    errno: int = 0,
+    message: str | None = None,
 ) -> SpilloverError: ...
 def encode_state_header(
     checkpoint_id: int,
@@ -129,3 +134,5 @@ def scan_block(
 ) -> tuple[FrameBatch, int, int, int, int, int]: ...
 def raw_write_baseline(fd: int, buffers: list[Any], batch_bytes: int) -> int: ...
 def raw_read_baseline(fd: int, block: Block) -> int: ...
+def live_handles() -> int:
+    """Native handles of this extension alive now; -1 when not a debug build."""

@@ -11,8 +11,8 @@ from spillover.config import Config
 from spillover.config.policies import POLICIES, policy_options
 from spillover.deploy import EXECUTORS
 from spillover.errors import ConfigError
-from spillover.runtime.connectors.sinks import ThrottledSink
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.operators import KeyedCount
 

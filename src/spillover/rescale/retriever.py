@@ -25,7 +25,6 @@ import numpy.typing as npt
 from spillover.errors import (
     ClosedError,
     ConfigError,
-    CorruptHeaderError,
     CorruptRecordError,
     RescaleError,
 )
@@ -40,6 +39,7 @@ from spillover.records import (
     partitioner_name,
 )
 from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
+from spillover.rescale.pieces import missing_frames
 from spillover.storage import (
     DataType,
     FrameArrays,
@@ -547,12 +547,7 @@ class FilteringRetriever:
                 if not r.finished:
                     return None
                 if self._file_left:
-                    raise CorruptHeaderError(
-                        "state file holds fewer frames of a channel than its handle says",
-                        path=handle.uri,
-                        detail=f"{self._file_left} frames of channels {sorted(channels)} missing",
-                        hint="the file was replaced, or the handle belongs to another file",
-                    )
+                    raise missing_frames(handle.uri, self._file_left, channels)
                 self._close_retriever()
                 self._file += 1
                 continue

@@ -15,14 +15,23 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
-
-import pyarrow.fs as pafs
 
 from spillover.errors import StateFileNotFoundError, StorageError
 
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
 __all__ = ["Location"]
+
+
+def _pafs() -> Any:
+    """``pyarrow.fs``, loaded on first use: an engine that only touches local files
+    never pays for pyarrow (tens of MB and a slower import)."""
+    import pyarrow.fs
+
+    return pyarrow.fs
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ class Location:
             path = os.path.abspath(parsed.path if parsed.scheme == "file" else text)
             return cls(path, None, path)
         try:
-            fs, path = pafs.FileSystem.from_uri(text)
+            fs, path = _pafs().FileSystem.from_uri(text)
         except (OSError, ValueError) as e:
             raise StorageError(
                 "cannot open the filesystem of this URI",
@@ -99,7 +108,7 @@ class Location:
 
     def arrow(self) -> tuple[Any, str]:
         """``(pyarrow filesystem, path)``, a local location included."""
-        return (self.filesystem or pafs.LocalFileSystem()), self.path
+        return (self.filesystem or _pafs().LocalFileSystem()), self.path
 
     def file_type(self) -> pafs.FileType:
         fs, path = self.arrow()
@@ -109,7 +118,7 @@ class Location:
             raise self.error("cannot reach storage", e) from e
 
     def exists(self) -> bool:
-        return bool(self.file_type() != pafs.FileType.NotFound)
+        return bool(self.file_type() != _pafs().FileType.NotFound)
 
     def open_input(self, what: str = "file") -> Any:
         """A random-access pyarrow file (memory-mapped when local); a missing file
@@ -140,7 +149,7 @@ class Location:
         """Whether the file is not there (asked of the filesystem after a failure)."""
         fs, path = self.arrow()
         try:
-            return bool(fs.get_file_info(path).type == pafs.FileType.NotFound)
+            return bool(fs.get_file_info(path).type == _pafs().FileType.NotFound)
         except OSError:
             return False
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from spillover.errors import ConfigError
 from spillover.storage.handle import Codec
 
-__all__ = ["KiB", "MiB", "StorageOptions", "check_u32"]
+__all__ = ["KiB", "MiB", "StorageOptions", "check_u32", "pure_selected"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -68,3 +69,9 @@ class StorageOptions:
 def check_u32(name: str, value: int) -> None:
     if not isinstance(value, int) or not 0 <= value < 2**32:
         raise ValueError(f"{name} must be an int in [0, 2**32), not {value!r}")
+
+
+def pure_selected() -> bool:
+    """Whether ``SPILLOVER_PURE=1`` asks for the pure-Python twin of the engine
+    (``pure.py``); read at every open, so a test may switch it."""
+    return os.environ.get("SPILLOVER_PURE", "") == "1"

@@ -8,7 +8,6 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from spillover._native import _storage as native
@@ -20,41 +19,16 @@ from spillover.errors import (
     TruncatedFileError,
 )
 from spillover.storage.backends import Backend, backend_for, readinto_exact
+from spillover.storage.frames import FrameArrays
 from spillover.storage.handle import Codec, GateKind, GateStateHandle
 from spillover.storage.location import Location
-from spillover.storage.options import StorageOptions
+from spillover.storage.options import StorageOptions, pure_selected
 
 __all__ = ["FrameArrays", "RetrievedBuffer", "Retriever", "open_retriever"]
 
 RetrievedBuffer = native.RetrievedBuffer
 
 _END = object()
-
-
-@dataclass(frozen=True, slots=True)
-class FrameArrays:
-    """The frames of one read-ahead block at once (``Retriever.poll_frames``).
-
-    Frame ``i`` has payload ``data[offsets[i]:offsets[i] + lengths[i]]`` (raw bytes,
-    decoded if it was compressed), channel ``channel_ids[i]``, ``data_types[i]``
-    (0 data, 1 event) and its frame header at byte ``file_offsets[i]`` of the file.
-    ``data`` is a read-only view of the block (no copy) and keeps it alive.
-    """
-
-    data: Any
-    channel_ids: Any
-    offsets: Any
-    lengths: Any
-    data_types: Any
-    file_offsets: Any
-
-    def __len__(self) -> int:
-        return len(self.channel_ids)
-
-    @property
-    def nbytes(self) -> int:
-        """Payload bytes of the frames."""
-        return int(self.lengths.sum())
 
 
 def _looks_like_trailer(tail: bytes | bytearray, file_id: bytes) -> bool:
@@ -462,4 +436,8 @@ def open_retriever(
     byte_range = None
     if channels is not None and expect is not None:
         byte_range = expect.byte_range(channels)
+    if pure_selected():
+        from spillover.storage import pure  # the twin loads only when asked for
+
+        return pure.PureRetriever(backend, name, opts, expect, byte_range)  # type: ignore[return-value]
     return Retriever(backend, name, opts, expect, byte_range)

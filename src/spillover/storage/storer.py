@@ -17,7 +17,7 @@ from spillover._native import _storage as native
 from spillover.errors import ClosedError, ConfigError
 from spillover.storage.backends import Backend, backend_for
 from spillover.storage.handle import Codec, DataType, GateKind, GateStateHandle, state_file_name
-from spillover.storage.options import StorageOptions, check_u32
+from spillover.storage.options import StorageOptions, check_u32, pure_selected
 from spillover.storage.retriever import Retriever
 
 __all__ = ["Storage", "Storer", "open_storage"]
@@ -68,16 +68,35 @@ class Storage:
         return self.backend.root
 
     def create_storer(self, gate_id: int, *, kind: GateKind | str = GateKind.INPUT) -> Storer:
-        """A storer for one gate; fails if that gate's file exists already."""
+        """A storer for one gate; fails if that gate's file exists already (the pure
+        twin's with ``SPILLOVER_PURE=1``, see ``pure.py``)."""
         gk = GateKind.parse(kind)
         check_u32("gate_id", gate_id)
+        if pure_selected():
+            from spillover.storage import pure  # the twin loads only when asked for
+
+            return pure.PureStorer(  # type: ignore[return-value]
+                self.backend,
+                state_file_name(gate_id, gk),
+                self.options,
+                self.checkpoint_id,
+                self.subtask_index,
+                gate_id,
+                gk,
+                uuid.uuid4().bytes,
+            )
         return Storer(self, gate_id, gk)
 
     def create_retriever(self, gate_id: int, *, kind: GateKind | str = GateKind.INPUT) -> Retriever:
         """A retriever streaming back one gate's buffers in the order they were stored."""
         gk = GateKind.parse(kind)
         check_u32("gate_id", gate_id)
-        return Retriever(self.backend, state_file_name(gate_id, gk), self.options)
+        name = state_file_name(gate_id, gk)
+        if pure_selected():
+            from spillover.storage import pure  # the twin loads only when asked for
+
+            return pure.PureRetriever(self.backend, name, self.options)  # type: ignore[return-value]
+        return Retriever(self.backend, name, self.options)
 
     def gates(self) -> list[tuple[GateKind, int]]:
         """The gates that have a state file here, as ``(kind, gate_id)``."""

@@ -22,8 +22,9 @@ from spillover.runtime.api import (
     OperatorContext,
     StateDescriptor,
 )
-from spillover.runtime.connectors.sinks import ParquetSink, ThrottledSink
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.parquet import ParquetSink
+from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import DataStream, StreamEnvironment
 from spillover.runtime.operators import CoMap, TwoInputOperator
 
@@ -123,6 +124,7 @@ def _same(batch: Batch) -> Batch:
 def per_partition_keys(offset: int) -> Callable[[Batch], Batch]:
     """A map giving each record the key of its source partition plus ``offset`` (keys made
     per partition keep each key's records in sequence order on one channel)."""
+
     def fn(batch: Batch) -> Batch:
         out = batch.copy()
         out["partition"] = batch["partition"] + offset

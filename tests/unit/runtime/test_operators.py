@@ -31,13 +31,15 @@ from spillover.runtime.api import (
     OperatorSnapshot,
     StateDescriptor,
 )
-from spillover.runtime.connectors.sinks import CollectingSink, ParquetSink, ThrottledSink
-from spillover.runtime.connectors.sources import (
-    GeneratorSource,
+from spillover.runtime.connectors.collecting import CollectingSink
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.parquet import (
+    ParquetSink,
     ParquetSource,
     arrow_to_batch,
     byte_matrix,
 )
+from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.operators import (
     CoMap,
     FilterOperator,

@@ -28,6 +28,31 @@ from typing import Any
 
 from spillover.config import Config
 from spillover.deploy.spark.control import ControlConnection, ControlError, ControlServer
+from spillover.deploy.spark.messages import (
+    Acknowledge,
+    CancelAll,
+    CoordinatorFailed,
+    Decline,
+    Done,
+    EndOfData,
+    Finished,
+    Fired,
+    Go,
+    Hello,
+    MasterEvent,
+    Metrics,
+    Post,
+    StageEnded,
+    SubtaskDone,
+    SwitchToUnaligned,
+    Sync,
+    Synced,
+    Table,
+    ToWorker,
+    Wired,
+    WorkerJoined,
+    WorkerLost,
+)
 from spillover.deploy.spark.worker import WorkerSpec, run_worker
 from spillover.errors import ConfigError
 from spillover.runtime.checkpointing.messages import MailboxMessage, Terminate
@@ -152,10 +177,10 @@ class _RemoteTask:
         self.uid = uid
 
     def post(self, message: MailboxMessage) -> None:
-        self.run.send(self.worker, "post", self.uid, message)
+        self.run.send(self.worker, Post(self.uid, message))
 
     def request_unaligned(self, cid: int) -> None:
-        self.run.send(self.worker, "unaligned", self.uid, cid)
+        self.run.send(self.worker, SwitchToUnaligned(self.uid, cid))
 
 
 class _SparkAttempt:
@@ -173,7 +198,7 @@ class _SparkAttempt:
         self.restore = restore
         g = ex.graph
         self.n = ex.slots  # Spark tasks of this generation
-        self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[MasterEvent] = queue.SimpleQueue()
         self.conns: dict[int, ControlConnection] = {}
         self.workers: dict[int, dict[str, Any]] = {}
         self._finished: set[int] = set()
@@ -196,15 +221,15 @@ class _SparkAttempt:
 
     # -- messages ------------------------------------------------------------------
 
-    def send(self, worker: int, *message: Any) -> None:
+    def send(self, worker: int, message: ToWorker) -> None:
         conn = self.conns.get(worker)
         if conn is None:
             return
         try:
-            conn.send(*message)
+            conn.send(message)
         except ControlError as e:
             if worker not in self._finished:
-                self.events.put(("lost", worker, str(e)))
+                self.events.put(WorkerLost(worker, str(e)))
 
     def _on_connect(self, conn: ControlConnection) -> None:
         threading.Thread(
@@ -215,58 +240,59 @@ class _SparkAttempt:
         index = -1
         try:
             hello = conn.recv()
-            if hello[0] != "hello" or hello[1] != self.generation:
+            if not isinstance(hello, Hello) or hello.generation != self.generation:
                 conn.close()  # a straggler of another generation
                 return
-            _, _, index, address, pid, host = hello
+            index, address, pid, host = hello.index, hello.address, hello.pid, hello.host
             with self._lock:
                 if not 0 <= index < self.n or index in self.conns:
                     conn.close()
                     return
                 self.conns[index] = conn
                 self.workers[index] = {"address": address, "pid": pid, "host": host}
-            self.events.put(("hello", index))
+            self.events.put(WorkerJoined("hello", index))
             while True:
                 self._dispatch(index, conn.recv())
         except Exception as e:  # a ControlError, or a message that is not the protocol's
+            conn.close()  # the worker sees its master gone and cancels its subtasks
             if not isinstance(e, ControlError):
-                conn.close()  # the worker sees its master gone and cancels its subtasks
                 e = ControlError(f"a malformed control message: {type(e).__name__}: {e}")
             if index >= 0 and index not in self._finished:
                 w = self.workers.get(index, {})
                 self.events.put(
-                    (
-                        "lost",
+                    WorkerLost(
                         index,
                         f"worker {index} (pid {w.get('pid')} on {w.get('host')}) is gone: {e}",
                     )
                 )
 
-    def _dispatch(self, index: int, m: tuple[Any, ...]) -> None:
-        kind = m[0]
+    def _dispatch(self, index: int, m: object) -> None:
         co = self.coordinator
-        if kind == "ack":
-            co.acknowledge(m[1])
-        elif kind == "decline":
-            co.decline(*m[1:])
-        elif kind == "eod":
-            co.end_of_data(m[1], m[2])
-        elif kind == "metrics":
-            self.metrics.update(m[1])
-        elif kind == "fired":
-            self.ex.failures.mark_fired(m[1], m[2])
-        elif kind == "done":
-            _, uid, i, err, metrics = m
-            self.metrics[f"{uid}#{i}"] = metrics
-            self.events.put(("done", (uid, i), err))
-        elif kind == "synced":
-            ev = self._synced.get(m[1])
-            if ev is not None:
-                ev.set()
-        elif kind in ("wired", "finished"):
-            if kind == "finished":
+        match m:
+            case Acknowledge(ack=ack):
+                co.acknowledge(ack)
+            case Decline(checkpoint_id=cid, vertex_uid=uid, subtask=subtask, reason=reason):
+                co.decline(cid, uid, subtask, reason)
+            case EndOfData(vertex_uid=uid, subtask=subtask):
+                co.end_of_data(uid, subtask)
+            case Metrics(metrics=metrics):
+                self.metrics.update(metrics)
+            case Fired(index=fired, attempt=attempt):
+                self.ex.failures.mark_fired(fired, attempt)
+            case Done(uid=uid, subtask=i, error=err, metrics=metrics):
+                self.metrics[f"{uid}#{i}"] = metrics
+                self.events.put(SubtaskDone((uid, i), err))
+            case Synced(token=token):
+                ev = self._synced.get(token)
+                if ev is not None:
+                    ev.set()
+            case Wired():
+                self.events.put(WorkerJoined("wired", index))
+            case Finished():
                 self._finished.add(index)
-            self.events.put((kind, index))
+                self.events.put(WorkerJoined("finished", index))
+            case _:
+                raise ControlError(f"a malformed control message: {m!r:.200}")
 
     def _terminate_sources(self) -> None:
         """After the final checkpoint: the workers hold its completion in every
@@ -275,7 +301,7 @@ class _SparkAttempt:
         for w in list(self.conns):
             token = f"{w}-{len(self._synced)}"
             ev = self._synced[token] = threading.Event()
-            self.send(w, "sync", token)
+            self.send(w, Sync(token))
             waits.append((w, ev))
         until = time.monotonic() + SYNC_TIMEOUT_S
         for w, ev in waits:
@@ -283,8 +309,7 @@ class _SparkAttempt:
                 # Ending the sources now could let a sink end without the final
                 # completion (and commit nothing, or the next attempt twice).
                 self.events.put(
-                    (
-                        "lost",
+                    WorkerLost(
                         w,
                         f"worker {w} did not answer a sync within {SYNC_TIMEOUT_S:g} s "
                         "before the sources end",
@@ -297,7 +322,7 @@ class _SparkAttempt:
                 proxy.post(Terminate())
 
     def _coordinator_failed(self, e: BaseException) -> None:
-        self.events.put(("coordinator", e))
+        self.events.put(CoordinatorFailed(e))
 
     # -- the generation --------------------------------------------------------------
 
@@ -317,7 +342,7 @@ class _SparkAttempt:
             sc.parallelize(range(self.n), self.n).barrier().mapPartitions(work).collect()
         except BaseException as e:
             self.stage_error = e
-        self.events.put(("stage", self.stage_error))
+        self.events.put(StageEnded(self.stage_error))
 
     def _wait(self, kind: str, deadline: float) -> BaseException | None:
         """Waits until every worker sent ``kind``; an error when something failed first."""
@@ -331,8 +356,8 @@ class _SparkAttempt:
                     f"workers {missing} of generation {self.generation} did not report "
                     f"{kind!r} within {self.ex.register_timeout:g} s"
                 )
-            if ev[0] == kind:
-                seen.add(ev[1])
+            if isinstance(ev, WorkerJoined) and ev.kind == kind:
+                seen.add(ev.index)
             elif (error := _failure(ev, self.generation)) is not None:
                 return error
         return None
@@ -374,11 +399,11 @@ class _SparkAttempt:
             if error is None:
                 table = {i: w["address"] for i, w in self.workers.items()}
                 for i in range(self.n):
-                    self.send(i, "table", table)
+                    self.send(i, Table(table))
                 error = self._wait("wired", limit)
             if error is None:
                 for i in range(self.n):
-                    self.send(i, "go")
+                    self.send(i, Go())
                 self.running_at = time.monotonic()
                 self.coordinator.start()
                 error = self._loop(deadline, stop_at, stop_when)
@@ -412,16 +437,15 @@ class _SparkAttempt:
                 if graced:
                     return _stage_failure(None, self.generation)
                 return TimeoutError("the job did not finish in time")
-            kind = ev[0]
-            if kind == "done" and ev[2] is None:
-                remaining.discard(ev[1])
-            elif kind == "stage" and ev[1] is None:
+            if isinstance(ev, SubtaskDone) and ev.error is None:
+                remaining.discard(ev.key)
+            elif isinstance(ev, StageEnded) and ev.error is None:
                 # The workers returned, but their last done/finished messages come over
                 # the control connections and may still be on their way: the stage
                 # ended early only if they do not arrive within a moment.
                 grace = time.monotonic() + STAGE_END_GRACE_S
             elif (error := _failure(ev, self.generation)) is not None:
-                return error if kind == "stage" else self._root_cause(error)
+                return error if isinstance(ev, StageEnded) else self._root_cause(error)
         return None
 
     def _root_cause(self, first: BaseException) -> BaseException:
@@ -436,7 +460,9 @@ class _SparkAttempt:
                 ev = self.events.get(timeout=left)
             except queue.Empty:
                 break
-            if ev[0] not in ("done", "lost") or (e := _failure(ev, self.generation)) is None:
+            if not isinstance(ev, SubtaskDone | WorkerLost):
+                continue
+            if (e := _failure(ev, self.generation)) is None:
                 continue
             if not _is_consequence(e):
                 return e
@@ -447,7 +473,7 @@ class _SparkAttempt:
     def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
         if cancel:
             for i in list(self.conns):
-                self.send(i, "cancel")
+                self.send(i, CancelAll())
         stage.join(timeout=self.ex.cancel_grace_s if cancel else 30.0)
         if stage.is_alive():
             sc.cancelJobGroup(self.group)
@@ -487,20 +513,19 @@ def _subtask_error(key: tuple[str, int], err: tuple[str, str, str, bool]) -> Sub
     )
 
 
-def _failure(ev: tuple[Any, ...], generation: int) -> BaseException | None:
+def _failure(ev: MasterEvent, generation: int) -> BaseException | None:
     """The failure an event of a generation reports, or None (a hello, a subtask that
     finished, ...). The stage's end is a failure here: it ended before what the
     caller waits for (a caller that expects it to end says so first)."""
-    kind = ev[0]
-    if kind == "done":
-        return None if ev[2] is None else _subtask_error(ev[1], ev[2])
-    if kind == "stage":
-        return _stage_failure(ev[1], generation)
-    if kind == "lost":
-        return WorkerLostError(str(ev[2]))
-    if kind == "coordinator":
-        e: BaseException = ev[1]
-        return e
+    match ev:
+        case SubtaskDone(key=key, error=err):
+            return None if err is None else _subtask_error(key, err)
+        case StageEnded(error=err):
+            return _stage_failure(err, generation)
+        case WorkerLost(reason=reason):
+            return WorkerLostError(reason)
+        case CoordinatorFailed(error=err):
+            return err
     return None
 
 

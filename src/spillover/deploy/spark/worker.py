@@ -31,6 +31,25 @@ from typing import Any
 
 from spillover.config import Config
 from spillover.deploy.spark.control import ControlConnection, ControlError, connect
+from spillover.deploy.spark.messages import (
+    Acknowledge,
+    CancelAll,
+    Decline,
+    Done,
+    EndOfData,
+    Finished,
+    Fired,
+    Go,
+    Hello,
+    Metrics,
+    Post,
+    SwitchToUnaligned,
+    Sync,
+    Synced,
+    Table,
+    ToMaster,
+    Wired,
+)
 from spillover.runtime.checkpointing.messages import Ack
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
@@ -68,25 +87,25 @@ class _Relay:
     def __init__(self, conn: ControlConnection) -> None:
         self.conn = conn
 
-    def send(self, *message: Any) -> None:
+    def send(self, message: ToMaster) -> None:
         # The master gone: the control thread cancels the subtasks.
         with contextlib.suppress(ControlError):
-            self.conn.send(*message)
+            self.conn.send(message)
 
     def acknowledge(self, ack: Ack) -> None:
-        self.send("ack", ack)
+        self.send(Acknowledge(ack))
 
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
-        self.send("decline", checkpoint_id, vertex_uid, subtask, reason)
+        self.send(Decline(checkpoint_id, vertex_uid, subtask, reason))
 
     def end_of_data(self, vertex_uid: str, subtask: int) -> None:
-        self.send("eod", vertex_uid, subtask)
+        self.send(EndOfData(vertex_uid, subtask))
 
 
 def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:
     """The master's failure script (this worker's copy), reporting each failure that
     fires here before the subtask fails, so the next generation does not fire it."""
-    failures.on_fire = lambda index, attempt: relay.send("fired", index, attempt)
+    failures.on_fire = lambda index, attempt: relay.send(Fired(index, attempt))
     return failures
 
 
@@ -111,12 +130,12 @@ def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
         host = conn.sock.getsockname()[0]
         receiver = TcpReceiver(spec.secret, host=host, port=0)
         conn.send(
-            "hello", spec.generation, index, receiver.address, os.getpid(), socket.gethostname()
+            Hello(spec.generation, index, receiver.address, os.getpid(), socket.gethostname())
         )
         message = conn.recv()
-        if message[0] != "table":
+        if not isinstance(message, Table):
             return {"index": index, "status": "cancelled before start"}
-        table: dict[int, tuple[str, int]] = message[1]
+        table = message.addresses
         return _run(spec, index, conn, receiver, table, tasks)
     finally:
         for t in tasks.values():
@@ -156,8 +175,8 @@ def _run(
         t.coordinator = relay
         if t.has_input:
             receiver.register(t.gate, on_overtaken=t.overtaken)
-    conn.send("wired", index)
-    if conn.recv()[0] != "go":
+    conn.send(Wired(index))
+    if not isinstance(conn.recv(), Go):
         return {"index": index, "status": "cancelled before start"}
     subs = [
         connect_tcp(part, d, table[d], gate, ch, spec.secret, timeout=spec.connect_timeout)
@@ -185,13 +204,13 @@ def _run(
             remaining.discard(key)
             cancelled = isinstance(err, TaskCancelled)
             errors += err is not None and not cancelled
-            relay.send("done", *key, None if cancelled else _error_info(err), t.metrics())
+            relay.send(Done(*key, None if cancelled else _error_info(err), t.metrics()))
         if now - last_metrics >= spec.metrics_interval and remaining:
             last_metrics = now
-            relay.send("metrics", {f"{u}#{i}": tasks[(u, i)].metrics() for u, i in remaining})
+            relay.send(Metrics({f"{u}#{i}": tasks[(u, i)].metrics() for u, i in remaining}))
     for sub in subs:  # finished ones wait for their consumer to read the end
         sub.close(timeout=5.0)
-    relay.send("finished", index)
+    relay.send(Finished(index))
     stop.set()
     return {"index": index, "status": "failed" if errors else "finished", "subtasks": len(tasks)}
 
@@ -216,26 +235,27 @@ def _control_loop(
 
 def _follow(
     conn: ControlConnection,
-    message: tuple[Any, ...],
+    message: object,
     index: int,
     tasks: dict[tuple[str, int], Task],
 ) -> None:
     """Carries out one message of the master's; ``uid`` in a message names this
-    worker's subtask of that operator (``index``)."""
-    kind = message[0]
-    if kind == "post":
-        _, uid, mail = message
-        task = tasks.get((uid, index))
-        if task is not None:
-            task.post(mail)
-    elif kind == "unaligned":
-        _, uid, cid = message
-        task = tasks.get((uid, index))
-        if task is not None:
-            task.request_unaligned(cid)
-    elif kind == "sync":
-        with contextlib.suppress(ControlError):
-            conn.send("synced", message[1])
-    elif kind == "cancel":
-        for t in tasks.values():
-            t.cancel()
+    worker's subtask of that operator (``index``). Anything that is not one of the
+    protocol's messages raises, ending the connection."""
+    match message:
+        case Post(uid=uid, message=mail):
+            task = tasks.get((uid, index))
+            if task is not None:
+                task.post(mail)
+        case SwitchToUnaligned(uid=uid, checkpoint_id=cid):
+            task = tasks.get((uid, index))
+            if task is not None:
+                task.request_unaligned(cid)
+        case Sync(token=token):
+            with contextlib.suppress(ControlError):
+                conn.send(Synced(token))
+        case CancelAll():
+            for t in tasks.values():
+                t.cancel()
+        case _:
+            raise ControlError(f"a malformed control message from the master: {message!r:.200}")

@@ -19,10 +19,15 @@ from typing import Any
 from spillover.errors import SpilloverError
 from spillover.runtime.checkpointing.messages import (
     Ack,
+    CoordinatorEvent,
+    Declined,
     NotifyAborted,
     NotifyComplete,
+    StopCoordinator,
+    TaskEndedData,
     TaskGateway,
     TriggerCheckpoint,
+    TriggerNow,
 )
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
@@ -131,7 +136,7 @@ class CheckpointCoordinator:
         self.completed_ids: list[int] = []
         self._subsumed: list[int] = []  # out of retention, kept while referenced
         self._references: dict[int, set[int]] = {}
-        self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[CoordinatorEvent] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
         self._finished_tasks: set[tuple[str, int]] = set()
         self._final_id: int | None = None
@@ -146,14 +151,14 @@ class CheckpointCoordinator:
     # -- called from task threads ------------------------------------------------------
 
     def acknowledge(self, ack: Ack) -> None:
-        self._events.put(("ack", ack))
+        self._events.put(ack)
 
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
-        self._events.put(("decline", checkpoint_id, vertex_uid, subtask, reason))
+        self._events.put(Declined(checkpoint_id, vertex_uid, subtask, reason))
 
     def end_of_data(self, vertex_uid: str, subtask: int) -> None:
         """A task finished: it processed all its input and emitted all its output."""
-        self._events.put(("end_of_data", vertex_uid, subtask))
+        self._events.put(TaskEndedData(vertex_uid, subtask))
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -162,12 +167,12 @@ class CheckpointCoordinator:
 
     def stop(self) -> None:
         """Stops triggering and aborts pending checkpoints (the attempt ends)."""
-        self._events.put(("stop",))
+        self._events.put(StopCoordinator())
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
     def trigger_now(self) -> None:
-        self._events.put(("trigger",))
+        self._events.put(TriggerNow())
 
     # -- the coordinator thread -----------------------------------------------------------
 
@@ -202,22 +207,21 @@ class CheckpointCoordinator:
             and now - self._last_completed_at >= self.min_pause_s
         )
 
-    def _handle(self, event: tuple[Any, ...]) -> bool:
-        kind = event[0]
-        if kind == "stop":
-            return False
-        if kind == "trigger":
-            if self._can_trigger(time.monotonic()):
-                self._trigger(final=False)
-        elif kind == "ack":
-            self._on_ack(event[1])
-        elif kind == "decline":
-            _, cid, uid, subtask, reason = event
-            if cid in self._pending:
-                self._abort(cid, f"declined by {uid}#{subtask}: {reason}")
-                self._count_failure(cid)
-        elif kind == "end_of_data":
-            self._finished_tasks.add((event[1], event[2]))
+    def _handle(self, event: CoordinatorEvent) -> bool:
+        match event:
+            case StopCoordinator():
+                return False
+            case TriggerNow():
+                if self._can_trigger(time.monotonic()):
+                    self._trigger(final=False)
+            case Ack():
+                self._on_ack(event)
+            case Declined(checkpoint_id=cid, vertex_uid=uid, subtask=subtask, reason=reason):
+                if cid in self._pending:
+                    self._abort(cid, f"declined by {uid}#{subtask}: {reason}")
+                    self._count_failure(cid)
+            case TaskEndedData(vertex_uid=uid, subtask=subtask):
+                self._finished_tasks.add((uid, subtask))
         return True
 
     def _maybe_final(self) -> None:
@@ -248,7 +252,7 @@ class CheckpointCoordinator:
             self.tasks[key].post(TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms))
         return cid
 
-    def _on_ack(self, ack: Any) -> None:
+    def _on_ack(self, ack: Ack) -> None:
         p = self._pending.get(ack.checkpoint_id)
         if p is None:
             return  # late ack of an aborted checkpoint

@@ -76,6 +76,39 @@ class Ack:
     channel_state: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Declined:
+    """A subtask declined a checkpoint (its alignment was aborted, its snapshot or
+    channel state failed)."""
+
+    checkpoint_id: int
+    vertex_uid: str
+    subtask: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEndedData:
+    """A subtask processed all its input and emitted all its output (FLIP-147)."""
+
+    vertex_uid: str
+    subtask: int
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerNow:
+    """Trigger a checkpoint now (outside the interval)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopCoordinator:
+    """The attempt ends: stop triggering and abort what is pending."""
+
+
+CoordinatorEvent = Ack | Declined | TaskEndedData | TriggerNow | StopCoordinator
+"""What the coordinator's thread takes from its queue, in order."""
+
+
 class CoordinatorGateway(Protocol):
     """What a task tells the checkpoint coordinator (from the task's threads)."""
 

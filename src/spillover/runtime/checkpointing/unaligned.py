@@ -40,12 +40,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from spillover.rescale.pieces import Piece
 from spillover.runtime.checkpointing.aligned import AlignmentStats
 from spillover.runtime.checkpointing.channel_state import ChannelState, open_channel_state
 from spillover.runtime.checkpointing.messages import Ack
 from spillover.runtime.network import events as ev
 from spillover.runtime.network.buffers import NetworkBuffer
-from spillover.runtime.recovery.replay import Piece
 
 if TYPE_CHECKING:
     from spillover.runtime.task import Task

@@ -1,1 +1,33 @@
-"""runtime/connectors."""
+"""Built-in sources and sinks."""
+
+from __future__ import annotations
+
+from spillover.runtime.connectors.collecting import (
+    CollectingSink,
+)
+from spillover.runtime.connectors.generator import (
+    GeneratorSource,
+)
+from spillover.runtime.connectors.parquet import (
+    ParquetSink,
+    ParquetSource,
+    arrow_to_batch,
+    batch_to_arrow,
+    byte_matrix,
+    filesystem_for,
+)
+from spillover.runtime.connectors.throttled import (
+    ThrottledSink,
+)
+
+__all__ = [
+    "CollectingSink",
+    "GeneratorSource",
+    "ParquetSink",
+    "ParquetSource",
+    "ThrottledSink",
+    "arrow_to_batch",
+    "batch_to_arrow",
+    "byte_matrix",
+    "filesystem_for",
+]

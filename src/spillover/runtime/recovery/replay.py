@@ -31,36 +31,13 @@ import numpy as np
 
 from spillover.errors import CorruptFrameError, FormatError
 from spillover.records import FrameJoiner
+from spillover.rescale.pieces import Piece, missing_frames
 from spillover.storage import DataType, GateStateHandle, Retriever, open_retriever
 
 # Joined buffer size: replayed records go to the operator, not to the network.
 JOIN_BYTES = 1 << 20
 # Bytes read per step (the retriever's block): a barrier waits at most one step.
 STEP_BYTES = 1 << 20
-
-
-@dataclass
-class Piece:
-    """Frames of one channel in one state file, less the first ``skip`` bytes."""
-
-    handle: GateStateHandle
-    channel: int
-    skip: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the channel in the file (the handle's count)."""
-        return self.handle.channels.get(self.channel, (0, 0))[1]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"handle": self.handle.to_dict(), "channel": self.channel, "skip": self.skip}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Piece:
-        try:
-            return cls(GateStateHandle.from_dict(d["handle"]), int(d["channel"]), int(d["skip"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise FormatError("malformed channel-state reference", detail=str(e)) from e
 
 
 def references_of(channel_state: dict[str, Any] | None, gate: int) -> dict[int, list[Piece]]:
@@ -272,11 +249,7 @@ class InputRecovery:
         frames = r.poll_frames() if r.wait() else None
         if frames is None and r.finished:
             if self._left:
-                raise CorruptFrameError(
-                    "a referenced state file holds fewer frames than its handle says",
-                    path=handle.uri,
-                    detail=f"{self._left} frames of channels {sorted(chans)} missing",
-                )
+                raise missing_frames(handle.uri, self._left, chans)
             self._end_file()
             return True
         if frames is None:

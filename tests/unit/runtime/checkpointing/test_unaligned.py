@@ -18,8 +18,8 @@ import pytest
 import spillover
 from spillover.records import RecordWriter
 from spillover.runtime.checkpointing.unaligned import UnalignedCheckpoints
-from spillover.runtime.connectors.sinks import CollectingSink
-from spillover.runtime.connectors.sources import GeneratorSource
+from spillover.runtime.connectors.collecting import CollectingSink
+from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.network.buffers import BufferPool

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import spillover
 import spillover.runtime.recovery.replay as rec
-from spillover.errors import ForeignFileError
+from spillover.errors import CorruptHeaderError, ForeignFileError
 from spillover.keygroups import KeyGroupRange
 from spillover.records import RecordReader, RecordWriter
 from spillover.rescale import FilteringRetriever, RecordStream
@@ -183,6 +183,26 @@ def test_a_replaced_referenced_file_is_named(tmp_path: Path) -> None:
         while r.step():
             pass
     assert e.value.path == handle.uri
+
+
+def test_missing_frames_are_one_error_for_both_replays(tmp_path: Path) -> None:
+    """A handle counting more frames than its file holds is the same error whether a
+    restored task's own replay or a rescale's filtering retriever meets it."""
+    handle, _ = _write_gate(tmp_path, 2, 50, 40, 3)
+    d = handle.to_dict()
+    start = d["channel_ranges"]["0"][0]
+    d["channel_ranges"]["0"] = [start, start + 2 * (24 + 40)]  # its first two frames only
+    lying = spillover.GateStateHandle.from_dict(d)
+    replay = InputRecovery({0: (None, {0: [Piece(lying, 0, 0)]})}, lambda *a: None)
+    with pytest.raises(CorruptHeaderError, match="fewer frames") as e:
+        while replay.step():
+            pass
+    assert e.value.path == handle.uri
+    stream = FilteringRetriever(
+        [RecordStream(((lying, 0),), 0, 0, channel=0)], pass_through=True, coalesce=True
+    )
+    with pytest.raises(CorruptHeaderError, match="fewer frames"):
+        list(stream)
 
 
 def test_metadata_lists_the_checkpoints_it_references() -> None:

@@ -1,218 +1,22 @@
-"""Built-in sources: a deterministic record generator and a Parquet reader.
-
-Both are replayable: their operator state is a position (next sequence number
-per partition, or file / row group / row), so a job restored from a checkpoint
-resumes right after the last record emitted before that checkpoint's barrier.
-"""
+"""Parquet: a source reading a directory of files, split by file across
+subtasks, and an exactly-once sink (two-phase commit, see ``collecting.py``)."""
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from spillover.errors import ConfigError, StorageError
+from spillover.errors import ConfigError, StateFileNotFoundError, StorageError
 from spillover.runtime.api import Batch, Operator, OperatorContext, OperatorSnapshot
+from spillover.runtime.connectors.collecting import (
+    _pending_from_state,
+    _pending_state,
+)
 from spillover.storage.location import Location
-
-__all__ = [
-    "GeneratorSource",
-    "ParquetSource",
-    "arrow_to_batch",
-    "byte_matrix",
-    "filesystem_for",
-]
-
-_U64 = np.uint64
-_PACE_INTERVAL = 0.01  # rate-limited sources emit at most ~1/_PACE_INTERVAL batches a second
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """The splitmix64 finalizer, vectorised (uint64 arithmetic wraps)."""
-    z = z + _U64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return z ^ (z >> _U64(31))
-
-
-class GeneratorSource(Operator):
-    """Generates records ``(partition, seq, key, payload)``; see :meth:`dtype`.
-
-    ``partitions`` logical partitions are spread over the subtasks (subtask
-    ``i`` of ``p`` owns partitions ``i, i+p, ...``); each partition counts
-    ``seq`` up from 0, up to ``records_per_partition`` (None: forever). A batch
-    holds up to ``batch_size`` records taken round-robin from the owned
-    partitions, each partition's in ``seq`` order. Keys and payloads are pure
-    functions of ``(partition, seq, seed)``, so a rerun or a restore emits
-    identical records: keys are ``splitmix64`` of them, reduced to ``keys``
-    distinct values uniformly or Zipf-distributed (exponent ``zipf_exponent``,
-    key 0 the hottest); the payload is ``payload_bytes`` letters starting at
-    ``'A' + seq % 26``.
-
-    ``rate_per_subtask`` (records/s) paces each subtask by sleeping in
-    ``on_timer``, never spinning; after a stall (backpressure) it catches up by
-    at most one batch. ``clock`` and ``sleep`` exist for tests.
-
-    Operator state: ``{"next_seq": {"<partition>": seq}}``; ``restore`` takes the
-    entries of the partitions this subtask owns (missing ones start at 0), so
-    the union of every subtask's state also restores at another parallelism.
-    """
-
-    is_source = True
-
-    def __init__(
-        self,
-        partitions: int,
-        records_per_partition: int | None = None,
-        rate_per_subtask: float | None = None,
-        payload_bytes: int = 100,
-        keys: int = 10_000,
-        key_distribution: str = "uniform",
-        batch_size: int = 1024,
-        seed: int = 0,
-        *,
-        zipf_exponent: float = 1.1,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        if partitions < 1:
-            raise ConfigError(f"partitions must be >= 1, got {partitions}")
-        if records_per_partition is not None and records_per_partition < 0:
-            raise ConfigError(f"records_per_partition must be >= 0, got {records_per_partition}")
-        if rate_per_subtask is not None and not rate_per_subtask > 0:
-            raise ConfigError(f"rate_per_subtask must be > 0 or None, got {rate_per_subtask}")
-        if keys < 1 or batch_size < 1:
-            raise ConfigError(f"keys and batch_size must be >= 1, got {keys} and {batch_size}")
-        if key_distribution not in ("uniform", "zipf"):
-            raise ConfigError(
-                f"key_distribution must be 'uniform' or 'zipf', got {key_distribution!r}"
-            )
-        if key_distribution == "zipf" and not zipf_exponent > 0:
-            raise ConfigError(f"zipf_exponent must be > 0, got {zipf_exponent}")
-        self.partitions = partitions
-        self.records_per_partition = records_per_partition
-        self.rate = rate_per_subtask
-        self.payload_bytes = payload_bytes
-        self.keys = keys
-        self.key_distribution = key_distribution
-        self.zipf_exponent = zipf_exponent
-        self.batch_size = batch_size
-        self.seed = seed
-        self.clock = clock
-        self.sleep = sleep
-        self.out_dtype = self.dtype(payload_bytes)
-        self._zipf_cdf: npt.NDArray[np.float64] | None = None
-
-    @staticmethod
-    def dtype(payload_bytes: int = 100) -> np.dtype[Any]:
-        """The record dtype: ``partition`` i4, ``seq`` i8, ``key`` i8, ``payload`` S<n>."""
-        if payload_bytes < 1:
-            raise ConfigError(f"payload_bytes must be >= 1, got {payload_bytes}")
-        return np.dtype(
-            [("partition", "<i4"), ("seq", "<i8"), ("key", "<i8"), ("payload", f"S{payload_bytes}")]
-        )
-
-    def open(self, ctx: OperatorContext) -> None:
-        super().open(ctx)
-        self._parts = np.arange(ctx.subtask_index, self.partitions, ctx.parallelism, dtype=np.int64)
-        self._next = np.zeros(len(self._parts), dtype=np.int64)
-        self._turn = 0  # rotates which partitions get the remainder of a batch
-        self._ref: float | None = None  # pacing: the time up to which records are "paid"
-        self._chunk = 1.0
-        if self.rate is not None:
-            self._chunk = min(max(self.rate * _PACE_INTERVAL, 1.0), float(self.batch_size))
-        letters = (np.arange(26)[:, None] + np.arange(self.payload_bytes)[None, :]) % 26 + 65
-        self._letters = letters.astype(np.uint8)
-
-    def restore(self, state: Any) -> None:
-        next_seq = {int(p): int(s) for p, s in dict(state["next_seq"]).items()}
-        self._next = np.array([next_seq.get(int(p), 0) for p in self._parts], dtype=np.int64)
-
-    def restore_rescaled(self, states: list[Any]) -> None:
-        """Partitions move between subtasks: merge every old subtask's offsets, keep ours."""
-        merged: dict[str, int] = {}
-        for st in states:
-            if st is not None:
-                merged.update({str(p): int(q) for p, q in dict(st["next_seq"]).items()})
-        self.restore({"next_seq": merged})
-
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
-        next_seq = {str(p): int(s) for p, s in zip(self._parts, self._next, strict=True)}
-        return OperatorSnapshot({"next_seq": next_seq})
-
-    def keys_of(self, partition: npt.ArrayLike, seq: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """The key of each ``(partition, seq)`` (the same function the records use)."""
-        seed_mix = _U64((self.seed * 0xD1B54A32D192ED03) & _MASK64)
-        p = np.asarray(partition, dtype=np.int64).astype(np.uint64)
-        s = np.asarray(seq, dtype=np.int64).astype(np.uint64)
-        h = _splitmix64(s + p * _U64(0x9E3779B97F4A7C15) + seed_mix)
-        if self.key_distribution == "uniform":
-            return (h % _U64(self.keys)).astype(np.int64)
-        cdf = self._zipf_cdf
-        if cdf is None:
-            cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -self.zipf_exponent)
-            cdf /= cdf[-1]
-            self._zipf_cdf = cdf
-        u = (h >> _U64(11)).astype(np.float64) * 2.0**-53
-        ranks = np.searchsorted(cdf, u, side="right")
-        return np.minimum(ranks, self.keys - 1).astype(np.int64)
-
-    def _allowance(self) -> int:
-        """Records the pace allows now, sleeping first until at least one chunk is due."""
-        assert self.rate is not None
-        now = self.clock()
-        ref = now if self._ref is None else max(self._ref, now - self.batch_size / self.rate)
-        missing = self._chunk - (now - ref) * self.rate
-        if missing > 0:
-            self.sleep(missing / self.rate)
-            now = self.clock()
-        self._ref = ref
-        return int(min((now - ref) * self.rate + 1e-9, self.batch_size))
-
-    def on_timer(self) -> bool:
-        limit = self.records_per_partition
-        active = (
-            np.arange(len(self._parts)) if limit is None else np.flatnonzero(self._next < limit)
-        )
-        if not len(active):
-            return False
-        n = self.batch_size if self.rate is None else self._allowance()
-        if n == 0:
-            return True
-        m = len(active)
-        counts = np.full(m, n // m, dtype=np.int64)
-        counts[(np.arange(m) - self._turn) % m < n % m] += 1
-        self._turn = (self._turn + n % m) % m
-        if limit is not None:
-            counts = np.minimum(counts, limit - self._next[active])
-        total = int(counts.sum())
-        if self.rate is not None:
-            assert self._ref is not None
-            self._ref += total / self.rate
-        if total:
-            self.ctx.output.emit(self._batch(active, counts, total))
-        return limit is None or bool((self._next < limit).any())
-
-    def _batch(
-        self, active: npt.NDArray[np.intp], counts: npt.NDArray[np.int64], total: int
-    ) -> Batch:
-        starts = self._next[active]
-        block_starts = np.cumsum(counts) - counts
-        seq = np.repeat(starts - block_starts, counts) + np.arange(total, dtype=np.int64)
-        part = np.repeat(self._parts[active], counts)
-        self._next[active] += counts
-        out = np.empty(total, dtype=self.out_dtype)
-        out["partition"] = part
-        out["seq"] = seq
-        out["key"] = self.keys_of(part, seq)
-        byte_matrix(out, "payload")[:] = np.take(self._letters, seq % 26, axis=0)
-        return out
-
 
 # ---- Parquet ----
 
@@ -480,3 +284,219 @@ class ParquetSource(Operator):
             self._file.close()
             self._file = None
             self._file_index = -1
+
+
+# ---- Parquet ----
+
+
+def batch_to_arrow(batch: Batch) -> Any:
+    """A structured array as a pyarrow Table, column by column: numeric and bool
+    fields keep their type, ``S<n>`` fields become ``fixed_size_binary(n)``."""
+    import pyarrow as pa
+
+    batch = np.ascontiguousarray(batch)
+    arrays = []
+    names = batch.dtype.names or ()
+    for name in names:
+        field = batch.dtype[name]
+        if field.subdtype is not None or field.kind not in "biufSU":
+            raise ConfigError(f"field {name!r} of type {field} cannot be written to Parquet")
+        if field.kind == "S":
+            data = np.ascontiguousarray(byte_matrix(batch, name))
+            arrays.append(
+                pa.FixedSizeBinaryArray.from_buffers(
+                    pa.binary(field.itemsize), len(batch), [None, pa.py_buffer(data)]
+                )
+            )
+        else:
+            arrays.append(pa.array(np.ascontiguousarray(batch[name])))
+    return pa.Table.from_arrays(arrays, names=list(names))
+
+
+class ParquetSink(Operator):
+    """Writes records to Parquet files under ``directory_uri``, exactly once.
+
+    Each subtask writes an in-progress file in ``<dir>/_staging/`` (readers of
+    the directory skip names starting with ``_``), buffering up to
+    ``row_group_rows`` rows per row group. ``snapshot(c)`` closes the file (in
+    ``finalize``, off the task thread) and makes it pending for ``c``;
+    ``notify_checkpoint_complete(c)`` publishes every pending file of a
+    checkpoint ``<= c`` by renaming it into ``<dir>/`` (atomic on local disks; a
+    copy and delete on object stores), idempotently. ``restore`` publishes the
+    restored checkpoint's pending files and deletes this subtask's other staged
+    files (left by the failed attempt); so does the first write of an attempt
+    > 0 that restored nothing (no checkpoint had completed). See the module
+    docstring for the whole protocol. File names:
+    ``part-<subtask>-a<attempt>-c<last checkpoint>-<counter>.parquet``.
+
+    ``pyarrow.parquet.read_table(directory)`` reads the committed output.
+    """
+
+    def __init__(
+        self,
+        directory_uri: str,
+        *,
+        filesystem: Any = None,
+        row_group_rows: int = 65536,
+        compression: str | None = "snappy",
+    ) -> None:
+        if row_group_rows < 1:
+            raise ConfigError(f"row_group_rows must be >= 1, got {row_group_rows}")
+        self.directory_uri = directory_uri
+        self.filesystem = filesystem
+        self.row_group_rows = row_group_rows
+        self.compression = compression
+
+    def open(self, ctx: OperatorContext) -> None:
+        super().open(ctx)
+        self._fs, root = filesystem_for(self.directory_uri, self.filesystem)
+        self._root = root.rstrip("/")
+        self._staging = f"{self._root}/_staging"
+        self._fs.create_dir(self._staging, recursive=True)
+        self._prefix = f"part-{ctx.subtask_index:05d}-"
+        self._pending: dict[int, list[str]] = {}
+        self._counter = 0
+        self._last_checkpoint = 0
+        self._cleaned = ctx.attempt == 0
+        self._name: str | None = None  # the open transaction's file
+        self._writer: Any = None
+        self._buffer: list[Batch] = []
+        self._buffered = 0
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        if not len(batch):
+            return
+        if self._name is None:
+            self._name = self._new_name()
+        self._buffer.append(batch.copy())  # the caller may reuse its batch
+        self._buffered += len(batch)
+        if self._buffered >= self.row_group_rows:
+            self._writer = self._write(self._name, self._writer, self._take_buffer())
+
+    def _new_name(self) -> str:
+        if not self._cleaned:
+            self._delete_staged()
+        name = (
+            f"{self._prefix}a{self.ctx.attempt:04d}-c{self._last_checkpoint:06d}"
+            f"-{self._counter:06d}.parquet"
+        )
+        self._counter += 1
+        return name
+
+    def _take_buffer(self) -> Batch | None:
+        if not self._buffer:
+            return None
+        rows = np.concatenate(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
+        self._buffer, self._buffered = [], 0
+        return rows
+
+    def _write(self, name: str, writer: Any, rows: Batch | None) -> Any:
+        import pyarrow.parquet as pq
+
+        if rows is None:
+            return writer
+        table = batch_to_arrow(rows)
+        if writer is None:
+            writer = pq.ParquetWriter(
+                f"{self._staging}/{name}",
+                table.schema,
+                filesystem=self._fs,
+                compression=self.compression,
+            )
+        writer.write_table(table, row_group_size=self.row_group_rows)
+        return writer
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        finalize: Callable[[str], None] | None = None
+        if self._name is not None:
+            name, writer, rows = self._name, self._writer, self._take_buffer()
+            self._pending.setdefault(checkpoint_id, []).append(name)
+            self._name, self._writer = None, None
+
+            def close_file(directory_uri: str) -> None:
+                self._write(name, writer, rows).close()
+
+            finalize = close_file
+        self._last_checkpoint = checkpoint_id
+        state = {
+            "pending": _pending_state(self._pending),
+            "counter": self._counter,
+            "checkpoint": checkpoint_id,
+        }
+        return OperatorSnapshot(state, finalize)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for c in sorted(c for c in self._pending if c <= checkpoint_id):
+            for name in self._pending[c]:
+                self._publish(name)
+            del self._pending[c]
+
+    def restore(self, state: Any) -> None:
+        if state is None:
+            return
+        for _, names in sorted(_pending_from_state(state).items()):
+            for name in names:
+                self._publish(name)
+        self._counter = int(state["counter"])
+        self._last_checkpoint = int(state["checkpoint"])
+        self._delete_staged()
+
+    def restore_rescaled(self, states: list[Any]) -> None:
+        """Publishes the pending files of the old subtasks this subtask owns and
+        continues the file counter past all of them.
+
+        Old subtask ``j``'s files have exactly one owner, new subtask
+        ``j % parallelism``: two new subtasks publishing the same file race on its
+        rename (one of them finds the staged file gone). The owner also deletes the
+        owned old subtasks' other staged files, as :meth:`restore` does for its own."""
+        live = [st for st in states if st is not None]
+        if not live:
+            return
+        me, p = self.ctx.subtask_index, self.ctx.parallelism
+        owned = [j for j in range(len(states)) if j % p == me]
+        for j in owned:
+            if states[j] is None:
+                continue
+            for _, names in sorted(_pending_from_state(states[j]).items()):
+                for name in names:
+                    self._publish(name)
+        self._counter = max(int(st["counter"]) for st in live)
+        self._last_checkpoint = max(int(st["checkpoint"]) for st in live)
+        self._delete_staged()
+        for j in owned:
+            if j != me:
+                self._delete_staged(f"part-{j:05d}-")
+
+    def _publish(self, name: str) -> None:
+        import pyarrow.fs as pafs
+
+        src, dst = f"{self._staging}/{name}", f"{self._root}/{name}"
+        src_info, dst_info = self._fs.get_file_info([src, dst])
+        if dst_info.type == pafs.FileType.File:
+            if src_info.type == pafs.FileType.File:  # a copy-and-delete move cut short
+                self._fs.delete_file(src)
+            return
+        if src_info.type != pafs.FileType.File:
+            raise StateFileNotFoundError(
+                "a pending output file of a completed checkpoint is missing",
+                path=src,
+                hint="the staging directory was changed while the job ran",
+            )
+        self._fs.move(src, dst)
+
+    def _delete_staged(self, prefix: str | None = None) -> None:
+        """Deletes every staged file of this subtask (called before it writes any), or
+        of the old subtask whose files start with ``prefix`` (after a rescale)."""
+        import pyarrow.fs as pafs
+
+        prefix = prefix or self._prefix
+        for info in self._fs.get_file_info(pafs.FileSelector(self._staging, allow_not_found=True)):
+            if info.type == pafs.FileType.File and info.base_name.startswith(prefix):
+                self._fs.delete_file(info.path)
+        self._cleaned = True
+
+    def close(self) -> None:
+        # An unfinished file stays in staging; the next attempt's restore deletes it.
+        if getattr(self, "_writer", None) is not None:
+            self._writer.close()
+            self._writer = None

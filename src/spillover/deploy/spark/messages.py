@@ -1,0 +1,170 @@
+"""The Spark control protocol's messages, and the job master's events.
+
+Over a worker's control connection (``control.py``, one pickled message a frame):
+
+- worker -> master: :class:`Hello` (once), :class:`Wired`, then :class:`Acknowledge`,
+  :class:`Decline` and :class:`EndOfData` (its subtasks' word to the coordinator),
+  :class:`Fired` (an induced failure fired), :class:`Metrics`, :class:`Done` (a
+  subtask ended), :class:`Synced`, and :class:`Finished` last;
+- master -> worker: :class:`Table` (the workers' data addresses), :class:`Go`, then
+  :class:`Post` and :class:`SwitchToUnaligned` (the coordinator's word to a subtask),
+  :class:`Sync` and :class:`CancelAll`.
+
+Anything else on a connection is a protocol error: the side that reads it closes
+the connection, which the other side takes as the peer gone. docs/spark.md has the
+sequence. The master's own event queue carries :data:`MasterEvent` values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from spillover.runtime.checkpointing.messages import Ack, MailboxMessage
+
+Address = tuple[str, int]
+ErrorInfo = tuple[str, str, str, bool]
+"""``(type name, message, traceback, broken channel)`` of a subtask's error."""
+
+
+# -- worker -> master ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    generation: int
+    index: int
+    address: Address  # where its TCP receiver listens
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wired:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledge:
+    ack: Ack
+
+
+@dataclass(frozen=True, slots=True)
+class Decline:
+    checkpoint_id: int
+    vertex_uid: str
+    subtask: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfData:
+    vertex_uid: str
+    subtask: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    index: int  # of the failure in the script
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    metrics: dict[str, dict[str, float]]  # per "uid#i"
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    uid: str
+    subtask: int
+    error: ErrorInfo | None  # None: finished or cancelled
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    index: int
+
+
+ToMaster = (
+    Hello | Wired | Acknowledge | Decline | EndOfData | Fired | Metrics | Done | Synced | Finished
+)
+
+# -- master -> worker ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    addresses: dict[int, Address]
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    uid: str  # the worker's subtask of this operator
+    message: MailboxMessage
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchToUnaligned:
+    uid: str
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAll:
+    pass
+
+
+ToWorker = Table | Go | Post | SwitchToUnaligned | Sync | CancelAll
+
+# -- the master's events ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerJoined:
+    """A worker said hello (``kind`` "hello"), wired its channels ("wired") or
+    finished ("finished")."""
+
+    kind: Literal["hello", "wired", "finished"]
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost:
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskDone:
+    key: tuple[str, int]
+    error: ErrorInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class StageEnded:
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorFailed:
+    error: BaseException
+
+
+MasterEvent = WorkerJoined | WorkerLost | SubtaskDone | StageEnded | CoordinatorFailed
