@@ -8,6 +8,13 @@ aligned with a timeout, bounded in-flight data) and ``checkpointing/snapshot.py`
 (the snapshot itself, whose slow part runs on the task's snapshot thread, which
 acknowledges the checkpoint when done). A restored task replays its channel state
 first (``recovery/channels.py``).
+
+Tasks finish (FLIP-147): once its input ended (or its source is exhausted) a task
+runs ``end_input``/``finish``, sends EndOfData and stays only until a checkpoint it
+took after finishing completed, so two-phase-commit sinks commit its last data;
+then it sends EndOfPartition, tells the coordinator it exited and ends. A subtask
+a checkpoint recorded as finished is restored finished: its operators are never
+opened and run nothing; it sends EndOfData at once.
 """
 
 from __future__ import annotations
@@ -86,6 +93,8 @@ class TaskRestore:
     channel_state: dict[str, Any] = field(default_factory=dict)  # the replay plan
     # Restored at another parallelism: every old subtask's state, per operator uid.
     rescaled_state: dict[str, list[Any]] = field(default_factory=dict)
+    # The checkpoint recorded its operators as finished: they are not run again.
+    finished: bool = False
 
 
 class ChainOutput:
@@ -202,6 +211,13 @@ class Task:
         self.unaligned = UnalignedCheckpoints(self)
         self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure
         self.replay: ChannelStateReplay | None = None  # recovered channel state
+        # FLIP-147: restored finished, the operators are never opened and run nothing.
+        self.finished_on_restore = restore is not None and restore.finished
+        self.operators_finished = False  # finish() ran (or restored finished)
+        self.final_checkpoint_id: int | None = None  # the first one taken after that
+        self._final_done = False  # ... completed: the task may end
+        self._deferred: list[TriggerCheckpoint] = []  # root triggers before the gate ended
+        self._opened = 0
 
     @property
     def has_input(self) -> bool:
@@ -265,10 +281,7 @@ class Task:
                 self._run_source()
             else:
                 self._run_inputs()
-            # The final checkpoint's completion is posted before the sources end, but
-            # the end of the input may be handled first: read the mailbox once more so
-            # two-phase-commit sinks publish before the task finishes.
-            self._mail()
+                self._await_final()
             self.drain_blocking()
             for p in self.partitions:
                 p.finish()
@@ -276,16 +289,38 @@ class Task:
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
             self.unaligned.release_overtaken()
-            for op in self.ops:
+            for op in self.ops[: self._opened]:
                 try:
                     op.close()
                 except Exception as e:
                     error = error or e
             self.snapshots.shutdown(wait=error is None)
             self.finished_at = time.monotonic()
+        if error is None and self._coordinator is not None:
+            # After its acknowledgements (the snapshot thread is done) and its
+            # EndOfPartition: the tasks behind it may become checkpoint roots.
+            self.coordinator.task_exited(self.vertex.uid, self.subtask)
         self.on_done(self, error)
 
     def _open(self) -> None:
+        if self.finished_on_restore:
+            # Nothing of the operators runs again; its keyed state is kept for the
+            # next checkpoints, and recovered output state (what the last snapshot's
+            # barrier overtook) still goes downstream first.
+            r = self.restore_state
+            assert r is not None
+            if self.keyed is not None:
+                self.keyed.restore([h for uid in r.keyed_handles for h in r.keyed_handles[uid]])
+            self.replay = ChannelStateReplay(
+                r.channel_state,
+                subtask=self.subtask,
+                input_edges=self.input_edges,
+                offsets=self.offsets,
+                outboxes=self.outboxes,
+                process=self._process,
+            )
+            self._last_flush = time.monotonic()
+            return
         for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
             out: Output = ChainOutput(self.ops[i + 1]) if i + 1 < len(self.ops) else self.net_out
             op.open(
@@ -301,6 +336,7 @@ class Task:
                     pacing=True,
                 )
             )
+            self._opened = i + 1
         r = self.restore_state
         if r is not None:
             self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
@@ -348,19 +384,27 @@ class Task:
             match message:
                 case Cancel():
                     raise TaskCancelled(self.name)
-                case TriggerCheckpoint():  # sources only
-                    self._trigger_source(message)
+                case TriggerCheckpoint():  # a root: a source, or inputs all ended
+                    if self._gate is None or self._gate.finished:
+                        self._trigger_root(message)
+                    else:
+                        # An upstream exited but its EndOfPartition is still on the way:
+                        # the snapshot comes once every channel ended (no data can
+                        # follow an exited upstream's EndOfData).
+                        self._deferred.append(message)
                 case SwitchToUnaligned(checkpoint_id=cid):
                     self.unaligned.on_timeout(cid)
                 case NotifyComplete(checkpoint_id=cid):
                     self.failures.check(
                         "commit", self.attempt, self.vertex.uid, self.subtask, checkpoint=cid
                     )
-                    for op in self.ops:
+                    for op in self.ops[: self._opened]:
                         op.notify_checkpoint_complete(cid)
+                    if self.final_checkpoint_id is not None and cid >= self.final_checkpoint_id:
+                        self._final_done = True
                 case NotifyAborted(checkpoint_id=cid):
                     self.unaligned.on_cancel(cid)
-                    for op in self.ops:
+                    for op in self.ops[: self._opened]:
                         op.notify_checkpoint_aborted(cid)
                 case Terminate():
                     self._terminate = True
@@ -412,7 +456,10 @@ class Task:
     def _run_source(self) -> None:
         src = self.ops[0]
         exhausted = False
-        while not self._terminate:
+        if self.finished_on_restore:
+            exhausted = True
+            self._end_of_data()
+        while not (self._terminate or self._final_done):
             self._mail()
             if self.cancelled.is_set():
                 raise TaskCancelled(self.name)
@@ -441,6 +488,9 @@ class Task:
 
     def _end_of_data(self) -> None:
         """All input ended (or the source is exhausted): finish the chain, tell downstream."""
+        if self.finished_on_restore:
+            self._after_finish()
+            return
         if self.vertex.is_source:
             self.ops[0].finish()
             rest = self.ops[1:]
@@ -456,10 +506,13 @@ class Task:
         """Flushes and tells downstream that data ended. Without checkpointing there
         is no final checkpoint to commit two-phase-commit sinks, and no recovery a
         commit could break, so the operators commit here on their own."""
+        self.operators_finished = True
+        if not self.checkpointing:
+            self._final_done = True  # no checkpoint to wait for
         for w in self.writers:
             w.flush()
         self._drain_responsive()
-        if not self.checkpointing:
+        if not self.checkpointing and not self.finished_on_restore:
             snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in self.ops]
             for snap in snaps:
                 if snap.finalize is not None:
@@ -543,7 +596,8 @@ class Task:
             idx = self.channels[ch].input_index
             if idx not in self._inputs_ended and self._input_channels[idx] <= self._data_ended:
                 self._inputs_ended.add(idx)
-                self.ops[0].end_input(idx)
+                if not self.finished_on_restore:
+                    self.ops[0].end_input(idx)
                 if len(self._inputs_ended) == len(self._input_channels):
                     self._end_of_data_inputs()
         elif isinstance(event, ev.EndOfPartition):
@@ -552,11 +606,26 @@ class Task:
             self.unaligned.channel_done(ch)
 
     def _end_of_data_inputs(self) -> None:
-        for i, op in enumerate(self.ops):
-            if i > 0:
-                op.end_input(0)
-            op.finish()
+        if not self.finished_on_restore:
+            for i, op in enumerate(self.ops):
+                if i > 0:
+                    op.end_input(0)
+                op.finish()
         self._after_finish()
+
+    def _await_final(self) -> None:
+        """Every input ended: stays until a checkpoint taken after ``finish()``
+        completed (its commit is this task's last work), taking the triggers it is
+        the root of meanwhile."""
+        if not self.operators_finished:  # the loop ended early (terminated)
+            return
+        while True:
+            while self._deferred:
+                self._trigger_root(self._deferred.pop(0))
+            if self._final_done or self._terminate:
+                return
+            self.unaligned.reap()
+            self._mail(block=True, timeout=0.05)
 
     def _forward_cancel(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._cancelled_forwarded:
@@ -573,7 +642,7 @@ class Task:
         self.coordinator.decline(checkpoint_id, self.vertex.uid, self.subtask, "alignment aborted")
         self._forward_cancel(checkpoint_id)
 
-    def _trigger_source(self, trigger: TriggerCheckpoint) -> None:
+    def _trigger_root(self, trigger: TriggerCheckpoint) -> None:
         barrier = ev.CheckpointBarrier(
             trigger.checkpoint_id,
             trigger.trigger_ms,

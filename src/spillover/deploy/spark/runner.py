@@ -48,6 +48,7 @@ from spillover.deploy.spark.messages import (
     Sync,
     Synced,
     Table,
+    TaskExited,
     ToWorker,
     Wired,
     WorkerJoined,
@@ -275,6 +276,8 @@ class _SparkAttempt:
                 co.decline(cid, uid, subtask, reason)
             case EndOfData(vertex_uid=uid, subtask=subtask):
                 co.end_of_data(uid, subtask)
+            case TaskExited(vertex_uid=uid, subtask=subtask):
+                co.task_exited(uid, subtask)
             case Metrics(metrics=metrics):
                 self.metrics.update(metrics)
             case Fired(index=fired, attempt=attempt):

@@ -1,0 +1,178 @@
+"""Checkpoints after tasks finish (FLIP-147), on whole jobs: tasks that end free
+their thread while checkpoints go on, the metadata says which operators finished,
+and a restore never runs a finished operator again."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from spillover.config import Config
+from spillover.deploy.local import LocalExecutor
+from spillover.runtime.api import Batch, Operator
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.connectors.collecting import CollectingSink
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.failures import FailureInjector, FailureSpec
+from spillover.runtime.graph import StreamEnvironment
+
+POLICIES = {
+    "aligned": {},
+    "unaligned": {"execution.checkpointing.unaligned.enabled": True},
+    "timeout": {
+        "execution.checkpointing.unaligned.enabled": True,
+        "execution.checkpointing.aligned-checkpoint-timeout": "20 ms",
+    },
+}
+SHORT, LONG = 200, 5000  # records per partition of the short and the long branch
+
+
+class SummaryOnFinish(Operator):
+    """Forwards its input and, in ``finish()``, emits one summary record (partition
+    ``-1 - subtask``, ``seq`` = the records it saw). ``opened`` counts its opens in
+    this process, per job name, so a test sees whether a restore ran it again."""
+
+    opened: dict[str, int] = {}  # noqa: RUF012 (a test's process-wide record)
+    lock = threading.Lock()
+
+    out_dtype = GeneratorSource.dtype(16)
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.seen = 0
+
+    def open(self, ctx: Any) -> None:
+        super().open(ctx)
+        with self.lock:
+            self.opened[self.job] = self.opened.get(self.job, 0) + 1
+
+    def restore(self, state: Any) -> None:
+        self.seen = int(state["seen"])
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        from spillover.runtime.api import OperatorSnapshot
+
+        return OperatorSnapshot({"seen": self.seen})
+
+    def process(self, batch: Batch, input_index: int) -> None:
+        self.seen += len(batch)
+        self.ctx.output.emit(batch)
+
+    def finish(self) -> None:
+        summary = np.zeros(1, dtype=self.out_dtype)
+        summary["partition"] = -1 - self.ctx.subtask_index
+        summary["seq"] = self.seen
+        self.ctx.output.emit(summary)
+
+
+def _job(name: str) -> StreamEnvironment:
+    """A short branch (a bounded source and an operator emitting in ``finish()``)
+    beside a long one (a paced source), both into one exactly-once sink."""
+    env = StreamEnvironment(name, parallelism=2, max_parallelism=128)
+    short = env.from_source(
+        GeneratorSource(partitions=2, records_per_partition=SHORT, payload_bytes=16), uid="short"
+    ).process(SummaryOnFinish(name), uid="summary")
+    long = env.from_source(
+        GeneratorSource(
+            partitions=2,
+            records_per_partition=LONG,
+            payload_bytes=16,
+            rate_per_subtask=2500,
+            batch_size=64,
+            seed=1,
+        ),
+        uid="long",
+    )
+    short.union(long).sink(CollectingSink(name), uid="sink")
+    return env
+
+
+def _config(tmp: Path, policy: str) -> Config:
+    return Config.from_dict(
+        {
+            "execution.checkpointing.interval": "100 ms",
+            "state.checkpoints.dir": str(tmp / "ckpt"),
+            "state.checkpoints.num-retained": 20,
+            "restart-strategy.fixed-delay.attempts": 3,
+            "restart-strategy.fixed-delay.delay": "0 ms",
+            **POLICIES[policy],
+        }
+    )
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_finish_output_is_committed_once_after_a_failure_past_a_finished_branch(
+    policy: str, tmp_path: Path
+) -> None:
+    """The probe of FLIP-147: the long branch fails after the short one finished
+    and a checkpoint recorded that; the restore does not run the short branch's
+    operators again, so its summary is committed exactly once."""
+    name = f"finish-once-{policy}"
+    SummaryOnFinish.opened.pop(name, None)
+    env = _job(name)
+    # 2,500 records/s per subtask: a second in, long after the short branch ended.
+    failures = FailureInjector([FailureSpec("operator", "long", 0, after_records=2500)])
+    result = LocalExecutor(env, _config(tmp_path, policy), failures=failures).run(timeout=120)
+    assert result.status == "finished", result
+    assert len(failures.fired) == 1
+    rows = CollectingSink.records(name)
+    summaries = rows[rows["partition"] < 0]
+    assert sorted(summaries["partition"].tolist()) == [-2, -1]  # once per subtask
+    assert summaries["seq"].sum() == 2 * SHORT
+    data = rows[rows["partition"] >= 0]
+    ids = data[["partition", "seq", "key"]]  # the branches differ in their keys (seeds)
+    assert len(ids) == len(np.unique(ids)) == 2 * SHORT + 2 * LONG
+    # The restored attempt never opened the finished operator.
+    assert SummaryOnFinish.opened[name] == 2
+    storage = CheckpointStorage(str(tmp_path / "ckpt"), name)
+    assert result.restored_from, "the failure restored a checkpoint"
+    meta = storage.read_metadata(result.restored_from[0])
+    assert meta["tasks"]["short"]["finished"] == "fully"
+
+
+def test_a_bounded_branch_ends_while_checkpoints_go_on(tmp_path: Path) -> None:
+    """Its tasks end (threads gone) after the checkpoint that covers them, while the
+    long branch runs; later checkpoints complete without them and record the
+    branch as finished."""
+    name = "bounded-beside-unbounded"
+    env = _job(name)
+    ex = LocalExecutor(env, _config(tmp_path, "aligned"))
+    seen: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.01):
+            run = ex._current
+            if run is None:
+                continue
+            tasks = run.tasks
+            if all(not tasks[("short", i)].thread.is_alive() for i in range(2)):
+                seen["completed"] = list(run.coordinator.completed_ids)
+                seen["long_alive"] = all(tasks[("long", i)].thread.is_alive() for i in range(2))
+                return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = ex.run(timeout=120)
+    finally:
+        stop.set()
+        watcher.join()
+    assert result.status == "finished"
+    assert seen.get("long_alive"), "the short branch's tasks ended while the long one ran"
+    ended_after = max(seen["completed"])
+    later = [
+        c["checkpoint_id"]
+        for c in result.completed_checkpoints()
+        if c["checkpoint_id"] > ended_after
+    ]
+    assert len(later) >= 2, "checkpoints went on after the short branch ended"
+    storage = CheckpointStorage(str(tmp_path / "ckpt"), name)
+    meta = storage.read_metadata(later[0])
+    assert meta["tasks"]["short"]["finished"] == "fully"
+    assert meta["tasks"]["long"]["finished"] == "running"
+    assert all(s["finished"] for s in meta["tasks"]["short"]["subtasks"].values())
