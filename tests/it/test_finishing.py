@@ -69,13 +69,15 @@ class SummaryOnFinish(Operator):
         self.ctx.output.emit(summary)
 
 
-def _job(name: str) -> StreamEnvironment:
+def _job(
+    name: str, parallelism: int = 2, short: GeneratorSource | None = None
+) -> StreamEnvironment:
     """A short branch (a bounded source and an operator emitting in ``finish()``)
     beside a long one (a paced source), both into one exactly-once sink."""
-    env = StreamEnvironment(name, parallelism=2, max_parallelism=128)
-    short = env.from_source(
-        GeneratorSource(partitions=2, records_per_partition=SHORT, payload_bytes=16), uid="short"
-    ).process(SummaryOnFinish(name), uid="summary")
+    env = StreamEnvironment(name, parallelism=parallelism, max_parallelism=128)
+    if short is None:
+        short = GeneratorSource(partitions=2, records_per_partition=SHORT, payload_bytes=16)
+    branch = env.from_source(short, uid="short").process(SummaryOnFinish(name), uid="summary")
     long = env.from_source(
         GeneratorSource(
             partitions=2,
@@ -87,7 +89,7 @@ def _job(name: str) -> StreamEnvironment:
         ),
         uid="long",
     )
-    short.union(long).sink(CollectingSink(name), uid="sink")
+    branch.union(long).sink(CollectingSink(name), uid="sink")
     return env
 
 
@@ -104,19 +106,31 @@ def _config(tmp: Path, policy: str) -> Config:
     )
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize(
+    ("policy", "rescale_to"), [(p, None) for p in POLICIES] + [("aligned", 3), ("unaligned", 1)]
+)
 def test_finish_output_is_committed_once_after_a_failure_past_a_finished_branch(
-    policy: str, tmp_path: Path
+    policy: str, rescale_to: int | None, tmp_path: Path
 ) -> None:
     """The probe of FLIP-147: the long branch fails after the short one finished
-    and a checkpoint recorded that; the restore does not run the short branch's
-    operators again, so its summary is committed exactly once."""
-    name = f"finish-once-{policy}"
+    and a checkpoint recorded that; the restore (at the same parallelism, or at
+    another one) does not run the short branch's operators again, so its summary
+    is committed exactly once."""
+    name = f"finish-once-{policy}-{rescale_to}"
     SummaryOnFinish.opened.pop(name, None)
     env = _job(name)
     # 2,500 records/s per subtask: a second in, long after the short branch ended.
     failures = FailureInjector([FailureSpec("operator", "long", 0, after_records=2500)])
-    result = LocalExecutor(env, _config(tmp_path, policy), failures=failures).run(timeout=120)
+    rescale = None if rescale_to is None else (lambda *_: _job(name, parallelism=rescale_to))
+    # The union into the sink is a forward edge: rescaling it is asked for.
+    ex = LocalExecutor(
+        env,
+        _config(tmp_path, policy),
+        failures=failures,
+        rescale=rescale,
+        force_forward_rescale=True,
+    )
+    result = ex.run(timeout=120)
     assert result.status == "finished", result
     assert len(failures.fired) == 1
     rows = CollectingSink.records(name)
@@ -132,6 +146,37 @@ def test_finish_output_is_committed_once_after_a_failure_past_a_finished_branch(
     assert result.restored_from, "the failure restored a checkpoint"
     meta = storage.read_metadata(result.restored_from[0])
     assert meta["tasks"]["short"]["finished"] == "fully"
+
+
+def test_a_partially_finished_operator_restores_its_finished_subtask_finished(
+    tmp_path: Path,
+) -> None:
+    """One subtask of the short branch has nothing to read and finishes at once, the
+    other reads for seconds and fails; the restore starts the finished subtask
+    finished (its summary is not emitted again) and the running one from its state."""
+    name = "partially-finished"
+    SummaryOnFinish.opened.pop(name, None)
+    # One partition at parallelism 2: subtask 1 owns none.
+    short = GeneratorSource(
+        partitions=1, records_per_partition=4000, payload_bytes=16, rate_per_subtask=1000
+    )
+    env = _job(name, short=short)
+    failures = FailureInjector([FailureSpec("operator", "short", 0, after_records=3000)])
+    result = LocalExecutor(env, _config(tmp_path, "unaligned"), failures=failures).run(timeout=120)
+    assert result.status == "finished", result
+    assert len(failures.fired) == 1
+    rows = CollectingSink.records(name)
+    summaries = rows[rows["partition"] < 0]
+    assert sorted(summaries["partition"].tolist()) == [-2, -1]
+    assert summaries["seq"].tolist() == [0, 4000] or sorted(summaries["seq"].tolist()) == [0, 4000]
+    data = rows[rows["partition"] >= 0]
+    ids = data[["partition", "seq", "key"]]
+    assert len(ids) == len(np.unique(ids)) == 4000 + 2 * LONG
+    meta = CheckpointStorage(str(tmp_path / "ckpt"), name).read_metadata(result.restored_from[0])
+    assert meta["tasks"]["short"]["finished"] == "partially"
+    assert [meta["tasks"]["short"]["subtasks"][i]["finished"] for i in "01"] == [False, True]
+    # Subtask 0 opened twice (before and after the failure), subtask 1 once.
+    assert SummaryOnFinish.opened[name] == 3
 
 
 def test_a_bounded_branch_ends_while_checkpoints_go_on(tmp_path: Path) -> None:
@@ -150,9 +195,9 @@ def test_a_bounded_branch_ends_while_checkpoints_go_on(tmp_path: Path) -> None:
             if run is None:
                 continue
             tasks = run.tasks
-            if all(not tasks[("short", i)].thread.is_alive() for i in range(2)):
+            if all(tasks[("short", i)].finished_at > 0 for i in range(2)):  # ended
                 seen["completed"] = list(run.coordinator.completed_ids)
-                seen["long_alive"] = all(tasks[("long", i)].thread.is_alive() for i in range(2))
+                seen["long_alive"] = all(tasks[("long", i)].finished_at == 0 for i in range(2))
                 return
 
     watcher = threading.Thread(target=watch)

@@ -52,6 +52,18 @@ _EDGE_TYPES = {
 }
 
 
+def _edge_type(kind: str, force_forward: bool) -> EdgeType:
+    """The rescale mapping of a runtime edge. A forward edge forced to rescale is
+    redistributed as a rebalance edge: the runtime wires every upstream subtask to
+    every downstream one and a forward edge's upstream ``u`` sends on subpartition
+    ``u``, so its old channels are those of a rebalance edge that used one of them
+    (the engine's forward mapping assumes one subpartition per upstream)."""
+    edge_type = _EDGE_TYPES[kind]
+    if edge_type is EdgeType.FORWARD and force_forward:
+        return EdgeType.REBALANCE
+    return edge_type
+
+
 def graph_info(g: JobGraph) -> dict[str, Any]:
     """What a checkpoint must remember of the graph to be restored into another one."""
     vertices: dict[str, Any] = {}
@@ -196,7 +208,7 @@ def plan_restore(
                         )
                         continue
                     mapping = map_edge(
-                        _EDGE_TYPES[spec["kind"]],
+                        _edge_type(spec["kind"], force_forward),
                         old_upstream=so["parallelism"],
                         old_downstream=p_old,
                         new_upstream=sn["parallelism"],
