@@ -4,6 +4,7 @@ and a restore never runs a finished operator again."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.graph import StreamEnvironment
+from spillover.verify import VerifySpec, compare, run_once
+from spillover.verify.run import run_rescaled
+from spillover.verify.topologies import SUMMARY_PARTITION
 
 POLICIES = {
     "aligned": {},
@@ -221,3 +225,40 @@ def test_a_bounded_branch_ends_while_checkpoints_go_on(tmp_path: Path) -> None:
     assert meta["tasks"]["short"]["finished"] == "fully"
     assert meta["tasks"]["long"]["finished"] == "running"
     assert all(s["finished"] for s in meta["tasks"]["short"]["subtasks"].values())
+
+
+def finishing_failure(spec: VerifySpec) -> FailureInjector:
+    """A failure of the paced main source halfway through its records: the short
+    branch has finished (and been checkpointed as finished) long before."""
+    per_subtask = spec.records // spec.parallelism
+    return FailureInjector([FailureSpec("operator", "source", 0, after_records=per_subtask // 2)])
+
+
+@pytest.mark.parametrize(("policy", "rescale_to"), [("aligned", None), ("unaligned", 3)])
+def test_verify_finishing_is_exact_after_a_failure_past_the_finished_branch(
+    policy: str, rescale_to: int | None, tmp_path: Path
+) -> None:
+    """``spillover verify --topology finishing``'s job: committed output equals a
+    failure-free run's, summaries (finish() output) included, at the same and at
+    another parallelism."""
+    spec = VerifySpec(
+        topology="finishing",
+        policy=policy,
+        parallelism=2,
+        records=20_000,
+        rate_per_subtask=10_000,
+        failures=1,
+        interval_ms=100,
+    )
+    base = run_once(spec, str(tmp_path), "base", FailureInjector())
+    summaries = base.rows[base.rows["partition"] >= SUMMARY_PARTITION]
+    assert len(summaries) == 4  # one per short partition
+    failures = finishing_failure(spec)
+    if rescale_to is None:
+        other = run_once(spec, str(tmp_path), "failing", failures)
+    else:  # stopped as a crash would once the failure happened, restored at 3
+        rescaled = dataclasses.replace(spec, rescale_to=rescale_to)
+        other = run_rescaled(rescaled, str(tmp_path), "failing", failures, stop_after=60)
+    assert len(failures.fired) == 1
+    report = compare(spec, base, other)
+    assert report.exact, report.text()

@@ -11,6 +11,7 @@ from typing import Any
 from spillover.cli.options import env_option
 from spillover.config.policies import CHECKPOINT_POLICIES
 from spillover.verify import VerifySpec, verify, write_json
+from spillover.verify.topologies import TOPOLOGIES
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -142,17 +143,9 @@ def add_parser(sub: Any) -> None:
         "--topology",
         env="SPILLOVER_VERIFY_TOPOLOGY",
         default="pipeline",
-        choices=[
-            "pipeline",
-            "multi-input",
-            "union",
-            "rebalance-chain",
-            "keyed-parallelisms",
-            "broadcast",
-            "stateless-between-keyed",
-            "custom-partitioner",
-        ],
-        help="the job shape (without --job)",
+        choices=list(TOPOLOGIES),
+        help="the job shape (without --job); finishing: a short branch whose operator "
+        "emits in finish() beside a long one",
     )
     env_option(
         p,
