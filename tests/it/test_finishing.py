@@ -14,7 +14,6 @@ import pytest
 
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
-from spillover.runtime.api import Batch, Operator
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
@@ -23,6 +22,7 @@ from spillover.runtime.graph import StreamEnvironment
 from spillover.verify import VerifySpec, compare, run_once
 from spillover.verify.run import run_rescaled
 from spillover.verify.topologies import SUMMARY_PARTITION
+from support.operators import SummaryOnFinish
 
 POLICIES = {
     "aligned": {},
@@ -33,44 +33,6 @@ POLICIES = {
     },
 }
 SHORT, LONG = 200, 5000  # records per partition of the short and the long branch
-
-
-class SummaryOnFinish(Operator):
-    """Forwards its input and, in ``finish()``, emits one summary record (partition
-    ``-1 - subtask``, ``seq`` = the records it saw). ``opened`` counts its opens in
-    this process, per job name, so a test sees whether a restore ran it again."""
-
-    opened: dict[str, int] = {}  # noqa: RUF012 (a test's process-wide record)
-    lock = threading.Lock()
-
-    out_dtype = GeneratorSource.dtype(16)
-
-    def __init__(self, job: str) -> None:
-        self.job = job
-        self.seen = 0
-
-    def open(self, ctx: Any) -> None:
-        super().open(ctx)
-        with self.lock:
-            self.opened[self.job] = self.opened.get(self.job, 0) + 1
-
-    def restore(self, state: Any) -> None:
-        self.seen = int(state["seen"])
-
-    def snapshot(self, checkpoint_id: int) -> Any:
-        from spillover.runtime.api import OperatorSnapshot
-
-        return OperatorSnapshot({"seen": self.seen})
-
-    def process(self, batch: Batch, input_index: int) -> None:
-        self.seen += len(batch)
-        self.ctx.output.emit(batch)
-
-    def finish(self) -> None:
-        summary = np.zeros(1, dtype=self.out_dtype)
-        summary["partition"] = -1 - self.ctx.subtask_index
-        summary["seq"] = self.seen
-        self.ctx.output.emit(summary)
 
 
 def _job(

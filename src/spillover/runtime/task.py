@@ -40,6 +40,7 @@ from spillover.runtime.checkpointing.messages import (
     MailboxMessage,
     NotifyAborted,
     NotifyComplete,
+    StopSource,
     SwitchToUnaligned,
     Terminate,
     TriggerCheckpoint,
@@ -214,6 +215,10 @@ class Task:
         # FLIP-147: restored finished, the operators are never opened and run nothing.
         self.finished_on_restore = restore is not None and restore.finished
         self.operators_finished = False  # finish() ran (or restored finished)
+        # Stop-with-savepoint without drain: the data ended, no operator finished.
+        self.stopped = False
+        self._stop_request: bool | None = None  # a StopSource's drain, until handled
+        self._no_drain: set[int] = set()  # channels whose EndOfData said "stop"
         self.final_checkpoint_id: int | None = None  # the first one taken after that
         self._final_done = False  # ... completed: the task may end
         self._deferred: list[TriggerCheckpoint] = []  # root triggers before the gate ended
@@ -406,6 +411,8 @@ class Task:
                     self.unaligned.on_cancel(cid)
                     for op in self.ops[: self._opened]:
                         op.notify_checkpoint_aborted(cid)
+                case StopSource(drain=drain):
+                    self._stop_request = drain
                 case Terminate():
                     self._terminate = True
 
@@ -463,6 +470,9 @@ class Task:
             self._mail()
             if self.cancelled.is_set():
                 raise TaskCancelled(self.name)
+            if self._stop_request is not None and not exhausted:
+                exhausted = True  # stop-with-savepoint: nothing more is emitted
+                self._end_of_data(drain=self._stop_request)
             if not exhausted:
                 if not self.drain():
                     # Backpressured: wait a little, staying responsive to the mailbox;
@@ -486,10 +496,11 @@ class Task:
             else:
                 self._mail(block=True, timeout=0.05)
 
-    def _end_of_data(self) -> None:
-        """All input ended (or the source is exhausted): finish the chain, tell downstream."""
-        if self.finished_on_restore:
-            self._after_finish()
+    def _end_of_data(self, drain: bool = True) -> None:
+        """All input ended (or the source is exhausted, or stopped): finish the chain
+        (unless stopped without drain), tell downstream."""
+        if self.finished_on_restore or not drain:
+            self._after_finish(drain)
             return
         if self.vertex.is_source:
             self.ops[0].finish()
@@ -502,17 +513,22 @@ class Task:
             op.finish()
         self._after_finish()
 
-    def _after_finish(self) -> None:
+    def _after_finish(self, drain: bool = True) -> None:
         """Flushes and tells downstream that data ended. Without checkpointing there
         is no final checkpoint to commit two-phase-commit sinks, and no recovery a
-        commit could break, so the operators commit here on their own."""
-        self.operators_finished = True
+        commit could break, so the operators commit here on their own. Stopped
+        without drain, no operator finished: the task waits for the savepoint and
+        ends, and downstream tasks do the same."""
+        if drain:
+            self.operators_finished = True
+        else:
+            self.stopped = True
         if not self.checkpointing:
             self._final_done = True  # no checkpoint to wait for
         for w in self.writers:
             w.flush()
         self._drain_responsive()
-        if not self.checkpointing and not self.finished_on_restore:
+        if not self.checkpointing and not self.finished_on_restore and drain:
             snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in self.ops]
             for snap in snaps:
                 if snap.finalize is not None:
@@ -520,7 +536,7 @@ class Task:
             for op in self.ops:
                 op.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
         for p in self.partitions:
-            p.broadcast_event(ev.EndOfData())
+            p.broadcast_event(ev.EndOfData(drain))
         # The final checkpoint waits until every task processed all its input.
         self.coordinator.end_of_data(self.vertex.uid, self.subtask)
 
@@ -593,10 +609,13 @@ class Task:
         elif isinstance(event, ev.EndOfData):
             self.readers[ch].finish()
             self._data_ended.add(ch)
+            if not event.drain:
+                self._no_drain.add(ch)
             idx = self.channels[ch].input_index
             if idx not in self._inputs_ended and self._input_channels[idx] <= self._data_ended:
                 self._inputs_ended.add(idx)
-                if not self.finished_on_restore:
+                drained = not (self._input_channels[idx] & self._no_drain)
+                if not self.finished_on_restore and drained:
                     self.ops[0].end_input(idx)
                 if len(self._inputs_ended) == len(self._input_channels):
                     self._end_of_data_inputs()
@@ -606,18 +625,20 @@ class Task:
             self.unaligned.channel_done(ch)
 
     def _end_of_data_inputs(self) -> None:
-        if not self.finished_on_restore:
+        # One input stopped without draining: nothing finishes (Flink's rule).
+        drain = not self._no_drain
+        if not self.finished_on_restore and drain:
             for i, op in enumerate(self.ops):
                 if i > 0:
                     op.end_input(0)
                 op.finish()
-        self._after_finish()
+        self._after_finish(drain)
 
     def _await_final(self) -> None:
         """Every input ended: stays until a checkpoint taken after ``finish()``
         completed (its commit is this task's last work), taking the triggers it is
         the root of meanwhile."""
-        if not self.operators_finished:  # the loop ended early (terminated)
+        if not (self.operators_finished or self.stopped):  # ended early (terminated)
             return
         while True:
             while self._deferred:

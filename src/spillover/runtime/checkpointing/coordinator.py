@@ -9,9 +9,10 @@ and which tasks run is worked out on that thread, atomically with triggering.
 Checkpoints after tasks finish (FLIP-147): a checkpoint is triggered at its
 *roots*, the running subtasks none of whose operator's predecessors has a running
 subtask (every edge connects every upstream subtask to every downstream one), and
-waits for every running subtask. Subtasks that exited are recorded as finished
-with the state of the checkpoint they finished in (whose files it keeps); per operator the
-metadata says ``finished``: ``fully``, ``partially`` or ``running``.
+waits for every running subtask. A subtask that exited keeps, in every later
+checkpoint, the state of the last checkpoint it acknowledged (whose files are
+kept); per subtask the metadata says whether its operators ``finished``, per
+operator ``fully``, ``partially`` or ``running``.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class CheckpointCoordinator:
         self._pending: dict[int, _Pending] = {}
         self._finished_tasks: set[tuple[str, int]] = set()  # ended their data
         self._exited: set[tuple[str, int]] = set()
-        # An exited subtask's entry in later checkpoints: its last state, no files.
+        # An exited subtask's entry in later checkpoints: its last completed state.
         self._carried: dict[tuple[str, int], dict[str, Any]] = {}
         vertices = self.graph.get("vertices", {})
         self._predecessors = {
@@ -333,7 +334,7 @@ class CheckpointCoordinator:
                 "metrics": ack.metrics,
                 "finished": ack.finished,
             }
-        # Exited subtasks keep the state of the checkpoint they finished in (its
+        # Exited subtasks keep the state of the last checkpoint they acknowledged (its
         # files stay, as references); everything they emitted is in the state of the
         # tasks behind them by now, so no channel state.
         for (uid, subtask), carried in sorted(self._carried.items()):
@@ -368,16 +369,15 @@ class CheckpointCoordinator:
         self._last_completed_at = time.monotonic()
         self._consecutive_failures = 0
         self.completed_ids.append(cid)
-        for key, ack in p.acks.items():
-            if ack.finished:
-                self._carried[key] = {
-                    "operators": ack.operator_state,
-                    "handles": ack.handles,
-                    "keyed": ack.keyed,
-                    "channel_state": {},
-                    "metrics": {},
-                    "finished": True,
-                }
+        for key, ack in p.acks.items():  # what a subtask that exits after this leaves
+            self._carried[key] = {
+                "operators": ack.operator_state,
+                "handles": ack.handles,
+                "keyed": ack.keyed,
+                "channel_state": {},
+                "metrics": {},
+                "finished": ack.finished,
+            }
         self._record(p.stats)
         while len(self.completed_ids) > self.num_retained:
             self._subsumed.append(self.completed_ids.pop(0))

@@ -49,6 +49,16 @@ class NotifyAborted:
 
 
 @dataclass(frozen=True, slots=True)
+class StopSource:
+    """Sources only: stop-with-savepoint. Emit nothing more and end the data now:
+    with ``drain``, as if the source ran out (``finish()`` everywhere, the job
+    finishes for good); without, no operator finishes (EndOfData(drain=False)), and
+    the checkpoint that follows is a savepoint the job resumes from."""
+
+    drain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Terminate:
     """Sources only: stop emitting and finish (after the final checkpoint)."""
 
@@ -59,7 +69,13 @@ class Cancel:
 
 
 MailboxMessage = (
-    TriggerCheckpoint | SwitchToUnaligned | NotifyComplete | NotifyAborted | Terminate | Cancel
+    TriggerCheckpoint
+    | SwitchToUnaligned
+    | NotifyComplete
+    | NotifyAborted
+    | StopSource
+    | Terminate
+    | Cancel
 )
 
 

@@ -222,7 +222,7 @@ def new_metadata(
 def referenced_checkpoints(meta: dict[str, Any]) -> list[int]:
     """Ids of the other checkpoints whose state files this one points into: its
     channel-state references (recovered data it had not replayed when it was taken)
-    and the state of subtasks that had finished before it (FLIP-147)."""
+    and the state of subtasks that had exited before it (FLIP-147)."""
     own = int(meta.get("checkpoint_id", -1))
     found: set[int] = set()
 
@@ -246,6 +246,5 @@ def referenced_checkpoints(meta: dict[str, Any]) -> list[int]:
             for ref in (st.get("channel_state") or {}).get("references", []):
                 for piece in ref["pieces"]:
                     add(piece["handle"]["uri"])
-            if st.get("finished"):
-                walk([st.get("keyed"), st.get("handles")])
+            walk([st.get("keyed"), st.get("handles")])  # exited subtasks' state
     return sorted(found)

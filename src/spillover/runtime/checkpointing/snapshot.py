@@ -48,7 +48,7 @@ def take_snapshot(
     for w in task.writers:
         w.flush()
     finished = task.operators_finished
-    if finished and task.final_checkpoint_id is None:
+    if (finished or task.stopped) and task.final_checkpoint_id is None:
         task.final_checkpoint_id = cid  # its completion lets the task end (FLIP-147)
     snaps: dict[str, OperatorSnapshot]
     if task.finished_on_restore:
