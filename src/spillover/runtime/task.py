@@ -308,47 +308,34 @@ class Task:
         self.on_done(self, error)
 
     def _open(self) -> None:
-        if self.finished_on_restore:
-            # Nothing of the operators runs again; its keyed state is kept for the
-            # next checkpoints, and recovered output state (what the last snapshot's
-            # barrier overtook) still goes downstream first.
-            r = self.restore_state
-            assert r is not None
+        r = self.restore_state
+        # Restored finished, nothing of the operators runs again (FLIP-147); its keyed
+        # state is kept for the next checkpoints, and recovered output state (what the
+        # last snapshot's barrier overtook) still goes downstream first.
+        if not self.finished_on_restore:
+            for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
+                last = i + 1 == len(self.ops)
+                out: Output = self.net_out if last else ChainOutput(self.ops[i + 1])
+                op.open(
+                    OperatorContext(
+                        uid=node.uid,
+                        name=node.name,
+                        subtask_index=self.subtask,
+                        parallelism=self.vertex.parallelism,
+                        max_parallelism=self.graph.max_parallelism,
+                        attempt=self.attempt,
+                        output=out,
+                        keyed=self.keyed if node.keyed else None,
+                        pacing=True,
+                    )
+                )
+                self._opened = i + 1
+        if r is not None:
+            if not self.finished_on_restore:
+                self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
             if self.keyed is not None:
                 self.keyed.restore([h for uid in r.keyed_handles for h in r.keyed_handles[uid]])
-            self.replay = ChannelStateReplay(
-                r.channel_state,
-                subtask=self.subtask,
-                input_edges=self.input_edges,
-                offsets=self.offsets,
-                outboxes=self.outboxes,
-                process=self._process,
-            )
-            self._last_flush = time.monotonic()
-            return
-        for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
-            out: Output = ChainOutput(self.ops[i + 1]) if i + 1 < len(self.ops) else self.net_out
-            op.open(
-                OperatorContext(
-                    uid=node.uid,
-                    name=node.name,
-                    subtask_index=self.subtask,
-                    parallelism=self.vertex.parallelism,
-                    max_parallelism=self.graph.max_parallelism,
-                    attempt=self.attempt,
-                    output=out,
-                    keyed=self.keyed if node.keyed else None,
-                    pacing=True,
-                )
-            )
-            self._opened = i + 1
-        r = self.restore_state
-        if r is not None:
-            self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
-            if self.keyed is not None:
-                handles = [h for uid in r.keyed_handles for h in r.keyed_handles[uid]]
-                self.keyed.restore(handles)
-            for node, op in zip(self.vertex.nodes, self.ops, strict=True):
+            for node, op in zip(self.vertex.nodes, self.ops[: self._opened], strict=False):
                 if node.uid in r.rescaled_state:
                     op.restore_rescaled(r.rescaled_state[node.uid])
                 elif node.uid in r.operator_state:
