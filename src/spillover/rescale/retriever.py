@@ -10,6 +10,10 @@ state file at a time, routes whole records by key group with the native
 are joined again), and hands out full network buffers per new channel.
 :func:`rescaled_retriever` builds one from an :class:`EdgeMapping`. See
 ``docs/rescaling.md``, section "Filtering retriever".
+
+One module for one pipeline (open pieces in order, join cut records, filter,
+pack): its stages share the per-channel reassembly state and are only correct
+together.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ took after finishing completed, so two-phase-commit sinks commit its last data;
 then it sends EndOfPartition, tells the coordinator it exited and ends. A subtask
 a checkpoint recorded as finished is restored finished: its operators are never
 opened and run nothing; it sends EndOfData at once.
+
+Its size is one thread's state machine: the source loop, the input loop, the
+mailbox and the finishing steps read and write the same fields on the same
+thread; the policies and the snapshot, which do not, live in ``checkpointing/``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ shares no code with the native path.
 Errors name the file (``path``) and the byte ``offset`` of the problem: the
 field's offset for the state header, and the offset of the frame header for a
 frame or the trailer (the detail then names the field).
+
+It stays one module on purpose: a reader can check it against ``docs/format.md``
+from top to bottom, as the oracle it is.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ Restarts are the master's, not Spark's: when a subtask fails or a worker is lost
 the master fails the generation, aborts its pending checkpoints, tells every
 worker to cancel, cancels the stage's job group if it does not end on its own,
 and submits generation + 1 with the checkpoint to restore in its closure.
+
+One module for one generation's life on the driver (stage, control endpoint,
+event loop, failure causes): its parts share the generation's state and threads.
 """
 
 from __future__ import annotations
