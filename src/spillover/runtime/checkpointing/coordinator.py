@@ -248,13 +248,23 @@ class CheckpointCoordinator:
         return True
 
     def _on_exit(self, key: tuple[str, int]) -> None:
-        """A pending checkpoint the subtask did not acknowledge cannot complete any
-        more: it is aborted, as the task-finished race it is (not a failure)."""
+        """A pending checkpoint the subtask did not acknowledge goes on without it:
+        it exited after a checkpoint it took once its data had ended, and nothing of
+        it changed since, so that checkpoint's state is its part (its channels ended,
+        so the tasks behind it align without its barrier). With no such state (it
+        never completed a checkpoint) the checkpoint is aborted, not counted as a
+        failure (the task-finished race FLIP-147 describes)."""
         self._finished_tasks.add(key)
         self._exited.add(key)
         for cid, p in list(self._pending.items()):
-            if key in p.expected and key not in p.acks:
+            if key not in p.expected or key in p.acks:
+                continue
+            if key not in self._carried:
                 self._abort(cid, f"{key[0]}#{key[1]} finished before acknowledging")
+                continue
+            p.expected.discard(key)
+            if set(p.acks) >= p.expected:
+                self._complete(cid)
 
     def running(self) -> set[tuple[str, int]]:
         """The subtasks that have not exited."""

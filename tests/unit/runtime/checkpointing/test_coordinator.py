@@ -135,6 +135,10 @@ def test_roots_move_behind_operators_whose_subtasks_all_exited(h: Harness) -> No
     h.co.task_exited("a", 1)
     cid = h.trigger()
     assert h.roots_of(cid) == [("b", 0), ("b", 1), ("c", 0)]
+    for key in TASKS:
+        if key[0] != "a":
+            h.ack(cid, key)
+    h.wait_for(("d", 0), NotifyComplete, cid)
     h.co.task_exited("c", 0)
     for key in [("b", 0), ("b", 1)]:
         h.co.task_exited(*key)
@@ -142,7 +146,9 @@ def test_roots_move_behind_operators_whose_subtasks_all_exited(h: Harness) -> No
     assert h.roots_of(cid) == [("d", 0), ("d", 1)]  # d's inputs all ended
 
 
-def test_a_subtask_exiting_before_it_acknowledged_aborts_without_a_failure(h: Harness) -> None:
+def test_a_subtask_that_never_completed_a_checkpoint_aborts_one_by_exiting(h: Harness) -> None:
+    """Without a state of its own to stand for it, the checkpoint it left cannot
+    complete: aborted, not counted as a failure (the harness fails on a failure)."""
     cid = h.trigger()
     for key in TASKS:
         if key != ("b", 1):
@@ -187,3 +193,25 @@ def test_a_checkpoint_in_which_everything_finished_is_final(h: Harness) -> None:
         h.ack(cid, key, finished=True)
     h.wait_for(("d", 1), NotifyComplete, cid)
     assert h.storage.read_metadata(cid)["final"]
+
+
+def test_a_pending_checkpoint_completes_with_the_state_an_exited_subtask_left(
+    h: Harness,
+) -> None:
+    """A subtask that finished, completed a checkpoint and exited before it
+    acknowledged the next one: that one completes with its last state."""
+    first = h.trigger()
+    for key in TASKS:
+        h.ack(first, key, finished=key[0] == "c")
+    h.wait_for(("c", 0), NotifyComplete, first)
+    second = h.trigger()
+    h.co.task_exited("c", 0)  # before its acknowledgement of the second
+    for key in TASKS:
+        if key != ("c", 0):
+            h.ack(second, key)
+    h.wait_for(("a", 0), NotifyComplete, second)
+    meta = h.storage.read_metadata(second)
+    c0 = meta["tasks"]["c"]["subtasks"]["0"]
+    assert c0["finished"] and c0["operators"] == {"c": {"n": 0}}
+    assert meta["tasks"]["c"]["finished"] == "fully"
+    assert not h.tasks[("a", 0)].of(NotifyAborted)
