@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from spillover.config import Config
@@ -99,6 +100,55 @@ def test_forward_edge_refuses_to_rescale_unless_forced(tmp_path: Path) -> None:
     forced = cfg.with_options({"execution.checkpointing.unaligned.forward-rescale.forced": True})
     r = LocalExecutor(job(3), forced, restore_checkpoint=cid).run(stop_after=1.0)
     assert r.status == "stopped" and r.replayed_bytes > 0
+
+
+@pytest.mark.parametrize("new", [1, 3])
+def test_a_forced_forward_rescale_replays_every_upstreams_inflight_output(
+    tmp_path: Path, new: int
+) -> None:
+    """The runtime sends a forward edge's data from upstream ``u`` on subpartition
+    ``u``; the forced rescale must read every old upstream's queued output there (it
+    once read subpartition 0 only, losing upstream 1's: 25-33 records a run)."""
+    from spillover.runtime.connectors.collecting import CollectingSink
+    from spillover.runtime.graph import StreamEnvironment
+
+    name = f"forced-forward-{new}"
+
+    def job(p: int) -> StreamEnvironment:
+        env = StreamEnvironment(name, parallelism=p, max_parallelism=128)
+        paced = GeneratorSource(
+            partitions=2,
+            records_per_partition=5_000,
+            payload_bytes=16,
+            rate_per_subtask=2_500,
+            batch_size=64,
+            seed=1,
+        )
+        short = GeneratorSource(partitions=2, records_per_partition=200, payload_bytes=16)
+        a = env.from_source(paced, uid="long")
+        b = env.from_source(short, uid="short")
+        b.union(a).sink(CollectingSink(name), uid="sink")  # forward edges into the sink
+        return env
+
+    cfg = Config.from_dict(
+        {
+            "execution.checkpointing.interval": "100 ms",
+            "state.checkpoints.dir": str(tmp_path / "ckpt"),
+            "state.checkpoints.num-retained": 20,
+            "restart-strategy.fixed-delay.attempts": 3,
+            "restart-strategy.fixed-delay.delay": "0 ms",
+            "execution.checkpointing.unaligned.enabled": True,
+            "execution.checkpointing.unaligned.forward-rescale.forced": True,
+        }
+    )
+    failures = FailureInjector([FailureSpec("operator", "long", 0, after_records=2_500)])
+    result = LocalExecutor(job(2), cfg, failures=failures, rescale=lambda *_: job(new)).run(
+        timeout=120
+    )
+    assert result.status == "finished" and len(failures.fired) == 1, result
+    rows = CollectingSink.records(name)
+    ids = rows[["partition", "seq", "key"]]  # the two sources differ in their keys
+    assert len(ids) == len(np.unique(ids)) == 2 * 5_000 + 2 * 200
 
 
 def test_missing_inflight_file_refuses_the_whole_restore(tmp_path: Path) -> None:

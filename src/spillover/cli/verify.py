@@ -144,8 +144,7 @@ def add_parser(sub: Any) -> None:
         env="SPILLOVER_VERIFY_TOPOLOGY",
         default="pipeline",
         choices=list(TOPOLOGIES),
-        help="the job shape (without --job); finishing: a short branch whose operator "
-        "emits in finish() beside a long one",
+        help="the job shape (without --job)",
     )
     env_option(
         p,
