@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from types import TracebackType
 from typing import Any
 
 from spillover.errors import ClosedError, ForeignFileError, StorageError, TruncatedFileError
@@ -24,6 +23,7 @@ from spillover.storage.backends import Backend
 from spillover.storage.frames import FrameArrays
 from spillover.storage.handle import DataType, GateKind, GateStateHandle
 from spillover.storage.options import StorageOptions
+from spillover.storage.storer import GateFile
 
 __all__ = ["PureBuffer", "PureRetriever", "PureStorer"]
 
@@ -41,7 +41,7 @@ class _Sink:
         return len(data)
 
 
-class PureStorer:
+class PureStorer(GateFile):
     """:class:`~spillover.storage.Storer`'s twin: every ``append`` copies and writes
     the frame at once (so ``flush``, ``submit`` and ``reap`` have nothing to do)."""
 
@@ -157,29 +157,8 @@ class PureStorer:
         )
         return self._handle
 
-    def discard(self) -> None:
-        if self._handle is not None or self._done:
-            return
-        self._done = True
+    def _abandon(self) -> None:
         self._writer.abandon()
-        try:
-            self._close_file(False)
-        finally:
-            self._backend.delete(self._name)
-
-    def __enter__(self) -> PureStorer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
 
 
 class PureBuffer(bytes):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from spillover._native import _storage as native
 from spillover.errors import ClosedError, ConfigError
@@ -109,7 +110,52 @@ class Storage:
         return sorted(found)
 
 
-class Storer:
+class GateFile:
+    """The end of a storer's life, shared by the native :class:`Storer` and its
+    pure-Python twin: ``discard()`` drops what is queued (``_abandon``) and deletes
+    the file unless it was closed; a ``with`` block closes on success and discards
+    on an exception. Subclasses set ``_handle``, ``_done``, ``_close_file``,
+    ``_backend`` and ``_name``, and give ``close()`` and ``_abandon()``."""
+
+    _handle: GateStateHandle | None
+    _done: bool
+    _backend: Backend
+    _name: str
+    _close_file: Callable[[bool], None]
+
+    def close(self) -> GateStateHandle:
+        raise NotImplementedError
+
+    def _abandon(self) -> None:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Drops what is queued and deletes the file (an aborted checkpoint)."""
+        if self._handle is not None or self._done:
+            return
+        self._done = True
+        self._abandon()
+        try:
+            self._close_file(False)
+        finally:
+            self._backend.delete(self._name)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+class Storer(GateFile):
     """Persists the buffers of one gate, in append order, into one state file.
 
     Lifecycle: ``append`` any number of times, then ``close()`` (which returns the
@@ -229,27 +275,5 @@ class Storer:
         )
         return self._handle
 
-    def discard(self) -> None:
-        """Drops what is queued and deletes the file (an aborted checkpoint)."""
-        if self._handle is not None or self._done:
-            return
-        self._done = True
+    def _abandon(self) -> None:
         self._native.discard()
-        try:
-            self._close_file(False)
-        finally:
-            self._backend.delete(self._name)
-
-    def __enter__(self) -> Storer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
