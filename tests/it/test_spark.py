@@ -28,6 +28,7 @@ from spillover.deploy.spark.messages import (
 )
 from spillover.errors import ConfigError
 from spillover.runtime.api import Batch, Operator
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.parquet import ParquetSink
 from spillover.runtime.failures import FailureInjector, FailureSpec
@@ -470,3 +471,78 @@ def test_sources_do_not_end_unless_every_worker_confirmed_the_final_checkpoint(
     assert all(isinstance(m, Sync) for c in conns.values() for m in c.sent)
     ev = run.events.get_nowait()
     assert isinstance(ev, WorkerLost) and "sync" in ev.reason, ev
+
+
+def test_finish_output_is_committed_once_on_spark(sc: Any, tmp_path: Path) -> None:
+    """FLIP-147 on Spark: the short branch of the finishing job ends (its tasks
+    report their exit over the control connection), the main source fails later in a
+    worker, and the restore does not run the finished branch again: the committed
+    output, finish() summaries included, equals a failure-free local run's."""
+    from spillover.verify import compare, run_once
+    from spillover.verify.topologies import SUMMARY_PARTITION
+
+    spec = VerifySpec(
+        topology="finishing",
+        parallelism=2,
+        records=30_000,
+        rate_per_subtask=5_000,
+        failures=1,
+        interval_ms=100,
+        executor="spark",
+    )
+    base = run_once(spec, str(tmp_path), "base", FailureInjector(), executor="local")
+    # 12,000 of the main source's 15,000 records per subtask: 2.4 s in.
+    failures = FailureInjector([FailureSpec("operator", "source", 0, after_records=12_000)])
+    other = run_once(spec, str(tmp_path), "failing", failures)
+    assert len(failures.fired) == 1 and other.result.attempts == 2
+    assert other.result.restored_from, "the failure restored a checkpoint"
+    job = Path(str(other.result.checkpoint_dir))
+    meta = CheckpointStorage(str(job.parent), job.name).read_metadata(other.result.restored_from[0])
+    assert meta["tasks"]["short-source"]["finished"] == "fully"
+    summaries = other.rows[other.rows["partition"] >= SUMMARY_PARTITION]
+    assert len(summaries) == 4
+    report = compare(spec, base, other)
+    assert report.exact, report.text()
+
+
+def test_stop_with_savepoint_on_spark_resumes_exactly(sc: Any, tmp_path: Path) -> None:
+    """A stop without drain reaches the sources in the Spark workers; the savepoint
+    it leaves resumes (here on the local executor) with every record committed once."""
+    from spillover.config import Config
+    from spillover.deploy.local import LocalExecutor
+    from spillover.verify.output import read_output
+
+    out = tmp_path / "out"
+
+    def job() -> StreamEnvironment:
+        env = StreamEnvironment("stop-on-spark", parallelism=2, max_parallelism=128)
+        env.from_source(
+            GeneratorSource(
+                partitions=2, records_per_partition=20_000, payload_bytes=16, rate_per_subtask=4_000
+            ),
+            uid="source",
+        ).rebalance().sink(ParquetSink(str(out)), uid="sink")
+        return env
+
+    cfg = Config.from_dict(
+        {"execution.checkpointing.interval": "100 ms", "state.checkpoints.dir": str(tmp_path)}
+    )
+    ex = SparkExecutor(job(), cfg)
+
+    def stop() -> None:
+        while not ex.completed_ids():
+            time.sleep(0.01)
+        ex.stop_with_savepoint(drain=False)
+
+    stopper = threading.Thread(target=stop, daemon=True)
+    stopper.start()
+    result = ex.run(timeout=300)
+    stopper.join()
+    assert result.status == "stopped" and result.savepoint is not None, result
+    first = read_output(str(out))
+    assert 0 < len(first) < 40_000, "stopped while the job ran"
+    resumed = LocalExecutor(job(), cfg, restore_checkpoint=result.savepoint).run(timeout=120)
+    assert resumed.status == "finished"
+    rows = read_output(str(out))
+    ids = rows["partition"] * 1_000_000 + rows["seq"]
+    assert len(ids) == len(set(ids.tolist())) == 40_000

@@ -144,7 +144,8 @@ def add_parser(sub: Any) -> None:
         env="SPILLOVER_VERIFY_TOPOLOGY",
         default="pipeline",
         choices=list(TOPOLOGIES),
-        help="the job shape (without --job)",
+        help="the job shape (without --job); finishing: a short branch whose operator "
+        "emits in finish() beside a long one",
     )
     env_option(
         p,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import time
 
-from spillover.runtime.checkpointing.messages import Terminate
+from spillover.runtime.checkpointing.messages import StopSource, Terminate
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.task import Task, TaskCancelled, TaskRestore
 from spillover.runtime.wiring import build_tasks, make_coordinator, settle
@@ -43,6 +43,11 @@ class _Attempt:
         )
         for t in self.tasks.values():
             t.coordinator = self.coordinator
+
+    def stop_sources(self, drain: bool) -> None:
+        for t in self.tasks.values():
+            if t.vertex.is_source:
+                t.post(StopSource(drain))
 
     def _terminate_sources(self) -> None:
         for (_uid, _i), t in self.tasks.items():

@@ -49,6 +49,9 @@ class JobResult:
     # Per restart: seconds from the failure's detection to the next attempt's subtasks
     # running (restore included; the restart strategy's delay too).
     restart_s: list[float] = field(default_factory=list)
+    # Stop-with-savepoint: the savepoint's directory (restore it with
+    # ``restore_checkpoint=``); ``status`` is ``stopped`` without drain.
+    savepoint: str | None = None
 
     def completed_checkpoints(self) -> list[dict[str, Any]]:
         return [c for c in self.checkpoints if c["status"] == "completed"]
@@ -104,7 +107,9 @@ class Executor:
 
     A subclass gives ``_attempt(attempt, restore, restored_id)``: an object with
     ``run(deadline, stop_at, stop_when)`` (the error that ended it, or None),
-    ``coordinator``, ``stopped``, ``task_metrics()``, and the ``time.monotonic()``
+    ``coordinator``, ``stopped``, ``task_metrics()``, ``stop_sources(drain)``
+    (stop-with-savepoint: posts :class:`StopSource` to its source subtasks), and the
+    ``time.monotonic()``
     instants ``running_at`` (its subtasks started) and ``failed_at`` (it detected its
     failure), each None until then; ``JobResult.restart_s`` is timed from them.
     """
@@ -149,6 +154,7 @@ class Executor:
         self.next_checkpoint_id = 1
         self.job_id = uuid.uuid4().hex
         self._current: Any = None  # the running attempt
+        self._stop: bool | None = None  # stop-with-savepoint asked for: its drain
 
     def _attempt(
         self,
@@ -162,6 +168,26 @@ class Executor:
         """The checkpoints the running attempt completed so far."""
         run = self._current
         return [] if run is None else list(run.coordinator.completed_ids)
+
+    def stop_with_savepoint(self, drain: bool = False) -> None:
+        """Stops the running job with a savepoint, from any thread; ``run`` then returns
+        with ``JobResult.savepoint`` set (FLIP-147, as Flink's stop-with-savepoint).
+
+        The sources emit nothing more. Without ``drain`` no operator finishes: the
+        tasks take one more checkpoint (aligned) once the end of data reached them,
+        two-phase-commit sinks commit up to it, and the job ends ``stopped``;
+        restoring that savepoint resumes exactly where it stopped. With ``drain``
+        every operator's ``end_input`` and ``finish()`` run and the job ``finished``
+        for good (its last checkpoint records every operator finished)."""
+        if self.storage is None:
+            raise ConfigError(
+                "stop-with-savepoint needs checkpoint storage",
+                hint="set state.checkpoints.dir and execution.checkpointing.interval",
+            )
+        self._stop = drain
+        run = self._current
+        if run is not None:
+            run.stop_sources(drain)
 
     def prepare(self) -> None:
         """Gets the cluster ready (a no-op here), so that timing ``run`` measures the job."""
@@ -256,6 +282,8 @@ class Executor:
             if restored_id is not None:
                 result.restored_from.append(restored_id)
             run = self._current = self._attempt(attempt, restore, restored_id)
+            if self._stop is not None:  # asked before this attempt started
+                run.stop_sources(self._stop)
             error = run.run(deadline, stop_at, stop_when)
             if failed_at is not None and run.running_at is not None:
                 result.restart_s.append(round(run.running_at - failed_at, 4))
@@ -268,6 +296,12 @@ class Executor:
             self.next_checkpoint_id = run.coordinator.next_id
             if error is None:
                 result.status = "stopped" if run.stopped else "finished"
+                if self._stop is not None and run.coordinator.completed_ids:
+                    assert self.storage is not None
+                    result.savepoint = self.storage.checkpoint_dir(
+                        run.coordinator.completed_ids[-1]
+                    )
+                    result.status = "finished" if self._stop else "stopped"
                 break
             result.failures.append(f"attempt {attempt}: {type(error).__name__}: {error}")
             result.tracebacks.append("".join(traceback.format_exception(error)))

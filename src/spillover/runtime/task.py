@@ -9,9 +9,16 @@ aligned with a timeout, bounded in-flight data) and ``checkpointing/snapshot.py`
 acknowledges the checkpoint when done). A restored task replays its channel state
 first (``recovery/channels.py``).
 
-Its size is one thread's state machine: the source loop, the input loop and the
-mailbox read and write the same fields on the same thread; the policies and the
-snapshot, which do not, live in ``checkpointing/``.
+Tasks finish (FLIP-147): once its input ended (or its source is exhausted) a task
+runs ``end_input``/``finish``, sends EndOfData and stays only until a checkpoint it
+took after finishing completed, so two-phase-commit sinks commit its last data;
+then it sends EndOfPartition, tells the coordinator it exited and ends. A subtask
+a checkpoint recorded as finished is restored finished: its operators are never
+opened and run nothing; it sends EndOfData at once.
+
+Its size is one thread's state machine: the source loop, the input loop, the
+mailbox and the finishing steps read and write the same fields on the same
+thread; the policies and the snapshot, which do not, live in ``checkpointing/``.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from spillover.runtime.checkpointing.messages import (
     MailboxMessage,
     NotifyAborted,
     NotifyComplete,
+    StopSource,
     SwitchToUnaligned,
     Terminate,
     TriggerCheckpoint,
@@ -90,6 +98,8 @@ class TaskRestore:
     channel_state: dict[str, Any] = field(default_factory=dict)  # the replay plan
     # Restored at another parallelism: every old subtask's state, per operator uid.
     rescaled_state: dict[str, list[Any]] = field(default_factory=dict)
+    # The checkpoint recorded its operators as finished: they are not run again.
+    finished: bool = False
 
 
 class ChainOutput:
@@ -206,6 +216,17 @@ class Task:
         self.unaligned = UnalignedCheckpoints(self)
         self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure
         self.replay: ChannelStateReplay | None = None  # recovered channel state
+        # FLIP-147: restored finished, the operators are never opened and run nothing.
+        self.finished_on_restore = restore is not None and restore.finished
+        self.operators_finished = False  # finish() ran (or restored finished)
+        # Stop-with-savepoint without drain: the data ended, no operator finished.
+        self.stopped = False
+        self._stop_request: bool | None = None  # a StopSource's drain, until handled
+        self._no_drain: set[int] = set()  # channels whose EndOfData said "stop"
+        self.final_checkpoint_id: int | None = None  # the first one taken after that
+        self._final_done = False  # ... completed: the task may end
+        self._deferred: list[TriggerCheckpoint] = []  # root triggers before the gate ended
+        self._opened = 0
 
     @property
     def has_input(self) -> bool:
@@ -269,10 +290,7 @@ class Task:
                 self._run_source()
             else:
                 self._run_inputs()
-            # The final checkpoint's completion is posted before the sources end, but
-            # the end of the input may be handled first: read the mailbox once more so
-            # two-phase-commit sinks publish before the task finishes.
-            self._mail()
+                self._await_final()
             self.drain_blocking()
             for p in self.partitions:
                 p.finish()
@@ -280,38 +298,48 @@ class Task:
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
             self.unaligned.release_overtaken()
-            for op in self.ops:
+            for op in self.ops[: self._opened]:
                 try:
                     op.close()
                 except Exception as e:
                     error = error or e
             self.snapshots.shutdown(wait=error is None)
             self.finished_at = time.monotonic()
+        if error is None and self._coordinator is not None:
+            # After its acknowledgements (the snapshot thread is done) and its
+            # EndOfPartition: the tasks behind it may become checkpoint roots.
+            self.coordinator.task_exited(self.vertex.uid, self.subtask)
         self.on_done(self, error)
 
     def _open(self) -> None:
-        for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
-            out: Output = ChainOutput(self.ops[i + 1]) if i + 1 < len(self.ops) else self.net_out
-            op.open(
-                OperatorContext(
-                    uid=node.uid,
-                    name=node.name,
-                    subtask_index=self.subtask,
-                    parallelism=self.vertex.parallelism,
-                    max_parallelism=self.graph.max_parallelism,
-                    attempt=self.attempt,
-                    output=out,
-                    keyed=self.keyed if node.keyed else None,
-                    pacing=True,
-                )
-            )
         r = self.restore_state
+        # Restored finished, nothing of the operators runs again (FLIP-147); its keyed
+        # state is kept for the next checkpoints, and recovered output state (what the
+        # last snapshot's barrier overtook) still goes downstream first.
+        if not self.finished_on_restore:
+            for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
+                last = i + 1 == len(self.ops)
+                out: Output = self.net_out if last else ChainOutput(self.ops[i + 1])
+                op.open(
+                    OperatorContext(
+                        uid=node.uid,
+                        name=node.name,
+                        subtask_index=self.subtask,
+                        parallelism=self.vertex.parallelism,
+                        max_parallelism=self.graph.max_parallelism,
+                        attempt=self.attempt,
+                        output=out,
+                        keyed=self.keyed if node.keyed else None,
+                        pacing=True,
+                    )
+                )
+                self._opened = i + 1
         if r is not None:
-            self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
+            if not self.finished_on_restore:
+                self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
             if self.keyed is not None:
-                handles = [h for uid in r.keyed_handles for h in r.keyed_handles[uid]]
-                self.keyed.restore(handles)
-            for node, op in zip(self.vertex.nodes, self.ops, strict=True):
+                self.keyed.restore([h for uid in r.keyed_handles for h in r.keyed_handles[uid]])
+            for node, op in zip(self.vertex.nodes, self.ops[: self._opened], strict=False):
                 if node.uid in r.rescaled_state:
                     op.restore_rescaled(r.rescaled_state[node.uid])
                 elif node.uid in r.operator_state:
@@ -352,20 +380,30 @@ class Task:
             match message:
                 case Cancel():
                     raise TaskCancelled(self.name)
-                case TriggerCheckpoint():  # sources only
-                    self._trigger_source(message)
+                case TriggerCheckpoint():  # a root: a source, or inputs all ended
+                    if self._gate is None or self._gate.finished:
+                        self._trigger_root(message)
+                    else:
+                        # An upstream exited but its EndOfPartition is still on the way:
+                        # the snapshot comes once every channel ended (no data can
+                        # follow an exited upstream's EndOfData).
+                        self._deferred.append(message)
                 case SwitchToUnaligned(checkpoint_id=cid):
                     self.unaligned.on_timeout(cid)
                 case NotifyComplete(checkpoint_id=cid):
                     self.failures.check(
                         "commit", self.attempt, self.vertex.uid, self.subtask, checkpoint=cid
                     )
-                    for op in self.ops:
+                    for op in self.ops[: self._opened]:
                         op.notify_checkpoint_complete(cid)
+                    if self.final_checkpoint_id is not None and cid >= self.final_checkpoint_id:
+                        self._final_done = True
                 case NotifyAborted(checkpoint_id=cid):
                     self.unaligned.on_cancel(cid)
-                    for op in self.ops:
+                    for op in self.ops[: self._opened]:
                         op.notify_checkpoint_aborted(cid)
+                case StopSource(drain=drain):
+                    self._stop_request = drain
                 case Terminate():
                     self._terminate = True
 
@@ -416,10 +454,16 @@ class Task:
     def _run_source(self) -> None:
         src = self.ops[0]
         exhausted = False
-        while not self._terminate:
+        if self.finished_on_restore:
+            exhausted = True
+            self._end_of_data()
+        while not (self._terminate or self._final_done):
             self._mail()
             if self.cancelled.is_set():
                 raise TaskCancelled(self.name)
+            if self._stop_request is not None and not exhausted:
+                exhausted = True  # stop-with-savepoint: nothing more is emitted
+                self._end_of_data(drain=self._stop_request)
             if not exhausted:
                 if not self.drain():
                     # Backpressured: wait a little, staying responsive to the mailbox;
@@ -443,8 +487,12 @@ class Task:
             else:
                 self._mail(block=True, timeout=0.05)
 
-    def _end_of_data(self) -> None:
-        """All input ended (or the source is exhausted): finish the chain, tell downstream."""
+    def _end_of_data(self, drain: bool = True) -> None:
+        """All input ended (or the source is exhausted, or stopped): finish the chain
+        (unless stopped without drain), tell downstream."""
+        if self.finished_on_restore or not drain:
+            self._after_finish(drain)
+            return
         if self.vertex.is_source:
             self.ops[0].finish()
             rest = self.ops[1:]
@@ -456,14 +504,22 @@ class Task:
             op.finish()
         self._after_finish()
 
-    def _after_finish(self) -> None:
+    def _after_finish(self, drain: bool = True) -> None:
         """Flushes and tells downstream that data ended. Without checkpointing there
         is no final checkpoint to commit two-phase-commit sinks, and no recovery a
-        commit could break, so the operators commit here on their own."""
+        commit could break, so the operators commit here on their own. Stopped
+        without drain, no operator finished: the task waits for the savepoint and
+        ends, and downstream tasks do the same."""
+        if drain:
+            self.operators_finished = True
+        else:
+            self.stopped = True
+        if not self.checkpointing:
+            self._final_done = True  # no checkpoint to wait for
         for w in self.writers:
             w.flush()
         self._drain_responsive()
-        if not self.checkpointing:
+        if not self.checkpointing and not self.finished_on_restore and drain:
             snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in self.ops]
             for snap in snaps:
                 if snap.finalize is not None:
@@ -471,7 +527,7 @@ class Task:
             for op in self.ops:
                 op.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
         for p in self.partitions:
-            p.broadcast_event(ev.EndOfData())
+            p.broadcast_event(ev.EndOfData(drain))
         # The final checkpoint waits until every task processed all its input.
         self.coordinator.end_of_data(self.vertex.uid, self.subtask)
 
@@ -544,10 +600,14 @@ class Task:
         elif isinstance(event, ev.EndOfData):
             self.readers[ch].finish()
             self._data_ended.add(ch)
+            if not event.drain:
+                self._no_drain.add(ch)
             idx = self.channels[ch].input_index
             if idx not in self._inputs_ended and self._input_channels[idx] <= self._data_ended:
                 self._inputs_ended.add(idx)
-                self.ops[0].end_input(idx)
+                drained = not (self._input_channels[idx] & self._no_drain)
+                if not self.finished_on_restore and drained:
+                    self.ops[0].end_input(idx)
                 if len(self._inputs_ended) == len(self._input_channels):
                     self._end_of_data_inputs()
         elif isinstance(event, ev.EndOfPartition):
@@ -556,11 +616,28 @@ class Task:
             self.unaligned.channel_done(ch)
 
     def _end_of_data_inputs(self) -> None:
-        for i, op in enumerate(self.ops):
-            if i > 0:
-                op.end_input(0)
-            op.finish()
-        self._after_finish()
+        # One input stopped without draining: nothing finishes (Flink's rule).
+        drain = not self._no_drain
+        if not self.finished_on_restore and drain:
+            for i, op in enumerate(self.ops):
+                if i > 0:
+                    op.end_input(0)
+                op.finish()
+        self._after_finish(drain)
+
+    def _await_final(self) -> None:
+        """Every input ended: stays until a checkpoint taken after ``finish()``
+        completed (its commit is this task's last work), taking the triggers it is
+        the root of meanwhile."""
+        if not (self.operators_finished or self.stopped):  # ended early (terminated)
+            return
+        while True:
+            while self._deferred:
+                self._trigger_root(self._deferred.pop(0))
+            if self._final_done or self._terminate:
+                return
+            self.unaligned.reap()
+            self._mail(block=True, timeout=0.05)
 
     def _forward_cancel(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._cancelled_forwarded:
@@ -577,7 +654,7 @@ class Task:
         self.coordinator.decline(checkpoint_id, self.vertex.uid, self.subtask, "alignment aborted")
         self._forward_cancel(checkpoint_id)
 
-    def _trigger_source(self, trigger: TriggerCheckpoint) -> None:
+    def _trigger_root(self, trigger: TriggerCheckpoint) -> None:
         barrier = ev.CheckpointBarrier(
             trigger.checkpoint_id,
             trigger.trigger_ms,

@@ -1,5 +1,6 @@
 """The built-in jobs: a keyed running total behind every topology, the
-rescaling topologies (rebalance, broadcast, order-free) and users' job files."""
+rescaling topologies (rebalance, broadcast, order-free), a job whose branches
+finish at different times (FLIP-147) and users' job files."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from spillover.runtime.api import (
     KeyedState,
     Operator,
     OperatorContext,
+    OperatorSnapshot,
     StateDescriptor,
 )
 from spillover.runtime.connectors.generator import GeneratorSource
@@ -43,7 +45,10 @@ RESCALE_TOPOLOGIES = (
     "stateless-between-keyed",
     "custom-partitioner",
 )
-TOPOLOGIES = ("pipeline", "multi-input", "union", *RESCALE_TOPOLOGIES)
+TOPOLOGIES = ("pipeline", "multi-input", "union", "finishing", *RESCALE_TOPOLOGIES)
+# ``finishing``: the summary record of source partition ``p`` has partition
+# ``SUMMARY_PARTITION + p`` (data records keep theirs).
+SUMMARY_PARTITION = 100_000
 POLICIES = CHECKPOINT_POLICIES
 
 
@@ -119,6 +124,63 @@ def stamp_subtask(stream: DataStream, uid: str = "subtask-stamp") -> DataStream:
 
 def _same(batch: Batch) -> Batch:
     return batch
+
+
+class FinishSummary(Operator):
+    """Forwards records and, in ``finish()``, emits one summary record per source
+    partition this subtask owns: partition ``SUMMARY_PARTITION + p``, ``seq`` the
+    records of ``p`` it saw, ``key`` the partition times 1000.
+
+    Chain it right behind its source (``offset`` undoes the partition offset of
+    :func:`per_partition_keys`): it owns the partitions its source subtask owns. The
+    output depends on nothing but the job, so a run is exact only when ``finish()``
+    output is committed once, whatever failed after the operator finished
+    (FLIP-147). The state counts per partition and names the partitions already
+    summarised. A restore at the same parallelism ignores the names: the runtime
+    must not run a finished subtask again. A union restore at another parallelism
+    uses them: a partially finished operator runs again there, and a partition
+    whose old subtask had finished is not summarised twice."""
+
+    def __init__(self, partitions: int, offset: int, dtype: Any) -> None:
+        self.partitions = partitions
+        self.offset = offset
+        self.out_dtype = np.dtype(dtype)
+        self.seen: dict[int, int] = {}
+        self.emitted: set[int] = set()
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        parts, counts = np.unique(np.asarray(batch["partition"]) - self.offset, return_counts=True)
+        for p, c in zip(parts.tolist(), counts.tolist(), strict=True):
+            self.seen[p] = self.seen.get(p, 0) + c
+        self.ctx.output.emit(batch)
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot(
+            {"seen": {str(p): n for p, n in self.seen.items()}, "emitted": sorted(self.emitted)}
+        )
+
+    def restore(self, state: Any) -> None:
+        self.seen = {int(p): int(n) for p, n in dict(state["seen"]).items()}
+
+    def restore_rescaled(self, states: list[Any]) -> None:
+        for st in states:
+            if st is not None:  # a partition's count lives with one old subtask
+                self.seen.update({int(p): int(n) for p, n in dict(st["seen"]).items()})
+                self.emitted.update(int(p) for p in st["emitted"])
+
+    def finish(self) -> None:
+        ctx = self.ctx
+        own = [
+            p
+            for p in range(ctx.subtask_index, self.partitions, ctx.parallelism)
+            if p not in self.emitted
+        ]
+        out = np.zeros(len(own), self.out_dtype)
+        out["partition"] = [SUMMARY_PARTITION + p for p in own]
+        out["seq"] = [self.seen.get(p, 0) for p in own]
+        out["key"] = out["partition"].astype(np.int64) * 1000
+        self.emitted.update(own)
+        ctx.output.emit(out)
 
 
 def per_partition_keys(offset: int) -> Callable[[Batch], Batch]:
@@ -238,6 +300,25 @@ def build(
     elif spec.topology == "union":
         a = source("source-a", spec.seed).map(per_partition_keys(0), uid="keys-a")
         b = source("source-b", spec.seed + 1).map(per_partition_keys(1000), uid="keys-b")
+        keyed = a.key_by("key").union(b.key_by("key")).map(lambda x: x, uid="union")
+        keyed = keyed.key_by("key")
+    elif spec.topology == "finishing":
+        # A short branch, unpaced (it ends within the first checkpoints) with an
+        # operator that emits in finish(), beside the paced main branch.
+        a = source("source", spec.seed).map(per_partition_keys(0), uid="keys")
+        partitions = 2 * spec.parallelism
+        short = GeneratorSource(
+            partitions=partitions,
+            records_per_partition=max(1, spec.records // (10 * partitions)),
+            payload_bytes=100,
+            batch_size=512,
+            seed=spec.seed + 1,
+        )
+        b = (
+            env.from_source(short, uid="short-source")
+            .map(per_partition_keys(1000), uid="short-keys")
+            .process(FinishSummary(partitions, 1000, a.dtype), uid="summary")
+        )
         keyed = a.key_by("key").union(b.key_by("key")).map(lambda x: x, uid="union")
         keyed = keyed.key_by("key")
     elif spec.topology == "multi-input":

@@ -3,7 +3,8 @@
 Over a worker's control connection (``control.py``, one pickled message a frame):
 
 - worker -> master: :class:`Hello` (once), :class:`Wired`, then :class:`Acknowledge`,
-  :class:`Decline` and :class:`EndOfData` (its subtasks' word to the coordinator),
+  :class:`Decline`, :class:`EndOfData` and :class:`TaskExited` (its subtasks' word to
+  the coordinator),
   :class:`Fired` (an induced failure fired), :class:`Metrics`, :class:`Done` (a
   subtask ended), :class:`Synced`, and :class:`Finished` last;
 - master -> worker: :class:`Table` (the workers' data addresses), :class:`Go`, then
@@ -64,6 +65,12 @@ class EndOfData:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskExited:
+    vertex_uid: str
+    subtask: int
+
+
+@dataclass(frozen=True, slots=True)
 class Fired:
     index: int  # of the failure in the script
     attempt: int
@@ -93,7 +100,17 @@ class Finished:
 
 
 ToMaster = (
-    Hello | Wired | Acknowledge | Decline | EndOfData | Fired | Metrics | Done | Synced | Finished
+    Hello
+    | Wired
+    | Acknowledge
+    | Decline
+    | EndOfData
+    | TaskExited
+    | Fired
+    | Metrics
+    | Done
+    | Synced
+    | Finished
 )
 
 # -- master -> worker ---------------------------------------------------------------

@@ -51,6 +51,7 @@ from spillover.deploy.spark.messages import (
     Sync,
     Synced,
     Table,
+    TaskExited,
     ToWorker,
     Wired,
     WorkerJoined,
@@ -58,7 +59,7 @@ from spillover.deploy.spark.messages import (
 )
 from spillover.deploy.spark.worker import WorkerSpec, run_worker
 from spillover.errors import ConfigError
-from spillover.runtime.checkpointing.messages import MailboxMessage, Terminate
+from spillover.runtime.checkpointing.messages import MailboxMessage, StopSource, Terminate
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.task import TaskRestore
@@ -205,6 +206,8 @@ class _SparkAttempt:
         self.conns: dict[int, ControlConnection] = {}
         self.workers: dict[int, dict[str, Any]] = {}
         self._finished: set[int] = set()
+        self._going = False  # the workers were told to go
+        self._stop_request: bool | None = None
         self._synced: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self.metrics: dict[str, dict[str, float]] = {}
@@ -278,6 +281,8 @@ class _SparkAttempt:
                 co.decline(cid, uid, subtask, reason)
             case EndOfData(vertex_uid=uid, subtask=subtask):
                 co.end_of_data(uid, subtask)
+            case TaskExited(vertex_uid=uid, subtask=subtask):
+                co.task_exited(uid, subtask)
             case Metrics(metrics=metrics):
                 self.metrics.update(metrics)
             case Fired(index=fired, attempt=attempt):
@@ -296,6 +301,17 @@ class _SparkAttempt:
                 self.events.put(WorkerJoined("finished", index))
             case _:
                 raise ControlError(f"a malformed control message: {m!r:.200}")
+
+    def stop_sources(self, drain: bool) -> None:
+        """Stop-with-savepoint: every source subtask stops emitting. Asked before the
+        workers are wired (a restarting generation), it is sent with ``Go``."""
+        self._stop_request = drain
+        if not self._going:
+            return
+        sources = {v.uid for v in self.ex.graph.vertices if v.is_source}
+        for (uid, _), proxy in self.proxies.items():
+            if uid in sources:
+                proxy.post(StopSource(drain))
 
     def _terminate_sources(self) -> None:
         """After the final checkpoint: the workers hold its completion in every
@@ -407,6 +423,9 @@ class _SparkAttempt:
             if error is None:
                 for i in range(self.n):
                     self.send(i, Go())
+                self._going = True
+                if self._stop_request is not None:
+                    self.stop_sources(self._stop_request)
                 self.running_at = time.monotonic()
                 self.coordinator.start()
                 error = self._loop(deadline, stop_at, stop_when)

@@ -47,6 +47,7 @@ from spillover.deploy.spark.messages import (
     Sync,
     Synced,
     Table,
+    TaskExited,
     ToMaster,
     Wired,
 )
@@ -100,6 +101,9 @@ class _Relay:
 
     def end_of_data(self, vertex_uid: str, subtask: int) -> None:
         self.send(EndOfData(vertex_uid, subtask))
+
+    def task_exited(self, vertex_uid: str, subtask: int) -> None:
+        self.send(TaskExited(vertex_uid, subtask))
 
 
 def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:

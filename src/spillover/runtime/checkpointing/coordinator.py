@@ -2,8 +2,17 @@
 writes metadata, keeps the last N, cleans up, and notifies completion.
 
 It runs on its own thread (the driver's, on Spark). Tasks call
-``acknowledge``, ``decline`` and ``end_of_data`` from their threads; those
-calls only queue events, so the coordinator's state has one owner.
+``acknowledge``, ``decline``, ``end_of_data`` and ``task_exited`` from their
+threads; those calls only queue events, so the coordinator's state has one owner,
+and which tasks run is worked out on that thread, atomically with triggering.
+
+Checkpoints after tasks finish (FLIP-147): a checkpoint is triggered at its
+*roots*, the running subtasks none of whose operator's predecessors has a running
+subtask (every edge connects every upstream subtask to every downstream one), and
+waits for every running subtask. A subtask that exited keeps, in every later
+checkpoint, the state of the last checkpoint it acknowledged (whose files are
+kept); per subtask the metadata says whether its operators ``finished``, per
+operator ``fully``, ``partially`` or ``running``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from spillover.runtime.checkpointing.messages import (
     NotifyComplete,
     StopCoordinator,
     TaskEndedData,
+    TaskExited,
     TaskGateway,
     TriggerCheckpoint,
     TriggerNow,
@@ -138,7 +148,14 @@ class CheckpointCoordinator:
         self._references: dict[int, set[int]] = {}
         self._events: queue.SimpleQueue[CoordinatorEvent] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
-        self._finished_tasks: set[tuple[str, int]] = set()
+        self._finished_tasks: set[tuple[str, int]] = set()  # ended their data
+        self._exited: set[tuple[str, int]] = set()
+        # An exited subtask's entry in later checkpoints: its last completed state.
+        self._carried: dict[tuple[str, int], dict[str, Any]] = {}
+        vertices = self.graph.get("vertices", {})
+        self._predecessors = {
+            uid: {i["source"] for i in v.get("inputs", [])} for uid, v in vertices.items()
+        }
         self._final_id: int | None = None
         self._final_done = False
         self._consecutive_failures = 0
@@ -159,6 +176,10 @@ class CheckpointCoordinator:
     def end_of_data(self, vertex_uid: str, subtask: int) -> None:
         """A task finished: it processed all its input and emitted all its output."""
         self._events.put(TaskEndedData(vertex_uid, subtask))
+
+    def task_exited(self, vertex_uid: str, subtask: int) -> None:
+        """A task ended cleanly, after the checkpoint that covers its finish."""
+        self._events.put(TaskExited(vertex_uid, subtask))
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -222,7 +243,46 @@ class CheckpointCoordinator:
                     self._count_failure(cid)
             case TaskEndedData(vertex_uid=uid, subtask=subtask):
                 self._finished_tasks.add((uid, subtask))
+            case TaskExited(vertex_uid=uid, subtask=subtask):
+                self._on_exit((uid, subtask))
         return True
+
+    def _on_exit(self, key: tuple[str, int]) -> None:
+        """A pending checkpoint the subtask did not acknowledge goes on without it:
+        it exited after a checkpoint it took once its data had ended, and nothing of
+        it changed since, so that checkpoint's state is its part (its channels ended,
+        so the tasks behind it align without its barrier). With no such state (it
+        never completed a checkpoint) the checkpoint is aborted, not counted as a
+        failure (the task-finished race FLIP-147 describes)."""
+        self._finished_tasks.add(key)
+        self._exited.add(key)
+        for cid, p in list(self._pending.items()):
+            if key not in p.expected or key in p.acks:
+                continue
+            if key not in self._carried:
+                self._abort(cid, f"{key[0]}#{key[1]} finished before acknowledging")
+                continue
+            p.expected.discard(key)
+            if set(p.acks) >= p.expected:
+                self._complete(cid)
+
+    def running(self) -> set[tuple[str, int]]:
+        """The subtasks that have not exited."""
+        return set(self.tasks) - self._exited
+
+    def roots(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Where a checkpoint starts: the running subtasks whose operator has no
+        running predecessor (sources, and those behind finished operators)."""
+        live = {uid for uid, _ in running}
+        out = []
+        for key in sorted(running):
+            preds = self._predecessors.get(key[0])
+            if preds is None:  # no graph given: the sources
+                if key in self.sources:
+                    out.append(key)
+            elif not preds & live:
+                out.append(key)
+        return out
 
     def _maybe_final(self) -> None:
         """FLIP-147's final checkpoint: once every task processed all its input, one
@@ -238,17 +298,25 @@ class CheckpointCoordinator:
                 return
             if len(self._pending) < self.max_concurrent:
                 self._final_id = self._trigger(final=True)
+                if self._final_id is None:  # every task exited: nothing left to commit
+                    self._final_done = True
+                    self.on_final()
 
-    def _trigger(self, final: bool) -> int:
+    def _trigger(self, final: bool) -> int | None:
+        """Triggers a checkpoint at its roots; None when no task runs any more."""
+        running = self.running()
+        roots = self.roots(running)
+        if not roots:
+            return None
         cid = self.next_id
         self.next_id += 1
         trigger_ms = int(time.time() * 1000)
         stats = CheckpointStats(cid, trigger_ms, final=final)
-        p = self._pending[cid] = _Pending(stats, time.monotonic(), set(self.tasks))
+        p = self._pending[cid] = _Pending(stats, time.monotonic(), running)
         kind = 0 if final else self.barrier_kind  # the final one is aligned
         p.switched = final
         timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
-        for key in sorted(self.sources):
+        for key in roots:
             self.tasks[key].post(TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms))
         return cid
 
@@ -274,9 +342,24 @@ class CheckpointCoordinator:
                 "keyed": ack.keyed,
                 "channel_state": ack.channel_state,
                 "metrics": ack.metrics,
+                "finished": ack.finished,
             }
-        for entry in tasks.values():
-            entry["parallelism"] = len(entry["subtasks"])
+        # Exited subtasks keep the state of the last checkpoint they acknowledged (its
+        # files stay, as references); everything they emitted is in the state of the
+        # tasks behind them by now, so no channel state.
+        for (uid, subtask), carried in sorted(self._carried.items()):
+            if (uid, subtask) not in p.acks:
+                tasks.setdefault(uid, {"subtasks": {}})["subtasks"][str(subtask)] = carried
+        vertices = self.graph.get("vertices", {})
+        for uid, entry in tasks.items():
+            subs = entry["subtasks"]
+            entry["parallelism"] = vertices.get(uid, {}).get("parallelism", len(subs))
+            done = sum(1 for e in subs.values() if e.get("finished"))
+            entry["finished"] = (
+                "fully" if done == entry["parallelism"] else "partially" if done else "running"
+            )
+        if tasks and all(e["finished"] == "fully" for e in tasks.values()):
+            p.stats.final = True  # every operator finished: the job's last checkpoint
         meta = new_metadata(
             job_name=self.job_name,
             checkpoint_id=cid,
@@ -296,6 +379,15 @@ class CheckpointCoordinator:
         self._last_completed_at = time.monotonic()
         self._consecutive_failures = 0
         self.completed_ids.append(cid)
+        for key, ack in p.acks.items():  # what a subtask that exits after this leaves
+            self._carried[key] = {
+                "operators": ack.operator_state,
+                "handles": ack.handles,
+                "keyed": ack.keyed,
+                "channel_state": {},
+                "metrics": {},
+                "finished": ack.finished,
+            }
         self._record(p.stats)
         while len(self.completed_ids) > self.num_retained:
             self._subsumed.append(self.completed_ids.pop(0))

@@ -4,7 +4,7 @@ each side offers the other.
 A task's mailbox takes :data:`MailboxMessage` values (the coordinator's triggers and
 notifications, the executor's termination and cancellation); a task reports to
 the coordinator through a :class:`CoordinatorGateway` (acknowledge, decline, end of
-data), and the coordinator reaches a task through a :class:`TaskGateway`. The local
+data, exit), and the coordinator reaches a task through a :class:`TaskGateway`. The local
 coordinator and the tasks implement them in one process; on Spark a worker's relay
 and the driver's remote-task proxies implement the same Protocols over the control
 connection, which is why every message here pickles.
@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True, slots=True)
 class TriggerCheckpoint:
-    """Sources only: take checkpoint ``checkpoint_id`` now and send its barrier."""
+    """A root of the checkpoint (a source, or a task whose inputs have all finished,
+    FLIP-147): take checkpoint ``checkpoint_id`` now and send its barrier."""
 
     checkpoint_id: int
     trigger_ms: int
@@ -48,6 +49,16 @@ class NotifyAborted:
 
 
 @dataclass(frozen=True, slots=True)
+class StopSource:
+    """Sources only: stop-with-savepoint. Emit nothing more and end the data now:
+    with ``drain``, as if the source ran out (``finish()`` everywhere, the job
+    finishes for good); without, no operator finishes (EndOfData(drain=False)), and
+    the checkpoint that follows is a savepoint the job resumes from."""
+
+    drain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Terminate:
     """Sources only: stop emitting and finish (after the final checkpoint)."""
 
@@ -58,7 +69,13 @@ class Cancel:
 
 
 MailboxMessage = (
-    TriggerCheckpoint | SwitchToUnaligned | NotifyComplete | NotifyAborted | Terminate | Cancel
+    TriggerCheckpoint
+    | SwitchToUnaligned
+    | NotifyComplete
+    | NotifyAborted
+    | StopSource
+    | Terminate
+    | Cancel
 )
 
 
@@ -74,6 +91,9 @@ class Ack:
     keyed: dict[str, Any]
     metrics: dict[str, float]
     channel_state: dict[str, Any] = field(default_factory=dict)
+    # Its operators finished (``finish()`` ran, or they were restored finished): the
+    # checkpoint records the subtask as finished (FLIP-147).
+    finished: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +116,15 @@ class TaskEndedData:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskExited:
+    """A subtask ended cleanly after its final checkpoint: it takes no part in later
+    checkpoints, and the tasks behind it may become roots (FLIP-147)."""
+
+    vertex_uid: str
+    subtask: int
+
+
+@dataclass(frozen=True, slots=True)
 class TriggerNow:
     """Trigger a checkpoint now (outside the interval)."""
 
@@ -105,7 +134,7 @@ class StopCoordinator:
     """The attempt ends: stop triggering and abort what is pending."""
 
 
-CoordinatorEvent = Ack | Declined | TaskEndedData | TriggerNow | StopCoordinator
+CoordinatorEvent = Ack | Declined | TaskEndedData | TaskExited | TriggerNow | StopCoordinator
 """What the coordinator's thread takes from its queue, in order."""
 
 
@@ -117,6 +146,8 @@ class CoordinatorGateway(Protocol):
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None: ...
 
     def end_of_data(self, vertex_uid: str, subtask: int) -> None: ...
+
+    def task_exited(self, vertex_uid: str, subtask: int) -> None: ...
 
 
 class TaskGateway(Protocol):

@@ -220,15 +220,31 @@ def new_metadata(
 
 
 def referenced_checkpoints(meta: dict[str, Any]) -> list[int]:
-    """Ids of the other checkpoints whose state files this one's channel-state
-    references point into (recovered data it had not replayed when it was taken)."""
+    """Ids of the other checkpoints whose state files this one points into: its
+    channel-state references (recovered data it had not replayed when it was taken)
+    and the state of subtasks that had exited before it (FLIP-147)."""
     own = int(meta.get("checkpoint_id", -1))
     found: set[int] = set()
+
+    def add(uri: str) -> None:
+        m = _CHK_PART.search(uri)
+        if m is not None and int(m.group(1)) != own:
+            found.add(int(m.group(1)))
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            add(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
     for entry in (meta.get("tasks") or {}).values():
         for st in (entry.get("subtasks") or {}).values():
             for ref in (st.get("channel_state") or {}).get("references", []):
                 for piece in ref["pieces"]:
-                    m = _CHK_PART.search(piece["handle"]["uri"])
-                    if m is not None and int(m.group(1)) != own:
-                        found.add(int(m.group(1)))
+                    add(piece["handle"]["uri"])
+            walk([st.get("keyed"), st.get("handles")])  # exited subtasks' state
     return sorted(found)

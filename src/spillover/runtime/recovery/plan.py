@@ -11,7 +11,13 @@ new subtask, what it restores:
   replays its own output state and the downstream its own input state; otherwise
   the new downstream reads every old channel that maps to it, the old downstream's
   input part then the old upstream's output part, filtered by key group where the
-  edge is keyed (``spillover.rescale``), and the upstream replays nothing for it.
+  edge is keyed (``spillover.rescale``), and the upstream replays nothing for it;
+- finished operators (FLIP-147): a subtask the checkpoint records as finished is
+  restored finished (nothing of its operators runs again) when the operator keeps
+  its parallelism, and every new subtask of a fully finished operator is, at any
+  parallelism. A partially finished operator restored at another parallelism
+  runs again from the union of its subtasks' operator state (finished ones
+  included, so nothing they did is redone) and the running subtasks' keyed state.
 
 Every file the plan reads is opened and checked before any task starts, so a
 checkpoint with a missing or damaged file is refused whole, naming the file.
@@ -157,8 +163,10 @@ def plan_restore(
         if ov is None:
             continue  # a new operator starts empty
         p_old = ov["parallelism"]
+        was_finished = [bool(entry(uid, j).get("finished")) for j in range(p_old)]
+        fully = p_old > 0 and all(was_finished)
         for i in range(p_new):
-            r = TaskRestore(cid)
+            r = TaskRestore(cid, finished=fully or (p_old == p_new and was_finished[i]))
             for node in nv["nodes"]:
                 states = [entry(uid, j).get("operators", {}).get(node) for j in range(p_old)]
                 if p_old == p_new:

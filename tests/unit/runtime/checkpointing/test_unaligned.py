@@ -17,6 +17,7 @@ import pytest
 
 import spillover
 from spillover.records import RecordWriter
+from spillover.runtime.checkpointing.messages import NotifyComplete, TriggerCheckpoint
 from spillover.runtime.checkpointing.unaligned import UnalignedCheckpoints
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
@@ -27,6 +28,7 @@ from spillover.runtime.network.events import (
     BarrierKind,
     CancelCheckpointMarker,
     CheckpointBarrier,
+    EndOfData,
     deserialize,
     to_buffer,
 )
@@ -92,6 +94,8 @@ class FakeCoordinator:
         self.declines: list[int] = []
         self.root = root
         self.lock = threading.Lock()
+        self.ended = threading.Event()
+        self.exited = threading.Event()
 
     def acknowledge(self, ack: Any) -> None:
         with self.lock:
@@ -102,7 +106,10 @@ class FakeCoordinator:
             self.declines.append(cid)
 
     def end_of_data(self, uid: str, subtask: int) -> None:
-        pass
+        self.ended.set()
+
+    def task_exited(self, uid: str, subtask: int) -> None:
+        self.exited.set()
 
     def ack_for(self, cid: int, timeout: float = 10.0) -> Any:
         deadline = time.monotonic() + timeout
@@ -229,10 +236,28 @@ class Harness:
             time.sleep(0.005)
 
     def stop(self) -> None:
+        """Ends the inputs as an upstream does (EndOfData, then EndOfPartition). When
+        every channel ended its data, completes the checkpoint that lets the task end
+        (FLIP-147; its inputs all ended, so it is the checkpoint's root); a channel
+        the test cut without EndOfData ends the task without finishing it."""
+        data_ends = all(not part.finished for part, _ in self.inputs)
         for part, _ in self.inputs:
             if not part.finished:
+                part.broadcast_event(EndOfData())
                 part.finish()
+        if not data_ends:
+            assert self.done.wait(10)
+            self.task.thread.join(5)
+            assert self.error is None, repr(self.error)
+            return
+        assert self.coordinator.ended.wait(10)
+        final = 1_000
+        self.task.post(TriggerCheckpoint(final, int(time.time() * 1000)))
+        assert self.coordinator.ack_for(final).finished
+        assert not self.done.is_set(), "the task ended before its final checkpoint completed"
+        self.task.post(NotifyComplete(final))
         assert self.done.wait(10)
+        assert self.coordinator.exited.is_set()
         self.task.thread.join(5)
         assert self.error is None, repr(self.error)
 

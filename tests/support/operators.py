@@ -1,0 +1,47 @@
+"""Operators the whole-job tests share."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from spillover.runtime.api import Batch, Operator, OperatorSnapshot
+from spillover.runtime.connectors.generator import GeneratorSource
+
+
+class SummaryOnFinish(Operator):
+    """Forwards its input and, in ``finish()``, emits one summary record (partition
+    ``-1 - subtask``, ``seq`` = the records it saw). ``opened`` counts its opens in
+    this process, per job name, so a test sees whether a restore ran it again."""
+
+    opened: dict[str, int] = {}  # noqa: RUF012 (a test's process-wide record)
+    lock = threading.Lock()
+
+    out_dtype = GeneratorSource.dtype(16)
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.seen = 0
+
+    def open(self, ctx: Any) -> None:
+        super().open(ctx)
+        with self.lock:
+            self.opened[self.job] = self.opened.get(self.job, 0) + 1
+
+    def restore(self, state: Any) -> None:
+        self.seen = int(state["seen"])
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        return OperatorSnapshot({"seen": self.seen})
+
+    def process(self, batch: Batch, input_index: int) -> None:
+        self.seen += len(batch)
+        self.ctx.output.emit(batch)
+
+    def finish(self) -> None:
+        summary = np.zeros(1, dtype=self.out_dtype)
+        summary["partition"] = -1 - self.ctx.subtask_index
+        summary["seq"] = self.seen
+        self.ctx.output.emit(summary)

@@ -1,0 +1,217 @@
+"""The checkpoint coordinator after tasks finish (FLIP-147): where a checkpoint is
+triggered, whom it waits for, what a subtask exiting does to a pending checkpoint,
+and what the metadata records of finished operators."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
+from spillover.runtime.checkpointing.messages import (
+    Ack,
+    MailboxMessage,
+    NotifyAborted,
+    NotifyComplete,
+    TriggerCheckpoint,
+)
+from spillover.runtime.checkpointing.metadata import CheckpointStorage, referenced_checkpoints
+
+# a -> b -> d and c -> d: two sources, d has two inputs.
+GRAPH = {
+    "vertices": {
+        "a": {"parallelism": 2, "inputs": []},
+        "b": {"parallelism": 2, "inputs": [{"source": "a"}]},
+        "c": {"parallelism": 1, "inputs": []},
+        "d": {"parallelism": 2, "inputs": [{"source": "b"}, {"source": "c"}]},
+    }
+}
+TASKS = [(uid, i) for uid, v in GRAPH["vertices"].items() for i in range(v["parallelism"])]
+
+
+class RecordingTask:
+    """A task gateway that records the coordinator's messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[MailboxMessage] = []
+        self.lock = threading.Lock()
+
+    def post(self, message: MailboxMessage) -> None:
+        with self.lock:
+            self.messages.append(message)
+
+    def request_unaligned(self, checkpoint_id: int) -> None:
+        pass
+
+    def of(self, kind: type) -> list[Any]:
+        with self.lock:
+            return [m for m in self.messages if isinstance(m, kind)]
+
+
+class Harness:
+    def __init__(self, tmp: Path) -> None:
+        self.tasks = {key: RecordingTask() for key in TASKS}
+        self.failures: list[BaseException] = []
+        self.storage = CheckpointStorage(str(tmp), "job")
+        self.co = CheckpointCoordinator(
+            job_name="job",
+            fingerprint="f",
+            settings={},
+            storage=self.storage,
+            tasks=self.tasks,
+            sources=[("a", 0), ("a", 1), ("c", 0)],
+            interval_s=None,
+            on_final=lambda: None,
+            on_failure=self.failures.append,
+            graph=GRAPH,
+            num_retained=10,
+        )
+        self.co.start()
+
+    def trigger(self) -> int:
+        before = {k: len(t.of(TriggerCheckpoint)) for k, t in self.tasks.items()}
+        self.co.trigger_now()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            fresh = [
+                t.of(TriggerCheckpoint)[-1]
+                for k, t in self.tasks.items()
+                if len(t.of(TriggerCheckpoint)) > before[k]
+            ]
+            if fresh:
+                return int(fresh[0].checkpoint_id)
+            time.sleep(0.002)
+        raise AssertionError("nothing was triggered")
+
+    def roots_of(self, cid: int) -> list[tuple[str, int]]:
+        return sorted(
+            k
+            for k, t in self.tasks.items()
+            if any(m.checkpoint_id == cid for m in t.of(TriggerCheckpoint))
+        )
+
+    def ack(self, cid: int, key: tuple[str, int], finished: bool = False) -> None:
+        state = {key[0]: {"n": key[1]}}
+        keyed = {key[0]: {"uri": f"{self.storage.subtask_dir(cid, *key)}/keyed"}}
+        self.co.acknowledge(Ack(cid, key[0], key[1], state, {}, keyed, {}, finished=finished))
+
+    def wait_for(self, key: tuple[str, int], kind: type, cid: int) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if any(m.checkpoint_id == cid for m in self.tasks[key].of(kind)):
+                return
+            time.sleep(0.002)
+        raise AssertionError(f"{key} got no {kind.__name__} of {cid}")
+
+    def stop(self) -> None:
+        self.co.stop()
+        assert not self.failures, self.failures
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Any:
+    harness = Harness(tmp_path)
+    yield harness
+    harness.stop()
+
+
+def test_a_checkpoint_starts_at_the_sources_while_everything_runs(h: Harness) -> None:
+    cid = h.trigger()
+    assert h.roots_of(cid) == [("a", 0), ("a", 1), ("c", 0)]
+
+
+def test_roots_move_behind_operators_whose_subtasks_all_exited(h: Harness) -> None:
+    h.co.task_exited("a", 0)
+    cid = h.trigger()
+    assert h.roots_of(cid) == [("a", 1), ("c", 0)]  # one running subtask keeps b behind
+    for key in TASKS:
+        if key != ("a", 0):
+            h.ack(cid, key)
+    h.wait_for(("b", 0), NotifyComplete, cid)
+    h.co.task_exited("a", 1)
+    cid = h.trigger()
+    assert h.roots_of(cid) == [("b", 0), ("b", 1), ("c", 0)]
+    for key in TASKS:
+        if key[0] != "a":
+            h.ack(cid, key)
+    h.wait_for(("d", 0), NotifyComplete, cid)
+    h.co.task_exited("c", 0)
+    for key in [("b", 0), ("b", 1)]:
+        h.co.task_exited(*key)
+    cid = h.trigger()
+    assert h.roots_of(cid) == [("d", 0), ("d", 1)]  # d's inputs all ended
+
+
+def test_a_subtask_that_never_completed_a_checkpoint_aborts_one_by_exiting(h: Harness) -> None:
+    """Without a state of its own to stand for it, the checkpoint it left cannot
+    complete: aborted, not counted as a failure (the harness fails on a failure)."""
+    cid = h.trigger()
+    for key in TASKS:
+        if key != ("b", 1):
+            h.ack(cid, key)
+    h.co.task_exited("b", 1)
+    h.wait_for(("a", 0), NotifyAborted, cid)
+    assert h.storage.completed_ids() == []
+    nxt = h.trigger()  # the next one goes on without b#1
+    for key in TASKS:
+        if key != ("b", 1):
+            h.ack(nxt, key)
+    h.wait_for(("a", 0), NotifyComplete, nxt)
+
+
+def test_metadata_records_finished_subtasks_and_operators(h: Harness) -> None:
+    first = h.trigger()
+    for key in TASKS:
+        h.ack(first, key, finished=key[0] == "a" or key == ("b", 0))
+    h.wait_for(("a", 0), NotifyComplete, first)
+    h.co.task_exited("a", 0)
+    h.co.task_exited("a", 1)
+    second = h.trigger()
+    for key in TASKS:
+        if key[0] != "a":
+            h.ack(second, key, finished=key == ("b", 0))
+    h.wait_for(("d", 0), NotifyComplete, second)
+    meta = h.storage.read_metadata(second)
+    status = {uid: t["finished"] for uid, t in meta["tasks"].items()}
+    assert status == {"a": "fully", "b": "partially", "c": "running", "d": "running"}
+    a0 = meta["tasks"]["a"]["subtasks"]["0"]
+    # An exited subtask keeps the state of the checkpoint it finished in, and that
+    # checkpoint's files are kept for it.
+    assert a0["finished"] and a0["operators"] == {"a": {"n": 0}} and a0["channel_state"] == {}
+    assert f"chk-{first}/" in a0["keyed"]["a"]["uri"]
+    assert referenced_checkpoints(meta) == [first]
+    assert meta["tasks"]["a"]["parallelism"] == 2 and not meta["final"]
+
+
+def test_a_checkpoint_in_which_everything_finished_is_final(h: Harness) -> None:
+    cid = h.trigger()
+    for key in TASKS:
+        h.ack(cid, key, finished=True)
+    h.wait_for(("d", 1), NotifyComplete, cid)
+    assert h.storage.read_metadata(cid)["final"]
+
+
+def test_a_pending_checkpoint_completes_with_the_state_an_exited_subtask_left(
+    h: Harness,
+) -> None:
+    """A subtask that finished, completed a checkpoint and exited before it
+    acknowledged the next one: that one completes with its last state."""
+    first = h.trigger()
+    for key in TASKS:
+        h.ack(first, key, finished=key[0] == "c")
+    h.wait_for(("c", 0), NotifyComplete, first)
+    second = h.trigger()
+    h.co.task_exited("c", 0)  # before its acknowledgement of the second
+    for key in TASKS:
+        if key != ("c", 0):
+            h.ack(second, key)
+    h.wait_for(("a", 0), NotifyComplete, second)
+    meta = h.storage.read_metadata(second)
+    c0 = meta["tasks"]["c"]["subtasks"]["0"]
+    assert c0["finished"] and c0["operators"] == {"c": {"n": 0}}
+    assert meta["tasks"]["c"]["finished"] == "fully"
+    assert not h.tasks[("a", 0)].of(NotifyAborted)
