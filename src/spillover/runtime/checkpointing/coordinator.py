@@ -153,8 +153,11 @@ class CheckpointCoordinator:
         # An exited subtask's entry in later checkpoints: its last completed state.
         self._carried: dict[tuple[str, int], dict[str, Any]] = {}
         vertices = self.graph.get("vertices", {})
+        # Per operator, its inputs: (upstream operator, whether subtask i reads only
+        # upstream subtask i, a forward edge) ; every other edge reads every subtask.
         self._predecessors = {
-            uid: {i["source"] for i in v.get("inputs", [])} for uid, v in vertices.items()
+            uid: [(i["source"], i.get("kind") == "forward") for i in v.get("inputs", [])]
+            for uid, v in vertices.items()
         }
         self._final_id: int | None = None
         self._final_done = False
@@ -271,8 +274,10 @@ class CheckpointCoordinator:
         return set(self.tasks) - self._exited
 
     def roots(self, running: set[tuple[str, int]]) -> list[tuple[str, int]]:
-        """Where a checkpoint starts: the running subtasks whose operator has no
-        running predecessor (sources, and those behind finished operators)."""
+        """Where a checkpoint starts: the running subtasks none of whose upstream
+        subtasks runs (sources, and those behind finished ones). A forward edge
+        connects upstream subtask i to subtask i only, every other edge connects
+        every upstream subtask, so a barrier reaches every running subtask."""
         live = {uid for uid, _ in running}
         out = []
         for key in sorted(running):
@@ -280,7 +285,9 @@ class CheckpointCoordinator:
             if preds is None:  # no graph given: the sources
                 if key in self.sources:
                     out.append(key)
-            elif not preds & live:
+            elif not any(
+                (src, key[1]) in running if forward else src in live for src, forward in preds
+            ):
                 out.append(key)
         return out
 

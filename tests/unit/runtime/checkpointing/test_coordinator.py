@@ -53,8 +53,9 @@ class RecordingTask:
 
 
 class Harness:
-    def __init__(self, tmp: Path) -> None:
-        self.tasks = {key: RecordingTask() for key in TASKS}
+    def __init__(self, tmp: Path, graph: dict[str, Any] = GRAPH) -> None:
+        tasks = [(uid, i) for uid, v in graph["vertices"].items() for i in range(v["parallelism"])]
+        self.tasks = {key: RecordingTask() for key in tasks}
         self.failures: list[BaseException] = []
         self.storage = CheckpointStorage(str(tmp), "job")
         self.co = CheckpointCoordinator(
@@ -63,11 +64,11 @@ class Harness:
             settings={},
             storage=self.storage,
             tasks=self.tasks,
-            sources=[("a", 0), ("a", 1), ("c", 0)],
+            sources=[k for k in tasks if not graph["vertices"][k[0]]["inputs"]],
             interval_s=None,
             on_final=lambda: None,
             on_failure=self.failures.append,
-            graph=GRAPH,
+            graph=graph,
             num_retained=10,
         )
         self.co.start()
@@ -144,6 +145,26 @@ def test_roots_move_behind_operators_whose_subtasks_all_exited(h: Harness) -> No
         h.co.task_exited(*key)
     cid = h.trigger()
     assert h.roots_of(cid) == [("d", 0), ("d", 1)]  # d's inputs all ended
+
+
+def test_behind_a_forward_edge_a_subtask_is_a_root_once_its_own_upstream_exited(
+    tmp_path: Path,
+) -> None:
+    """A forward edge feeds subtask i from upstream subtask i alone: once that one
+    exited, no barrier can reach subtask i, even while other upstream subtasks run."""
+    graph = {
+        "vertices": {
+            "a": {"parallelism": 2, "inputs": []},
+            "e": {"parallelism": 2, "inputs": [{"source": "a", "kind": "forward"}]},
+        }
+    }
+    h = Harness(tmp_path, graph)
+    try:
+        h.co.task_exited("a", 0)
+        cid = h.trigger()
+        assert h.roots_of(cid) == [("a", 1), ("e", 0)]
+    finally:
+        h.stop()
 
 
 def test_a_subtask_that_never_completed_a_checkpoint_aborts_one_by_exiting(h: Harness) -> None:
