@@ -226,6 +226,7 @@ class Task:
         self.final_checkpoint_id: int | None = None  # the first one taken after that
         self._final_done = False  # ... completed: the task may end
         self._deferred: list[TriggerCheckpoint] = []  # root triggers before the gate ended
+        self.last_snapshot_id = -1  # the newest checkpoint it took
         self._opened = 0
 
     @property
@@ -655,6 +656,10 @@ class Task:
         self._forward_cancel(checkpoint_id)
 
     def _trigger_root(self, trigger: TriggerCheckpoint) -> None:
+        if trigger.checkpoint_id <= self.last_snapshot_id:
+            # The checkpoint reached it from upstream before that one exited, and the
+            # coordinator, seeing the exit, triggered it again (FLIP-147's race).
+            return
         barrier = ev.CheckpointBarrier(
             trigger.checkpoint_id,
             trigger.trigger_ms,
@@ -675,6 +680,7 @@ class Task:
         inflight: InFlightCheckpoint | None = None,
     ) -> None:
         """Snapshots this task for checkpoint ``cid`` (``checkpointing/snapshot.py``)."""
+        self.last_snapshot_id = max(self.last_snapshot_id, cid)
         take_snapshot(self, cid, trigger_ms, stats, barrier, inflight)
 
     @property

@@ -94,6 +94,8 @@ class _Pending:
     expected: set[tuple[str, int]]
     acks: dict[tuple[str, int], Any] = field(default_factory=dict)
     switched: bool = False
+    trigger: TriggerCheckpoint | None = None  # what its roots were sent
+    triggered: set[tuple[str, int]] = field(default_factory=set)  # its roots so far
 
 
 class CheckpointCoordinator:
@@ -268,6 +270,15 @@ class CheckpointCoordinator:
             p.expected.discard(key)
             if set(p.acks) >= p.expected:
                 self._complete(cid)
+                continue
+            # It may have been a root that exited before taking its trigger: its
+            # barrier never left, so the subtasks behind it, roots now, take theirs
+            # from here (one that had the barrier from upstream ignores this).
+            if p.trigger is not None:
+                for root in self.roots(self.running()):
+                    if root in p.expected and root not in p.triggered and root not in p.acks:
+                        p.triggered.add(root)
+                        self.tasks[root].post(p.trigger)
 
     def running(self) -> set[tuple[str, int]]:
         """The subtasks that have not exited."""
@@ -323,8 +334,10 @@ class CheckpointCoordinator:
         kind = 0 if final else self.barrier_kind  # the final one is aligned
         p.switched = final
         timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
+        p.trigger = TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms)
+        p.triggered = set(roots)
         for key in roots:
-            self.tasks[key].post(TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms))
+            self.tasks[key].post(p.trigger)
         return cid
 
     def _on_ack(self, ack: Ack) -> None:

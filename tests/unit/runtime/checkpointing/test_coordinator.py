@@ -167,6 +167,29 @@ def test_behind_a_forward_edge_a_subtask_is_a_root_once_its_own_upstream_exited(
         h.stop()
 
 
+def test_roots_that_exit_before_taking_their_trigger_pass_it_to_the_subtasks_behind(
+    h: Harness,
+) -> None:
+    """A trigger posted to a subtask that then exits without taking it: no barrier
+    leaves it, so the subtasks that become roots by its exit are triggered instead,
+    and the checkpoint completes instead of hanging."""
+    first = h.trigger()
+    for key in TASKS:
+        h.ack(first, key, finished=key[0] == "a")
+    h.wait_for(("a", 0), NotifyComplete, first)
+    cid = h.trigger()
+    assert h.roots_of(cid) == [("a", 0), ("a", 1), ("c", 0)]
+    h.co.task_exited("a", 0)
+    h.co.task_exited("a", 1)  # neither took the trigger
+    h.wait_for(("b", 0), TriggerCheckpoint, cid)
+    h.wait_for(("b", 1), TriggerCheckpoint, cid)
+    for key in TASKS:
+        if key[0] != "a":
+            h.ack(cid, key)
+    h.wait_for(("d", 0), NotifyComplete, cid)
+    assert h.roots_of(cid) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0)]
+
+
 def test_a_subtask_that_never_completed_a_checkpoint_aborts_one_by_exiting(h: Harness) -> None:
     """Without a state of its own to stand for it, the checkpoint it left cannot
     complete: aborted, not counted as a failure (the harness fails on a failure)."""
