@@ -3,6 +3,7 @@ backpressure resumes exactly from its savepoint; a drained one finishes for good
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.errors import ConfigError
-from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.throttled import ThrottledSink
@@ -49,13 +50,13 @@ def _config(tmp: Path, **extra: Any) -> Config:
     )
 
 
-def _stop_once_checkpointed(ex: LocalExecutor, drain: bool) -> threading.Thread:
+def _stop_once_checkpointed(ex: LocalExecutor, drain: bool, **how: Any) -> threading.Thread:
     """Asks for the stop once the running attempt completed a checkpoint."""
 
     def stop() -> None:
         while not ex.completed_ids():
             threading.Event().wait(0.01)
-        ex.stop_with_savepoint(drain=drain)
+        ex.stop_with_savepoint(drain=drain, **how)
 
     thread = threading.Thread(target=stop, daemon=True)
     thread.start()
@@ -77,15 +78,19 @@ def test_a_stop_without_drain_resumes_exactly_from_its_savepoint(
     first = CollectingSink.records(name)
     assert 0 < len(first) < 2 * RECORDS, "stopped while the job ran"
     assert not (first["partition"] < 0).any(), "finish() ran although nothing drained"
-    meta = CheckpointStorage(str(tmp_path / "ckpt"), name).read_metadata(
-        int(result.savepoint.rsplit("chk-", 1)[1])
-    )
+    meta = read_checkpoint(result.savepoint)
     assert all(t["finished"] == "running" for t in meta["tasks"].values())
     # Everything up to the savepoint is committed, nothing after it is.
     assert CollectingSink.staged_records(name) == 0
 
-    resumed = LocalExecutor(_job(name), cfg, restore_checkpoint=result.savepoint).run(timeout=120)
-    assert resumed.status == "finished"
+    _resume_exactly(name, cfg, result.savepoint)
+
+
+def _resume_exactly(name: str, cfg: Config, savepoint: str) -> None:
+    """The job restored from ``savepoint`` ends with every record committed once and
+    ``finish()`` run once per subtask, over all of them."""
+    resumed = LocalExecutor(_job(name), cfg, restore_checkpoint=savepoint).run(timeout=120)
+    assert resumed.status == "finished", resumed
     rows = CollectingSink.records(name)
     data = rows[rows["partition"] >= 0]
     ids = data["partition"].astype(np.int64) * 1_000_000 + data["seq"]
@@ -93,6 +98,39 @@ def test_a_stop_without_drain_resumes_exactly_from_its_savepoint(
     summaries = rows[rows["partition"] < 0]
     assert sorted(summaries["partition"].tolist()) == [-2, -1]
     assert summaries["seq"].sum() == 2 * RECORDS
+
+
+def test_an_unaligned_stop_puts_what_is_in_flight_into_the_savepoint(tmp_path: Path) -> None:
+    """Under backpressure the savepoint is taken at once: the buffered records go
+    into it rather than through the sink, and the job resumes exactly from it, from
+    a savepoint that outlives its checkpoint directory."""
+    name = "stop-unaligned-savepoint"
+    SummaryOnFinish.opened.pop(name, None)
+    cfg = _config(tmp_path, **{"execution.checkpointing.unaligned.enabled": True})
+    ex = LocalExecutor(_job(name), cfg)
+    stopper = _stop_once_checkpointed(
+        ex, drain=False, unaligned=True, savepoint_dir=str(tmp_path / "sp")
+    )
+    result = ex.run(timeout=120)
+    stopper.join()
+    assert result.status == "stopped" and result.savepoint is not None, result
+    assert result.savepoint.startswith(str(tmp_path / "sp" / "savepoint-"))
+    stop = [c for c in result.checkpoints if c["savepoint"]]
+    assert len(stop) == 1 and stop[0]["status"] == "completed"
+    assert stop[0]["inflight_bytes"] > 0, "nothing was in flight: no backpressure"
+    first = CollectingSink.records(name)
+    assert not (first["partition"] < 0).any(), "finish() ran although nothing drained"
+    assert CollectingSink.staged_records(name) == 0
+    meta = read_checkpoint(result.savepoint)
+    assert meta["savepoint"] and all(t["finished"] == "running" for t in meta["tasks"].values())
+    shutil.rmtree(tmp_path / "ckpt")  # the savepoint is self-contained
+    _resume_exactly(name, cfg, result.savepoint)
+
+
+def test_a_drained_stop_refuses_an_unaligned_savepoint(tmp_path: Path) -> None:
+    ex = LocalExecutor(_job("drain-unaligned"), _config(tmp_path))
+    with pytest.raises(ConfigError, match="unaligned savepoint"):
+        ex.stop_with_savepoint(drain=True, unaligned=True)
 
 
 def test_a_stop_with_drain_finishes_the_job_for_good(tmp_path: Path) -> None:
@@ -110,9 +148,7 @@ def test_a_stop_with_drain_finishes_the_job_for_good(tmp_path: Path) -> None:
     # finish() ran on every subtask, over exactly what the sources had emitted.
     assert sorted(summaries["partition"].tolist()) == [-2, -1]
     assert summaries["seq"].sum() == len(data)
-    meta = CheckpointStorage(str(tmp_path / "ckpt"), name).read_metadata(
-        int(result.savepoint.rsplit("chk-", 1)[1])
-    )
+    meta = read_checkpoint(result.savepoint)
     assert meta["final"] and all(t["finished"] == "fully" for t in meta["tasks"].values())
 
 

@@ -61,6 +61,7 @@ _ALIASES: Final[dict[str, str]] = {
     "execution.checkpointing.alignment-timeout": _ALIGNED_TIMEOUT,
     "execution.checkpointing.dir": "state.checkpoints.dir",
     "execution.checkpointing.num-retained": "state.checkpoints.num-retained",
+    "execution.checkpointing.savepoint-dir": "state.savepoints.dir",
 }
 
 KEYS: Final[tuple[str, ...]] = tuple(_OPTIONS)

@@ -176,6 +176,12 @@ class StateConfig:
         metadata=_key("state.checkpoints.dir", _Text("a non-empty path or URI", path=True)),
     )
     num_retained: int = field(default=1, metadata=_key("state.checkpoints.num-retained", _Int(1)))
+    # Where stop-with-savepoint writes its savepoint when the call names no directory
+    # (default: ``savepoints`` beside the job's checkpoints).
+    savepoints_dir: str | None = field(
+        default=None,
+        metadata=_key("state.savepoints.dir", _Text("a non-empty path or URI", path=True)),
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import time
 import traceback
 import uuid
@@ -18,7 +17,7 @@ from typing import Any
 from spillover.config import Config, RestartStrategy
 from spillover.errors import ConfigError
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
-from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.recovery.plan import plan_restore
@@ -155,6 +154,8 @@ class Executor:
         self.job_id = uuid.uuid4().hex
         self._current: Any = None  # the running attempt
         self._stop: bool | None = None  # stop-with-savepoint asked for: its drain
+        self._stop_unaligned = False  # ... with an unaligned savepoint
+        self._savepoint_dir = ""  # ... under this directory
 
     def _attempt(
         self,
@@ -169,25 +170,54 @@ class Executor:
         run = self._current
         return [] if run is None else list(run.coordinator.completed_ids)
 
-    def stop_with_savepoint(self, drain: bool = False) -> None:
+    def stop_with_savepoint(
+        self, drain: bool = False, savepoint_dir: str | None = None, unaligned: bool = False
+    ) -> None:
         """Stops the running job with a savepoint, from any thread; ``run`` then returns
         with ``JobResult.savepoint`` set (FLIP-147, as Flink's stop-with-savepoint).
 
+        The savepoint is a self-contained copy of the stop's checkpoint in a new
+        directory ``savepoint-<job>-<id>`` under ``savepoint_dir`` (default
+        ``state.savepoints.dir``, else ``savepoints`` in the job's checkpoint
+        directory): no retention deletes it; restore it with ``restore_checkpoint=``.
+
         The sources emit nothing more. Without ``drain`` no operator finishes: the
-        tasks take one more checkpoint (aligned) once the end of data reached them,
-        two-phase-commit sinks commit up to it, and the job ends ``stopped``;
-        restoring that savepoint resumes exactly where it stopped. With ``drain``
-        every operator's ``end_input`` and ``finish()`` run and the job ``finished``
-        for good (its last checkpoint records every operator finished)."""
+        tasks take one more checkpoint (aligned, as Flink does) once the end of data
+        reached them, so everything in flight is processed first, two-phase-commit
+        sinks commit up to it, and the job ends ``stopped``; restoring the savepoint
+        resumes exactly where it stopped. ``unaligned`` (without drain only) takes the
+        savepoint at once as an unaligned checkpoint instead: what is in flight goes
+        into it rather than through the job, so a backpressured job stops without
+        waiting for its buffers to drain. With ``drain`` every operator's
+        ``end_input`` and ``finish()`` run and the job ``finished`` for good (its
+        last checkpoint records every operator finished)."""
         if self.storage is None:
             raise ConfigError(
                 "stop-with-savepoint needs checkpoint storage",
                 hint="set state.checkpoints.dir and execution.checkpointing.interval",
             )
+        if drain and unaligned:
+            raise ConfigError(
+                "a drained stop cannot take an unaligned savepoint",
+                detail="drain processes everything in flight before the savepoint",
+                hint="stop without drain, or with an aligned savepoint",
+            )
+        self._savepoint_dir = (
+            savepoint_dir
+            or self.config.state.savepoints_dir
+            or Location.parse(self.storage.uri).child("savepoints").uri
+        )
         self._stop = drain
+        self._stop_unaligned = unaligned
         run = self._current
         if run is not None:
-            run.stop_sources(drain)
+            self._ask_stop(run)
+
+    def _ask_stop(self, run: Any) -> None:
+        if self._stop_unaligned:
+            run.coordinator.request_stop()
+        else:
+            run.stop_sources(bool(self._stop))
 
     def prepare(self) -> None:
         """Gets the cluster ready (a no-op here), so that timing ``run`` measures the job."""
@@ -208,11 +238,7 @@ class Executor:
         job's checkpoint directory, or a checkpoint directory's path), else the latest."""
         rc = self.restore_checkpoint
         if isinstance(rc, str):
-            chk = Location.parse(rc)
-            if not re.fullmatch(r"chk-\d+", chk.name):
-                raise ConfigError(f"not a checkpoint directory: {rc!r}", hint="give .../chk-<id>")
-            job = chk.parent
-            return CheckpointStorage(job.parent.uri, job.name).read_metadata(int(chk.name[4:]))
+            return read_checkpoint(rc)
         if self.storage is None:
             return None
         if isinstance(rc, int):
@@ -283,7 +309,7 @@ class Executor:
                 result.restored_from.append(restored_id)
             run = self._current = self._attempt(attempt, restore, restored_id)
             if self._stop is not None:  # asked before this attempt started
-                run.stop_sources(self._stop)
+                self._ask_stop(run)
             error = run.run(deadline, stop_at, stop_when)
             if failed_at is not None and run.running_at is not None:
                 result.restart_s.append(round(run.running_at - failed_at, 4))
@@ -298,9 +324,11 @@ class Executor:
                 result.status = "stopped" if run.stopped else "finished"
                 if self._stop is not None and run.coordinator.completed_ids:
                     assert self.storage is not None
-                    result.savepoint = self.storage.checkpoint_dir(
-                        run.coordinator.completed_ids[-1]
+                    cid = run.coordinator.stop_id or run.coordinator.completed_ids[-1]
+                    target = Location.parse(self._savepoint_dir).child(
+                        f"savepoint-{self.job_id[:6]}-{cid}"
                     )
+                    result.savepoint = self.storage.export(cid, target.uri)
                     result.status = "finished" if self._stop else "stopped"
                 break
             result.failures.append(f"attempt {attempt}: {type(error).__name__}: {error}")

@@ -45,6 +45,7 @@ from spillover.runtime.checkpointing.messages import (
     NotifyAborted,
     NotifyComplete,
     StopSource,
+    Suspend,
     SwitchToUnaligned,
     Terminate,
     TriggerCheckpoint,
@@ -227,6 +228,10 @@ class Task:
         self._final_done = False  # ... completed: the task may end
         self._deferred: list[TriggerCheckpoint] = []  # root triggers before the gate ended
         self.last_snapshot_id = -1  # the newest checkpoint it took
+        # An unaligned stop's savepoint: its id (told before its barrier can come),
+        # and whether this task took it (then it processes no more data).
+        self._suspend_at: int | None = None
+        self.suspended = False
         self._opened = 0
 
     @property
@@ -292,9 +297,12 @@ class Task:
             else:
                 self._run_inputs()
                 self._await_final()
-            self.drain_blocking()
-            for p in self.partitions:
-                p.finish()
+            if not self.suspended:
+                self.drain_blocking()
+                for p in self.partitions:
+                    p.finish()
+            # Suspended (an unaligned stop's savepoint completed): what is queued and
+            # what would follow is in the savepoint; the tasks around end alike.
         except BaseException as e:  # reported to the executor, which fails over
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
@@ -399,12 +407,19 @@ class Task:
                         op.notify_checkpoint_complete(cid)
                     if self.final_checkpoint_id is not None and cid >= self.final_checkpoint_id:
                         self._final_done = True
+                    if self.suspended and self._suspend_at is not None and cid >= self._suspend_at:
+                        self._terminate = True  # the stop's savepoint: this task ends
                 case NotifyAborted(checkpoint_id=cid):
+                    if cid == self._suspend_at:  # the stop failed: go on
+                        self._suspend_at, self.suspended = None, False
                     self.unaligned.on_cancel(cid)
                     for op in self.ops[: self._opened]:
                         op.notify_checkpoint_aborted(cid)
                 case StopSource(drain=drain):
                     self._stop_request = drain
+                case Suspend(checkpoint_id=cid):
+                    self._suspend_at = cid
+                    self.suspended = self.last_snapshot_id >= cid
                 case Terminate():
                     self._terminate = True
 
@@ -465,7 +480,7 @@ class Task:
             if self._stop_request is not None and not exhausted:
                 exhausted = True  # stop-with-savepoint: nothing more is emitted
                 self._end_of_data(drain=self._stop_request)
-            if not exhausted:
+            if not exhausted and not self.suspended:
                 if not self.drain():
                     # Backpressured: wait a little, staying responsive to the mailbox;
                     # only the waiting counts (messages run meanwhile have their own).
@@ -549,7 +564,7 @@ class Task:
                 self.take_priority(min(pause, self.flush_interval))
                 self._maybe_flush()
                 continue
-            if self.replay is not None and self.replay.active:
+            if self.replay is not None and self.replay.active and not self.suspended:
                 self._replay_step()
                 continue
             item = gate.poll(self.flush_interval)
@@ -572,7 +587,8 @@ class Task:
         assert self.barriers is not None
         self.barriers.record_bytes(len(buf))
         self.unaligned.on_data(ch, buf)
-        self._process(ch, buf)
+        if not self.suspended:  # else it is in the stop's savepoint, as state
+            self._process(ch, buf)
 
     def _process(self, ch: int, buf: Any) -> None:
         info = self.channels[ch]
@@ -681,6 +697,8 @@ class Task:
     ) -> None:
         """Snapshots this task for checkpoint ``cid`` (``checkpointing/snapshot.py``)."""
         self.last_snapshot_id = max(self.last_snapshot_id, cid)
+        if cid == self._suspend_at:
+            self.suspended = True
         take_snapshot(self, cid, trigger_ms, stats, barrier, inflight)
 
     @property

@@ -77,6 +77,7 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
     CP + "unaligned.compression": ("LZ4", "lz4", lambda c: c.checkpointing.compression, {}),
     "state.checkpoints.dir": ("s3://b/cp", "s3://b/cp", lambda c: c.state.checkpoints_dir, {}),
     "state.checkpoints.num-retained": (3, 3, lambda c: c.state.num_retained, {}),
+    "state.savepoints.dir": ("/sp", "/sp", lambda c: c.state.savepoints_dir, {}),
     "taskmanager.memory.segment-size": ("64kb", 64 * KB, lambda c: c.network.segment_size, {}),
     "taskmanager.network.memory.buffers-per-channel": (
         4,
@@ -328,6 +329,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("state.checkpoints.dir", ""),
     ("state.checkpoints.dir", 42),
     ("state.checkpoints.num-retained", 0),
+    ("state.savepoints.dir", ""),
     ("taskmanager.memory.segment-size", "2 kb"),
     ("taskmanager.memory.segment-size", "48 kb"),
     ("taskmanager.memory.segment-size", "32 mb"),

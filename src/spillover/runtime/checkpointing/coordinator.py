@@ -33,11 +33,13 @@ from spillover.runtime.checkpointing.messages import (
     NotifyAborted,
     NotifyComplete,
     StopCoordinator,
+    Suspend,
     TaskEndedData,
     TaskExited,
     TaskGateway,
     TriggerCheckpoint,
     TriggerNow,
+    TriggerStop,
 )
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
@@ -45,6 +47,7 @@ from spillover.runtime.checkpointing.metadata import (
     referenced_checkpoints,
 )
 
+UNALIGNED = 1  # events.BarrierKind.UNALIGNED
 ALIGNED_WITH_TIMEOUT = 2  # events.BarrierKind.ALIGNED_WITH_TIMEOUT
 
 
@@ -60,6 +63,7 @@ class CheckpointStats:
     trigger_ms: int
     status: str = "pending"  # completed | aborted
     final: bool = False
+    savepoint: bool = False  # the unaligned savepoint of a stop (``request_stop``)
     duration_ms: float = 0.0
     reason: str = ""
     subtasks: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -76,6 +80,7 @@ class CheckpointStats:
             "trigger_ms": self.trigger_ms,
             "status": self.status,
             "final": self.final,
+            "savepoint": self.savepoint,
             "duration_ms": round(self.duration_ms, 3),
             "start_delay_ms": round(self.peak("start_delay_ms"), 3),
             "alignment_ms": round(self.peak("alignment_ms"), 3),
@@ -163,6 +168,8 @@ class CheckpointCoordinator:
         }
         self._final_id: int | None = None
         self._final_done = False
+        self._stopping = False  # a stop's unaligned savepoint was asked for
+        self.stop_id: int | None = None  # ... its checkpoint
         self._consecutive_failures = 0
         self._last_completed_at = 0.0
         self._thread = threading.Thread(
@@ -200,6 +207,14 @@ class CheckpointCoordinator:
     def trigger_now(self) -> None:
         self._events.put(TriggerNow())
 
+    def request_stop(self) -> None:
+        """Stop-with-savepoint, unaligned: the next checkpoint (at once if none is
+        pending) is an unaligned savepoint; every task is told beforehand
+        (:class:`Suspend`) to process no more data once it took it and to end when it
+        completes. Aborted, the tasks go on and the next checkpoint tries again;
+        periodic checkpoints stop."""
+        self._events.put(TriggerStop())
+
     # -- the coordinator thread -----------------------------------------------------------
 
     def _run(self) -> None:
@@ -208,7 +223,7 @@ class CheckpointCoordinator:
             while True:
                 now = time.monotonic()
                 wait = 0.05
-                if self.interval_s is not None and self._final_id is None:
+                if self.interval_s is not None and self._final_id is None and not self._stopping:
                     if now >= next_trigger and self._can_trigger(now):
                         self._trigger(final=False)
                         next_trigger = now + self.interval_s
@@ -220,6 +235,7 @@ class CheckpointCoordinator:
                 if event is not None and not self._handle(event):
                     break
                 self._check_timeouts()
+                self._maybe_stop()
                 self._maybe_final()
         except BaseException as e:  # a coordinator failure fails the attempt
             self.on_failure(e)
@@ -237,8 +253,10 @@ class CheckpointCoordinator:
         match event:
             case StopCoordinator():
                 return False
+            case TriggerStop():
+                self._stopping = True
             case TriggerNow():
-                if self._can_trigger(time.monotonic()):
+                if not self._stopping and self._can_trigger(time.monotonic()):
                     self._trigger(final=False)
             case Ack():
                 self._on_ack(event)
@@ -302,6 +320,18 @@ class CheckpointCoordinator:
                 out.append(key)
         return out
 
+    def _maybe_stop(self) -> None:
+        """Triggers the stop's savepoint once asked and a slot is free (again after an
+        abort), unless the data ended first: then the final checkpoint ends the job."""
+        if not self._stopping or self._final_id is not None or self._final_done:
+            return
+        if any(p.stats.savepoint for p in self._pending.values()):
+            return
+        if self.stop_id is not None and self.stop_id in self.completed_ids:
+            return
+        if len(self._pending) < self.max_concurrent:
+            self.stop_id = self._trigger(final=False, savepoint=True)
+
     def _maybe_final(self) -> None:
         """FLIP-147's final checkpoint: once every task processed all its input, one
         aligned checkpoint (no data is in flight any more) commits the last output."""
@@ -320,8 +350,9 @@ class CheckpointCoordinator:
                     self._final_done = True
                     self.on_final()
 
-    def _trigger(self, final: bool) -> int | None:
-        """Triggers a checkpoint at its roots; None when no task runs any more."""
+    def _trigger(self, final: bool, savepoint: bool = False) -> int | None:
+        """Triggers a checkpoint at its roots; None when no task runs any more. A
+        savepoint (unaligned) first tells every running task it is one."""
         running = self.running()
         roots = self.roots(running)
         if not roots:
@@ -329,9 +360,13 @@ class CheckpointCoordinator:
         cid = self.next_id
         self.next_id += 1
         trigger_ms = int(time.time() * 1000)
-        stats = CheckpointStats(cid, trigger_ms, final=final)
+        stats = CheckpointStats(cid, trigger_ms, final=final, savepoint=savepoint)
         p = self._pending[cid] = _Pending(stats, time.monotonic(), running)
         kind = 0 if final else self.barrier_kind  # the final one is aligned
+        if savepoint:
+            kind = UNALIGNED
+            for key in sorted(running):  # before any barrier can reach them
+                self.tasks[key].post(Suspend(cid))
         p.switched = final
         timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
         p.trigger = TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms)

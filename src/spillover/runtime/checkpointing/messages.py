@@ -59,6 +59,15 @@ class StopSource:
 
 
 @dataclass(frozen=True, slots=True)
+class Suspend:
+    """Stop-with-savepoint, unaligned: checkpoint ``checkpoint_id`` is the savepoint.
+    Once the task took it, it processes no more data (what was in flight is in the
+    savepoint) and ends when it completes; aborted, the task goes on."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Terminate:
     """Sources only: stop emitting and finish (after the final checkpoint)."""
 
@@ -74,6 +83,7 @@ MailboxMessage = (
     | NotifyComplete
     | NotifyAborted
     | StopSource
+    | Suspend
     | Terminate
     | Cancel
 )
@@ -130,11 +140,18 @@ class TriggerNow:
 
 
 @dataclass(frozen=True, slots=True)
+class TriggerStop:
+    """Stop-with-savepoint, unaligned: the next checkpoint is the savepoint."""
+
+
+@dataclass(frozen=True, slots=True)
 class StopCoordinator:
     """The attempt ends: stop triggering and abort what is pending."""
 
 
-CoordinatorEvent = Ack | Declined | TaskEndedData | TaskExited | TriggerNow | StopCoordinator
+CoordinatorEvent = (
+    Ack | Declined | TaskEndedData | TaskExited | TriggerNow | TriggerStop | StopCoordinator
+)
 """What the coordinator's thread takes from its queue, in order."""
 
 

@@ -160,6 +160,91 @@ class CheckpointStorage:
         except (FileNotFoundError, OSError):
             pass
 
+    def export(self, checkpoint_id: int, target: str) -> str:
+        """Copies checkpoint ``checkpoint_id`` into ``target`` (a new directory) as a
+        savepoint: every file it points to, those of the earlier checkpoints it
+        references included, with its metadata rewritten to point there. It is
+        self-contained: no retention or later run deletes it, and it restores at any
+        parallelism like the checkpoint. Returns its ``chk-<id>`` directory."""
+        meta = self.read_metadata(checkpoint_id)
+        dst = Location.parse(target)
+        if dst.local != self.local:
+            raise ConfigError(
+                "a savepoint goes to the filesystem of the checkpoints",
+                detail=f"{target!r} for checkpoints in {self.uri!r}",
+                hint="name a savepoint directory on the same storage",
+            )
+        if dst.exists():
+            raise StorageError(
+                "the savepoint directory exists already",
+                path=dst.uri,
+                hint="name a new directory (a savepoint is never written over)",
+            )
+        for cid in [checkpoint_id, *referenced_checkpoints(meta)]:
+            src_dir, dst_dir = self._path(cid), dst.child(f"chk-{cid}").path
+            try:
+                if self.local:
+                    shutil.copytree(
+                        src_dir,
+                        dst_dir,
+                        ignore=shutil.ignore_patterns(METADATA_FILE + "*"),
+                        copy_function=_link_or_copy,
+                    )
+                else:
+                    import pyarrow.fs as pafs
+
+                    self._fs.create_dir(dst_dir, recursive=True)
+                    pafs.copy_files(
+                        src_dir,
+                        dst_dir,
+                        source_filesystem=self._fs,
+                        destination_filesystem=dst.filesystem,
+                    )
+                    if cid == checkpoint_id:  # written anew below, rewritten
+                        self._fs.delete_file(f"{dst_dir}/{METADATA_FILE}")
+            except OSError as e:
+                raise StorageError(
+                    "cannot copy the checkpoint into the savepoint",
+                    path=dst_dir,
+                    errno=e.errno,
+                    detail=str(e),
+                ) from e
+        old_prefix, new_prefix = self.location.prefix + "/chk-", dst.prefix + "/chk-"
+
+        def rewrite(value: Any) -> Any:
+            if isinstance(value, str) and value.startswith(old_prefix):
+                path = value[len(old_prefix) :].partition("?")[0]
+                return new_prefix + path + (f"?{dst.query}" if dst.query else "")
+            if isinstance(value, dict):
+                return {k: rewrite(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [rewrite(v) for v in value]
+            return value
+
+        saved = rewrite(meta)
+        saved["savepoint"] = {"from": self._path(checkpoint_id)}
+        CheckpointStorage(dst.parent.uri, dst.name, fsync=True).write_metadata(checkpoint_id, saved)
+        return dst.child(f"chk-{checkpoint_id}").uri
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Checkpoint files are never written again: a hard link is a copy, unless the
+    filesystem has none."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """The metadata of the checkpoint or savepoint at ``path`` (its ``chk-<id>``
+    directory)."""
+    chk = Location.parse(path)
+    if not re.fullmatch(r"chk-\d+", chk.name):
+        raise ConfigError(f"not a checkpoint directory: {path!r}", hint="give .../chk-<id>")
+    job = chk.parent
+    return CheckpointStorage(job.parent.uri, job.name).read_metadata(int(chk.name[4:]))
+
 
 _CHK_PART = re.compile(r"/chk-(\d+)/")
 
