@@ -31,9 +31,10 @@ from spillover.runtime.api import (
     StateDescriptor,
 )
 from spillover.runtime.connectors.collecting import CollectingSink
-from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratedEventTime, GeneratorSource
 from spillover.runtime.connectors.parquet import ParquetSink, ParquetSource
 from spillover.runtime.connectors.throttled import ThrottledSink
+from spillover.runtime.eventtime import TumblingWindowCount, WatermarkStrategy
 from spillover.runtime.failures import FailureInjector, FailureSpec, InducedFailure
 from spillover.runtime.graph import ConnectedStreams, DataStream, StreamEnvironment, UnionStream
 from spillover.runtime.jobmaster import Executor, JobResult
@@ -61,6 +62,7 @@ __all__ = [
     "FailureSpec",
     "FilterOperator",
     "FlatMapOperator",
+    "GeneratedEventTime",
     "GeneratorSource",
     "InducedFailure",
     "JobResult",
@@ -78,7 +80,9 @@ __all__ = [
     "StateDescriptor",
     "StreamEnvironment",
     "ThrottledSink",
+    "TumblingWindowCount",
     "TwoInputOperator",
     "UnionStream",
+    "WatermarkStrategy",
     "create_executor",
 ]

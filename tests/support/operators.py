@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -45,3 +46,32 @@ class SummaryOnFinish(Operator):
         summary["partition"] = -1 - self.ctx.subtask_index
         summary["seq"] = self.seen
         self.ctx.output.emit(summary)
+
+
+class Paced(Operator):
+    """Forwards its input at most ``rate`` records/s per subtask (``ready_at``): it
+    backpressures the edge in front of it, so checkpoints hold in-flight data."""
+
+    def __init__(self, rate: float, dtype: Any) -> None:
+        self.rate = rate
+        self.out_dtype = dtype
+        self._due = 0.0
+
+    def process(self, batch: Batch, input_index: int) -> None:
+        now = time.monotonic()
+        self._due = max(self._due, now) + len(batch) / self.rate
+        self.ctx.output.emit(batch)
+
+    def ready_at(self) -> float:
+        return self._due
+
+
+class LingeringGenerator(GeneratorSource):
+    """A generator whose subtasks without partitions stay up (and idle) until the job
+    stops, as a source waiting for splits to be assigned would."""
+
+    def on_timer(self) -> bool:
+        if not len(self._parts):
+            time.sleep(0.005)
+            return True
+        return super().on_timer()

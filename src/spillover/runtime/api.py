@@ -11,7 +11,10 @@ Lifecycle of an operator instance (one per subtask), always on the task's thread
 1. ``open(ctx)``; then, when the job restores, ``restore(state)`` with what
    ``snapshot`` returned at the restored checkpoint (before any input).
 2. ``process(batch, input_index)`` for every batch; ``on_timer()`` when the task
-   is idle or at ``ctx.timer_interval`` (sources use ``emit`` from here).
+   is idle or at ``ctx.timer_interval`` (sources use ``emit`` from here);
+   ``process_watermark(ts)`` in order with the batches whenever the task's
+   watermark advances (keyed operators: ``on_event_time(keys, times)`` first, for
+   the event-time timers it passed; then the watermark goes on downstream).
 3. ``snapshot(checkpoint_id)`` when a checkpoint's barrier has been aligned (or
    a source is triggered): returns an ``OperatorSnapshot``. Its synchronous part
    runs on the task thread; anything slow (writing files) goes in
@@ -104,6 +107,41 @@ class KeyedStateBackend(Protocol):
         """Loads every handle's entries whose key group is in this backend's range."""
         ...
 
+    def state_names(self) -> list[str]:
+        """Names of the states declared or restored so far."""
+        ...
+
+
+class TimerService(Protocol):
+    """Event-time timers of a keyed operator, per key (``ctx.timers``).
+
+    A timer ``(key, t)`` fires once the watermark reaches ``t``: the operator's
+    ``on_event_time(keys, times)`` gets every due timer in timestamp order. A pair
+    registered twice fires once. Timers are keyed state: checkpointed with the
+    keyed backend and redistributed by key group on a rescaled restore.
+    """
+
+    @property
+    def current_watermark(self) -> int:
+        """The last watermark the operator processed (``MIN_WATERMARK`` at first)."""
+        ...
+
+    def register(self, keys: npt.NDArray[np.int64], times: npt.NDArray[np.int64]) -> None:
+        """Registers the timers ``(keys[i], times[i])``."""
+        ...
+
+    def delete(self, keys: npt.NDArray[np.int64], times: npt.NDArray[np.int64]) -> None:
+        """Drops the timers ``(keys[i], times[i])`` that are registered."""
+        ...
+
+    def advance(
+        self,
+        watermark: int,
+        fire: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], None],
+    ) -> None:
+        """The runtime's: moves to ``watermark`` and hands every due timer to ``fire``."""
+        ...
+
 
 @dataclass
 class OperatorSnapshot:
@@ -123,6 +161,10 @@ class Output(Protocol):
 
     def emit(self, batch: Batch) -> None: ...
 
+    def emit_watermark(self, timestamp_ms: int) -> None:
+        """Sends a watermark on, behind every batch emitted before it."""
+        ...
+
 
 @dataclass
 class OperatorContext:
@@ -136,6 +178,8 @@ class OperatorContext:
     attempt: int
     output: Output
     keyed: KeyedStateBackend | None = None
+    # Keyed operators: their event-time timers.
+    timers: TimerService | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     # Sources: how often on_timer is called while the task has no input.
     timer_interval: float = 0.001
@@ -152,6 +196,9 @@ class Operator:
 
     out_dtype: Any = None
     is_source: bool = False
+    # Sources that read splits (partitions): the int64-castable field naming each
+    # record's split, so watermarks are generated per split (``active_splits``).
+    split_field: str | None = None
 
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
@@ -174,6 +221,24 @@ class Operator:
 
     def process(self, batch: Batch, input_index: int = 0) -> None:
         raise NotImplementedError
+
+    def process_watermark(self, timestamp_ms: int) -> None:
+        """The task's watermark advanced to ``timestamp_ms`` (in order with the data):
+        fires the event-time timers it passed, then forwards it. Override to hold
+        watermarks back or to act on them; call ``super()`` to keep both."""
+        timers = self.ctx.timers
+        if timers is not None:
+            timers.advance(timestamp_ms, self.on_event_time)
+        self.ctx.output.emit_watermark(timestamp_ms)
+
+    def on_event_time(self, keys: npt.NDArray[np.int64], times: npt.NDArray[np.int64]) -> None:
+        """Keyed operators: the timers ``(keys[i], times[i])`` the watermark passed, in
+        timestamp order."""
+
+    def active_splits(self) -> npt.NDArray[np.int64] | None:
+        """Sources with a ``split_field``: the splits this subtask still reads (an
+        empty array: none, the subtask is idle); None when it does not know."""
+        return None
 
     def ready_at(self) -> float:
         """``time.monotonic()`` before which the operator takes no more input (0: now).

@@ -21,6 +21,7 @@ from spillover.errors import ConfigError
 from spillover.keygroups import compute_default_max_parallelism
 from spillover.records import partitioner_name
 from spillover.runtime.api import Batch, EdgeKind, Operator, Partitioner
+from spillover.runtime.eventtime.strategy import WatermarkStrategy
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Node:
     inputs: list[InputEdge] = field(default_factory=list)
     keyed: bool = False
     key_field: str | None = None  # the key of the keyed input (keyed operators)
+    watermarks: WatermarkStrategy | None = None  # sources: how they generate watermarks
 
     def instantiate(self) -> Operator:
         return copy.deepcopy(self.prototype)
@@ -103,9 +105,15 @@ class StreamEnvironment:
         name: str | None = None,
         uid: str | None = None,
         parallelism: int | None = None,
+        watermarks: WatermarkStrategy | None = None,
     ) -> DataStream:
+        """A stream of ``source``'s records; ``watermarks`` makes it emit watermarks
+        (event time, docs/runtime.md). Every source ends its input with the end of
+        event time (``MAX_WATERMARK``) when it runs out or is drained."""
         if not source.is_source:
             raise ConfigError(f"{type(source).__name__} is not a source operator")
+        if watermarks is not None:
+            watermarks.check(source.out_dtype, source)
         node = self._add(
             source,
             name=name,
@@ -114,6 +122,7 @@ class StreamEnvironment:
             out_dtype=source.out_dtype,
             inputs=[],
         )
+        node.watermarks = watermarks
         return DataStream(self, node)
 
     def build(self) -> JobGraph:
@@ -234,6 +243,28 @@ class DataStream:
         if not callable(partitioner):
             raise ConfigError(f"partitioner must be callable, got {type(partitioner).__name__}")
         return DataStream(self.env, self.node, EdgeKind.CUSTOM, key_field, partitioner)
+
+    def window_count(
+        self,
+        size_ms: int,
+        *,
+        timestamp_field: str,
+        name: str | None = None,
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> DataStream:
+        """Counts records per key in tumbling event-time windows of ``size_ms``
+        (after ``key_by``): ``(key, window_end, count)`` records, emitted when the
+        watermark passes each window (``TumblingWindowCount``)."""
+        from spillover.runtime.eventtime.windows import TumblingWindowCount
+
+        if self._kind is not EdgeKind.KEY_BY or self._key_field is None:
+            raise ConfigError("window_count needs a keyed stream", hint="key_by(field) first")
+        names = np.dtype(self.dtype).names or ()
+        if timestamp_field not in names or np.dtype(self.dtype)[timestamp_field] != np.dtype("<i8"):
+            raise ConfigError(f"no int64 timestamp field {timestamp_field!r} in {self.dtype}")
+        op = TumblingWindowCount(self._key_field, timestamp_field, size_ms)
+        return self.process(op, name=name, uid=uid, parallelism=parallelism)
 
     def rebalance(self) -> DataStream:
         return DataStream(self.env, self.node, EdgeKind.REBALANCE)

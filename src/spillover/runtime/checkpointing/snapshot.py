@@ -88,7 +88,9 @@ def take_snapshot(
                     inflight.writer.add_output(index, sub, b, submit=False)
                     b.release()
                 for array in box.queues[sub]:
-                    inflight.writer.add_output(index, sub, array, submit=False)
+                    # In-line events (watermarks) are not channel state: derived again.
+                    if box.is_data(array):
+                        inflight.writer.add_output(index, sub, array, submit=False)
         inflight.writer.submit()  # one batch, not one hand-off per buffer
     metrics = {
         "start_delay_ms": start_delay_ms,

@@ -6,6 +6,7 @@ from spillover.runtime.connectors.collecting import (
     CollectingSink,
 )
 from spillover.runtime.connectors.generator import (
+    GeneratedEventTime,
     GeneratorSource,
 )
 from spillover.runtime.connectors.parquet import (
@@ -22,6 +23,7 @@ from spillover.runtime.connectors.throttled import (
 
 __all__ = [
     "CollectingSink",
+    "GeneratedEventTime",
     "GeneratorSource",
     "ParquetSink",
     "ParquetSource",

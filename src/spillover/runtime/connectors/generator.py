@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,27 @@ def _splitmix64(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return z ^ (z >> _U64(31))
 
 
+@dataclass(frozen=True)
+class GeneratedEventTime:
+    """Event timestamps for :class:`GeneratorSource` records, in a field ``field``
+    (int64, milliseconds): record ``seq`` of a partition is stamped
+    ``seq * step_ms + max_disorder_ms - jitter``, the jitter in
+    ``0 .. max_disorder_ms`` a seeded hash of ``(partition, seq)``. Timestamps
+    therefore go back by at most ``max_disorder_ms`` within a partition: with
+    watermarks that allow that much delay no record is ever late."""
+
+    step_ms: int = 1
+    max_disorder_ms: int = 0
+    field: str = "ts"
+
+    def __post_init__(self) -> None:
+        if self.step_ms < 0 or self.max_disorder_ms < 0:
+            raise ConfigError(
+                f"event time needs step_ms >= 0 and max_disorder_ms >= 0, got "
+                f"{self.step_ms} and {self.max_disorder_ms}"
+            )
+
+
 class GeneratorSource(Operator):
     """Generates records ``(partition, seq, key, payload)``; see :meth:`dtype`.
 
@@ -42,6 +64,12 @@ class GeneratorSource(Operator):
     key 0 the hottest); the payload is ``payload_bytes`` letters starting at
     ``'A' + seq % 26``.
 
+    ``event_time`` (a :class:`GeneratedEventTime`) adds an int64 timestamp field,
+    a pure function of ``(partition, seq, seed)`` too, for event-time jobs
+    (:meth:`timestamps_of`); without it the dtype is the four fields above.
+    Partitions are the source's splits (``split_field``): watermarks are
+    generated per partition.
+
     ``rate_per_subtask`` (records/s) paces each subtask by sleeping in
     ``on_timer``, never spinning; after a stall (backpressure) it catches up by
     at most one batch. ``clock`` and ``sleep`` exist for tests.
@@ -52,6 +80,7 @@ class GeneratorSource(Operator):
     """
 
     is_source = True
+    split_field = "partition"
 
     def __init__(
         self,
@@ -65,6 +94,7 @@ class GeneratorSource(Operator):
         seed: int = 0,
         *,
         zipf_exponent: float = 1.1,
+        event_time: GeneratedEventTime | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -93,17 +123,29 @@ class GeneratorSource(Operator):
         self.seed = seed
         self.clock = clock
         self.sleep = sleep
-        self.out_dtype = self.dtype(payload_bytes)
+        self.event_time = event_time
+        self.out_dtype = self.dtype(payload_bytes, event_time)
         self._zipf_cdf: npt.NDArray[np.float64] | None = None
 
     @staticmethod
-    def dtype(payload_bytes: int = 100) -> np.dtype[Any]:
-        """The record dtype: ``partition`` i4, ``seq`` i8, ``key`` i8, ``payload`` S<n>."""
+    def dtype(
+        payload_bytes: int = 100, event_time: GeneratedEventTime | None = None
+    ) -> np.dtype[Any]:
+        """The record dtype: ``partition`` i4, ``seq`` i8, ``key`` i8, ``payload`` S<n>,
+        and with ``event_time`` its timestamp field (i8) last."""
         if payload_bytes < 1:
             raise ConfigError(f"payload_bytes must be >= 1, got {payload_bytes}")
-        return np.dtype(
-            [("partition", "<i4"), ("seq", "<i8"), ("key", "<i8"), ("payload", f"S{payload_bytes}")]
-        )
+        fields = [
+            ("partition", "<i4"),
+            ("seq", "<i8"),
+            ("key", "<i8"),
+            ("payload", f"S{payload_bytes}"),
+        ]
+        if event_time is not None:
+            if event_time.field in {f for f, _ in fields}:
+                raise ConfigError(f"event time field {event_time.field!r} is taken")
+            fields.append((event_time.field, "<i8"))
+        return np.dtype(fields)
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
@@ -149,6 +191,25 @@ class GeneratorSource(Operator):
         u = (h >> _U64(11)).astype(np.float64) * 2.0**-53
         ranks = np.searchsorted(cdf, u, side="right")
         return np.minimum(ranks, self.keys - 1).astype(np.int64)
+
+    def timestamps_of(self, partition: npt.ArrayLike, seq: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """The event timestamp of each ``(partition, seq)`` (needs ``event_time``)."""
+        et = self.event_time
+        if et is None:
+            raise ConfigError("this GeneratorSource has no event_time")
+        s = np.asarray(seq, dtype=np.int64)
+        if not et.max_disorder_ms:
+            return s * et.step_ms
+        seed_mix = _U64(((self.seed + 1) * 0x8CB92BA72F3D8DD7) & _MASK64)
+        p = np.asarray(partition, dtype=np.int64).astype(np.uint64)
+        h = _splitmix64(s.astype(np.uint64) * _U64(0xD6E8FEB86659FD93) + p + seed_mix)
+        jitter = (h % _U64(et.max_disorder_ms + 1)).astype(np.int64)
+        return s * et.step_ms + et.max_disorder_ms - jitter
+
+    def active_splits(self) -> npt.NDArray[np.int64]:
+        """The partitions this subtask still reads (not exhausted)."""
+        limit = self.records_per_partition
+        return self._parts if limit is None else self._parts[self._next < limit]
 
     def _allowance(self) -> int:
         """Records the pace allows now, sleeping first until at least one chunk is due."""
@@ -198,5 +259,7 @@ class GeneratorSource(Operator):
         out["partition"] = part
         out["seq"] = seq
         out["key"] = self.keys_of(part, seq)
+        if self.event_time is not None:
+            out[self.event_time.field] = self.timestamps_of(part, seq)
         byte_matrix(out, "payload")[:] = np.take(self._letters, seq % 26, axis=0)
         return out

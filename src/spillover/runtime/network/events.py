@@ -18,6 +18,8 @@ from spillover.storage import DataType
 
 __all__ = [
     "EVENT_FORMAT_VERSION",
+    "MAX_WATERMARK",
+    "MIN_WATERMARK",
     "BarrierKind",
     "CancelCheckpointMarker",
     "CheckpointBarrier",
@@ -26,6 +28,8 @@ __all__ = [
     "Event",
     "EventFormatError",
     "UnsupportedEventVersionError",
+    "Watermark",
+    "WatermarkStatus",
     "deserialize",
     "is_priority",
     "serialize",
@@ -35,6 +39,10 @@ __all__ = [
 EVENT_FORMAT_VERSION = 1
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+MIN_WATERMARK = _INT64_MIN
+"""No event time has passed yet: what every channel starts at."""
+MAX_WATERMARK = _INT64_MAX
+"""The end of event time: sent at the end of input (and on a drain); fires every timer."""
 
 
 class EventFormatError(FormatError):
@@ -112,19 +120,50 @@ class EndOfPartition:
     """The last buffer of a subpartition: nothing follows on this channel."""
 
 
-Event = CheckpointBarrier | CancelCheckpointMarker | EndOfData | EndOfPartition
+@dataclass(frozen=True)
+class Watermark:
+    """Event time ``timestamp_ms`` has passed on this channel: no record with a
+    timestamp at or below it should follow. Travels in line with the data."""
+
+    timestamp_ms: int
+
+    def __post_init__(self) -> None:
+        _check_int64("timestamp_ms", self.timestamp_ms)
+
+
+@dataclass(frozen=True)
+class WatermarkStatus:
+    """The producer goes idle (``idle``: it emits no records and no watermarks for a
+    while, so it must not hold the watermark back) or active again."""
+
+    idle: bool
+
+
+Event = (
+    CheckpointBarrier
+    | CancelCheckpointMarker
+    | EndOfData
+    | EndOfPartition
+    | Watermark
+    | WatermarkStatus
+)
 
 _TAG_BARRIER, _TAG_CANCEL, _TAG_END_OF_DATA, _TAG_END_OF_PARTITION = 1, 2, 3, 4
+_TAG_WATERMARK, _TAG_WATERMARK_STATUS = 5, 6
 _HEAD = struct.Struct("<BB")  # version, tag
 _BARRIER = struct.Struct("<BBBqqq")  # + kind, checkpoint id, timestamp, alignment timeout
 _CANCEL = struct.Struct("<BBq")  # + checkpoint id
 _END_OF_DATA = struct.Struct("<BBB")  # + drain flag
+_WATERMARK = struct.Struct("<BBq")  # + timestamp
+_WATERMARK_STATUS = struct.Struct("<BBB")  # + idle flag
 _END_OF_PARTITION_BYTES = _HEAD.pack(EVENT_FORMAT_VERSION, _TAG_END_OF_PARTITION)
 _SIZES = {
     _TAG_BARRIER: _BARRIER.size,
     _TAG_CANCEL: _CANCEL.size,
     _TAG_END_OF_DATA: _END_OF_DATA.size,
     _TAG_END_OF_PARTITION: _HEAD.size,
+    _TAG_WATERMARK: _WATERMARK.size,
+    _TAG_WATERMARK_STATUS: _WATERMARK_STATUS.size,
 }
 
 
@@ -146,6 +185,10 @@ def serialize(event: Event) -> bytes:
         return _END_OF_DATA.pack(v, _TAG_END_OF_DATA, int(event.drain))
     if isinstance(event, EndOfPartition):
         return _END_OF_PARTITION_BYTES
+    if isinstance(event, Watermark):
+        return _WATERMARK.pack(v, _TAG_WATERMARK, event.timestamp_ms)
+    if isinstance(event, WatermarkStatus):
+        return _WATERMARK_STATUS.pack(v, _TAG_WATERMARK_STATUS, int(event.idle))
     raise TypeError(f"not an event: {type(event).__name__}")
 
 
@@ -183,6 +226,13 @@ def deserialize(buffer: Any) -> Event:
             if drain > 1:
                 raise ValueError(f"drain flag must be 0 or 1, not {drain}")
             return EndOfData(bool(drain))
+        if tag == _TAG_WATERMARK:
+            return Watermark(_WATERMARK.unpack_from(buffer)[2])
+        if tag == _TAG_WATERMARK_STATUS:
+            idle = _WATERMARK_STATUS.unpack_from(buffer)[2]
+            if idle > 1:
+                raise ValueError(f"idle flag must be 0 or 1, not {idle}")
+            return WatermarkStatus(bool(idle))
     except ValueError as e:
         raise EventFormatError(f"event with tag {tag} has a bad field", detail=str(e)) from e
     return EndOfPartition()

@@ -15,7 +15,12 @@ import numpy as np
 from spillover.keygroups import key_group_range_for_operator, key_group_table
 from spillover.records import FieldKey, KeyGroupDemux, RecordWriter, partitions_of
 from spillover.runtime.api import Batch, EdgeKind, Partitioner
+from spillover.runtime.network.events import Watermark, WatermarkStatus, to_buffer
 from spillover.storage.handle import DataType
+
+InLineEvent = Watermark | WatermarkStatus
+"""The events an outbox queues in line with the data (they need no credit)."""
+_IN_LINE = (Watermark, WatermarkStatus)
 
 
 def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -140,6 +145,10 @@ class Outbox:
     runs its mailbox and takes its unaligned barriers. The task processes new input
     only once its outboxes are empty, which bounds them to what one input buffer or
     one source batch produces. An unaligned barrier overtakes what is here too.
+
+    Watermarks and watermark statuses wait here in line too (:meth:`send_event`),
+    behind the buffers queued before them; they go on as soon as they reach the
+    head of their queue, without credit. A snapshot persists only the buffers.
     """
 
     def __init__(self, partition: Any, pool: Any) -> None:
@@ -157,14 +166,26 @@ class Outbox:
             q.append(array)
         self.count += len(self.queues)
 
+    def send_event(self, event: InLineEvent) -> None:
+        """Queues ``event`` in every subpartition, behind what is queued there."""
+        for q in self.queues:
+            q.append(event)
+        self.count += len(self.queues)
+
     def drain(self) -> bool:
         """Hands on what can go without waiting; True when nothing is left."""
         if not self.count:
             return True
         part, pool = self.partition, self.pool
         for sub, q in enumerate(self.queues):
-            while q and part.credit(sub) > 0 and pool.available > 0:
-                part.emit(sub, pool.wrap(q.popleft(), DataType.DATA))
+            while q:
+                head = q[0]
+                if not isinstance(head, _IN_LINE):
+                    if part.credit(sub) <= 0 or pool.available <= 0:
+                        break
+                    part.emit(sub, pool.wrap(q.popleft(), DataType.DATA))
+                else:
+                    part.emit(sub, to_buffer(q.popleft()))
                 self.count -= 1
         return self.count == 0
 
@@ -172,5 +193,14 @@ class Outbox:
         """Hands on everything, waiting for credit (before in-line events)."""
         for sub, q in enumerate(self.queues):
             while q:
-                self.partition.emit(sub, self.pool.wrap(q.popleft(), DataType.DATA))
+                head = q.popleft()
+                if not isinstance(head, _IN_LINE):
+                    self.partition.emit(sub, self.pool.wrap(head, DataType.DATA))
+                else:
+                    self.partition.emit(sub, to_buffer(head))
                 self.count -= 1
+
+    @staticmethod
+    def is_data(item: Any) -> bool:
+        """Whether a queued item is a buffer's bytes (not an in-line event)."""
+        return not isinstance(item, _IN_LINE)

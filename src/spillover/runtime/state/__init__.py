@@ -5,7 +5,9 @@ out one state per :class:`~spillover.runtime.api.StateDescriptor` name:
 
 * ``"value"`` (:class:`HeapValueState`): the last value written per key;
 * ``"sum"`` (:class:`HeapSumState`): a running sum per key (int64 or float64);
-* ``"list"`` (:class:`HeapListState`): every value appended per key, in order.
+* ``"list"`` (:class:`HeapListState`): every value appended per key, in order;
+* ``"timers"`` (:class:`HeapTimerState`): event-time timers, a set of
+  ``(key, timestamp)`` pairs taken in timestamp order.
 
 Every operation takes arrays of keys and works in a few numpy calls. A state
 keeps a large run sorted by key and a small run of recent insertions, merged
@@ -30,6 +32,7 @@ from spillover.runtime.state.heap import (
     FORMAT_VERSION,
     HeapListState,
     HeapSumState,
+    HeapTimerState,
     HeapValueState,
 )
 from spillover.runtime.state.redistribute import (
@@ -43,6 +46,7 @@ __all__ = [
     "HeapKeyedStateBackend",
     "HeapListState",
     "HeapSumState",
+    "HeapTimerState",
     "HeapValueState",
     "split_even",
     "union",

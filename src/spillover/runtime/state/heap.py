@@ -22,7 +22,7 @@ FORMAT_NAME: Final = "spillover-keyed-state"
 FORMAT_VERSION: Final = 1
 """Written into every snapshot file and handle; readers refuse other versions."""
 
-KINDS: Final = ("value", "sum", "list")
+KINDS: Final = ("value", "sum", "list", "timers")
 _SUM_DTYPES: Final = (np.dtype(np.int64), np.dtype(np.float64))
 _NUMERIC_KINDS: Final = "biuf"
 _MIN_MERGE_ROWS: Final = 4096
@@ -64,6 +64,10 @@ def _group_starts(sorted_keys: Keys) -> Positions:
 def _check_dtype(kind: str, dtype: np.dtype[Any], name: str) -> None:
     if kind not in KINDS:
         raise ConfigError(f"state {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "timers":
+        if dtype != np.dtype(np.int64):
+            raise ConfigError(f"timer state {name!r} holds int64 timestamps, not {dtype}")
+        return
     if kind == "sum":
         if dtype not in _SUM_DTYPES:
             raise ConfigError(f"sum state {name!r} needs dtype int64 or float64, got {dtype}")
@@ -390,8 +394,113 @@ class HeapListState(_HeapState):
         return self._mk.nbytes + self._mv.nbytes + self._tk.nbytes + self._tv.nbytes
 
 
+class HeapTimerState(_HeapState):
+    """Event-time timers: a set of ``(key, timestamp)`` pairs (registering one twice
+    keeps one), kept sorted by timestamp, then key, so the timers a watermark passes
+    are a prefix. ``put(keys, times)`` registers, ``get(keys)`` gives each key's
+    earliest timer, ``clear(keys)`` drops every timer of the keys,
+    :meth:`pop_until` takes the due ones. Timers are keyed state: snapshotted,
+    restored and redistributed by key group like the other kinds.
+
+    New timers wait in a tail, merged (one sort) when timers are read.
+    """
+
+    kind = "timers"
+
+    def __init__(self, backend: HeapKeyedStateBackend, name: str, dtype: np.dtype[Any]) -> None:
+        super().__init__(backend, name, dtype)
+        self._t: Values = np.empty(0, dtype=np.int64)  # sorted by (time, key), unique
+        self._k: Keys = np.empty(0, dtype=np.int64)
+        self._tail: list[tuple[Keys, Values]] = []
+
+    def _merge(self) -> None:
+        if not self._tail:
+            return
+        keys = np.concatenate([self._k, *(k for k, _ in self._tail)])
+        times = np.concatenate([self._t, *(t for _, t in self._tail)])
+        self._tail = []
+        order = np.lexsort((keys, times))
+        keys, times = keys[order], times[order]
+        keep = np.ones(keys.size, dtype=np.bool_)
+        keep[1:] = (keys[1:] != keys[:-1]) | (times[1:] != times[:-1])
+        self._k, self._t = keys[keep], times[keep]
+
+    def put(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> None:
+        q = self._keys(keys)
+        v = self._values(values, q.size)
+        if q.size:
+            self._tail.append((q.copy(), v.copy()))
+            if self._merge_due(sum(k.size for k, _ in self._tail), self._k.size):
+                self._merge()
+
+    def get(self, keys: npt.ArrayLike) -> tuple[Values, npt.NDArray[np.bool_]]:
+        """The earliest timer of each key (0 where it has none) and a mask of keys with one."""
+        q = self._keys(keys)
+        self._merge()
+        out = np.zeros(q.size, dtype=np.int64)
+        if not self._k.size:
+            return out, np.zeros(q.size, dtype=np.bool_)
+        # The first row of a key in (time, key) order is its earliest timer.
+        by_key = np.argsort(self._k, kind="stable")
+        sorted_keys = self._k[by_key]
+        pos, found = _find(sorted_keys, q)
+        out[found] = self._t[by_key[pos[found]]]
+        return out, found
+
+    def clear(self, keys: npt.ArrayLike) -> None:
+        q = np.unique(self._keys(keys))
+        self._merge()
+        keep = ~np.isin(self._k, q)
+        self._k, self._t = self._k[keep], self._t[keep]
+
+    def delete(self, keys: npt.ArrayLike, times: npt.ArrayLike) -> None:
+        """Drops the timers ``(keys[i], times[i])`` (absent ones are ignored)."""
+        q = self._keys(keys)
+        t = self._values(times, q.size)
+        self._merge()
+        if not q.size or not self._k.size:
+            return
+        # Mark the pairs to drop by sorting them in among the timers.
+        keys = np.concatenate([self._k, q])
+        allt = np.concatenate([self._t, t])
+        mine = np.concatenate([np.ones(self._k.size, np.bool_), np.zeros(q.size, np.bool_)])
+        order = np.lexsort((~mine, keys, allt))  # per pair: the timer, then the drops
+        k, tt, m = keys[order], allt[order], mine[order]
+        same_next = np.zeros(k.size, dtype=np.bool_)
+        same_next[:-1] = (k[1:] == k[:-1]) & (tt[1:] == tt[:-1]) & ~m[1:]
+        keep = m & ~same_next
+        self._k, self._t = k[keep], tt[keep]
+
+    def pop_until(self, timestamp: int) -> tuple[Keys, Values]:
+        """Removes and returns every timer at or before ``timestamp``, in timestamp
+        order (ties by key)."""
+        self._merge()
+        n = int(np.searchsorted(self._t, timestamp, side="right"))
+        keys, times = self._k[:n], self._t[:n]
+        self._k, self._t = self._k[n:], self._t[n:]
+        return keys, times
+
+    def __len__(self) -> int:
+        self._merge()
+        return int(self._k.size)
+
+    def items(self) -> tuple[Keys, Values]:
+        """Every timer as ``(key, timestamp)``, sorted by key, then timestamp, as copies."""
+        self._merge()
+        order = np.lexsort((self._t, self._k))
+        return self._k[order], self._t[order]
+
+    def _load(self, keys: Keys, values: Values) -> None:
+        if keys.size:
+            self._tail.append((keys, values.astype(np.int64, copy=False)))
+
+    def nbytes(self) -> int:
+        return self._k.nbytes + self._t.nbytes + sum(k.nbytes + t.nbytes for k, t in self._tail)
+
+
 _STATE_CLASSES: Final[dict[str, type[_HeapState]]] = {
     "value": HeapValueState,
     "sum": HeapSumState,
     "list": HeapListState,
+    "timers": HeapTimerState,
 }

@@ -32,6 +32,7 @@ from spillover.runtime.network.errors import (
     NetworkError,
 )
 from spillover.runtime.network.events import (
+    MAX_WATERMARK,
     BarrierKind,
     CancelCheckpointMarker,
     CheckpointBarrier,
@@ -40,6 +41,8 @@ from spillover.runtime.network.events import (
     Event,
     EventFormatError,
     UnsupportedEventVersionError,
+    Watermark,
+    WatermarkStatus,
     deserialize,
     is_priority,
     serialize,
@@ -232,6 +235,8 @@ EVENTS = st.one_of(
     st.builds(CancelCheckpointMarker, IDS),
     st.builds(EndOfData, st.booleans()),
     st.just(EndOfPartition()),
+    st.builds(Watermark, INT64),
+    st.builds(WatermarkStatus, st.booleans()),
 )
 
 
@@ -260,6 +265,9 @@ def test_event_wire_layout() -> None:
     assert serialize(CancelCheckpointMarker(9)) == bytes([1, 2]) + struct.pack("<q", 9)
     assert serialize(EndOfData(drain=False)) == bytes([1, 3, 0])
     assert serialize(EndOfPartition()) == bytes([1, 4])
+    assert serialize(Watermark(-5)) == bytes([1, 5]) + struct.pack("<q", -5)
+    assert serialize(Watermark(MAX_WATERMARK)) == bytes([1, 5]) + struct.pack("<q", 2**63 - 1)
+    assert serialize(WatermarkStatus(idle=True)) == bytes([1, 6, 1])
 
 
 @pytest.mark.parametrize(
@@ -276,6 +284,8 @@ def test_event_wire_layout() -> None:
         (bytes([1, 1, 0]) + struct.pack("<qqq", 1, 0, 5), EventFormatError),  # timeout, aligned
         (bytes([1, 2]) + struct.pack("<q", -1), EventFormatError),  # negative id
         (bytes([1, 3, 2]), EventFormatError),  # drain flag
+        (bytes([1, 5]) + bytes(7), EventFormatError),  # truncated watermark
+        (bytes([1, 6, 2]), EventFormatError),  # idle flag
     ],
 )
 def test_bad_event_bytes_raise_format_errors(raw: bytes, error: type[Exception]) -> None:
@@ -290,6 +300,8 @@ def test_only_unaligned_barriers_take_the_priority_path() -> None:
     timed = CheckpointBarrier(1, 0, BarrierKind.ALIGNED_WITH_TIMEOUT, 10)
     assert not is_priority(timed) and is_priority(timed.as_unaligned())
     assert not is_priority(CancelCheckpointMarker(1)) and not is_priority(EndOfPartition())
+    # Watermarks travel in line: a barrier may overtake them like data.
+    assert not is_priority(Watermark(5)) and not is_priority(WatermarkStatus(True))
     with pytest.raises(ValueError):
         CheckpointBarrier(1, 0, BarrierKind.UNALIGNED, 10)
 
