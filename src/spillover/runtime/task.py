@@ -687,6 +687,8 @@ class Task:
 
     def _on_event(self, ch: int, event: ev.Event) -> None:
         assert self.barriers is not None
+        if self.suspended and isinstance(event, ev.Watermark | ev.WatermarkStatus):
+            return  # after the stop's savepoint, like data: no timer fires
         if isinstance(event, ev.Watermark):
             assert self.valve is not None
             self._on_valve(self.valve.on_watermark(ch, event.timestamp_ms))
