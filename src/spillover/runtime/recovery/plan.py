@@ -142,6 +142,15 @@ def plan_restore(
         if sig != [
             (i["source"], i["kind"], i["input_index"], i["key_field"]) for i in ov["inputs"]
         ]:
+            if meta.get("tasks", {}).get(uid, {}).get("finished") == "fully":
+                raise ConfigError(
+                    f"operator {uid!r} finished in checkpoint {cid}, and the job gives it "
+                    "other inputs",
+                    detail="a finished operator never runs again: records of a new "
+                    "predecessor would never be processed",
+                    hint="restore into the topology of the checkpoint, or give the "
+                    "operator a new uid so that it starts anew",
+                )
             raise ConfigError(
                 f"the inputs of {uid!r} changed since the checkpoint",
                 hint="restore into the same topology (parallelism may change)",
