@@ -19,6 +19,7 @@ from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
+from spillover.verify import VerifySpec, verify
 from support.operators import SummaryOnFinish
 
 RECORDS = 12_000  # per partition, two partitions: 6 s at the sink's pace
@@ -156,3 +157,37 @@ def test_a_stop_needs_checkpoint_storage() -> None:
     ex = LocalExecutor(_job("no-storage"), Config())
     with pytest.raises(ConfigError, match="checkpoint storage"):
         ex.stop_with_savepoint()
+
+
+# --- spillover verify --stop-with-savepoint [--drain] ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stop", "policy", "rescale_to"),
+    [
+        ("savepoint", "aligned", None),
+        ("unaligned-savepoint", "unaligned", None),
+        ("unaligned-savepoint", "unaligned", 3),
+        ("drain", "aligned", None),
+    ],
+)
+def test_verify_stops_with_a_savepoint_and_resumes_exactly(
+    stop: str, policy: str, rescale_to: int | None, tmp_path: Path
+) -> None:
+    """The finishing topology stopped part way (after its short branch finished) and
+    restored from the savepoint commits what a failure-free run does; a drained one
+    commits everything its sources emitted before the stop, once."""
+    spec = VerifySpec(
+        topology="finishing",
+        policy=policy,
+        stop=stop,
+        rescale_to=rescale_to,
+        failures=0,
+        records=100_000,
+        rate_per_subtask=10_000,
+    )
+    report = verify(spec, str(tmp_path))
+    assert report.exact, report.text()
+    assert "restored from the savepoint" in report.text()
+    if stop == "drain":
+        assert 0 < report.records < 100_000  # stopped before the end

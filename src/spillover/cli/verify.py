@@ -10,6 +10,7 @@ from typing import Any
 
 from spillover.cli.options import env_option
 from spillover.config.policies import CHECKPOINT_POLICIES
+from spillover.errors import ConfigError
 from spillover.verify import VerifySpec, verify, write_json
 from spillover.verify.topologies import TOPOLOGIES
 
@@ -40,6 +41,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         state=state or None,
         executor=args.executor,
         master=args.master or None,
+        stop=_stop(args.stop_with_savepoint, args.drain),
     )
     report = verify(spec, workdir=args.workdir or None)
     print(report.text())
@@ -50,7 +52,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if args.strict and report.shortfalls() else 0
 
 
-# ---- bench: checkpoints under backpressure, one run per policy ----
+def _stop(savepoint: str | None, drain: bool) -> str | None:
+    """``VerifySpec.stop`` of ``--stop-with-savepoint [aligned|unaligned]`` and ``--drain``."""
+    if drain:
+        if savepoint == "unaligned":
+            raise ConfigError(
+                "--drain takes an aligned savepoint",
+                detail="a drain processes everything in flight before its savepoint",
+                hint="drop --drain, or give --stop-with-savepoint without 'unaligned'",
+            )
+        return "drain"
+    if savepoint is None:
+        return None
+    return "unaligned-savepoint" if savepoint == "unaligned" else "savepoint"
 
 
 @functools.cache
@@ -218,6 +232,29 @@ def add_parser(sub: Any) -> None:
         type=int,
         default=None,
         help="stop the run with failures part way and restore it at this parallelism",
+    )
+    env_option(
+        p,
+        "--stop-with-savepoint",
+        env="SPILLOVER_VERIFY_STOP_WITH_SAVEPOINT",
+        nargs="?",
+        const="aligned",
+        default=None,
+        choices=["aligned", "unaligned"],
+        help="instead of crashing it, stop the run with failures part way with a "
+        "savepoint (aligned as Flink's, or unaligned: what is in flight goes into it), "
+        "restore that (at --rescale-to if given) and run it to the end",
+    )
+    env_option(
+        p,
+        "--drain",
+        env="SPILLOVER_VERIFY_DRAIN",
+        type=lambda v: str(v).strip().lower() in ("1", "true", "yes", "on"),
+        nargs="?",
+        const=True,
+        default=False,
+        help="stop with drain: every operator finishes and the job ends for good; checks "
+        "that everything the sources emitted was committed once",
     )
     env_option(
         p,

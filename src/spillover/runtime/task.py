@@ -631,7 +631,8 @@ class Task:
                 # Backpressured: process no new input, but take priority events.
                 self.output_wait_seconds += self.take_priority(0.0005)
                 continue
-            pause = max(op.ready_at() for op in self.ops) - time.monotonic()
+            pause = max((op.ready_at() for op in self.ops[: self._opened]), default=0.0)
+            pause -= time.monotonic()
             if pause > 0:
                 # An operator paces itself: wait, still taking unaligned barriers.
                 self.take_priority(min(pause, self.flush_interval))

@@ -98,7 +98,14 @@ class Report:
             f"in-flight data: {self.inflight_persisted} bytes persisted by completed "
             f"checkpoints, {self.inflight_replayed} bytes replayed by restores",
         ]
-        if self.spec.rescale_to:
+        if self.spec.stop:
+            how = {
+                "savepoint": "an aligned savepoint",
+                "unaligned-savepoint": "an unaligned savepoint",
+                "drain": "drain and a savepoint",
+            }[self.spec.stop]
+            lines.append(f"stopped part way with {how}, then restored from the savepoint")
+        elif self.spec.rescale_to:
             lines.append(
                 f"rescaled from the latest checkpoint, which held {self.restored_inflight} "
                 "bytes of in-flight data"

@@ -8,8 +8,11 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
+
+import numpy as np
 
 from spillover.config import Config
 from spillover.deploy import create_executor
@@ -30,6 +33,9 @@ from spillover.verify.spec import (
     VerifySpec,
 )
 from spillover.verify.topologies import (
+    KEYED_CHECKS,
+    SUMMARY_PARTITION,
+    TOPOLOGIES,
     _ship_by_value,
 )
 
@@ -126,14 +132,14 @@ def run_rescaled(
     r1 = first.run(timeout=600, stop_after=stop_after, stop_when=ready)
     completed = r1.completed_checkpoints()
     if r1.status == "finished":
-        raise RuntimeError(
+        raise ConfigError(
             "the run ended before it was stopped: give it more records (or a slower sink), "
             "so that every induced failure happens and then a checkpoint completes"
             + (" with in-flight data" if spec.policy != "aligned" else "")
             + " while it runs"
         )
     if not completed:
-        raise RuntimeError("no checkpoint completed before the stop: lengthen the run")
+        raise ConfigError("no checkpoint completed before the stop: lengthen the run")
     # Only the latest completed checkpoint keeps exactly-once: sinks published up to it.
     restored = completed[-1]
     graph = make_job(out_dir, name, spec.rescale_to).build()
@@ -158,6 +164,93 @@ def run_rescaled(
     return out
 
 
+STOPS = ("savepoint", "unaligned-savepoint", "drain")
+# Whose sink commits every record, which a drained stop is checked by.
+DRAIN_TOPOLOGIES = tuple(t for t in TOPOLOGIES if t not in KEYED_CHECKS and t != "broadcast")
+
+
+def run_stopped(
+    spec: VerifySpec, workdir: str, name: str, failures: FailureInjector, stop_after: float
+) -> RunOutput:
+    """Runs at ``spec.parallelism`` until every induced failure happened and a
+    checkpoint completed (or ``stop_after`` seconds), stops it with a savepoint
+    (``spec.stop``), then restores the savepoint (at ``spec.rescale_to`` if given)
+    and runs that to the end. After a drain the restored job has nothing left to
+    run: every operator finished."""
+    assert spec.stop in STOPS
+    out_dir = os.path.join(workdir, name, "output")
+    ckpt = _checkpoints(spec, workdir, name)
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = config_for(spec, ckpt)
+    make_job = spec.factory()
+    first = _executor(
+        spec, make_job(out_dir, name, spec.parallelism).build(), cfg, failures=failures
+    )
+    stopping = threading.Event()
+
+    def stop() -> None:
+        deadline = time.monotonic() + stop_after
+        while not stopping.wait(0.01):
+            if time.monotonic() >= deadline or (failures.pending == 0 and first.completed_ids()):
+                first.stop_with_savepoint(
+                    drain=spec.stop == "drain", unaligned=spec.stop == "unaligned-savepoint"
+                )
+                return
+
+    stopper = threading.Thread(target=stop, name="verify-stop", daemon=True)
+    stopper.start()
+    try:
+        r1 = first.run(timeout=600)
+    finally:
+        stopping.set()
+        stopper.join()
+    if r1.savepoint is None:
+        raise ConfigError(
+            "the run ended before it was stopped with a savepoint: give it more records "
+            "(or a slower sink)" + (f" ({r1.failures[-1]})" if r1.failures else "")
+        )
+    p = spec.rescale_to or spec.parallelism
+    graph = make_job(out_dir, name, p).build()
+    # Failures not fired before the stop may fire after the restore.
+    r2 = _executor(spec, graph, cfg, failures=failures, restore_checkpoint=r1.savepoint).run(
+        timeout=600
+    )
+    r2.attempts += r1.attempts
+    r2.checkpoints = r1.checkpoints + r2.checkpoints
+    r2.failures = r1.failures + r2.failures
+    r2.restored_from = r1.restored_from + r2.restored_from
+    r2.replayed_bytes += r1.replayed_bytes
+    r2.savepoint = r1.savepoint
+    if r1.status != ("finished" if spec.stop == "drain" else "stopped"):
+        r2.status = r1.status
+    return RunOutput(
+        r2,
+        _read(spec, out_dir),
+        _state_of(spec, r2, graph.max_parallelism),
+        [s.describe() for s in failures.fired],
+        out_dir=out_dir,
+        max_parallelism=graph.max_parallelism,
+    )
+
+
+def drained_part(expected: RunOutput, actual: RunOutput) -> RunOutput:
+    """What a failure-free run committed of the records a drained run's sources had
+    emitted when it stopped: per source partition, the records up to the highest
+    ``seq`` the drained run committed (a drain commits a contiguous prefix of each
+    partition, so a gap below it is a loss); ``finish()`` summaries are kept whole."""
+    e, a = expected.rows, actual.rows
+    data = a[a["partition"] < SUMMARY_PARTITION]
+    parts, inverse = np.unique(data["partition"], return_inverse=True)
+    high = np.full(len(parts), -1, dtype=np.int64)
+    np.maximum.at(high, inverse, data["seq"].astype(np.int64))
+    where = np.clip(np.searchsorted(parts, e["partition"]), 0, max(len(parts) - 1, 0))
+    emitted = np.zeros(len(e), dtype=bool)
+    if len(parts):
+        emitted = (parts[where] == e["partition"]) & (e["seq"] <= high[where])
+    keep = emitted | (e["partition"] >= SUMMARY_PARTITION)
+    return RunOutput(expected.result, e[keep], {}, out_dir=expected.out_dir)
+
+
 def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
     """Runs the job without and with ``spec.failures`` induced failures."""
     if spec.order not in ("per-key", None):
@@ -167,6 +260,14 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
             "a Spark master (--master) needs the spark executor",
             detail=f"master {spec.master!r} with executor {spec.executor!r}",
             hint="add --executor spark (VerifySpec.executor='spark')",
+        )
+    if spec.stop is not None and spec.stop not in STOPS:
+        raise ConfigError(f"stop must be one of {STOPS}, got {spec.stop!r}")
+    if spec.stop == "drain" and (spec.job is not None or spec.topology not in DRAIN_TOPOLOGIES):
+        raise ConfigError(
+            f"a drained stop is checked record by record, which {spec.describe()} is not",
+            hint="use a built-in topology whose sink gets every record: "
+            + ", ".join(DRAIN_TOPOLOGIES),
         )
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-verify-")
@@ -186,13 +287,28 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
             records_per_subtask=max(1, spec.records // spec.parallelism),
         )
         started = time.monotonic()
+        # A bound; stop_when decides. Spark adds a stage start per attempt.
+        stop_after = 0.8 * baseline.result.duration_s + 5.0
+        if spec.executor != "local":
+            stop_after += 30.0
+        if spec.stop is not None:
+            # Half way through (at the latest), so the stop comes while the job runs.
+            half = 0.5 * baseline.result.duration_s + (30.0 if spec.executor != "local" else 0)
+            actual = run_stopped(spec, workdir, "with-stop", injector, half)
+            if spec.stop == "drain":
+                actual.state = {}
+                report = compare(spec, drained_part(baseline, actual), actual)
+                report.checks.append(
+                    "a drain commits every record its sources emitted (the failure-free "
+                    "run's, up to each partition's last committed one) once"
+                )
+            else:
+                report = compare(spec, baseline, actual)
+            report.duration_s = time.monotonic() - started
+            return report
         if spec.rescale_to is None:
             actual = run_once(spec, workdir, "with-failures", injector)
         else:
-            # A bound; stop_when decides. Spark adds a stage start per attempt.
-            stop_after = 0.8 * baseline.result.duration_s + 5.0
-            if spec.executor != "local":
-                stop_after += 30.0
             actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after)
         report = compare(spec, baseline, actual)
         report.duration_s = time.monotonic() - started

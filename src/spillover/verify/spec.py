@@ -51,6 +51,11 @@ class VerifySpec:
     # failure-free reference run always uses the local executor.
     executor: str = "local"
     master: str | None = None
+    # Stop-with-savepoint instead of a crash: "savepoint" (aligned, as Flink),
+    # "unaligned-savepoint" (what is in flight goes into it) or "drain"; the run with
+    # failures is stopped part way, then restored from its savepoint (at
+    # ``rescale_to`` if given) and run to the end.
+    stop: str | None = None
     # Where checkpoints go (a path or pyarrow URI such as s3://...): each run uses
     # <checkpoint_dir>/<run name>. None: under the work directory.
     checkpoint_dir: str | None = None

@@ -93,3 +93,18 @@ def test_verify_refuses_a_master_without_the_spark_executor(
     assert "ConfigError" in err and "(--master) needs the spark executor" in err
     assert "'local[2]' with executor 'local'" in err and "--executor spark" in err
     assert not work.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--drain", "--stop-with-savepoint", "unaligned"], "--drain takes an aligned savepoint"),
+        (["--drain", "--topology", "rebalance-chain"], "a drained stop is checked record by"),
+    ],
+)
+def test_verify_refuses_stops_it_cannot_check(
+    flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", *flags, "--workdir", str(tmp_path / "work")]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
