@@ -505,9 +505,14 @@ def test_finish_output_is_committed_once_on_spark(sc: Any, tmp_path: Path) -> No
     assert report.exact, report.text()
 
 
-def test_stop_with_savepoint_on_spark_resumes_exactly(sc: Any, tmp_path: Path) -> None:
-    """A stop without drain reaches the sources in the Spark workers; the savepoint
-    it leaves resumes (here on the local executor) with every record committed once."""
+@pytest.mark.parametrize("unaligned", [False, True])
+def test_stop_with_savepoint_on_spark_resumes_exactly(
+    sc: Any, tmp_path: Path, unaligned: bool
+) -> None:
+    """A stop without drain reaches the sources in the Spark workers (unaligned: the
+    savepoint's barrier and the tasks' suspension travel over the control
+    connections); the savepoint it leaves resumes (here on the local executor) with
+    every record committed once."""
     from spillover.config import Config
     from spillover.deploy.local import LocalExecutor
     from spillover.verify.output import read_output
@@ -532,13 +537,14 @@ def test_stop_with_savepoint_on_spark_resumes_exactly(sc: Any, tmp_path: Path) -
     def stop() -> None:
         while not ex.completed_ids():
             time.sleep(0.01)
-        ex.stop_with_savepoint(drain=False)
+        ex.stop_with_savepoint(drain=False, unaligned=unaligned)
 
     stopper = threading.Thread(target=stop, daemon=True)
     stopper.start()
     result = ex.run(timeout=300)
     stopper.join()
     assert result.status == "stopped" and result.savepoint is not None, result
+    assert any(c["savepoint"] for c in result.checkpoints) == unaligned
     first = read_output(str(out))
     assert 0 < len(first) < 40_000, "stopped while the job ran"
     resumed = LocalExecutor(job(), cfg, restore_checkpoint=result.savepoint).run(timeout=120)
