@@ -225,3 +225,24 @@ def test_verify_finishing_is_exact_after_a_failure_past_the_finished_branch(
     assert len(failures.fired) == 1
     report = compare(spec, base, other)
     assert report.exact, report.text()
+
+
+def test_a_window_committed_twice_is_named(tmp_path: Path) -> None:
+    """The finishing topology's event-time windows are compared too: a window
+    committed twice (or never) makes the run inexact, and the report names it."""
+    import os
+    import shutil
+
+    from spillover.verify.topologies import WINDOW_VIEW_DIR
+
+    spec = VerifySpec(topology="finishing", records=8_000, rate_per_subtask=None, failures=0)
+    run = run_once(spec, str(tmp_path), "run", FailureInjector())
+    assert compare(spec, run, run).exact
+    assert run.out_dir is not None
+    view = os.path.join(run.out_dir, WINDOW_VIEW_DIR)
+    part = sorted(f for f in os.listdir(view) if f.endswith(".parquet"))[0]
+    shutil.copy(os.path.join(view, part), os.path.join(view, "part-9-a0-c0-0.parquet"))
+    again = run_once(spec, str(tmp_path), "again", FailureInjector())
+    report = compare(spec, again, run)
+    assert not report.exact and report.windows_wrong, report.text()
+    assert "event-time windows differ" in report.text()

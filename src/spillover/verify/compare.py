@@ -24,6 +24,8 @@ from spillover.verify.topologies import (
     BROADCAST_VIEW_DIR,
     KEYED_CHECKS,
     ORDER_FREE_TOPOLOGIES,
+    WINDOW_DTYPE,
+    WINDOW_VIEW_DIR,
     _broadcast_records,
 )
 
@@ -54,6 +56,10 @@ class Report:
     )
     # (new subtask, partition, seq, times) of broadcast records not seen exactly once
     broadcast_wrong: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # (key, window end, expected count, found count) of finishing's event-time windows
+    windows_wrong: list[tuple[int, int, int | None, int | None]] = field(default_factory=list)
+    # ``finishing`` after a drain: (short partition, summarised, committed)
+    summaries_wrong: list[tuple[int, int, int]] = field(default_factory=list)
     # (partition, seq) committed with failures but never without
     unexpected: list[tuple[int, int]] = field(default_factory=list)
     # (partition, seq, key, key group, subtask, parallelism): a key outside the key
@@ -134,6 +140,14 @@ class Report:
             (
                 "broadcast records not seen once (subtask, partition, seq, times)",
                 self.broadcast_wrong,
+            ),
+            (
+                "event-time windows differ (key, window end, expected, found)",
+                self.windows_wrong,
+            ),
+            (
+                "finish() summaries miscount (partition, summarised, committed)",
+                self.summaries_wrong,
             ),
         ):
             if items:
@@ -342,11 +356,38 @@ def check_promises(
             (name, k, e.get(k), a.get(k)) for k in sorted(set(e) | set(a)) if e.get(k) != a.get(k)
         ][:1000]
         report.checks.append(f"final {name} per key equal")
+    if spec.topology == "finishing" and spec.stop != "drain":
+        e_w, a_w = (_windows(run) for run in (expected, actual))
+        report.windows_wrong = [
+            (k, end, e_w.get((k, end)), a_w.get((k, end)))
+            for k, end in sorted(set(e_w) | set(a_w))
+            if e_w.get((k, end)) != a_w.get((k, end))
+        ][:1000]
+        report.checks.append("event-time window counts equal")
     if spec.topology == "broadcast":
         if actual.out_dir is None:
             raise ValueError("the run's output directory is unknown (RunOutput.out_dir)")
         rows = _read_rows(os.path.join(actual.out_dir, BROADCAST_VIEW_DIR), BROADCAST_DTYPE)
         report.broadcast_wrong = broadcast_wrong(spec, rows)
         report.checks.append("every broadcast record seen once by every subtask")
-    report.exact = report.exact and not report.keyed_state_mismatch and not report.broadcast_wrong
+    report.exact = (
+        report.exact
+        and not report.keyed_state_mismatch
+        and not report.broadcast_wrong
+        and not report.windows_wrong
+    )
     return report
+
+
+def _windows(run: RunOutput) -> dict[tuple[int, int], int]:
+    """The committed window counts of a ``finishing`` run, per (key, window end); a
+    window committed twice shows as its counts added up."""
+    if run.out_dir is None:
+        raise ValueError("the run's output directory is unknown (RunOutput.out_dir)")
+    rows = _read_rows(os.path.join(run.out_dir, WINDOW_VIEW_DIR), WINDOW_DTYPE)
+    out: dict[tuple[int, int], int] = {}
+    for k, end, n in zip(
+        rows["key"].tolist(), rows["window_end"].tolist(), rows["count"].tolist(), strict=True
+    ):
+        out[(k, end)] = out.get((k, end), 0) + n
+    return out

@@ -24,9 +24,10 @@ from spillover.runtime.api import (
     OperatorSnapshot,
     StateDescriptor,
 )
-from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.generator import GeneratedEventTime, GeneratorSource
 from spillover.runtime.connectors.parquet import ParquetSink
 from spillover.runtime.connectors.throttled import ThrottledSink
+from spillover.runtime.eventtime.strategy import WatermarkStrategy
 from spillover.runtime.graph import DataStream, StreamEnvironment
 from spillover.runtime.operators import CoMap, TwoInputOperator
 
@@ -49,6 +50,12 @@ TOPOLOGIES = ("pipeline", "multi-input", "union", "finishing", *RESCALE_TOPOLOGI
 # ``finishing``: the summary record of source partition ``p`` has partition
 # ``SUMMARY_PARTITION + p`` (data records keep theirs).
 SUMMARY_PARTITION = 100_000
+SHORT_OFFSET = 1000  # ``finishing``: the short branch's partitions are 1000 + p
+# ``finishing``'s event-time branch: tumbling window counts of the main branch per
+# key, committed under the output directory (``key``, ``window_end``, ``count``).
+WINDOW_VIEW_DIR = "windows"
+WINDOW_DTYPE = np.dtype([("key", "<i8"), ("window_end", "<i8"), ("count", "<i8")])
+WINDOW_MS = 1_000
 POLICIES = CHECKPOINT_POLICIES
 
 
@@ -281,6 +288,12 @@ def build(
         build_rescale_topology(spec, env, out_dir, p)
         return env
 
+    # finishing: event time, each partition's records 1 ms apart, up to 50 ms out
+    # of order, and watermarks that allow for it (no record is ever late).
+    timed = spec.topology == "finishing"
+    event_time = GeneratedEventTime(step_ms=1, max_disorder_ms=50) if timed else None
+    watermarks = WatermarkStrategy.bounded_out_of_orderness("ts", 50) if timed else None
+
     def source(uid: str, seed: int) -> DataStream:
         partitions = 2 * spec.parallelism  # fixed across rescaling: partitions move
         gen = GeneratorSource(
@@ -291,8 +304,9 @@ def build(
             rate_per_subtask=spec.rate_per_subtask,
             batch_size=512,
             seed=seed,
+            event_time=event_time,
         )
-        return env.from_source(gen, uid=uid)
+        return env.from_source(gen, uid=uid, watermarks=watermarks)
 
     if spec.topology == "pipeline":
         s = source("source", spec.seed).map(per_partition_keys(0), uid="keys")
@@ -304,8 +318,12 @@ def build(
         keyed = keyed.key_by("key")
     elif spec.topology == "finishing":
         # A short branch, unpaced (it ends within the first checkpoints) with an
-        # operator that emits in finish(), beside the paced main branch.
+        # operator that emits in finish(), beside the paced main branch, whose
+        # records are also counted in event-time windows.
         a = source("source", spec.seed).map(per_partition_keys(0), uid="keys")
+        a.key_by("key").window_count(WINDOW_MS, timestamp_field="ts", uid="windows").sink(
+            ParquetSink(os.path.join(out_dir, WINDOW_VIEW_DIR)), uid="window-sink"
+        )
         partitions = 2 * spec.parallelism
         short = GeneratorSource(
             partitions=partitions,
@@ -313,11 +331,12 @@ def build(
             payload_bytes=100,
             batch_size=512,
             seed=spec.seed + 1,
+            event_time=event_time,
         )
         b = (
-            env.from_source(short, uid="short-source")
-            .map(per_partition_keys(1000), uid="short-keys")
-            .process(FinishSummary(partitions, 1000, a.dtype), uid="summary")
+            env.from_source(short, uid="short-source", watermarks=watermarks)
+            .map(per_partition_keys(SHORT_OFFSET), uid="short-keys")
+            .process(FinishSummary(partitions, SHORT_OFFSET, a.dtype), uid="summary")
         )
         keyed = a.key_by("key").union(b.key_by("key")).map(lambda x: x, uid="union")
         keyed = keyed.key_by("key")
