@@ -246,3 +246,35 @@ def test_a_window_committed_twice_is_named(tmp_path: Path) -> None:
     report = compare(spec, again, run)
     assert not report.exact and report.windows_wrong, report.text()
     assert "event-time windows differ" in report.text()
+
+
+def test_a_finished_keyed_operator_keeps_its_state_in_checkpoints_after_a_restore(
+    tmp_path: Path,
+) -> None:
+    """A keyed operator that finished is restored finished and never runs again, but
+    its keyed state stays in every checkpoint after the restore (FLIP-147 keeps a
+    finished operator's state)."""
+    from spillover.verify.topologies import RunningTotal
+
+    name = "finished-keyed"
+    env = StreamEnvironment(name, parallelism=2, max_parallelism=128)
+    short = GeneratorSource(partitions=2, records_per_partition=SHORT, payload_bytes=100)
+    env.from_source(short, uid="short").key_by("key").process(RunningTotal(), uid="totals").sink(
+        CollectingSink(name + "-short"), uid="short-sink"
+    )
+    long = GeneratorSource(
+        partitions=2, records_per_partition=LONG, payload_bytes=16, rate_per_subtask=2500
+    )
+    env.from_source(long, uid="long").rebalance().sink(CollectingSink(name), uid="long-sink")
+    failures = FailureInjector([FailureSpec("operator", "long", 0, after_records=LONG // 2)])
+    result = LocalExecutor(env, _config(tmp_path, "aligned"), failures=failures).run(timeout=120)
+    assert result.status == "finished" and len(failures.fired) == 1, result
+    restored = result.restored_from[0]
+    storage = CheckpointStorage(str(tmp_path / "ckpt"), name)
+    assert storage.read_metadata(restored)["tasks"]["totals"]["finished"] == "fully"
+    after = [cid for cid in storage.completed_ids() if cid > restored]
+    assert after, "no checkpoint completed after the restore"
+    for cid in after:
+        subtasks = storage.read_metadata(cid)["tasks"]["totals"]["subtasks"]
+        assert all(s["keyed"] for s in subtasks.values()), (cid, subtasks)
+    assert len(CollectingSink.records(name + "-short")) == 2 * SHORT  # not run again

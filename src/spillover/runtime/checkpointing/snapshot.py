@@ -52,17 +52,16 @@ def take_snapshot(
         task.final_checkpoint_id = cid  # its completion lets the task end (FLIP-147)
     snaps: dict[str, OperatorSnapshot]
     if task.finished_on_restore:
-        # Never opened: the state it was restored with is its state, as it was.
+        # Never opened: the state it was restored with is its state, as it was (its
+        # keyed state was restored and is written again below, FLIP-147 keeps it).
         assert task.restore_state is not None
         snaps = {
             uid: OperatorSnapshot(state) for uid, state in task.restore_state.operator_state.items()
         }
-        keyed_write = None
     else:
         snaps = {n.uid: op.snapshot(cid) for n, op in zip(task.vertex.nodes, task.ops, strict=True)}
-        keyed_write = task.keyed.snapshot() if task.keyed is not None else None
-    keyed = task.keyed if keyed_write is not None else None
-    state_bytes = float(keyed.state_bytes()) if keyed is not None else 0.0
+    keyed_write = task.keyed.snapshot() if task.keyed is not None else None
+    state_bytes = float(task.keyed.state_bytes()) if task.keyed is not None else 0.0
     if barrier is None:
         barrier = CheckpointBarrier(cid, trigger_ms)
     unaligned = task.unaligned
