@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from spillover.cli import main
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.errors import ConfigError
@@ -66,7 +67,7 @@ def _stop_once_checkpointed(ex: LocalExecutor, drain: bool, **how: Any) -> threa
 
 @pytest.mark.parametrize("unaligned", [False, True])
 def test_a_stop_without_drain_resumes_exactly_from_its_savepoint(
-    unaligned: bool, tmp_path: Path
+    unaligned: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = f"stop-{unaligned}"
     SummaryOnFinish.opened.pop(name, None)
@@ -81,6 +82,11 @@ def test_a_stop_without_drain_resumes_exactly_from_its_savepoint(
     assert not (first["partition"] < 0).any(), "finish() ran although nothing drained"
     meta = read_checkpoint(result.savepoint)
     assert all(t["finished"] == "running" for t in meta["tasks"].values())
+    # Kept beside the checkpoints by default, where inspect lists it after them.
+    job_dir = tmp_path / "ckpt" / name
+    assert result.savepoint.startswith(str(job_dir / "savepoints" / "savepoint-"))
+    assert main(["inspect", str(job_dir), "--no-verify"]) == 0
+    assert f"savepoint {meta['checkpoint_id']} of job {name!r}" in capsys.readouterr().out
     # Everything up to the savepoint is committed, nothing after it is.
     assert CollectingSink.staged_records(name) == 0
 
@@ -134,7 +140,9 @@ def test_a_drained_stop_refuses_an_unaligned_savepoint(tmp_path: Path) -> None:
         ex.stop_with_savepoint(drain=True, unaligned=True)
 
 
-def test_a_stop_with_drain_finishes_the_job_for_good(tmp_path: Path) -> None:
+def test_a_stop_with_drain_finishes_the_job_for_good(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     name = "stop-drain"
     SummaryOnFinish.opened.pop(name, None)
     ex = LocalExecutor(_job(name), _config(tmp_path))
@@ -151,6 +159,8 @@ def test_a_stop_with_drain_finishes_the_job_for_good(tmp_path: Path) -> None:
     assert summaries["seq"].sum() == len(data)
     meta = read_checkpoint(result.savepoint)
     assert meta["final"] and all(t["finished"] == "fully" for t in meta["tasks"].values())
+    assert main(["inspect", result.savepoint, "--no-verify"]) == 0
+    assert "finished operators: sink (fully), source (fully)" in capsys.readouterr().out
 
 
 def test_a_stop_needs_checkpoint_storage() -> None:

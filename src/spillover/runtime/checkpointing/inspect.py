@@ -16,14 +16,26 @@ def is_checkpoint_dir(path: str) -> bool:
 
 
 def checkpoint_dirs(path: str) -> list[str]:
-    """``path`` itself when it is a checkpoint, else its ``chk-*`` checkpoints, oldest first."""
+    """``path`` itself when it is a checkpoint, else its ``chk-*`` checkpoints, oldest
+    first, then the savepoints in it (``savepoint-*`` directories, also under a
+    ``savepoints`` directory: where stop-with-savepoint writes them by default)."""
     if is_checkpoint_dir(path):
         return [path]
     if not os.path.isdir(path):
         return []
-    found = [os.path.join(path, n) for n in os.listdir(path) if n.startswith("chk-")]
-    found = [d for d in found if is_checkpoint_dir(d)]
-    return sorted(found, key=lambda d: int(d.rsplit("-", 1)[1]))
+    names = os.listdir(path)
+    found = [os.path.join(path, n) for n in names if n.startswith("chk-")]
+    found = sorted(
+        (d for d in found if is_checkpoint_dir(d)), key=lambda d: int(d.rsplit("-", 1)[1])
+    )
+    savepoints = [os.path.join(path, n) for n in sorted(names) if n.startswith("savepoint-")]
+    if os.path.isdir(os.path.join(path, "savepoints")):
+        inner = os.path.join(path, "savepoints")
+        savepoints += [os.path.join(inner, n) for n in sorted(os.listdir(inner))]
+    for sp in savepoints:
+        if os.path.isdir(sp):
+            found += [d for d in checkpoint_dirs(sp) if os.path.dirname(d) == sp]
+    return found
 
 
 def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
@@ -88,6 +100,9 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
         "checkpoint_id": meta["checkpoint_id"],
         "job": meta["job"],
         "final": meta["final"],
+        "savepoint": "savepoint" in meta,
+        # FLIP-147: per operator, fully / partially finished or running
+        "finished": {uid: e.get("finished", "running") for uid, e in sorted(meta["tasks"].items())},
         "graph_fingerprint": meta["graph_fingerprint"],
         "settings": meta["settings"],
         "trigger_ms": meta["trigger_ms"],
@@ -118,12 +133,17 @@ def _keeps(flt: dict[str, Any] | None) -> str:
 
 def render(s: dict[str, Any]) -> str:
     lines = [
-        f"checkpoint {s['checkpoint_id']} of job {s['job']!r} ({s['path']})"
-        + (" [final]" if s["final"] else ""),
+        f"{'savepoint' if s.get('savepoint') else 'checkpoint'} {s['checkpoint_id']} of job "
+        f"{s['job']!r} ({s['path']})" + (" [final]" if s["final"] else ""),
         f"  took {s['completed_ms'] - s['trigger_ms']} ms; settings {s['settings']}; "
         f"graph {s['graph_fingerprint']}",
         f"  operator state {s['state_bytes']} bytes, in-flight data {s['inflight_bytes']} bytes",
     ]
+    done = {uid: f for uid, f in s.get("finished", {}).items() if f != "running"}
+    if done:
+        lines.append(
+            "  finished operators: " + ", ".join(f"{uid} ({f})" for uid, f in done.items())
+        )
     for t in s["subtasks"]:
         state, inflight = t["state_bytes"], t["inflight_bytes"]
         lines.append(f"  {t['task']:<28} state {state:>10} B  in-flight {inflight:>10} B")
