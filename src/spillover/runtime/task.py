@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from spillover.records import FixedWidthSerializer, RecordReader
-from spillover.runtime.api import Batch, Operator, OperatorContext, Output
+from spillover.runtime.api import Operator, OperatorContext, Output
 from spillover.runtime.checkpointing.aligned import AlignmentStats, BarrierHandler
 from spillover.runtime.checkpointing.channel_state import CheckpointDir
 from spillover.runtime.checkpointing.messages import (
@@ -52,9 +52,8 @@ from spillover.runtime.checkpointing.messages import (
 )
 from spillover.runtime.checkpointing.snapshot import take_snapshot
 from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint, UnalignedCheckpoints
-from spillover.runtime.eventtime.strategy import SourceEvents, SourceWatermarks, WatermarkingOutput
+from spillover.runtime.eventtime.clock import TaskClock
 from spillover.runtime.eventtime.timers import KeyedTimerService
-from spillover.runtime.eventtime.valve import StatusWatermarkValve
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.network import events as ev
@@ -62,6 +61,7 @@ from spillover.runtime.network.buffers import NetworkBuffer
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
+from spillover.runtime.outputs import ChainOutput, NetworkOutput
 from spillover.runtime.recovery.channels import ChannelStateReplay
 from spillover.storage.handle import DataType
 
@@ -104,52 +104,6 @@ class TaskRestore:
     rescaled_state: dict[str, list[Any]] = field(default_factory=dict)
     # The checkpoint recorded its operators as finished: they are not run again.
     finished: bool = False
-
-
-class ChainOutput:
-    """Output of a chained operator: the next operator's input."""
-
-    def __init__(self, op: Operator) -> None:
-        self.op = op
-
-    def emit(self, batch: Batch) -> None:
-        if len(batch):
-            self.op.process(batch, 0)
-
-    def emit_watermark(self, timestamp_ms: int) -> None:
-        self.op.process_watermark(timestamp_ms)
-
-
-class NetworkOutput:
-    """Output of a chain's tail: every outgoing edge's writer, and its outbox for the
-    events that travel in line (watermarks, watermark statuses)."""
-
-    def __init__(self, writers: list[PartitionWriter], outboxes: list[Outbox]) -> None:
-        self.writers = writers
-        self.outboxes = outboxes
-        self.records = 0
-        self.idle = False  # the watermark status last sent
-
-    def emit(self, batch: Batch) -> None:
-        if len(batch):
-            self.records += len(batch)
-            for w in self.writers:
-                w.emit(batch)
-
-    def _send(self, event: ev.Watermark | ev.WatermarkStatus) -> None:
-        # Partly filled buffers go first: the event follows whole records.
-        for w in self.writers:
-            w.flush()
-        for box in self.outboxes:
-            box.send_event(event)
-
-    def emit_watermark(self, timestamp_ms: int) -> None:
-        self._send(ev.Watermark(timestamp_ms))
-
-    def emit_status(self, idle: bool) -> None:
-        if idle != self.idle:
-            self.idle = idle
-            self._send(ev.WatermarkStatus(idle))
 
 
 class Task:
@@ -208,12 +162,7 @@ class Task:
         )
         self.ops: list[Operator] = [n.instantiate() for n in vertex.nodes]
         self.net_out = NetworkOutput(writers, outboxes)
-        # Event time: the task's watermark, combined over its input channels; a
-        # source's own watermarks, when its operator has a strategy.
-        self.valve = StatusWatermarkValve(len(channels)) if channels else None
-        self.watermark = ev.MIN_WATERMARK
-        self.source_watermarks: SourceWatermarks | None = None
-        self._source_out: Output = self.net_out  # where a source's records go
+        self.clock = TaskClock(self, len(channels))  # event time
         self.records_in = 0
         self.busy_seconds = 0.0
         self.started_at = 0.0
@@ -360,10 +309,7 @@ class Task:
                 last = i + 1 == len(self.ops)
                 out: Output = self.net_out if last else ChainOutput(self.ops[i + 1])
                 if i == 0 and self.vertex.is_source:
-                    self._source_out = out
-                    if node.watermarks is not None:
-                        self.source_watermarks = SourceWatermarks(node.watermarks, op)
-                        out = WatermarkingOutput(out, self.source_watermarks)
+                    out = self.clock.source_output(out, node.watermarks, op)
                 keyed = self.keyed if node.keyed else None
                 op.open(
                     OperatorContext(
@@ -529,8 +475,8 @@ class Task:
                     continue
                 t = time.monotonic()
                 more = src.on_timer()
-                if self.source_watermarks is not None and more:
-                    self._emit_source_events(self.source_watermarks.poll())
+                if more:
+                    self.clock.poll_source()
                 self.busy_seconds += time.monotonic() - t
                 self.failures.check(
                     "operator",
@@ -546,39 +492,11 @@ class Task:
             else:
                 self._mail(block=True, timeout=0.05)
 
-    def _emit_source_events(self, events: SourceEvents) -> None:
-        for e in events:
-            if isinstance(e, ev.Watermark):
-                self._advance_watermark(e.timestamp_ms)
-            else:
-                self.net_out.emit_status(e.idle)
-
-    def _advance_watermark(self, timestamp_ms: int) -> None:
-        """The task's watermark advances: through the chain (timers fire) and on, in
-        order with the data."""
-        if timestamp_ms <= self.watermark:
-            return
-        self.watermark = timestamp_ms
-        if self.finished_on_restore:
-            self.net_out.emit_watermark(timestamp_ms)  # nothing of the chain runs again
-        elif self.vertex.is_source:
-            self._source_out.emit_watermark(timestamp_ms)
-        else:
-            self.ops[0].process_watermark(timestamp_ms)
-
-    def _end_of_time(self) -> None:
-        """The end of input with a drain: MAX_WATERMARK, so every event-time timer
-        fires before ``finish()`` (the status goes active first if it was idle)."""
-        if self.source_watermarks is not None:
-            self._emit_source_events(self.source_watermarks.end())
-        self.net_out.emit_status(False)
-        self._advance_watermark(ev.MAX_WATERMARK)
-
     def _end_of_data(self, drain: bool = True) -> None:
         """All input ended (or the source is exhausted, or stopped): finish the chain
         (unless stopped without drain), tell downstream."""
         if drain:
-            self._end_of_time()
+            self.clock.end_of_time()
         if self.finished_on_restore or not drain:
             self._after_finish(drain)
             return
@@ -679,23 +597,11 @@ class Task:
             "operator", self.attempt, self.vertex.uid, self.subtask, records=self.records_in
         )
 
-    def _on_valve(self, out: list[ev.Watermark | ev.WatermarkStatus]) -> None:
-        for e in out:
-            if isinstance(e, ev.Watermark):
-                self._advance_watermark(e.timestamp_ms)
-            else:
-                self.net_out.emit_status(e.idle)
-
     def _on_event(self, ch: int, event: ev.Event) -> None:
         assert self.barriers is not None
-        if self.suspended and isinstance(event, ev.Watermark | ev.WatermarkStatus):
-            return  # after the stop's savepoint, like data: no timer fires
-        if isinstance(event, ev.Watermark):
-            assert self.valve is not None
-            self._on_valve(self.valve.on_watermark(ch, event.timestamp_ms))
-        elif isinstance(event, ev.WatermarkStatus):
-            assert self.valve is not None
-            self._on_valve(self.valve.on_status(ch, event.idle))
+        if isinstance(event, ev.Watermark | ev.WatermarkStatus):
+            if not self.suspended:  # after the stop's savepoint, like data: no timer fires
+                self.clock.on_event(ch, event)
         elif isinstance(event, ev.CheckpointBarrier):
             if not self.unaligned.on_barrier(ch, event):
                 self.barriers.on_barrier(ch, event)
@@ -709,8 +615,7 @@ class Task:
             if not event.drain:
                 self._no_drain.add(ch)
             else:  # a drained channel no longer holds the watermark back
-                assert self.valve is not None
-                self._on_valve(self.valve.on_end(ch))
+                self.clock.channel_ended(ch)
             idx = self.channels[ch].input_index
             if idx not in self._inputs_ended and self._input_channels[idx] <= self._data_ended:
                 self._inputs_ended.add(idx)
@@ -728,7 +633,7 @@ class Task:
         # One input stopped without draining: nothing finishes (Flink's rule).
         drain = not self._no_drain
         if drain:
-            self._end_of_time()
+            self.clock.end_of_time()
         if not self.finished_on_restore and drain:
             for i, op in enumerate(self.ops):
                 if i > 0:
