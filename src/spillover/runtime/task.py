@@ -9,16 +9,17 @@ aligned with a timeout, bounded in-flight data) and ``checkpointing/snapshot.py`
 acknowledges the checkpoint when done). A restored task replays its channel state
 first (``recovery/channels.py``).
 
-Tasks finish (FLIP-147): once its input ended (or its source is exhausted) a task
-runs ``end_input``/``finish``, sends EndOfData and stays only until a checkpoint it
-took after finishing completed, so two-phase-commit sinks commit its last data;
-then it sends EndOfPartition, tells the coordinator it exited and ends. A subtask
-a checkpoint recorded as finished is restored finished: its operators are never
-opened and run nothing; it sends EndOfData at once.
+Tasks finish (FLIP-147, ``checkpointing/finishing.py``): once its input ended (or
+its source is exhausted) a task runs ``end_input``/``finish``, sends EndOfData and
+stays only until a checkpoint it took after finishing completed, so two-phase-commit
+sinks commit its last data; then it sends EndOfPartition, tells the coordinator it
+exited and ends. A subtask a checkpoint recorded as finished is restored finished:
+its operators are never opened and run nothing; it sends EndOfData at once. Its
+event time (watermarks, the valve) is ``eventtime/clock.py``'s.
 
-Its size is one thread's state machine: the source loop, the input loop, the
-mailbox and the finishing steps read and write the same fields on the same
-thread; the policies and the snapshot, which do not, live in ``checkpointing/``.
+Its size is one thread's state machine: the source loop, the input loop and the
+mailbox read and write the same fields on the same thread; the policies, the
+snapshot and the finishing steps live in ``checkpointing/``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from spillover.records import FixedWidthSerializer, RecordReader
 from spillover.runtime.api import Operator, OperatorContext, Output
 from spillover.runtime.checkpointing.aligned import AlignmentStats, BarrierHandler
 from spillover.runtime.checkpointing.channel_state import CheckpointDir
+from spillover.runtime.checkpointing.finishing import (
+    FINAL_WITHOUT_CHECKPOINTS,
+    await_final,
+    end_of_data,
+    end_of_inputs,
+)
 from spillover.runtime.checkpointing.messages import (
     Ack,
     Cancel,
@@ -73,9 +80,6 @@ __all__ = [
     "TaskCancelled",
     "TaskRestore",
 ]
-
-# The id operators see when a job without checkpointing commits at its end.
-FINAL_WITHOUT_CHECKPOINTS = 2**62
 
 
 class TaskCancelled(Exception):
@@ -168,7 +172,7 @@ class Task:
         self.started_at = 0.0
         self.finished_at = 0.0
         self._last_flush = 0.0
-        self._terminate = False
+        self.terminate = False
         self._data_ended: set[int] = set()
         self._inputs_ended: set[int] = set()
         n_inputs = 1 + max((c.input_index for c in channels), default=0)
@@ -202,10 +206,10 @@ class Task:
         # Stop-with-savepoint without drain: the data ended, no operator finished.
         self.stopped = False
         self._stop_request: bool | None = None  # a StopSource's drain, until handled
-        self._no_drain: set[int] = set()  # channels whose EndOfData said "stop"
+        self.no_drain_channels: set[int] = set()  # channels whose EndOfData said "stop"
         self.final_checkpoint_id: int | None = None  # the first one taken after that
-        self._final_done = False  # ... completed: the task may end
-        self._deferred: list[TriggerCheckpoint] = []  # root triggers before the gate ended
+        self.final_done = False  # ... completed: the task may end
+        self.deferred_triggers: list[TriggerCheckpoint] = []  # root triggers before the gate ended
         self.last_snapshot_id = -1  # the newest checkpoint it took
         # An unaligned stop's savepoint: its id (told before its barrier can come),
         # and whether this task took it (then it processes no more data).
@@ -275,7 +279,7 @@ class Task:
                 self._run_source()
             else:
                 self._run_inputs()
-                self._await_final()
+                await_final(self)
             if not self.suspended:
                 self.drain_blocking()
                 for p in self.partitions:
@@ -359,7 +363,7 @@ class Task:
         self.busy_seconds += time.monotonic() - t
         self._maybe_flush()
 
-    def _mail(self, block: bool = False, timeout: float | None = None) -> float:
+    def mail(self, block: bool = False, timeout: float | None = None) -> float:
         """Runs queued mailbox messages; returns the seconds spent waiting for one."""
         waited = 0.0
         while True:
@@ -378,12 +382,12 @@ class Task:
                     raise TaskCancelled(self.name)
                 case TriggerCheckpoint():  # a root: a source, or inputs all ended
                     if self._gate is None or self._gate.finished:
-                        self._trigger_root(message)
+                        self.trigger_root(message)
                     else:
                         # An upstream exited but its EndOfPartition is still on the way:
                         # the snapshot comes once every channel ended (no data can
                         # follow an exited upstream's EndOfData).
-                        self._deferred.append(message)
+                        self.deferred_triggers.append(message)
                 case SwitchToUnaligned(checkpoint_id=cid):
                     self.unaligned.on_timeout(cid)
                 case NotifyComplete(checkpoint_id=cid):
@@ -393,9 +397,9 @@ class Task:
                     for op in self.ops[: self._opened]:
                         op.notify_checkpoint_complete(cid)
                     if self.final_checkpoint_id is not None and cid >= self.final_checkpoint_id:
-                        self._final_done = True
+                        self.final_done = True
                     if self.suspended and self._suspend_at is not None and cid >= self._suspend_at:
-                        self._terminate = True  # the stop's savepoint: this task ends
+                        self.terminate = True  # the stop's savepoint: this task ends
                 case NotifyAborted(checkpoint_id=cid):
                     if cid == self._suspend_at:  # the stop failed: go on
                         self._suspend_at, self.suspended = None, False
@@ -408,7 +412,7 @@ class Task:
                     self._suspend_at = cid
                     self.suspended = self.last_snapshot_id >= cid
                 case Terminate():
-                    self._terminate = True
+                    self.terminate = True
 
     def drain(self) -> bool:
         """Moves output on as credit allows; True when every outbox is empty."""
@@ -417,7 +421,7 @@ class Task:
             done = box.drain() and done
         return done
 
-    def _drain_responsive(self) -> None:
+    def drain_responsive(self) -> None:
         """Hands on all output before an in-line event, taking priority barriers and
         mailbox messages while it waits for credit (a downstream checkpoint may need
         this task's barrier before it gives credit back)."""
@@ -425,9 +429,9 @@ class Task:
             self.unaligned.reap()
             if self._gate is not None:
                 self.output_wait_seconds += self.take_priority(0.0005)
-                self._mail()
+                self.mail()
             else:
-                self.output_wait_seconds += self._mail(block=True, timeout=0.0005)
+                self.output_wait_seconds += self.mail(block=True, timeout=0.0005)
 
     def take_priority(self, timeout: float) -> float:
         """Waits up to ``timeout`` for a priority event (an unaligned barrier) and
@@ -459,19 +463,19 @@ class Task:
         exhausted = False
         if self.finished_on_restore:
             exhausted = True
-            self._end_of_data()
-        while not (self._terminate or self._final_done):
-            self._mail()
+            end_of_data(self)
+        while not (self.terminate or self.final_done):
+            self.mail()
             if self.cancelled.is_set():
                 raise TaskCancelled(self.name)
             if self._stop_request is not None and not exhausted:
                 exhausted = True  # stop-with-savepoint: nothing more is emitted
-                self._end_of_data(drain=self._stop_request)
+                end_of_data(self, drain=self._stop_request)
             if not exhausted and not self.suspended:
                 if not self.drain():
                     # Backpressured: wait a little, staying responsive to the mailbox;
                     # only the waiting counts (messages run meanwhile have their own).
-                    self.output_wait_seconds += self._mail(block=True, timeout=0.0005)
+                    self.output_wait_seconds += self.mail(block=True, timeout=0.0005)
                     continue
                 t = time.monotonic()
                 more = src.on_timer()
@@ -487,63 +491,17 @@ class Task:
                 )
                 if not more:
                     exhausted = True
-                    self._end_of_data()
+                    end_of_data(self)
                 self._maybe_flush()
             else:
-                self._mail(block=True, timeout=0.05)
-
-    def _end_of_data(self, drain: bool = True) -> None:
-        """All input ended (or the source is exhausted, or stopped): finish the chain
-        (unless stopped without drain), tell downstream."""
-        if drain:
-            self.clock.end_of_time()
-        if self.finished_on_restore or not drain:
-            self._after_finish(drain)
-            return
-        if self.vertex.is_source:
-            self.ops[0].finish()
-            rest = self.ops[1:]
-        else:
-            rest = self.ops
-        for i, op in enumerate(rest):
-            if i > 0 or self.vertex.is_source:
-                op.end_input(0)
-            op.finish()
-        self._after_finish()
-
-    def _after_finish(self, drain: bool = True) -> None:
-        """Flushes and tells downstream that data ended. Without checkpointing there
-        is no final checkpoint to commit two-phase-commit sinks, and no recovery a
-        commit could break, so the operators commit here on their own. Stopped
-        without drain, no operator finished: the task waits for the savepoint and
-        ends, and downstream tasks do the same."""
-        if drain:
-            self.operators_finished = True
-        else:
-            self.stopped = True
-        if not self.checkpointing:
-            self._final_done = True  # no checkpoint to wait for
-        for w in self.writers:
-            w.flush()
-        self._drain_responsive()
-        if not self.checkpointing and not self.finished_on_restore and drain:
-            snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in self.ops]
-            for snap in snaps:
-                if snap.finalize is not None:
-                    snap.finalize("")
-            for op in self.ops:
-                op.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
-        for p in self.partitions:
-            p.broadcast_event(ev.EndOfData(drain))
-        # The final checkpoint waits until every task processed all its input.
-        self.coordinator.end_of_data(self.vertex.uid, self.subtask)
+                self.mail(block=True, timeout=0.05)
 
     def _run_inputs(self) -> None:
         gate = self.gate
         while not gate.finished:
-            self._mail()
+            self.mail()
             self.unaligned.reap()
-            if self._terminate:
+            if self.terminate:
                 break
             if not self.drain():
                 # Backpressured: process no new input, but take priority events.
@@ -613,47 +571,21 @@ class Task:
             self.readers[ch].finish()
             self._data_ended.add(ch)
             if not event.drain:
-                self._no_drain.add(ch)
+                self.no_drain_channels.add(ch)
             else:  # a drained channel no longer holds the watermark back
                 self.clock.channel_ended(ch)
             idx = self.channels[ch].input_index
             if idx not in self._inputs_ended and self._input_channels[idx] <= self._data_ended:
                 self._inputs_ended.add(idx)
-                drained = not (self._input_channels[idx] & self._no_drain)
+                drained = not (self._input_channels[idx] & self.no_drain_channels)
                 if not self.finished_on_restore and drained:
                     self.ops[0].end_input(idx)
                 if len(self._inputs_ended) == len(self._input_channels):
-                    self._end_of_data_inputs()
+                    end_of_inputs(self)
         elif isinstance(event, ev.EndOfPartition):
             self.gate.channel_finished(ch)
             self.barriers.on_end_of_partition(ch)
             self.unaligned.channel_done(ch)
-
-    def _end_of_data_inputs(self) -> None:
-        # One input stopped without draining: nothing finishes (Flink's rule).
-        drain = not self._no_drain
-        if drain:
-            self.clock.end_of_time()
-        if not self.finished_on_restore and drain:
-            for i, op in enumerate(self.ops):
-                if i > 0:
-                    op.end_input(0)
-                op.finish()
-        self._after_finish(drain)
-
-    def _await_final(self) -> None:
-        """Every input ended: stays until a checkpoint taken after ``finish()``
-        completed (its commit is this task's last work), taking the triggers it is
-        the root of meanwhile."""
-        if not (self.operators_finished or self.stopped):  # ended early (terminated)
-            return
-        while True:
-            while self._deferred:
-                self._trigger_root(self._deferred.pop(0))
-            if self._final_done or self._terminate:
-                return
-            self.unaligned.reap()
-            self._mail(block=True, timeout=0.05)
 
     def _forward_cancel(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._cancelled_forwarded:
@@ -670,7 +602,7 @@ class Task:
         self.coordinator.decline(checkpoint_id, self.vertex.uid, self.subtask, "alignment aborted")
         self._forward_cancel(checkpoint_id)
 
-    def _trigger_root(self, trigger: TriggerCheckpoint) -> None:
+    def trigger_root(self, trigger: TriggerCheckpoint) -> None:
         if trigger.checkpoint_id <= self.last_snapshot_id:
             # The checkpoint reached it from upstream before that one exited, and the
             # coordinator, seeing the exit, triggered it again (FLIP-147's race).
