@@ -109,6 +109,45 @@ def output_of(
     )
 
 
+class _TwoRuns:
+    """A run stopped part way and the run that resumes it, in one work directory."""
+
+    def __init__(self, spec: VerifySpec, workdir: str, name: str, failures: FailureInjector):
+        self.spec, self.failures = spec, failures
+        self.out_dir = os.path.join(workdir, name, "output")
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.cfg = config_for(spec, _checkpoints(spec, workdir, name))
+        self.make_job = spec.factory()
+        self.name = name
+        self.first = _executor(spec, self.graph(spec.parallelism), self.cfg, failures=failures)
+
+    def graph(self, parallelism: int) -> Any:
+        return self.make_job(self.out_dir, self.name, parallelism).build()
+
+    def resume(
+        self, r1: JobResult, restore: int | str, parallelism: int, **options: Any
+    ) -> RunOutput:
+        """Runs the job at ``parallelism`` from ``restore`` to the end; its result
+        carries the first run's attempts, checkpoints, failures and replayed bytes."""
+        graph = self.graph(parallelism)
+        r2 = _executor(self.spec, graph, self.cfg, restore_checkpoint=restore, **options).run(
+            timeout=600
+        )
+        r2.attempts += r1.attempts
+        r2.checkpoints = r1.checkpoints + r2.checkpoints
+        r2.failures = r1.failures + r2.failures
+        r2.restored_from = r1.restored_from + r2.restored_from
+        r2.replayed_bytes += r1.replayed_bytes
+        return RunOutput(
+            r2,
+            _read(self.spec, self.out_dir),
+            _state_of(self.spec, r2, graph.max_parallelism),
+            [s.describe() for s in self.failures.fired],
+            out_dir=self.out_dir,
+            max_parallelism=graph.max_parallelism,
+        )
+
+
 def run_rescaled(
     spec: VerifySpec, workdir: str, name: str, failures: FailureInjector, stop_after: float
 ) -> RunOutput:
@@ -122,15 +161,8 @@ def run_rescaled(
         return failures.pending == 0 and bool(done) and inflight
 
     assert spec.rescale_to is not None
-    out_dir = os.path.join(workdir, name, "output")
-    ckpt = _checkpoints(spec, workdir, name)
-    os.makedirs(out_dir, exist_ok=True)
-    cfg = config_for(spec, ckpt)
-    make_job = spec.factory()
-    first = _executor(
-        spec, make_job(out_dir, name, spec.parallelism).build(), cfg, failures=failures
-    )
-    r1 = first.run(timeout=600, stop_after=stop_after, stop_when=ready)
+    runs = _TwoRuns(spec, workdir, name, failures)
+    r1 = runs.first.run(timeout=600, stop_after=stop_after, stop_when=ready)
     completed = r1.completed_checkpoints()
     if r1.status == "finished":
         raise ConfigError(
@@ -143,24 +175,9 @@ def run_rescaled(
         raise ConfigError("no checkpoint completed before the stop: lengthen the run")
     # Only the latest completed checkpoint keeps exactly-once: sinks published up to it.
     restored = completed[-1]
-    graph = make_job(out_dir, name, spec.rescale_to).build()
-    second = _executor(spec, graph, cfg, restore_checkpoint=restored["checkpoint_id"])
-    r2 = second.run(timeout=600)
-    r2.attempts += r1.attempts
-    r2.checkpoints = r1.checkpoints + r2.checkpoints
-    r2.failures = r1.failures + r2.failures
-    r2.restored_from = r1.restored_from + r2.restored_from
-    r2.replayed_bytes += r1.replayed_bytes
+    out = runs.resume(r1, restored["checkpoint_id"], spec.rescale_to)
     if r1.status not in ("stopped", "finished"):
-        r2.status = r1.status
-    out = RunOutput(
-        r2,
-        _read(spec, out_dir),
-        _state_of(spec, r2, graph.max_parallelism),
-        [s.describe() for s in failures.fired],
-        out_dir=out_dir,
-        max_parallelism=graph.max_parallelism,
-    )
+        out.result.status = r1.status
     out.restored_inflight = int(restored["inflight_bytes"])
     return out
 
@@ -179,14 +196,8 @@ def run_stopped(
     and runs that to the end. After a drain the restored job has nothing left to
     run: every operator finished."""
     assert spec.stop in STOPS
-    out_dir = os.path.join(workdir, name, "output")
-    ckpt = _checkpoints(spec, workdir, name)
-    os.makedirs(out_dir, exist_ok=True)
-    cfg = config_for(spec, ckpt)
-    make_job = spec.factory()
-    first = _executor(
-        spec, make_job(out_dir, name, spec.parallelism).build(), cfg, failures=failures
-    )
+    runs = _TwoRuns(spec, workdir, name, failures)
+    first = runs.first
     stopping = threading.Event()
 
     def stop() -> None:
@@ -210,28 +221,13 @@ def run_stopped(
             "the run ended before it was stopped with a savepoint: give it more records "
             "(or a slower sink)" + (f" ({r1.failures[-1]})" if r1.failures else "")
         )
-    p = spec.rescale_to or spec.parallelism
-    graph = make_job(out_dir, name, p).build()
     # Failures not fired before the stop may fire after the restore.
-    r2 = _executor(spec, graph, cfg, failures=failures, restore_checkpoint=r1.savepoint).run(
-        timeout=600
-    )
-    r2.attempts += r1.attempts
-    r2.checkpoints = r1.checkpoints + r2.checkpoints
-    r2.failures = r1.failures + r2.failures
-    r2.restored_from = r1.restored_from + r2.restored_from
-    r2.replayed_bytes += r1.replayed_bytes
-    r2.savepoint = r1.savepoint
+    p = spec.rescale_to or spec.parallelism
+    out = runs.resume(r1, r1.savepoint, p, failures=failures)
+    out.result.savepoint = r1.savepoint
     if r1.status != ("finished" if spec.stop == "drain" else "stopped"):
-        r2.status = r1.status
-    return RunOutput(
-        r2,
-        _read(spec, out_dir),
-        _state_of(spec, r2, graph.max_parallelism),
-        [s.describe() for s in failures.fired],
-        out_dir=out_dir,
-        max_parallelism=graph.max_parallelism,
-    )
+        out.result.status = r1.status
+    return out
 
 
 def drained_part(expected: RunOutput, actual: RunOutput) -> RunOutput:
