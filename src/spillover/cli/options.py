@@ -25,6 +25,21 @@ def env_option(p: argparse.ArgumentParser, *names: str, env: str, **kw: Any) -> 
     p.add_argument(*names, action=_EnvDefault, env=env, **kw)
 
 
+def env_flag(p: argparse.ArgumentParser, name: str, *, env: str, help: str) -> None:
+    """A yes/no flag: ``--name`` alone is yes; ``--name no`` or the variable ``env``
+    (1/true/yes/on, anything else no) set it too."""
+    env_option(
+        p,
+        name,
+        env=env,
+        type=lambda v: str(v).strip().lower() in ("1", "true", "yes", "on"),
+        nargs="?",
+        const=True,
+        default=False,
+        help=help,
+    )
+
+
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from spillover.cli.options import env_option
+from spillover.cli.options import env_flag, env_option
 from spillover.config.policies import CHECKPOINT_POLICIES
 from spillover.errors import ConfigError
 from spillover.verify import VerifySpec, verify, write_json
@@ -141,14 +141,10 @@ def add_parser(sub: Any) -> None:
         help="Spark master URL for --executor spark (default: the embedded local master); "
         "on a cluster, give output and checkpoints storage every machine reaches",
     )
-    env_option(
+    env_flag(
         p,
         "--strict",
         env="SPILLOVER_VERIFY_STRICT",
-        type=lambda v: str(v).strip().lower() in ("1", "true", "yes", "on"),
-        nargs="?",
-        const=True,
-        default=False,
         help="also fail when fewer failures happened than asked, or a rescale restored no "
         "in-flight data",
     )
@@ -245,14 +241,10 @@ def add_parser(sub: Any) -> None:
         "savepoint (aligned as Flink's, or unaligned: what is in flight goes into it), "
         "restore that (at --rescale-to if given) and run it to the end",
     )
-    env_option(
+    env_flag(
         p,
         "--drain",
         env="SPILLOVER_VERIFY_DRAIN",
-        type=lambda v: str(v).strip().lower() in ("1", "true", "yes", "on"),
-        nargs="?",
-        const=True,
-        default=False,
         help="stop with drain: every operator finishes and the job ends for good; checks "
         "that everything the sources emitted was committed once",
     )
