@@ -329,6 +329,11 @@ class CheckpointCoordinator:
             return
         if self.stop_id is not None and self.stop_id in self.completed_ids:
             return
+        # A pending aligned checkpoint may wait long for its barriers under
+        # backpressure: the savepoint supersedes it (not counted as a failure).
+        for cid, p in list(self._pending.items()):
+            if p.trigger is not None and p.trigger.kind == 0 and not p.stats.final:
+                self._abort(cid, "superseded by the stop's savepoint")
         if len(self._pending) < self.max_concurrent:
             self.stop_id = self._trigger(final=False, savepoint=True)
 

@@ -259,3 +259,28 @@ def test_a_pending_checkpoint_completes_with_the_state_an_exited_subtask_left(
     assert c0["finished"] and c0["operators"] == {"c": {"n": 0}}
     assert meta["tasks"]["c"]["finished"] == "fully"
     assert not h.tasks[("a", 0)].of(NotifyAborted)
+
+
+def test_an_unaligned_stop_suspends_every_task_then_triggers_its_savepoint(h: Harness) -> None:
+    """The savepoint supersedes a pending aligned checkpoint (aborted, no failure);
+    every task hears it is the stop's savepoint before the roots are triggered, and
+    the savepoint is unaligned."""
+    from spillover.runtime.checkpointing.messages import Suspend
+
+    pending = h.trigger()  # aligned (the harness's default kind), never acknowledged
+    h.co.request_stop()
+    h.wait_for(("a", 0), NotifyAborted, pending)
+    deadline = time.monotonic() + 10
+    while h.co.stop_id is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    sp = h.co.stop_id
+    assert sp is not None and sp > pending
+    for key, task in h.tasks.items():
+        kinds = [type(m) for m in task.messages if getattr(m, "checkpoint_id", None) == sp]
+        assert kinds[0] is Suspend, (key, kinds)
+    trigger = next(m for m in h.tasks[("a", 0)].of(TriggerCheckpoint) if m.checkpoint_id == sp)
+    assert trigger.kind == 1  # unaligned
+    for key in TASKS:
+        h.ack(sp, key)
+    h.wait_for(("d", 1), NotifyComplete, sp)
+    assert h.co.completed_ids[-1] == sp
