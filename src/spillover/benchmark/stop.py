@@ -55,7 +55,7 @@ class StopResult:
     inflight_bytes: int = 0  # persisted by the savepoint checkpoint, all subtasks
     state_bytes: int = 0
     savepoint_files: int = 0
-    savepoint_bytes: int = 0  # on disk, the savepoint directory
+    savepoint_bytes: int = 0  # on disk: the savepoint directory, referenced checkpoints too
     raw_write_ms: float | None = None  # the same file sizes, written, not synced
     raw_write_fsync_ms: float | None = None  # ... written and fsynced, directory too
     source_backpressured_share: float = 0.0
@@ -175,12 +175,13 @@ def stop_once(
         saved = [c for c in result.checkpoints if c["checkpoint_id"] == cid]
         if saved:
             c = saved[0]
-            req_ms = asked["wall"] * 1000
+            req_ms = int(asked["wall"] * 1000)  # truncated to whole ms, as trigger_ms is
             out.trigger_ms = round(c["trigger_ms"] - req_ms, 1)
             out.complete_ms = round(c["trigger_ms"] + c["duration_ms"] - req_ms, 1)
             out.inflight_bytes = int(c["inflight_bytes"])
             out.state_bytes = int(c["state_bytes"])
-        sizes = _file_sizes(result.savepoint)
+        # The savepoint directory holds the stop's chk-<id> and the older ones it references.
+        sizes = _file_sizes(os.path.dirname(result.savepoint.rstrip("/")))
         out.savepoint_files, out.savepoint_bytes = len(sizes), sum(sizes)
         out.raw_write_ms, out.raw_write_fsync_ms = raw_write(sizes, base)
         sources = [t for k, t in result.tasks.items() if k.startswith("source#")]
@@ -275,7 +276,8 @@ def to_markdown(summary: dict[str, dict[str, Any]]) -> str:
     def cell(stat: dict[str, float] | None, scale: float = 1.0, digits: int = 0) -> str:
         if stat is None:
             return "–"
-        med, lo, hi = (stat[k] / scale for k in ("median", "min", "max"))
+        # + 0.0: no "-0" for a trigger a fraction of a ms before the request (ms clock)
+        med, lo, hi = (round(stat[k] / scale, digits) + 0.0 for k in ("median", "min", "max"))
         return f"{med:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
 
     rows = [
