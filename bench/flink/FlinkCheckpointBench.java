@@ -10,7 +10,8 @@
 // buffers, filesystem checkpoint storage in a temporary directory. After the
 // warm-up and the measured window, the per-checkpoint statistics are read from
 // the MiniCluster's REST API (bound to 127.0.0.1) and one JSON line is printed,
-// prefixed with "FLINK_BENCH_RESULT ".
+// prefixed with "FLINK_BENCH_RESULT ". With --stops N, the job is stopped with
+// a savepoint after the warm-up instead, N times (see stopRounds).
 
 import java.io.IOException;
 import java.lang.management.ManagementFactory;
@@ -231,22 +232,13 @@ public final class FlinkCheckpointBench {
         conf.put("web.refresh-interval", "500");
         conf.putAll(policyConfig(policy));
 
-        StreamExecutionEnvironment env =
-                StreamExecutionEnvironment.createLocalEnvironment(parallelism, Configuration.fromMap(conf));
-
-        TypeInformation<Tuple2<Long, byte[]>> recType =
-                Types.TUPLE(Types.LONG, Types.PRIMITIVE_ARRAY(Types.BYTE));
-        DataGeneratorSource<Tuple2<Long, byte[]>> source = new DataGeneratorSource<>(
-                new RecordGenerator(), Long.MAX_VALUE, RateLimiterStrategy.noOp(), recType);
-
-        env.fromSource(source, WatermarkStrategy.noWatermarks(), "source", recType)
-                .keyBy(t -> t.f0, Types.LONG)
-                .process(new KeyedCount())
-                .returns(Types.TUPLE(Types.LONG, Types.LONG))
-                .name("keyed-count")
-                .rebalance()
-                .sinkTo(new PacedSink(sinkRate, 50))
-                .name("paced-sink");
+        int stops = Integer.parseInt(args.getOrDefault("stops", "0"));
+        if (stops > 0) {
+            stopRounds(conf, policy, parallelism, sinkRate, warmup, stops, ckptDir);
+            deleteTree(ckptDir);
+            System.exit(0);
+        }
+        StreamExecutionEnvironment env = buildJob(conf, parallelism, sinkRate);
 
         log("policy %s: starting (rest port %d, checkpoints in %s)", policy, restPort, ckptDir);
         JobClient job = env.executeAsync("spillover-reference-" + policy);
@@ -400,6 +392,151 @@ public final class FlinkCheckpointBench {
         }
         deleteTree(ckptDir);
         System.exit(0);
+    }
+
+    // ------------------------------------------------------- stop mode
+
+    /** The reference job on a local MiniCluster configured by {@code conf}. */
+    static StreamExecutionEnvironment buildJob(Map<String, String> conf, int parallelism, double sinkRate) {
+        StreamExecutionEnvironment env =
+                StreamExecutionEnvironment.createLocalEnvironment(parallelism, Configuration.fromMap(conf));
+        TypeInformation<Tuple2<Long, byte[]>> recType =
+                Types.TUPLE(Types.LONG, Types.PRIMITIVE_ARRAY(Types.BYTE));
+        DataGeneratorSource<Tuple2<Long, byte[]>> source = new DataGeneratorSource<>(
+                new RecordGenerator(), Long.MAX_VALUE, RateLimiterStrategy.noOp(), recType);
+        env.fromSource(source, WatermarkStrategy.noWatermarks(), "source", recType)
+                .keyBy(t -> t.f0, Types.LONG)
+                .process(new KeyedCount())
+                .returns(Types.TUPLE(Types.LONG, Types.LONG))
+                .name("keyed-count")
+                .rebalance()
+                .sinkTo(new PacedSink(sinkRate, 50))
+                .name("paced-sink");
+        return env;
+    }
+
+    /**
+     * Stop-with-savepoint under backpressure, {@code stops} times in this JVM (a new
+     * job and MiniCluster each time): after the warm-up and at least two completed
+     * checkpoints, {@code JobClient#stopWithSavepoint(false, dir, CANONICAL)} (no
+     * drain; in Flink 2.x a savepoint is aligned whatever the checkpointing mode),
+     * timed from the request to the savepoint's completion (the savepoint's
+     * trigger time plus its end-to-end duration, read from the REST API while the
+     * stop runs; else the time its _metadata file was written) and to the future's
+     * completion (savepoint done and the job ended). Prints one result line.
+     */
+    static void stopRounds(Map<String, String> baseConf, String policy, int parallelism,
+                           double sinkRate, double warmup, int stops, Path ckptDir) throws Exception {
+        ObjectMapper json = new ObjectMapper();
+        HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(5)).build();
+        List<Map<String, Object>> rounds = new ArrayList<>();
+        List<Double> complete = new ArrayList<>();
+        List<Double> returned = new ArrayList<>();
+        for (int round = 0; round < stops; round++) {
+            Map<String, String> conf = new LinkedHashMap<>(baseConf);
+            int port = freeLocalPort();
+            for (String k : List.of("rest.bind-port", "rest.port")) {
+                conf.put(k, Integer.toString(port));
+            }
+            Path spDir = Files.createTempDirectory("flink-savepoint-");
+            StreamExecutionEnvironment env = buildJob(conf, parallelism, sinkRate);
+            JobClient job = env.executeAsync("spillover-reference-stop-" + policy + "-" + round);
+            String jobId = job.getJobID().toHexString();
+            String base = "http://127.0.0.1:" + port;
+            waitRunning(http, json, base, jobId, 120_000);
+            long runningAt = System.nanoTime();
+            Thread.sleep((long) (warmup * 1000));
+            long before = 0;
+            while (true) {
+                before = getJson(http, json, base + "/jobs/" + jobId + "/checkpoints")
+                        .path("counts").path("completed").asLong();
+                if (before >= 2 || System.nanoTime() - runningAt > 120_000_000_000L) {
+                    break;
+                }
+                Thread.sleep(50);
+            }
+            double waited = (System.nanoTime() - runningAt) / 1e9;
+            long reqWall = System.currentTimeMillis();
+            long req = System.nanoTime();
+            var future = job.stopWithSavepoint(false, spDir.toUri().toString(),
+                    org.apache.flink.core.execution.SavepointFormatType.CANONICAL);
+            // The savepoint's statistics, read while the job still answers.
+            JsonNode seen = null;
+            while (!future.isDone()) {
+                try {
+                    JsonNode hist = getJson(http, json, base + "/jobs/" + jobId + "/checkpoints").path("history");
+                    for (JsonNode h : hist) {
+                        if (h.path("is_savepoint").asBoolean(false) && h.path("trigger_timestamp").asLong() >= reqWall - 5) {
+                            seen = h;
+                        }
+                    }
+                } catch (Exception e) {
+                    // the job or its cluster is going away
+                }
+                Thread.sleep(10);
+            }
+            String path = future.get(10, TimeUnit.MINUTES);
+            double returnedMs = (System.nanoTime() - req) / 1e6;
+            Path spPath = Path.of(URI.create(path.startsWith("file:") ? path : "file://" + path));
+            long bytes = 0, files = 0;
+            long metaMtime = 0;
+            try (var walk = Files.walk(spPath)) {
+                for (Path f : (Iterable<Path>) walk.filter(Files::isRegularFile)::iterator) {
+                    bytes += Files.size(f);
+                    files++;
+                    if (f.getFileName().toString().equals("_metadata")) {
+                        metaMtime = Files.getLastModifiedTime(f).toMillis();
+                    }
+                }
+            }
+            Map<String, Object> r = new LinkedHashMap<>();
+            r.put("round", round);
+            r.put("waited_s", round(waited, 3));
+            r.put("checkpoints_before", before);
+            Double completeMs = null;
+            if (seen != null && "COMPLETED".equals(seen.path("status").asText())) {
+                long trig = seen.path("trigger_timestamp").asLong();
+                r.put("trigger_ms", (double) (trig - reqWall));
+                completeMs = (double) (trig + seen.path("end_to_end_duration").asLong() - reqWall);
+                r.put("complete_from", "rest");
+                r.put("persisted_bytes", seen.path("persisted_data").asLong());
+                r.put("checkpoint_type", seen.path("checkpoint_type").asText());
+            } else if (metaMtime > 0) {
+                completeMs = (double) (metaMtime - reqWall);
+                r.put("complete_from", "_metadata mtime");
+            }
+            r.put("complete_ms", completeMs);
+            r.put("returned_ms", round(returnedMs, 1));
+            r.put("savepoint_bytes", bytes);
+            r.put("savepoint_files", files);
+            rounds.add(r);
+            if (completeMs != null) {
+                complete.add(completeMs);
+            }
+            returned.add(returnedMs);
+            log("stop %d: savepoint complete %s ms, returned %.1f ms, %d B in %d files",
+                    round, completeMs, returnedMs, bytes, files);
+            deleteTree(spDir);
+        }
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("engine", "flink");
+        r.put("flink_version", EnvironmentInformation.getVersion());
+        r.put("java_version", System.getProperty("java.version"));
+        r.put("mode", "stop-with-savepoint");
+        r.put("policy", policy);
+        r.put("config", baseConf);
+        r.put("parallelism", parallelism);
+        r.put("sink_rate_per_subtask", sinkRate);
+        r.put("warmup_s", warmup);
+        r.put("stops", rounds);
+        r.put("complete_ms_median", pct(complete, 50));
+        r.put("complete_ms_min", complete.isEmpty() ? null : Collections.min(complete));
+        r.put("complete_ms_max", complete.isEmpty() ? null : Collections.max(complete));
+        r.put("returned_ms_median", pct(returned, 50));
+        r.put("returned_ms_min", returned.isEmpty() ? null : Collections.min(returned));
+        r.put("returned_ms_max", returned.isEmpty() ? null : Collections.max(returned));
+        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
+        System.out.flush();
     }
 
     // -------------------------------------------------------------- helpers

@@ -7,6 +7,11 @@ against them, runs one JVM per checkpoint policy and writes the results
 (one object per policy) to --out.
 
     python bench/flink/run.py --duration 30 --warmup 10 --out flink-results.json
+    python bench/flink/run.py --stops 3 --warmup 5 --policies unaligned --out flink-stop.json
+
+With --stops N, each policy's job is stopped with a savepoint after the warm-up
+instead of measured, N times (a new job each time, in one JVM); --duration is
+then unused.
 
 Needs: java and javac 11+ (17 tested), pip, and network access to PyPI the
 first time (about 330 MB). See docs/benchmarks.md, "Flink 2.3 on the same
@@ -220,11 +225,14 @@ def run_policy(
     if args.raw_dir:
         Path(args.raw_dir).mkdir(parents=True, exist_ok=True)
         cmd += ["--raw-out", str(Path(args.raw_dir) / f"{policy}.json")]
-    timeout = args.warmup + args.duration + 240
-    say(
-        f"policy {policy}: running ({args.warmup:g} s warm-up + {args.duration:g} s measured; "
-        f"Flink log: {log_file})"
-    )
+    if args.stops:
+        cmd += ["--stops", str(args.stops)]
+        timeout = args.stops * (args.warmup + 240)
+        what = f"{args.stops} stops with a savepoint, each after {args.warmup:g} s"
+    else:
+        timeout = args.warmup + args.duration + 240
+        what = f"{args.warmup:g} s warm-up + {args.duration:g} s measured"
+    say(f"policy {policy}: running ({what}; Flink log: {log_file})")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -287,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         help="wheel, JARs, classes and logs (default ~/.cache/spillover/flink)",
     )
     p.add_argument("--raw-dir", default=None, help="also save the raw REST answers per policy here")
+    p.add_argument(
+        "--stops",
+        type=int,
+        default=0,
+        help="stop-with-savepoint mode: stop the job after the warm-up, this many times "
+        "per policy, and time each stop (default 0: measure checkpoints)",
+    )
     args = p.parse_args(argv)
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -295,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
     if args.duration <= 0 or args.warmup < 0:
         p.error("--duration must be > 0 and --warmup >= 0")
+    if args.stops < 0:
+        p.error("--stops must be >= 0")
 
     cache = Path(args.cache_dir).expanduser()
     out = Path(args.out)
@@ -317,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     doc = {
-        "benchmark": "flink-reference-job",
+        "benchmark": "flink-stop-with-savepoint" if args.stops else "flink-reference-job",
         "flink_version": FLINK_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
@@ -329,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             "checkpoint_interval_ms": 1000,
             "segment_size": "32kb",
             "warmup_s": args.warmup,
-            "duration_s": args.duration,
+            "duration_s": None if args.stops else args.duration,
+            "stops": args.stops,
         },
         "runs": results,
         "errors": errors,
@@ -337,6 +355,19 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
 
+    if args.stops:
+        head = f"{'complete ms median (min-max)':>30} {'returned ms':>24}"
+        print(f"{'policy':<16} {'stops':>5} {head}")
+        for r in results:
+            print(
+                f"{r['policy']:<16} {len(r['stops']):>5} "
+                f"{fmt(r['complete_ms_median'], digits=0):>10} "
+                f"({fmt(r['complete_ms_min'])}-{fmt(r['complete_ms_max'])}) "
+                f"{fmt(r['returned_ms_median'], digits=0):>10} "
+                f"({fmt(r['returned_ms_min'])}-{fmt(r['returned_ms_max'])})"
+            )
+        say(f"wrote {out}")
+        return 1 if errors else 0
     print(
         f"{'policy':<16} {'ckpts':>5} {'median ms':>10} {'p90 ms':>9} {'max ms':>9} "
         f"{'in-flight B':>12} {'sink rec/s':>11}"
