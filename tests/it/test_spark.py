@@ -193,6 +193,9 @@ def test_control_endpoint_keeps_accepting_after_an_accept_error() -> None:
                 raise OSError(24, "Too many open files")
             return real.accept()
 
+        def shutdown(self, how: int) -> None:
+            real.shutdown(how)
+
         def close(self) -> None:
             real.close()
 

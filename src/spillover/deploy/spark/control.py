@@ -184,5 +184,8 @@ class ControlServer:
 
     def close(self) -> None:
         self._closing = True
+        # Wakes an accept() at once (Linux): closing alone waits for its timeout.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._thread.join(timeout=5)
