@@ -126,7 +126,7 @@ class ControlServer:
         on_connect: Callable[[ControlConnection], None],
         host: str = "127.0.0.1",
         port: int = 0,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 30.0,
     ) -> None:
         self._secret = auth.job_key(secret)
         self._on_connect = on_connect

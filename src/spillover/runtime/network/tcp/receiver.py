@@ -401,7 +401,7 @@ class TcpReceiver:
         port: int = 0,
         *,
         poll_interval: float = 0.2,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 30.0,
         io_timeout: float = 10.0,
         linger: float = 1.0,
         max_segment_size: int = 64 << 20,
