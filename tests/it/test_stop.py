@@ -107,13 +107,28 @@ def _resume_exactly(name: str, cfg: Config, savepoint: str) -> None:
     assert summaries["seq"].sum() == 2 * RECORDS
 
 
-def test_an_unaligned_stop_puts_what_is_in_flight_into_the_savepoint(tmp_path: Path) -> None:
-    """Under backpressure the savepoint is taken at once: the buffered records go
-    into it rather than through the sink, and the job resumes exactly from it, from
-    a savepoint that outlives its checkpoint directory."""
-    name = "stop-unaligned-savepoint"
+@pytest.mark.parametrize(
+    "checkpoints",
+    [
+        {"execution.checkpointing.unaligned.enabled": True},
+        {
+            "execution.checkpointing.unaligned.enabled": True,
+            "execution.checkpointing.aligned-checkpoint-timeout": "20 ms",
+        },
+        {},  # aligned periodic checkpoints: a pending one is superseded
+    ],
+    ids=["unaligned", "timeout", "aligned"],
+)
+def test_an_unaligned_stop_puts_what_is_in_flight_into_the_savepoint(
+    checkpoints: dict[str, Any], tmp_path: Path
+) -> None:
+    """Under backpressure the savepoint is taken at once, whatever the periodic
+    checkpoints' policy: the buffered records go into it rather than through the
+    sink, and the job resumes exactly from it, from a savepoint that outlives its
+    checkpoint directory."""
+    name = f"stop-unaligned-savepoint-{len(checkpoints)}"
     SummaryOnFinish.opened.pop(name, None)
-    cfg = _config(tmp_path, **{"execution.checkpointing.unaligned.enabled": True})
+    cfg = _config(tmp_path, **checkpoints)
     ex = LocalExecutor(_job(name), cfg)
     stopper = _stop_once_checkpointed(
         ex, drain=False, unaligned=True, savepoint_dir=str(tmp_path / "sp")

@@ -372,7 +372,7 @@ class CheckpointCoordinator:
             kind = UNALIGNED
             for key in sorted(running):  # before any barrier can reach them
                 self.tasks[key].post(Suspend(cid))
-        p.switched = final
+        p.switched = final or savepoint  # aligned, or unaligned from the start
         timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
         p.trigger = TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms)
         p.triggered = set(roots)
