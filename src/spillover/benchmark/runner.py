@@ -173,6 +173,10 @@ class _Samples:
     window: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, records) x2
     series: list[tuple[float, int]] = field(default_factory=list)  # (s since start, records)
     error: str = ""
+    # When the subtasks started running (the window counts from there, so a slow
+    # stage start on a busy machine is not measured), and whether the window ended.
+    started_wall: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 def run_policy(
@@ -206,13 +210,12 @@ def run_policy(
         ex.prepare()  # the cluster's start-up is not part of the measured run
         sampled = _Samples()
         stop = threading.Event()
-        started = time.monotonic()
         started_wall = time.time()
         sampler = threading.Thread(
             target=_sample,
             args=(
                 lambda: ex.live_metric("sink", "records_in"),
-                started,
+                ex.running_since,
                 # The last sample a little before the stop, so the job still runs then.
                 (spec.warmup_s, spec.run_s - min(0.2, spec.duration_s / 10)),
                 sampled,
@@ -224,10 +227,12 @@ def run_policy(
         )
         sampler.start()
         try:
-            result = ex.run(stop_after=spec.run_s)
+            # Stopped once the window, counted from the subtasks' start, is sampled.
+            result = ex.run(timeout=spec.run_s + 600, stop_when=lambda _: sampled.done.is_set())
         finally:
             stop.set()
             sampler.join()
+        started_wall = sampled.started_wall or started_wall
         return _summarise(spec, policy, kind, result, started_wall, sampled)
     finally:
         if temp is not None:
@@ -236,15 +241,36 @@ def run_policy(
 
 def _sample(
     read: Callable[[], float],
-    started: float,
+    running_since: Callable[[], float | None],
     window: tuple[float, float],
     out: _Samples,
     stop: threading.Event,
     on_tick: Callable[[float], None] | None,
 ) -> None:
     """Reads the sink's records every :data:`SAMPLE_EVERY_S` until ``window`` ends,
-    and at both its ends (seconds since ``started``); gives up once ``stop`` is set
-    before a sample is due (the job ended early)."""
+    and at both its ends (seconds since the subtasks started running), then sets
+    ``out.done``; gives up once ``stop`` is set before a sample is due (the job
+    ended early)."""
+    started = running_since()
+    while started is None:
+        if stop.wait(0.01):
+            return
+        started = running_since()
+    out.started_wall = time.time() - (time.monotonic() - started)
+    try:
+        _sample_window(read, started, window, out, stop, on_tick)
+    finally:
+        out.done.set()
+
+
+def _sample_window(
+    read: Callable[[], float],
+    started: float,
+    window: tuple[float, float],
+    out: _Samples,
+    stop: threading.Event,
+    on_tick: Callable[[float], None] | None,
+) -> None:
     end = window[1]
     ticks = {k * SAMPLE_EVERY_S for k in range(1, int(end / SAMPLE_EVERY_S) + 1)}
     for due in sorted(ticks | set(window)):

@@ -222,6 +222,13 @@ class Executor:
     def prepare(self) -> None:
         """Gets the cluster ready (a no-op here), so that timing ``run`` measures the job."""
 
+    def running_since(self) -> float | None:
+        """When the running attempt's subtasks started (``time.monotonic()``): a
+        measurement window that starts there leaves the cluster's start-up out. None
+        before."""
+        run = self._current
+        return None if run is None else run.running_at
+
     def live_metric(self, uid: str, metric: str = "records_in") -> float:
         """The sum of ``metric`` over the subtasks of operator ``uid`` in the running
         attempt (0 before it starts); safe to call from any thread."""
