@@ -218,6 +218,11 @@ class Task:
         self._opened = 0
 
     @property
+    def opened_ops(self) -> list[Operator]:
+        """The chain's operators that were opened (none when restored finished)."""
+        return self.ops[: self._opened]
+
+    @property
     def has_input(self) -> bool:
         """Whether the task reads an input gate (sources do not)."""
         return self._gate is not None
@@ -290,7 +295,7 @@ class Task:
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
             self.unaligned.release_overtaken()
-            for op in self.ops[: self._opened]:
+            for op in self.opened_ops:
                 try:
                     op.close()
                 except Exception as e:
@@ -339,7 +344,7 @@ class Task:
                 self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
             if self.keyed is not None:
                 self.keyed.restore([h for uid in r.keyed_handles for h in r.keyed_handles[uid]])
-            for node, op in zip(self.vertex.nodes, self.ops[: self._opened], strict=False):
+            for node, op in zip(self.vertex.nodes, self.opened_ops, strict=False):
                 if node.uid in r.rescaled_state:
                     op.restore_rescaled(r.rescaled_state[node.uid])
                 elif node.uid in r.operator_state:
@@ -394,7 +399,7 @@ class Task:
                     self.failures.check(
                         "commit", self.attempt, self.vertex.uid, self.subtask, checkpoint=cid
                     )
-                    for op in self.ops[: self._opened]:
+                    for op in self.opened_ops:
                         op.notify_checkpoint_complete(cid)
                     if self.final_checkpoint_id is not None and cid >= self.final_checkpoint_id:
                         self.final_done = True
@@ -404,7 +409,7 @@ class Task:
                     if cid == self._suspend_at:  # the stop failed: go on
                         self._suspend_at, self.suspended = None, False
                     self.unaligned.on_cancel(cid)
-                    for op in self.ops[: self._opened]:
+                    for op in self.opened_ops:
                         op.notify_checkpoint_aborted(cid)
                 case StopSource(drain=drain):
                     self._stop_request = drain
@@ -507,7 +512,7 @@ class Task:
                 # Backpressured: process no new input, but take priority events.
                 self.output_wait_seconds += self.take_priority(0.0005)
                 continue
-            pause = max((op.ready_at() for op in self.ops[: self._opened]), default=0.0)
+            pause = max((op.ready_at() for op in self.opened_ops), default=0.0)
             pause -= time.monotonic()
             if pause > 0:
                 # An operator paces itself: wait, still taking unaligned barriers.
@@ -645,7 +650,7 @@ class Task:
         )
         # What operators count themselves (e.g. late_records_dropped), summed.
         counted: dict[str, float] = {}
-        for op in self.ops[: self._opened]:
+        for op in self.opened_ops:
             for k, v in op.ctx.metrics.items():
                 if isinstance(v, int | float):
                     counted[k] = counted.get(k, 0.0) + float(v)

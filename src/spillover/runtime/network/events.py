@@ -222,20 +222,21 @@ def deserialize(buffer: Any) -> Event:
         if tag == _TAG_CANCEL:
             return CancelCheckpointMarker(_CANCEL.unpack_from(buffer)[2])
         if tag == _TAG_END_OF_DATA:
-            drain = _END_OF_DATA.unpack_from(buffer)[2]
-            if drain > 1:
-                raise ValueError(f"drain flag must be 0 or 1, not {drain}")
-            return EndOfData(bool(drain))
+            return EndOfData(_flag("drain", _END_OF_DATA.unpack_from(buffer)[2]))
         if tag == _TAG_WATERMARK:
             return Watermark(_WATERMARK.unpack_from(buffer)[2])
         if tag == _TAG_WATERMARK_STATUS:
-            idle = _WATERMARK_STATUS.unpack_from(buffer)[2]
-            if idle > 1:
-                raise ValueError(f"idle flag must be 0 or 1, not {idle}")
-            return WatermarkStatus(bool(idle))
+            return WatermarkStatus(_flag("idle", _WATERMARK_STATUS.unpack_from(buffer)[2]))
     except ValueError as e:
         raise EventFormatError(f"event with tag {tag} has a bad field", detail=str(e)) from e
     return EndOfPartition()
+
+
+def _flag(name: str, value: int) -> bool:
+    """A one-byte yes/no field: 0 or 1, anything else is damage."""
+    if value > 1:
+        raise ValueError(f"{name} flag must be 0 or 1, not {value}")
+    return bool(value)
 
 
 def is_priority(event: Event) -> bool:
