@@ -529,17 +529,20 @@ public final class FlinkCheckpointBench {
         r.put("sink_rate_per_subtask", sinkRate);
         r.put("warmup_s", warmup);
         r.put("stops", rounds);
-        r.put("complete_ms_median", pct(complete, 50));
-        r.put("complete_ms_min", complete.isEmpty() ? null : Collections.min(complete));
-        r.put("complete_ms_max", complete.isEmpty() ? null : Collections.max(complete));
-        r.put("returned_ms_median", pct(returned, 50));
-        r.put("returned_ms_min", returned.isEmpty() ? null : Collections.min(returned));
-        r.put("returned_ms_max", returned.isEmpty() ? null : Collections.max(returned));
+        spread(r, "complete_ms", complete);
+        spread(r, "returned_ms", returned);
         System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
         System.out.flush();
     }
 
     // -------------------------------------------------------------- helpers
+
+    /** name_median, name_min and name_max of xs (null when there are none). */
+    static void spread(Map<String, Object> r, String name, List<Double> xs) {
+        r.put(name + "_median", pct(xs, 50));
+        r.put(name + "_min", xs.isEmpty() ? null : Collections.min(xs));
+        r.put(name + "_max", xs.isEmpty() ? null : Collections.max(xs));
+    }
 
     static Double pct(List<Double> xs, double p) {
         if (xs.isEmpty()) {
