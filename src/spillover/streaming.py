@@ -36,7 +36,13 @@ from spillover.runtime.connectors.parquet import ParquetSink, ParquetSource
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.eventtime import TumblingWindowCount, WatermarkStrategy
 from spillover.runtime.failures import FailureInjector, FailureSpec, InducedFailure
-from spillover.runtime.graph import ConnectedStreams, DataStream, StreamEnvironment, UnionStream
+from spillover.runtime.graph import (
+    ConnectedStreams,
+    DataStream,
+    IterativeStream,
+    StreamEnvironment,
+    UnionStream,
+)
 from spillover.runtime.jobmaster import Executor, JobResult
 from spillover.runtime.operators import (
     CoMap,
@@ -65,6 +71,7 @@ __all__ = [
     "GeneratedEventTime",
     "GeneratorSource",
     "InducedFailure",
+    "IterativeStream",
     "JobResult",
     "KeyedCount",
     "KeyedProcess",

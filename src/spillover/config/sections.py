@@ -206,6 +206,11 @@ class NetworkConfig:
     buffers_per_partition: int = field(
         default=16, metadata=_key(_TM + "buffers-per-partition", _Int(1))
     )
+    # Where a loop's feedback spills when its head has no credit (runtime/iteration);
+    # None: the system's temporary directory.
+    tmp_dir: str | None = field(
+        default=None, metadata=_key("io.tmp.dirs", _Text("a non-empty local path", path=True))
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -4,6 +4,12 @@
 and edges. ``build()`` turns them into a ``JobGraph``: operators joined by
 forward edges of equal parallelism are chained into one vertex (one task per
 subtask runs the whole chain); every other edge becomes a network edge.
+
+Loops (FLIP-15): ``stream.iterate()`` adds an iteration head and
+``IterativeStream.close_with(feedback)`` a *feedback* edge from the loop body back
+to it, the one kind of edge that points backwards. The head is never chained, the
+vertices on a cycle through it form the loop (``Vertex.loop``), and loops may not
+nest.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from spillover.keygroups import compute_default_max_parallelism
 from spillover.records import partitioner_name
 from spillover.runtime.api import Batch, EdgeKind, Operator, Partitioner
 from spillover.runtime.eventtime.strategy import WatermarkStrategy
+from spillover.runtime.iteration.operator import IterationHead
 
 
 @dataclass
@@ -39,6 +46,10 @@ class Node:
     key_field: str | None = None  # the key of the keyed input (keyed operators)
     watermarks: WatermarkStrategy | None = None  # sources: how they generate watermarks
 
+    @property
+    def is_iteration_head(self) -> bool:
+        return isinstance(self.prototype, IterationHead)
+
     def instantiate(self) -> Operator:
         return copy.deepcopy(self.prototype)
 
@@ -52,6 +63,7 @@ class InputEdge:
     input_index: int = 0
     key_field: str | None = None
     partitioner: Partitioner | None = None
+    feedback: bool = False  # closes a loop: from the loop body back to its head
 
 
 class StreamEnvironment:
@@ -266,6 +278,24 @@ class DataStream:
         op = TumblingWindowCount(self._key_field, timestamp_field, size_ms)
         return self.process(op, name=name, uid=uid, parallelism=parallelism)
 
+    def iterate(
+        self,
+        *,
+        name: str | None = None,
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> IterativeStream:
+        """Starts a loop (FLIP-15): the returned stream carries these records and
+        the loop's feedback; operators applied to it form the loop body, and
+        ``close_with(feedback)`` closes it. Checkpoints stay exactly-once (the head
+        logs the feedback), a loop under backpressure spills its feedback instead of
+        deadlocking, and a bounded job's loop ends once no record is left in it
+        (docs/iterations.md)."""
+        head = self._then(
+            IterationHead(self.dtype), self.dtype, name or "iterate", uid, parallelism
+        )
+        return IterativeStream(self.env, head.node)
+
     def rebalance(self) -> DataStream:
         return DataStream(self.env, self.node, EdgeKind.REBALANCE)
 
@@ -295,6 +325,60 @@ class DataStream:
         parallelism: int | None = None,
     ) -> None:
         self._then(op, None, name, uid, parallelism)
+
+
+class IterativeStream(DataStream):
+    """The head of a loop: a stream of the loop's input and its feedback."""
+
+    def close_with(self, feedback: DataStream) -> None:
+        """Closes the loop with ``feedback``, a stream derived from this one: its
+        records come back into the head (forward, or partitioned with ``key_by`` or
+        ``rebalance``), and leave the loop only through other operators."""
+        head = self.node
+        if any(e.feedback for e in head.inputs):
+            raise ConfigError(f"the loop of {head.uid!r} is closed already")
+        if feedback.env is not self.env or not _reaches(self.env.nodes, head.id, feedback.node.id):
+            raise ConfigError(
+                "close_with needs a stream derived from the iterative stream",
+                detail=f"{feedback.node.uid!r} is not downstream of {head.uid!r}",
+            )
+        if np.dtype(feedback.dtype) != np.dtype(self.dtype):
+            raise ConfigError(
+                "the feedback must have the loop's record type",
+                detail=f"{np.dtype(feedback.dtype)} is not {np.dtype(self.dtype)}",
+            )
+        if feedback._kind is EdgeKind.BROADCAST:
+            raise ConfigError(
+                "a loop's feedback cannot be broadcast",
+                hint="every round would multiply the records: use forward, key_by or rebalance",
+            )
+        edge = feedback._edge(head.parallelism, IterationHead.FEEDBACK)
+        head.inputs.append(
+            InputEdge(
+                edge.source,
+                edge.kind,
+                edge.input_index,
+                edge.key_field,
+                edge.partitioner,
+                feedback=True,
+            )
+        )
+
+
+def _reaches(nodes: list[Node], start: int, target: int) -> bool:
+    """Whether ``target`` is ``start`` or downstream of it (not over feedback edges)."""
+    consumers: dict[int, list[int]] = {}
+    for n in nodes:
+        for e in n.inputs:
+            if not e.feedback:
+                consumers.setdefault(e.source, []).append(n.id)
+    seen, todo = {start}, [start]
+    while todo:
+        for c in consumers.get(todo.pop(), []):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return target in seen
 
 
 class UnionStream:
@@ -392,6 +476,11 @@ class Vertex:
     id: int
     nodes: list[Node]
     parallelism: int
+    loop: str | None = None  # the uid of the loop's head, for a vertex in a loop
+
+    @property
+    def is_iteration_head(self) -> bool:
+        return self.nodes[0].is_iteration_head
 
     @property
     def uid(self) -> str:
@@ -421,6 +510,7 @@ class JobEdge:
     key_field: str | None
     dtype: Any
     partitioner: Partitioner | None = None
+    feedback: bool = False  # a loop's feedback edge, into its iteration head
 
 
 @dataclass
@@ -443,6 +533,7 @@ class JobGraph:
             "edges": [
                 [e.source, e.target, e.kind.value, e.input_index, e.key_field, str(e.dtype)]
                 + ([partitioner_name(e.partitioner)] if e.partitioner is not None else [])
+                + (["feedback"] if e.feedback else [])
                 for e in self.edges
             ],
             "max_parallelism": self.max_parallelism,
@@ -468,6 +559,7 @@ class JobGraph:
                 e.kind is EdgeKind.FORWARD
                 and up.parallelism == n.parallelism
                 and len(consumers[up.id]) == 1
+                and not up.is_iteration_head  # a head's task is a task of its own
             )
 
         vertex_of: dict[int, int] = {}
@@ -494,8 +586,10 @@ class JobGraph:
                             e.key_field,
                             nodes[e.source].out_dtype,
                             e.partitioner,
+                            e.feedback,
                         )
                     )
+        _find_loops(nodes, vertices, edges)
         max_p = env.max_parallelism or compute_default_max_parallelism(
             max(n.parallelism for n in nodes)
         )
@@ -505,3 +599,42 @@ class JobGraph:
                     f"parallelism {n.parallelism} of {n.uid} exceeds max parallelism {max_p}"
                 )
         return cls(env.name, vertices, edges, max_p)
+
+
+def _find_loops(nodes: list[Node], vertices: list[Vertex], edges: list[JobEdge]) -> None:
+    """Marks the vertices of each loop (on a cycle through its head) with the head's
+    uid; refuses unclosed and nested loops."""
+    for n in nodes:
+        if n.is_iteration_head and not any(e.feedback for e in n.inputs):
+            raise ConfigError(
+                f"the loop of {n.uid!r} is never closed", hint="call close_with(feedback) on it"
+            )
+    forward_edges = [e for e in edges if not e.feedback]
+
+    def reach(start: int, step: Callable[[JobEdge], tuple[int, int]]) -> set[int]:
+        seen, todo = {start}, [start]
+        while todo:
+            at = todo.pop()
+            for e in forward_edges:
+                a, b = step(e)
+                if a == at and b not in seen:
+                    seen.add(b)
+                    todo.append(b)
+        return seen
+
+    for fb in (e for e in edges if e.feedback):
+        head = vertices[fb.target]
+        body = reach(head.id, lambda e: (e.source, e.target)) & reach(
+            fb.source, lambda e: (e.target, e.source)
+        )
+        for vid in sorted(body):
+            v = vertices[vid]
+            if (v.loop is not None and v.loop != head.uid) or (
+                v.is_iteration_head and v is not head
+            ):
+                raise ConfigError(
+                    f"loops cannot nest: {v.uid!r} is in the loops of {v.loop or v.uid!r} "
+                    f"and {head.uid!r}",
+                    hint="close the inner loop's records out and iterate again after it",
+                )
+            v.loop = head.uid

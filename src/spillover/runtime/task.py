@@ -48,6 +48,7 @@ from spillover.runtime.checkpointing.messages import (
     Ack,
     Cancel,
     CoordinatorGateway,
+    LoopDone,
     MailboxMessage,
     NotifyAborted,
     NotifyComplete,
@@ -63,6 +64,8 @@ from spillover.runtime.eventtime.clock import TaskClock
 from spillover.runtime.eventtime.timers import KeyedTimerService
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
+from spillover.runtime.iteration.feedback import FeedbackPartition
+from spillover.runtime.iteration.probes import ProbeRelay
 from spillover.runtime.network import events as ev
 from spillover.runtime.network.buffers import NetworkBuffer
 from spillover.runtime.network.gate import InputGate
@@ -123,7 +126,7 @@ class Task:
         attempt: int,
         gate: InputGate | None,
         channels: list[InputChannelInfo],
-        partitions: list[ResultPartition],
+        partitions: list[ResultPartition | FeedbackPartition],
         outboxes: list[Outbox],
         writers: list[PartitionWriter],
         restore: TaskRestore | None,
@@ -216,6 +219,12 @@ class Task:
         self._suspend_at: int | None = None
         self.suspended = False
         self._opened = 0
+        # In a loop body: passes the loop's termination probes on (runtime/iteration).
+        self.probes = (
+            ProbeRelay(self) if vertex.loop is not None and not vertex.is_iteration_head else None
+        )
+        # The loop's feedback edge, when this task is its tail: never waits for credit.
+        self.feedback_partitions = [p for p in partitions if isinstance(p, FeedbackPartition)]
 
     @property
     def opened_ops(self) -> list[Operator]:
@@ -289,6 +298,9 @@ class Task:
                 self.drain_blocking()
                 for p in self.partitions:
                     p.finish()
+                for fp in self.feedback_partitions:
+                    fp.pump_blocking()  # the loop ended: its head takes the rest
+                    fp.close()
             # Suspended (an unaligned stop's savepoint completed): what is queued and
             # what would follow is in the savepoint; the tasks around end alike.
         except BaseException as e:  # reported to the executor, which fails over
@@ -386,7 +398,7 @@ class Task:
                 case Cancel():
                     raise TaskCancelled(self.name)
                 case TriggerCheckpoint():  # a root: a source, or inputs all ended
-                    if self._gate is None or self._gate.finished:
+                    if self.can_be_root():
                         self.trigger_root(message)
                     else:
                         # An upstream exited but its EndOfPartition is still on the way:
@@ -418,12 +430,30 @@ class Task:
                     self.suspended = self.last_snapshot_id >= cid
                 case Terminate():
                     self.terminate = True
+                case LoopDone(round=r):
+                    self.loop_done(r)
+
+    def can_be_root(self) -> bool:
+        """Whether a checkpoint trigger can be taken now: no input channel is left
+        that could still bring its barrier (an iteration head: no regular one)."""
+        return self._gate is None or self._gate.finished
+
+    def inputs_done(self) -> bool:
+        """Whether the input loop is over: every channel ended."""
+        return self.gate.finished
+
+    def loop_done(self, round: int) -> None:
+        """Iteration heads: the loop is empty (``LoopDone``); other tasks get none."""
 
     def drain(self) -> bool:
         """Moves output on as credit allows; True when every outbox is empty."""
         done = True
         for box in self.outboxes:
             done = box.drain() and done
+        # A loop's feedback never holds the task up: what has no credit is spilled,
+        # and goes on from the spill as credit comes back.
+        for p in self.feedback_partitions:
+            p.pump()
         return done
 
     def drain_responsive(self) -> None:
@@ -503,7 +533,7 @@ class Task:
 
     def _run_inputs(self) -> None:
         gate = self.gate
-        while not gate.finished:
+        while not self.inputs_done():
             self.mail()
             self.unaligned.reap()
             if self.terminate:
@@ -587,10 +617,15 @@ class Task:
                     self.ops[0].end_input(idx)
                 if len(self._inputs_ended) == len(self._input_channels):
                     end_of_inputs(self)
+        elif isinstance(event, ev.LoopProbe):
+            if self.probes is not None:
+                self.probes.on_probe(ch, event.round)
         elif isinstance(event, ev.EndOfPartition):
             self.gate.channel_finished(ch)
             self.barriers.on_end_of_partition(ch)
             self.unaligned.channel_done(ch)
+            if self.probes is not None:
+                self.probes.channel_ended(ch)
 
     def _forward_cancel(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._cancelled_forwarded:
@@ -662,5 +697,6 @@ class Task:
             "backpressured_seconds": bp,
             "backpressured_share": bp / wall if wall > 0 else 0.0,
             "replayed_bytes": float(self.replayed_bytes),
+            "feedback_spilled_bytes": float(sum(p.spilled_bytes for p in self.feedback_partitions)),
             "wall_seconds": wall,
         }

@@ -4,6 +4,8 @@ workers), each of which hosts some of the subtasks."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,8 @@ from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, Vertex
+from spillover.runtime.iteration import feedback
+from spillover.runtime.iteration.head import IterationHeadTask
 from spillover.runtime.network.buffers import BufferPool
 from spillover.runtime.network.events import BarrierKind
 from spillover.runtime.network.gate import InputGate
@@ -102,8 +106,15 @@ def build_tasks(
                     raise ValueError(f"subtask {d} of {down.uid!r} runs elsewhere: give remote")
                 else:
                     remote(part, d, f"{down.uid}#{d}", first + u)
-            partitions.setdefault((up.id, u), []).append(part)
-            box = Outbox(part, pool)
+            out: ResultPartition | feedback.FeedbackPartition = part
+            if e.feedback:  # a loop's feedback: spills instead of waiting for credit
+                out = feedback.FeedbackPartition(
+                    part,
+                    os.path.join(net.tmp_dir or tempfile.gettempdir(), "spillover-feedback"),
+                    spilling=feedback.SPILLING,
+                )
+            partitions.setdefault((up.id, u), []).append(out)
+            box = Outbox(out, pool)
             outboxes.setdefault((up.id, u), []).append(box)
             writers.setdefault((up.id, u), []).append(
                 PartitionWriter(
@@ -124,7 +135,8 @@ def build_tasks(
         for i in range(v.parallelism):
             if not here(i):
                 continue
-            tasks[(v.uid, i)] = Task(
+            task_class = IterationHeadTask if v.is_iteration_head else Task
+            tasks[(v.uid, i)] = task_class(
                 graph=g,
                 vertex=v,
                 subtask=i,

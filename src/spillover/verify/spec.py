@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spillover.config.policies import policy_options
+from spillover.verify.loops import build_iteration
 from spillover.verify.topologies import (
     POLICIES,
     JobFactory,
@@ -72,6 +73,10 @@ class VerifySpec:
 
     def factory(self) -> JobFactory:
         """The job to run: the user's, or the built-in topology."""
+        if self.job is None and self.topology == "iteration":
+            return lambda out_dir, name, parallelism: build_iteration(
+                self, out_dir, name, parallelism
+            )
         if self.job is None:
             return lambda out_dir, name, parallelism: build(self, out_dir, name, parallelism)
         if isinstance(self.job, str):

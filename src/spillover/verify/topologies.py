@@ -46,7 +46,7 @@ RESCALE_TOPOLOGIES = (
     "stateless-between-keyed",
     "custom-partitioner",
 )
-TOPOLOGIES = ("pipeline", "multi-input", "union", "finishing", *RESCALE_TOPOLOGIES)
+TOPOLOGIES = ("pipeline", "multi-input", "union", "finishing", "iteration", *RESCALE_TOPOLOGIES)
 # ``finishing``: the summary record of source partition ``p`` has partition
 # ``SUMMARY_PARTITION + p`` (data records keep theirs).
 SUMMARY_PARTITION = 100_000
@@ -376,7 +376,7 @@ BROADCAST_DTYPE = np.dtype(
 BROADCAST_VIEW_DIR = "broadcast-view"  # under the output directory: the broadcast rows
 # Topologies whose keyed operator sees a key's records in no promised order: their
 # ``total`` column is the value a record added, so totals and order prove nothing there.
-ORDER_FREE_TOPOLOGIES = ("rebalance-chain",)
+ORDER_FREE_TOPOLOGIES = ("rebalance-chain", "iteration")
 # The keyed states compared with the failure-free run, per topology: (node uid, state name).
 KEYED_CHECKS: dict[str, tuple[tuple[str, str], ...]] = {
     "rebalance-chain": (("count-sum", "count-sum.count"), ("count-sum", "count-sum.sum")),
@@ -389,6 +389,7 @@ KEYED_CHECKS: dict[str, tuple[tuple[str, str], ...]] = {
         ("count-sum", "count-sum.count"),
         ("count-sum", "count-sum.sum"),
     ),
+    "iteration": (("count-sum", "count-sum.count"), ("count-sum", "count-sum.sum")),
 }
 
 

@@ -3,8 +3,8 @@
 Over a worker's control connection (``control.py``, one pickled message a frame):
 
 - worker -> master: :class:`Hello` (once), :class:`Wired`, then :class:`Acknowledge`,
-  :class:`Decline`, :class:`EndOfData` and :class:`TaskExited` (its subtasks' word to
-  the coordinator),
+  :class:`Decline`, :class:`EndOfData`, :class:`TaskExited` and :class:`LoopQuiet`
+  (its subtasks' word to the coordinator),
   :class:`Fired` (an induced failure fired), :class:`Metrics`, :class:`Done` (a
   subtask ended), :class:`Synced`, and :class:`Finished` last;
 - master -> worker: :class:`Table` (the workers' data addresses), :class:`Go`, then
@@ -71,6 +71,13 @@ class TaskExited:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopQuiet:
+    vertex_uid: str
+    subtask: int
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
 class Fired:
     index: int  # of the failure in the script
     attempt: int
@@ -106,6 +113,7 @@ ToMaster = (
     | Decline
     | EndOfData
     | TaskExited
+    | LoopQuiet
     | Fired
     | Metrics
     | Done

@@ -42,6 +42,7 @@ from spillover.deploy.spark.messages import (
     Fired,
     Go,
     Hello,
+    LoopQuiet,
     MasterEvent,
     Metrics,
     Post,
@@ -283,6 +284,8 @@ class _SparkAttempt:
                 co.end_of_data(uid, subtask)
             case TaskExited(vertex_uid=uid, subtask=subtask):
                 co.task_exited(uid, subtask)
+            case LoopQuiet(vertex_uid=uid, subtask=subtask, round=r):
+                co.loop_quiet(uid, subtask, r)
             case Metrics(metrics=metrics):
                 self.metrics.update(metrics)
             case Fired(index=fired, attempt=attempt):

@@ -41,6 +41,7 @@ from spillover.deploy.spark.messages import (
     Fired,
     Go,
     Hello,
+    LoopQuiet,
     Metrics,
     Post,
     SwitchToUnaligned,
@@ -104,6 +105,9 @@ class _Relay:
 
     def task_exited(self, vertex_uid: str, subtask: int) -> None:
         self.send(TaskExited(vertex_uid, subtask))
+
+    def loop_quiet(self, vertex_uid: str, subtask: int, round: int) -> None:
+        self.send(LoopQuiet(vertex_uid, subtask, round))
 
 
 def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:

@@ -42,6 +42,11 @@ class BarrierHandler:
     ``on_aligned(barrier, stats)`` runs when every live channel has delivered the
     barrier (the task snapshots and forwards it); ``on_aborted(checkpoint_id)``
     when an alignment is given up (a newer barrier, a cancel marker).
+
+    ``exempt`` channels need not deliver it: an iteration head's feedback channels,
+    whose barrier comes only after the head forwarded it. One that delivers it early
+    (the barrier went round from another head subtask) is blocked like the others;
+    ``last_seen`` tells the head which did.
     """
 
     gate: Gate
@@ -54,6 +59,8 @@ class BarrierHandler:
     ended: set[int] = field(default_factory=set)  # channels past EndOfPartition
     stats: AlignmentStats | None = None
     barrier: Any = None
+    exempt: frozenset[int] = frozenset()
+    last_seen: set[int] = field(default_factory=set)  # the channels of the last alignment
 
     @property
     def aligning(self) -> bool:
@@ -98,12 +105,12 @@ class BarrierHandler:
             self.stats.bytes_during_alignment += nbytes
 
     def _maybe_complete(self) -> None:
-        if len(self.seen | self.ended) >= self.num_channels:
+        if len(self.seen | self.ended | self.exempt) >= self.num_channels:
             stats, barrier = self.stats, self.barrier
             assert stats is not None
             stats.aligned_at = time.monotonic()
             self.current = -1
-            self.seen = set()
+            self.last_seen, self.seen = self.seen, set()
             self.gate.unblock_all()
             self.on_aligned(barrier, stats)
 

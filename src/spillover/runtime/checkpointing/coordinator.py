@@ -30,6 +30,8 @@ from spillover.runtime.checkpointing.messages import (
     Ack,
     CoordinatorEvent,
     Declined,
+    LoopDone,
+    LoopQuiet,
     NotifyAborted,
     NotifyComplete,
     StopCoordinator,
@@ -46,6 +48,7 @@ from spillover.runtime.checkpointing.metadata import (
     new_metadata,
     referenced_checkpoints,
 )
+from spillover.runtime.iteration.termination import LoopTermination
 
 UNALIGNED = 1  # events.BarrierKind.UNALIGNED
 ALIGNED_WITH_TIMEOUT = 2  # events.BarrierKind.ALIGNED_WITH_TIMEOUT
@@ -162,10 +165,19 @@ class CheckpointCoordinator:
         vertices = self.graph.get("vertices", {})
         # Per operator, its inputs: (upstream operator, whether subtask i reads only
         # upstream subtask i, a forward edge) ; every other edge reads every subtask.
+        # A loop's feedback edge does not count: the head is where its loop's
+        # barriers start, the feedback carries them back (runtime/iteration).
         self._predecessors = {
-            uid: [(i["source"], i.get("kind") == "forward") for i in v.get("inputs", [])]
+            uid: [
+                (i["source"], i.get("kind") == "forward")
+                for i in v.get("inputs", [])
+                if not i.get("feedback")
+            ]
             for uid, v in vertices.items()
         }
+        self.loops = LoopTermination(
+            {uid: v["parallelism"] for uid, v in vertices.items() if v.get("iteration_head")}
+        )
         self._final_id: int | None = None
         self._final_done = False
         self._stopping = False  # a stop's unaligned savepoint was asked for
@@ -192,6 +204,10 @@ class CheckpointCoordinator:
     def task_exited(self, vertex_uid: str, subtask: int) -> None:
         """A task ended cleanly, after the checkpoint that covers its finish."""
         self._events.put(TaskExited(vertex_uid, subtask))
+
+    def loop_quiet(self, vertex_uid: str, subtask: int, round: int) -> None:
+        """An iteration head's round ``round`` brought no record back (runtime/iteration)."""
+        self._events.put(LoopQuiet(vertex_uid, subtask, round))
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -268,6 +284,12 @@ class CheckpointCoordinator:
                 self._finished_tasks.add((uid, subtask))
             case TaskExited(vertex_uid=uid, subtask=subtask):
                 self._on_exit((uid, subtask))
+            case LoopQuiet(vertex_uid=uid, subtask=subtask, round=r):
+                if self.loops.quiet(uid, subtask, r):
+                    # No record is left anywhere in the loop: its heads end it.
+                    for key in sorted(self.running()):
+                        if key[0] == uid:
+                            self.tasks[key].post(LoopDone(r))
         return True
 
     def _on_exit(self, key: tuple[str, int]) -> None:

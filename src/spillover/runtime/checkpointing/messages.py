@@ -73,6 +73,14 @@ class Terminate:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopDone:
+    """Iteration heads only: every head of the loop reported round ``round`` quiet,
+    so no record is left in the loop; it ends (``runtime/iteration``)."""
+
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     """Stop at once: the attempt is failing over or stopping."""
 
@@ -85,6 +93,7 @@ MailboxMessage = (
     | StopSource
     | Suspend
     | Terminate
+    | LoopDone
     | Cancel
 )
 
@@ -135,6 +144,17 @@ class TaskExited:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopQuiet:
+    """An iteration head's termination round ``round`` brought no record back: no
+    record came over its feedback edge between sending the round's probe and the
+    probe's return on every feedback channel (docs/iterations.md)."""
+
+    vertex_uid: str
+    subtask: int
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
 class TriggerNow:
     """Trigger a checkpoint now (outside the interval)."""
 
@@ -150,7 +170,14 @@ class StopCoordinator:
 
 
 CoordinatorEvent = (
-    Ack | Declined | TaskEndedData | TaskExited | TriggerNow | TriggerStop | StopCoordinator
+    Ack
+    | Declined
+    | TaskEndedData
+    | TaskExited
+    | LoopQuiet
+    | TriggerNow
+    | TriggerStop
+    | StopCoordinator
 )
 """What the coordinator's thread takes from its queue, in order."""
 
@@ -165,6 +192,8 @@ class CoordinatorGateway(Protocol):
     def end_of_data(self, vertex_uid: str, subtask: int) -> None: ...
 
     def task_exited(self, vertex_uid: str, subtask: int) -> None: ...
+
+    def loop_quiet(self, vertex_uid: str, subtask: int, round: int) -> None: ...
 
 
 class TaskGateway(Protocol):

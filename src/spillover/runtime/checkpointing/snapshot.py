@@ -74,8 +74,10 @@ def take_snapshot(
         inflight = unaligned.switched_output_state(barrier)
         barrier = barrier.as_unaligned()
         switched = True
-    if inflight is None:
-        task.drain_blocking()  # an aligned barrier follows every record before it
+    if inflight is None or barrier.kind != BarrierKind.UNALIGNED:
+        # An aligned barrier follows every record before it (an iteration head's
+        # aligned checkpoint has an ``inflight`` part too: the feedback it logs).
+        task.drain_blocking()
         for p in task.partitions:
             p.broadcast_event(barrier)
         unaligned.done_checkpoints.add(cid)

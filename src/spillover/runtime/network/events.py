@@ -139,6 +139,19 @@ class WatermarkStatus:
     idle: bool
 
 
+@dataclass(frozen=True)
+class LoopProbe:
+    """Round ``round`` of a loop's termination protocol (``runtime/iteration``): the
+    iteration head sends it in line behind its output once its regular input ended;
+    loop tasks pass it on once it came on every loop channel; it returns to the head
+    over the feedback edge behind every record derived from what preceded it."""
+
+    round: int
+
+    def __post_init__(self) -> None:
+        _check_int64("round", self.round, 0)
+
+
 Event = (
     CheckpointBarrier
     | CancelCheckpointMarker
@@ -146,16 +159,18 @@ Event = (
     | EndOfPartition
     | Watermark
     | WatermarkStatus
+    | LoopProbe
 )
 
 _TAG_BARRIER, _TAG_CANCEL, _TAG_END_OF_DATA, _TAG_END_OF_PARTITION = 1, 2, 3, 4
-_TAG_WATERMARK, _TAG_WATERMARK_STATUS = 5, 6
+_TAG_WATERMARK, _TAG_WATERMARK_STATUS, _TAG_LOOP_PROBE = 5, 6, 7
 _HEAD = struct.Struct("<BB")  # version, tag
 _BARRIER = struct.Struct("<BBBqqq")  # + kind, checkpoint id, timestamp, alignment timeout
 _CANCEL = struct.Struct("<BBq")  # + checkpoint id
 _END_OF_DATA = struct.Struct("<BBB")  # + drain flag
 _WATERMARK = struct.Struct("<BBq")  # + timestamp
 _WATERMARK_STATUS = struct.Struct("<BBB")  # + idle flag
+_LOOP_PROBE = struct.Struct("<BBq")  # + round
 _END_OF_PARTITION_BYTES = _HEAD.pack(EVENT_FORMAT_VERSION, _TAG_END_OF_PARTITION)
 _SIZES = {
     _TAG_BARRIER: _BARRIER.size,
@@ -164,6 +179,7 @@ _SIZES = {
     _TAG_END_OF_PARTITION: _HEAD.size,
     _TAG_WATERMARK: _WATERMARK.size,
     _TAG_WATERMARK_STATUS: _WATERMARK_STATUS.size,
+    _TAG_LOOP_PROBE: _LOOP_PROBE.size,
 }
 
 
@@ -189,6 +205,8 @@ def serialize(event: Event) -> bytes:
         return _WATERMARK.pack(v, _TAG_WATERMARK, event.timestamp_ms)
     if isinstance(event, WatermarkStatus):
         return _WATERMARK_STATUS.pack(v, _TAG_WATERMARK_STATUS, int(event.idle))
+    if isinstance(event, LoopProbe):
+        return _LOOP_PROBE.pack(v, _TAG_LOOP_PROBE, event.round)
     raise TypeError(f"not an event: {type(event).__name__}")
 
 
@@ -227,6 +245,8 @@ def deserialize(buffer: Any) -> Event:
             return Watermark(_WATERMARK.unpack_from(buffer)[2])
         if tag == _TAG_WATERMARK_STATUS:
             return WatermarkStatus(_flag("idle", _WATERMARK_STATUS.unpack_from(buffer)[2]))
+        if tag == _TAG_LOOP_PROBE:
+            return LoopProbe(_LOOP_PROBE.unpack_from(buffer)[2])
     except ValueError as e:
         raise EventFormatError(f"event with tag {tag} has a bad field", detail=str(e)) from e
     return EndOfPartition()

@@ -15,12 +15,12 @@ import numpy as np
 from spillover.keygroups import key_group_range_for_operator, key_group_table
 from spillover.records import FieldKey, KeyGroupDemux, RecordWriter, partitions_of
 from spillover.runtime.api import Batch, EdgeKind, Partitioner
-from spillover.runtime.network.events import Watermark, WatermarkStatus, to_buffer
+from spillover.runtime.network.events import LoopProbe, Watermark, WatermarkStatus, to_buffer
 from spillover.storage.handle import DataType
 
-InLineEvent = Watermark | WatermarkStatus
+InLineEvent = Watermark | WatermarkStatus | LoopProbe
 """The events an outbox queues in line with the data (they need no credit)."""
-_IN_LINE = (Watermark, WatermarkStatus)
+_IN_LINE = (Watermark, WatermarkStatus, LoopProbe)
 
 
 def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:

@@ -84,10 +84,14 @@ def graph_info(g: JobGraph) -> dict[str, Any]:
                     ),
                     # the edge's result partition among the source's partitions
                     "partition": [x for x in g.edges if x.source == e.source].index(e),
+                    # a loop's feedback edge: not a predecessor for checkpoint roots
+                    **({"feedback": True} if e.feedback else {}),
                 }
                 for e in ins
             ],
             "outputs": [g.vertices[e.target].uid for e in outs],
+            **({"loop": v.loop} if v.loop is not None else {}),
+            **({"iteration_head": True} if v.is_iteration_head else {}),
         }
     return {"vertices": vertices}
 

@@ -40,6 +40,7 @@ from spillover.runtime.network.events import (
     EndOfPartition,
     Event,
     EventFormatError,
+    LoopProbe,
     UnsupportedEventVersionError,
     Watermark,
     WatermarkStatus,
@@ -237,6 +238,7 @@ EVENTS = st.one_of(
     st.just(EndOfPartition()),
     st.builds(Watermark, INT64),
     st.builds(WatermarkStatus, st.booleans()),
+    st.builds(LoopProbe, IDS),
 )
 
 
@@ -268,6 +270,7 @@ def test_event_wire_layout() -> None:
     assert serialize(Watermark(-5)) == bytes([1, 5]) + struct.pack("<q", -5)
     assert serialize(Watermark(MAX_WATERMARK)) == bytes([1, 5]) + struct.pack("<q", 2**63 - 1)
     assert serialize(WatermarkStatus(idle=True)) == bytes([1, 6, 1])
+    assert serialize(LoopProbe(3)) == bytes([1, 7]) + struct.pack("<q", 3)
 
 
 @pytest.mark.parametrize(

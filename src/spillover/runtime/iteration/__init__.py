@@ -1,0 +1,1 @@
+"""Cyclic dataflows (FLIP-15): iteration heads, feedback edges, loop termination."""
