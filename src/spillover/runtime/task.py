@@ -300,13 +300,14 @@ class Task:
                     p.finish()
                 for fp in self.feedback_partitions:
                     fp.pump_blocking()  # the loop ended: its head takes the rest
-                    fp.close()
             # Suspended (an unaligned stop's savepoint completed): what is queued and
             # what would follow is in the savepoint; the tasks around end alike.
         except BaseException as e:  # reported to the executor, which fails over
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
             self.unaligned.release_overtaken()
+            for fp in self.feedback_partitions:
+                fp.close()  # its spill files, on the thread that reads them
             for op in self.opened_ops:
                 try:
                     op.close()

@@ -375,7 +375,7 @@ class FeedbackPartition:
 
     Called from the producer's thread, except :meth:`fail` and :meth:`cancel` (any
     thread). The caller calls :meth:`pump` often (from its drain loop) and
-    :meth:`pump_blocking` when it ends, then :meth:`close`.
+    :meth:`pump_blocking` when it ends, and :meth:`close` however it ends.
     """
 
     def __init__(
@@ -522,13 +522,13 @@ class FeedbackPartition:
                 self.inner.finish()
 
     def fail(self, cause: BaseException) -> None:
-        """Fails the inner partition (waking its waiters) and deletes the spill files;
-        later calls raise :class:`ChannelFailedError`. Any thread."""
+        """Fails the inner partition (waking its waiters); later calls raise
+        :class:`ChannelFailedError`. Any thread: the spill files are the producer's
+        to delete (:meth:`close`, which the task runs as it ends), since its thread
+        may be reading them right now."""
         if self._cause is None:
             self._cause = cause
         self.inner.fail(cause)
-        with self._lock:
-            self._discard_files()
 
     def cancel(self) -> None:
         """:meth:`fail` with :class:`ChannelCancelledError`."""

@@ -408,7 +408,9 @@ def test_overtaken_buffers_cut_short_by_a_failure_raise(tmp_path: Path) -> None:
     (overtaken,) = fp.broadcast_event(CheckpointBarrier(1, 0, UNALIGNED), priority=True)
     it = iter(overtaken)
     assert contents([next(it), next(it)]) == [payload(0), payload(1)]
-    fp.cancel()
+    fp.cancel()  # from another thread: the reading producer is not pulled from under
+    assert contents([next(it)]) == [payload(2)]
+    fp.close()  # the producer ends: the rest is gone, and the reader says so
     with pytest.raises(ClosedError):
         next(it)
     assert os.listdir(tmp_path) == []
@@ -514,7 +516,9 @@ def test_without_spilling_it_is_the_plain_blocking_partition(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("how", ["fail", "cancel"])
-def test_failure_deletes_the_spill_and_is_raised_by_later_calls(tmp_path: Path, how: str) -> None:
+def test_a_failure_is_raised_by_later_calls_and_close_deletes_the_spill(
+    tmp_path: Path, how: str
+) -> None:
     fp, gate = feedback_edge(tmp_path, subs=1, exclusive=1)
     for i in range(20):
         fp.emit(0, fp.pool.wrap(payload(i)))
@@ -523,7 +527,6 @@ def test_failure_deletes_the_spill_and_is_raised_by_later_calls(tmp_path: Path, 
     boom = RuntimeError("boom")
     failer = Worker(lambda: fp.fail(boom) if how == "fail" else fp.cancel())  # any thread
     failer.finish()
-    assert spill_files(tmp_path) == [] and os.listdir(tmp_path) == []
     error = ChannelCancelledError if how == "cancel" else ChannelFailedError
     with pytest.raises(error) as raised:
         fp.pump()
@@ -535,7 +538,10 @@ def test_failure_deletes_the_spill_and_is_raised_by_later_calls(tmp_path: Path, 
         fp.pump_blocking(1)
     with pytest.raises(ChannelFailedError):
         gate.poll(0)
+    # The files are the producer's to delete (its thread may be reading them): it
+    # closes the partition as it ends.
     fp.close()
+    assert spill_files(tmp_path) == [] and os.listdir(tmp_path) == []
 
 
 def test_close_deletes_the_spill_and_refuses_later_use(tmp_path: Path) -> None:
