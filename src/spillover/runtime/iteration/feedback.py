@@ -637,8 +637,16 @@ class FeedbackPartition:
         if not q.items and (
             not is_data or (inner.credit(sub) > 0 and inner.pool.available >= self._reserve)
         ):
-            inner.emit(sub, buffer)  # has credit (or is an event): does not wait
+            # Has credit (or is an event): never waits. Floating credit is shared with
+            # the gate's other channels and may be gone by now: then it spills.
+            try:
+                inner.emit(sub, buffer, timeout=0.0)
+                sent = True
+            except NetworkTimeoutError:
+                sent = False
         else:
+            sent = False
+        if not sent:
             if is_data and nbytes > inner.pool.segment_size:
                 raise ConfigError(
                     f"feedback partition {self.name!r}: a buffer of {nbytes} bytes exceeds "
@@ -683,7 +691,12 @@ class FeedbackPartition:
                     segment[:n] = np.frombuffer(memoryview(item), dtype=np.uint8)
                     buf = pool.wrap(segment[:n], _DATA)
                     try:
-                        inner.emit(sub, buf)
+                        # Never waits: floating credit is shared with the gate's other
+                        # channels, so the credit seen above may be gone by now.
+                        inner.emit(sub, buf, timeout=0.0)
+                    except NetworkTimeoutError:
+                        buf.release()
+                        break
                     except BaseException:
                         buf.release()
                         raise

@@ -70,9 +70,13 @@ class IterationHeadTask(Task):
         self._round_back: set[int] = set()  # feedback channels its probe came back on
         self._next_probe_at: float | None = None
         self.loop_ended = False
+        self.loop_ended_at = 0.0  # time.time() when it ended (a benchmark's figure)
         self.rounds_quiet = 0
-        # Stopped without drain: feedback that came back with no checkpoint logging it.
-        self._held: list[tuple[int, NetworkBuffer]] = []
+        # Stopped without drain: every feedback buffer that came back after the loop
+        # ended, copied (pool buffers held back would starve the tail's partition).
+        # It is state for every checkpoint from then on (the first may be aborted).
+        self._held: list[tuple[int, bytes]] = []
+        self.held_bytes = 0
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -111,17 +115,11 @@ class IterationHeadTask(Task):
         # bound holds for them.
         if barrier.kind != ev.BarrierKind.UNALIGNED:
             inf.max_inflight_bytes = None
-        held, self._held = self._held, []
-        for ch, buf in held:
-            try:
-                if ch in inf.pending:
-                    inf.add_input(ch, buf)
-                else:  # pragma: no cover - its barrier cannot pass data held back
-                    raise IterationError(f"{self.name}: feedback held past its barrier")
-            finally:
-                buf.release()
-        for ch in pending:
-            self.gate.unblock(ch)
+        # The begun record's head went in first (``start``); the held rest follows.
+        for ch, data in self._held:
+            if ch not in inf.pending:  # pragma: no cover - a barrier cannot pass held data
+                raise IterationError(f"{self.name}: feedback held past its barrier")
+            inf.add_input(ch, data)
 
     # -- input -----------------------------------------------------------------------------
 
@@ -132,13 +130,12 @@ class IterationHeadTask(Task):
                     f"{self.name}: records came back into the loop after it ended",
                     hint="a loop body must not emit into the feedback from finish()",
                 )
-            # Stopped without drain: the rest of the loop is the savepoint's state.
-            inf = self.unaligned.inflight
-            if inf is not None and ch in inf.pending:
-                self.unaligned.on_data(ch, buf)
-            else:
-                self._held.append((ch, buf.retain()))
-                self.gate.block(ch)
+            # Stopped without drain: the rest of the loop is not processed; it is the
+            # state of every checkpoint from now on, the savepoint's included.
+            data = bytes(buf.data)
+            self._held.append((ch, data))
+            self.held_bytes += len(data)
+            self.unaligned.on_data(ch, buf)
             return
         super()._on_data(ch, buf)
 
@@ -151,7 +148,9 @@ class IterationHeadTask(Task):
                 return
             if isinstance(event, ev.EndOfData):
                 # The loop ended it (LoopDone, or a stop): nothing more to decide.
-                self.readers[ch].finish()
+                # Stopped without drain, a record begun before is in the held state.
+                if not self.no_drain_channels:
+                    self.readers[ch].finish()
                 self._data_ended.add(ch)
                 return
         super()._on_event(ch, event)
@@ -214,6 +213,7 @@ class IterationHeadTask(Task):
 
     def _end_loop(self) -> None:
         self.loop_ended = True
+        self.loop_ended_at = time.time()
         self._next_probe_at = None
         self._inputs_ended.add(IterationHead.FEEDBACK)
         end_of_inputs(self)
@@ -222,4 +222,6 @@ class IterationHeadTask(Task):
         out = super().metrics()
         out["loop_rounds"] = float(self.round)
         out["loop_rounds_quiet"] = float(self.rounds_quiet)
+        out["loop_ended_at"] = self.loop_ended_at
+        out["loop_held_bytes"] = float(self.held_bytes)
         return out

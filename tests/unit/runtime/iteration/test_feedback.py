@@ -577,3 +577,31 @@ def test_a_buffer_larger_than_a_pool_segment_is_refused_and_kept(tmp_path: Path)
         fp.emit(0, buf)
     assert buf.refs == 1 and fp.queued_buffers == 0
     fp.close()
+
+
+def test_pump_never_waits_even_when_the_credit_it_saw_is_gone(tmp_path: Path) -> None:
+    """Floating credit is shared by the head's channels: another producer can take
+    the credit ``pump`` saw before it emits. Waiting for it there would deadlock the
+    loop (the head may be blocked sending into the tail), so ``pump`` leaves the
+    buffer spilled and returns."""
+    fp, gate = feedback_edge(tmp_path, subs=1, exclusive=1)
+    for i in range(3):
+        fp.emit(0, fp.pool.wrap(payload(i)))
+    assert fp.queued_buffers == 2  # the first took the only credit
+    fp.inner.credit = lambda sub: 1  # type: ignore[method-assign]  # a stale snapshot
+
+    def pump_a_while() -> bool:
+        for _ in range(50):  # long enough for the spilled buffers to be read back
+            if fp.pump():
+                return True
+            time.sleep(0.002)
+        return False
+
+    assert Worker(pump_a_while).finish() is False
+    assert fp.queued_buffers == 2
+    fp.emit(0, fp.pool.wrap(payload(3)))  # nor does emit: it spills behind the rest
+    assert fp.queued_buffers == 3
+    assert [item for _, item in poll(gate)] == [payload(0)]
+    del fp.inner.credit  # the real credit again
+    assert [item for _, item in run_out(fp, gate)] == [payload(1), payload(2), payload(3)]
+    fp.close()

@@ -1,0 +1,694 @@
+"""Loops (FLIP-15) under backpressure: what checkpoints of a loop cost next to those
+of a straight job, what the iteration head logs, and how soon a bounded loop ends.
+
+The job (:func:`build_loop_job`): a paced ``GeneratorSource`` (100-byte payloads)
+→ ``key_by("key")`` → an iteration head; the body counts a record's ``left`` down
+by one per pass (``min_rounds`` to ``max_rounds`` passes, by ``seq``), the
+feedback is keyed; :class:`LoopExit` lets records with nothing left out of the loop
+→ ``rebalance()`` → a sink paced at ``sink_rate`` records/s per subtask. The
+sources run at ``source_share`` times the sinks' pace, so the sinks hold the job
+back. Every operator works on whole batches (numpy), none per record.
+
+:func:`run_loop` runs it for ``warmup_s + duration_s`` under one checkpoint policy
+and reads, over the window after the warm-up: the completed checkpoints' durations,
+their in-flight bytes, the head subtasks' share of them and the part that is the
+feedback channels' state (the head's log), from the metadata of every checkpoint
+(all are retained); the loop's output rate (``exit``'s ``records_out``); the bytes
+the feedback spilled. :func:`run_straight` runs the job of ``spillover bench`` at
+the same sink pace for comparison, :func:`termination_once` a bounded loop without
+pacing, for the time from the last record leaving the loop to the heads learning
+that the loop is done (``loop_ended_at``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from spillover.benchmark.runner import _sample, _Samples, _stats, run_policy, trigger_offsets
+from spillover.benchmark.spec import _STOPPED, BenchSpec
+from spillover.benchmark.stop import _pure_engine, raw_write
+from spillover.config import Config
+from spillover.config.policies import policy_options
+from spillover.deploy import create_executor
+from spillover.errors import ConfigError
+from spillover.runtime.api import Batch, Operator
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.throttled import ThrottledSink
+from spillover.runtime.graph import StreamEnvironment
+
+LOOP_POLICIES = ("none", "aligned", "unaligned", "timeout")
+UNALIGNED_RATIO_TARGET = 2.0  # loop's unaligned median / the straight job's, at most
+TERMINATION_TARGET_MS = 100.0  # last record out of the loop -> the loop ended, at most
+HEAD, EXIT, SINK = "head", "exit", "sink"
+
+
+def loop_dtype(payload_bytes: int) -> np.dtype[Any]:
+    """The loop's records: the generator's fields and ``left``, the passes to go."""
+    return np.dtype(
+        [
+            ("partition", "<i4"),
+            ("seq", "<i8"),
+            ("key", "<i8"),
+            ("left", "<i8"),
+            ("payload", f"S{payload_bytes}"),
+        ]
+    )
+
+
+@dataclass
+class LoopSpec:
+    """What the loop bench runs; checked when built."""
+
+    parallelism: int = 2
+    warmup_s: float = 3.0
+    duration_s: float = 8.0
+    interval_ms: int = 1000
+    sink_rate: float = 2000.0  # records/s per sink subtask
+    source_share: float = 1.1  # the sources' pace over the sinks' (> 1: backpressure)
+    payload_bytes: int = 100
+    keys: int = 10_000
+    min_rounds: int = 8  # passes round the loop per record: min_rounds .. max_rounds
+    max_rounds: int = 16
+    aligned_timeout_ms: int = 100
+    records_per_partition: int = 5000  # the bounded job of the termination runs
+    checkpoint_dir: str | None = None  # None: the system's temporary directory
+
+    def __post_init__(self) -> None:
+        for name, ok in (
+            ("parallelism", self.parallelism >= 1),
+            ("warmup_s", self.warmup_s >= 0),
+            ("duration_s", self.duration_s > 0),
+            ("interval_ms", self.interval_ms > 0),
+            ("sink_rate", self.sink_rate > 0),
+            ("source_share", self.source_share > 0),
+            ("payload_bytes", self.payload_bytes >= 1),
+            ("keys", self.keys >= 1),
+            ("min_rounds", 1 <= self.min_rounds <= self.max_rounds),
+            ("records_per_partition", self.records_per_partition >= 1),
+        ):
+            if not ok:
+                raise ConfigError(f"bad {name}", detail=repr(getattr(self, name)))
+
+    @property
+    def run_s(self) -> float:
+        return self.warmup_s + self.duration_s
+
+    @property
+    def mean_rounds(self) -> float:
+        return (self.min_rounds + self.max_rounds) / 2
+
+    def config(self, policy: str, base: str) -> Config:
+        """One run's configuration: checkpoints under ``base`` (every one retained, so
+        that each one's metadata can be read after the run), spills there too."""
+        spill = os.path.join(base, "spill")
+        os.makedirs(spill, exist_ok=True)
+        options: dict[str, Any] = {
+            "parallelism.default": self.parallelism,
+            "restart-strategy.type": "none",  # a failure ends the run: it is not measured
+            "io.tmp.dirs": spill,
+        }
+        if policy != "none":
+            options["execution.checkpointing.interval"] = f"{self.interval_ms} ms"
+            options["state.checkpoints.dir"] = os.path.join(base, "checkpoints")
+            options["state.checkpoints.num-retained"] = 100_000
+        options.update(policy_options(policy, aligned_timeout_ms=self.aligned_timeout_ms))
+        return Config.from_dict(options)
+
+    def straight(self) -> BenchSpec:
+        """The job of ``spillover bench`` at this spec's sink pace, window and interval."""
+        return BenchSpec(
+            policies=("unaligned",),
+            parallelism=self.parallelism,
+            duration_s=self.duration_s,
+            warmup_s=self.warmup_s,
+            interval_ms=self.interval_ms,
+            sink_rate=self.sink_rate,
+            keys=self.keys,
+            payload_bytes=self.payload_bytes,
+            aligned_timeout_ms=self.aligned_timeout_ms,
+            checkpoint_dir=self.checkpoint_dir,
+            executor="local",
+            compare_local=(),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LoopExit(Operator):
+    """Lets the records with no pass left out of the loop; ``last_exit_at`` in its
+    metrics is ``time.time()`` when it last emitted."""
+
+    def __init__(self, dtype: np.dtype[Any]) -> None:
+        self.out_dtype = dtype
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        done = batch[batch["left"] == 0]
+        if len(done):
+            self.ctx.output.emit(done)
+            self.ctx.metrics["last_exit_at"] = time.time()
+
+
+class LoopStep(Operator):
+    """One pass of the body: ``left`` counted down by one; ``last_final_pass_at`` in
+    its metrics is ``time.time()`` when it last emitted a record with none left (on
+    its way back to the head, to leave the loop there)."""
+
+    def __init__(self, dtype: np.dtype[Any]) -> None:
+        self.out_dtype = dtype
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        out = batch.copy()
+        out["left"] -= 1
+        self.ctx.output.emit(out)
+        if not out["left"].all():
+            self.ctx.metrics["last_final_pass_at"] = time.time()
+
+
+class _Discard(Operator):
+    """A sink that drops what it gets (the termination runs pace nothing)."""
+
+    def process(self, batch: Batch, input_index: int = 0) -> None:
+        pass
+
+
+def build_loop_job(spec: LoopSpec, name: str, *, bounded: bool = False) -> StreamEnvironment:
+    """The loop job (module docstring); ``bounded``: ``records_per_partition`` per
+    partition, sources and sinks unpaced."""
+    p = spec.parallelism
+    dtype = loop_dtype(spec.payload_bytes)
+    spread = spec.max_rounds - spec.min_rounds + 1
+    lowest = spec.min_rounds
+
+    def enter(batch: Batch) -> Batch:
+        out = np.empty(len(batch), dtype)
+        for f in ("partition", "seq", "key", "payload"):
+            out[f] = batch[f]
+        out["left"] = lowest + batch["seq"] % spread
+        return out
+
+    def going(batch: Batch) -> Batch:
+        return np.asarray(batch["left"] > 0)
+
+    env = StreamEnvironment(name, parallelism=p, max_parallelism=128)
+    partitions = 2 * p
+    source = GeneratorSource(
+        partitions=partitions,
+        records_per_partition=spec.records_per_partition if bounded else None,
+        rate_per_subtask=None if bounded else spec.sink_rate * spec.source_share,
+        payload_bytes=spec.payload_bytes,
+        keys=spec.keys,
+        batch_size=512,
+    )
+    loop = (
+        env.from_source(source, uid="source")
+        .map(enter, dtype, uid="enter")
+        .key_by("key")
+        .iterate(uid=HEAD)
+    )
+    body = loop.filter(going, uid="body").process(LoopStep(dtype), uid="step")
+    loop.close_with(body.key_by("key"))
+    sink: Operator = _Discard() if bounded else ThrottledSink(spec.sink_rate)
+    loop.process(LoopExit(dtype), uid=EXIT).rebalance().sink(sink, uid=SINK)
+    return env
+
+
+@dataclass
+class LoopRun:
+    """One run of one variant: its checkpoints (completed, triggered in the window)
+    and what the loop delivered. Bytes are medians over those checkpoints."""
+
+    job: str  # loop | straight
+    policy: str
+    pure: bool
+    status: str
+    window_s: float = 0.0
+    exits: int = 0  # records out of the loop (straight: into the sinks) in the window
+    throughput_rps: float = 0.0
+    checkpoints: int = 0
+    aborted: int = 0  # not counting one cut off by the stop
+    durations_ms: list[float] = field(default_factory=list)
+    duration_ms: dict[str, float | None] = field(default_factory=dict)
+    inflight_bytes: float | None = None  # every subtask's, median
+    inflight_first_last: list[int] = field(default_factory=list)  # the window's first, last
+    head_inflight_bytes: float | None = None  # the head subtasks' in-flight, median
+    logged_bytes: float | None = None  # ... of it their feedback channels' state, median
+    logged_sizes: list[int] = field(default_factory=list)  # per head subtask, median one
+    feedback_spilled_bytes: int = 0  # over the whole run
+    backlog_records: int = 0  # emitted by the sources, not out of the loop, at the stop
+    raw_write_ms: float | None = None  # logged_sizes written, not synced
+    raw_write_fsync_ms: float | None = None  # ... written and fsynced
+    source_backpressured_share: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def variant(self) -> str:
+        return f"{self.job}{' pure' if self.pure else ''} {self.policy}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, **asdict(self)}
+
+    def line(self) -> str:
+        if self.status == "failed":
+            return f"{self.variant}: FAILED: {'; '.join(self.failures)}"
+        d = self.duration_ms
+        return (
+            f"{self.variant}: {self.checkpoints} checkpoints ({self.aborted} aborted), median "
+            f"{_fmt(d.get('median'))} ms, p90 {_fmt(d.get('p90'))} ms; in-flight "
+            f"{_fmt(self.inflight_bytes)} B, head {_fmt(self.head_inflight_bytes)} B, "
+            f"logged {_fmt(self.logged_bytes)} B; spilled {self.feedback_spilled_bytes:,} B; "
+            f"{self.throughput_rps:,.0f} records/s out; backlog {self.backlog_records:,}"
+        )
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def _fmt2(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def _feedback_gates(meta: dict[str, Any]) -> dict[str, set[int]]:
+    """Per iteration head's uid, the gates (input positions) of its feedback."""
+    out = {}
+    for uid, v in meta.get("graph", {}).get("vertices", {}).items():
+        if v.get("iteration_head"):
+            out[uid] = {i for i, e in enumerate(v.get("inputs", [])) if e.get("feedback")}
+    return out
+
+
+def head_bytes(meta: dict[str, Any]) -> tuple[int, list[int]]:
+    """A checkpoint's head subtasks: their in-flight bytes in all, and each one's
+    feedback channel state (the log), from the checkpoint's metadata."""
+    total, logged = 0, []
+    for uid, gates in _feedback_gates(meta).items():
+        subs = meta["tasks"].get(uid, {}).get("subtasks", {})
+        for _, st in sorted(subs.items(), key=lambda kv: int(kv[0])):
+            total += int(st.get("metrics", {}).get("inflight_bytes", 0))
+            handles = (st.get("channel_state") or {}).get("input", [])
+            logged.append(sum(int(h["raw_bytes"]) for h in handles if h["gate_id"] in gates))
+    return total, logged
+
+
+def run_loop(spec: LoopSpec, policy: str, *, pure: bool = False, timeout_s: float = 600) -> LoopRun:
+    """Runs the loop job once under ``policy`` (one of :data:`LOOP_POLICIES`) on the
+    local executor; ``pure`` with the engine's pure-Python twin (``SPILLOVER_PURE=1``)."""
+    if policy not in LOOP_POLICIES:
+        raise ConfigError(f"unknown policy {policy!r}", hint=f"choose from {LOOP_POLICIES}")
+    base = tempfile.mkdtemp("-spillover-loop", dir=spec.checkpoint_dir)
+    out = LoopRun("loop", policy, pure, "failed")
+    try:
+        env = build_loop_job(spec, f"loop-{policy}-{uuid.uuid4().hex[:8]}")
+        ex = create_executor("local", env, spec.config(policy, base))
+        ex.prepare()
+        sampled = _Samples()
+        stop = threading.Event()
+        started_wall = time.time()
+        sampler = threading.Thread(
+            target=_sample,
+            args=(
+                lambda: ex.live_metric(EXIT, "records_out"),
+                ex.running_since,
+                (spec.warmup_s, spec.run_s - min(0.2, spec.duration_s / 10)),
+                sampled,
+                stop,
+                None,
+            ),
+            name="loop-bench-sampler",
+            daemon=True,
+        )
+        with _pure_engine(pure):
+            sampler.start()
+            try:
+                result = ex.run(
+                    timeout=spec.run_s + timeout_s, stop_when=lambda _: sampled.done.is_set()
+                )
+            finally:
+                stop.set()
+                sampler.join()
+        started_wall = sampled.started_wall or started_wall
+        out.status = "failed" if sampled.error else result.status
+        out.failures = list(result.failures) + ([sampled.error] if sampled.error else [])
+        if len(sampled.window) == 2:
+            (t1, n1), (t2, n2) = sampled.window
+            out.window_s = round(t2 - t1, 3)
+            out.exits = n2 - n1
+            out.throughput_rps = round(out.exits / out.window_s, 1) if out.window_s > 0 else 0.0
+        tasks = result.tasks
+        out.feedback_spilled_bytes = int(
+            sum(m.get("feedback_spilled_bytes", 0.0) for m in tasks.values())
+        )
+        emitted = sum(
+            m.get("records_out", 0.0) for k, m in tasks.items() if k.startswith("source#")
+        )
+        left = sum(m.get("records_out", 0.0) for k, m in tasks.items() if k.startswith(f"{EXIT}#"))
+        out.backlog_records = int(emitted - left)
+        sources = [m for k, m in tasks.items() if k.startswith("source#")]
+        if sources:
+            out.source_backpressured_share = round(
+                statistics.fmean(m.get("backpressured_share", 0.0) for m in sources), 3
+            )
+        if policy != "none":
+            _checkpoint_figures(spec, out, result.checkpoints, started_wall, ex.storage, base)
+        return out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _in_window(
+    spec: LoopSpec, checkpoints: Sequence[dict[str, Any]], started_wall: float
+) -> tuple[list[dict[str, Any]], int]:
+    """The completed checkpoints triggered in the window (not the final one), oldest
+    first, and how many aborted there (not counting one cut off by the stop)."""
+    cps = sorted(
+        (c for c in checkpoints if not c.get("final")), key=lambda c: int(c["checkpoint_id"])
+    )
+    offsets, _ = trigger_offsets(cps, spec.interval_ms / 1000, started_wall)
+    inside = [c for c, off in zip(cps, offsets, strict=True) if spec.warmup_s <= off < spec.run_s]
+    done = [c for c in inside if c["status"] == "completed"]
+    aborted = [c for c in inside if c["status"] == "aborted" and c.get("reason") != _STOPPED]
+    return done, len(aborted)
+
+
+def _checkpoint_figures(
+    spec: LoopSpec,
+    out: LoopRun,
+    checkpoints: Sequence[dict[str, Any]],
+    started_wall: float,
+    storage: Any,
+    base: str,
+) -> None:
+    done, out.aborted = _in_window(spec, checkpoints, started_wall)
+    out.checkpoints = len(done)
+    out.durations_ms = [float(c["duration_ms"]) for c in done]
+    out.duration_ms = _stats(out.durations_ms)
+    inflight = [int(c["inflight_bytes"]) for c in done]
+    if inflight:
+        out.inflight_bytes = float(statistics.median(inflight))
+        out.inflight_first_last = [inflight[0], inflight[-1]]
+    heads: list[tuple[int, list[int]]] = []
+    for c in done:
+        try:
+            heads.append(head_bytes(storage.read_metadata(int(c["checkpoint_id"]))))
+        except (OSError, KeyError, ValueError) as e:
+            out.failures.append(f"checkpoint {c['checkpoint_id']}'s metadata: {e!r}")
+    if heads:
+        out.head_inflight_bytes = float(statistics.median(h[0] for h in heads))
+        by_log = sorted(heads, key=lambda h: sum(h[1]))
+        out.logged_bytes = float(statistics.median(sum(h[1]) for h in heads))
+        out.logged_sizes = by_log[(len(by_log) - 1) // 2][1]  # the (lower) median one's
+        if sum(out.logged_sizes):
+            out.raw_write_ms, out.raw_write_fsync_ms = raw_write(out.logged_sizes, base)
+
+
+def run_straight(spec: LoopSpec) -> LoopRun:
+    """The job of ``spillover bench`` with unaligned checkpoints, at this spec's sink
+    pace, through ``runner.run_policy``: the straight job to compare the loop with."""
+    bench = spec.straight()
+    r = run_policy(bench, "unaligned")
+    cps = [c for c in r.checkpoint_list if c["in_window"] and c["status"] == "completed"]
+    inflight = [int(c["inflight_bytes"]) for c in cps]
+    durations = [float(c["duration_ms"]) for c in cps]
+    return LoopRun(
+        job="straight",
+        policy="unaligned",
+        pure=False,
+        status=r.status,
+        window_s=r.window_s,
+        exits=r.sink_records,
+        throughput_rps=r.throughput_rps,
+        checkpoints=r.checkpoints,
+        aborted=r.aborted,
+        durations_ms=durations,
+        duration_ms=_stats(durations),
+        inflight_bytes=float(statistics.median(inflight)) if inflight else None,
+        inflight_first_last=[inflight[0], inflight[-1]] if inflight else [],
+        source_backpressured_share=r.source_backpressured_share,
+        failures=list(r.failures),
+    )
+
+
+def variants(pure: bool = True) -> list[tuple[str, str, bool]]:
+    """``(job, policy, pure)`` of one alternation."""
+    out = [("loop", p, False) for p in LOOP_POLICIES] + [("straight", "unaligned", False)]
+    return out + ([("loop", "unaligned", True)] if pure else [])
+
+
+def run_variant(spec: LoopSpec, job: str, policy: str, pure: bool) -> LoopRun:
+    if job == "straight":
+        return run_straight(spec)
+    return run_loop(spec, policy, pure=pure)
+
+
+@dataclass
+class TerminationRun:
+    """One bounded run: when the last record left the loop and when its heads knew
+    the loop was done (``time.time()``), and the probe rounds it took.
+
+    A head hands the last record to the exit between the body's last final pass
+    (``last_final_pass_at``: the record still has to come back) and the exit task's
+    last emission (``last_exit_at``: one channel behind the head, which is never
+    chained): ``latency_ms`` (the last head's end minus the body's last final pass)
+    bounds the time from the last record leaving to the loop ending from above,
+    ``exit_latency_ms`` (minus the exit's last emission) from below; the latter is
+    negative when the exit task took that last record after the heads ended."""
+
+    policy: str
+    status: str
+    records: int = 0  # out of the loop
+    run_s: float = 0.0
+    last_exit_at: float = 0.0  # the exit task's last emission
+    last_final_pass_at: float = 0.0  # the body's last record with no pass left
+    loop_ended_at: list[float] = field(default_factory=list)  # per head subtask
+    latency_ms: float | None = None  # the last head's end - the body's last final pass
+    exit_latency_ms: float | None = None  # the last head's end - the exit's last emission
+    rounds: list[int] = field(default_factory=list)
+    rounds_quiet: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.status != "finished":
+            return f"termination {self.policy}: {self.status}: {'; '.join(self.failures)}"
+        return (
+            f"termination {self.policy}: {self.records:,} records in {self.run_s:.2f} s; "
+            f"loop ended {_fmt2(self.exit_latency_ms)} ms after the exit's last record, "
+            f"{_fmt2(self.latency_ms)} ms after the body's last final pass; "
+            f"rounds {self.rounds}, quiet {self.rounds_quiet}"
+        )
+
+
+def termination_once(
+    spec: LoopSpec, policy: str = "none", timeout_s: float = 300
+) -> TerminationRun:
+    """Runs the bounded loop job to its end (``records_per_partition`` per partition,
+    nothing paced) under ``policy``; see :class:`TerminationRun`."""
+    base = tempfile.mkdtemp("-spillover-loop-end", dir=spec.checkpoint_dir)
+    out = TerminationRun(policy, "failed")
+    try:
+        env = build_loop_job(spec, f"loop-end-{uuid.uuid4().hex[:8]}", bounded=True)
+        ex = create_executor("local", env, spec.config(policy, base))
+        t0 = time.monotonic()
+        result = ex.run(timeout=timeout_s)
+        out.run_s = round(time.monotonic() - t0, 3)
+        out.status, out.failures = result.status, list(result.failures)
+        tasks = result.tasks
+        exits = [m for k, m in tasks.items() if k.startswith(f"{EXIT}#")]
+        heads = [m for k, m in sorted(tasks.items()) if k.startswith(f"{HEAD}#")]
+        bodies = [m for k, m in tasks.items() if k.startswith("body#")]
+        out.records = int(sum(m.get("records_out", 0.0) for m in exits))
+        out.last_exit_at = max((m.get("last_exit_at", 0.0) for m in exits), default=0.0)
+        out.last_final_pass_at = max(
+            (m.get("last_final_pass_at", 0.0) for m in bodies), default=0.0
+        )
+        out.loop_ended_at = [m.get("loop_ended_at", 0.0) for m in heads]
+        out.rounds = [int(m.get("loop_rounds", 0)) for m in heads]
+        out.rounds_quiet = [int(m.get("loop_rounds_quiet", 0)) for m in heads]
+        if out.last_exit_at and out.loop_ended_at and all(out.loop_ended_at):
+            ended = max(out.loop_ended_at)
+            out.latency_ms = round((ended - out.last_final_pass_at) * 1000, 2)
+            out.exit_latency_ms = round((ended - out.last_exit_at) * 1000, 2)
+        expected = 2 * spec.parallelism * spec.records_per_partition
+        if out.status == "finished" and out.records != expected:
+            out.status = "failed"
+            out.failures.append(f"{out.records} records left the loop, not {expected}")
+        return out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _range(xs: Sequence[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    return {"median": float(statistics.median(xs)), "min": float(min(xs)), "max": float(max(xs))}
+
+
+def summarise(runs: Sequence[LoopRun]) -> dict[str, dict[str, Any]]:
+    """Per variant: checkpoint durations pooled over its runs (median, p90, max), the
+    range of the runs' medians, and medians (min–max over runs) of the rest."""
+    groups: dict[str, list[LoopRun]] = {}
+    for r in runs:
+        groups.setdefault(r.variant, []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for name, rs in groups.items():
+        ok = [r for r in rs if r.status != "failed"]
+        pooled = [d for r in ok for d in r.durations_ms]
+        row: dict[str, Any] = {
+            "runs": len(ok),
+            "failed": len(rs) - len(ok),
+            "checkpoints": sum(r.checkpoints for r in ok),
+            "aborted": sum(r.aborted for r in ok),
+            "duration_ms": _stats(pooled),
+            "run_medians_ms": _range(
+                [m for r in ok if (m := r.duration_ms.get("median")) is not None]
+            ),
+        }
+        row["inflight_first"] = _range(
+            [r.inflight_first_last[0] for r in ok if r.inflight_first_last]
+        )
+        row["inflight_last"] = _range(
+            [r.inflight_first_last[1] for r in ok if r.inflight_first_last]
+        )
+        for metric in (
+            "inflight_bytes",
+            "head_inflight_bytes",
+            "logged_bytes",
+            "feedback_spilled_bytes",
+            "backlog_records",
+            "throughput_rps",
+            "raw_write_ms",
+            "raw_write_fsync_ms",
+            "source_backpressured_share",
+        ):
+            row[metric] = _range([float(v) for r in ok if (v := getattr(r, metric)) is not None])
+        out[name] = row
+    return out
+
+
+def compare(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The targets: the loop's unaligned median checkpoint duration over the straight
+    job's (pooled medians), and the loop's output rate with unaligned checkpoints over
+    the rate without checkpoints."""
+
+    def get(variant: str, metric: str, stat: str = "median") -> float | None:
+        v: float | None = ((summary.get(variant) or {}).get(metric) or {}).get(stat)
+        return v
+
+    loop_u, straight_u = (
+        get("loop unaligned", "duration_ms"),
+        get("straight unaligned", "duration_ms"),
+    )
+    ratio = None if loop_u is None or not straight_u else round(loop_u / straight_u, 3)
+    rps_u, rps_none = get("loop unaligned", "throughput_rps"), get("loop none", "throughput_rps")
+    thr = None if rps_u is None or not rps_none else round(rps_u / rps_none, 3)
+    return {
+        "loop_to_straight_unaligned_median": ratio,
+        "target": UNALIGNED_RATIO_TARGET,
+        "target_met": None if ratio is None else ratio <= UNALIGNED_RATIO_TARGET,
+        "loop_unaligned_to_none_throughput": thr,
+    }
+
+
+def summarise_termination(runs: Sequence[TerminationRun]) -> dict[str, dict[str, Any]]:
+    """Per policy: the latency's median and max over the finished runs."""
+    out: dict[str, dict[str, Any]] = {}
+    for policy in dict.fromkeys(r.policy for r in runs):
+        rs = [r for r in runs if r.policy == policy]
+        lat = [r.latency_ms for r in rs if r.status == "finished" and r.latency_ms is not None]
+        low = [
+            r.exit_latency_ms
+            for r in rs
+            if r.status == "finished" and r.exit_latency_ms is not None
+        ]
+        row: dict[str, Any] = {
+            "runs": len(lat),
+            "failed": len(rs) - len(lat),
+            "latency_ms": _range(lat),
+            "exit_latency_ms": _range(low),
+            "run_s": _range([r.run_s for r in rs if r.status == "finished"]),
+            "rounds": _range([float(max(r.rounds)) for r in rs if r.rounds]),
+            "target_ms": TERMINATION_TARGET_MS,
+            "target_met": None if not lat else max(lat) <= TERMINATION_TARGET_MS,
+        }
+        out[policy] = row
+    return out
+
+
+def _cell(stat: dict[str, float] | None, scale: float = 1.0, digits: int = 0) -> str:
+    if stat is None:
+        return "–"
+    med, lo, hi = (round(stat[k] / scale, digits) + 0.0 for k in ("median", "min", "max"))
+    return f"{med:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
+
+
+def to_markdown(summary: dict[str, dict[str, Any]]) -> str:
+    """One row per variant: pooled checkpoint durations, then medians (min–max) of
+    the runs."""
+
+    def dur(d: dict[str, float | None]) -> str:
+        if d.get("median") is None:
+            return "–"
+        return " / ".join(f"{d[k]:,.0f}" for k in ("median", "p90", "max"))
+
+    rows = [
+        "| variant | runs | checkpoints (aborted) | duration median / p90 / max (ms) "
+        "| run medians (ms) | in-flight (KiB) | in-flight first → last (KiB) "
+        "| head in-flight (KiB) | head log (KiB) "
+        "| feedback spilled (MiB) | loop backlog at stop (records) | out of the loop (records/s) "
+        "| raw write / + fsync of the log (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in summary.items():
+        failed = f" (+{r['failed']} failed)" if r["failed"] else ""
+        raw = "–"
+        if r["raw_write_ms"] is not None and r["raw_write_fsync_ms"] is not None:
+            raw = f"{r['raw_write_ms']['median']:.1f} / {r['raw_write_fsync_ms']['median']:.1f}"
+        loop = name.startswith("loop")
+        first, last = r["inflight_first"], r["inflight_last"]
+        growth = (
+            "–"
+            if first is None or last is None
+            else (f"{first['median'] / 1024:,.0f} → {last['median'] / 1024:,.0f}")
+        )
+        rows.append(
+            f"| {name} | {r['runs']}{failed} | {r['checkpoints']} ({r['aborted']}) "
+            f"| {dur(r['duration_ms'])} | {_cell(r['run_medians_ms'])} "
+            f"| {_cell(r['inflight_bytes'], 1024)} | {growth} "
+            f"| {_cell(r['head_inflight_bytes'], 1024)} "
+            f"| {_cell(r['logged_bytes'], 1024)} "
+            f"| {_cell(r['feedback_spilled_bytes'], 1 << 20, 1) if loop else '–'} "
+            f"| {_cell(r['backlog_records']) if loop else '–'} "
+            f"| {_cell(r['throughput_rps'])} | {raw} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def termination_markdown(summary: dict[str, dict[str, Any]]) -> str:
+    rows = [
+        "| policy | runs | body's last final pass → loop ended (ms), upper bound "
+        "| exit's last record → loop ended (ms), lower bound | probe rounds | run (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for policy, r in summary.items():
+        failed = f" (+{r['failed']} failed)" if r["failed"] else ""
+        lat = r["latency_ms"]
+        rows.append(
+            f"| {policy} | {r['runs']}{failed} | {_cell(lat, digits=1)} "
+            f"| {_cell(r['exit_latency_ms'], digits=1)} | {_cell(r['rounds'])} "
+            f"| {_cell(r['run_s'], digits=2)} |"
+        )
+    return "\n".join(rows) + "\n"
