@@ -36,8 +36,8 @@ class RunOutput:
 
 ID_COLUMNS = ("partition", "seq")
 OPTIONAL_COLUMNS = ("key", "total", "subtask", "parallelism")
-# ParquetSink's names: part-<subtask>-a<attempt>-c<last checkpoint>-<counter>.parquet
-_PART = re.compile(r"part-(\d+)-a(\d+)-c(\d+)-(\d+)\.parquet$")
+# ParquetSink's names: part-<subtask>-a<attempt>-c<last checkpoint>-<counter>-<writer>.parquet
+_PART = re.compile(r"part-(\d+)-a(\d+)-c(\d+)-(\d+)(?:-[0-9a-f]+)?\.parquet$")
 
 
 def _commit_order(name: str) -> tuple[int, int, int, str]:

@@ -23,7 +23,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spillover.errors import BatchTypeError, ConfigError, StateFileNotFoundError
+from spillover.errors import (
+    BatchTypeError,
+    ConfigError,
+    StateFileExistsError,
+    StateFileNotFoundError,
+)
 from spillover.runtime.api import (
     Batch,
     Operator,
@@ -825,3 +830,32 @@ def test_generator_to_parquet_sink_to_parquet_source(tmp_path: Path) -> None:
     assert src.out_dtype == records.dtype
     assert np.array_equal(run_source(src), records)
     assert copy.deepcopy(gen).out_dtype == gen.out_dtype
+
+
+def test_parquet_sink_started_again_never_drops_a_file_of_an_earlier_run(tmp_path: Path) -> None:
+    """A second run over the same directory, from scratch (attempt 0, checkpoint 1
+    again), writes names of its own: publishing, idempotent by name, would otherwise
+    take its file for an already published one and delete it."""
+    for keys in ([1, 2], [3, 4]):
+        sink = ParquetSink(str(tmp_path))
+        opened(sink, subtask=0)
+        sink.process(kv(keys, [0, 0]))
+        checkpoint(sink, 1, tmp_path)
+        sink.notify_checkpoint_complete(1)
+        sink.close()
+    assert published(tmp_path) == [1, 2, 3, 4]
+    assert staged(tmp_path) == []
+
+
+def test_parquet_sink_refuses_to_publish_over_another_file_of_its_name(tmp_path: Path) -> None:
+    """Publishing is idempotent by name (a cut-short move leaves both copies), but a
+    different file under that name is another run's output: an error, never a skip."""
+    sink = ParquetSink(str(tmp_path))
+    opened(sink, subtask=0)
+    sink.process(kv([1, 2, 3], [0, 0, 0]))
+    state = checkpoint(sink, 1, tmp_path)
+    (name,) = state["pending"]["1"]
+    pq.write_table(pa.table({"key": [9]}), tmp_path / name)
+    with pytest.raises(StateFileExistsError, match="another run"):
+        sink.notify_checkpoint_complete(1)
+    assert staged(tmp_path) == [name]  # kept

@@ -4,13 +4,19 @@ subtasks, and an exactly-once sink (two-phase commit, see ``collecting.py``)."""
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from spillover.errors import ConfigError, StateFileNotFoundError, StorageError
+from spillover.errors import (
+    ConfigError,
+    StateFileExistsError,
+    StateFileNotFoundError,
+    StorageError,
+)
 from spillover.runtime.api import Batch, Operator, OperatorContext, OperatorSnapshot
 from spillover.runtime.connectors.collecting import (
     _pending_from_state,
@@ -327,7 +333,10 @@ class ParquetSink(Operator):
     files (left by the failed attempt); so does the first write of an attempt
     > 0 that restored nothing (no checkpoint had completed). See the module
     docstring for the whole protocol. File names:
-    ``part-<subtask>-a<attempt>-c<last checkpoint>-<counter>.parquet``.
+    ``part-<subtask>-a<attempt>-c<last checkpoint>-<counter>-<writer>.parquet``,
+    ``<writer>`` fresh for every opened sink: a run started again over the same
+    directory never names a file like one published before (which publishing,
+    idempotent by name, would otherwise drop).
 
     ``pyarrow.parquet.read_table(directory)`` reads the committed output.
     """
@@ -356,6 +365,7 @@ class ParquetSink(Operator):
         self._prefix = f"part-{ctx.subtask_index:05d}-"
         self._pending: dict[int, list[str]] = {}
         self._counter = 0
+        self._writer_id = uuid.uuid4().hex[:12]
         self._last_checkpoint = 0
         self._cleaned = ctx.attempt == 0
         self._name: str | None = None  # the open transaction's file
@@ -378,7 +388,7 @@ class ParquetSink(Operator):
             self._delete_staged()
         name = (
             f"{self._prefix}a{self.ctx.attempt:04d}-c{self._last_checkpoint:06d}"
-            f"-{self._counter:06d}.parquet"
+            f"-{self._counter:06d}-{self._writer_id}.parquet"
         )
         self._counter += 1
         return name
@@ -473,8 +483,15 @@ class ParquetSink(Operator):
         src, dst = f"{self._staging}/{name}", f"{self._root}/{name}"
         src_info, dst_info = self._fs.get_file_info([src, dst])
         if dst_info.type == pafs.FileType.File:
-            if src_info.type == pafs.FileType.File:  # a copy-and-delete move cut short
-                self._fs.delete_file(src)
+            if src_info.type == pafs.FileType.File:
+                if src_info.size != dst_info.size:  # not this file: never drop it
+                    raise StateFileExistsError(
+                        "an output file of another run has the name of a file to publish",
+                        path=dst,
+                        detail=f"staged {src_info.size} bytes, published {dst_info.size}",
+                        hint="give each run its own output directory",
+                    )
+                self._fs.delete_file(src)  # a copy-and-delete move cut short
             return
         if src_info.type != pafs.FileType.File:
             raise StateFileNotFoundError(
