@@ -1,4 +1,5 @@
-"""``spillover inspect``: summarise and verify state files, storage directories and checkpoints."""
+"""``spillover inspect``: summarise and verify state files, storage directories,
+checkpoints and job event logs."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import argparse
 import json
 import signal
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from spillover.cli.options import fmt_bytes
 from spillover.errors import SpilloverError
 from spillover.runtime.checkpointing.inspect import checkpoint_dirs, render, summarize
+from spillover.runtime.jobevents import JobEventLog, JobLogState, LogEntry, is_event_log
 from spillover.storage.inspection import inspect_state_file, state_files
+from spillover.storage.location import Location
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -27,6 +31,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
 
+    log_dir = _event_log_dir(args.path)
+    if log_dir is not None:
+        return _inspect_event_log(log_dir, as_json=args.json)
     checkpoints = checkpoint_dirs(args.path)
     if checkpoints:
         summaries = [summarize(d, verify=not args.no_verify) for d in checkpoints]
@@ -81,10 +88,121 @@ def _inspect(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _event_log_dir(path: str) -> Location | None:
+    try:
+        loc = Location.parse(path)
+    except SpilloverError:
+        return None
+    return loc if is_event_log(loc) else None
+
+
+def _inspect_event_log(directory: Location, *, as_json: bool) -> int:
+    """Prints a job event log: one line per event, then what its replay says."""
+    try:
+        log = JobEventLog.open(directory)
+    except SpilloverError as e:
+        print(f"{directory.uri}: {type(e).__name__}: {e}")
+        return 1
+    entries, state = list(log.entries()), log.replay()
+    if as_json:
+        doc = {
+            "log": directory.uri,
+            "log_id": log.log_id,
+            "events": [_entry_dict(e) for e in entries],
+            "summary": _summary_dict(state),
+            "warnings": log.warnings,
+        }
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"job event log {directory.uri}  (log id {log.log_id}, {len(entries)} events)")
+    for entry in entries:
+        fields = " ".join(
+            f"{k}={json.dumps(v, sort_keys=True)}" for k, v in entry.event.payload().items()
+        )
+        mark = " (snapshot)" if entry.snapshot else ""
+        print(f"  #{entry.index:<5} {_when(entry.at)}  {entry.event.KIND}{mark}  {fields}")
+    print("\n".join(_render_summary(state)))
+    for w in log.warnings:
+        print(f"  warning: {w}")
+    return 0
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+
+
+def _entry_dict(e: LogEntry) -> dict[str, Any]:
+    return {"index": e.index, "at": e.at, "kind": e.event.KIND, "snapshot": e.snapshot} | (
+        e.event.payload()
+    )
+
+
+def _summary_dict(s: JobLogState) -> dict[str, Any]:
+    def one(e: Any) -> Any:
+        return None if e is None else e.payload()
+
+    return {
+        "status": s.status,
+        "submitted": one(s.submitted),
+        "generation": one(s.generation),
+        "generation_end": one(s.generation_end),
+        "checkpoint": one(s.checkpoint),
+        "savepoints": [x.payload() for x in s.savepoints],
+        "finished_tasks": [x.payload() for x in s.finished_tasks.values()],
+        "splits": {uid: x.payload()["assignment"] for uid, x in s.splits.items()},
+        "rescale": one(s.rescale),
+        "terminal": one(s.terminal),
+    }
+
+
+def _render_summary(s: JobLogState) -> list[str]:
+    lines = [f"  summary: {s.status}"]
+    if s.submitted:
+        sub = s.submitted
+        lines.append(
+            f"    job {sub.job_name!r}, graph {sub.graph_fingerprint}, "
+            f"parallelism {sub.parallelism}" + (f", run {sub.run_id}" if sub.run_id else "")
+        )
+    if s.generation:
+        g = s.generation
+        ended = f", ended: {s.generation_end.cause}" if s.generation_end else ""
+        restore = f", restores {g.restore_path}" if g.restore_path else ""
+        lines.append(
+            f"    generation {g.generation} at parallelism {g.parallelism} ({g.cause}){restore}"
+            + ended
+        )
+    if s.checkpoint:
+        c = s.checkpoint
+        lines.append(f"    last completed checkpoint {c.checkpoint_id}: {c.metadata_path}")
+    for sp in s.savepoints:
+        lines.append(f"    savepoint {sp.savepoint_id}: {sp.path}")
+    if s.rescale:
+        r = s.rescale
+        cause = f" ({r.cause})" if r.cause else ""
+        lines.append(f"    rescale {r.from_parallelism} -> {r.to_parallelism}{cause}")
+    if s.finished_tasks:
+        tasks = sorted(s.finished_tasks)
+        lines.append(
+            f"    {len(tasks)} finished task(s): " + ", ".join(f"{u}-{i}" for u, i in tasks)
+        )
+    for uid, a in sorted(s.splits.items()):
+        parts = ", ".join(f"{i}: {list(v)}" for i, v in sorted(a.assignment.items()))
+        lines.append(f"    splits of {uid}: {{{parts}}}")
+    if s.terminal:
+        cause = f": {s.terminal.cause}" if s.terminal.cause else ""
+        lines.append(f"    job {s.terminal.STATUS}{cause}")
+    return lines
+
+
 def add_parser(sub: Any) -> None:
     """Adds the command to the ``spillover`` parser."""
-    p = sub.add_parser("inspect", help="summarise and verify state files")
-    p.add_argument("path", help="a state file, or a storage directory (local path or URI)")
+    p = sub.add_parser("inspect", help="summarise and verify state files and job event logs")
+    p.add_argument(
+        "path",
+        help="a state file, a storage or checkpoint directory, or a job's event log "
+        "directory (<checkpoints>/<job>/_events); a local path or URI",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-verify", action="store_true", help="skip payload checksums")
     p.set_defaults(func=cmd_inspect)

@@ -108,3 +108,56 @@ def test_verify_refuses_stops_it_cannot_check(
     assert main(["verify", *flags, "--workdir", str(tmp_path / "work")]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_inspect_prints_a_job_event_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from spillover.runtime.jobevents import (
+        CheckpointCompleted,
+        GenerationStarted,
+        JobEventLog,
+        JobSubmitted,
+        SplitsAssigned,
+        TaskFinished,
+    )
+
+    events = tmp_path / "ckpts" / "job" / "_events"
+    log = JobEventLog.open(events, clock=lambda: 1_700_000_000.0)
+    log.append(JobSubmitted("job", "fp-1", 2, {"execution.checkpointing.interval": "1s"}))
+    log.append(GenerationStarted(1, 2, "submitted"))
+    log.append(SplitsAssigned("src", {0: ("a",), 1: ("b", "c")}))
+    log.flush()
+    log.append(TaskFinished("map", 1, 1))
+    log.append(CheckpointCompleted(4, "ckpts/job/chk-4/_metadata"))
+    log.flush()
+    assert main(["inspect", str(events)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"job event log {events}") and "5 events" in out[0]
+    assert out[1].split()[:3] == ["#0", "2023-11-14T22:13:20.000+00:00", "job-submitted"]
+    assert 'graph_fingerprint="fp-1"' in out[1] and "parallelism=2" in out[1]
+    assert [line.split()[2] for line in out[2:6]] == [
+        "generation-started",
+        "splits-assigned",
+        "task-finished",
+        "checkpoint-completed",
+    ]
+    summary = "\n".join(out[6:])
+    assert "summary: running" in summary
+    assert "last completed checkpoint 4: ckpts/job/chk-4/_metadata" in summary
+    assert "1 finished task(s): map-1" in summary
+    assert "splits of src: {0: ['a'], 1: ['b', 'c']}" in summary
+
+    assert main(["inspect", str(events), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["events"]) == 5 and doc["events"][0]["kind"] == "job-submitted"
+    assert doc["summary"]["checkpoint"] == {
+        "checkpoint_id": 4,
+        "metadata_path": "ckpts/job/chk-4/_metadata",
+    }
+    assert doc["summary"]["splits"] == {"src": {"0": ["a"], "1": ["b", "c"]}}
+
+    segment = sorted(events.iterdir())[0]
+    data = bytearray(segment.read_bytes())
+    data[64 + 28 + 2] ^= 1  # the first event, with valid records after it
+    segment.write_bytes(bytes(data))
+    assert main(["inspect", str(events)]) == 1
+    assert "CorruptFrameError" in capsys.readouterr().out

@@ -1,0 +1,670 @@
+"""The job event log: what a job master decided and saw, durable and append-only, so
+that a master started after the previous one died can pick up where it stopped.
+
+The log is a directory of immutable **segments** (``events-<seq>.log``), each
+written completely and published at once, so it works on object stores that cannot
+append. Appends wait in memory until :meth:`JobEventLog.flush` writes them as the
+next segment; :meth:`JobEventLog.compact` writes a **snapshot** segment that says
+everything the older ones said and deletes those. Every record is checksummed: a
+torn or corrupt tail is ignored with a warning, corruption followed by valid records
+is an error. The exact bytes: docs/format.md, "Job event log (format v1)".
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import logging
+import os
+import re
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spillover.errors import (
+    CorruptFrameError,
+    ForeignFileError,
+    StateFileExistsError,
+    StorageError,
+    UnsupportedVersionError,
+)
+from spillover.runtime.jobevents.events import (
+    EVENT_TYPES,
+    CheckpointCompleted,
+    Event,
+    GenerationEnded,
+    GenerationStarted,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobLogState,
+    JobSubmitted,
+    JobTerminated,
+    LogEntry,
+    RescaleDecided,
+    SavepointCompleted,
+    SplitsAssigned,
+    TaskFinished,
+    decode_event,
+    encode_event,
+)
+from spillover.storage.location import Location
+from spillover.storage.reference import crc32c
+
+if TYPE_CHECKING:
+    from spillover.runtime.jobevents.lease import JobLease
+
+__all__ = [
+    "EVENTS_DIR",
+    "EVENT_TYPES",
+    "LOG_FORMAT_VERSION",
+    "CheckpointCompleted",
+    "Event",
+    "GenerationEnded",
+    "GenerationStarted",
+    "JobCancelled",
+    "JobEventLog",
+    "JobFailed",
+    "JobFinished",
+    "JobLogState",
+    "JobSubmitted",
+    "JobTerminated",
+    "LogEntry",
+    "RescaleDecided",
+    "SavepointCompleted",
+    "SplitsAssigned",
+    "TaskFinished",
+    "is_event_log",
+    "segment_name",
+]
+
+logger = logging.getLogger(__name__)
+
+EVENTS_DIR = "_events"  # the log's directory inside a job's checkpoint directory
+LOG_FORMAT_VERSION = 1
+
+SEGMENT_MAGIC = b"\x89SPJ\r\n\x1a\n"
+RECORD_MAGIC = b"\x8aEVR"
+KIND_EVENTS, KIND_SNAPSHOT = 0, 1
+RECORD_EVENT, RECORD_END = 1, 255
+
+# magic, version, header_length, kind, flags, reserved, seq, first_index, log_id,
+# reserved, header_crc (over bytes 0-59)
+_HEADER = struct.Struct("<8sHHBBHQQ16s12s")
+_HEADER_SIZE = _HEADER.size + 4
+# magic, type, flags, reserved, index, length, payload_crc, header_crc (over 0-23)
+_RECORD = struct.Struct("<4sBBHQII")
+_RECORD_SIZE = _RECORD.size + 4
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_SEGMENT_RE = re.compile(r"events-(\d{8})\.log")
+_TEMP_RE = re.compile(r"events-\d{8}\.log\.tmp-[0-9a-f]+")
+
+
+def segment_name(seq: int) -> str:
+    """The file name of segment ``seq``."""
+    return f"events-{seq:08d}.log"
+
+
+# --------------------------------------------------------------------- segments
+
+
+@dataclass(frozen=True)
+class _Header:
+    kind: int
+    seq: int
+    first_index: int
+    log_id: bytes
+
+
+@dataclass
+class _Segment:
+    """One segment file as read: its valid records and, when it is not complete,
+    where and why reading stopped and whether a valid record lies beyond."""
+
+    seq: int
+    location: Location
+    data: bytes = field(repr=False)
+    header: _Header | None = None
+    records: list[tuple[int, int, bytes]] = field(default_factory=list)  # index, offset, payload
+    complete: bool = False
+    bad_offset: int = 0
+    reason: str = ""
+    valid_after: bool = False
+
+    @property
+    def snapshot(self) -> bool:
+        return self.header is not None and self.header.kind == KIND_SNAPSHOT
+
+
+def _encode_segment(
+    kind: int, seq: int, first_index: int, log_id: bytes, payloads: Sequence[bytes]
+) -> bytes:
+    head = _HEADER.pack(
+        SEGMENT_MAGIC,
+        LOG_FORMAT_VERSION,
+        _HEADER_SIZE,
+        kind,
+        0,
+        0,
+        seq,
+        first_index,
+        log_id,
+        bytes(12),
+    )
+    parts = [head, _U32.pack(crc32c(head))]
+    for i, p in enumerate(payloads):
+        parts.append(_record(RECORD_EVENT, first_index + i, p))
+    parts.append(_record(RECORD_END, first_index + len(payloads), _U64.pack(len(payloads))))
+    return b"".join(parts)
+
+
+def _record(rtype: int, index: int, payload: bytes) -> bytes:
+    head = _RECORD.pack(RECORD_MAGIC, rtype, 0, 0, index, len(payload), crc32c(payload))
+    return head + _U32.pack(crc32c(head)) + payload
+
+
+def _record_at(data: bytes, off: int) -> tuple[int, int, bytes] | str:
+    """``(type, index, payload)`` of the record at ``off``, or why there is none."""
+    if len(data) - off < _RECORD_SIZE:
+        return "torn record header"
+    magic, rtype, flags, reserved, index, length, payload_crc = _RECORD.unpack_from(data, off)
+    (header_crc,) = _U32.unpack_from(data, off + _RECORD.size)
+    if magic != RECORD_MAGIC or crc32c(data[off : off + _RECORD.size]) != header_crc:
+        return "corrupt record header"
+    if rtype not in (RECORD_EVENT, RECORD_END) or flags or reserved:
+        return "record header with unknown type or flags"
+    start = off + _RECORD_SIZE
+    if len(data) - start < length:
+        return "torn record"
+    payload = data[start : start + length]
+    if crc32c(payload) != payload_crc:
+        return "corrupt record payload"
+    return rtype, index, payload
+
+
+def _valid_record_after(data: bytes, start: int) -> bool:
+    """Whether a checksummed record starts anywhere at or after ``start``. Event
+    payloads are ASCII, so the record magic (non-ASCII) never hides inside one."""
+    i = data.find(RECORD_MAGIC, start)
+    while i != -1:
+        if not isinstance(_record_at(data, i), str):
+            return True
+        i = data.find(RECORD_MAGIC, i + 1)
+    return False
+
+
+def _parse_segment(seq: int, location: Location, data: bytes) -> _Segment:
+    seg = _Segment(seq, location, data)
+
+    def stop(offset: int, reason: str, *, intact: bool = False) -> _Segment:
+        """Reading ends at ``offset``; ``intact``: a record with right checksums starts
+        there (only out of place), so valid data follows for sure."""
+        seg.bad_offset, seg.reason = offset, reason
+        seg.valid_after = intact or _valid_record_after(data, offset + 1 if offset else 0)
+        return seg
+
+    if len(data) >= 10 and data[:8] == SEGMENT_MAGIC:
+        (version,) = struct.unpack_from("<H", data, 8)
+        if version != LOG_FORMAT_VERSION:
+            raise UnsupportedVersionError(
+                "the job event log was written in a newer format",
+                path=location.uri,
+                detail=f"segment format v{version}; this reader knows v{LOG_FORMAT_VERSION}",
+                hint="read the log with the spillover version that wrote it",
+            )
+    if len(data) < _HEADER_SIZE:
+        return stop(0, "shorter than a segment header")
+    magic, _, hlen, kind, flags, reserved, hseq, first_index, log_id, pad = _HEADER.unpack_from(
+        data
+    )
+    (header_crc,) = _U32.unpack_from(data, _HEADER.size)
+    if magic != SEGMENT_MAGIC:
+        return stop(0, "not a segment (bad magic)")
+    if (
+        crc32c(data[: _HEADER.size]) != header_crc
+        or hlen != _HEADER_SIZE
+        or kind not in (KIND_EVENTS, KIND_SNAPSHOT)
+        or flags
+        or reserved
+        or any(pad)
+    ):
+        return stop(0, "corrupt segment header")
+    if hseq != seq:
+        raise ForeignFileError(
+            "a job event log segment carries another segment's number",
+            path=location.uri,
+            detail=f"its header says segment {hseq}",
+            hint="segments are never renamed or copied between logs",
+        )
+    seg.header = _Header(kind, hseq, first_index, log_id)
+    off, index = _HEADER_SIZE, first_index
+    while True:
+        if off == len(data):
+            return stop(off, "ends without its end marker")
+        rec = _record_at(data, off)
+        if isinstance(rec, str):
+            return stop(off, rec)
+        rtype, rindex, payload = rec
+        if rindex != index:
+            return stop(off, f"record index {rindex} where {index} belongs", intact=True)
+        if rtype == RECORD_END:
+            if len(payload) != 8 or _U64.unpack(payload)[0] != len(seg.records):
+                return stop(off, "end marker with a wrong record count", intact=True)
+            end = off + _RECORD_SIZE + len(payload)
+            if end != len(data):
+                return stop(
+                    end, "bytes after the end marker", intact=_valid_record_after(data, end)
+                )
+            seg.complete = True
+            return seg
+        seg.records.append((rindex, off, payload))
+        off += _RECORD_SIZE + len(payload)
+        index += 1
+
+
+# ---------------------------------------------------------------------- storage
+
+
+def list_names(directory: Location) -> list[str]:
+    """File names in ``directory``; none when it does not exist."""
+    try:
+        if directory.local:
+            return os.listdir(directory.path) if os.path.isdir(directory.path) else []
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(directory.path, allow_not_found=True)
+        return [i.base_name for i in directory.filesystem.get_file_info(selector)]
+    except OSError as e:
+        raise directory.error("cannot list the job event log", e) from e
+
+
+def read_file(location: Location, what: str) -> bytes:
+    try:
+        if location.local:
+            with open(location.path, "rb") as f:
+                return f.read()
+        with location.filesystem.open_input_stream(location.path) as f:
+            return bytes(f.read())
+    except FileNotFoundError as e:
+        raise location.not_found(what) from e
+    except OSError as e:
+        raise location.error(f"cannot read {what}", e) from e
+
+
+def delete_file(location: Location) -> None:
+    """Removes a file; one that is already gone is fine."""
+    try:
+        if location.local:
+            os.remove(location.path)
+        else:
+            location.filesystem.delete_file(location.path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if not location.local and not location.exists():
+            return
+        raise location.error("cannot delete", e) from e
+
+
+def publish(location: Location, data: bytes, *, overwrite: bool, fsync: bool, what: str) -> None:
+    """Writes ``data`` to ``location`` so that a reader sees all of it or nothing.
+
+    Locally: a temporary file, then a hard link (which never replaces a file: a
+    second writer gets :class:`StateFileExistsError`; without hard links, a check
+    and a rename) or, with ``overwrite``, a rename. On other filesystems one output
+    stream to the final name (object stores publish an object on close); without
+    ``overwrite`` an existing file is refused, a check with a race window (one master
+    per job, the lease, keeps two writers apart).
+    """
+    if location.local:
+        directory = os.path.dirname(location.path)
+        tmp = f"{location.path}.tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            if overwrite:
+                os.replace(tmp, location.path)
+            else:
+                _create(tmp, location.path)
+            if fsync:
+                fd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except FileExistsError as e:
+            raise _exists(location, what) from e
+        except OSError as e:
+            raise location.error(f"cannot write {what}", e) from e
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return
+    if not overwrite and location.exists():
+        raise _exists(location, what)
+    with location.open_output(what) as out:
+        try:
+            out.write(data)
+        except OSError as e:
+            raise location.error(f"cannot write {what}", e) from e
+
+
+def _create(tmp: str, path: str) -> None:
+    """Gives the file ``tmp`` the name ``path`` unless ``path`` exists already."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links
+        if os.path.exists(path):
+            raise FileExistsError(errno_mod.EEXIST, "file exists", path) from None
+        os.rename(tmp, path)
+
+
+def _exists(location: Location, what: str) -> StateFileExistsError:
+    return StateFileExistsError(
+        f"{what} exists already: another job master writes this log",
+        path=location.uri,
+        errno=errno_mod.EEXIST,
+        hint="run one master per job (the lease in the log's directory says which)",
+    )
+
+
+# -------------------------------------------------------------------------- log
+
+
+@dataclass
+class _Contents:
+    """A log as read: its entries and what a writer needs to go on from it."""
+
+    entries: list[LogEntry] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    log_id: bytes | None = None
+    next_seq: int = 1
+    next_index: int = 0
+    chain: int = 0  # segments from the newest snapshot on
+    stale: list[Location] = field(default_factory=list)  # to delete before writing on
+    rewrite: _Segment | None = None  # a torn tail whose valid records are written anew
+
+
+def _read_log(directory: Location) -> _Contents:
+    found = sorted(
+        (int(m.group(1)), name)
+        for name in list_names(directory)
+        if (m := _SEGMENT_RE.fullmatch(name))
+    )
+    out = _Contents()
+    if not found:
+        return out
+
+    def load(i: int) -> _Segment:
+        seq, name = found[i]
+        loc = directory.child(name)
+        return _parse_segment(seq, loc, read_file(loc, "job event log segment"))
+
+    def warn(message: str) -> None:
+        logger.warning("job event log %s: %s", directory.uri, message)
+        out.warnings.append(message)
+
+    # The newest complete snapshot is the base; a torn newest snapshot is skipped
+    # when the segments it summarised are still there (it was never the base).
+    loaded: dict[int, _Segment] = {}
+    base, end = 0, len(found)
+    for i in range(len(found) - 1, -1, -1):
+        seg = loaded[i] = load(i)
+        if not seg.snapshot:
+            continue
+        if not seg.complete and i == end - 1 and i > 0 and not seg.valid_after:
+            warn(f"{seg.location.name}: snapshot incomplete ({seg.reason}); read without it")
+            out.stale.append(seg.location)
+            end -= 1
+            continue
+        base = i
+        break
+    out.stale += [directory.child(name) for _, name in found[:base]]
+    chain = [loaded[i] for i in range(base, end)]
+
+    expected_index: int | None = None
+    for k, seg in enumerate(chain):
+        if seg.seq != chain[0].seq + k:
+            raise CorruptFrameError(
+                "a segment of the job event log is missing",
+                path=directory.uri,
+                detail=f"{segment_name(chain[0].seq + k)} is not there; later segments are",
+                hint="the log cannot be trusted; resume by hand from a checkpoint",
+            )
+        h = seg.header
+        if h is not None:
+            if out.log_id is not None and h.log_id != out.log_id:
+                raise ForeignFileError(
+                    "a segment belongs to another job event log",
+                    path=seg.location.uri,
+                    detail=f"log id {h.log_id.hex()}, the others {out.log_id.hex()}",
+                )
+            out.log_id = h.log_id
+            if expected_index is None and h.kind == KIND_EVENTS and h.first_index != 0:
+                raise CorruptFrameError(
+                    "the start of the job event log is missing",
+                    path=seg.location.uri,
+                    detail=f"the oldest segment starts at record {h.first_index}, not 0",
+                    hint="the log cannot be trusted; resume by hand from a checkpoint",
+                )
+            if expected_index is not None and h.first_index != expected_index:
+                raise CorruptFrameError(
+                    "records of the job event log are missing",
+                    path=seg.location.uri,
+                    detail=f"the segment starts at record {h.first_index}, not {expected_index}",
+                )
+            for index, off, payload in seg.records:
+                at, event = decode_event(payload, seg.location.uri, off)
+                out.entries.append(LogEntry(index, at, event, seg.snapshot))
+            expected_index = h.first_index + len(seg.records)
+        out.next_seq = seg.seq + 1
+        if seg.complete:
+            continue
+        if seg.valid_after or any(_valid_record_after(s.data, 0) for s in chain[k + 1 :]):
+            raise CorruptFrameError(
+                "the job event log is corrupt before its end",
+                path=seg.location.uri,
+                offset=seg.bad_offset,
+                detail=f"{seg.reason}; valid records follow",
+                hint="the log cannot be trusted past this point; resume by hand from a checkpoint",
+            )
+        if seg.snapshot:
+            raise CorruptFrameError(
+                "the job event log's snapshot is incomplete and the segments it replaced are gone",
+                path=seg.location.uri,
+                offset=seg.bad_offset,
+                detail=seg.reason,
+                hint="resume by hand from a checkpoint",
+            )
+        kept = len(seg.records)
+        warn(
+            f"{seg.location.name}: torn or corrupt tail at offset {seg.bad_offset} "
+            f"({seg.reason}); {kept} record(s) kept, the rest ignored"
+        )
+        # Garbage after the tail goes; the tail is written anew with its valid records
+        # (one atomic replace) or goes too.
+        out.stale += [s.location for s in chain[k + 1 :]] + ([] if kept else [seg.location])
+        out.rewrite = seg if kept else None
+        out.next_seq = seg.seq + (1 if kept else 0)
+        out.chain = k + (1 if kept else 0)
+        break
+    else:
+        out.chain = len(chain)
+    out.next_index = expected_index or 0
+    return out
+
+
+def is_event_log(directory: Location) -> bool:
+    """Whether ``directory`` holds job event log segments."""
+    try:
+        return any(_SEGMENT_RE.fullmatch(n) for n in list_names(directory))
+    except StorageError:
+        return False
+
+
+class JobEventLog:
+    """The event log of one job in ``directory``: reads it when opened, then appends.
+
+    Appends stay in memory until :meth:`flush`, which publishes them as one new
+    segment (nothing is written otherwise; a reader such as ``spillover inspect``
+    never changes the log). One process writes a log at a time: hold the job's
+    :class:`~spillover.runtime.jobevents.lease.JobLease` and pass it as ``lease``,
+    and every flush first checks that it has not expired.
+    """
+
+    def __init__(
+        self,
+        directory: Location,
+        *,
+        clock: Callable[[], float] = time.time,
+        fsync: bool = False,
+        compact_after: int | None = 64,
+        lease: JobLease | None = None,
+    ) -> None:
+        self.location = directory
+        self.clock = clock
+        self.fsync = fsync
+        self.compact_after = compact_after
+        self.lease = lease
+        self._lock = threading.Lock()
+        contents = _read_log(directory)
+        self.warnings: list[str] = contents.warnings
+        self._entries = contents.entries
+        self._log_id = contents.log_id or uuid.uuid4().bytes
+        self._seq = contents.next_seq
+        self._index = contents.next_index
+        self._chain = contents.chain
+        self._stale = contents.stale
+        self._rewrite = contents.rewrite
+        self._pending: list[bytes] = []
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str] | Location,
+        *,
+        filesystem: Any = None,
+        clock: Callable[[], float] = time.time,
+        fsync: bool = False,
+        compact_after: int | None = 64,
+        lease: JobLease | None = None,
+    ) -> JobEventLog:
+        """The log in ``directory`` (a path, a URI, or a :class:`Location`; it need not
+        exist yet). ``compact_after``: compact once that many segments follow the
+        newest snapshot (None: only when asked). ``fsync``: local segments survive a
+        machine crash too (slower)."""
+        loc = (
+            directory if isinstance(directory, Location) else Location.parse(directory, filesystem)
+        )
+        return cls(loc, clock=clock, fsync=fsync, compact_after=compact_after, lease=lease)
+
+    @property
+    def log_id(self) -> str:
+        return self._log_id.hex()
+
+    def append(self, event: Event) -> LogEntry:
+        """Adds ``event``; durable after the next :meth:`flush`."""
+        at = float(self.clock())
+        payload = encode_event(event, at)
+        with self._lock:
+            entry = LogEntry(self._index, at, event)
+            self._index += 1
+            self._pending.append(payload)
+            self._entries.append(entry)
+        return entry
+
+    def flush(self) -> None:
+        """Publishes the appended events as one new segment. On failure they stay
+        pending and the next flush tries the same segment again."""
+        with self._lock:
+            if not self._pending:
+                return
+            self._prepare()
+            first = self._index - len(self._pending)
+            self._publish(KIND_EVENTS, first, self._pending)
+            self._pending = []
+            self._chain += 1
+            due = self.compact_after is not None and self._chain > self.compact_after
+        if due:
+            self.compact()
+
+    def compact(self) -> None:
+        """Writes a snapshot of :meth:`replay` as a new segment, then deletes every
+        older segment. Later readers see the snapshot's events instead of the
+        history they summarise."""
+        self.flush()
+        with self._lock:
+            events = self._state().to_events()
+            if not events:
+                return
+            self._prepare()
+            at = float(self.clock())
+            payloads = [encode_event(e, at) for e in events]
+            seq, first = self._seq, self._index
+            self._publish(KIND_SNAPSHOT, first, payloads)
+            self._index += len(payloads)
+            self._entries = [
+                LogEntry(first + i, at, e, snapshot=True) for i, e in enumerate(events)
+            ]
+            self._chain = 1
+            for name in list_names(self.location):
+                m = _SEGMENT_RE.fullmatch(name)
+                if (m and int(m.group(1)) < seq) or _TEMP_RE.fullmatch(name):
+                    delete_file(self.location.child(name))
+
+    def entries(self) -> Iterator[LogEntry]:
+        """Every entry the log holds, the appended but not yet flushed included."""
+        with self._lock:
+            entries = list(self._entries)
+        return iter(entries)
+
+    def events(self) -> Iterator[Event]:
+        return (e.event for e in self.entries())
+
+    def replay(self) -> JobLogState:
+        """The summary of the job's current run."""
+        with self._lock:
+            return self._state()
+
+    @property
+    def pending(self) -> int:
+        """Events appended since the last flush."""
+        return len(self._pending)
+
+    def _state(self) -> JobLogState:
+        return JobLogState.replay(e.event for e in self._entries)
+
+    def _prepare(self) -> None:
+        """Before the first write: drops a torn tail (writing its valid records anew)
+        and the leftovers of an interrupted compaction."""
+        if self.lease is not None:
+            self.lease.check()
+        for loc in self._stale:
+            delete_file(loc)
+        self._stale = []
+        seg, self._rewrite = self._rewrite, None
+        if seg is not None and seg.header is not None:
+            data = _encode_segment(
+                seg.header.kind,
+                seg.seq,
+                seg.header.first_index,
+                self._log_id,
+                [p for _, _, p in seg.records],
+            )
+            publish(seg.location, data, overwrite=True, fsync=self.fsync, what="segment")
+
+    def _publish(self, kind: int, first: int, payloads: Sequence[bytes]) -> None:
+        data = _encode_segment(kind, self._seq, first, self._log_id, payloads)
+        loc = self.location.child(segment_name(self._seq))
+        publish(loc, data, overwrite=False, fsync=self.fsync, what="job event log segment")
+        self._seq += 1
