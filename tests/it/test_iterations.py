@@ -86,17 +86,19 @@ def test_restores_replay_the_feedback_the_head_logged(policy: str, tmp_path: Pat
         }
     )
     per_subtask = spec.records // spec.parallelism
+    # The commit failure comes once a checkpoint completed, whatever the machine's
+    # speed: at least one restore is from a checkpoint.
     failures = FailureInjector(
         [
             FailureSpec("operator", "loop-head", 0, after_records=per_subtask // 2),
+            FailureSpec("commit", "loop-head", 0),
             FailureSpec("operator", "loop-body", 1, after_records=per_subtask),
-            FailureSpec("operator", "collatz-step", 0, after_records=2 * per_subtask),
         ]
     )
     result = LocalExecutor(env, cfg, failures=failures).run(timeout=300)
     assert result.status == "finished", result
     restored = [c for c in result.restored_from if c is not None]
-    assert restored, "a failure came after a completed checkpoint"
+    assert restored, result.failures
     storage = CheckpointStorage(str(ckpt), "logged")
     logged = {}
     for cid in restored:

@@ -24,8 +24,9 @@ Termination (``termination.py``): once the regular input ended, the head runs
 probe rounds and reports the quiet ones; when every head of the loop reported
 the same round quiet the coordinator posts ``LoopDone`` and the head ends its
 input, so EndOfData flows round the loop and the final checkpoint commits.
-Stopped without drain (stop-with-savepoint) the loop ends at once; what still
-comes back is not processed but kept as the savepoint's feedback state.
+Stopped without drain (an aligned stop-with-savepoint) the loop runs empty the
+same way, as an aligned stop processes everything in flight, and ends without
+finishing an operator. An unaligned stop persists the loop's content instead.
 """
 
 from __future__ import annotations
@@ -72,11 +73,6 @@ class IterationHeadTask(Task):
         self.loop_ended = False
         self.loop_ended_at = 0.0  # time.time() when it ended (a benchmark's figure)
         self.rounds_quiet = 0
-        # Stopped without drain: every feedback buffer that came back after the loop
-        # ended, copied (pool buffers held back would starve the tail's partition).
-        # It is state for every checkpoint from then on (the first may be aborted).
-        self._held: list[tuple[int, bytes]] = []
-        self.held_bytes = 0
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -115,28 +111,16 @@ class IterationHeadTask(Task):
         # bound holds for them.
         if barrier.kind != ev.BarrierKind.UNALIGNED:
             inf.max_inflight_bytes = None
-        # The begun record's head went in first (``start``); the held rest follows.
-        for ch, data in self._held:
-            if ch not in inf.pending:  # pragma: no cover - a barrier cannot pass held data
-                raise IterationError(f"{self.name}: feedback held past its barrier")
-            inf.add_input(ch, data)
 
     # -- input -----------------------------------------------------------------------------
 
     def _on_data(self, ch: int, buf: NetworkBuffer) -> None:
         if ch in self.feedback and self.loop_ended:
-            if self.operators_finished:
-                raise IterationError(
-                    f"{self.name}: records came back into the loop after it ended",
-                    hint="a loop body must not emit into the feedback from finish()",
-                )
-            # Stopped without drain: the rest of the loop is not processed; it is the
-            # state of every checkpoint from now on, the savepoint's included.
-            data = bytes(buf.data)
-            self._held.append((ch, data))
-            self.held_bytes += len(data)
-            self.unaligned.on_data(ch, buf)
-            return
+            raise IterationError(
+                f"{self.name}: records came back into the loop after it ended",
+                hint="a loop body emits in response to its input only: not from "
+                "finish(), timers or threads of its own",
+            )
         super()._on_data(ch, buf)
 
     def _on_event(self, ch: int, event: ev.Event) -> None:
@@ -147,21 +131,18 @@ class IterationHeadTask(Task):
                 self._probe_back(ch, event.round)
                 return
             if isinstance(event, ev.EndOfData):
-                # The loop ended it (LoopDone, or a stop): nothing more to decide.
-                # Stopped without drain, a record begun before is in the held state.
-                if not self.no_drain_channels:
-                    self.readers[ch].finish()
+                # The loop ended it (LoopDone): nothing more to decide.
+                self.readers[ch].finish()
                 self._data_ended.add(ch)
                 return
         super()._on_event(ch, event)
         if ch in self.feedback:
             return
         if isinstance(event, ev.EndOfData) and IterationHead.REGULAR in self._inputs_ended:
+            # Stopped without drain too (an aligned stop processes what is in flight
+            # first): the loop runs empty, then ends without finishing an operator.
             if self.round == 0 and not self.loop_ended:
-                if self.no_drain_channels:
-                    self._end_loop()  # stop-with-savepoint without drain
-                else:
-                    self._next_round()
+                self._next_round()
         elif isinstance(event, ev.EndOfPartition) and self.can_be_root():
             while self.deferred_triggers:  # the regular upstream exited: a root now
                 self.trigger_root(self.deferred_triggers.pop(0))
@@ -223,5 +204,4 @@ class IterationHeadTask(Task):
         out["loop_rounds"] = float(self.round)
         out["loop_rounds_quiet"] = float(self.rounds_quiet)
         out["loop_ended_at"] = self.loop_ended_at
-        out["loop_held_bytes"] = float(self.held_bytes)
         return out
