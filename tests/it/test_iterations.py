@@ -151,15 +151,19 @@ def test_a_feedback_far_larger_than_the_network_spills_and_finishes_in_bounded_m
 
 
 def test_without_spilling_the_same_loop_deadlocks(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The test hook turns spilling off: the loop's feedback then waits for credit
     like any edge, and the loop, whose records double each round, locks up once its
-    buffers are full, so it never finishes."""
+    buffers are full, so it never finishes. The timeout names the stuck tasks and
+    logs where their threads are."""
     monkeypatch.setattr(feedback, "SPILLING", False)
     cfg = Config.from_dict({**TINY_NETWORK, "io.tmp.dirs": str(tmp_path)})
-    result = LocalExecutor(doubling_job("deadlock", 1000, 10), cfg).run(timeout=8)
+    with caplog.at_level("WARNING", logger="spillover.deploy.local"):
+        result = LocalExecutor(doubling_job("deadlock", 1000, 10), cfg).run(timeout=8)
     assert result.status != "finished"
+    assert any("did not finish in time (running: " in f for f in result.failures), result
+    assert "did not finish; its thread is at:" in caplog.text
     tasks = result.tasks.values()
     assert sum(m.get("exits", 0) for m in tasks) < 1000 * 2**10
     assert sum(m.get("feedback_spilled_bytes", 0) for m in tasks) == 0

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import queue
+import sys
 import time
+import traceback
 
 from spillover.runtime.checkpointing.messages import StopSource, Terminate
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.task import Task, TaskCancelled, TaskRestore
 from spillover.runtime.wiring import build_tasks, make_coordinator, settle
+
+logger = logging.getLogger(__name__)
 
 
 class _Attempt:
@@ -82,7 +87,11 @@ class _Attempt:
                 self._cancel_all()
                 break
             if what == "timeout":
-                error = TimeoutError("the job did not finish in time")
+                unfinished = sorted(remaining)
+                names = ", ".join(f"{uid}#{i}" for uid, i in unfinished[:8])
+                more = f" and {len(unfinished) - 8} more" if len(unfinished) > 8 else ""
+                error = TimeoutError(f"the job did not finish in time (running: {names}{more})")
+                self._log_stacks(unfinished)
                 break
             task, err = item
             if err is not None and not isinstance(err, TaskCancelled):
@@ -94,6 +103,16 @@ class _Attempt:
             self._cancel_all()
         self.coordinator.stop()
         return error
+
+    def _log_stacks(self, keys: list[tuple[str, int]]) -> None:
+        """Where each unfinished task's thread is, for whoever reads why a job hung."""
+        frames = sys._current_frames()
+        for key in keys:
+            thread = self.tasks[key].thread
+            frame = frames.get(thread.ident) if thread.ident is not None else None
+            if frame is not None:
+                stack = "".join(traceback.format_stack(frame)[-8:])
+                logger.warning("%s#%d did not finish; its thread is at:\n%s", *key, stack)
 
     def _cancel_all(self) -> None:
         for t in self.tasks.values():
