@@ -26,7 +26,6 @@ import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from spillover.benchmark.runner import _sample, _Samples, _stats, run_policy, trigger_offsets
+from spillover.benchmark.runner import _stats, run_policy, run_sampled, trigger_offsets
 from spillover.benchmark.spec import _STOPPED, BenchSpec
 from spillover.benchmark.stop import _pure_engine, raw_write
 from spillover.config import Config
@@ -313,32 +312,15 @@ def run_loop(spec: LoopSpec, policy: str, *, pure: bool = False, timeout_s: floa
         env = build_loop_job(spec, f"loop-{policy}-{uuid.uuid4().hex[:8]}")
         ex = create_executor("local", env, spec.config(policy, base))
         ex.prepare()
-        sampled = _Samples()
-        stop = threading.Event()
-        started_wall = time.time()
-        sampler = threading.Thread(
-            target=_sample,
-            args=(
-                lambda: ex.live_metric(EXIT, "records_out"),
-                ex.running_since,
-                (spec.warmup_s, spec.run_s - min(0.2, spec.duration_s / 10)),
-                sampled,
-                stop,
-                None,
-            ),
-            name="loop-bench-sampler",
-            daemon=True,
-        )
         with _pure_engine(pure):
-            sampler.start()
-            try:
-                result = ex.run(
-                    timeout=spec.run_s + timeout_s, stop_when=lambda _: sampled.done.is_set()
-                )
-            finally:
-                stop.set()
-                sampler.join()
-        started_wall = sampled.started_wall or started_wall
+            result, sampled, started_wall = run_sampled(
+                ex,
+                lambda: ex.live_metric(EXIT, "records_out"),
+                spec.warmup_s,
+                spec.run_s,
+                spec.duration_s,
+                timeout_s=timeout_s,
+            )
         out.status = "failed" if sampled.error else result.status
         out.failures = list(result.failures) + ([sampled.error] if sampled.error else [])
         if len(sampled.window) == 2:

@@ -208,35 +208,59 @@ def run_policy(
             master=spec.master if kind == "spark" else None,
         )
         ex.prepare()  # the cluster's start-up is not part of the measured run
-        sampled = _Samples()
-        stop = threading.Event()
-        started_wall = time.time()
-        sampler = threading.Thread(
-            target=_sample,
-            args=(
-                lambda: ex.live_metric("sink", "records_in"),
-                ex.running_since,
-                # The last sample a little before the stop, so the job still runs then.
-                (spec.warmup_s, spec.run_s - min(0.2, spec.duration_s / 10)),
-                sampled,
-                stop,
-                on_tick,
-            ),
-            name="bench-sampler",
-            daemon=True,
+        result, sampled, started_wall = run_sampled(
+            ex,
+            lambda: ex.live_metric("sink", "records_in"),
+            spec.warmup_s,
+            spec.run_s,
+            spec.duration_s,
+            on_tick=on_tick,
         )
-        sampler.start()
-        try:
-            # Stopped once the window, counted from the subtasks' start, is sampled.
-            result = ex.run(timeout=spec.run_s + 600, stop_when=lambda _: sampled.done.is_set())
-        finally:
-            stop.set()
-            sampler.join()
-        started_wall = sampled.started_wall or started_wall
         return _summarise(spec, policy, kind, result, started_wall, sampled)
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def run_sampled(
+    ex: Any,
+    read: Callable[[], float],
+    warmup_s: float,
+    run_s: float,
+    duration_s: float,
+    *,
+    on_tick: Callable[[float], None] | None = None,
+    timeout_s: float = 600.0,
+) -> tuple[Any, _Samples, float]:
+    """Runs the prepared executor ``ex`` while a thread samples ``read`` over the
+    window from ``warmup_s`` to just before ``run_s`` (seconds since the subtasks
+    started), and stops the job once the window is sampled. Returns the job's
+    result, the samples and the wall-clock time the subtasks started."""
+    sampled = _Samples()
+    stop = threading.Event()
+    started_wall = time.time()
+    sampler = threading.Thread(
+        target=_sample,
+        args=(
+            read,
+            ex.running_since,
+            # The last sample a little before the stop, so the job still runs then.
+            (warmup_s, run_s - min(0.2, duration_s / 10)),
+            sampled,
+            stop,
+            on_tick,
+        ),
+        name="bench-sampler",
+        daemon=True,
+    )
+    sampler.start()
+    try:
+        # Stopped once the window, counted from the subtasks' start, is sampled.
+        result = ex.run(timeout=run_s + timeout_s, stop_when=lambda _: sampled.done.is_set())
+    finally:
+        stop.set()
+        sampler.join()
+    return result, sampled, sampled.started_wall or started_wall
 
 
 def _sample(
