@@ -12,22 +12,12 @@ A master takes the lease first, then opens the log beside the job's checkpoints:
 and renews the lease well within its time to live (``lease.renew()``).
 """
 
-from spillover.runtime.jobevents.lease import (
-    JobLease,
-    Lease,
-    LeaseError,
-    LeaseHeldError,
-    LeaseHolder,
-    LeaseLostError,
-)
-from spillover.runtime.jobevents.log import (
-    EVENTS_DIR,
+from spillover.runtime.jobevents.events import (
     CheckpointCompleted,
     Event,
     GenerationEnded,
     GenerationStarted,
     JobCancelled,
-    JobEventLog,
     JobFailed,
     JobFinished,
     JobLogState,
@@ -38,8 +28,16 @@ from spillover.runtime.jobevents.log import (
     SavepointCompleted,
     SplitsAssigned,
     TaskFinished,
-    is_event_log,
 )
+from spillover.runtime.jobevents.lease import (
+    JobLease,
+    Lease,
+    LeaseError,
+    LeaseHeldError,
+    LeaseHolder,
+    LeaseLostError,
+)
+from spillover.runtime.jobevents.log import EVENTS_DIR, JobEventLog, is_event_log
 
 __all__ = [
     "EVENTS_DIR",

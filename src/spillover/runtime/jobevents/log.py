@@ -32,22 +32,9 @@ from spillover.errors import (
     UnsupportedVersionError,
 )
 from spillover.runtime.jobevents.events import (
-    EVENT_TYPES,
-    CheckpointCompleted,
     Event,
-    GenerationEnded,
-    GenerationStarted,
-    JobCancelled,
-    JobFailed,
-    JobFinished,
     JobLogState,
-    JobSubmitted,
-    JobTerminated,
     LogEntry,
-    RescaleDecided,
-    SavepointCompleted,
-    SplitsAssigned,
-    TaskFinished,
     decode_event,
     encode_event,
 )
@@ -57,29 +44,7 @@ from spillover.storage.reference import crc32c
 if TYPE_CHECKING:
     from spillover.runtime.jobevents.lease import JobLease
 
-__all__ = [
-    "EVENTS_DIR",
-    "EVENT_TYPES",
-    "LOG_FORMAT_VERSION",
-    "CheckpointCompleted",
-    "Event",
-    "GenerationEnded",
-    "GenerationStarted",
-    "JobCancelled",
-    "JobEventLog",
-    "JobFailed",
-    "JobFinished",
-    "JobLogState",
-    "JobSubmitted",
-    "JobTerminated",
-    "LogEntry",
-    "RescaleDecided",
-    "SavepointCompleted",
-    "SplitsAssigned",
-    "TaskFinished",
-    "is_event_log",
-    "segment_name",
-]
+__all__ = ["EVENTS_DIR", "LOG_FORMAT_VERSION", "JobEventLog", "is_event_log", "segment_name"]
 
 logger = logging.getLogger(__name__)
 
