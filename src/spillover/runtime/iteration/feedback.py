@@ -634,18 +634,11 @@ class FeedbackPartition:
         inner = self.inner
         is_data = buffer.data_type == _DATA
         nbytes = len(buffer)
-        if not q.items and (
-            not is_data or (inner.credit(sub) > 0 and inner.pool.available >= self._reserve)
-        ):
-            # Has credit (or is an event): never waits. Floating credit is shared with
-            # the gate's other channels and may be gone by now: then it spills.
-            try:
-                inner.emit(sub, buffer, timeout=0.0)
-                sent = True
-            except NetworkTimeoutError:
-                sent = False
-        else:
-            sent = False
+        sent = (
+            not q.items
+            and (not is_data or (inner.credit(sub) > 0 and inner.pool.available >= self._reserve))
+            and self._send_now(sub, buffer)
+        )
         if not sent:
             if is_data and nbytes > inner.pool.segment_size:
                 raise ConfigError(
@@ -674,6 +667,16 @@ class FeedbackPartition:
                 raise
         buffer.release()
 
+    def _send_now(self, sub: int, buffer: NetworkBuffer) -> bool:
+        """Hands ``buffer`` to the inner partition without waiting (taking over the
+        reference); False, the caller keeping it, when the credit seen before is gone:
+        floating credit is shared with the gate's other channels."""
+        try:
+            self.inner.emit(sub, buffer, timeout=0.0)
+        except NetworkTimeoutError:
+            return False
+        return True
+
     def _pump_locked(self) -> bool:
         inner = self.inner
         pool = inner.pool
@@ -691,15 +694,13 @@ class FeedbackPartition:
                     segment[:n] = np.frombuffer(memoryview(item), dtype=np.uint8)
                     buf = pool.wrap(segment[:n], _DATA)
                     try:
-                        # Never waits: floating credit is shared with the gate's other
-                        # channels, so the credit seen above may be gone by now.
-                        inner.emit(sub, buf, timeout=0.0)
-                    except NetworkTimeoutError:
-                        buf.release()
-                        break
+                        sent = self._send_now(sub, buf)
                     except BaseException:
                         buf.release()
                         raise
+                    if not sent:
+                        buf.release()
+                        break
                 else:
                     inner.emit(sub, NetworkBuffer.unpooled(item.tobytes(), _EVENT))
                 q.pop()
