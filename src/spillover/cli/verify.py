@@ -26,7 +26,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         topology=args.topology,
         parallelism=args.parallelism,
         records=args.records,
-        failures=args.failures,
+        failures=(0 if args.kill_driver else 5) if args.failures is None else args.failures,
+        kill_driver=args.kill_driver,
         seed=args.seed,
         policy=args.policy,
         interval_ms=args.interval_ms,
@@ -194,8 +195,18 @@ def add_parser(sub: Any) -> None:
         "--failures",
         env="SPILLOVER_VERIFY_FAILURES",
         type=int,
-        default=5,
-        help="failures to induce",
+        default=None,
+        help="failures to induce (default 5; 0 with --kill-driver)",
+    )
+    env_option(
+        p,
+        "--kill-driver",
+        env="SPILLOVER_VERIFY_KILL_DRIVER",
+        type=int,
+        default=0,
+        help="instead of failing tasks, run the job in a child driver process, SIGKILL "
+        "it this many times at random points (start-up, restore, checkpoints, commits) "
+        "and start it again each time: each start must resume the run exactly",
     )
     env_option(
         p,

@@ -340,6 +340,24 @@ class RecoveryConfig:
     force_forward_rescale: bool = field(
         default=False, metadata=_key(_CP + "unaligned.forward-rescale.forced", _Bool())
     )
+    # A job with checkpoint storage keeps an event log there; running it again after
+    # its driver died resumes it from the newest checkpoint the log names (false:
+    # start a fresh run, which the log records).
+    job_recovery: bool = field(
+        default=True, metadata=_key("execution.job-recovery.enabled", _Bool())
+    )
+    # How long a dead master's lease keeps another off the job (one on this host whose
+    # process is gone is taken over at once); renewed every third of it.
+    lease_timeout: timedelta = field(
+        default=timedelta(seconds=30),
+        metadata=_key(
+            "execution.job-recovery.lease-timeout", _Duration(timedelta(milliseconds=100))
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)
+
+    @property
+    def lease_timeout_s(self) -> float:
+        return _seconds(self.lease_timeout)

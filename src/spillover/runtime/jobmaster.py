@@ -5,6 +5,7 @@ parallelism); deployments (``spillover.deploy``) say where its subtasks run."""
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import time
 import traceback
@@ -20,10 +21,14 @@ from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment
+from spillover.runtime.jobevents import LeaseError
+from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.task import TaskRestore
 from spillover.runtime.wiring import checkpoint_storage
 from spillover.storage.location import Location
+
+logger = logging.getLogger(__name__)
 
 
 class JobFailedError(RuntimeError):
@@ -51,6 +56,12 @@ class JobResult:
     # Stop-with-savepoint: the savepoint's directory (restore it with
     # ``restore_checkpoint=``); ``status`` is ``stopped`` without drain.
     savepoint: str | None = None
+    # With checkpoint storage, the run this is (kept when a later start resumes
+    # it), and what the master decided from the job's event log, said for people.
+    run_id: str | None = None
+    recovery: str | None = None
+    # The event log said the job had finished already: nothing ran.
+    already_finished: bool = False
 
     def completed_checkpoints(self) -> list[dict[str, Any]]:
         return [c for c in self.checkpoints if c["status"] == "completed"]
@@ -156,6 +167,7 @@ class Executor:
         self._stop: bool | None = None  # stop-with-savepoint asked for: its drain
         self._stop_unaligned = False  # ... with an unaligned savepoint
         self._savepoint_dir = ""  # ... under this directory
+        self.recovery: JobRecovery | None = None  # the lease and event log, while running
 
     def _attempt(
         self,
@@ -218,6 +230,41 @@ class Executor:
             run.coordinator.request_stop()
         else:
             run.stop_sources(bool(self._stop))
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """The coordinator wrote a checkpoint's metadata: recorded in the job's event
+        log before any task hears of it (a restarted master restores it)."""
+        if self.recovery is not None:
+            self.recovery.checkpoint_completed(checkpoint_id)
+
+    def _begin_recovery(self) -> JobRecovery | None:
+        """With checkpoint storage: the job's lease and event log, and the decision
+        whether this start resumes an earlier run (``JobResult.recovery`` says it)."""
+        if self.storage is None:
+            return None
+        rec = JobRecovery(
+            self.storage,
+            enabled=self.config.recovery.job_recovery,
+            explicit_restore=None
+            if self.restore_checkpoint is None
+            else str(self.restore_checkpoint),
+            lease_ttl_s=self.config.recovery.lease_timeout_s,
+        )
+        rec.on_lost = self._lease_lost
+        rec.begin(
+            job_name=self.graph.name,
+            fingerprint=self.graph.fingerprint(),
+            parallelism=max(v.parallelism for v in self.graph.vertices),
+            configuration=self.config.to_dict(),
+        )
+        self.recovery = rec
+        return rec
+
+    def _lease_lost(self, error: LeaseError) -> None:
+        """Another master took the job: this one fails its attempt and stops."""
+        run = self._current
+        if run is not None:
+            run.coordinator.on_failure(error)
 
     def prepare(self) -> None:
         """Gets the cluster ready (a no-op here), so that timing ``run`` measures the job."""
@@ -294,11 +341,6 @@ class Executor:
         as soon as it returns True for the current attempt's checkpoint summaries.
         """
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        stop_at = None if stop_after is None else started + stop_after
-        strategy = self.config.restart_strategy
-        rs = self.config.restart
-        failure_times: deque[float] = deque()
         result = JobResult(
             self.graph.name,
             "failed",
@@ -306,14 +348,71 @@ class Executor:
             0.0,
             checkpoint_dir=self.storage.uri if self.storage else None,
         )
+        recovery = self._begin_recovery()
+        try:
+            self._run(result, recovery, started, timeout, stop_after, stop_when)
+        finally:
+            self.recovery = None
+            if recovery is not None:
+                recovery.close()
+        result.duration_s = time.monotonic() - started
+        return result
+
+    def _run(
+        self,
+        result: JobResult,
+        recovery: JobRecovery | None,
+        started: float,
+        timeout: float | None,
+        stop_after: float | None,
+        stop_when: StopWhen | None,
+    ) -> None:
+        deadline = None if timeout is None else started + timeout
+        stop_at = None if stop_after is None else started + stop_after
+        strategy = self.config.restart_strategy
+        rs = self.config.restart
+        failure_times: deque[float] = deque()
         attempt = 0
         failed_at: float | None = None
+        generation, cause = 0, "submitted"
         meta = self._restore_point() if self.restore_checkpoint is not None else None
+        first_meta = meta  # what a restart restores while this run completed no checkpoint
+        if recovery is not None and recovery.resume is not None:
+            resume = recovery.resume
+            result.run_id, result.recovery = resume.run_id, resume.reason
+            (logger.info if resume.fresh else logger.warning)(
+                "job %s: %s", self.graph.name, resume.reason
+            )
+            if resume.finished:
+                result.status, result.already_finished = "finished", True
+                return
+            generation = resume.generation
+            self.next_checkpoint_id = max(self.next_checkpoint_id, resume.first_checkpoint_id)
+            if not resume.fresh:
+                cause = "resumed after its previous master ended"
+                if resume.checkpoint is not None:
+                    assert self.storage is not None
+                    meta = first_meta = self.storage.read_metadata(resume.checkpoint.checkpoint_id)
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         while True:
             restored_id = int(meta["checkpoint_id"]) if meta is not None else None
             if restored_id is not None:
                 result.restored_from.append(restored_id)
+            if recovery is not None:
+                assert self.storage is not None
+                first = max(
+                    self.next_checkpoint_id,
+                    (restored_id or 0) + 1,
+                    self.storage.highest_id() + 1,
+                )
+                self.next_checkpoint_id = first
+                recovery.generation_started(
+                    generation + attempt,
+                    max(v.parallelism for v in self.graph.vertices),
+                    cause,
+                    _restore_path(self.restore_checkpoint, restored_id, self.storage),
+                    first,
+                )
             run = self._current = self._attempt(attempt, restore, restored_id)
             if self._stop is not None:  # asked before this attempt started
                 self._ask_stop(run)
@@ -337,31 +436,65 @@ class Executor:
                     )
                     result.savepoint = self.storage.export(cid, target.uri)
                     result.status = "finished" if self._stop else "stopped"
+                    if recovery is not None:
+                        recovery.savepoint_completed(cid, result.savepoint)
+                if recovery is not None:
+                    recovery.generation_ended(generation + attempt, result.status)
+                    recovery.terminated(
+                        result.status,
+                        f"stopped with savepoint {result.savepoint}"
+                        if result.savepoint and result.status == "stopped"
+                        else result.status,
+                    )
                 break
-            result.failures.append(f"attempt {attempt}: {type(error).__name__}: {error}")
+            failure = f"{type(error).__name__}: {error}"
+            result.failures.append(f"attempt {attempt}: {failure}")
             result.tracebacks.append("".join(traceback.format_exception(error)))
+            if recovery is not None:
+                recovery.generation_ended(generation + attempt, f"failed: {failure}"[:500])
             now = time.monotonic()
-            if strategy is RestartStrategy.NONE or isinstance(error, TimeoutError | ConfigError):
-                break  # a configuration error does not heal on a restart
+            if strategy is RestartStrategy.NONE or isinstance(
+                error, TimeoutError | ConfigError | LeaseError
+            ):
+                # A configuration error does not heal on a restart; a master that lost
+                # its lease must leave the job to the one that took it.
+                if recovery is not None:
+                    recovery.terminated("failed", failure[:500])
+                break
             if strategy is RestartStrategy.FIXED_DELAY:
-                if attempt >= rs.fixed_delay_attempts:
-                    break
+                exhausted = attempt >= rs.fixed_delay_attempts
                 delay = rs.fixed_delay_delay_s
             else:
                 failure_times.append(now)
                 while failure_times and now - failure_times[0] > rs.failure_rate_interval_s:
                     failure_times.popleft()
-                if len(failure_times) > rs.failure_rate_max_failures_per_interval:
-                    break
+                exhausted = len(failure_times) > rs.failure_rate_max_failures_per_interval
                 delay = rs.failure_rate_delay_s
+            if exhausted:
+                if recovery is not None:
+                    recovery.terminated("failed", f"restart strategy exhausted: {failure}"[:500])
+                break
             time.sleep(delay)
             if self.rescale is not None:
+                old = max(v.parallelism for v in self.graph.vertices)
                 changed = self.rescale(self, attempt, error)
                 if changed is not None:
                     self._use_graph(changed)
+                    new = max(v.parallelism for v in self.graph.vertices)
+                    if recovery is not None and new != old:
+                        recovery.rescale_decided(old, new, "rescale policy")
             attempt += 1
+            cause = f"restart after {failure}"[:500]
             self.restore_checkpoint = None  # failover: the latest completed checkpoint
-            meta = self._restore_point()
+            if recovery is not None:  # ... the log names (this run's), else where it began
+                meta = recovery.latest_metadata() or first_meta
+            else:
+                meta = self._restore_point()
             restore = self._plan(meta)
-        result.duration_s = time.monotonic() - started
-        return result
+
+
+def _restore_path(asked: int | str | None, restored_id: int | None, storage: Any) -> str | None:
+    """Where an attempt's state comes from, for the event log."""
+    if isinstance(asked, str):
+        return asked
+    return None if restored_id is None else str(storage.checkpoint_dir(restored_id))

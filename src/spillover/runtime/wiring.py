@@ -204,6 +204,7 @@ def make_coordinator(
         metrics_path=ex.metrics_path,
         barrier_kind=_BARRIER_KIND[cp.alignment],
         alignment_timeout_s=cp.aligned_checkpoint_timeout_s,
+        on_complete=ex.checkpoint_completed,
     )
 
 

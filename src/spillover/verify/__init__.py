@@ -27,11 +27,10 @@ from spillover.verify.output import (
     OPTIONAL_COLUMNS,
     RunOutput,
     final_state,
+    output_of,
     read_output,
 )
 from spillover.verify.run import (
-    config_for,
-    output_of,
     run_once,
     run_rescaled,
     verify,
@@ -39,6 +38,7 @@ from spillover.verify.run import (
 )
 from spillover.verify.spec import (
     VerifySpec,
+    config_for,
 )
 from spillover.verify.topologies import (
     BROADCAST_DTYPE,

@@ -72,6 +72,8 @@ class Report:
     # In-flight bytes held by the checkpoints that the run's restarts restored from
     # (what inflight_replayed must be non-zero for).
     inflight_restored: int = 0
+    # --kill-driver: each start of the driver and how it ended
+    driver_starts: list[str] = field(default_factory=list)
 
     def shortfalls(self) -> list[str]:
         """Why the run proved less than its spec asked for, even when exact."""
@@ -80,6 +82,12 @@ class Report:
             out.append(
                 f"only {len(self.failures_fired)} of {self.spec.failures} induced failures "
                 "happened: give the job more records (or fewer failures)"
+            )
+        killed = sum(" killed " in d for d in self.driver_starts)
+        if killed < self.spec.kill_driver:
+            out.append(
+                f"the driver was killed {killed} of {self.spec.kill_driver} times before the "
+                "job ended: give it more records"
             )
         if self.spec.rescale_to and self.spec.policy != "aligned" and not self.restored_inflight:
             out.append(
@@ -104,6 +112,9 @@ class Report:
             f"in-flight data: {self.inflight_persisted} bytes persisted by completed "
             f"checkpoints, {self.inflight_replayed} bytes replayed by restores",
         ]
+        if self.driver_starts:
+            lines.append(f"driver started {len(self.driver_starts)} times:")
+            lines += [f"  {d}" for d in self.driver_starts]
         if self.spec.stop:
             how = {
                 "savepoint": "an aligned savepoint",

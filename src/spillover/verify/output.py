@@ -16,6 +16,7 @@ from spillover.keygroups import KeyGroupRange
 from spillover.runtime.api import (
     StateDescriptor,
 )
+from spillover.runtime.failures import FailureInjector
 from spillover.runtime.jobmaster import JobResult
 from spillover.storage.location import Location
 from spillover.verify.spec import (
@@ -172,3 +173,22 @@ def _read_rows(directory: str, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         for name in dtype.names or ():
             rows[name] = t.column(name).to_numpy()
     return rows
+
+
+def output_of(
+    spec: VerifySpec,
+    result: JobResult,
+    out_dir: str,
+    max_parallelism: int,
+    failures: FailureInjector | None = None,
+) -> RunOutput:
+    """What a run of ``spec`` committed to ``out_dir`` and its final keyed state, for
+    :func:`compare`."""
+    return RunOutput(
+        result,
+        _read(spec, out_dir),
+        _state_of(spec, result, max_parallelism),
+        [s.describe() for s in failures.fired] if failures is not None else [],
+        out_dir=out_dir,
+        max_parallelism=max_parallelism,
+    )

@@ -19,18 +19,21 @@ from spillover.deploy import create_executor
 from spillover.errors import ConfigError
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.jobmaster import JobResult
-from spillover.storage.location import Location
 from spillover.verify.compare import (
     Report,
     compare,
 )
+from spillover.verify.driver import run_killing_the_driver
 from spillover.verify.output import (
     RunOutput,
     _read,
     _state_of,
+    output_of,
 )
 from spillover.verify.spec import (
     VerifySpec,
+    _checkpoints,
+    config_for,
 )
 from spillover.verify.topologies import (
     KEYED_CHECKS,
@@ -39,26 +42,6 @@ from spillover.verify.topologies import (
     TOPOLOGIES,
     _ship_by_value,
 )
-
-
-def _checkpoints(spec: VerifySpec, workdir: str, name: str) -> str:
-    if spec.checkpoint_dir is None:
-        return os.path.join(workdir, name, "checkpoints")
-    return Location.parse(spec.checkpoint_dir).child(name).uri
-
-
-def config_for(spec: VerifySpec, ckpt: str) -> Config:
-    """The runtime configuration of ``spec``'s runs, checkpoints under ``ckpt``."""
-    return Config.from_dict(
-        {
-            "execution.checkpointing.interval": f"{spec.interval_ms} ms",
-            "state.checkpoints.dir": ckpt,
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.attempts": spec.failures + 1,
-            "restart-strategy.fixed-delay.delay": "10 ms",
-            **spec.checkpoint_options(),
-        }
-    )
 
 
 def _executor(
@@ -88,25 +71,6 @@ def run_once(
     cfg = config_for(spec, ckpt)
     result = _executor(spec, graph, cfg, executor, failures=failures).run(timeout=600)
     return output_of(spec, result, out_dir, graph.max_parallelism, failures)
-
-
-def output_of(
-    spec: VerifySpec,
-    result: JobResult,
-    out_dir: str,
-    max_parallelism: int,
-    failures: FailureInjector | None = None,
-) -> RunOutput:
-    """What a run of ``spec`` committed to ``out_dir`` and its final keyed state, for
-    :func:`compare`."""
-    return RunOutput(
-        result,
-        _read(spec, out_dir),
-        _state_of(spec, result, max_parallelism),
-        [s.describe() for s in failures.fired] if failures is not None else [],
-        out_dir=out_dir,
-        max_parallelism=max_parallelism,
-    )
 
 
 class _TwoRuns:
@@ -281,6 +245,13 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
             hint="use a built-in topology whose sink gets every record: "
             + ", ".join(DRAIN_TOPOLOGIES),
         )
+    if spec.kill_driver < 0:
+        raise ConfigError("--kill-driver must be at least 0", detail=str(spec.kill_driver))
+    if spec.kill_driver and (spec.failures or spec.stop or spec.rescale_to):
+        raise ConfigError(
+            "--kill-driver kills the driver instead of inducing failures, stops or rescales",
+            hint="give it with --failures 0 and without --rescale-to or a stop",
+        )
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-verify-")
     try:
@@ -322,6 +293,18 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
                 )
             else:
                 report = compare(spec, baseline, actual)
+            report.duration_s = time.monotonic() - started
+            return report
+        if spec.kill_driver:
+            actual, starts = run_killing_the_driver(
+                spec, workdir, "killed-driver", spec.kill_driver, seed=spec.seed
+            )
+            report = compare(spec, baseline, actual)
+            report.driver_starts = [k.describe() for k in starts]
+            report.checks.append(
+                f"the driver was SIGKILLed {sum(k.killed for k in starts)} times and started "
+                "again; each start resumed the run from the checkpoint its event log names"
+            )
             report.duration_s = time.monotonic() - started
             return report
         if spec.rescale_to is None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from spillover.config import Config
 from spillover.config.policies import policy_options
+from spillover.storage.location import Location
 from spillover.verify.loops import build_iteration
 from spillover.verify.topologies import (
     POLICIES,
@@ -60,6 +63,10 @@ class VerifySpec:
     # Where checkpoints go (a path or pyarrow URI such as s3://...): each run uses
     # <checkpoint_dir>/<run name>. None: under the work directory.
     checkpoint_dir: str | None = None
+    # Kill the driver instead of tasks: the job runs in child driver processes, this
+    # many of them SIGKILLed at random points (verify/driver.py), each started
+    # again with the same command; no task failures are induced then.
+    kill_driver: int = 0
 
     def describe(self) -> str:
         """``topology <name>`` or ``job <module:function>``."""
@@ -102,3 +109,23 @@ class VerifySpec:
             aligned_timeout_ms=self.aligned_timeout_ms,
             max_inflight_bytes=self.max_inflight_bytes,
         )
+
+
+def _checkpoints(spec: VerifySpec, workdir: str, name: str) -> str:
+    if spec.checkpoint_dir is None:
+        return os.path.join(workdir, name, "checkpoints")
+    return Location.parse(spec.checkpoint_dir).child(name).uri
+
+
+def config_for(spec: VerifySpec, ckpt: str) -> Config:
+    """The runtime configuration of ``spec``'s runs, checkpoints under ``ckpt``."""
+    return Config.from_dict(
+        {
+            "execution.checkpointing.interval": f"{spec.interval_ms} ms",
+            "state.checkpoints.dir": ckpt,
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": spec.failures + 1,
+            "restart-strategy.fixed-delay.delay": "10 ms",
+            **spec.checkpoint_options(),
+        }
+    )

@@ -100,6 +100,9 @@ def test_verify_refuses_a_master_without_the_spark_executor(
     [
         (["--drain", "--stop-with-savepoint", "unaligned"], "--drain takes an aligned savepoint"),
         (["--drain", "--topology", "rebalance-chain"], "a drained stop is checked record by"),
+        (["--kill-driver", "-1"], "--kill-driver must be at least 0"),
+        (["--kill-driver", "2", "--failures", "3"], "kills the driver instead of inducing"),
+        (["--kill-driver", "2", "--rescale-to", "3"], "kills the driver instead of inducing"),
     ],
 )
 def test_verify_refuses_stops_it_cannot_check(

@@ -168,6 +168,18 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.recovery.force_forward_rescale,
         {},
     ),
+    "execution.job-recovery.enabled": (
+        "false",
+        False,
+        lambda c: c.recovery.job_recovery,
+        {},
+    ),
+    "execution.job-recovery.lease-timeout": (
+        "2 min",
+        timedelta(minutes=2),
+        lambda c: c.recovery.lease_timeout,
+        {},
+    ),
 }
 
 
@@ -358,6 +370,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
     (CP + "recover-without-channel-state.checkpoint-id", -2),
     (CP + "unaligned.forward-rescale.forced", "yes please"),
+    ("execution.job-recovery.enabled", "sometimes"),
+    ("execution.job-recovery.lease-timeout", "10 ms"),
 ]
 
 

@@ -836,8 +836,8 @@ def test_parquet_sink_started_again_never_drops_a_file_of_an_earlier_run(tmp_pat
     """A second run over the same directory, from scratch (attempt 0, checkpoint 1
     again), writes names of its own: publishing, idempotent by name, would otherwise
     take its file for an already published one and delete it."""
-    for keys in ([1, 2], [3, 4]):
-        sink = ParquetSink(str(tmp_path))
+    for keys, mode in (([1, 2], "error"), ([3, 4], "append")):
+        sink = ParquetSink(str(tmp_path), mode=mode)
         opened(sink, subtask=0)
         sink.process(kv(keys, [0, 0]))
         checkpoint(sink, 1, tmp_path)
@@ -845,6 +845,40 @@ def test_parquet_sink_started_again_never_drops_a_file_of_an_earlier_run(tmp_pat
         sink.close()
     assert published(tmp_path) == [1, 2, 3, 4]
     assert staged(tmp_path) == []
+
+
+def test_parquet_sink_refuses_another_runs_output_unless_told(tmp_path: Path) -> None:
+    """A run that restored nothing meets committed output of another run: refused by
+    default (before it writes anything), replaced with ``overwrite``; a restored
+    run continues its own output."""
+    first = ParquetSink(str(tmp_path))
+    opened(first, subtask=0)
+    first.process(kv([1, 2], [0, 0]))
+    state = checkpoint(first, 1, tmp_path)
+    first.notify_checkpoint_complete(1)
+    again = ParquetSink(str(tmp_path))
+    opened(again, subtask=0)
+    with pytest.raises(ConfigError, match="committed output of another run"):
+        again.process(kv([3], [0]))
+    assert published(tmp_path) == [1, 2] and staged(tmp_path) == []
+    resumed = ParquetSink(str(tmp_path))
+    opened(resumed, subtask=0)
+    resumed.restore(state)
+    resumed.process(kv([3], [0]))
+    checkpoint(resumed, 2, tmp_path)
+    resumed.notify_checkpoint_complete(2)
+    assert published(tmp_path) == [1, 2, 3]
+    # Overwrite: the old subtask 0's parts belong to new subtask 0 of 2 (0 % 2).
+    others = ParquetSink(str(tmp_path), mode="overwrite")
+    opened(others, subtask=1, parallelism=2)
+    others.process(kv([7], [0]))
+    assert published(tmp_path) == [1, 2, 3]  # not its parts to delete
+    over = ParquetSink(str(tmp_path), mode="overwrite")
+    opened(over, subtask=0, parallelism=2)
+    over.process(kv([8], [0]))
+    checkpoint(over, 1, tmp_path)
+    over.notify_checkpoint_complete(1)
+    assert published(tmp_path) == [8]
 
 
 def test_parquet_sink_refuses_to_publish_over_another_file_of_its_name(tmp_path: Path) -> None:

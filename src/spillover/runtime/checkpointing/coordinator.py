@@ -131,8 +131,12 @@ class CheckpointCoordinator:
         barrier_kind: int = 0,
         alignment_timeout_s: float = 0.0,
         graph: dict[str, Any] | None = None,
+        on_complete: Callable[[int], None] | None = None,
     ) -> None:
         self.job_name = job_name
+        # Called once a checkpoint's metadata is written, before anything is subsumed
+        # or any task told: the job master records it durably (its event log).
+        self.on_complete = on_complete
         self.fingerprint = fingerprint
         self.settings = settings
         self.storage = storage
@@ -456,6 +460,8 @@ class CheckpointCoordinator:
         meta["references"] = referenced_checkpoints(meta)
         self._references[cid] = set(meta["references"])
         self.storage.write_metadata(cid, meta)
+        if self.on_complete is not None:
+            self.on_complete(cid)
         p.stats.status = "completed"
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
         self._last_completed_at = time.monotonic()

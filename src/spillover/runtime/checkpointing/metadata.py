@@ -117,6 +117,10 @@ class CheckpointStorage:
         written into again."""
         return max(self._ids(completed=False), default=0)
 
+    def all_ids(self) -> list[int]:
+        """Ids of every checkpoint directory, complete or not, oldest first."""
+        return self._ids(completed=False)
+
     def _ids(self, *, completed: bool) -> list[int]:
         ids = []
         if self.local:

@@ -3,7 +3,9 @@ subtasks, and an exactly-once sink (two-phase commit, see ``collecting.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -295,6 +297,10 @@ class ParquetSource(Operator):
 # ---- Parquet ----
 
 
+# A committed output file: part-<subtask>-a<attempt>-c<checkpoint>-<counter>[-<writer>].parquet
+_PART_FILE = re.compile(r"part-(\d+)-a\d+-c\d+-\d+(?:-[0-9a-f]+)?\.parquet")
+
+
 def batch_to_arrow(batch: Batch) -> Any:
     """A structured array as a pyarrow Table, column by column: numeric and bool
     fields keep their type, ``S<n>`` fields become ``fixed_size_binary(n)``."""
@@ -338,8 +344,16 @@ class ParquetSink(Operator):
     directory never names a file like one published before (which publishing,
     idempotent by name, would otherwise drop).
 
+    ``mode`` says what a run that restored nothing does with output already
+    committed in the directory (another run's): ``error`` (the default) refuses it
+    with :class:`ConfigError`, ``append`` adds to it, ``overwrite`` deletes it first
+    (each subtask the parts of the old subtasks it owns). A run that resumes from a
+    checkpoint always continues its own output.
+
     ``pyarrow.parquet.read_table(directory)`` reads the committed output.
     """
+
+    MODES = ("error", "append", "overwrite")
 
     def __init__(
         self,
@@ -348,9 +362,15 @@ class ParquetSink(Operator):
         filesystem: Any = None,
         row_group_rows: int = 65536,
         compression: str | None = "snappy",
+        mode: str = "error",
     ) -> None:
         if row_group_rows < 1:
             raise ConfigError(f"row_group_rows must be >= 1, got {row_group_rows}")
+        if mode not in self.MODES:
+            raise ConfigError(
+                f"unknown ParquetSink mode {mode!r}", hint=f"choose one of {', '.join(self.MODES)}"
+            )
+        self.mode = mode
         self.directory_uri = directory_uri
         self.filesystem = filesystem
         self.row_group_rows = row_group_rows
@@ -372,10 +392,43 @@ class ParquetSink(Operator):
         self._writer: Any = None
         self._buffer: list[Batch] = []
         self._buffered = 0
+        self._started = False  # restored, or checked the directory as ``mode`` says
+
+    def _start(self) -> None:
+        """Before a run that restored nothing writes: what ``mode`` says of the
+        output already committed in the directory."""
+        self._started = True
+        if self.mode == "append":
+            return
+        import pyarrow.fs as pafs
+
+        infos = self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True))
+        parts = [
+            i
+            for i in infos
+            if i.type == pafs.FileType.File and _PART_FILE.fullmatch(i.base_name) is not None
+        ]
+        if self.mode == "error" and parts:
+            raise ConfigError(
+                "the sink's directory holds committed output of another run",
+                detail=f"{len(parts)} part file(s) in {self.directory_uri}, "
+                f"e.g. {parts[0].base_name}",
+                hint="give the run another directory, or ParquetSink(mode='append' or "
+                "'overwrite'); a job that resumes its own run continues its output",
+            )
+        me, p = self.ctx.subtask_index, self.ctx.parallelism
+        for info in parts:  # overwrite: each old subtask's parts have one owner
+            m = _PART_FILE.fullmatch(info.base_name)
+            assert m is not None
+            if int(m.group(1)) % p == me:
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.delete_file(info.path)
 
     def process(self, batch: Batch, input_index: int = 0) -> None:
         if not len(batch):
             return
+        if not self._started:
+            self._start()
         if self._name is None:
             self._name = self._new_name()
         self._buffer.append(batch.copy())  # the caller may reuse its batch
@@ -417,6 +470,8 @@ class ParquetSink(Operator):
         return writer
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        if not self._started:
+            self._start()
         finalize: Callable[[str], None] | None = None
         if self._name is not None:
             name, writer, rows = self._name, self._writer, self._take_buffer()
@@ -442,6 +497,7 @@ class ParquetSink(Operator):
             del self._pending[c]
 
     def restore(self, state: Any) -> None:
+        self._started = True  # the directory's output is this run's
         if state is None:
             return
         for _, names in sorted(_pending_from_state(state).items()):
@@ -459,6 +515,7 @@ class ParquetSink(Operator):
         ``j % parallelism``: two new subtasks publishing the same file race on its
         rename (one of them finds the staged file gone). The owner also deletes the
         owned old subtasks' other staged files, as :meth:`restore` does for its own."""
+        self._started = True
         live = [st for st in states if st is not None]
         if not live:
             return

@@ -59,13 +59,15 @@ class JobSubmitted(Event):
 @dataclass(frozen=True)
 class GenerationStarted(Event):
     """An attempt of the job's subtasks began (``restore_path``: the checkpoint it
-    restores, if any)."""
+    restores, if any; ``first_checkpoint_id``: its checkpoints' ids start there, so a
+    later master never reuses one)."""
 
     KIND: ClassVar[str] = "generation-started"
     generation: int
     parallelism: int
     cause: str
     restore_path: str | None = None
+    first_checkpoint_id: int = 0
 
 
 @dataclass(frozen=True)

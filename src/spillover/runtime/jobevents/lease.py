@@ -3,7 +3,9 @@
 The lease names its holder (host, pid, a random token) and when it expires; the
 holder renews it well before then (every third of its time to live, say). A master
 that finds a live lease of another holder refuses to start; an expired lease is
-taken over. Expiry is wall-clock time, so the masters' clocks must roughly agree.
+taken over, and so is one whose holder was a process of this host that is gone (a
+killed driver restarted on the same machine need not wait for the expiry). Expiry is
+wall-clock time, so the masters' clocks must roughly agree.
 
 Race windows, honestly:
 
@@ -81,6 +83,28 @@ class LeaseHolder:
 
     def __str__(self) -> str:
         return f"{self.host} pid {self.pid} (token {self.token[:12]})"
+
+    def gone(self) -> bool:
+        """True when this holder is a process of this host that no longer exists (a
+        killed driver): its lease need not wait for its expiry."""
+        if self.host != socket.gethostname() or self.pid == os.getpid() or self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # it exists, as another user's process
+            return False
+        return _zombie(self.pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A killed child its parent has not reaped yet holds nothing any more."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -182,7 +206,8 @@ class JobLease:
 
     def acquire(self) -> Lease:
         """Takes the lease: refuses (:class:`LeaseHeldError`, naming the holder and
-        its expiry) while another holder's lease is live, takes an expired one over."""
+        its expiry) while another holder's lease is live, takes an expired one over,
+        or one whose holder was a process of this host that is gone."""
         now = float(self.clock())
         mine = Lease(self.holder, now, now + self.ttl_s)
         if not self.location.local:
@@ -196,7 +221,7 @@ class JobLease:
                 current = self.read()
             if current is None:
                 continue
-            if current.holder != self.holder and current.live(now):
+            if current.holder != self.holder and current.live(now) and not current.holder.gone():
                 raise self._held(current)
             self._take_over(current, mine)
             self.held = mine
@@ -308,7 +333,12 @@ class JobLease:
 
     def _acquire_remote(self, mine: Lease) -> Lease:
         current = self.read()
-        if current is not None and current.holder != self.holder and current.live(mine.acquired_at):
+        if (
+            current is not None
+            and current.holder != self.holder
+            and current.live(mine.acquired_at)
+            and not current.holder.gone()
+        ):
             raise self._held(current)
         self._write(mine, overwrite=True)
         self.sleep(self.settle_s)

@@ -4,6 +4,10 @@ over after expiry, renewed and released; on local disks and object stores."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -92,6 +96,32 @@ def test_an_expired_lease_is_taken_over(directory: Location) -> None:
         a.check()
     a.release()  # not held any more: leaves b's lease alone
     assert b.read() == taken
+
+
+def _dead_pid() -> int:
+    """The pid of a process of this host that has ended (and was reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_live_lease_of_a_process_of_this_host_that_is_gone_is_taken_over(
+    directory: Location,
+) -> None:
+    """A killed driver restarted on the same machine need not wait for the expiry."""
+    clock = Clock()
+    dead = LeaseHolder(socket.gethostname(), _dead_pid(), uuid.uuid4().hex)
+    assert dead.gone()
+    JobLease(directory, holder=dead, ttl_s=30.0, clock=clock).acquire()
+    _, b = leases(directory, clock)
+    assert b.acquire().holder == b.holder
+
+
+def test_a_live_holder_is_not_gone() -> None:
+    here = socket.gethostname()
+    assert not LeaseHolder(here, os.getpid(), "t").gone()  # this process
+    assert not LeaseHolder(here, os.getppid(), "t").gone()  # alive
+    assert not LeaseHolder("another-host", _dead_pid(), "t").gone()  # cannot tell: live
 
 
 def test_a_lease_taken_while_its_holder_slept_is_lost_on_renewal(directory: Location) -> None:

@@ -1,0 +1,290 @@
+"""The job master's durable side: one master per job (a lease), the job event log it
+writes, and what a master starting the job finds there (:class:`Resume`).
+
+A job with checkpoint storage keeps both in ``<checkpoint dir>/<job>/_events``.
+Starting it again (same job name, same checkpoint directory) after its driver died
+resumes the run the log describes from the newest checkpoint the log names; a run
+the log says finished is not run again. ``execution.job-recovery.enabled: false``
+starts a fresh run instead, and so does an explicit restore
+(``execution.state-recovery.path``); the log records either as a new run.
+
+A checkpoint counts as completed once the log says so: the master records it
+(flushed) after its metadata is written and before any task is told, so a 2PC
+sink never commits a checkpoint that a restarted master would not restore. A
+checkpoint directory of the dead run above the newest logged one is half-written
+(or never confirmed): it is deleted on resume, and its id is not reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spillover.errors import ConfigError, SpilloverError
+from spillover.runtime.checkpointing.metadata import CheckpointStorage, check_metadata
+from spillover.runtime.jobevents import (
+    EVENTS_DIR,
+    CheckpointCompleted,
+    GenerationEnded,
+    GenerationStarted,
+    JobCancelled,
+    JobEventLog,
+    JobFailed,
+    JobFinished,
+    JobLease,
+    JobLogState,
+    JobSubmitted,
+    LeaseError,
+    LeaseLostError,
+    RescaleDecided,
+    SavepointCompleted,
+)
+
+logger = logging.getLogger("spillover.runtime.jobmaster")
+
+START_OVER = (
+    "to run it again from the start, set execution.job-recovery.enabled: false, or use "
+    "another job name or checkpoint directory"
+)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a master starting the job decided from the log.
+
+    ``fresh``: a new run (the log records it); ``finished``: the log says the run
+    finished, nothing is run; otherwise the run goes on from ``checkpoint`` (None:
+    from the start, no checkpoint had completed). ``reason`` is for people.
+    """
+
+    run_id: str
+    fresh: bool
+    finished: bool
+    checkpoint: CheckpointCompleted | None
+    first_checkpoint_id: int
+    generation: int
+    reason: str
+
+
+class JobRecovery:
+    """The lease and the event log of one job's master, from :meth:`begin` to
+    :meth:`close`; safe to call from the coordinator's and the master's threads."""
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        *,
+        enabled: bool,
+        explicit_restore: str | None,
+        lease_ttl_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.storage = storage
+        self.enabled = enabled
+        self.explicit_restore = explicit_restore
+        self.directory = storage.location.child(EVENTS_DIR)
+        self.lease = JobLease(self.directory, ttl_s=lease_ttl_s, clock=clock)
+        self.log: JobEventLog | None = None
+        self.resume: Resume | None = None
+        self.on_lost: Callable[[LeaseError], None] | None = None
+        self.lost: LeaseError | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    # -- start ----------------------------------------------------------------------
+
+    def begin(
+        self,
+        *,
+        job_name: str,
+        fingerprint: str,
+        parallelism: int,
+        configuration: dict[str, object],
+    ) -> Resume:
+        """Takes the lease (:class:`~spillover.runtime.jobevents.LeaseHeldError` when
+        another master runs the job), reads the log and decides; a fresh run is
+        recorded at once. Keeps the lease renewed until :meth:`close`."""
+        self.lease.acquire()
+        try:
+            log = self.log = JobEventLog.open(self.directory, lease=self.lease)
+            for warning in log.warnings:
+                logger.warning("job %s: %s", job_name, warning)
+            resume = self.resume = self._decide(log.replay())
+            if resume.fresh:
+                log.append(
+                    JobSubmitted(
+                        job_name, fingerprint, parallelism, configuration, run_id=resume.run_id
+                    )
+                )
+                log.flush()
+            else:
+                self._drop_unconfirmed(log.replay(), resume)
+        except BaseException:
+            self.lease.release()
+            raise
+        self._renewer = threading.Thread(target=self._renew, name="job-lease", daemon=True)
+        self._renewer.start()
+        return resume
+
+    def _decide(self, state: JobLogState) -> Resume:
+        # Above every id the dead master may have used: its directories, its last
+        # logged checkpoint, and its last generation's first id (that one may have
+        # been triggered before any directory of it was made).
+        used = [self.storage.highest_id()]
+        if state.checkpoint is not None:
+            used.append(state.checkpoint.checkpoint_id)
+        if state.generation is not None:
+            used.append(state.generation.first_checkpoint_id)
+        first = max(used) + 1
+        generation = state.generation.generation + 1 if state.generation is not None else 0
+
+        def fresh(reason: str) -> Resume:
+            return Resume(uuid.uuid4().hex, True, False, None, first, 0, reason)
+
+        if self.explicit_restore is not None:
+            return fresh(f"a fresh run, restoring {self.explicit_restore} as asked")
+        if state.submitted is None:
+            return fresh("a fresh run: the job's event log holds no earlier run")
+        if not self.enabled:
+            return fresh(
+                f"a fresh run: execution.job-recovery.enabled is false (the log's run "
+                f"{state.submitted.run_id[:12]} was {_status(state)})"
+            )
+        run_id = state.submitted.run_id
+        if state.status == "finished":
+            assert state.terminal is not None
+            return Resume(
+                run_id, False, True, state.checkpoint, first, generation,
+                f"the job already finished ({state.terminal.cause or 'its input ended'}); "
+                f"nothing to run ({START_OVER})",
+            )  # fmt: skip
+        cp = state.checkpoint
+        if cp is not None:
+            self._check_present(cp)
+        where = f"checkpoint {cp.checkpoint_id} ({cp.metadata_path})" if cp else "the start"
+        return Resume(
+            run_id, False, False, cp, first, generation,
+            f"resuming run {run_id[:12]} from {where}: {_why(state)}",
+        )  # fmt: skip
+
+    def _check_present(self, cp: CheckpointCompleted) -> None:
+        try:
+            meta = self.storage.read_metadata(cp.checkpoint_id)
+            check_metadata(meta, cp.metadata_path)
+        except SpilloverError as e:
+            raise ConfigError(
+                "the job's event log names a checkpoint that cannot be read",
+                detail=f"checkpoint {cp.checkpoint_id} at {cp.metadata_path}: {e}",
+                hint=f"restore another checkpoint with execution.state-recovery.path; {START_OVER}",
+            ) from e
+
+    def _drop_unconfirmed(self, state: JobLogState, resume: Resume) -> None:
+        """Deletes the dead run's checkpoint directories the log never confirmed (those
+        after its newest logged checkpoint, from its last generation on)."""
+        if state.generation is None:
+            return
+        floor = state.generation.first_checkpoint_id
+        logged = state.checkpoint.checkpoint_id if state.checkpoint is not None else 0
+        stale = [c for c in self.storage.all_ids() if c >= floor and c > logged]
+        for cid in stale:
+            self.storage.delete(cid)
+        if stale:
+            logger.warning(
+                "job %s: deleted checkpoint(s) %s the previous master left unconfirmed",
+                self.storage.location.path.rsplit("/", 1)[-1],
+                ", ".join(map(str, stale)),
+            )
+
+    def latest_metadata(self) -> dict[str, object] | None:
+        """The metadata of the newest checkpoint of this run the log names, if any:
+        what a failover within the run restores."""
+        cp = self.log.replay().checkpoint if self.log is not None else None
+        return None if cp is None else self.storage.read_metadata(cp.checkpoint_id)
+
+    # -- the run's events ----------------------------------------------------------------
+
+    def generation_started(
+        self,
+        generation: int,
+        parallelism: int,
+        cause: str,
+        restore_path: str | None,
+        first_checkpoint_id: int,
+    ) -> None:
+        self._record(
+            GenerationStarted(generation, parallelism, cause, restore_path, first_checkpoint_id)
+        )
+
+    def generation_ended(self, generation: int, cause: str) -> None:
+        self._record(GenerationEnded(generation, cause), flush=False)
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """Flushed before returning: the checkpoint is what a restart restores from now."""
+        path = self.storage.checkpoint_dir(checkpoint_id)
+        self._record(CheckpointCompleted(checkpoint_id, path))
+
+    def savepoint_completed(self, savepoint_id: int, path: str) -> None:
+        self._record(SavepointCompleted(savepoint_id, path))
+
+    def rescale_decided(self, old: int, new: int, cause: str) -> None:
+        self._record(RescaleDecided(old, new, cause), flush=False)
+
+    def terminated(self, status: str, cause: str) -> None:
+        """The run ended: ``finished`` for good, else ``failed`` or ``cancelled`` (a
+        later start resumes those)."""
+        kind = {"finished": JobFinished, "failed": JobFailed}.get(status, JobCancelled)
+        self._record(kind(cause))
+
+    def _record(self, event: object, *, flush: bool = True) -> None:
+        if self.log is None or self.lost is not None:
+            return
+        self.log.append(event)  # type: ignore[arg-type]
+        if flush:
+            self.log.flush()
+
+    # -- lease -----------------------------------------------------------------------
+
+    def _renew(self) -> None:
+        interval = self.lease.ttl_s / 3
+        while not self._stop.wait(interval):
+            try:
+                self.lease.renew()
+            except LeaseLostError as e:
+                self.lost = e
+                logger.error("job master lost its lease: %s", e)
+                if self.on_lost is not None:
+                    self.on_lost(e)
+                return
+            except (OSError, SpilloverError) as e:  # storage hiccup: the expiry decides
+                logger.warning("cannot renew the job's lease (will retry): %s", e)
+
+    def close(self) -> None:
+        """Stops renewing and gives the lease up (what is pending is flushed)."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=5)
+        try:
+            if self.log is not None and self.lost is None:
+                self.log.flush()
+        finally:
+            if self.lost is None:
+                self.lease.release()
+
+
+def _status(state: JobLogState) -> str:
+    return {"running": "unfinished"}.get(state.status, state.status)
+
+
+def _why(state: JobLogState) -> str:
+    t = state.terminal
+    if t is None:
+        g = state.generation
+        during = f" during generation {g.generation}" if g is not None else ""
+        return f"its previous master died{during}"
+    return f"the previous run {'was ' if t.STATUS == 'cancelled' else ''}{t.STATUS}" + (
+        f" ({t.cause})" if t.cause else ""
+    )

@@ -1,0 +1,222 @@
+"""Kill the driver: run a job in a child driver process, SIGKILL it again and again,
+start it again each time with the same command, and check the output stays exact.
+
+Each start is a fresh process running :func:`drive`: the same job name and
+checkpoint directory, so the job master finds the job's event log and resumes the
+run from the newest checkpoint it names. Kills land at random instants after a
+start (during start-up and restore), just after a new checkpoint completed (when
+sinks commit it), and at two exact points inside the master: a checkpoint whose
+metadata is written but not logged, one logged but not yet told to the tasks, and
+an attempt whose tasks are restoring a checkpoint.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spillover.deploy import create_executor
+from spillover.errors import ConfigError, SpilloverError
+from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog
+from spillover.runtime.jobmaster import Executor, JobResult
+from spillover.runtime.wiring import checkpoint_storage
+from spillover.storage.location import Location
+from spillover.verify.output import RunOutput, output_of
+from spillover.verify.spec import VerifySpec, _checkpoints, config_for
+
+__all__ = ["KILL_POINTS", "DriverKill", "drive", "run_killing_the_driver"]
+
+# Where a start may be killed: at a random instant, right after a checkpoint
+# completed, or inside the master between a checkpoint's metadata and its log
+# record ("unlogged") or between the record and the tasks' notification ("logged").
+KILL_POINTS = ("random", "after-checkpoint", "unlogged", "logged", "restoring")
+_IN_MASTER = {"unlogged", "logged", "restoring"}
+
+
+@dataclass
+class DriverKill:
+    """One start of the driver and how it ended."""
+
+    start: int
+    point: str
+    killed: bool
+    after_s: float
+    checkpoint_before: int  # the newest checkpoint the log named when it started
+    checkpoint_after: int  # ... and when it ended
+
+    def describe(self) -> str:
+        how = (
+            f"killed ({self.point}) after {self.after_s:.2f} s" if self.killed else "ran to its end"
+        )
+        return (
+            f"start {self.start}: {how}; newest logged checkpoint "
+            f"{self.checkpoint_before} -> {self.checkpoint_after}"
+        )
+
+
+def drive(
+    spec: VerifySpec, out_dir: str, name: str, ckpt: str, result_path: str, point: str
+) -> None:
+    """A child driver: runs ``spec``'s job (with the checkpoints under ``ckpt``) and
+    pickles its :class:`JobResult` to ``result_path``; ``point`` may make it kill
+    itself inside the master (:func:`_arm`)."""
+    graph = spec.factory()(out_dir, name, spec.parallelism).build()
+    cfg = config_for(spec, ckpt)
+    ex = create_executor(spec.executor, graph, cfg, **_options(spec))
+    if point in _IN_MASTER:
+        _arm(ex, point)
+    result = ex.run(timeout=600)
+    with open(result_path + ".tmp", "wb") as f:
+        pickle.dump(result, f)
+    os.replace(result_path + ".tmp", result_path)
+
+
+def _options(spec: VerifySpec) -> dict[str, Any]:
+    return {"master": spec.master} if spec.executor == "spark" else {}
+
+
+def _arm(ex: Executor, point: str) -> None:
+    """Makes the master SIGKILL its own process at its second completed checkpoint,
+    before (``unlogged``) or after (``logged``) recording it, or (``restoring``)
+    20-200 ms into an attempt that restores a checkpoint (its tasks restoring state
+    and replaying in-flight data)."""
+    if point == "restoring":
+        attempt = ex._attempt
+
+        def restoring(n: int, restore: Any, restored_id: int | None) -> Any:
+            if restored_id is not None:
+                delay = random.uniform(0.02, 0.2)
+                threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            return attempt(n, restore, restored_id)
+
+        ex._attempt = restoring  # type: ignore[method-assign,assignment]
+        return
+    record: Callable[[int], None] = ex.checkpoint_completed
+    seen = [0]
+
+    def completed(checkpoint_id: int) -> None:
+        seen[0] += 1
+        if seen[0] == 2 and point == "unlogged":
+            os.kill(os.getpid(), signal.SIGKILL)
+        record(checkpoint_id)
+        if seen[0] == 2 and point == "logged":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    ex.checkpoint_completed = completed  # type: ignore[method-assign]
+
+
+def _logged_checkpoint(ckpt: str, name: str) -> int:
+    """The id of the newest checkpoint the job's log names (0: none yet)."""
+    loc = checkpoint_storage_for(ckpt, name).child(EVENTS_DIR)
+    if not loc.exists():
+        return 0
+    try:
+        cp = JobEventLog.open(loc).replay().checkpoint
+    except (OSError, SpilloverError):  # a segment compacted away as it was read
+        return 0
+    return 0 if cp is None else cp.checkpoint_id
+
+
+def checkpoint_storage_for(ckpt: str, name: str) -> Location:
+    """The job's directory under the checkpoint directory ``ckpt``."""
+    from spillover.config import Config
+
+    storage = checkpoint_storage(
+        Config.from_dict(
+            {"state.checkpoints.dir": ckpt, "execution.checkpointing.interval": "1 s"}
+        ),
+        name,
+    )
+    assert storage is not None
+    return storage.location
+
+
+def run_killing_the_driver(
+    spec: VerifySpec,
+    workdir: str,
+    name: str,
+    kills: int,
+    *,
+    seed: int = 1,
+    points: tuple[str, ...] = KILL_POINTS,
+    cycle: bool = False,
+    progress: Callable[[DriverKill], None] | None = None,
+) -> tuple[RunOutput, list[DriverKill]]:
+    """Runs ``spec``'s job in child driver processes, SIGKILLs ``kills`` of them (at
+    points drawn from ``points`` with ``seed``, or taken in turn with ``cycle``),
+    then lets the last start run to its end. Returns that run's output (committed
+    rows and final state) and each start."""
+    if kills < 0:
+        raise ConfigError("the number of driver kills must be at least 0", detail=str(kills))
+    bad = [p for p in points if p not in KILL_POINTS]
+    if bad or not points:
+        raise ConfigError(f"unknown kill points {bad}", hint=f"choose from {KILL_POINTS}")
+    rng = random.Random(seed)
+    out_dir = os.path.join(workdir, name, "output")
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt = _checkpoints(spec, workdir, name)
+    ctx = multiprocessing.get_context("spawn")
+    starts: list[DriverKill] = []
+    interval = spec.interval_ms / 1000
+    result_path = os.path.join(workdir, name, "result.pickle")
+    result: JobResult | None = None
+    for start in range(kills + 1):
+        pick = points[start % len(points)] if cycle else rng.choice(points)
+        point = pick if start < kills else "none"
+        before = _logged_checkpoint(ckpt, name)
+        if point == "restoring" and not before:  # nothing to restore yet
+            point = "random"
+        child = ctx.Process(
+            target=drive,
+            args=(spec, out_dir, name, ckpt, result_path, point),
+            name=f"spillover-driver-{start}",
+        )
+        began = time.monotonic()
+        child.start()
+        killed = False
+        if point == "random":
+            child.join(timeout=rng.uniform(0.0, 3.0 + 4 * interval))
+        elif point == "after-checkpoint":
+            _wait_for_checkpoint(child, ckpt, name, before, deadline=began + 120)
+            child.join(timeout=rng.uniform(0.0, interval))
+        if point in ("random", "after-checkpoint") and child.is_alive():
+            os.kill(child.pid or 0, signal.SIGKILL)
+            killed = True
+        child.join(timeout=900)
+        if child.is_alive():  # a hung driver is a failure of the run, not of the harness
+            os.kill(child.pid or 0, signal.SIGKILL)
+            child.join()
+            raise RuntimeError(f"driver start {start} did not end within 900 s")
+        killed = killed or child.exitcode == -signal.SIGKILL
+        kill = DriverKill(
+            start, point, killed, time.monotonic() - began, before, _logged_checkpoint(ckpt, name)
+        )
+        starts.append(kill)
+        if progress is not None:
+            progress(kill)
+        if not killed:
+            if child.exitcode != 0 or not os.path.exists(result_path):
+                raise RuntimeError(f"driver start {start} failed (exit code {child.exitcode})")
+            with open(result_path, "rb") as f:
+                result = pickle.load(f)
+            if result is not None and not result.already_finished:
+                break  # ran to its end: what comes after would find it finished
+    assert result is not None
+    graph = spec.factory()(os.path.join(workdir, name, "probe"), name, spec.parallelism).build()
+    return output_of(spec, result, out_dir, graph.max_parallelism), starts
+
+
+def _wait_for_checkpoint(child: Any, ckpt: str, name: str, before: int, *, deadline: float) -> None:
+    """Until the log names a checkpoint newer than ``before`` (or the child ended)."""
+    while child.is_alive() and time.monotonic() < deadline:
+        if _logged_checkpoint(ckpt, name) > before:
+            return
+        time.sleep(0.01)

@@ -1,0 +1,243 @@
+"""A job master that survives its own death: driver processes SIGKILLed at random
+points and started again with the same command resume the run exactly; a finished
+job is not run again; a second master is refused; half-written checkpoints of a
+dead driver are skipped, deleted, and their ids never reused."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from spillover.config import Config
+from spillover.deploy import create_executor
+from spillover.errors import ConfigError, SpilloverError
+from spillover.runtime.connectors import GeneratorSource, ParquetSink
+from spillover.runtime.failures import FailureInjector
+from spillover.runtime.graph import StreamEnvironment
+from spillover.runtime.jobevents import (
+    EVENTS_DIR,
+    CheckpointCompleted,
+    GenerationStarted,
+    JobEventLog,
+    JobLease,
+    LeaseHeldError,
+    LeaseHolder,
+)
+from spillover.verify import VerifySpec, compare, run_once
+from spillover.verify.driver import run_killing_the_driver
+
+SLOW_SPEC: dict[str, Any] = {
+    "topology": "pipeline",
+    "parallelism": 2,
+    "failures": 0,
+    "interval_ms": 100,
+}
+
+
+def _spec(policy: str, records: int = 40_000, **kw: Any) -> VerifySpec:
+    """A pipeline of a few seconds: long enough to be killed part way."""
+    options: dict[str, Any] = {**SLOW_SPEC, "rate_per_subtask": 10_000.0, **kw}
+    return VerifySpec(records=records, policy=policy, **options)
+
+
+def _killed_exactly(spec: VerifySpec, tmp_path: Path, kills: int, seed: int, **kw: Any) -> Any:
+    base = run_once(spec, str(tmp_path), "baseline", FailureInjector(), executor="local")
+    out, starts = run_killing_the_driver(spec, str(tmp_path), "killed", kills, seed=seed, **kw)
+    report = compare(spec, base, out)
+    assert report.exact, report.text() + "\n" + "\n".join(s.describe() for s in starts)
+    return out, starts
+
+
+def _log(tmp_path: Path, name: str = "killed") -> JobEventLog:
+    return JobEventLog.open(tmp_path / name / "checkpoints" / name / EVENTS_DIR)
+
+
+def _check_ids_never_reused(log: JobEventLog) -> None:
+    """Checkpoint ids only grow, and every generation starts above every id logged
+    before it and at or above the previous generation's first id."""
+    logged, first = 0, 0
+    for e in log.events():
+        if isinstance(e, CheckpointCompleted):
+            assert e.checkpoint_id > logged, (e, logged)
+            logged = e.checkpoint_id
+        elif isinstance(e, GenerationStarted):
+            assert e.first_checkpoint_id > logged and e.first_checkpoint_id >= first, e
+            first = e.first_checkpoint_id
+
+
+def test_a_driver_killed_at_random_points_resumes_exactly(tmp_path: Path) -> None:
+    out, starts = _killed_exactly(_spec("unaligned"), tmp_path, kills=4, seed=3)
+    assert sum(s.killed for s in starts) == 4
+    assert out.result.status == "finished"
+    assert out.result.recovery is not None and "resuming run" in out.result.recovery
+    _check_ids_never_reused(_log(tmp_path))
+
+
+@pytest.mark.parametrize("point", ["unlogged", "logged", "restoring"])
+def test_a_driver_killed_inside_the_master_resumes_exactly(point: str, tmp_path: Path) -> None:
+    """Between a checkpoint's metadata and its log record (that checkpoint is not
+    restored: the tasks never heard of it), between the record and the tasks'
+    notification (it is restored; its commits happen on restore), and while tasks
+    restore a checkpoint."""
+    points = ("after-checkpoint", point) if point == "restoring" else (point,)
+    _, starts = _killed_exactly(
+        _spec("unaligned"), tmp_path, kills=len(points), seed=1, points=points, cycle=True
+    )
+    assert [s.killed for s in starts] == [True] * len(points) + [False], starts
+    log = _log(tmp_path)
+    _check_ids_never_reused(log)
+    if point == "unlogged":
+        # The killed start wrote a checkpoint's metadata after its first logged one
+        # and died before logging it: deleted on resume, its id not reused.
+        logged = starts[0].checkpoint_after
+        gens = [e for e in log.events() if isinstance(e, GenerationStarted)]
+        assert len(gens) == 2 and gens[1].first_checkpoint_id >= logged + 2
+        job = tmp_path / "killed" / "checkpoints" / "killed"
+        left = [int(d.name[4:]) for d in job.glob("chk-*")]
+        assert not [c for c in left if logged < c < gens[1].first_checkpoint_id], left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["aligned", "unaligned", "timeout", "max-inflight"])
+def test_many_driver_kills_under_every_policy(policy: str, tmp_path: Path) -> None:
+    """Six kills per policy, 24 over the four: every run exact."""
+    spec = _spec(policy, records=60_000)
+    _, starts = _killed_exactly(spec, tmp_path, kills=6, seed=11)
+    assert sum(s.killed for s in starts) == 6
+    _check_ids_never_reused(_log(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_spark_driver_killed_twice_resumes_exactly(tmp_path: Path) -> None:
+    spec = _spec("unaligned", records=60_000, executor="spark")
+    _, starts = _killed_exactly(
+        spec, tmp_path, kills=2, seed=2, points=("after-checkpoint", "logged")
+    )
+    assert sum(s.killed for s in starts) == 2
+
+
+# --- one master per job, finished jobs, starting over ---------------------------------
+
+
+def _job(out: Path, records: int = 4000, *, mode: str = "error", rate: float | None = None) -> Any:
+    env = StreamEnvironment("job", parallelism=2)
+    gen = GeneratorSource(
+        partitions=4, records_per_partition=records // 4, payload_bytes=16, rate_per_subtask=rate
+    )
+    env.from_source(gen, uid="src").sink(ParquetSink(str(out), mode=mode), uid="sink")
+    return env
+
+
+def _config(ckpt: Path, **extra: Any) -> Config:
+    return Config.from_dict(
+        {"state.checkpoints.dir": str(ckpt), "execution.checkpointing.interval": "50 ms", **extra}
+    )
+
+
+def _rows(out: Path) -> np.ndarray[Any, Any]:
+    """The committed records' ids (partition and seq), sorted."""
+    t = pq.read_table(str(out))
+    ids = t.column("partition").to_numpy().astype(np.int64) * 10**9 + t.column("seq").to_numpy()
+    return np.sort(ids)
+
+
+def test_a_finished_job_is_not_run_again_and_can_start_over(tmp_path: Path) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    first = create_executor("local", _job(out), _config(ckpt)).run(timeout=120)
+    assert first.status == "finished" and not first.already_finished
+    rows = _rows(out)
+    again = create_executor("local", _job(out), _config(ckpt)).run(timeout=120)
+    assert again.status == "finished" and again.already_finished and again.attempts == 0
+    assert again.recovery is not None and "already finished" in again.recovery
+    assert "execution.job-recovery.enabled: false" in again.recovery
+    assert again.run_id == first.run_id
+    np.testing.assert_array_equal(_rows(out), rows)  # nothing ran
+    # Starting over into the same output is refused unless asked to overwrite.
+    fresh = _config(ckpt, **{"execution.job-recovery.enabled": "false"})
+    refused = create_executor("local", _job(out), fresh).run(timeout=120)
+    assert refused.status == "failed"
+    assert "committed output of another run" in refused.failures[-1]
+    np.testing.assert_array_equal(_rows(out), rows)
+    over = create_executor("local", _job(out, mode="overwrite"), fresh).run(timeout=120)
+    assert over.status == "finished" and over.run_id != first.run_id
+    assert over.recovery is not None and "fresh run" in over.recovery
+    np.testing.assert_array_equal(_rows(out), rows)  # the same records once, not twice
+
+
+def test_append_keeps_both_runs_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    create_executor("local", _job(out), _config(tmp_path / "a")).run(timeout=120)
+    create_executor("local", _job(out, mode="append"), _config(tmp_path / "b")).run(timeout=120)
+    seqs = _rows(out)
+    assert len(seqs) == 2 * 4000 and len(np.unique(seqs)) == 4000
+
+
+def test_a_sink_mode_must_be_known() -> None:
+    with pytest.raises(ConfigError, match="unknown ParquetSink mode"):
+        ParquetSink("/tmp/x", mode="replace")
+
+
+def _hold(ckpt: str, out: str, ready: Any) -> None:
+    ex = create_executor("local", _job(Path(out), 10**8, rate=1000.0), _config(Path(ckpt)))
+    ready.set()
+    ex.run(timeout=120)
+
+
+def test_a_second_master_of_a_running_job_is_refused(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(target=_hold, args=(str(tmp_path / "ckpt"), str(tmp_path / "out"), ready))
+    child.start()
+    try:
+        lease = tmp_path / "ckpt" / "job" / EVENTS_DIR / "_lease"
+        deadline = time.monotonic() + 60
+        while not lease.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lease.exists()
+        with pytest.raises(LeaseHeldError, match="another master runs this job") as e:
+            create_executor("local", _job(tmp_path / "out2"), _config(tmp_path / "ckpt")).run()
+        assert f"pid {child.pid}" in str(e.value)
+    finally:
+        os.kill(child.pid or 0, signal.SIGKILL)
+        child.join()
+    # Its process is gone: the next master takes the lease over at once and resumes.
+    r = create_executor("local", _job(tmp_path / "out", 2000), _config(tmp_path / "ckpt")).run(
+        timeout=60, stop_after=1.0
+    )
+    assert r.recovery is not None and "its previous master died" in r.recovery
+
+
+def test_a_stale_lease_of_another_host_is_taken_over_after_expiry(tmp_path: Path) -> None:
+    events = tmp_path / "ckpt" / "job" / EVENTS_DIR
+    events.mkdir(parents=True)
+    JobLease(events, ttl_s=1.5, holder=LeaseHolder("elsewhere", 1, "t" * 32)).acquire()
+    cfg = _config(tmp_path / "ckpt")
+    with pytest.raises(LeaseHeldError, match="elsewhere pid 1"):
+        create_executor("local", _job(tmp_path / "out"), cfg).run(timeout=60)
+    time.sleep(1.6)
+    r = create_executor("local", _job(tmp_path / "out"), cfg).run(timeout=60)
+    assert r.status == "finished"
+
+
+def test_an_unreadable_log_refuses_to_resume(tmp_path: Path) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    create_executor("local", _job(out, 50_000, rate=20_000.0), _config(ckpt)).run(
+        timeout=60, stop_after=1.5
+    )
+    segments = sorted((ckpt / "job" / EVENTS_DIR).glob("events-*.log"))
+    assert len(segments) >= 3
+    middle = segments[1]
+    data = bytearray(middle.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    middle.write_bytes(bytes(data))
+    with pytest.raises(SpilloverError) as e:
+        create_executor("local", _job(out), _config(ckpt)).run(timeout=60)
+    assert middle.name in str(e.value)
