@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(wildcard csrc/*.c csrc/*.h src/spillover/_native/*.pyx src/spillover/_native/*.pxi src/spillover/_native/*.pxd src/spillover/_native/includes/*.pxd)
 
-.PHONY: install bench demo test lint typecheck unit debug-test benchmarks clean
+.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak clean
 
 install: $(STAMP)
 
@@ -54,6 +54,13 @@ debug-test: $(STAMP)
 # Performance figures for docs/benchmarks.md (minutes; not part of `make test`).
 benchmarks: $(STAMP)
 	$(BIN)/python -m pytest bench --benchmark-only -q
+
+# The soak (docs/runtime.md): SOAK_MINUTES per policy and executor of whole jobs with
+# checkpoints every 20 ms and induced failures, every run checked exactly; not part
+# of `make test` (CI's slow group runs a 60-second version).
+SOAK_MINUTES ?= 10
+soak: $(STAMP)
+	$(BIN)/python -m spillover.verify.soak --minutes $(SOAK_MINUTES) --executor local --executor spark
 
 clean:
 	rm -rf build $(VENV) src/spillover/_native/*.so src/spillover/_native/*.c

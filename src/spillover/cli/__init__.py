@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from spillover import __version__
 from spillover.cli import bench, demo, inspect, verify
 from spillover.errors import SpilloverError
 
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="spillover",
         description="Persist, restore and rescale the in-flight data of streaming dataflows.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (inspect, demo, verify, bench):
         command.add_parser(sub)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from typing import Any
 
 from spillover.benchmark import (
@@ -101,13 +102,40 @@ def _seconds(text: str) -> float:
         raise ValueError("expected seconds (30, 2.5) or a duration with a unit (1 min)") from None
 
 
+def _named(flag: str) -> str:
+    """``--flag (env SPILLOVER_BENCH_CLI_FLAG)``."""
+    env = next(e for f, e, _, _ in _bench_flags() if f == flag)
+    return f"{flag} (env {env})"
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Creates the ``--out`` folder and the folders of ``--json`` and ``--markdown``
+    and checks each takes a file: a ConfigError now, not after minutes of runs."""
+
+    folders = [("--out", args.out or "results")]
+    for flag in ("--json", "--markdown"):
+        path = getattr(args, flag[2:])
+        if path and os.path.isdir(path):
+            raise ConfigError(f"bad {_named(flag)}", detail=f"{path!r} is a directory")
+        if path:
+            folders.append((flag, os.path.dirname(path) or "."))
+    for flag, folder in folders:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".spillover-bench-")
+            os.close(fd)
+            os.remove(probe)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot write the folder of {_named(flag)}",
+                detail=f"{folder!r}: {type(e).__name__}: {e.strerror or e}",
+                hint="give a folder you can write",
+            ) from None
+
+
 def _bench_spec(args: argparse.Namespace) -> BenchSpec:
     """The :class:`~spillover.benchmark.BenchSpec` of the flags; a bad one raises a
     ConfigError naming the flag and its environment variable."""
-
-    def name(flag: str) -> str:
-        env = next(e for f, e, _, _ in _bench_flags() if f == flag)
-        return f"{flag} (env {env})"
 
     def raw(flag: str) -> Any:
         return getattr(args, flag.lstrip("-").replace("-", "_"))
@@ -118,9 +146,9 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             v = convert(text)
         except ValueError as e:  # ConfigError is one too (parse_memory_size)
             detail = e.detail if isinstance(e, ConfigError) and e.detail else str(e)
-            raise ConfigError(f"bad {name(flag)}", detail=f"{text!r}: {detail}") from None
+            raise ConfigError(f"bad {_named(flag)}", detail=f"{text!r}: {detail}") from None
         if ok is not None and not ok(v):
-            raise ConfigError(f"bad {name(flag)}", detail=f"{text!r} is not {rule}")
+            raise ConfigError(f"bad {_named(flag)}", detail=f"{text!r} is not {rule}")
         return v
 
     def names(flag: str) -> list[str]:
@@ -165,7 +193,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             return m[0] if env is None else f"{m[0]} (or {env}={m[2]})"
 
         raise ConfigError(
-            e.message.replace(e.field, name(flag), 1),
+            e.message.replace(e.field, _named(flag), 1),
             detail=e.detail,
             hint=re.sub(r"(--[a-z-]+) ([\w.:/-]+)", twin, e.hint) if e.hint else None,
         ) from None
@@ -181,6 +209,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     spec = _bench_spec(args)
     runs = spec.runs()
+    _check_outputs(args)
     out = args.out or "results"
     print(
         f"{len(runs)} runs of {spec.run_s:g} s ({spec.warmup_s:g} s warm-up) on the "
@@ -202,9 +231,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"spillover: no plots ({e}); pip install matplotlib", file=sys.stderr)
         written = write_results(results, out, plots=False)
     print(f"\nresults in {out}/: {', '.join(os.path.basename(p) for p in written)}")
-    for path in (args.json, args.markdown):
-        if path and os.path.dirname(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import tempfile
@@ -13,6 +14,7 @@ import numpy as np
 
 import spillover
 from spillover.cli.options import env_option, fmt_bytes
+from spillover.errors import SpilloverError, StorageError
 from spillover.storage import baselines
 
 
@@ -30,9 +32,47 @@ def cmd_demo(args: argparse.Namespace) -> int:
         b[: size // 2] = rng.integers(0, 4, size // 2, dtype=np.uint8)
         pool.append(b.tobytes())
     buffers = [pool[i % len(pool)] for i in range(n)]
+    root = args.dir or tempfile.gettempdir()
+    created = not args.dir or not os.path.exists(root)
+    try:  # before any work: the directory takes a file
+        if args.dir:
+            os.makedirs(root, exist_ok=True)
+        else:
+            root = tempfile.mkdtemp(prefix="spillover-demo-")
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".spillover-demo-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise _cannot("cannot write to the demo directory", root, e) from e
+    try:
+        return _spill_and_restore(root, buffers, size)
+    except SpilloverError:
+        raise
+    except OSError as e:  # the disk filled up, the directory went away, ...
+        raise _cannot("the demo failed writing or reading", root, e) from e
+    finally:
+        if not args.keep:  # only what the demo made: --dir may hold the user's files
+            shutil.rmtree(root if created else os.path.join(root, "spill"), ignore_errors=True)
+            if not created:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(root, "raw.bin"))
+
+
+def _cannot(message: str, root: str, e: OSError) -> StorageError:
+    return StorageError(
+        message,
+        path=root,
+        errno=e.errno,
+        detail=f"{type(e).__name__}: {e.strerror or e}",
+        hint="give --dir (or SPILLOVER_DEMO_DIR) a directory you can write",
+    )
+
+
+def _spill_and_restore(root: str, buffers: list[bytes], size: int) -> int:
+    """Times the raw disk and the engine on ``buffers`` under ``root``; prints the table."""
+
+    n = len(buffers)
     nbytes = n * size
-    root = args.dir or tempfile.mkdtemp(prefix="spillover-demo-")
-    os.makedirs(root, exist_ok=True)
     print(
         f"spilling {fmt_bytes(nbytes)} in {n} buffers of {fmt_bytes(size)} "
         f"over 8 channels to {root}"
@@ -91,8 +131,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for label, rate, ratio in rows:
         print(f"{label:34} {rate / 1e9:7.2f} {ratio:7.2f}")
     print("\n(reads come from the page cache; see docs/benchmarks.md for the full suite)")
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

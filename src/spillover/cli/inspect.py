@@ -201,7 +201,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "path",
         help="a state file, a storage or checkpoint directory, or a job's event log "
-        "directory (<checkpoints>/<job>/_events); a local path or URI",
+        "directory (<checkpoints>/<job>/_events); a local path or URI. A directory that "
+        "is no checkpoint is searched for *.spill files, subdirectories included",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-verify", action="store_true", help="skip payload checksums")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from spillover.storage.backends import LocalBackend, backend_for
+from spillover.errors import StorageError
+from spillover.storage.backends import ArrowBackend, LocalBackend, backend_for
 from spillover.storage.handle import Codec, GateKind
 from spillover.storage.location import Location
 from spillover.storage.options import StorageOptions
@@ -53,11 +54,44 @@ def inspect_state_file(uri: str, *, verify: bool = True, filesystem: Any = None)
 
 
 def state_files(uri: str, filesystem: Any = None) -> list[str]:
-    """The state files named by ``uri``: the file itself, or every ``*.spill`` in a directory."""
+    """The state files named by ``uri``: the file itself, or every ``*.spill`` in a
+    directory and its subdirectories (a directory's own files first, then each
+    subdirectory's, by name)."""
     base = uri.partition("?")[0]
     if base.endswith(".spill"):
         return [uri]
     backend = backend_for(uri, filesystem)
-    if isinstance(backend, LocalBackend) and not os.path.isdir(backend.root):
-        return [uri]
-    return [backend.uri_of(n) for n in backend.list() if n.endswith(".spill")]
+    if isinstance(backend, LocalBackend):
+        if not os.path.isdir(backend.root):
+            return [uri]
+        names = []
+        for top, dirs, files in os.walk(backend.root):  # symlinked directories not followed
+            dirs.sort()
+            rel = os.path.relpath(top, backend.root)
+            names += [n if rel == "." else os.path.join(rel, n) for n in sorted(files)]
+    elif isinstance(backend, ArrowBackend):
+        names = _arrow_walk(backend)
+    else:
+        names = backend.list()
+    return [backend.uri_of(n) for n in names if n.endswith(".spill")]
+
+
+def _arrow_walk(backend: ArrowBackend) -> list[str]:
+    """Every file under an :class:`ArrowBackend`'s root, as ``sub/dir/name``, in the
+    order of :func:`state_files`."""
+    import pyarrow.fs as pafs
+
+    try:
+        infos = backend.fs.get_file_info(
+            pafs.FileSelector(backend.root, allow_not_found=True, recursive=True)
+        )
+    except OSError as e:
+        raise StorageError(
+            "cannot list storage directory",
+            path=backend.uri_prefix,
+            errno=e.errno,
+            detail=f"{type(e).__name__}: {e}",
+        ) from e
+    start = len(backend.root) + 1 if backend.root else 0
+    names = [i.path[start:] for i in infos if i.type == pafs.FileType.File]
+    return sorted(names, key=lambda n: (n.split("/")[:-1], n))

@@ -229,6 +229,7 @@ def drained_summaries_wrong(rows: np.ndarray[Any, Any]) -> list[tuple[int, int, 
 
 def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
     """Runs the job without and with ``spec.failures`` induced failures."""
+    spec.check()
     if spec.order not in ("per-key", None):
         raise ConfigError(f"order must be 'per-key' or None, got {spec.order!r}")
     if spec.master is not None and spec.executor != "spark":

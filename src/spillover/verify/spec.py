@@ -8,12 +8,14 @@ from typing import Any
 
 from spillover.config import Config
 from spillover.config.policies import policy_options
+from spillover.errors import ConfigError
 from spillover.storage.location import Location
 from spillover.verify.loops import build_iteration
 from spillover.verify.topologies import (
     POLICIES,
     JobFactory,
     build,
+    checked_job,
     load_job,
 )
 
@@ -68,6 +70,28 @@ class VerifySpec:
     # again with the same command; no task failures are induced then.
     kill_driver: int = 0
 
+    def check(self) -> None:
+        """Raises a :class:`ConfigError` naming the first count out of range (with its
+        ``spillover verify`` flag); :func:`~spillover.verify.verify` calls it before
+        it writes anything."""
+        least = (
+            ("parallelism", self.parallelism, 1),
+            ("records", self.records, 1),
+            ("failures", self.failures, 0),
+            ("interval_ms", self.interval_ms, 1),
+            ("rescale_to", self.rescale_to, 1),
+        )
+        for field, value, low in least:
+            if value is not None and value < low:
+                flag = "--" + field.replace("_", "-")
+                raise ConfigError(f"{field} ({flag}) must be at least {low}", detail=f"got {value}")
+        if self.rate_per_subtask is not None and self.rate_per_subtask <= 0:
+            raise ConfigError(
+                "rate_per_subtask (--rate) must be positive",
+                detail=f"got {self.rate_per_subtask:g}",
+                hint="--rate 0 (rate_per_subtask=None) runs unthrottled",
+            )
+
     def describe(self) -> str:
         """``topology <name>`` or ``job <module:function>``."""
         if self.job is None:
@@ -86,9 +110,9 @@ class VerifySpec:
             )
         if self.job is None:
             return lambda out_dir, name, parallelism: build(self, out_dir, name, parallelism)
-        if isinstance(self.job, str):
-            return load_job(self.job)
-        return self.job
+        return checked_job(
+            load_job(self.job) if isinstance(self.job, str) else self.job, self.describe()
+        )
 
     def checks(self) -> tuple[str | None, str | None, str | None]:
         """``(order_by, state_uid, state)`` in effect: the built-ins fill in their own."""

@@ -28,7 +28,7 @@ from spillover.runtime.connectors.generator import GeneratedEventTime, Generator
 from spillover.runtime.connectors.parquet import ParquetSink
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.eventtime.strategy import WatermarkStrategy
-from spillover.runtime.graph import DataStream, StreamEnvironment
+from spillover.runtime.graph import DataStream, JobGraph, StreamEnvironment
 from spillover.runtime.operators import CoMap, TwoInputOperator
 
 if TYPE_CHECKING:
@@ -262,6 +262,25 @@ def load_job(ref: str) -> JobFactory:
     _ship_by_value(module)
     factory: JobFactory = obj
     return factory
+
+
+def checked_job(factory: JobFactory, job: str) -> JobFactory:
+    """``factory``, refusing with a :class:`ConfigError` (naming ``job``, as
+    ``job module:function``) what it returns when that is not a StreamEnvironment."""
+
+    def make_job(out_dir: str, name: str, parallelism: int) -> StreamEnvironment:
+        env: object = factory(out_dir, name, parallelism)
+        if isinstance(env, StreamEnvironment):
+            return env
+        built = isinstance(env, JobGraph)
+        raise ConfigError(
+            f"{job} returned {type(env).__qualname__}, not a StreamEnvironment",
+            hint="return the environment itself, not env.build()"
+            if built
+            else "the function must return the StreamEnvironment it built ('return env')",
+        )
+
+    return make_job
 
 
 def _ship_by_value(module: Any) -> None:

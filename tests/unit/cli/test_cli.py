@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,129 @@ def test_verify_refuses_stops_it_cannot_check(
     assert main(["verify", *flags, "--workdir", str(tmp_path / "work")]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--parallelism", "0"], "parallelism (--parallelism) must be at least 1: got 0"),
+        (["--parallelism", "-2"], "parallelism (--parallelism) must be at least 1: got -2"),
+        (["--failures", "-1"], "failures (--failures) must be at least 0: got -1"),
+        (["--rescale-to", "0"], "rescale_to (--rescale-to) must be at least 1: got 0"),
+        (["--records", "0"], "records (--records) must be at least 1: got 0"),
+        (["--records", "-5"], "records (--records) must be at least 1: got -5"),
+        (["--interval-ms", "0"], "interval_ms (--interval-ms) must be at least 1: got 0"),
+        (["--interval-ms", "-100"], "interval_ms (--interval-ms) must be at least 1"),
+        (["--rate", "-1"], "rate_per_subtask (--rate) must be positive: got -1"),
+    ],
+)
+def test_verify_refuses_counts_out_of_range(
+    flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line, exit code 1, before anything is written to the work directory."""
+    work = tmp_path / "work"
+    assert main(["verify", *flags, "--workdir", str(work)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+    assert err.startswith("spillover: ConfigError: ")
+    assert not work.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "returned"),
+    [("pass", "NoneType"), ("return {'env': out_dir}", "dict")],
+)
+def test_verify_names_a_job_that_returns_no_environment(
+    body: str, returned: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = tmp_path / "not_an_env_jobs.py"
+    jobs.write_text(f"def make_job(out_dir, name, parallelism):\n    {body}\n")
+    ref = f"{jobs}:make_job"
+    try:
+        code = main(["verify", "--job", ref, "--workdir", str(tmp_path / "work")])
+    finally:
+        sys.modules.pop("not_an_env_jobs", None)
+    assert code == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"ConfigError: job {ref} returned {returned}, not a StreamEnvironment" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["--version"])
+    assert ei.value.code == 0
+    assert capsys.readouterr().out == f"spillover {spillover.__version__}\n"
+
+
+def _unwritable(tmp_path: Path) -> Path:
+    """A directory no one can create, root included: its parent is a file."""
+    (tmp_path / "a-file").write_text("")
+    return tmp_path / "a-file" / "dir"
+
+
+@pytest.mark.parametrize("where", ["proc", "under-a-file"])
+def test_demo_refuses_a_directory_it_cannot_write(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = "/proc/unwritable" if where == "proc" else str(_unwritable(tmp_path))
+    assert main(["demo", "--size-mb", "1", "--dir", path]) == 1
+    std = capsys.readouterr()
+    assert len(std.err.strip().splitlines()) == 1, std.err
+    assert f"StorageError: cannot write to the demo directory [file {path}]" in std.err
+    assert std.out == ""
+
+
+def test_demo_removes_only_its_own_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine.txt").write_text("keep me")
+    assert main(["demo", "--size-mb", "1", "--dir", str(tmp_path)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("flag", ["--out", "--json", "--markdown"])
+def test_bench_checks_its_outputs_before_running(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spillover.cli import bench
+
+    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("ran before the check"))
+    bad = _unwritable(tmp_path)
+    path = str(bad) if flag == "--out" else str(bad / "report")
+    argv = ["bench", "--executor", "local", "--out", str(tmp_path / "results"), flag, path]
+    assert main(argv) == 1
+    std = capsys.readouterr()
+    assert len(std.err.strip().splitlines()) == 1, std.err
+    env = "SPILLOVER_BENCH_CLI_" + flag[2:].upper()
+    assert f"ConfigError: cannot write the folder of {flag} (env {env})" in std.err
+    assert std.out == ""
+
+
+def test_bench_refuses_a_json_path_that_is_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "--executor", "local", "--out", str(tmp_path / "results")]
+    assert main([*argv, "--json", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "is a directory" in err, err
+
+
+def test_inspect_finds_state_files_in_subdirectories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _store(tmp_path / "job" / "task-1")
+    _store(tmp_path / "job" / "task-0")
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    found = [Path(r["uri"]).relative_to(tmp_path) for r in json.loads(capsys.readouterr().out)]
+    assert [str(p) for p in found] == [
+        "job/task-0/in-00000.spill",
+        "job/task-0/out-00001.spill",
+        "job/task-1/in-00000.spill",
+        "job/task-1/out-00001.spill",
+    ]
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("every checksum verified") == 4
 
 
 def test_inspect_prints_a_job_event_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
