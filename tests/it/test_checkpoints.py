@@ -127,3 +127,22 @@ def test_failed_checkpoint_is_aborted_and_cleaned_up(tmp_path: Path) -> None:
     assert c2["status"] == "aborted" and "disk went away" in c2["reason"]
     assert not os.path.exists(tmp_path / "ckpt" / "flaky" / "chk-2")
     assert any(c["status"] == "completed" for c in result.checkpoints)
+
+
+def test_retention_counts_the_checkpoints_of_earlier_attempts(tmp_path: Path) -> None:
+    """state.checkpoints.num-retained holds over restarts: after a run with induced
+    failures only the newest checkpoints are left, not one per restored attempt."""
+    from spillover.runtime.failures import FailureInjector
+    from spillover.verify import VerifySpec, run_once
+
+    for retained in (1, 2):
+        spec = VerifySpec(records=20_000, failures=3, interval_ms=50, num_retained=retained)
+        failures = FailureInjector.random(
+            3, [("running-total", 2)], seed=3, records_per_subtask=10_000
+        )
+        out = run_once(spec, str(tmp_path), f"kept-{retained}", failures)
+        assert out.result.status == "finished" and len(out.result.restored_from) >= 2
+        job = Path(str(out.result.checkpoint_dir))
+        left = sorted(int(d.name[4:]) for d in job.glob("chk-*"))
+        done = [c["checkpoint_id"] for c in out.result.completed_checkpoints()]
+        assert left == done[-retained:], (left, done, out.result.restored_from)

@@ -85,7 +85,8 @@ def _config(tmp: Path, unaligned: bool, **extra: Any) -> Config:
             "execution.checkpointing.interval": "100 ms",
             "execution.checkpointing.unaligned.enabled": unaligned,
             "state.checkpoints.dir": str(tmp / "ckpt"),
-            "state.checkpoints.num-retained": 5,
+            # The restored checkpoints stay to be read afterwards.
+            "state.checkpoints.num-retained": 1000,
             "restart-strategy.fixed-delay.attempts": 3,
             "restart-strategy.fixed-delay.delay": "0 ms",
             **extra,

@@ -64,7 +64,8 @@ def _config(tmp: Path, policy: str) -> Config:
         {
             "execution.checkpointing.interval": "100 ms",
             "state.checkpoints.dir": str(tmp / "ckpt"),
-            "state.checkpoints.num-retained": 20,
+            # The restored checkpoints stay to be read afterwards.
+            "state.checkpoints.num-retained": 1000,
             "restart-strategy.fixed-delay.attempts": 3,
             "restart-strategy.fixed-delay.delay": "0 ms",
             **POLICIES[policy],

@@ -493,6 +493,7 @@ def test_finish_output_is_committed_once_on_spark(sc: Any, tmp_path: Path) -> No
         failures=1,
         interval_ms=100,
         executor="spark",
+        num_retained=1000,  # the restored checkpoint stays to be read afterwards
     )
     base = run_once(spec, str(tmp_path), "base", FailureInjector(), executor="local")
     # 12,000 of the main source's 15,000 records per subtask: 2.4 s in.

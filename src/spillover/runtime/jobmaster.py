@@ -162,6 +162,10 @@ class Executor:
         }
         self.storage = checkpoint_storage(self.config, self.graph.name)
         self.next_checkpoint_id = 1
+        # The run's retained and subsumed checkpoints, carried from attempt to attempt
+        # so that retention counts them all (state.checkpoints.num-retained).
+        self.retained_ids: list[int] = []
+        self.subsumed_ids: list[int] = []
         self.job_id = uuid.uuid4().hex
         self._current: Any = None  # the running attempt
         self._stop: bool | None = None  # stop-with-savepoint asked for: its drain
@@ -393,6 +397,7 @@ class Executor:
                 if resume.checkpoint is not None:
                     assert self.storage is not None
                     meta = first_meta = self.storage.read_metadata(resume.checkpoint.checkpoint_id)
+                    self.retained_ids = [resume.checkpoint.checkpoint_id]  # the run's own
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         while True:
             restored_id = int(meta["checkpoint_id"]) if meta is not None else None
@@ -426,6 +431,8 @@ class Executor:
                 result.tasks[name] = m
                 result.replayed_bytes += int(m.get("replayed_bytes", 0))
             self.next_checkpoint_id = run.coordinator.next_id
+            self.retained_ids = run.coordinator.retained_ids
+            self.subsumed_ids = run.coordinator.subsumed_ids
             if error is None:
                 result.status = "stopped" if run.stopped else "finished"
                 if self._stop is not None and run.coordinator.completed_ids:

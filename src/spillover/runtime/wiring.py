@@ -205,6 +205,8 @@ def make_coordinator(
         barrier_kind=_BARRIER_KIND[cp.alignment],
         alignment_timeout_s=cp.aligned_checkpoint_timeout_s,
         on_complete=ex.checkpoint_completed,
+        retained=ex.retained_ids,
+        subsumed=ex.subsumed_ids,
     )
 
 

@@ -69,6 +69,9 @@ class VerifySpec:
     # many of them SIGKILLed at random points (verify/driver.py), each started
     # again with the same command; no task failures are induced then.
     kill_driver: int = 0
+    # state.checkpoints.num-retained of the runs (more keeps restored checkpoints to
+    # read afterwards).
+    num_retained: int = 1
 
     def check(self) -> None:
         """Raises a :class:`ConfigError` naming the first count out of range (with its
@@ -150,6 +153,7 @@ def config_for(spec: VerifySpec, ckpt: str) -> Config:
             "restart-strategy.type": "fixed-delay",
             "restart-strategy.fixed-delay.attempts": spec.failures + 1,
             "restart-strategy.fixed-delay.delay": "10 ms",
+            "state.checkpoints.num-retained": spec.num_retained,
             **spec.checkpoint_options(),
         }
     )

@@ -21,7 +21,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -132,6 +132,8 @@ class CheckpointCoordinator:
         alignment_timeout_s: float = 0.0,
         graph: dict[str, Any] | None = None,
         on_complete: Callable[[int], None] | None = None,
+        retained: Sequence[int] = (),
+        subsumed: Sequence[int] = (),
     ) -> None:
         self.job_name = job_name
         # Called once a checkpoint's metadata is written, before anything is subsumed
@@ -157,8 +159,11 @@ class CheckpointCoordinator:
         self.graph = graph or {}
         self.alignment_timeout_s = alignment_timeout_s
         self.history: list[CheckpointStats] = []
-        self.completed_ids: list[int] = []
-        self._subsumed: list[int] = []  # out of retention, kept while referenced
+        self.completed_ids: list[int] = []  # this attempt's, still retained
+        # The run's retained checkpoints, oldest first, earlier attempts' included
+        # (``retained``): state.checkpoints.num-retained counts them all.
+        self._retained: list[int] = list(retained)
+        self._subsumed: list[int] = list(subsumed)  # out of retention, kept while referenced
         self._references: dict[int, set[int]] = {}
         self._events: queue.SimpleQueue[CoordinatorEvent] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
@@ -477,11 +482,15 @@ class CheckpointCoordinator:
                 "finished": ack.finished,
             }
         self._record(p.stats)
-        while len(self.completed_ids) > self.num_retained:
-            self._subsumed.append(self.completed_ids.pop(0))
+        self._retained.append(cid)
+        while len(self._retained) > self.num_retained:
+            old = self._retained.pop(0)
+            self._subsumed.append(old)
+            if old in self.completed_ids:
+                self.completed_ids.remove(old)
         # A subsumed checkpoint whose files a retained one references stays until
         # no retained checkpoint does.
-        needed = set().union(*(self._references_of(c) for c in self.completed_ids))
+        needed = set().union(*(self._references_of(c) for c in self._retained))
         for old in list(self._subsumed):
             if old not in needed:
                 self._subsumed.remove(old)
@@ -492,6 +501,16 @@ class CheckpointCoordinator:
         if p.stats.final:
             self._final_done = True
             self.on_final()
+
+    @property
+    def retained_ids(self) -> list[int]:
+        """The run's retained checkpoints, oldest first: the next attempt's ``retained``."""
+        return list(self._retained)
+
+    @property
+    def subsumed_ids(self) -> list[int]:
+        """Checkpoints out of retention still kept for a retained one's references."""
+        return list(self._subsumed)
 
     def _references_of(self, cid: int) -> set[int]:
         refs = self._references.get(cid)
