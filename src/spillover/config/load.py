@@ -64,6 +64,15 @@ _ALIASES: Final[dict[str, str]] = {
     "execution.checkpointing.savepoint-dir": "state.savepoints.dir",
 }
 
+# Flink's keys that have no work to do here: refused with why, not ignored.
+_RETIRED: Final[dict[str, str]] = {
+    "execution.checkpointing.unaligned.forced": (
+        "is not needed: unaligned checkpoints work for every job here, loops included "
+        "(forward edges that change parallelism: "
+        "execution.checkpointing.unaligned.forward-rescale.forced)"
+    ),
+}
+
 KEYS: Final[tuple[str, ...]] = tuple(_OPTIONS)
 """Every dotted key, in documentation order."""
 
@@ -113,6 +122,8 @@ def _parse_options(options: object, where: str = "") -> dict[str, object]:
     parsed: dict[str, object] = {}
     for name, raw in _flatten(options, where).items():
         key = _ALIASES.get(name.strip(), name.strip())
+        if key in _RETIRED:
+            raise ConfigError(f"{key} {_RETIRED[key]}{where}", hint="remove it")
         if key not in _OPTIONS:
             raise ConfigError(
                 f"unknown configuration key {name!r}{where}",

@@ -99,7 +99,6 @@ class CheckpointingConfig:
     aligned_checkpoint_timeout: timedelta = field(
         default=timedelta(0), metadata=_key(_ALIGNED_TIMEOUT, _Duration())
     )
-    unaligned_forced: bool = field(default=False, metadata=_key(_CP + "unaligned.forced", _Bool()))
     max_inflight_bytes: int | None = field(
         default=None, metadata=_key(_CP + "unaligned.max-inflight-bytes", _MemorySize())
     )

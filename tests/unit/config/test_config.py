@@ -67,7 +67,6 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.checkpointing.aligned_checkpoint_timeout,
         UNALIGNED,
     ),
-    CP + "unaligned.forced": ("true", True, lambda c: c.checkpointing.unaligned_forced, {}),
     CP + "unaligned.max-inflight-bytes": (
         "64 MiB",
         64 << 20,
@@ -210,7 +209,7 @@ def test_defaults() -> None:
     assert cp.timeout == timedelta(minutes=10) and cp.timeout_s == 600.0
     assert cp.min_pause == timedelta(0) and cp.max_concurrent_checkpoints == 1
     assert cp.mode is CheckpointingMode.EXACTLY_ONCE and cp.tolerable_failed_checkpoints == 0
-    assert not cp.unaligned and not cp.unaligned_forced and cp.alignment is Alignment.ALIGNED
+    assert not cp.unaligned and cp.alignment is Alignment.ALIGNED
     assert cp.max_inflight_bytes is None and cp.compression == "none" and cp.codec.label is None
     assert c.state.checkpoints_dir is None and c.state.num_retained == 1
     assert c.network == NetworkConfig(32 * KB, 2, 8, 16)
@@ -336,7 +335,6 @@ BAD_VALUES: list[tuple[str, Any]] = [
     (CP + "unaligned.enabled", "yes"),
     (CP + "unaligned.enabled", 1),
     (CP + "aligned-checkpoint-timeout", "1 parsec"),
-    (CP + "unaligned.forced", "maybe"),
     (CP + "unaligned.max-inflight-bytes", "lots"),
     (CP + "unaligned.compression", "zstd"),
     ("state.checkpoints.dir", ""),
@@ -778,3 +776,10 @@ def test_docs_yaml_and_toml_examples_agree(tmp_path: Path) -> None:
     assert configs[0] == configs[1]
     assert configs[0].checkpointing.alignment is Alignment.UNALIGNED
     assert configs[0].checkpointing.interval_s == 10.0
+
+
+def test_flinks_forced_unaligned_key_is_refused_with_why() -> None:
+    """Every job takes unaligned checkpoints (loops too): the key would do nothing."""
+    with pytest.raises(ConfigError, match=r"unaligned\.forced is not needed") as e:
+        Config.from_dict({CP + "unaligned.forced": "true"})
+    assert "loops included" in str(e.value)
