@@ -29,6 +29,7 @@ from spillover.runtime.checkpointing.metadata import CheckpointStorage, check_me
 from spillover.runtime.jobevents import (
     EVENTS_DIR,
     CheckpointCompleted,
+    Event,
     GenerationEnded,
     GenerationStarted,
     JobCancelled,
@@ -215,12 +216,12 @@ class JobRecovery:
         restore_path: str | None,
         first_checkpoint_id: int,
     ) -> None:
-        self._record(
+        self._note(
             GenerationStarted(generation, parallelism, cause, restore_path, first_checkpoint_id)
         )
 
     def generation_ended(self, generation: int, cause: str) -> None:
-        self._record(GenerationEnded(generation, cause), flush=False)
+        self._note(GenerationEnded(generation, cause))
 
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         """Flushed before returning: the checkpoint is what a restart restores from now."""
@@ -228,23 +229,38 @@ class JobRecovery:
         self._record(CheckpointCompleted(checkpoint_id, path))
 
     def savepoint_completed(self, savepoint_id: int, path: str) -> None:
-        self._record(SavepointCompleted(savepoint_id, path))
+        self._note(SavepointCompleted(savepoint_id, path))
 
     def rescale_decided(self, old: int, new: int, cause: str) -> None:
-        self._record(RescaleDecided(old, new, cause), flush=False)
+        self._note(RescaleDecided(old, new, cause))
 
     def terminated(self, status: str, cause: str) -> None:
         """The run ended: ``finished`` for good, else ``failed`` or ``cancelled`` (a
         later start resumes those)."""
         kind = {"finished": JobFinished, "failed": JobFailed}.get(status, JobCancelled)
-        self._record(kind(cause))
+        self._note(kind(cause))
 
-    def _record(self, event: object, *, flush: bool = True) -> None:
+    def _note(self, event: Event) -> None:
+        """Records ``event``; failing storage costs the record, not the job (a later
+        start then finds less in the log: a generation it must resume)."""
+        try:
+            self._record(event)
+        except (OSError, SpilloverError) as e:
+            if isinstance(e, LeaseError):
+                raise
+            logger.warning("job event log: could not record %s: %s", type(event).KIND, e)
+
+    def _record(self, event: Event) -> None:
+        """Appends and flushes ``event``; when the flush fails it is forgotten (a
+        checkpoint whose record failed is aborted: no later flush may name it)."""
         if self.log is None or self.lost is not None:
             return
-        self.log.append(event)  # type: ignore[arg-type]
-        if flush:
+        self.log.append(event)
+        try:
             self.log.flush()
+        except BaseException:
+            self.log.discard_pending()
+            raise
 
     # -- lease -----------------------------------------------------------------------
 

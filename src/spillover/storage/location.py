@@ -23,7 +23,21 @@ from spillover.errors import StateFileNotFoundError, StorageError
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-__all__ = ["Location"]
+__all__ = ["Location", "register_filesystem"]
+
+# URI schemes served by a pyarrow filesystem this process registered (a test's
+# fault-injecting filesystem, say): ``<scheme>:///abs/path`` is ``/abs/path`` on it.
+_REGISTERED: dict[str, Any] = {}
+
+
+def register_filesystem(scheme: str, filesystem: Any | None) -> None:
+    """Serves URIs ``<scheme>:///path`` in this process with ``filesystem`` (a
+    ``pyarrow.fs.FileSystem``; None unregisters). Threads of this process see it,
+    other processes (Spark workers) do not."""
+    if filesystem is None:
+        _REGISTERED.pop(scheme, None)
+    else:
+        _REGISTERED[scheme] = filesystem
 
 
 def _pafs() -> Any:
@@ -56,6 +70,10 @@ class Location:
         if filesystem is not None:
             return cls(text, filesystem, text)
         parsed = urlparse(text)
+        if parsed.scheme in _REGISTERED:
+            prefix, _, query = text.partition("?")
+            path = (parsed.netloc + parsed.path).rstrip("/") or "/"
+            return cls(path, _REGISTERED[parsed.scheme], prefix.rstrip("/"), query)
         if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
             path = os.path.abspath(parsed.path if parsed.scheme == "file" else text)
             return cls(path, None, path)

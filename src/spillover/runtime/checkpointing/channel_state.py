@@ -5,9 +5,11 @@ checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from spillover.errors import SpilloverError
 from spillover.storage import OnRelease, Storage, Storer, open_storage
 from spillover.storage.location import Location
 
@@ -49,17 +51,49 @@ class ChannelStateWriter:
 
     def __init__(self, uri: str, checkpoint_id: int, subtask: int, compression: str | None) -> None:
         self.uri = uri
-        self._storage: Storage = open_storage(
-            uri, checkpoint_id=checkpoint_id, subtask_index=subtask, compression=compression
-        )
+        self._args = (checkpoint_id, subtask, compression)
+        self._storage: Storage | None = None
         self._inputs: dict[int, Storer] = {}
         self._outputs: dict[int, Storer] = {}
         self.input_bytes = 0
         self.output_bytes = 0
         self.closed = False
+        # Storage failed this checkpoint (a file it could not create or write): later
+        # appends are dropped, and close() raises it, so the task declines the
+        # checkpoint instead of failing (failing storage costs a checkpoint).
+        self.failed: BaseException | None = None
+
+    def _fail(self, e: BaseException) -> None:
+        self.failed = e
+        with contextlib.suppress(Exception):
+            self.discard()
+        self.closed = False  # close() still comes, and reports the failure
+
+    def _storer(self, storers: dict[int, Storer], index: int, kind: str) -> Storer | None:
+        if self.failed is not None:
+            return None
+        storer = storers.get(index)
+        if storer is None:
+            try:
+                if self._storage is None:
+                    cid, subtask, compression = self._args
+                    self._storage = open_storage(
+                        self.uri, checkpoint_id=cid, subtask_index=subtask, compression=compression
+                    )
+                storer = storers[index] = self._storage.create_storer(index, kind=kind)
+            except (OSError, SpilloverError) as e:
+                self._fail(e)
+                return None
+        return storer
 
     def _append(self, storer: Storer, channel: int, buffer: Any, submit: bool = True) -> None:
         """Zero-copy for network buffers: retained now, released once written."""
+        try:
+            self._append_now(storer, channel, buffer, submit)
+        except (OSError, SpilloverError) as e:
+            self._fail(e)
+
+    def _append_now(self, storer: Storer, channel: int, buffer: Any, submit: bool) -> None:
         release = getattr(buffer, "release", None)
         if release is None:
             storer.append(channel, buffer)
@@ -78,30 +112,36 @@ class ChannelStateWriter:
 
     def submit(self) -> None:
         """Starts writing everything appended so far (after appends with submit=False)."""
-        for s in [*self._inputs.values(), *self._outputs.values()]:
-            s.submit()
+        if self.failed is not None:
+            return
+        try:
+            for s in [*self._inputs.values(), *self._outputs.values()]:
+                s.submit()
+        except (OSError, SpilloverError) as e:
+            self._fail(e)
 
     def reap(self) -> None:
         """Gives back the network buffers already written (the task calls it often)."""
-        for s in [*self._inputs.values(), *self._outputs.values()]:
-            s.reap()
+        if self.failed is not None:
+            return
+        try:
+            for s in [*self._inputs.values(), *self._outputs.values()]:
+                s.reap()
+        except (OSError, SpilloverError) as e:
+            self._fail(e)
 
     def add_input(self, gate: int, channel: int, buffer: Any, submit: bool = True) -> None:
-        storer = self._inputs.get(gate)
-        if storer is None:
-            storer = self._inputs[gate] = self._storage.create_storer(gate, kind="input")
-        self._append(storer, channel, buffer, submit)
+        storer = self._storer(self._inputs, gate, "input")
+        if storer is not None:
+            self._append(storer, channel, buffer, submit)
         self.input_bytes += len(buffer)
 
     def add_output(
         self, partition: int, subpartition: int, buffer: Any, submit: bool = True
     ) -> None:
-        storer = self._outputs.get(partition)
-        if storer is None:
-            storer = self._outputs[partition] = self._storage.create_storer(
-                partition, kind="output"
-            )
-        self._append(storer, subpartition, buffer, submit)
+        storer = self._storer(self._outputs, partition, "output")
+        if storer is not None:
+            self._append(storer, subpartition, buffer, submit)
         self.output_bytes += len(buffer)
 
     @property
@@ -109,8 +149,11 @@ class ChannelStateWriter:
         return self.input_bytes + self.output_bytes
 
     def close(self) -> dict[str, Any]:
-        """Finishes every file; ``{"input": [...], "output": [...], "bytes": n}``."""
+        """Finishes every file; ``{"input": [...], "output": [...], "bytes": n}``; raises
+        what failed the checkpoint's storage before, if anything did."""
         self.closed = True
+        if self.failed is not None:
+            raise self.failed
         inputs = [s.close().to_dict() for _, s in sorted(self._inputs.items())]
         outputs = [s.close().to_dict() for _, s in sorted(self._outputs.items())]
         return {"input": inputs, "output": outputs, "bytes": self.bytes}

@@ -49,6 +49,7 @@ from spillover.runtime.checkpointing.metadata import (
     referenced_checkpoints,
 )
 from spillover.runtime.iteration.termination import LoopTermination
+from spillover.runtime.jobevents.lease import LeaseError
 
 UNALIGNED = 1  # events.BarrierKind.UNALIGNED
 ALIGNED_WITH_TIMEOUT = 2  # events.BarrierKind.ALIGNED_WITH_TIMEOUT
@@ -164,6 +165,7 @@ class CheckpointCoordinator:
         # (``retained``): state.checkpoints.num-retained counts them all.
         self._retained: list[int] = list(retained)
         self._subsumed: list[int] = list(subsumed)  # out of retention, kept while referenced
+        self._aborted = False  # a checkpoint was aborted since the last sweep
         self._references: dict[int, set[int]] = {}
         self._events: queue.SimpleQueue[CoordinatorEvent] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
@@ -464,9 +466,19 @@ class CheckpointCoordinator:
         # Checkpoints whose files this one references must outlive it (recovery.py).
         meta["references"] = referenced_checkpoints(meta)
         self._references[cid] = set(meta["references"])
-        self.storage.write_metadata(cid, meta)
-        if self.on_complete is not None:
-            self.on_complete(cid)
+        try:
+            self.storage.write_metadata(cid, meta)
+            if self.on_complete is not None:
+                self.on_complete(cid)
+        except (OSError, SpilloverError) as e:
+            if _fatal(e):
+                raise
+            # Storage failed the checkpoint's last step: it never completed (no task
+            # heard of it, its directory goes); the job goes on, as tolerated.
+            self._pending[cid] = p
+            self._abort(cid, f"completing it failed: {type(e).__name__}: {e}")
+            self._count_failure(cid)
+            return
         p.stats.status = "completed"
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
         self._last_completed_at = time.monotonic()
@@ -496,11 +508,24 @@ class CheckpointCoordinator:
                 self._subsumed.remove(old)
                 self._references.pop(old, None)
                 self.storage.delete(old)
+        if self._aborted:
+            self._sweep(cid)
         for task in self.tasks.values():
             task.post(NotifyComplete(cid))
         if p.stats.final:
             self._final_done = True
             self.on_final()
+
+    def _sweep(self, completed: int) -> None:
+        """Deletes what aborted checkpoints below ``completed`` left (a write that
+        came after the abort deleted their directory): incomplete directories of no
+        pending checkpoint. Complete ones are never touched here."""
+        assert self.storage is not None
+        self._aborted = False
+        done = set(self.storage.completed_ids())
+        for old in self.storage.all_ids():
+            if old < completed and old not in done and old not in self._pending:
+                self.storage.delete(old)
 
     @property
     def retained_ids(self) -> list[int]:
@@ -528,6 +553,7 @@ class CheckpointCoordinator:
             return
         p.stats.status = "aborted"
         p.stats.reason = reason
+        self._aborted = True  # the next completion sweeps what late writes left
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
         self._record(p.stats)
         if self.storage is not None:
@@ -573,3 +599,8 @@ class CheckpointCoordinator:
 
     def stats_dicts(self) -> list[dict[str, Any]]:
         return [asdict(s) for s in self.history]
+
+
+def _fatal(e: BaseException) -> bool:
+    """A master that lost its job's lease must stop, not decline and go on."""
+    return isinstance(e, LeaseError)

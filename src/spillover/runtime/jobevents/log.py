@@ -563,6 +563,16 @@ class JobEventLog:
         if due:
             self.compact()
 
+    def discard_pending(self) -> None:
+        """Forgets the events appended since the last flush (one that failed, say,
+        whose events must not be published by a later flush)."""
+        with self._lock:
+            n = len(self._pending)
+            if n:
+                self._pending = []
+                self._index -= n
+                del self._entries[-n:]
+
     def compact(self) -> None:
         """Writes a snapshot of :meth:`replay` as a new segment, then deletes every
         older segment. Later readers see the snapshot's events instead of the

@@ -1,0 +1,159 @@
+"""Failing storage costs checkpoints, never the job or its data: with checkpoints on
+a fault-injecting filesystem, errors on open, write, close and directory creation
+(ENOSPC among them), a failed metadata write and a failed event-log record each
+decline the checkpoints they hit with the cause in their stats; the job keeps
+running, a later checkpoint completes once storage recovers, nothing half-written
+is left or restored, and the output is exact. Slow storage times checkpoints out
+while processing goes on."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from spillover.config import Config
+from spillover.deploy import create_executor
+from spillover.runtime.connectors import GeneratorSource, ParquetSink
+from spillover.runtime.graph import StreamEnvironment
+from support.faults import Faults, enospc, fail, faulty_dir
+
+RECORDS = 40_000  # 4 partitions, 10,000 records/s per subtask: 2 s
+
+
+def _job(out: Path) -> StreamEnvironment:
+    env = StreamEnvironment("faults", parallelism=2)
+    gen = GeneratorSource(
+        partitions=4, records_per_partition=RECORDS // 4, payload_bytes=16, rate_per_subtask=10_000
+    )
+    env.from_source(gen, uid="src").rebalance().sink(ParquetSink(str(out)), uid="sink")
+    return env
+
+
+def _config(ckpt: str, **extra: Any) -> Config:
+    return Config.from_dict(
+        {
+            "state.checkpoints.dir": ckpt,
+            "execution.checkpointing.interval": "50 ms",
+            "execution.checkpointing.unaligned.enabled": "true",
+            "execution.checkpointing.tolerable-failed-checkpoints": 1_000_000,
+            "restart-strategy.type": "none",  # a failed attempt would fail the test
+            **extra,
+        }
+    )
+
+
+def _exact(out: Path) -> None:
+    t = pq.read_table(str(out))
+    ids = t.column("partition").to_numpy().astype(np.int64) * 10**9 + t.column("seq").to_numpy()
+    assert len(ids) == len(np.unique(ids)) == RECORDS
+
+
+def _run_with_a_fault_window(
+    tmp_path: Path, arm: Any, *, hits: str, **extra: Any
+) -> tuple[Any, Faults, Path]:
+    """Runs the job; once two checkpoints completed, ``arm(faults)`` until three
+    checkpoints were aborted, then storage recovers."""
+    out = tmp_path / "out"
+    with faulty_dir(str(tmp_path / "ckpt")) as (uri, faults):
+        ex = create_executor("local", _job(out), _config(uri, **extra))
+
+        ended = threading.Event()
+
+        def window() -> None:
+            while max(ex.completed_ids(), default=0) < 2:
+                if ended.wait(0.005):
+                    return
+            arm(faults)
+            while not ended.wait(0.005):
+                run = ex._current
+                aborted = [c for c in run.coordinator.history if c.status == "aborted"]
+                if len(aborted) >= 3:
+                    break
+            faults.rules, faults.latency_s = [], 0.0
+
+        t = threading.Thread(target=window, daemon=True)
+        t.start()
+        try:
+            result = ex.run(timeout=120)
+        finally:
+            ended.set()
+            t.join()
+    assert result.status == "finished" and result.attempts == 1, result.failures
+    aborted = [c for c in result.checkpoints if c["status"] == "aborted"]
+    assert len(aborted) >= 3, result.checkpoints
+    assert all(hits in str(c["reason"]) for c in aborted), aborted
+    last_abort = max(c["checkpoint_id"] for c in aborted)
+    assert any(
+        c["status"] == "completed" and c["checkpoint_id"] > last_abort for c in result.checkpoints
+    ), "a checkpoint completed once storage recovered"
+    # Declined checkpoints leave nothing behind: every directory left is complete.
+    job = tmp_path / "ckpt" / "faults"
+    assert all((d / "_metadata").exists() for d in job.glob("chk-*")), list(job.glob("chk-*"))
+    _exact(out)
+    return result, faults, job
+
+
+@pytest.mark.parametrize(
+    ("ops", "error", "hits"),
+    [
+        ({"open"}, enospc, "No space left"),
+        ({"write"}, lambda: OSError(errno.EIO, "Input/output error"), "Input/output error"),
+        ({"close"}, enospc, "No space left"),
+        ({"mkdir"}, lambda: PermissionError(errno.EACCES, "Permission denied"), "Permission"),
+    ],
+    ids=["open-enospc", "write-eio", "close-enospc", "mkdir-eacces"],
+)
+def test_failing_state_writes_decline_checkpoints_and_the_job_goes_on(
+    ops: set[str], error: Any, hits: str, tmp_path: Path
+) -> None:
+    def arm(faults: Faults) -> None:
+        faults.rules = [fail(ops, "/chk-", error)]
+
+    _, faults, _ = _run_with_a_fault_window(tmp_path, arm, hits=hits)
+    assert sum(faults.counts.values()) > 0
+
+
+def test_a_failed_metadata_write_declines_the_checkpoint(tmp_path: Path) -> None:
+    def arm(faults: Faults) -> None:
+        faults.rules = [fail({"open"}, "/_metadata", enospc)]
+
+    _run_with_a_fault_window(tmp_path, arm, hits="completing it failed")
+
+
+def test_a_failed_event_log_record_declines_the_checkpoint(tmp_path: Path) -> None:
+    """The checkpoint whose completion the log could not record never completed: no
+    sink commits it, and the log never names it afterwards."""
+    from spillover.runtime.jobevents import EVENTS_DIR, CheckpointCompleted, JobEventLog
+
+    def arm(faults: Faults) -> None:
+        faults.rules = [fail({"open"}, "/events-", enospc)]
+
+    result, _, job = _run_with_a_fault_window(tmp_path, arm, hits="completing it failed")
+    aborted = {c["checkpoint_id"] for c in result.checkpoints if c["status"] == "aborted"}
+    with faulty_dir(str(tmp_path / "ckpt")):
+        named = {
+            e.checkpoint_id
+            for e in JobEventLog.open(job / EVENTS_DIR).events()
+            if isinstance(e, CheckpointCompleted)
+        }
+    assert named and not named & aborted
+
+
+def test_slow_storage_times_checkpoints_out_while_processing_goes_on(tmp_path: Path) -> None:
+    """Every storage operation 150 ms slower than a 100 ms checkpoint timeout: the
+    checkpoints time out; the records keep flowing (the task threads never wait on
+    storage), and once storage is fast again checkpoints complete."""
+
+    def arm(faults: Faults) -> None:
+        faults.latency_s = 0.15
+
+    result, _, _ = _run_with_a_fault_window(
+        tmp_path, arm, hits="timed out", **{"execution.checkpointing.timeout": "100 ms"}
+    )
+    assert result.tasks["sink#0"]["records_in"] + result.tasks["sink#1"]["records_in"] > 0
