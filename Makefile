@@ -30,8 +30,8 @@ test: lint typecheck unit
 
 # ruff, and the layers of docs/architecture.md as import-linter contracts (pyproject.toml).
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench tools
-	$(BIN)/ruff format --check src tests bench tools
+	$(BIN)/ruff check src tests bench tools fuzz
+	$(BIN)/ruff format --check src tests bench tools fuzz
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
@@ -61,6 +61,13 @@ benchmarks: $(STAMP)
 SOAK_MINUTES ?= 10
 soak: $(STAMP)
 	$(BIN)/python -m spillover.verify.soak --minutes $(SOAK_MINUTES) --executor local --executor spark
+
+# Coverage-guided fuzzing (atheris) of the state-file readers, state handles, checkpoint
+# metadata, the job event log and its lease: a million inputs over the six targets,
+# two at a time, printing each one's count (tens of minutes; not part of `make test`).
+# FUZZ_ARGS="--runs N" gives every target N; docs/fuzzing.md.
+fuzz: $(STAMP)
+	$(BIN)/python fuzz/run_all.py $(FUZZ_ARGS)
 
 clean:
 	rm -rf build $(VENV) src/spillover/_native/*.so src/spillover/_native/*.c

@@ -36,7 +36,7 @@ class Piece:
     def from_dict(cls, d: dict[str, Any]) -> Piece:
         try:
             return cls(GateStateHandle.from_dict(d["handle"]), int(d["channel"]), int(d["skip"]))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise FormatError("malformed channel-state reference", detail=str(e)) from e
 
 

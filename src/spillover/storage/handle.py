@@ -113,6 +113,8 @@ class GateStateHandle:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateStateHandle:
+        if not isinstance(d, dict):
+            raise FormatError("malformed state handle", detail=f"a {type(d).__name__}, not a dict")
         if d.get("schema") != HANDLE_SCHEMA:
             raise FormatError(
                 "unsupported state-handle schema",
@@ -137,5 +139,5 @@ class GateStateHandle:
                     int(k): (int(v[0]), int(v[1])) for k, v in d.get("channel_ranges", {}).items()
                 },
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError, OverflowError) as e:
             raise FormatError("malformed state handle", detail=str(e)) from e

@@ -244,7 +244,8 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     """The metadata of the checkpoint or savepoint at ``path`` (its ``chk-<id>``
     directory)."""
     chk = Location.parse(path)
-    if not re.fullmatch(r"chk-\d+", chk.name):
+    # The id as written (no leading zeros, ASCII digits): chk-01 is not chk-1's directory.
+    if not re.fullmatch(r"chk-(0|[1-9][0-9]*)", chk.name) or "\0" in path:
         raise ConfigError(f"not a checkpoint directory: {path!r}", hint="give .../chk-<id>")
     job = chk.parent
     return CheckpointStorage(job.parent.uri, job.name).read_metadata(int(chk.name[4:]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
@@ -211,7 +212,9 @@ def decode_event(payload: bytes, where: str, offset: int) -> tuple[float, Event]
     try:
         body = json.loads(payload)
         kind, at = body.pop("kind"), float(body.pop("at"))
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        if not math.isfinite(at):
+            raise ValueError(f"at is {at}")
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         raise CorruptFrameError(
             "a job event record does not decode", path=where, offset=offset, detail=str(e)
         ) from e
@@ -225,11 +228,32 @@ def decode_event(payload: bytes, where: str, offset: int) -> tuple[float, Event]
             hint="read the log with the spillover version that wrote it",
         )
     try:
-        return at, cls.from_payload(body)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        event = cls.from_payload(body)
+        _check_types(event)
+        return at, event
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
         raise CorruptFrameError(
             "a job event record does not decode", path=where, offset=offset, detail=f"{kind}: {e}"
         ) from e
+
+
+# What a scalar field's annotation allows in a decoded event (other fields are
+# rebuilt by their ``from_payload``).
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "str | None": (str, type(None)),
+}
+
+
+def _check_types(event: Event) -> None:
+    """Refuses (TypeError) a decoded event whose scalar fields have the wrong JSON
+    type: replaying it would fail far from the record (an unhashable uid, say)."""
+    for f in dataclasses.fields(event):
+        allowed = _SCALARS.get(str(f.type))
+        value = getattr(event, f.name)
+        if allowed is not None and (not isinstance(value, allowed) or isinstance(value, bool)):
+            raise TypeError(f"{f.name} is {type(value).__name__}, not {f.type}")
 
 
 # ---------------------------------------------------------------------- summary

@@ -147,12 +147,15 @@ class Lease:
                     hint="run the job with the spillover version of its other master",
                 )
             h = body["holder"]
+            pid = int(h["pid"])
+            if not -(2**31) <= pid < 2**31:
+                raise ValueError(f"pid {pid} is not a process id")
             return cls(
-                LeaseHolder(str(h["host"]), int(h["pid"]), str(h["token"])),
+                LeaseHolder(str(h["host"]), pid, str(h["token"])),
                 float(body["acquired_at"]),
                 float(body["expires_at"]),
             )
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
             if isinstance(e, SpilloverError):
                 raise
             raise LeaseError(
