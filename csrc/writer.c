@@ -354,7 +354,9 @@ int spl_writer_submit(spl_writer *w) {
              &w->caller_sleeps);
     int e = LOAD(w->error);
     STORE(w->submitted, w->submitted + 1);
-    if (!e) wake(w, &w->not_empty, &w->thread_sleeps);
+    /* Woken after an error too: the thread counts the batch as written (it drops
+     * it), which a flush waits for; left asleep, it never would (a hang). */
+    wake(w, &w->not_empty, &w->thread_sleeps);
     reset_batch(&w->batches[w->submitted % SPL_WRITER_SLOTS]);
     return e;
 }

@@ -98,3 +98,32 @@ def test_embedding_the_engine_loads_neither_pyarrow_nor_the_pure_twin() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_failed_stream_write_fails_close_and_never_hangs_it(
+    tmp_path: Path, blocking: bool
+) -> None:
+    """A write error of a pyarrow stream surfaces as a StorageError, at close at the
+    latest. (When the error landed just as close submitted the last batch, that
+    batch never woke the writer's thread and close waited for ever: a race seen
+    under load, which the storage-fault tests' write case runs into.)"""
+    import errno as errno_mod
+
+    from spillover.errors import StorageError
+    from spillover.storage import open_storage
+    from support.faults import fail, faulty_dir
+
+    with faulty_dir(str(tmp_path)) as (uri, faults):
+        storage = open_storage(uri, blocking=blocking)
+        storer = storage.create_storer(0)
+        storer.append(1, b"x" * 1000)
+        storer.flush()  # the writer's thread is idle now
+        faults.rules = [fail({"write"}, "", lambda: OSError(errno_mod.EIO, "injected"))]
+        for _ in range(200):
+            try:
+                storer.append(1, b"y" * 40_000)
+            except StorageError:
+                break
+        with pytest.raises(StorageError, match="injected"):
+            storer.close()
