@@ -73,8 +73,17 @@ def _check_ids_never_reused(log: JobEventLog) -> None:
             first = e.first_checkpoint_id
 
 
+def _outlasting(kills: int) -> int:
+    """Records per source that the paced job (10,000 records/s per subtask, two
+    subtasks) cannot finish within ``kills`` killed starts: a random kill comes at
+    most 3.4 s after its start, the other points sooner (at a checkpoint), whatever
+    the machine's speed, so every kill lands while the job still runs."""
+    return int((kills * 3.4 + 2) * 20_000)
+
+
 def test_a_driver_killed_at_random_points_resumes_exactly(tmp_path: Path) -> None:
-    out, starts = _killed_exactly(_spec("unaligned"), tmp_path, kills=4, seed=3)
+    spec = _spec("unaligned", records=_outlasting(4))
+    out, starts = _killed_exactly(spec, tmp_path, kills=4, seed=3)
     assert sum(s.killed for s in starts) == 4
     assert out.result.status == "finished"
     assert out.result.recovery is not None and "resuming run" in out.result.recovery
@@ -109,7 +118,7 @@ def test_a_driver_killed_inside_the_master_resumes_exactly(point: str, tmp_path:
 @pytest.mark.parametrize("policy", ["aligned", "unaligned", "timeout", "max-inflight"])
 def test_many_driver_kills_under_every_policy(policy: str, tmp_path: Path) -> None:
     """Six kills per policy, 24 over the four: every run exact."""
-    spec = _spec(policy, records=60_000)
+    spec = _spec(policy, records=_outlasting(6))
     _, starts = _killed_exactly(spec, tmp_path, kills=6, seed=11)
     assert sum(s.killed for s in starts) == 6
     _check_ids_never_reused(_log(tmp_path))
@@ -218,19 +227,22 @@ def test_a_second_master_of_a_running_job_is_refused(tmp_path: Path) -> None:
 def test_a_stale_lease_of_another_host_is_taken_over_after_expiry(tmp_path: Path) -> None:
     events = tmp_path / "ckpt" / "job" / EVENTS_DIR
     events.mkdir(parents=True)
-    JobLease(events, ttl_s=1.5, holder=LeaseHolder("elsewhere", 1, "t" * 32)).acquire()
+    elsewhere = LeaseHolder("elsewhere", 1, "t" * 32)
+    JobLease(events, ttl_s=3600, holder=elsewhere).acquire()
     cfg = _config(tmp_path / "ckpt")
     with pytest.raises(LeaseHeldError, match="elsewhere pid 1"):
         create_executor("local", _job(tmp_path / "out"), cfg).run(timeout=60)
-    time.sleep(1.6)
+    # The same holder's lease, renewed for the last time an hour ago: expired.
+    JobLease(events, ttl_s=60, holder=elsewhere, clock=lambda: time.time() - 3600).acquire()
     r = create_executor("local", _job(tmp_path / "out"), cfg).run(timeout=60)
     assert r.status == "finished"
 
 
 def test_an_unreadable_log_refuses_to_resume(tmp_path: Path) -> None:
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    create_executor("local", _job(out, 50_000, rate=20_000.0), _config(ckpt)).run(
-        timeout=60, stop_after=1.5
+    create_executor("local", _job(out, 10**7, rate=20_000.0), _config(ckpt)).run(
+        timeout=60,
+        stop_when=lambda history: sum(c["status"] == "completed" for c in history) >= 2,
     )
     segments = sorted((ckpt / "job" / EVENTS_DIR).glob("events-*.log"))
     assert len(segments) >= 3

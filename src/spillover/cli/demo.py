@@ -16,6 +16,7 @@ import spillover
 from spillover.cli.options import env_option, fmt_bytes
 from spillover.errors import SpilloverError, StorageError
 from spillover.storage import baselines
+from spillover.storage.location import Location
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -59,13 +60,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cannot(message: str, root: str, e: OSError) -> StorageError:
-    return StorageError(
-        message,
-        path=root,
-        errno=e.errno,
-        detail=f"{type(e).__name__}: {e.strerror or e}",
-        hint="give --dir (or SPILLOVER_DEMO_DIR) a directory you can write",
-    )
+    hint = "give --dir (or SPILLOVER_DEMO_DIR) a directory you can write"
+    return Location.parse(root).error(message, e, hint=hint)
 
 
 def _spill_and_restore(root: str, buffers: list[bytes], size: int) -> int:

@@ -258,11 +258,15 @@ class Executor:
         rec.begin(
             job_name=self.graph.name,
             fingerprint=self.graph.fingerprint(),
-            parallelism=max(v.parallelism for v in self.graph.vertices),
+            parallelism=self._parallelism(),
             configuration=self.config.to_dict(),
         )
         self.recovery = rec
         return rec
+
+    def _parallelism(self) -> int:
+        """The job's parallelism as the event log records it: its largest vertex's."""
+        return max(v.parallelism for v in self.graph.vertices)
 
     def _lease_lost(self, error: LeaseError) -> None:
         """Another master took the job: this one fails its attempt and stops."""
@@ -413,7 +417,7 @@ class Executor:
                 self.next_checkpoint_id = first
                 recovery.generation_started(
                     generation + attempt,
-                    max(v.parallelism for v in self.graph.vertices),
+                    self._parallelism(),
                     cause,
                     _restore_path(self.restore_checkpoint, restored_id, self.storage),
                     first,
@@ -483,11 +487,11 @@ class Executor:
                 break
             time.sleep(delay)
             if self.rescale is not None:
-                old = max(v.parallelism for v in self.graph.vertices)
+                old = self._parallelism()
                 changed = self.rescale(self, attempt, error)
                 if changed is not None:
                     self._use_graph(changed)
-                    new = max(v.parallelism for v in self.graph.vertices)
+                    new = self._parallelism()
                     if recovery is not None and new != old:
                         recovery.rescale_decided(old, new, "rescale policy")
             attempt += 1

@@ -196,7 +196,7 @@ class JobRecovery:
         if stale:
             logger.warning(
                 "job %s: deleted checkpoint(s) %s the previous master left unconfirmed",
-                self.storage.location.path.rsplit("/", 1)[-1],
+                self.storage.location.name,
                 ", ".join(map(str, stale)),
             )
 

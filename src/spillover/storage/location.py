@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Location", "register_filesystem"]
 
+_REACHABLE = "check that the storage is reachable and writable"
+
 # URI schemes served by a pyarrow filesystem this process registered (a test's
 # fault-injecting filesystem, say): ``<scheme>:///abs/path`` is ``/abs/path`` on it.
 _REGISTERED: dict[str, Any] = {}
@@ -174,11 +176,7 @@ class Location:
     def not_found(self, what: str = "file") -> StateFileNotFoundError:
         return StateFileNotFoundError(f"{what} not found", path=self.uri, errno=errno_mod.ENOENT)
 
-    def error(self, message: str, e: OSError) -> StorageError:
+    def error(self, message: str, e: OSError, hint: str = _REACHABLE) -> StorageError:
         return StorageError(
-            message,
-            path=self.uri,
-            errno=e.errno,
-            detail=f"{type(e).__name__}: {e}",
-            hint="check that the storage is reachable and writable",
+            message, path=self.uri, errno=e.errno, detail=f"{type(e).__name__}: {e}", hint=hint
         )

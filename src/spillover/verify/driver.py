@@ -25,10 +25,9 @@ from typing import Any
 
 from spillover.deploy import create_executor
 from spillover.errors import ConfigError, SpilloverError
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog
 from spillover.runtime.jobmaster import Executor, JobResult
-from spillover.runtime.wiring import checkpoint_storage
-from spillover.storage.location import Location
 from spillover.verify.output import RunOutput, output_of
 from spillover.verify.spec import VerifySpec, _checkpoints, config_for
 
@@ -115,7 +114,7 @@ def _arm(ex: Executor, point: str) -> None:
 
 def _logged_checkpoint(ckpt: str, name: str) -> int:
     """The id of the newest checkpoint the job's log names (0: none yet)."""
-    loc = checkpoint_storage_for(ckpt, name).child(EVENTS_DIR)
+    loc = CheckpointStorage(ckpt, name).location.child(EVENTS_DIR)
     if not loc.exists():
         return 0
     try:
@@ -123,20 +122,6 @@ def _logged_checkpoint(ckpt: str, name: str) -> int:
     except (OSError, SpilloverError):  # a segment compacted away as it was read
         return 0
     return 0 if cp is None else cp.checkpoint_id
-
-
-def checkpoint_storage_for(ckpt: str, name: str) -> Location:
-    """The job's directory under the checkpoint directory ``ckpt``."""
-    from spillover.config import Config
-
-    storage = checkpoint_storage(
-        Config.from_dict(
-            {"state.checkpoints.dir": ckpt, "execution.checkpointing.interval": "1 s"}
-        ),
-        name,
-    )
-    assert storage is not None
-    return storage.location
 
 
 def run_killing_the_driver(

@@ -112,21 +112,18 @@ class ChannelStateWriter:
 
     def submit(self) -> None:
         """Starts writing everything appended so far (after appends with submit=False)."""
-        if self.failed is not None:
-            return
-        try:
-            for s in [*self._inputs.values(), *self._outputs.values()]:
-                s.submit()
-        except (OSError, SpilloverError) as e:
-            self._fail(e)
+        self._each(Storer.submit)
 
     def reap(self) -> None:
         """Gives back the network buffers already written (the task calls it often)."""
+        self._each(Storer.reap)
+
+    def _each(self, op: Callable[[Storer], None]) -> None:
         if self.failed is not None:
             return
         try:
             for s in [*self._inputs.values(), *self._outputs.values()]:
-                s.reap()
+                op(s)
         except (OSError, SpilloverError) as e:
             self._fail(e)
 

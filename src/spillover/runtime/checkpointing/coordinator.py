@@ -471,7 +471,7 @@ class CheckpointCoordinator:
             if self.on_complete is not None:
                 self.on_complete(cid)
         except (OSError, SpilloverError) as e:
-            if _fatal(e):
+            if isinstance(e, LeaseError):  # the master must stop, not go on
                 raise
             # Storage failed the checkpoint's last step: it never completed (no task
             # heard of it, its directory goes); the job goes on, as tolerated.
@@ -599,8 +599,3 @@ class CheckpointCoordinator:
 
     def stats_dicts(self) -> list[dict[str, Any]]:
         return [asdict(s) for s in self.history]
-
-
-def _fatal(e: BaseException) -> bool:
-    """A master that lost its job's lease must stop, not decline and go on."""
-    return isinstance(e, LeaseError)
