@@ -34,7 +34,9 @@ from spillover.runtime.connectors.parquet import ParquetSink
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
 
-PARALLELISM = [int(p) for p in os.environ.get("SPILLOVER_BENCH_FILES_PARALLELISM", "8,32").split(",")]
+PARALLELISM = [
+    int(p) for p in os.environ.get("SPILLOVER_BENCH_FILES_PARALLELISM", "8,32").split(",")
+]
 SECONDS = float(os.environ.get("SPILLOVER_BENCH_FILES_SECONDS", "6"))
 RATE = 4_000  # records/s per sink subtask: the sink is the bottleneck
 

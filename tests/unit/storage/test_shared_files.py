@@ -67,7 +67,9 @@ _gates = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(contents=_gates, order=st.randoms(use_true_random=False), threads=st.booleans())
 def test_any_order_of_closing_reads_back_each_gate_exactly(
     tmp_path: Path, contents: list[list[tuple[int, bytes]]], order: object, threads: bool
@@ -81,6 +83,7 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
     order.shuffle(closing)  # type: ignore[attr-defined]
     handles: dict[int, GateStateHandle] = {}
     if threads:
+
         def close(g: Gate) -> None:
             handles[g[0]] = _write(shared, str(tmp_path), 7, g)
 

@@ -76,7 +76,10 @@ def test_writers_of_a_group_share_one_file(tmp_path: Path) -> None:
     assert sum(h.size for h in handles) == shared.stat().st_size
     for k, r in enumerate(results):
         with open_retriever(GateStateHandle.from_dict(r["input"][0])) as rd:
-            assert [(b.channel_id, bytes(b)) for b in rd] == [(0, b"in-%d" % k), (1, b"more-%d" % k)]
+            assert [(b.channel_id, bytes(b)) for b in rd] == [
+                (0, b"in-%d" % k),
+                (1, b"more-%d" % k),
+            ]
         with open_retriever(GateStateHandle.from_dict(r["output"][0])) as rd:
             assert [bytes(b) for b in rd] == [b"out-%d" % k]
     assert os.listdir(tmp_path / "tmp") == []  # staging files are unlinked
