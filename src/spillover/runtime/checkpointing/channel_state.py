@@ -199,8 +199,14 @@ class ChannelStateWriter:
         self.closed = True
         if self.failed is not None:
             raise self.failed
-        inputs = [self._finish(s) for _, s in sorted(self._inputs.items())]
-        outputs = [self._finish(s) for _, s in sorted(self._outputs.items())]
+        try:
+            inputs = [self._finish(s) for _, s in sorted(self._inputs.items())]
+            outputs = [self._finish(s) for _, s in sorted(self._outputs.items())]
+        except BaseException:
+            if self._staging is not None:  # staged gates not appended: gone at once
+                for name in self._staging.list():
+                    self._staging.delete(name)
+            raise
         return {"input": inputs, "output": outputs, "bytes": self.bytes}
 
     def _finish(self, storer: Storer) -> dict[str, Any]:
