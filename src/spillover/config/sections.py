@@ -106,6 +106,10 @@ class CheckpointingConfig:
         default="none",
         metadata=_key(_CP + "unaligned.compression", _Choice({"none": "none", "lz4": "lz4"})),
     )
+    max_subtasks_per_channel_state_file: int = field(
+        default=5,
+        metadata=_key(_CP + "unaligned.max-subtasks-per-channel-state-file", _Int(1)),
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)

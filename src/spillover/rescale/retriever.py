@@ -498,15 +498,16 @@ class FilteringRetriever:
         plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] = []
         phases = max((len(s.pieces) for s in self.streams), default=0)
         for phase in range(phases):
-            files: dict[str, list[Any]] = {}
+            # Keyed by section, not file: gates of several subtasks may share a file.
+            files: dict[tuple[str, int], list[Any]] = {}
             for i, stream in enumerate(self.streams):
                 if phase >= len(stream.pieces):
                     continue
                 handle, channel = stream.pieces[phase]
-                entry = files.setdefault(handle.uri, [handle, {}, 0, phase])
+                entry = files.setdefault(handle.key, [handle, {}, 0, phase])
                 entry[1][channel] = i
                 if stream.skips and stream.skips[phase]:
-                    self._plan_skips[(len(plan) + list(files).index(handle.uri), channel)] = (
+                    self._plan_skips[(len(plan) + list(files).index(handle.key), channel)] = (
                         stream.skips[phase]
                     )
                 n = _frames_in(handle, channel)

@@ -37,7 +37,7 @@ import numpy as np
 from spillover.records import FixedWidthSerializer, RecordReader
 from spillover.runtime.api import Operator, OperatorContext, Output
 from spillover.runtime.checkpointing.aligned import AlignmentStats, BarrierHandler
-from spillover.runtime.checkpointing.channel_state import CheckpointDir
+from spillover.runtime.checkpointing.channel_state import ChannelStateGroup, CheckpointDir
 from spillover.runtime.checkpointing.finishing import (
     FINAL_WITHOUT_CHECKPOINTS,
     await_final,
@@ -199,6 +199,8 @@ class Task:
         )
         self._cancelled_forwarded: set[int] = set()
         self.channel_compression = channel_compression
+        # The subtasks whose channel state shares files with this one (set by wiring).
+        self.channel_group: ChannelStateGroup | None = None
         self.max_inflight_bytes = max_inflight_bytes
         self.unaligned = UnalignedCheckpoints(self)
         self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from spillover.config import Alignment, Config
 from spillover.keygroups import key_group_range_for_operator
+from spillover.runtime.checkpointing.channel_state import channel_state_groups
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.failures import FailureInjector
@@ -157,6 +158,15 @@ def build_tasks(
                 max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
                 checkpointing=storage is not None,
             )
+    if storage is not None:  # the subtasks hosted here share channel-state files
+        groups = channel_state_groups(
+            list(tasks),
+            cfg.checkpointing.max_subtasks_per_channel_state_file,
+            storage.checkpoint_dir,
+            net.tmp_dir,
+        )
+        for key, task in tasks.items():
+            task.channel_group = groups[key]
     return tasks
 
 

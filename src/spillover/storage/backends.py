@@ -18,6 +18,7 @@ from spillover.errors import (
     StateFileExistsError,
     StateFileNotFoundError,
     StorageError,
+    TruncatedFileError,
 )
 from spillover.storage.location import Location
 
@@ -216,3 +217,56 @@ def readinto_exact(f: ReadableFile, view: memoryview) -> int:
             break
         got += n
     return got
+
+
+class SectionFile:
+    """Bytes ``[base, base + size)`` of a file, read as a file of their own: one gate's
+    section of a shared channel-state file (docs/format.md, "Shared files"). Offsets
+    are relative to the section; ``raw`` and ``base`` give the whole file's."""
+
+    def __init__(self, raw: Any, base: int, size: int) -> None:
+        self.raw = raw
+        self.base = base
+        self.size = size
+        self._pos = 0
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        start = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
+        self._pos = start + offset
+        self.raw.seek(self.base + self._pos)
+        return self._pos
+
+    def readinto(self, b: Any) -> int | None:
+        view = memoryview(b).cast("B")
+        want = max(0, min(len(view), self.size - self._pos))
+        n = self.raw.readinto(view[:want]) if want else 0
+        self._pos += n or 0
+        return n
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(0, self.size - self._pos)
+        data = bytes(self.raw.read(left if n < 0 else min(n, left)))
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def open_section(
+    backend: Backend, name: str, section: tuple[int, int] | None
+) -> tuple[ReadableFile, int]:
+    """Opens ``name`` for reading, or only its section ``(offset, size)``: ``(file, size)``."""
+    f, total = backend.open_read(name)
+    if section is None:
+        return f, total
+    offset, size = section
+    if offset + size > total:
+        f.close()
+        raise TruncatedFileError(
+            "shared state file is shorter than the section its handle names",
+            path=backend.uri_of(name),
+            offset=total,
+            detail=f"section [{offset}, {offset + size}), file {total} bytes",
+        )
+    return cast(ReadableFile, SectionFile(f, offset, size)), size

@@ -72,6 +72,12 @@ class GateStateHandle:
     channel index; empty in handles written before it existed) maps channel id to
     the byte range ``(start, end)`` from its first frame header to the end of its
     last frame, so a reader of some channels reads only the span that holds them.
+
+    ``offset`` is None for a file of its own. A gate written into a file shared by
+    several subtasks (docs/format.md, "Shared files") is a section of that file: a
+    whole format-v1 gate file (header, frames, trailer) starting at byte ``offset``
+    and ``size`` bytes long; ``channel_ranges`` and every other offset stay relative
+    to the section's start.
     """
 
     uri: str
@@ -88,6 +94,12 @@ class GateStateHandle:
     format_version: int = 1
     channels: dict[int, tuple[int, int]] = field(default_factory=dict)
     channel_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    offset: int | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """What tells two gates' bytes apart: the file and the section's start."""
+        return (self.uri, self.offset or 0)
 
     def byte_range(self, channels: Iterable[int]) -> tuple[int, int] | None:
         """The byte range holding every frame of ``channels``; ``None`` when the handle
@@ -109,6 +121,8 @@ class GateStateHandle:
         d["channel_ranges"] = {str(k): list(v) for k, v in sorted(self.channel_ranges.items())}
         if not self.channel_ranges:
             del d["channel_ranges"]
+        if self.offset is None:  # a file of its own: the handle reads as before
+            del d["offset"]
         return d
 
     @classmethod
@@ -138,6 +152,16 @@ class GateStateHandle:
                 channel_ranges={
                     int(k): (int(v[0]), int(v[1])) for k, v in d.get("channel_ranges", {}).items()
                 },
+                offset=_offset(d.get("offset")),
             )
         except (AttributeError, KeyError, IndexError, TypeError, ValueError, OverflowError) as e:
             raise FormatError("malformed state handle", detail=str(e)) from e
+
+
+def _offset(value: Any) -> int | None:
+    if value is None:
+        return None
+    offset = int(value)
+    if offset < 0:
+        raise ValueError(f"offset {offset} is negative")
+    return offset

@@ -13,8 +13,15 @@ from spillover.storage.options import StorageOptions
 from spillover.storage.retriever import Retriever
 
 
-def inspect_state_file(uri: str, *, verify: bool = True, filesystem: Any = None) -> dict[str, Any]:
-    """Header fields, per-channel frame counts and sizes of one state file.
+def inspect_state_file(
+    uri: str,
+    *,
+    verify: bool = True,
+    filesystem: Any = None,
+    section: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Header fields, per-channel frame counts and sizes of one state file, or of one
+    gate's ``section`` ``(offset, size)`` of a shared file (its handle's).
 
     Reads every frame (so every checksum is checked when ``verify``); raises the
     file's :class:`~spillover.errors.SpilloverError` when it is damaged.
@@ -23,7 +30,7 @@ def inspect_state_file(uri: str, *, verify: bool = True, filesystem: Any = None)
     backend, name = backend_for(loc.parent), loc.name
     opts = StorageOptions(verify_checksums=verify)
     channels: dict[int, dict[str, int]] = {}
-    with Retriever(backend, name, opts) as r:
+    with Retriever(backend, name, opts, section=section) as r:
         for buf in r:
             c = channels.setdefault(
                 buf.channel_id,

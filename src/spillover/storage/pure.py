@@ -19,7 +19,7 @@ from typing import Any
 
 from spillover.errors import ClosedError, ForeignFileError, StorageError, TruncatedFileError
 from spillover.storage import reference as ref
-from spillover.storage.backends import Backend
+from spillover.storage.backends import Backend, open_section
 from spillover.storage.frames import FrameArrays
 from spillover.storage.handle import DataType, GateKind, GateStateHandle
 from spillover.storage.options import StorageOptions
@@ -202,10 +202,11 @@ class PureRetriever:
         options: StorageOptions,
         expect: GateStateHandle | None = None,
         byte_range: tuple[int, int] | None = None,
+        section: tuple[int, int] | None = None,
     ) -> None:
         self.uri = backend.uri_of(name)
         self._opts = options
-        self._file, self.size = backend.open_read(name)
+        self._file, self.size = open_section(backend, name, section)
         try:
             hs, ts = ref.HEADER_SIZE, ref.TRAILER_SIZE
             if self.size < hs + ts:

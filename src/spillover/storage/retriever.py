@@ -18,7 +18,13 @@ from spillover.errors import (
     ForeignFileError,
     TruncatedFileError,
 )
-from spillover.storage.backends import Backend, backend_for, readinto_exact
+from spillover.storage.backends import (
+    Backend,
+    SectionFile,
+    backend_for,
+    open_section,
+    readinto_exact,
+)
 from spillover.storage.frames import FrameArrays
 from spillover.storage.handle import Codec, GateKind, GateStateHandle
 from spillover.storage.location import Location
@@ -65,10 +71,13 @@ class Retriever:
         options: StorageOptions,
         expect: GateStateHandle | None = None,
         byte_range: tuple[int, int] | None = None,
+        section: tuple[int, int] | None = None,
     ) -> None:
         self.uri = backend.uri_of(name)
         self._opts = options
-        self._file, self.size = backend.open_read(name)
+        # section: (offset, size) of one gate in a shared file; every offset below is
+        # relative to it, and only the native reader needs the file's own.
+        self._file, self.size = open_section(backend, name, section)
         try:
             self.header, self.trailer = self._read_ends()
             if expect is not None:
@@ -99,14 +108,17 @@ class Retriever:
         self._native: Any = None
         self._thread: threading.Thread | None = None
         decompress = self._decompressor()
-        fileno = getattr(self._file, "fileno", None)
-        if isinstance(self._file, io.FileIO) and fileno is not None:
+        raw, base = self._file, 0
+        if isinstance(raw, SectionFile):
+            raw, base = raw.raw, raw.base
+        fileno = getattr(raw, "fileno", None)
+        if isinstance(raw, io.FileIO) and fileno is not None:
             # Local file: a native thread reads ahead, never needing the GIL.
             t = self.trailer
             self._native = native.NativeReader(
                 fileno(),
-                data_start,
-                data_end,
+                base + data_start,
+                base + data_end,
                 options.read_block_bytes,
                 max_queued,
                 t["frame_count"],
@@ -417,7 +429,8 @@ def open_retriever(
     """A retriever for a state file, named by its handle or its URI.
 
     With a handle, the file must be the very one the handle describes (same file id and
-    size), else :class:`ForeignFileError`. ``channels`` (with a handle that has a
+    size), else :class:`ForeignFileError`; a handle of a section of a shared file
+    reads only that section. ``channels`` (with a handle that has a
     channel index) reads only the byte range that holds those channels' frames;
     frames of other channels inside that range still come out, and the caller counts
     the frames it wants, since the trailer's sums cover the whole file.
@@ -436,8 +449,11 @@ def open_retriever(
     byte_range = None
     if channels is not None and expect is not None:
         byte_range = expect.byte_range(channels)
+    section = None
+    if expect is not None and expect.offset is not None:
+        section = (expect.offset, expect.size)
     if pure_selected():
         from spillover.storage import pure  # the twin loads only when asked for
 
-        return pure.PureRetriever(backend, name, opts, expect, byte_range)  # type: ignore[return-value]
-    return Retriever(backend, name, opts, expect, byte_range)
+        return pure.PureRetriever(backend, name, opts, expect, byte_range, section)  # type: ignore[return-value]
+    return Retriever(backend, name, opts, expect, byte_range, section)

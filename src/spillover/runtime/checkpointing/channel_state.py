@@ -1,17 +1,46 @@
 """Channel state: the in-flight buffers a subtask persists for one checkpoint,
 written through the engine's ``Storer`` (the one place a task's input or output
 buffer becomes channel state), and its no-op twin for jobs that take no
-checkpoints."""
+checkpoints.
+
+**Few files per checkpoint** (issue 15). One file per gate of every subtask makes
+thousands of small files per checkpoint at a thousand subtasks, which object
+stores and metadata servers charge for. As Flink's
+``execution.checkpointing.unaligned.max-subtasks-per-channel-state-file`` does,
+the subtasks of one process form groups of at most N (a
+:class:`ChannelStateGroup`, made by :func:`channel_state_groups`), and the gates
+of a group's subtasks share one file per checkpoint,
+``chk-<id>/channels/<first member>.spill``. N = 1 keeps one file per gate under
+each subtask's directory, as before.
+
+Each gate is a whole format-v1 section of the shared file, so every reader of
+format v1 reads it given the section's offset and size (the handle carries both).
+Subtasks close their gates at their own times, and only one may own the file's
+end, so a gate is staged while it grows: its storer writes into an unlinked
+temporary file under ``io.tmp.dirs`` exactly as it would write its own file
+(network buffers still go to the kernel without a copy and come back as soon as
+written; memory stays bounded by the writer's batches), and ``close`` appends the
+finished section to the group's file with an in-kernel copy, under the file's
+lock (:class:`~spillover.storage.shared.SharedFile`). Staging rather than a
+writer thread per group that interleaves buffers (Flink's choice) keeps each
+gate's frames contiguous, so the channel index and ranged reads work unchanged
+and a failed gate never leaves half a section where others follow. A failure of
+one subtask's part still declines only that checkpoint. Shared files need a
+local filesystem; elsewhere each subtask keeps its own files.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from spillover.errors import SpilloverError
-from spillover.storage import OnRelease, Storage, Storer, open_storage
+from spillover.storage import OnRelease, Storage, StorageOptions, Storer, open_storage
+from spillover.storage.handle import state_file_name
 from spillover.storage.location import Location
+from spillover.storage.shared import SharedFile, StagingBackend
 
 
 class ChannelState(Protocol):
@@ -49,10 +78,21 @@ class ChannelStateWriter:
     layout rescaling reads (docs/rescaling.md).
     """
 
-    def __init__(self, uri: str, checkpoint_id: int, subtask: int, compression: str | None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        checkpoint_id: int,
+        subtask: int,
+        compression: str | None,
+        shared: tuple[SharedFile, str | None] | None = None,
+    ) -> None:
         self.uri = uri
         self._args = (checkpoint_id, subtask, compression)
         self._storage: Storage | None = None
+        # (the group's file, the staging directory): gates are staged there and
+        # appended to the shared file as they close (see the module docstring).
+        self._shared = shared
+        self._staging: StagingBackend | None = None
         self._inputs: dict[int, Storer] = {}
         self._outputs: dict[int, Storer] = {}
         self.input_bytes = 0
@@ -77,9 +117,17 @@ class ChannelStateWriter:
             try:
                 if self._storage is None:
                     cid, subtask, compression = self._args
-                    self._storage = open_storage(
-                        self.uri, checkpoint_id=cid, subtask_index=subtask, compression=compression
-                    )
+                    if self._shared is not None:
+                        self._staging = StagingBackend(self._shared[1])
+                        opts = StorageOptions(compression=compression)
+                        self._storage = Storage(self._staging, opts, cid, subtask)
+                    else:
+                        self._storage = open_storage(
+                            self.uri,
+                            checkpoint_id=cid,
+                            subtask_index=subtask,
+                            compression=compression,
+                        )
                 storer = storers[index] = self._storage.create_storer(index, kind=kind)
             except (OSError, SpilloverError) as e:
                 self._fail(e)
@@ -151,15 +199,35 @@ class ChannelStateWriter:
         self.closed = True
         if self.failed is not None:
             raise self.failed
-        inputs = [s.close().to_dict() for _, s in sorted(self._inputs.items())]
-        outputs = [s.close().to_dict() for _, s in sorted(self._outputs.items())]
+        try:
+            inputs = [self._finish(s) for _, s in sorted(self._inputs.items())]
+            outputs = [self._finish(s) for _, s in sorted(self._outputs.items())]
+        except BaseException:
+            if self._staging is not None:  # staged gates not appended: gone at once
+                for name in self._staging.list():
+                    self._staging.delete(name)
+            raise
         return {"input": inputs, "output": outputs, "bytes": self.bytes}
+
+    def _finish(self, storer: Storer) -> dict[str, Any]:
+        """Closes a gate; a staged one joins the group's shared file."""
+        handle = storer.close()
+        if self._shared is None or self._staging is None:
+            return handle.to_dict()
+        staged = self._staging.take(state_file_name(handle.gate_id, handle.gate_kind))
+        try:
+            return self._shared[0].append(staged, handle).to_dict()
+        finally:
+            staged.close()
 
     def discard(self) -> None:
         """Drops everything (the checkpoint was aborted); buffers go back to their pools."""
         self.closed = True
         for s in [*self._inputs.values(), *self._outputs.values()]:
             s.discard()
+        if self._staging is not None:  # gates closed but not yet appended
+            for name in self._staging.list():
+                self._staging.delete(name)
 
 
 class NoChannelState:
@@ -199,17 +267,91 @@ CheckpointDir = Callable[[int, str, int], str]
 """``(checkpoint id, operator uid, subtask)`` -> the subtask's checkpoint directory URI."""
 
 
+class ChannelStateGroup:
+    """Subtasks of one process whose channel state shares one file per checkpoint
+    (at most ``execution.checkpointing.unaligned.max-subtasks-per-channel-state-file``).
+
+    ``directory(checkpoint id)`` is the checkpoint's directory; the group's file is
+    ``<it>/channels/<name>.spill``, ``name`` its first member's ``<uid>-<subtask>``,
+    unique within the checkpoint. ``staging`` is where gates wait until they close.
+    """
+
+    KEPT = 16  # checkpoints whose files a group remembers (a late gate of an older
+    # one meets its existing file and fails: that checkpoint is long declined)
+
+    def __init__(
+        self,
+        name: str,
+        members: Sequence[tuple[str, int]],
+        directory: Callable[[int], str],
+        staging: str | None = None,
+    ) -> None:
+        self.name = name
+        self.members = tuple(members)
+        self.directory = directory
+        self.staging = staging
+        self._files: dict[int, SharedFile] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def shared(self) -> bool:
+        return len(self.members) > 1
+
+    def file(self, checkpoint_id: int) -> SharedFile | None:
+        """The group's file of one checkpoint; None where files cannot be shared (a
+        group of one, or storage that is not a local filesystem)."""
+        if not self.shared:
+            return None
+        with self._lock:
+            f = self._files.get(checkpoint_id)
+            if f is None:
+                where = Location.parse(self.directory(checkpoint_id)).child("channels")
+                if not where.local:
+                    return None
+                f = self._files[checkpoint_id] = SharedFile(where, f"{self.name}.spill")
+                for old in sorted(self._files)[: -self.KEPT]:
+                    del self._files[old]
+            return f
+
+
+def channel_state_groups(
+    tasks: Sequence[tuple[str, int]],
+    per_file: int,
+    directory: Callable[[int], str],
+    staging: str | None = None,
+) -> dict[tuple[str, int], ChannelStateGroup]:
+    """Groups the subtasks one process hosts, in the order given, ``per_file`` at a
+    time: ``{(uid, subtask): its group}``. ``per_file`` 1 shares nothing."""
+    if per_file < 1:
+        raise ValueError(f"per_file must be at least 1, not {per_file}")
+    groups: dict[tuple[str, int], ChannelStateGroup] = {}
+    for start in range(0, len(tasks), per_file):
+        members = tasks[start : start + per_file]
+        uid, subtask = members[0]
+        group = ChannelStateGroup(f"{uid}-{subtask}", members, directory, staging)
+        for m in members:
+            groups[m] = group
+    return groups
+
+
 def open_channel_state(
     checkpoint_dir: CheckpointDir | None,
     checkpoint_id: int,
     uid: str,
     subtask: int,
     compression: str | None,
+    group: ChannelStateGroup | None = None,
 ) -> ChannelState:
-    """The channel state of one subtask for one checkpoint: files under
-    ``<subtask dir>/channels`` (the directory's query string, e.g. an S3 endpoint,
-    kept), or :class:`NoChannelState` when the job has no checkpoint storage."""
+    """The channel state of one subtask for one checkpoint: its gates are sections of
+    its ``group``'s shared file, or files under ``<subtask dir>/channels`` (the
+    directory's query string, e.g. an S3 endpoint, kept) when the group shares
+    nothing; :class:`NoChannelState` when the job has no checkpoint storage."""
     if checkpoint_dir is None:
         return NoChannelState()
     where = Location.parse(checkpoint_dir(checkpoint_id, uid, subtask)).child("channels")
+    shared = group.file(checkpoint_id) if group is not None else None
+    if shared is not None and group is not None:
+        return ChannelStateWriter(
+            where.uri, checkpoint_id, subtask, compression, (shared, group.staging)
+        )
     return ChannelStateWriter(where.uri, checkpoint_id, subtask, compression)

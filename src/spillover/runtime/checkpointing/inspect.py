@@ -58,13 +58,15 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
                         "kind": side,
                         "gate": h["gate_id"],
                         "uri": h["uri"],
+                        "offset": h.get("offset"),
                         "frames": h["frame_count"],
                         "raw_bytes": h["raw_bytes"],
                         "stored_bytes": h["stored_bytes"],
                         "channels": len(h["channels"]),
                     }
                     try:
-                        report = inspect_state_file(h["uri"], verify=verify)
+                        section = None if h.get("offset") is None else (h["offset"], h["size"])
+                        report = inspect_state_file(h["uri"], verify=verify, section=section)
                         g["verified"] = report["frame_count"] == h["frame_count"]
                     except SpilloverError as e:
                         g["verified"] = False

@@ -306,7 +306,12 @@ class UnalignedCheckpoints:
         task = self.task
         cid = barrier.checkpoint_id
         writer = open_channel_state(
-            task.checkpoint_dir, cid, task.vertex.uid, task.subtask, task.channel_compression
+            task.checkpoint_dir,
+            cid,
+            task.vertex.uid,
+            task.subtask,
+            task.channel_compression,
+            task.channel_group,
         )
         inf = InFlightCheckpoint(
             cid,

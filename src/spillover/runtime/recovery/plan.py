@@ -300,11 +300,13 @@ def _check_partitioner(
 
 def _validate(cid: int, channel_handles: list[dict[str, Any]], keyed: list[dict[str, Any]]) -> None:
     """Opens every file the restore will read; refuses the checkpoint on the first bad one."""
-    seen: set[str] = set()
+    seen: set[tuple[str, int]] = set()
     for h in channel_handles:
-        if h["uri"] in seen:
+        # Gates of several subtasks may share a file: each section is checked once.
+        key = (h["uri"], h.get("offset") or 0)
+        if key in seen:
             continue
-        seen.add(h["uri"])
+        seen.add(key)
         try:
             open_retriever(GateStateHandle.from_dict(h)).close()
         except SpilloverError as e:

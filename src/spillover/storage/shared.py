@@ -1,0 +1,178 @@
+"""Shared state files: the gates of several subtasks in one file per checkpoint.
+
+A shared file is a concatenation of **sections**, each a whole format-v1 gate file
+(header, frames, trailer) exactly as :class:`~spillover.storage.Storer` writes it
+alone; a section's :class:`~spillover.storage.GateStateHandle` names the shared
+file, the section's ``offset`` and its ``size`` (docs/format.md, "Shared files").
+
+Several subtasks append to one file during one checkpoint and each closes its
+gates at its own time, so a section cannot be written in place while it grows:
+only one writer may own the file's end. A gate is therefore **staged**: its storer
+writes into an unlinked temporary file (:class:`StagingBackend`) through the
+native writer's usual path (the caller's buffers go to the kernel without a copy,
+memory stays bounded by the writer's batches), and when the gate closes
+:meth:`SharedFile.append` copies the finished section to the end of the shared
+file in the kernel (``copy_file_range``, else ``sendfile``, else ``pread`` and
+``pwrite``), under the file's lock. The staging costs one in-kernel copy per byte
+(the temporary file usually never reaches a disk); in exchange no task ever waits
+for another's gate, a failed or discarded gate leaves nothing in the shared file,
+and every section in it is whole.
+
+Shared files need a local filesystem (one that can append at an offset); on any
+other filesystem each subtask keeps its own files (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as errno_mod
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import IO, Any
+
+from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
+from spillover.storage.handle import GateStateHandle
+from spillover.storage.location import Location
+
+__all__ = ["SharedFile", "StagingBackend"]
+
+_CHUNK = 1 << 20
+
+
+class StagingBackend:
+    """A :class:`~spillover.storage.backends.Backend` whose files are unlinked temporary
+    files in a local directory: a gate's section until :meth:`take` hands it on."""
+
+    def __init__(self, root: str | None = None) -> None:
+        self.root = os.path.abspath(root or tempfile.gettempdir())
+        self._files: dict[str, IO[bytes]] = {}
+
+    def uri_of(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def create(self, name: str) -> tuple[int, Callable[[Any], Any] | None, Callable[[bool], None]]:
+        if name in self._files:
+            raise StateFileExistsError("state file already exists", path=self.uri_of(name))
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            f = tempfile.TemporaryFile(dir=self.root)  # noqa: SIM115 - kept until take()
+            fd = os.dup(f.fileno())
+        except OSError as e:
+            raise StorageError(
+                "cannot create a staging file",
+                path=self.root,
+                errno=e.errno,
+                detail=f"{type(e).__name__}: {e}",
+                hint="check io.tmp.dirs: the channel state of shared files is staged there",
+            ) from e
+        self._files[name] = f
+
+        def close(fsync: bool) -> None:
+            os.close(fd)  # the staged bytes stay reachable through f
+
+        return fd, None, close
+
+    def open_read(self, name: str) -> Any:
+        raise StateFileNotFoundError("a staged section is read from its shared file", path=name)
+
+    def take(self, name: str) -> IO[bytes]:
+        """The staged file of a closed gate; the caller closes it (which deletes it)."""
+        return self._files.pop(name)
+
+    def delete(self, name: str) -> None:
+        f = self._files.pop(name, None)
+        if f is not None:
+            f.close()
+
+    def list(self) -> list[str]:
+        return sorted(self._files)
+
+
+class SharedFile:
+    """One shared state file of one checkpoint: closed gates appended whole, one at a
+    time. Thread-safe; the file is created by the first append."""
+
+    def __init__(self, directory: Location, name: str, *, fsync: bool = False) -> None:
+        if not directory.local:
+            raise ValueError(f"shared state files need a local filesystem, not {directory.uri}")
+        self.directory = directory.path
+        self.path = os.path.join(directory.path, name)
+        self.fsync = fsync
+        self.end = 0
+        self.sections = 0
+        self._created = False
+        self._lock = threading.Lock()
+
+    def append(self, staged: IO[bytes], handle: GateStateHandle) -> GateStateHandle:
+        """Copies a closed gate's staged section (``handle`` its own handle) to the end of
+        the file; returns the handle of the section in this file. On an error nothing
+        is counted: the next section is written over what this one left."""
+        with self._lock:
+            offset = self.end
+            try:
+                flags = os.O_WRONLY | os.O_CLOEXEC
+                if not self._created:
+                    os.makedirs(self.directory, exist_ok=True)
+                    flags |= os.O_CREAT | os.O_EXCL
+                fd = os.open(self.path, flags, 0o644)
+                try:
+                    _copy(staged.fileno(), fd, handle.size, offset)
+                    if self.fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if self.fsync and not self._created:
+                    dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+                    try:
+                        os.fsync(dfd)
+                    finally:
+                        os.close(dfd)
+            except FileExistsError as e:
+                raise StateFileExistsError(
+                    "shared state file already exists",
+                    path=self.path,
+                    errno=e.errno,
+                    hint="each checkpoint needs its own directory",
+                ) from e
+            except OSError as e:
+                raise StorageError(
+                    "cannot write shared state file",
+                    path=self.path,
+                    offset=offset,
+                    errno=e.errno,
+                    detail=f"{type(e).__name__}: {e}",
+                    hint="check that the storage is reachable and writable",
+                ) from e
+            self._created = True
+            self.end += handle.size
+            self.sections += 1
+        return replace(handle, uri=self.path, offset=offset)
+
+
+def _copy(src: int, dst: int, count: int, at: int) -> None:
+    """Copies ``count`` bytes from the start of ``src`` to offset ``at`` of ``dst`` in
+    the kernel where it can (the GIL is released around each call)."""
+    done = 0
+    with contextlib.suppress(OSError, AttributeError):
+        while done < count:
+            n = os.copy_file_range(src, dst, count - done, done, at + done)
+            if n == 0:
+                break
+            done += n
+    if done < count:
+        with contextlib.suppress(OSError):
+            os.lseek(dst, at + done, os.SEEK_SET)
+            while done < count:
+                n = os.sendfile(dst, src, done, count - done)
+                if n == 0:
+                    break
+                done += n
+    while done < count:
+        data = os.pread(src, min(_CHUNK, count - done), done)
+        if not data:
+            raise OSError(errno_mod.EIO, f"staged section ended after {done} of {count} bytes")
+        n = os.pwrite(dst, data, at + done)
+        done += n

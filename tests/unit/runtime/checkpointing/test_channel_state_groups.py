@@ -1,0 +1,115 @@
+"""Channel-state groups: which subtasks share a file, and what their writers return."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spillover.errors import StorageError
+from spillover.runtime.checkpointing.channel_state import (
+    ChannelStateGroup,
+    ChannelStateWriter,
+    channel_state_groups,
+    open_channel_state,
+)
+from spillover.storage import GateStateHandle, open_retriever
+
+TASKS = [(uid, i) for uid in ("src", "map", "sink") for i in range(4)]
+
+
+def _names(per_file: int) -> list[list[tuple[str, int]]]:
+    groups = channel_state_groups(TASKS, per_file, lambda cid: f"/x/chk-{cid}")
+    seen: dict[int, ChannelStateGroup] = {id(g): g for g in groups.values()}
+    return [list(g.members) for g in seen.values()]
+
+
+def test_one_per_file_shares_nothing() -> None:
+    groups = _names(1)
+    assert groups == [[t] for t in TASKS]
+
+
+def test_five_per_file_groups_in_order() -> None:
+    groups = _names(5)
+    assert [len(g) for g in groups] == [5, 5, 2]
+    assert [t for g in groups for t in g] == TASKS
+
+
+def test_all_per_file_is_one_file_per_process() -> None:
+    assert _names(len(TASKS)) == [TASKS]
+    assert _names(1000) == [TASKS]
+
+
+def test_per_file_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        channel_state_groups(TASKS, 0, lambda cid: "")
+
+
+def _dirs(root: Path) -> tuple[object, object]:
+    def subtask_dir(cid: int, uid: str, i: int) -> str:
+        return str(root / f"chk-{cid}" / f"{uid}-{i}")
+
+    def checkpoint_dir(cid: int) -> str:
+        return str(root / f"chk-{cid}")
+
+    return subtask_dir, checkpoint_dir
+
+
+def test_writers_of_a_group_share_one_file(tmp_path: Path) -> None:
+    subtask_dir, checkpoint_dir = _dirs(tmp_path)
+    groups = channel_state_groups(TASKS[:3], 5, checkpoint_dir, str(tmp_path / "tmp"))  # type: ignore[arg-type]
+    writers = [
+        open_channel_state(subtask_dir, 4, uid, i, None, groups[(uid, i)])  # type: ignore[arg-type]
+        for uid, i in TASKS[:3]
+    ]
+    for k, w in enumerate(writers):
+        w.add_input(0, 0, b"in-%d" % k)
+        w.add_input(0, 1, b"more-%d" % k)
+        w.add_output(0, 2, b"out-%d" % k)
+    results = [w.close() for w in reversed(writers)][::-1]  # closed in another order
+    shared = tmp_path / "chk-4" / "channels" / "src-0.spill"
+    assert sorted(os.listdir(tmp_path / "chk-4" / "channels")) == ["src-0.spill"]
+    assert not (tmp_path / "chk-4" / "src-0").exists()
+    handles = [GateStateHandle.from_dict(h) for r in results for h in r["input"] + r["output"]]
+    assert {h.uri for h in handles} == {str(shared)}
+    assert sum(h.size for h in handles) == shared.stat().st_size
+    for k, r in enumerate(results):
+        with open_retriever(GateStateHandle.from_dict(r["input"][0])) as rd:
+            assert [(b.channel_id, bytes(b)) for b in rd] == [
+                (0, b"in-%d" % k),
+                (1, b"more-%d" % k),
+            ]
+        with open_retriever(GateStateHandle.from_dict(r["output"][0])) as rd:
+            assert [bytes(b) for b in rd] == [b"out-%d" % k]
+    assert os.listdir(tmp_path / "tmp") == []  # staging files are unlinked
+
+
+def test_group_of_one_keeps_todays_layout(tmp_path: Path) -> None:
+    subtask_dir, checkpoint_dir = _dirs(tmp_path)
+    groups = channel_state_groups(TASKS[:1], 5, checkpoint_dir)  # type: ignore[arg-type]
+    w = open_channel_state(subtask_dir, 2, "src", 0, None, groups[("src", 0)])  # type: ignore[arg-type]
+    w.add_input(1, 0, b"abc")
+    h = w.close()["input"][0]
+    assert h["uri"] == str(tmp_path / "chk-2" / "src-0" / "channels" / "in-00001.spill")
+    assert "offset" not in h
+
+
+def test_a_failing_shared_file_fails_only_that_subtasks_part(tmp_path: Path) -> None:
+    """The group's file cannot be written: close raises (the task declines the
+    checkpoint), the staged gate is gone, and another checkpoint works again."""
+    subtask_dir, checkpoint_dir = _dirs(tmp_path)
+    groups = channel_state_groups(TASKS[:2], 5, checkpoint_dir)  # type: ignore[arg-type]
+    (tmp_path / "chk-1").mkdir()
+    (tmp_path / "chk-1" / "channels").write_bytes(b"not a directory")
+    w = open_channel_state(subtask_dir, 1, "src", 0, None, groups[("src", 0)])  # type: ignore[arg-type]
+    assert isinstance(w, ChannelStateWriter)
+    w.add_input(0, 0, b"abc")
+    with pytest.raises(StorageError):
+        w.close()
+    w.discard()
+    ok = open_channel_state(subtask_dir, 2, "src", 1, None, groups[("src", 1)])  # type: ignore[arg-type]
+    ok.add_input(0, 0, b"def")
+    h = GateStateHandle.from_dict(ok.close()["input"][0])
+    with open_retriever(h) as rd:
+        assert [bytes(b) for b in rd] == [b"def"]

@@ -1,0 +1,64 @@
+"""A shared channel-state file lives in its checkpoint's directory: references into it
+keep that checkpoint, and a savepoint copies it with handles that still read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spillover.runtime.checkpointing.channel_state import channel_state_groups, open_channel_state
+from spillover.runtime.checkpointing.metadata import (
+    CheckpointStorage,
+    new_metadata,
+    read_checkpoint,
+    referenced_checkpoints,
+)
+from spillover.storage import GateStateHandle, open_retriever
+
+
+def _checkpoint(storage: CheckpointStorage, cid: int, references: list[dict]) -> dict:  # type: ignore[type-arg]
+    groups = channel_state_groups([("a", 0), ("a", 1)], 5, storage.checkpoint_dir)
+    subtasks = {}
+    for i in range(2):
+        w = open_channel_state(storage.subtask_dir, cid, "a", i, None, groups[("a", i)])
+        w.add_input(0, 0, b"chk-%d-subtask-%d" % (cid, i))
+        cs = w.close()
+        if references:
+            cs["references"] = references
+        subtasks[str(i)] = {"channel_state": cs}
+    meta = new_metadata(
+        job_name="j",
+        checkpoint_id=cid,
+        trigger_ms=0,
+        fingerprint="f",
+        settings={},
+        tasks={"a": {"subtasks": subtasks}},
+        final=False,
+    )
+    meta["references"] = referenced_checkpoints(meta)
+    storage.write_metadata(cid, meta)
+    return meta
+
+
+def test_a_reference_into_a_shared_file_keeps_its_checkpoint(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path), "j")
+    one = _checkpoint(storage, 1, [])
+    handle = one["tasks"]["a"]["subtasks"]["1"]["channel_state"]["input"][0]
+    assert handle["offset"] > 0  # the second section of chk-1's shared file
+    piece = {"handle": handle, "channel": 0, "skip": 0}
+    two = _checkpoint(storage, 2, [{"gate": 0, "channel": 0, "pieces": [piece]}])
+    assert two["references"] == [1]
+
+
+def test_a_savepoint_copies_shared_files_and_its_handles_read(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "ckpt"), "j")
+    _checkpoint(storage, 3, [])
+    saved = storage.export(3, str(tmp_path / "sp"))
+    meta = read_checkpoint(saved)
+    storage.delete(3)  # self-contained: the checkpoint's files are gone
+    for i in range(2):
+        h = GateStateHandle.from_dict(
+            meta["tasks"]["a"]["subtasks"][str(i)]["channel_state"]["input"][0]
+        )
+        assert str(tmp_path / "sp") in h.uri and h.offset is not None
+        with open_retriever(h) as r:
+            assert [bytes(b) for b in r] == [b"chk-3-subtask-%d" % i]

@@ -1,0 +1,145 @@
+"""Shared state files: gates of several subtasks as whole format-v1 sections of one
+file, each read back exactly through its handle's offset and size."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spillover.errors import ForeignFileError, SpilloverError, TruncatedFileError
+from spillover.storage import (
+    GateKind,
+    GateStateHandle,
+    Storage,
+    StorageOptions,
+    open_retriever,
+    open_storage,
+)
+from spillover.storage.handle import state_file_name
+from spillover.storage.inspection import inspect_state_file
+from spillover.storage.location import Location
+from spillover.storage.shared import SharedFile, StagingBackend
+
+# (subtask, gate, [(channel, payload), ...])
+Gate = tuple[int, int, list[tuple[int, bytes]]]
+
+
+def _write(shared: SharedFile, staging: str, cid: int, gate: Gate) -> GateStateHandle:
+    subtask, gate_id, buffers = gate
+    backend = StagingBackend(staging)
+    storer = Storage(backend, StorageOptions(), cid, subtask).create_storer(gate_id)
+    for channel, payload in buffers:
+        storer.append(channel, payload)
+    handle = storer.close()
+    staged = backend.take(state_file_name(gate_id, GateKind.INPUT))
+    try:
+        return shared.append(staged, handle)
+    finally:
+        staged.close()
+
+
+def _read(handle: GateStateHandle, channels: list[int] | None = None) -> dict[int, list[bytes]]:
+    got: dict[int, list[bytes]] = {}
+    with open_retriever(handle, channels=channels) as r:
+        for buf in r:
+            got.setdefault(buf.channel_id, []).append(bytes(buf))
+    return got
+
+
+def _per_channel(buffers: list[tuple[int, bytes]]) -> dict[int, list[bytes]]:
+    want: dict[int, list[bytes]] = {}
+    for channel, payload in buffers:
+        want.setdefault(channel, []).append(payload)
+    return want
+
+
+_gates = st.lists(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.binary(min_size=1, max_size=300)), min_size=0, max_size=12
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(contents=_gates, order=st.randoms(use_true_random=False), threads=st.booleans())
+def test_any_order_of_closing_reads_back_each_gate_exactly(
+    tmp_path: Path, contents: list[list[tuple[int, bytes]]], order: object, threads: bool
+) -> None:
+    """Subtasks close their gates in any order, from any thread: every handle reads back
+    exactly its own buffers, per channel, in order, and nobody else's."""
+    directory = tmp_path / f"chk-{os.urandom(4).hex()}"
+    shared = SharedFile(Location.parse(str(directory)), "group.spill")
+    gates: list[Gate] = [(i, i % 2, bufs) for i, bufs in enumerate(contents)]
+    closing = list(gates)
+    order.shuffle(closing)  # type: ignore[attr-defined]
+    handles: dict[int, GateStateHandle] = {}
+    if threads:
+
+        def close(g: Gate) -> None:
+            handles[g[0]] = _write(shared, str(tmp_path), 7, g)
+
+        workers = [threading.Thread(target=close, args=(g,)) for g in closing]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    else:
+        for g in closing:
+            handles[g[0]] = _write(shared, str(tmp_path), 7, g)
+    assert os.path.getsize(shared.path) == sum(h.size for h in handles.values())
+    assert sorted(h.offset or 0 for h in handles.values())[0] == 0
+    for subtask, _, buffers in gates:
+        h = GateStateHandle.from_dict(handles[subtask].to_dict())  # through the metadata
+        assert h.uri == shared.path and h.subtask_index == subtask
+        assert _read(h) == _per_channel(buffers)
+        for c in {c for c, _ in buffers}:  # a ranged read of one channel
+            assert _read(h, [c]).get(c) == _per_channel(buffers)[c]
+        report = inspect_state_file(h.uri, section=(h.offset or 0, h.size))
+        assert report["frame_count"] == len(buffers)
+
+
+def test_handle_without_offset_reads_as_before(tmp_path: Path) -> None:
+    """A handle of a file of its own has no offset key, and such a handle reads."""
+    s = open_storage(str(tmp_path / "own"), checkpoint_id=1)
+    with s.create_storer(3) as w:
+        w.append(0, b"abc")
+    h = w.close()
+    d = h.to_dict()
+    assert "offset" not in d and h.offset is None
+    assert _read(GateStateHandle.from_dict(d)) == {0: [b"abc"]}
+
+
+def test_section_is_checked_against_its_handle(tmp_path: Path) -> None:
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    a = _write(shared, str(tmp_path), 1, (0, 0, [(0, b"x" * 100)]))
+    b = _write(shared, str(tmp_path), 1, (1, 0, [(1, b"y" * 50)]))
+    assert b.offset == a.size
+    foreign = GateStateHandle.from_dict({**a.to_dict(), "file_id": b.file_id})
+    with pytest.raises(ForeignFileError):
+        open_retriever(foreign)
+    shifted = GateStateHandle.from_dict({**b.to_dict(), "offset": 0})  # not b's section
+    with pytest.raises(SpilloverError):
+        open_retriever(shifted)
+    beyond = GateStateHandle.from_dict({**b.to_dict(), "offset": a.size + 10})
+    with pytest.raises(TruncatedFileError):
+        open_retriever(beyond)
+
+
+def test_a_discarded_gate_leaves_nothing_in_the_shared_file(tmp_path: Path) -> None:
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    backend = StagingBackend(str(tmp_path))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    storer.append(0, b"lost")
+    storer.discard()
+    assert backend.list() == []
+    h = _write(shared, str(tmp_path), 1, (1, 0, [(0, b"kept")]))
+    assert h.offset == 0 and _read(h) == {0: [b"kept"]}
