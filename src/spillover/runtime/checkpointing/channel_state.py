@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
+from operator import methodcaller
 from typing import Any, Protocol
 
 from spillover.errors import SpilloverError
@@ -160,11 +161,11 @@ class ChannelStateWriter:
 
     def submit(self) -> None:
         """Starts writing everything appended so far (after appends with submit=False)."""
-        self._each(Storer.submit)
+        self._each(methodcaller("submit"))
 
     def reap(self) -> None:
         """Gives back the network buffers already written (the task calls it often)."""
-        self._each(Storer.reap)
+        self._each(methodcaller("reap"))
 
     def _each(self, op: Callable[[Storer], None]) -> None:
         if self.failed is not None:
