@@ -40,6 +40,7 @@ def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
         sink_rate=20_000,  # a shorter backlog, so aligned checkpoints complete in 2 s
         checkpoint_dir=str(tmp_path),
         executor="local",
+        repeat=1,
     )
     lines: list[str] = []
     results = json.loads(json.dumps(run(spec, progress=lines.append)))
@@ -52,7 +53,7 @@ def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
         assert 0 < r["throughput_rps"] <= 2 * 20_000 * 1.1, name
         assert r["checkpoints"] >= 1, name
         assert set(r["checkpoint_duration_ms"]) == {"median", "p90", "max"}
-        assert all("trigger_s" in c for c in r["checkpoint_list"])
+        assert all("trigger_s" in c for c in r["runs"][0]["checkpoint_list"])
     assert results["policies"]["aligned"]["inflight_bytes"]["max"] == 0
     assert results["policies"]["unaligned"]["inflight_bytes"]["max"] > 0
     table = to_markdown(results)
@@ -106,13 +107,13 @@ def test_sink_throughput_comes_from_the_executors_live_metric(
         return made[-1][2]
 
     monkeypatch.setattr(bench_run, "create_executor", create)
-    spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3, executor="local")
+    spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3, executor="local", repeat=1)
     r = run(spec)["policies"]["none"]
     assert [m[:2] for m in made] == [("local", None)]
     assert set(made[0][2].calls) == {("sink", "records_in")}
     assert r["throughput_rps"] == pytest.approx(1000, rel=0.1)
     assert r["sink_records"] == pytest.approx(1000 * r["window_s"], rel=0.1)
-    assert len(r["sink_series"]) >= 2  # one sample a second, for the throughput plot
+    assert len(r["runs"][0]["sink_series"]) >= 2  # one sample a second, for the throughput plot
 
 
 def test_cli_writes_the_results_folder_and_compares_with_local(
@@ -123,7 +124,7 @@ def test_cli_writes_the_results_folder_and_compares_with_local(
     monkeypatch.setenv("SPILLOVER_BENCH_CLI_SINK_RATE", "20000")
     argv = ["bench", "--executor", "local", "--policies", "none,unaligned"]
     argv += ["--compare-local", "unaligned"]
-    argv += ["--duration", "1.5", "--warmup", "0.5", "--interval-ms", "200"]
+    argv += ["--duration", "1.5", "--warmup", "0.5", "--interval-ms", "200", "--repeat", "1"]
     assert main(argv) == 0
     std = capsys.readouterr()
     # Not a terminal: one plain progress line per run, on stderr.
@@ -235,9 +236,10 @@ def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
 def test_bad_flags_fail_before_running_and_name_the_flag(
     argv: list[str], names: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "--out", str(tmp_path / "out"), *argv]) == 1
+    assert main(["bench", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
-    assert "ConfigError" in err and names in err
+    assert err.startswith("spillover bench: error: ") and names in err
+    assert len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
 
 
@@ -245,7 +247,7 @@ def test_a_bad_environment_value_names_its_variable(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SPILLOVER_BENCH_CLI_PARALLELISM", "two")
-    assert main(["bench"]) == 1
+    assert main(["bench"]) == 2
     assert "bad --parallelism (env SPILLOVER_BENCH_CLI_PARALLELISM): 'two'" in (
         capsys.readouterr().err
     )
@@ -255,7 +257,7 @@ def test_a_bad_combination_names_both_flags_and_their_variables(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """BenchSpec's own check, worded by the command line: the flag at fault and the fix."""
-    assert main(["bench", "--executor", "local", "--master", "local[2]"]) == 1
+    assert main(["bench", "--executor", "local", "--master", "local[2]"]) == 2
     err = capsys.readouterr().err
     assert "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark executor" in err
     assert "add --executor spark (or SPILLOVER_BENCH_CLI_EXECUTOR=spark)" in err
@@ -300,6 +302,7 @@ def test_the_default_runs_on_the_embedded_spark_master_against_local(tmp_path: P
         interval_ms=200,
         sink_rate=20_000,
         checkpoint_dir=str(tmp_path),
+        repeat=1,
     )
     assert spec.executor == "spark"
     results = run(spec)

@@ -89,9 +89,9 @@ def test_verify_refuses_a_master_without_the_spark_executor(
 ) -> None:
     """Before any run: nothing is written to the work directory."""
     work = tmp_path / "work"
-    assert main(["verify", "--master", "local[2]", "--workdir", str(work)]) == 1
+    assert main(["verify", "--master", "local[2]", "--workdir", str(work)]) == 2
     err = capsys.readouterr().err
-    assert "ConfigError" in err and "(--master) needs the spark executor" in err
+    assert err.startswith("spillover verify: error: ") and "(--master) needs the spark" in err
     assert "'local[2]' with executor 'local'" in err and "--executor spark" in err
     assert not work.exists()
 
@@ -109,7 +109,7 @@ def test_verify_refuses_a_master_without_the_spark_executor(
 def test_verify_refuses_stops_it_cannot_check(
     flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["verify", *flags, "--workdir", str(tmp_path / "work")]) == 1
+    assert main(["verify", *flags, "--workdir", str(tmp_path / "work")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
 
@@ -131,12 +131,12 @@ def test_verify_refuses_stops_it_cannot_check(
 def test_verify_refuses_counts_out_of_range(
     flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One line, exit code 1, before anything is written to the work directory."""
+    """One line, exit code 2, before anything is written to the work directory."""
     work = tmp_path / "work"
-    assert main(["verify", *flags, "--workdir", str(work)]) == 1
+    assert main(["verify", *flags, "--workdir", str(work)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
-    assert err.startswith("spillover: ConfigError: ")
+    assert err.startswith("spillover verify: error: ")
     assert not work.exists()
 
 
@@ -154,10 +154,10 @@ def test_verify_names_a_job_that_returns_no_environment(
         code = main(["verify", "--job", ref, "--workdir", str(tmp_path / "work")])
     finally:
         sys.modules.pop("not_an_env_jobs", None)
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
-    assert f"ConfigError: job {ref} returned {returned}, not a StreamEnvironment" in err
+    assert f"error: job {ref} returned {returned}, not a StreamEnvironment" in err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -178,10 +178,12 @@ def test_demo_refuses_a_directory_it_cannot_write(
     where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = "/proc/unwritable" if where == "proc" else str(_unwritable(tmp_path))
-    assert main(["demo", "--size-mb", "1", "--dir", path]) == 1
+    assert main(["demo", "--size-mb", "1", "--dir", path]) == 2
     std = capsys.readouterr()
     assert len(std.err.strip().splitlines()) == 1, std.err
-    assert f"StorageError: cannot write to the demo directory [file {path}]" in std.err
+    assert std.err.startswith(
+        f"spillover demo: error: cannot write to the demo directory [file {path}]"
+    )
     assert std.out == ""
 
 
@@ -203,11 +205,11 @@ def test_bench_checks_its_outputs_before_running(
     bad = _unwritable(tmp_path)
     path = str(bad) if flag == "--out" else str(bad / "report")
     argv = ["bench", "--executor", "local", "--out", str(tmp_path / "results"), flag, path]
-    assert main(argv) == 1
+    assert main(argv) == 2
     std = capsys.readouterr()
     assert len(std.err.strip().splitlines()) == 1, std.err
     env = "SPILLOVER_BENCH_CLI_" + flag[2:].upper()
-    assert f"ConfigError: cannot write the folder of {flag} (env {env})" in std.err
+    assert f"bench: error: cannot write the folder of {flag} (env {env})" in std.err
     assert std.out == ""
 
 
@@ -215,7 +217,7 @@ def test_bench_refuses_a_json_path_that_is_a_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "--executor", "local", "--out", str(tmp_path / "results")]
-    assert main([*argv, "--json", str(tmp_path)]) == 1
+    assert main([*argv, "--json", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "is a directory" in err, err
 
