@@ -47,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     prog = f"spillover {args.command}"
+    if extra:  # named by the command they were given to, not by spillover
+        _Parser(prog=prog).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "size_mb", 1) <= 0 or getattr(args, "buffer_size", 1) <= 0:
         _Parser(prog=prog).error("--size-mb and --buffer-size must be positive")
     try:

@@ -336,3 +336,130 @@ def test_spec_checks_policies() -> None:
         BenchSpec(policies=[])
     with pytest.raises(ConfigError, match="aligned not run"):
         BenchSpec(policies=["none"], compare_local=["aligned"])
+
+
+def test_rounds_alternate_and_the_report_keeps_every_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Round 1 of every policy before round 2 of any, so drift on the machine touches
+    every policy alike; the report gives the median over rounds with their spread, and
+    its CSV files every run with its round."""
+    order: list[str] = []
+
+    def create(kind: str, job: Any, config: Any, *, master: str | None = None) -> Any:
+        order.append(job.name.split("-")[2])  # bench-<executor>-<policy>-<id>
+        return _ScriptedExecutor()
+
+    monkeypatch.setattr(bench_run, "create_executor", create)
+    spec = BenchSpec(
+        policies=["none", "aligned"], duration_s=0.4, warmup_s=0.1, executor="local", repeat=2
+    )
+    lines: list[str] = []
+    results = run(spec, progress=lines.append)
+    assert order == ["none", "aligned", "none", "aligned"]
+    assert [ln.split(":")[0] for ln in lines] == [
+        "round 1/2",
+        "round 1/2",
+        "round 2/2",
+        "round 2/2",
+    ]
+    r = results["policies"]["none"]
+    assert r["rounds"] == 2 and [x["round"] for x in r["runs"]] == [1, 2]
+    lo, hi = r["spread"]["throughput_rps"]
+    assert lo <= r["throughput_rps"] <= hi
+    assert "(min–max of 2 rounds)" in to_markdown(results)
+
+    bench.write_results(results, str(tmp_path), plots=False)
+    with open(tmp_path / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["policy"], r["round"]) for r in rows] == [
+        ("none", "1"),
+        ("none", "2"),
+        ("aligned", "1"),
+        ("aligned", "2"),
+    ]
+
+
+def _run(policy: str, round_: int, rps: float, durations: list[float]) -> dict[str, Any]:
+    cps = [
+        {
+            "checkpoint_id": i + 1,
+            "trigger_s": float(i + 1),
+            "status": "completed",
+            "duration_ms": d,
+            "inflight_bytes": 1000 * (i + 1),
+        }
+        for i, d in enumerate(durations)
+    ]
+    r = PolicyResult(
+        policy,
+        "local",
+        "stopped",
+        10.0,
+        int(rps * 10),
+        rps,
+        checkpoints=len(cps),
+        checkpoint_duration_ms=bench_run._stats(durations),
+        start_delay_ms=bench_run._stats(durations),
+        alignment_ms=bench_run._stats(durations),
+        inflight_bytes=bench_run._stats([c["inflight_bytes"] for c in cps], p90=False),
+        checkpoint_list=cps,
+        sink_series=[[1.0, rps], [2.0, 2 * rps]],
+    )
+    return {**r.to_dict(), "round": round_}
+
+
+def test_a_policy_over_rounds_is_the_median_of_its_runs_with_their_spread() -> None:
+    rounds = [
+        _run("unaligned", 1, 9000, [10, 20, 30]),
+        _run("unaligned", 2, 9500, [40, 50, 60]),
+        _run("unaligned", 3, 8000, [5, 6, 7]),
+    ]
+    a = bench_run.aggregate(rounds)
+    assert a["throughput_rps"] == 9000 and a["spread"]["throughput_rps"] == [8000, 9500]
+    assert a["checkpoint_duration_ms"]["median"] == 20  # the median of 20, 50, 6
+    assert a["spread"]["checkpoint_duration_ms.median"] == [6, 50]
+    assert a["checkpoint_duration_ms"]["max"] == 60 and a["checkpoints"] == 9
+    failed = {**_run("unaligned", 4, 1.0, []), "status": "failed", "failures": ["boom"]}
+    b = bench_run.aggregate([*rounds, failed])
+    assert b["status"] == "failed" and b["failures"] == ["round 4: boom"]
+    assert b["throughput_rps"] == a["throughput_rps"]  # a failed round is not measured
+
+
+def test_the_plots_draw_the_inflight_bound_and_the_sinks_cap() -> None:
+    from spillover.benchmark.plots import figures
+
+    spec = BenchSpec(
+        policies=["none", "max-inflight"],
+        executor="local",
+        parallelism=3,
+        sink_rate=2000,
+        max_inflight_bytes=512 * 1024,
+    )
+    policies = {
+        p: bench_run.aggregate([_run(p, 1, 5000, [1, 2]), _run(p, 2, 5500, [3, 4])])
+        for p in spec.policies
+    }
+    results = {
+        "spec": spec.to_dict(),
+        "executor": "local",
+        "policies": policies,
+        "local": {},
+        "comparison": bench.compare(policies, {}, spec.sink_rate * spec.parallelism),
+    }
+
+    def lines(name: str, figs: dict[str, Any]) -> dict[str, list[float]]:
+        return {
+            str(ln.get_label()): list(ln.get_ydata())
+            for ax in figs[name].axes
+            for ln in ax.get_lines()
+        }
+
+    figs = figures(results)
+    bound = lines("inflight-bytes.png", figs)
+    # KiB: 512 KiB per subtask, count's and sink's 3 subtasks each.
+    assert set(bound["max-inflight bound: 512.0 KiB × 6 subtasks with inputs"]) == {512 * 6}
+    assert set(lines("throughput.png", figs)["sinks' cap: 2000 records/s × 3"]) == {6000}
+    # Without the max-inflight policy there is no bound to draw.
+    results["policies"] = {"none": policies["none"]}
+    assert not any("bound" in k for k in lines("inflight-bytes.png", figures(results)))
