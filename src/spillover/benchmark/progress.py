@@ -27,20 +27,23 @@ class ProgressBar:
         stream: TextIO | None = None,
         tty: bool | None = None,
         width: int = 20,
+        rounds: int = 1,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.runs, self.run_s, self.warmup_s, self.width = runs, run_s, warmup_s, width
+        self.rounds = rounds
         self.index = 0
         self.label = ""
         self._lock = threading.Lock()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 
-    def start(self, executor: str, policy: str) -> None:
-        """Run ``index + 1`` of ``runs`` begins."""
+    def start(self, executor: str, policy: str, round_: int = 1) -> None:
+        """Run ``index + 1`` of ``runs`` begins (in round ``round_`` of ``rounds``)."""
         self.index += 1
-        self.label = f"{executor} {policy}"
+        where = f"round {round_}/{self.rounds} " if self.rounds > 1 else ""
+        self.label = f"{where}{executor} {policy}"
         if self.tty:
             self.update(0.0)
             return
@@ -76,7 +79,8 @@ class ProgressBar:
             self._progress.update(
                 self._task,
                 completed=e,
-                description=f"[{self.index}/{self.runs}] {self.label:<24}",
+                description=f"[{self.index}/{self.runs}] "
+                + self.label.ljust(36 if self.rounds > 1 else 24),
                 status=f"{e:3.0f}/{self.run_s:g} s {phase:<9}, "
                 f"total {total:.0f}/{self.runs * self.run_s:g} s",
             )

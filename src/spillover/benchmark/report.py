@@ -16,14 +16,26 @@ from spillover.benchmark.spec import (
 )
 
 
+def _with_spread(text: str, lo_hi: list[float] | None, fmt: Any, rounds: int) -> str:
+    """``text (min–max)`` when there are several rounds and they differ."""
+    if rounds < 2 or lo_hi is None:
+        return text
+    lo, hi = (fmt(v) for v in lo_hi)
+    return f"{text} ({lo}–{hi})"
+
+
 def to_markdown(results: dict[str, Any]) -> str:
-    """A table with one row per run, the ratios and their targets, then the
+    """A table with one row per policy and executor (the median over rounds, the
+    spread of the rounds in brackets), the ratios and their targets, then the
     executor's throughput against the local executor's when compared."""
+    rounds = int(results["spec"].get("repeat", 1))
+    per = f" (min–max of {rounds} rounds)" if rounds > 1 else ""
     rows = [
-        "| executor | policy | checkpoints | aborted | duration median / p90 / max (ms) "
+        f"| executor | policy | checkpoints | aborted | duration median{per} "
+        f"| duration p90{per} | duration max (ms) "
         "| start delay median / p90 (ms) | alignment median / p90 (ms) "
-        "| in-flight median / max | sink records/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| in-flight median{per} / max | sink records/s{per} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     tagged = [(r, "") for r in results["policies"].values()]
     tagged += [(r, " (comparison)") for r in results.get("local", {}).values()]
@@ -35,25 +47,38 @@ def to_markdown(results: dict[str, Any]) -> str:
             r["alignment_ms"],
             r["inflight_bytes"],
         )
+        spread = r.get("spread", {})
+        n = int(r.get("rounds", 1))
+
+        def ms(metric: str, stat: str, v: float | None, n: int = n, spread: Any = spread) -> str:
+            return _with_spread(_ms(v), spread.get(f"{metric}.{stat}"), _ms, n)
+
         if name == "none":
-            cells = ["–"] * 6
+            cells = ["–"] * 8
         else:
+            inflight = (
+                "–"
+                if i["median"] is None
+                else _with_spread(
+                    _fmt_bytes(i["median"]), spread.get("inflight_bytes.median"), _fmt_bytes, n
+                )
+                + f" / {_fmt_bytes(i['max'])}"
+            )
             cells = [
                 str(r["checkpoints"]),
                 str(r["aborted"]) + (f" (+{r['cut_off']} cut off)" if r["cut_off"] else ""),
-                f"{_ms(d['median'])} / {_ms(d['p90'])} / {_ms(d['max'])}",
+                ms("checkpoint_duration_ms", "median", d["median"]),
+                ms("checkpoint_duration_ms", "p90", d["p90"]),
+                _ms(d["max"]),
                 f"{_ms(s['median'])} / {_ms(s['p90'])}",
                 f"{_ms(a['median'])} / {_ms(a['p90'])}",
-                "–"
-                if i["median"] is None
-                else f"{_fmt_bytes(i['median'])} / {_fmt_bytes(i['max'])}",
+                inflight,
             ]
         label = f"{name} (failed)" if r["status"] == "failed" else name
-        rows.append(
-            f"| {r['executor']}{tag} | {label} | "
-            + " | ".join(cells)
-            + f" | {r['throughput_rps']:,.0f} |"
+        rps = _with_spread(
+            f"{r['throughput_rps']:,.0f}", spread.get("throughput_rps"), "{:,.0f}".format, n
         )
+        rows.append(f"| {r['executor']}{tag} | {label} | " + " | ".join(cells) + f" | {rps} |")
     c = results["comparison"]
     lines = [*rows, ""]
     if c["aligned_to_unaligned_median_duration"] is not None:
@@ -110,6 +135,7 @@ def to_markdown(results: dict[str, Any]) -> str:
 RUN_COLUMNS = (
     "executor",
     "policy",
+    "round",
     "status",
     "window_s",
     "sink_records",
@@ -128,6 +154,7 @@ RUN_COLUMNS = (
 CHECKPOINT_COLUMNS = (
     "executor",
     "policy",
+    "round",
     "checkpoint_id",
     "trigger_s",
     "in_window",
@@ -141,9 +168,11 @@ CHECKPOINT_COLUMNS = (
 )
 
 
-def _run_row(r: dict[str, Any], vs_local: dict[str, Any] | None) -> dict[str, Any]:
+def _run_row(r: dict[str, Any], local: dict[str, Any] | None) -> dict[str, Any]:
+    """One run's row; ``local``: the local comparison's run of the same round."""
     row = {k: r[k] for k in RUN_COLUMNS if k in r}
-    row["vs_local"] = "" if vs_local is None or vs_local["ratio"] is None else vs_local["ratio"]
+    there = local["throughput_rps"] if local is not None else 0
+    row["vs_local"] = round(r["throughput_rps"] / there, 3) if there else ""
     for metric, prefix in (
         ("checkpoint_duration_ms", "duration_ms"),
         ("start_delay_ms", "start_delay_ms"),
@@ -157,7 +186,8 @@ def _run_row(r: dict[str, Any], vs_local: dict[str, Any] | None) -> dict[str, An
 
 def write_results(results: dict[str, Any], out_dir: str, plots: bool = True) -> list[str]:
     """Writes the report into ``out_dir`` (created): ``bench.json``, ``bench.md``,
-    ``bench.csv`` (one row per run), ``checkpoints.csv`` (one row per checkpoint) and,
+    ``bench.csv`` (one row per run, every round), ``checkpoints.csv`` (one row per
+    checkpoint of every run) and,
     with ``plots``, the PNGs of :func:`plot`. Returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, n) for n in ("bench.json", "bench.md")]
@@ -166,15 +196,21 @@ def write_results(results: dict[str, Any], out_dir: str, plots: bool = True) -> 
         f.write("\n")
     with open(paths[1], "w") as f:
         f.write(to_markdown(results))
-    vs = results["comparison"].get("executor_vs_local") or {}
     path = os.path.join(out_dir, "bench.csv")
+    local = {
+        (r["policy"], r.get("round", 1)): r
+        for p in results.get("local", {}).values()
+        for r in p.get("runs", [p])
+    }
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, RUN_COLUMNS)
         w.writeheader()
-        for r in results["policies"].values():
-            w.writerow(_run_row(r, vs.get(r["policy"])))
-        for r in results.get("local", {}).values():
-            w.writerow(_run_row(r, None))
+        for p in results["policies"].values():
+            for r in p.get("runs", [p]):
+                w.writerow(_run_row(r, local.get((r["policy"], r.get("round", 1)))))
+        for p in results.get("local", {}).values():
+            for r in p.get("runs", [p]):
+                w.writerow(_run_row(r, None))
     paths.append(path)
     path = os.path.join(out_dir, "checkpoints.csv")
     with open(path, "w", newline="") as f:
@@ -182,7 +218,14 @@ def write_results(results: dict[str, Any], out_dir: str, plots: bool = True) -> 
         w.writeheader()
         for r in runs(results):
             for c in r["checkpoint_list"]:
-                w.writerow({**c, "executor": r["executor"], "policy": r["policy"]})
+                w.writerow(
+                    {
+                        **c,
+                        "executor": r["executor"],
+                        "policy": r["policy"],
+                        "round": r.get("round", 1),
+                    }
+                )
     paths.append(path)
     if plots:
         paths += plot(results, out_dir)

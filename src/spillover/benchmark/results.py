@@ -5,9 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 
-def runs(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every run of a report: the bench executor's, then the local comparison's."""
+def policies(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every policy's figures over its rounds: the bench executor's, then the local
+    comparison's."""
     return [*results["policies"].values(), *results.get("local", {}).values()]
+
+
+def runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every single run of a report, each with its ``round``: the bench executor's,
+    then the local comparison's, policy by policy."""
+    return [r for p in policies(results) for r in p.get("runs", [p])]
 
 
 def _fmt_bytes(n: float) -> str:

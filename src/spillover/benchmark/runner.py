@@ -405,27 +405,41 @@ def run(
     progress: Callable[[str], None] | None = None,
     bar: ProgressBar | None = None,
 ) -> dict[str, Any]:
-    """Runs every run of ``spec.runs()`` in order; returns the JSON-able report.
+    """Runs every run of ``spec.runs()``, ``spec.repeat`` rounds of them (round 1 of
+    every run, then round 2, ...); returns the JSON-able report.
 
-    ``progress`` gets one line per finished run; ``bar`` is moved along meanwhile.
+    ``policies`` (and ``local``, the comparison's) hold one entry per policy: the
+    medians over its rounds with their spread (:func:`aggregate`), and under
+    ``runs`` every round's own figures. ``progress`` gets one line per finished
+    run; ``bar`` is moved along meanwhile.
     """
-    policies: dict[str, dict[str, Any]] = {}
-    local: dict[str, dict[str, Any]] = {}
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    local_rounds: dict[str, list[dict[str, Any]]] = {}
     started = time.monotonic()
     try:
-        for kind, policy in spec.runs():
-            if bar is not None:
-                bar.start(kind, policy)
-            r = run_policy(spec, policy, executor=kind, on_tick=None if bar is None else bar.update)
-            is_baseline = policy in policies  # the policy's run on spec.executor came first
-            (local if is_baseline else policies)[policy] = r.to_dict()
-            if bar is not None:
-                bar.clear()
-            if progress is not None:
-                progress(r.line() + (" (local comparison)" if is_baseline else ""))
+        for n in range(1, spec.repeat + 1):
+            seen: set[str] = set()
+            for kind, policy in spec.runs():
+                if bar is not None:
+                    bar.start(kind, policy, n)
+                r = run_policy(
+                    spec, policy, executor=kind, on_tick=None if bar is None else bar.update
+                )
+                is_baseline = policy in seen  # the policy's run on spec.executor came first
+                seen.add(policy)
+                (local_rounds if is_baseline else rounds).setdefault(policy, []).append(
+                    {**r.to_dict(), "round": n}
+                )
+                if bar is not None:
+                    bar.clear()
+                if progress is not None:
+                    where = f"round {n}/{spec.repeat}: " if spec.repeat > 1 else ""
+                    progress(where + r.line() + (" (local comparison)" if is_baseline else ""))
     finally:
         if bar is not None:
             bar.clear()
+    policies = {p: aggregate(rs) for p, rs in rounds.items()}
+    local = {p: aggregate(rs) for p, rs in local_rounds.items()}
     return {
         "spec": spec.to_dict(),
         "machine": machine(),
@@ -434,4 +448,73 @@ def run(
         "policies": policies,
         "local": local,
         "comparison": compare(policies, local, spec.sink_rate * spec.parallelism),
+    }
+
+
+# What the table shows with its spread over rounds: (metric, statistic) of each run.
+SPREAD = (
+    ("checkpoint_duration_ms", "median"),
+    ("checkpoint_duration_ms", "p90"),
+    ("inflight_bytes", "median"),
+    ("throughput_rps", None),
+)
+
+
+def spread_key(metric: str, stat: str | None) -> str:
+    """The key of a figure in a policy's ``spread``: ``checkpoint_duration_ms.median``."""
+    return metric if stat is None else f"{metric}.{stat}"
+
+
+def aggregate(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's figures over its rounds (each a :class:`PolicyResult` dict with its
+    ``round``): the median over rounds of each run's median and p90 (the max of its
+    maxes), counts summed, and in ``spread`` the ``[min, max]`` over rounds of the
+    figures of :data:`SPREAD`. Failed rounds count in ``status`` and ``failures``
+    only, unless every round failed. ``runs`` keeps every round."""
+    ok = [r for r in rounds if r["status"] != "failed"] or list(rounds)
+
+    def values(metric: str, stat: str | None) -> list[float]:
+        got = (r[metric] if stat is None else r[metric].get(stat) for r in ok)
+        return [float(v) for v in got if v is not None]
+
+    def median(metric: str, stat: str | None) -> float | None:
+        vs = values(metric, stat)
+        return round(float(statistics.median(vs)), 3) if vs else None
+
+    def stats(metric: str) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for k in rounds[0][metric]:
+            vs = values(metric, k)
+            out[k] = (max(vs) if vs else None) if k == "max" else median(metric, k)
+        return out
+
+    first = rounds[0]
+    spread = {}
+    for metric, stat in SPREAD:
+        vs = values(metric, stat)
+        spread[spread_key(metric, stat)] = [min(vs), max(vs)] if vs else None
+    return {
+        "policy": first["policy"],
+        "executor": first["executor"],
+        "status": "failed" if any(r["status"] == "failed" for r in rounds) else "stopped",
+        "rounds": len(rounds),
+        "window_s": median("window_s", None),
+        "sink_records": int(sum(r["sink_records"] for r in ok)),
+        "throughput_rps": median("throughput_rps", None) or 0.0,
+        "checkpoints": sum(r["checkpoints"] for r in ok),
+        "aborted": sum(r["aborted"] for r in ok),
+        "cut_off": sum(r["cut_off"] for r in ok),
+        **{
+            m: stats(m)
+            for m in ("checkpoint_duration_ms", "start_delay_ms", "alignment_ms", "inflight_bytes")
+        },
+        "spread": spread,
+        "trigger_times_exact": all(r["trigger_times_exact"] for r in rounds),
+        "source_backpressured_share": median("source_backpressured_share", None) or 0.0,
+        "failures": [
+            f"round {r['round']}: {f}" if len(rounds) > 1 else f
+            for r in rounds
+            for f in r["failures"]
+        ],
+        "runs": list(rounds),
     }

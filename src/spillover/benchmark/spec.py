@@ -28,6 +28,9 @@ EXECUTOR_COST_TARGET = 0.10  # at most this share of the local executor's sink t
 # by them: compared at that pace, executors show whether they keep it, not what they cost.
 PACED_SHARE = 0.95
 SAMPLE_EVERY_S = 1.0  # the sink's records_in is read this often (the throughput plot)
+# Operators of build_job that take input (count, sink): each of their subtasks persists
+# input state, and --max-inflight-bytes bounds each one's.
+INPUT_OPERATORS = 2
 _STOPPED = "job attempt ended"  # the coordinator's reason for checkpoints cut off by the stop
 _PLACEHOLDER_DIR = "/nonexistent/spillover-bench"  # only to check configs before any run
 
@@ -43,8 +46,9 @@ class BenchSpec:
 
     policies: Sequence[str] = POLICIES
     parallelism: int = 2
-    duration_s: float = 15.0
-    warmup_s: float = 5.0
+    # Three rounds of every run at these fit in about five minutes on Spark.
+    duration_s: float = 8.0
+    warmup_s: float = 3.0
     interval_ms: int = 1000
     sink_rate: float = 5000.0  # records/s per sink subtask: lower is stronger backpressure
     keys: int = 10_000
@@ -55,6 +59,9 @@ class BenchSpec:
     executor: str = DEFAULT_EXECUTOR
     master: str | None = None  # the Spark master; None: the embedded local one
     compare_local: Sequence[str] | None = None
+    # Rounds: every run of runs() once per round, round 1 of every run first, so that
+    # drift on the machine (load, thermals, page cache) touches every policy alike.
+    repeat: int = 3
 
     def __post_init__(self) -> None:
         self.policies = tuple(self.policies)
@@ -104,6 +111,10 @@ class BenchSpec:
                 + problems,
                 hint="compare only policies that run, each once",
             )
+        if self.repeat < 1:
+            raise BenchSpecError(
+                "bad repeat", field="repeat", detail=f"{self.repeat!r} is not >= 1"
+            )
         _check(self.parallelism >= 1, "parallelism", self.parallelism, ">= 1")
         _check(self.duration_s > 0, "duration_s", self.duration_s, "> 0")
         _check(self.warmup_s >= 0, "warmup_s", self.warmup_s, ">= 0")
@@ -115,7 +126,7 @@ class BenchSpec:
             self.config(policy, self.checkpoint_dir or _PLACEHOLDER_DIR)
 
     def runs(self) -> list[tuple[str, str]]:
-        """``(executor, policy)`` of every run, in order."""
+        """``(executor, policy)`` of every run of one round, in order."""
         out = []
         for policy in self.policies:
             out.append((self.executor, policy))

@@ -19,7 +19,8 @@ from spillover.benchmark import (
     write_results,
 )
 from spillover.benchmark import runs as bench_runs
-from spillover.cli.options import env_option
+from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, env_flag, env_option
+from spillover.cli.sparklog import spark_logs
 from spillover.config import parse_duration, parse_memory_size
 from spillover.errors import ConfigError
 
@@ -49,6 +50,12 @@ def _bench_flags() -> tuple[tuple[str, str, str | None, str], ...]:
         ),
         ("--policies", ",".join(d.policies), "comma-separated policies, one run each"),
         ("--parallelism", str(d.parallelism), "parallelism of every operator"),
+        (
+            "--repeat",
+            str(d.repeat),
+            "rounds: every run this many times, round 1 of every policy first; the table "
+            "gives the median over rounds and the spread (min-max)",
+        ),
         ("--duration", f"{d.duration_s:g}", "measured seconds per run"),
         ("--warmup", f"{d.warmup_s:g}", "seconds before measuring, per run"),
         ("--interval-ms", str(d.interval_ms), "checkpoint interval"),
@@ -177,6 +184,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             interval_ms=value("--interval-ms", int, lambda v: v >= 10, ">= 10 ms"),
             sink_rate=value("--sink-rate", float, lambda v: v > 0, "> 0"),
             keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
+            repeat=value("--repeat", int, lambda v: v >= 1, ">= 1"),
             payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),
             aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
             max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
@@ -205,31 +213,40 @@ def _about(seconds: float) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Runs the backpressured job once per policy (and again on the local executor for
-    the comparison); prints a line each, then the table; writes the results folder."""
+    the comparison), ``--repeat`` rounds of them; prints a line each, then the table;
+    writes the results folder. Exit 3 when a run failed."""
 
     spec = _bench_spec(args)
     runs = spec.runs()
+    total = len(runs) * spec.repeat
     _check_outputs(args)
     out = args.out or "results"
+    spark = "spark" in (kind for kind, _ in runs)
+    log = None if args.verbose or not spark else os.path.join(out, "spark.log")
+    rounds = f"{spec.repeat} rounds of " if spec.repeat > 1 else ""
     print(
-        f"{len(runs)} runs of {spec.run_s:g} s ({spec.warmup_s:g} s warm-up) on the "
+        f"{rounds}{len(runs)} runs of {spec.run_s:g} s ({spec.warmup_s:g} s warm-up) on the "
         f"{spec.executor} executor"
         + (f" ({spec.master})" if spec.master else "")
         + (f", {len(spec.compare_local or ())} again on local" if spec.compare_local else "")
-        + f": about {_about(len(runs) * spec.run_s)}; parallelism {spec.parallelism}, "
-        f"sink {spec.sink_rate:g} records/s per subtask, {spec.payload_bytes} B payloads",
+        + f": about {_about(total * spec.run_s)}; parallelism {spec.parallelism}, "
+        f"sink {spec.sink_rate:g} records/s per subtask, {spec.payload_bytes} B payloads"
+        + (f"; Spark's log lines in {log} (--verbose: here)" if log else ""),
         flush=True,
     )
-    bar = ProgressBar(len(runs), spec.run_s, spec.warmup_s)
-    results = run(spec, progress=lambda line: print(line, flush=True), bar=bar)
+    bar = ProgressBar(total, spec.run_s, spec.warmup_s, rounds=spec.repeat)
+    with spark_logs("bench", log):
+        results = run(spec, progress=lambda line: print(line, flush=True), bar=bar)
     table = to_markdown(results)
     print()
     print(table, end="")
     try:
         written = write_results(results, out)
     except ImportError as e:  # matplotlib missing: everything but the plots
-        print(f"spillover: no plots ({e}); pip install matplotlib", file=sys.stderr)
+        print(f"spillover bench: no plots ({e}); pip install matplotlib", file=sys.stderr)
         written = write_results(results, out, plots=False)
+    if log is not None and os.path.exists(log):
+        written.append(log)
     print(f"\nresults in {out}/: {', '.join(os.path.basename(p) for p in written)}")
     if args.json:
         with open(args.json, "w") as f:
@@ -238,7 +255,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
-    return 1 if any(r["status"] == "failed" for r in bench_runs(results)) else 0
+    failed = [r for r in bench_runs(results) if r["status"] == "failed"]
+    if failed:
+        print(
+            f"spillover bench: error: {len(failed)} of {len(bench_runs(results))} runs failed "
+            "(see their lines above)",
+            file=sys.stderr,
+        )
+        return EXIT_RUN_FAILED
+    return EXIT_OK
 
 
 def add_parser(sub: Any) -> None:
@@ -254,4 +279,11 @@ def add_parser(sub: Any) -> None:
     )
     for flag, env, default, help_text in _bench_flags():
         env_option(p, flag, env=env, default=default, help=help_text)
+    env_flag(
+        p,
+        "--verbose",
+        env="SPILLOVER_BENCH_CLI_VERBOSE",
+        help="Spark's and the JVM's log lines to the terminal, as they come; without it "
+        "they go to <out>/spark.log (spark executor)",
+    )
     p.set_defaults(func=cmd_bench)

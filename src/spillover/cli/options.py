@@ -1,10 +1,17 @@
-"""Command-line options with environment-variable twins, and shared formatting."""
+"""Command-line options with environment-variable twins, the exit codes, and shared
+formatting."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from typing import Any
+
+# The exit codes of every command (docs/getting-started.md).
+EXIT_OK = 0  # done, and every check passed (verify: exact)
+EXIT_CHECK_FAILED = 1  # the command ran to its end, and what it checked is wrong
+EXIT_USAGE = 2  # bad usage or configuration: nothing ran
+EXIT_RUN_FAILED = 3  # the run could not complete: storage, Spark, a job that failed
 
 
 class _EnvDefault(argparse.Action):

@@ -6,9 +6,17 @@ import argparse
 import functools
 import os
 import sys
+import tempfile
 from typing import Any
 
-from spillover.cli.options import env_flag, env_option
+from spillover.cli.options import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    env_flag,
+    env_option,
+)
+from spillover.cli.sparklog import spark_logs
 from spillover.config.policies import CHECKPOINT_POLICIES
 from spillover.errors import ConfigError
 from spillover.verify import VerifySpec, verify, write_json
@@ -44,13 +52,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
         master=args.master or None,
         stop=_stop(args.stop_with_savepoint, args.drain),
     )
-    report = verify(spec, workdir=args.workdir or None)
+    with spark_logs("verify", _spark_log(args)) as log:
+        report = verify(spec, workdir=args.workdir or None)
     print(report.text())
+    if log is not None:
+        print(f"Spark's log lines: {log} (--verbose: here)", file=sys.stderr)
     if args.json:
         write_json(report, args.json)
+    if report.errors:  # a run did not finish: nothing to check
+        return EXIT_RUN_FAILED
     if not report.exact:
-        return 1
-    return 1 if args.strict and report.shortfalls() else 0
+        return EXIT_CHECK_FAILED
+    return EXIT_CHECK_FAILED if args.strict and report.shortfalls() else EXIT_OK
+
+
+def _spark_log(args: argparse.Namespace) -> str | None:
+    """Where Spark's log lines go: ``spark.log`` in ``--workdir`` (kept), else in the
+    temporary folder (the work directory is removed); None for the terminal."""
+    if args.verbose or args.executor != "spark":
+        return None
+    if args.workdir:
+        return os.path.join(args.workdir, "spark.log")
+    return os.path.join(tempfile.gettempdir(), f"spillover-verify-spark-{os.getpid()}.log")
 
 
 def _stop(savepoint: str | None, drain: bool) -> str | None:
@@ -77,7 +100,8 @@ def add_parser(sub: Any) -> None:
         description="Runs the topology, or the job of --job, once without failures and once "
         "with --failures induced failures (in operators, snapshots, restores and before "
         "commits), then compares the committed output and the final keyed state. Exit code "
-        "0 only when nothing was lost, duplicated or reordered. See 'Testing your own jobs' "
+        "0 only when nothing was lost, duplicated or reordered; 1 when something was; 2 "
+        "for bad flags; 3 when a run could not finish. See 'Testing your own jobs' "
         "in docs/runtime.md for the contract of --job.",
     )
     env_option(
@@ -258,6 +282,14 @@ def add_parser(sub: Any) -> None:
         env="SPILLOVER_VERIFY_DRAIN",
         help="stop with drain: every operator finishes and the job ends for good; checks "
         "that everything the sources emitted was committed once",
+    )
+    env_flag(
+        p,
+        "--verbose",
+        env="SPILLOVER_VERIFY_VERBOSE",
+        help="Spark's and the JVM's log lines to the terminal, as they come; without it "
+        "they go to spark.log in --workdir, or a file in the temporary folder (named "
+        "once on stderr)",
     )
     env_option(
         p,

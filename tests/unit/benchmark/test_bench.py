@@ -40,6 +40,7 @@ def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
         sink_rate=20_000,  # a shorter backlog, so aligned checkpoints complete in 2 s
         checkpoint_dir=str(tmp_path),
         executor="local",
+        repeat=1,
     )
     lines: list[str] = []
     results = json.loads(json.dumps(run(spec, progress=lines.append)))
@@ -52,7 +53,7 @@ def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
         assert 0 < r["throughput_rps"] <= 2 * 20_000 * 1.1, name
         assert r["checkpoints"] >= 1, name
         assert set(r["checkpoint_duration_ms"]) == {"median", "p90", "max"}
-        assert all("trigger_s" in c for c in r["checkpoint_list"])
+        assert all("trigger_s" in c for c in r["runs"][0]["checkpoint_list"])
     assert results["policies"]["aligned"]["inflight_bytes"]["max"] == 0
     assert results["policies"]["unaligned"]["inflight_bytes"]["max"] > 0
     table = to_markdown(results)
@@ -106,13 +107,13 @@ def test_sink_throughput_comes_from_the_executors_live_metric(
         return made[-1][2]
 
     monkeypatch.setattr(bench_run, "create_executor", create)
-    spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3, executor="local")
+    spec = BenchSpec(policies=["none"], duration_s=1.0, warmup_s=0.3, executor="local", repeat=1)
     r = run(spec)["policies"]["none"]
     assert [m[:2] for m in made] == [("local", None)]
     assert set(made[0][2].calls) == {("sink", "records_in")}
     assert r["throughput_rps"] == pytest.approx(1000, rel=0.1)
     assert r["sink_records"] == pytest.approx(1000 * r["window_s"], rel=0.1)
-    assert len(r["sink_series"]) >= 2  # one sample a second, for the throughput plot
+    assert len(r["runs"][0]["sink_series"]) >= 2  # one sample a second, for the throughput plot
 
 
 def test_cli_writes_the_results_folder_and_compares_with_local(
@@ -123,7 +124,7 @@ def test_cli_writes_the_results_folder_and_compares_with_local(
     monkeypatch.setenv("SPILLOVER_BENCH_CLI_SINK_RATE", "20000")
     argv = ["bench", "--executor", "local", "--policies", "none,unaligned"]
     argv += ["--compare-local", "unaligned"]
-    argv += ["--duration", "1.5", "--warmup", "0.5", "--interval-ms", "200"]
+    argv += ["--duration", "1.5", "--warmup", "0.5", "--interval-ms", "200", "--repeat", "1"]
     assert main(argv) == 0
     std = capsys.readouterr()
     # Not a terminal: one plain progress line per run, on stderr.
@@ -235,9 +236,10 @@ def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
 def test_bad_flags_fail_before_running_and_name_the_flag(
     argv: list[str], names: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "--out", str(tmp_path / "out"), *argv]) == 1
+    assert main(["bench", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err
-    assert "ConfigError" in err and names in err
+    assert err.startswith("spillover bench: error: ") and names in err
+    assert len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
 
 
@@ -245,7 +247,7 @@ def test_a_bad_environment_value_names_its_variable(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SPILLOVER_BENCH_CLI_PARALLELISM", "two")
-    assert main(["bench"]) == 1
+    assert main(["bench"]) == 2
     assert "bad --parallelism (env SPILLOVER_BENCH_CLI_PARALLELISM): 'two'" in (
         capsys.readouterr().err
     )
@@ -255,7 +257,7 @@ def test_a_bad_combination_names_both_flags_and_their_variables(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """BenchSpec's own check, worded by the command line: the flag at fault and the fix."""
-    assert main(["bench", "--executor", "local", "--master", "local[2]"]) == 1
+    assert main(["bench", "--executor", "local", "--master", "local[2]"]) == 2
     err = capsys.readouterr().err
     assert "--master (env SPILLOVER_BENCH_CLI_MASTER) needs the spark executor" in err
     assert "add --executor spark (or SPILLOVER_BENCH_CLI_EXECUTOR=spark)" in err
@@ -300,6 +302,7 @@ def test_the_default_runs_on_the_embedded_spark_master_against_local(tmp_path: P
         interval_ms=200,
         sink_rate=20_000,
         checkpoint_dir=str(tmp_path),
+        repeat=1,
     )
     assert spec.executor == "spark"
     results = run(spec)
@@ -333,3 +336,130 @@ def test_spec_checks_policies() -> None:
         BenchSpec(policies=[])
     with pytest.raises(ConfigError, match="aligned not run"):
         BenchSpec(policies=["none"], compare_local=["aligned"])
+
+
+def test_rounds_alternate_and_the_report_keeps_every_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Round 1 of every policy before round 2 of any, so drift on the machine touches
+    every policy alike; the report gives the median over rounds with their spread, and
+    its CSV files every run with its round."""
+    order: list[str] = []
+
+    def create(kind: str, job: Any, config: Any, *, master: str | None = None) -> Any:
+        order.append(job.name.split("-")[2])  # bench-<executor>-<policy>-<id>
+        return _ScriptedExecutor()
+
+    monkeypatch.setattr(bench_run, "create_executor", create)
+    spec = BenchSpec(
+        policies=["none", "aligned"], duration_s=0.4, warmup_s=0.1, executor="local", repeat=2
+    )
+    lines: list[str] = []
+    results = run(spec, progress=lines.append)
+    assert order == ["none", "aligned", "none", "aligned"]
+    assert [ln.split(":")[0] for ln in lines] == [
+        "round 1/2",
+        "round 1/2",
+        "round 2/2",
+        "round 2/2",
+    ]
+    r = results["policies"]["none"]
+    assert r["rounds"] == 2 and [x["round"] for x in r["runs"]] == [1, 2]
+    lo, hi = r["spread"]["throughput_rps"]
+    assert lo <= r["throughput_rps"] <= hi
+    assert "(min–max of 2 rounds)" in to_markdown(results)
+
+    bench.write_results(results, str(tmp_path), plots=False)
+    with open(tmp_path / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["policy"], r["round"]) for r in rows] == [
+        ("none", "1"),
+        ("none", "2"),
+        ("aligned", "1"),
+        ("aligned", "2"),
+    ]
+
+
+def _run(policy: str, round_: int, rps: float, durations: list[float]) -> dict[str, Any]:
+    cps = [
+        {
+            "checkpoint_id": i + 1,
+            "trigger_s": float(i + 1),
+            "status": "completed",
+            "duration_ms": d,
+            "inflight_bytes": 1000 * (i + 1),
+        }
+        for i, d in enumerate(durations)
+    ]
+    r = PolicyResult(
+        policy,
+        "local",
+        "stopped",
+        10.0,
+        int(rps * 10),
+        rps,
+        checkpoints=len(cps),
+        checkpoint_duration_ms=bench_run._stats(durations),
+        start_delay_ms=bench_run._stats(durations),
+        alignment_ms=bench_run._stats(durations),
+        inflight_bytes=bench_run._stats([c["inflight_bytes"] for c in cps], p90=False),
+        checkpoint_list=cps,
+        sink_series=[[1.0, rps], [2.0, 2 * rps]],
+    )
+    return {**r.to_dict(), "round": round_}
+
+
+def test_a_policy_over_rounds_is_the_median_of_its_runs_with_their_spread() -> None:
+    rounds = [
+        _run("unaligned", 1, 9000, [10, 20, 30]),
+        _run("unaligned", 2, 9500, [40, 50, 60]),
+        _run("unaligned", 3, 8000, [5, 6, 7]),
+    ]
+    a = bench_run.aggregate(rounds)
+    assert a["throughput_rps"] == 9000 and a["spread"]["throughput_rps"] == [8000, 9500]
+    assert a["checkpoint_duration_ms"]["median"] == 20  # the median of 20, 50, 6
+    assert a["spread"]["checkpoint_duration_ms.median"] == [6, 50]
+    assert a["checkpoint_duration_ms"]["max"] == 60 and a["checkpoints"] == 9
+    failed = {**_run("unaligned", 4, 1.0, []), "status": "failed", "failures": ["boom"]}
+    b = bench_run.aggregate([*rounds, failed])
+    assert b["status"] == "failed" and b["failures"] == ["round 4: boom"]
+    assert b["throughput_rps"] == a["throughput_rps"]  # a failed round is not measured
+
+
+def test_the_plots_draw_the_inflight_bound_and_the_sinks_cap() -> None:
+    from spillover.benchmark.plots import figures
+
+    spec = BenchSpec(
+        policies=["none", "max-inflight"],
+        executor="local",
+        parallelism=3,
+        sink_rate=2000,
+        max_inflight_bytes=512 * 1024,
+    )
+    policies = {
+        p: bench_run.aggregate([_run(p, 1, 5000, [1, 2]), _run(p, 2, 5500, [3, 4])])
+        for p in spec.policies
+    }
+    results = {
+        "spec": spec.to_dict(),
+        "executor": "local",
+        "policies": policies,
+        "local": {},
+        "comparison": bench.compare(policies, {}, spec.sink_rate * spec.parallelism),
+    }
+
+    def lines(name: str, figs: dict[str, Any]) -> dict[str, list[float]]:
+        return {
+            str(ln.get_label()): list(ln.get_ydata())
+            for ax in figs[name].axes
+            for ln in ax.get_lines()
+        }
+
+    figs = figures(results)
+    bound = lines("inflight-bytes.png", figs)
+    # KiB: 512 KiB per subtask, count's and sink's 3 subtasks each.
+    assert set(bound["max-inflight bound: 512.0 KiB × 6 subtasks with inputs"]) == {512 * 6}
+    assert set(lines("throughput.png", figs)["sinks' cap: 2000 records/s × 3"]) == {6000}
+    # Without the max-inflight policy there is no bound to draw.
+    results["policies"] = {"none": policies["none"]}
+    assert not any("bound" in k for k in lines("inflight-bytes.png", figures(results)))

@@ -10,6 +10,7 @@ import pytest
 
 import spillover
 from spillover.cli import main
+from spillover.errors import StorageError
 
 
 def _store(tmp_path: Path) -> spillover.GateStateHandle:
@@ -89,9 +90,9 @@ def test_verify_refuses_a_master_without_the_spark_executor(
 ) -> None:
     """Before any run: nothing is written to the work directory."""
     work = tmp_path / "work"
-    assert main(["verify", "--master", "local[2]", "--workdir", str(work)]) == 1
+    assert main(["verify", "--master", "local[2]", "--workdir", str(work)]) == 2
     err = capsys.readouterr().err
-    assert "ConfigError" in err and "(--master) needs the spark executor" in err
+    assert err.startswith("spillover verify: error: ") and "(--master) needs the spark" in err
     assert "'local[2]' with executor 'local'" in err and "--executor spark" in err
     assert not work.exists()
 
@@ -109,7 +110,7 @@ def test_verify_refuses_a_master_without_the_spark_executor(
 def test_verify_refuses_stops_it_cannot_check(
     flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["verify", *flags, "--workdir", str(tmp_path / "work")]) == 1
+    assert main(["verify", *flags, "--workdir", str(tmp_path / "work")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
 
@@ -131,12 +132,12 @@ def test_verify_refuses_stops_it_cannot_check(
 def test_verify_refuses_counts_out_of_range(
     flags: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One line, exit code 1, before anything is written to the work directory."""
+    """One line, exit code 2, before anything is written to the work directory."""
     work = tmp_path / "work"
-    assert main(["verify", *flags, "--workdir", str(work)]) == 1
+    assert main(["verify", *flags, "--workdir", str(work)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
-    assert err.startswith("spillover: ConfigError: ")
+    assert err.startswith("spillover verify: error: ")
     assert not work.exists()
 
 
@@ -154,10 +155,10 @@ def test_verify_names_a_job_that_returns_no_environment(
         code = main(["verify", "--job", ref, "--workdir", str(tmp_path / "work")])
     finally:
         sys.modules.pop("not_an_env_jobs", None)
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
-    assert f"ConfigError: job {ref} returned {returned}, not a StreamEnvironment" in err
+    assert f"error: job {ref} returned {returned}, not a StreamEnvironment" in err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -178,10 +179,12 @@ def test_demo_refuses_a_directory_it_cannot_write(
     where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = "/proc/unwritable" if where == "proc" else str(_unwritable(tmp_path))
-    assert main(["demo", "--size-mb", "1", "--dir", path]) == 1
+    assert main(["demo", "--size-mb", "1", "--dir", path]) == 2
     std = capsys.readouterr()
     assert len(std.err.strip().splitlines()) == 1, std.err
-    assert f"StorageError: cannot write to the demo directory [file {path}]" in std.err
+    assert std.err.startswith(
+        f"spillover demo: error: cannot write to the demo directory [file {path}]"
+    )
     assert std.out == ""
 
 
@@ -203,11 +206,11 @@ def test_bench_checks_its_outputs_before_running(
     bad = _unwritable(tmp_path)
     path = str(bad) if flag == "--out" else str(bad / "report")
     argv = ["bench", "--executor", "local", "--out", str(tmp_path / "results"), flag, path]
-    assert main(argv) == 1
+    assert main(argv) == 2
     std = capsys.readouterr()
     assert len(std.err.strip().splitlines()) == 1, std.err
     env = "SPILLOVER_BENCH_CLI_" + flag[2:].upper()
-    assert f"ConfigError: cannot write the folder of {flag} (env {env})" in std.err
+    assert f"bench: error: cannot write the folder of {flag} (env {env})" in std.err
     assert std.out == ""
 
 
@@ -215,7 +218,7 @@ def test_bench_refuses_a_json_path_that_is_a_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "--executor", "local", "--out", str(tmp_path / "results")]
-    assert main([*argv, "--json", str(tmp_path)]) == 1
+    assert main([*argv, "--json", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "is a directory" in err, err
 
@@ -288,3 +291,179 @@ def test_inspect_prints_a_job_event_log(tmp_path: Path, capsys: pytest.CaptureFi
     segment.write_bytes(bytes(data))
     assert main(["inspect", str(events)]) == 1
     assert "CorruptFrameError" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [([], "writes synced to disk"), (["--no-sync"], "writes to the page cache (not synced)")],
+)
+def test_demo_syncs_both_timed_writes_or_neither_and_says_which(
+    flags: list[str],
+    says: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The raw baseline fsyncs inside its timing exactly when the engine's storers do."""
+    import os
+
+    from spillover.cli import demo
+
+    synced: list[int] = []
+    engine: list[bool] = []
+    real_fsync, real_open = os.fsync, spillover.open_storage
+    monkeypatch.setattr(demo.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+
+    def open_storage(*a: object, **kw: object) -> spillover.Storage:
+        engine.append(bool(kw.get("fsync")))
+        return real_open(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(demo.spillover, "open_storage", open_storage)
+    assert main(["demo", "--size-mb", "1", "--dir", str(tmp_path / "d"), *flags]) == 0
+    out = capsys.readouterr().out
+    assert says in out
+    sync = not flags
+    assert bool(synced) is sync  # the raw write: file and directory
+    assert engine and set(engine[:3]) == {sync}  # the three timed engine writes
+
+
+def test_demo_sync_has_an_environment_twin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPILLOVER_DEMO_SYNC", "0")
+    assert main(["demo", "--size-mb", "1", "--dir", str(tmp_path / "d")]) == 0
+    assert "writes to the page cache (not synced)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "SPILLOVER_DEMO_SYNC" in capsys.readouterr().out
+
+
+# --- one style of errors, one convention of exit codes ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--no-such-flag"],
+        ["verify", "--policy", "sideways"],
+        ["verify", "--parallelism", "two"],
+        ["demo", "--size-mb", "0"],
+        ["inspect"],
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_code_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"spillover {argv[0]}: error: "), err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--repeat", "0"],
+        ["bench", "--duration", "soon"],
+        ["verify", "--records", "0"],
+        ["verify", "--master", "local[2]"],
+    ],
+)
+def test_bad_configuration_is_one_line_and_exit_code_2(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--out", str(tmp_path / "out")] if argv[0] == "bench" else []
+    assert main([*argv, *where]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"spillover {argv[0]}: error: "), err
+
+
+class _Verdict:
+    """What ``verify`` returns, as a run with the given outcome would."""
+
+    def __init__(self, exact: bool, errors: list[str]) -> None:
+        self.exact, self.errors = exact, errors
+
+    def text(self) -> str:
+        return "EXACT" if self.exact else "NOT EXACT"
+
+    def shortfalls(self) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code"),
+    [
+        (_Verdict(True, []), 0),
+        (_Verdict(False, []), 1),  # the runs ended; something was lost or duplicated
+        (_Verdict(False, ["the run with failures failed: restarts exhausted"]), 3),
+        (StorageError("cannot write the checkpoint", detail="ENOSPC"), 3),
+        (RuntimeError("the Spark stage failed\nat a JVM frame"), 3),
+    ],
+)
+def test_verify_exit_codes(
+    outcome: object,
+    code: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from spillover.cli import verify as verify_cli
+
+    def verify(spec: object, workdir: str | None = None) -> object:
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(verify_cli, "verify", verify)
+    assert main(["verify"]) == code
+    err = capsys.readouterr().err
+    if isinstance(outcome, Exception):
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith("spillover verify: error: ")
+
+
+def test_bench_exit_code_3_when_a_run_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import spillover.benchmark.runner as bench_run
+    from spillover.runtime.jobmaster import JobResult
+
+    class _Failing:
+        def prepare(self) -> None:
+            pass
+
+        def running_since(self) -> float | None:
+            return None
+
+        def run(self, timeout: float | None = None, **_: object) -> JobResult:
+            return JobResult("bench", "failed", 1, 0.1, failures=["a subtask failed: boom"])
+
+    monkeypatch.setattr(bench_run, "create_executor", lambda *a, **k: _Failing())
+    argv = ["bench", "--executor", "local", "--policies", "none", "--repeat", "1"]
+    assert main([*argv, "--duration", "0.2", "--warmup", "0", "--out", str(tmp_path)]) == 3
+    std = capsys.readouterr()
+    assert "FAILED: a subtask failed: boom" in std.out
+    assert std.err.strip().splitlines()[-1].startswith("spillover bench: error: 1 of 1 runs")
+
+
+def test_spark_logs_point_new_contexts_at_the_file_only_while_the_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import warnings
+
+    from spillover.cli import sparklog
+
+    monkeypatch.delenv(sparklog.LOG_FILE_ENV, raising=False)
+    monkeypatch.setattr("spillover.deploy.spark.spark_log_file", lambda: (False, None))
+    with sparklog.spark_logs("bench", None) as where:  # --verbose: the terminal
+        assert where is None and sparklog.LOG_FILE_ENV not in os.environ
+    log = tmp_path / "out" / "spark.log"
+    with sparklog.spark_logs("bench", str(log)) as where:
+        assert os.environ[sparklog.LOG_FILE_ENV] == str(log)
+        warnings.warn_explicit("from pyspark", UserWarning, "/x/pyspark/context.py", 1)
+    assert sparklog.LOG_FILE_ENV not in os.environ
+    assert "from pyspark" in log.read_text()

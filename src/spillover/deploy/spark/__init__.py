@@ -13,6 +13,7 @@ from spillover.deploy.spark.runner import (
     WorkerLostError,
     rescale_to_available_slots,
     spark_context,
+    spark_log_file,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "WorkerLostError",
     "rescale_to_available_slots",
     "spark_context",
+    "spark_log_file",
 ]
