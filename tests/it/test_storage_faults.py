@@ -8,6 +8,7 @@ while processing goes on."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
 from pathlib import Path
@@ -21,7 +22,7 @@ from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.runtime.connectors import GeneratorSource, ParquetSink
 from spillover.runtime.graph import StreamEnvironment
-from support.faults import Faults, enospc, fail, faulty_dir
+from support.faults import Faults, enospc, fail, failing_renames, faulty_dir
 
 RECORDS = 40_000  # 4 partitions, 10,000 records/s per subtask: 2 s
 
@@ -54,14 +55,31 @@ def _exact(out: Path) -> None:
     assert len(ids) == len(np.unique(ids)) == RECORDS
 
 
+def _aborted(ex: Any) -> list[Any]:
+    return [c for c in ex._current.coordinator.history if c.status == "aborted"]
+
+
 def _run_with_a_fault_window(
-    tmp_path: Path, arm: Any, *, hits: str, **extra: Any
+    tmp_path: Path,
+    arm: Any,
+    *,
+    hits: str,
+    local: bool = False,
+    then: Any = None,
+    **extra: Any,
 ) -> tuple[Any, Faults, Path, list[float]]:
     """Runs the job; once two checkpoints completed, ``arm(faults)`` until three
-    checkpoints were aborted, then storage recovers. ``sink_records`` holds the
-    sink's records when the faults began and when they ended."""
+    checkpoints were aborted, then ``then(faults, ex, ended)`` (a later phase of the
+    faults, if given) and storage recovers. ``sink_records`` holds the sink's records
+    when the faults began and when they ended. ``local``: checkpoints on a plain
+    path, whose renames consult the faults (:func:`failing_renames`)."""
     out = tmp_path / "out"
-    with faulty_dir(str(tmp_path / "ckpt")) as (uri, faults):
+    with contextlib.ExitStack() as stack:
+        if local:
+            faults = stack.enter_context(failing_renames(Faults()))
+            uri = str(tmp_path / "ckpt")
+        else:
+            uri, faults = stack.enter_context(faulty_dir(str(tmp_path / "ckpt")))
         ex = create_executor("local", _job(out), _config(uri, **extra))
 
         ended = threading.Event()
@@ -73,11 +91,10 @@ def _run_with_a_fault_window(
                     return
             arm(faults)
             sink_records.append(ex.live_metric("sink"))
-            while not ended.wait(0.005):
-                run = ex._current
-                aborted = [c for c in run.coordinator.history if c.status == "aborted"]
-                if len(aborted) >= 3:
-                    break
+            while not ended.wait(0.005) and len(_aborted(ex)) < 3:
+                pass
+            if then is not None and not ended.is_set():
+                then(faults, ex, ended)
             sink_records.append(ex.live_metric("sink"))
             faults.rules, faults.latency_s = [], 0.0
 
@@ -124,6 +141,54 @@ def test_failing_state_writes_decline_checkpoints_and_the_job_goes_on(
 
     _, faults, _, _ = _run_with_a_fault_window(tmp_path, arm, hits=hits)
     assert sum(faults.counts.values()) > 0
+
+
+def _eio() -> OSError:
+    return OSError(errno.EIO, "Input/output error")
+
+
+@pytest.mark.parametrize("where", ["/_metadata", "/events-"], ids=["metadata", "event-log-segment"])
+def test_failing_renames_decline_checkpoints_on_a_local_disk(where: str, tmp_path: Path) -> None:
+    """Checkpoint storage renames only on a local disk: the metadata is written to a
+    temporary name and renamed into place, and a job event log segment is
+    hard-linked (else renamed) to its name. (On pyarrow filesystems both are written
+    straight to their names, so nothing there is renamed.) A rename that fails
+    declines the checkpoint and leaves no temporary file."""
+
+    def arm(faults: Faults) -> None:
+        faults.rules = [fail({"rename"}, where, _eio)]
+
+    _, faults, job, _ = _run_with_a_fault_window(
+        tmp_path, arm, hits="Input/output error", local=True
+    )
+    assert faults.counts["rename"] > 0
+    temporary = [p for p in job.rglob("*") if ".inprogress" in p.name or ".tmp-" in p.name]
+    assert not temporary
+
+
+def test_a_failing_listing_costs_no_checkpoint_and_not_the_job(tmp_path: Path) -> None:
+    """While the job runs, checkpoint storage is listed after a checkpoint completes
+    that follows an aborted one, to sweep what late writes into the aborted ones
+    left. A listing that failed there once failed the attempt (the coordinator's
+    thread raised after the checkpoint was recorded, before any task heard of it):
+    now the completion stands and the sweep waits for the next one. Phase one:
+    state files cannot be created (checkpoints declined) and listings fail; phase
+    two: only listings fail, until a completion's sweep tried one; then storage
+    recovers and a later completion sweeps."""
+
+    def arm(faults: Faults) -> None:
+        faults.rules = [fail({"open"}, "/chk-", enospc), fail({"list"}, "", _eio)]
+
+    def listings_fail(faults: Faults, ex: Any, ended: threading.Event) -> None:
+        faults.rules = [fail({"list"}, "", _eio)]
+        failed = faults.counts.get("list", 0)  # only a completion's sweep lists
+        while not ended.wait(0.005) and faults.counts.get("list", 0) == failed:
+            pass
+
+    _, faults, _, _ = _run_with_a_fault_window(
+        tmp_path, arm, hits="No space left", then=listings_fail
+    )
+    assert faults.counts["list"] > 0
 
 
 def test_a_failed_metadata_write_declines_the_checkpoint(tmp_path: Path) -> None:
