@@ -1,16 +1,21 @@
 """Failing storage costs checkpoints, never the job or its data: with checkpoints on
 a fault-injecting filesystem, errors on open, write, close and directory creation
 (ENOSPC among them), a failed metadata write and a failed event-log record each
-decline the checkpoints they hit with the cause in their stats; the job keeps
-running, a later checkpoint completes once storage recovers, nothing half-written
-is left or restored, and the output is exact. Slow storage times checkpoints out
-while processing goes on."""
+decline the checkpoints they hit with the cause in their stats; so do failing
+renames on a local disk and a really full filesystem (a small tmpfs); failing
+listings cost nothing. The job keeps running, a later checkpoint completes once
+storage recovers, nothing half-written is left or restored, and the output is
+exact. Slow storage times checkpoints out while processing goes on."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import shutil
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +70,7 @@ def _run_with_a_fault_window(
     *,
     hits: str,
     local: bool = False,
+    ckpt: Path | None = None,
     then: Any = None,
     **extra: Any,
 ) -> tuple[Any, Faults, Path, list[float]]:
@@ -72,10 +78,13 @@ def _run_with_a_fault_window(
     checkpoints were aborted, then ``then(faults, ex, ended)`` (a later phase of the
     faults, if given) and storage recovers. ``sink_records`` holds the sink's records
     when the faults began and when they ended. ``local``: checkpoints on a plain
-    path, whose renames consult the faults (:func:`failing_renames`)."""
+    path, whose renames consult the faults (:func:`failing_renames`); ``ckpt``: on
+    that directory (a real filesystem, the faults unused)."""
     out = tmp_path / "out"
     with contextlib.ExitStack() as stack:
-        if local:
+        if ckpt is not None:
+            faults, uri = Faults(), str(ckpt)
+        elif local:
             faults = stack.enter_context(failing_renames(Faults()))
             uri = str(tmp_path / "ckpt")
         else:
@@ -115,7 +124,7 @@ def _run_with_a_fault_window(
         c["status"] == "completed" and c["checkpoint_id"] > last_abort for c in result.checkpoints
     ), "a checkpoint completed once storage recovered"
     # Declined checkpoints leave nothing behind: every directory left is complete.
-    job = tmp_path / "ckpt" / "faults"
+    job = (ckpt or tmp_path / "ckpt") / "faults"
     assert all((d / "_metadata").exists() for d in job.glob("chk-*")), list(job.glob("chk-*"))
     _exact(out)
     return result, faults, job, sink_records
@@ -229,3 +238,69 @@ def test_slow_storage_times_checkpoints_out_while_processing_goes_on(tmp_path: P
         tmp_path, arm, hits="timed out", **{"execution.checkpointing.timeout": "100 ms"}
     )
     assert after > before, "the sink got records while storage was slow"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs mounted for the test (root with CAP_SYS_ADMIN only), unmounted
+    after it."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN) and mount(8)")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (no CAP_SYS_ADMIN?): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _used(mount: Path) -> int:
+    st = os.statvfs(mount)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _fill(path: Path) -> None:
+    """Writes ``path`` until the filesystem has no space left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    chunk = b"\0" * 65536
+    try:
+        while True:
+            os.write(fd, chunk)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+
+
+def test_a_really_full_filesystem_declines_checkpoints_and_gives_the_space_back(
+    small_tmpfs: Path, tmp_path: Path
+) -> None:
+    """Checkpoints on a 4 MiB tmpfs that a ballast file fills: real ENOSPC from the
+    kernel (state files, metadata, event-log segments) declines checkpoints while
+    the job goes on; once the ballast is gone a later checkpoint completes. Nothing
+    of a declined checkpoint holds space afterwards: what the filesystem counts as
+    used is exactly the files still there (a file deleted while a writer kept it open
+    would still count), and with those removed it is as empty as it was mounted."""
+    ckpt = small_tmpfs / "ckpt"
+    empty = _used(small_tmpfs)
+    ballast = small_tmpfs / "ballast"
+
+    def arm(faults: Faults) -> None:
+        _fill(ballast)
+
+    def free_the_space(faults: Faults, ex: Any, ended: threading.Event) -> None:
+        ballast.unlink()
+
+    _run_with_a_fault_window(tmp_path, arm, hits="No space left", ckpt=ckpt, then=free_the_space)
+    files = [p for p in small_tmpfs.rglob("*") if p.is_file()]
+    assert _used(small_tmpfs) - empty == sum(p.stat().st_blocks * 512 for p in files)
+    shutil.rmtree(ckpt)
+    assert _used(small_tmpfs) == empty
