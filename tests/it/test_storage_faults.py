@@ -1,15 +1,21 @@
 """Failing storage costs checkpoints, never the job or its data: with checkpoints on
 a fault-injecting filesystem, errors on open, write, close and directory creation
 (ENOSPC among them), a failed metadata write and a failed event-log record each
-decline the checkpoints they hit with the cause in their stats; the job keeps
-running, a later checkpoint completes once storage recovers, nothing half-written
-is left or restored, and the output is exact. Slow storage times checkpoints out
-while processing goes on."""
+decline the checkpoints they hit with the cause in their stats; so do failing
+renames on a local disk and a really full filesystem (a small tmpfs); failing
+listings cost nothing. The job keeps running, a later checkpoint completes once
+storage recovers, nothing half-written is left or restored, and the output is
+exact. Slow storage times checkpoints out while processing goes on."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import shutil
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +27,7 @@ from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.runtime.connectors import GeneratorSource, ParquetSink
 from spillover.runtime.graph import StreamEnvironment
-from support.faults import Faults, enospc, fail, faulty_dir
+from support.faults import Faults, enospc, fail, failing_renames, faulty_dir
 
 RECORDS = 40_000  # 4 partitions, 10,000 records/s per subtask: 2 s
 
@@ -54,14 +60,35 @@ def _exact(out: Path) -> None:
     assert len(ids) == len(np.unique(ids)) == RECORDS
 
 
+def _aborted(ex: Any) -> list[Any]:
+    return [c for c in ex._current.coordinator.history if c.status == "aborted"]
+
+
 def _run_with_a_fault_window(
-    tmp_path: Path, arm: Any, *, hits: str, **extra: Any
+    tmp_path: Path,
+    arm: Any,
+    *,
+    hits: str,
+    local: bool = False,
+    ckpt: Path | None = None,
+    then: Any = None,
+    **extra: Any,
 ) -> tuple[Any, Faults, Path, list[float]]:
     """Runs the job; once two checkpoints completed, ``arm(faults)`` until three
-    checkpoints were aborted, then storage recovers. ``sink_records`` holds the
-    sink's records when the faults began and when they ended."""
+    checkpoints were aborted, then ``then(faults, ex, ended)`` (a later phase of the
+    faults, if given) and storage recovers. ``sink_records`` holds the sink's records
+    when the faults began and when they ended. ``local``: checkpoints on a plain
+    path, whose renames consult the faults (:func:`failing_renames`); ``ckpt``: on
+    that directory (a real filesystem, the faults unused)."""
     out = tmp_path / "out"
-    with faulty_dir(str(tmp_path / "ckpt")) as (uri, faults):
+    with contextlib.ExitStack() as stack:
+        if ckpt is not None:
+            faults, uri = Faults(), str(ckpt)
+        elif local:
+            faults = stack.enter_context(failing_renames(Faults()))
+            uri = str(tmp_path / "ckpt")
+        else:
+            uri, faults = stack.enter_context(faulty_dir(str(tmp_path / "ckpt")))
         ex = create_executor("local", _job(out), _config(uri, **extra))
 
         ended = threading.Event()
@@ -73,11 +100,10 @@ def _run_with_a_fault_window(
                     return
             arm(faults)
             sink_records.append(ex.live_metric("sink"))
-            while not ended.wait(0.005):
-                run = ex._current
-                aborted = [c for c in run.coordinator.history if c.status == "aborted"]
-                if len(aborted) >= 3:
-                    break
+            while not ended.wait(0.005) and len(_aborted(ex)) < 3:
+                pass
+            if then is not None and not ended.is_set():
+                then(faults, ex, ended)
             sink_records.append(ex.live_metric("sink"))
             faults.rules, faults.latency_s = [], 0.0
 
@@ -98,7 +124,7 @@ def _run_with_a_fault_window(
         c["status"] == "completed" and c["checkpoint_id"] > last_abort for c in result.checkpoints
     ), "a checkpoint completed once storage recovered"
     # Declined checkpoints leave nothing behind: every directory left is complete.
-    job = tmp_path / "ckpt" / "faults"
+    job = (ckpt or tmp_path / "ckpt") / "faults"
     assert all((d / "_metadata").exists() for d in job.glob("chk-*")), list(job.glob("chk-*"))
     _exact(out)
     return result, faults, job, sink_records
@@ -124,6 +150,54 @@ def test_failing_state_writes_decline_checkpoints_and_the_job_goes_on(
 
     _, faults, _, _ = _run_with_a_fault_window(tmp_path, arm, hits=hits)
     assert sum(faults.counts.values()) > 0
+
+
+def _eio() -> OSError:
+    return OSError(errno.EIO, "Input/output error")
+
+
+@pytest.mark.parametrize("where", ["/_metadata", "/events-"], ids=["metadata", "event-log-segment"])
+def test_failing_renames_decline_checkpoints_on_a_local_disk(where: str, tmp_path: Path) -> None:
+    """Checkpoint storage renames only on a local disk: the metadata is written to a
+    temporary name and renamed into place, and a job event log segment is
+    hard-linked (else renamed) to its name. (On pyarrow filesystems both are written
+    straight to their names, so nothing there is renamed.) A rename that fails
+    declines the checkpoint and leaves no temporary file."""
+
+    def arm(faults: Faults) -> None:
+        faults.rules = [fail({"rename"}, where, _eio)]
+
+    _, faults, job, _ = _run_with_a_fault_window(
+        tmp_path, arm, hits="Input/output error", local=True
+    )
+    assert faults.counts["rename"] > 0
+    temporary = [p for p in job.rglob("*") if ".inprogress" in p.name or ".tmp-" in p.name]
+    assert not temporary
+
+
+def test_a_failing_listing_costs_no_checkpoint_and_not_the_job(tmp_path: Path) -> None:
+    """While the job runs, checkpoint storage is listed after a checkpoint completes
+    that follows an aborted one, to sweep what late writes into the aborted ones
+    left. A listing that failed there once failed the attempt (the coordinator's
+    thread raised after the checkpoint was recorded, before any task heard of it):
+    now the completion stands and the sweep waits for the next one. Phase one:
+    state files cannot be created (checkpoints declined) and listings fail; phase
+    two: only listings fail, until a completion's sweep tried one; then storage
+    recovers and a later completion sweeps."""
+
+    def arm(faults: Faults) -> None:
+        faults.rules = [fail({"open"}, "/chk-", enospc), fail({"list"}, "", _eio)]
+
+    def listings_fail(faults: Faults, ex: Any, ended: threading.Event) -> None:
+        faults.rules = [fail({"list"}, "", _eio)]
+        failed = faults.counts.get("list", 0)  # only a completion's sweep lists
+        while not ended.wait(0.005) and faults.counts.get("list", 0) == failed:
+            pass
+
+    _, faults, _, _ = _run_with_a_fault_window(
+        tmp_path, arm, hits="No space left", then=listings_fail
+    )
+    assert faults.counts["list"] > 0
 
 
 def test_a_failed_metadata_write_declines_the_checkpoint(tmp_path: Path) -> None:
@@ -164,3 +238,69 @@ def test_slow_storage_times_checkpoints_out_while_processing_goes_on(tmp_path: P
         tmp_path, arm, hits="timed out", **{"execution.checkpointing.timeout": "100 ms"}
     )
     assert after > before, "the sink got records while storage was slow"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs mounted for the test (root with CAP_SYS_ADMIN only), unmounted
+    after it."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN) and mount(8)")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (no CAP_SYS_ADMIN?): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _used(mount: Path) -> int:
+    st = os.statvfs(mount)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _fill(path: Path) -> None:
+    """Writes ``path`` until the filesystem has no space left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    chunk = b"\0" * 65536
+    try:
+        while True:
+            os.write(fd, chunk)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+
+
+def test_a_really_full_filesystem_declines_checkpoints_and_gives_the_space_back(
+    small_tmpfs: Path, tmp_path: Path
+) -> None:
+    """Checkpoints on a 4 MiB tmpfs that a ballast file fills: real ENOSPC from the
+    kernel (state files, metadata, event-log segments) declines checkpoints while
+    the job goes on; once the ballast is gone a later checkpoint completes. Nothing
+    of a declined checkpoint holds space afterwards: what the filesystem counts as
+    used is exactly the files still there (a file deleted while a writer kept it open
+    would still count), and with those removed it is as empty as it was mounted."""
+    ckpt = small_tmpfs / "ckpt"
+    empty = _used(small_tmpfs)
+    ballast = small_tmpfs / "ballast"
+
+    def arm(faults: Faults) -> None:
+        _fill(ballast)
+
+    def free_the_space(faults: Faults, ex: Any, ended: threading.Event) -> None:
+        ballast.unlink()
+
+    _run_with_a_fault_window(tmp_path, arm, hits="No space left", ckpt=ckpt, then=free_the_space)
+    files = [p for p in small_tmpfs.rglob("*") if p.is_file()]
+    assert _used(small_tmpfs) - empty == sum(p.stat().st_blocks * 512 for p in files)
+    shutil.rmtree(ckpt)
+    assert _used(small_tmpfs) == empty

@@ -1,10 +1,13 @@
 """A fault-injecting pyarrow filesystem: the local disk, with errors and latency
 where a test says (open, write, close, rename, list, delete), for storage-fault
-tests. Register it for a URI scheme with :func:`faulty_dir`."""
+tests. Register it for a URI scheme with :func:`faulty_dir`. Checkpoint storage
+renames only on local paths (through ``os``, never through pyarrow):
+:func:`failing_renames` makes those renames consult the same faults."""
 
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -167,3 +170,28 @@ def faulty_dir(base: str, scheme: str = "faulty") -> Iterator[tuple[str, Faults]
         yield f"{scheme}://{base}", faults
     finally:
         register_filesystem(scheme, None)
+
+
+@contextmanager
+def failing_renames(faults: Faults) -> Iterator[Faults]:
+    """While active, ``os.replace``, ``os.rename`` and ``os.link`` (a hard link is how
+    the job event log gives a segment its name without replacing one) consult
+    ``faults`` as operation ``rename`` with the destination path, in every thread."""
+    saved = {name: getattr(os, name) for name in ("replace", "rename", "link")}
+
+    def wrap(name: str) -> Callable[..., None]:
+        real = saved[name]
+
+        def renamed(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            faults.check("rename", os.fsdecode(dst))
+            real(src, dst, *args, **kwargs)
+
+        return renamed
+
+    for name in saved:
+        setattr(os, name, wrap(name))
+    try:
+        yield faults
+    finally:
+        for name, real in saved.items():
+            setattr(os, name, real)

@@ -1,4 +1,5 @@
-"""An S3 API server (moto) on loopback, for the storage contract and cluster tests."""
+"""An S3 API server (moto) on loopback, for the storage contract, cluster and
+storage-fault tests."""
 
 from __future__ import annotations
 
@@ -19,40 +20,80 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[dict[str, str]]:
-    """A moto S3 server in its own process on loopback, with one bucket."""
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    if exe is None:
-        pytest.fail("moto_server is missing: install the test extra (pip install -e '.[test]')")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+class MotoServer:
+    """A moto S3 server in its own process on loopback, with one bucket. ``kill``
+    SIGKILLs it (connections are refused from then on); ``start`` again serves the
+    same port. Moto keeps its state in memory: a restarted server has only the
+    bucket, made anew."""
+
+    def __init__(self, bucket: str = "spillover-test") -> None:
+        exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+        if exe is None:
+            pytest.fail("moto_server is missing: install the test extra (pip install -e '.[test]')")
+        self.exe, self.bucket, self.port = exe, bucket, _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.exe, "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 break
             except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
                     pytest.fail("the moto S3 server did not start")
                 time.sleep(0.1)
         import boto3
 
         boto3.client(
-            "s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1"
-        ).create_bucket(Bucket="spillover-test")
-        yield {"endpoint": f"127.0.0.1:{port}", "bucket": "spillover-test"}
+            "s3",
+            endpoint_url=f"http://{self.endpoint}",
+            region_name="us-east-1",
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        ).create_bucket(Bucket=self.bucket)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """A moto S3 server in its own process on loopback, with one bucket."""
+    server = MotoServer()
+    old = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    try:
+        server.start()
+        yield {"endpoint": server.endpoint, "bucket": server.bucket}
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -18,6 +18,7 @@ operator ``fully``, ``partially`` or ``running``.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -50,6 +51,8 @@ from spillover.runtime.checkpointing.metadata import (
 )
 from spillover.runtime.iteration.termination import LoopTermination
 from spillover.runtime.jobevents.lease import LeaseError
+
+logger = logging.getLogger(__name__)
 
 UNALIGNED = 1  # events.BarrierKind.UNALIGNED
 ALIGNED_WITH_TIMEOUT = 2  # events.BarrierKind.ALIGNED_WITH_TIMEOUT
@@ -521,9 +524,15 @@ class CheckpointCoordinator:
         came after the abort deleted their directory): incomplete directories of no
         pending checkpoint. Complete ones are never touched here."""
         assert self.storage is not None
+        try:
+            done, ids = set(self.storage.completed_ids()), self.storage.all_ids()
+        except (OSError, SpilloverError) as e:
+            # Housekeeping, after the checkpoint completed: a listing that fails costs
+            # neither it nor the attempt; the next completion sweeps again.
+            logger.warning("cannot list checkpoints to sweep (tried again later): %s", e)
+            return
         self._aborted = False
-        done = set(self.storage.completed_ids())
-        for old in self.storage.all_ids():
+        for old in ids:
             if old < completed and old not in done and old not in self._pending:
                 self.storage.delete(old)
 

@@ -561,7 +561,14 @@ class JobEventLog:
             self._chain += 1
             due = self.compact_after is not None and self._chain > self.compact_after
         if due:
-            self.compact()
+            # The segment is published: a failing compaction must not make the caller
+            # take the flush for failed (a checkpoint the log names would be declined).
+            # A snapshot not written is tried after the next segment; older segments
+            # not deleted go at the next compaction (readers start at the snapshot).
+            try:
+                self.compact()
+            except (OSError, StorageError) as e:
+                logger.warning("job event log %s: compaction failed: %s", self.location.uri, e)
 
     def discard_pending(self) -> None:
         """Forgets the events appended since the last flush (one that failed, say,
