@@ -143,3 +143,22 @@ def test_a_discarded_gate_leaves_nothing_in_the_shared_file(tmp_path: Path) -> N
     assert backend.list() == []
     h = _write(shared, str(tmp_path), 1, (1, 0, [(0, b"kept")]))
     assert h.offset == 0 and _read(h) == {0: [b"kept"]}
+
+
+def test_a_failed_first_append_is_written_over(tmp_path: Path) -> None:
+    """The first section's copy fails after the file was created: the next gate still
+    appends, at offset 0, over what the failed copy left."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    backend = StagingBackend(str(tmp_path))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    storer.append(0, b"cut short" * 100)
+    handle = storer.close()
+    staged = backend.take(state_file_name(0, GateKind.INPUT))
+    staged.truncate(handle.size // 2)  # the staged section ends early: the copy fails
+    try:
+        with pytest.raises(SpilloverError):
+            shared.append(staged, handle)
+    finally:
+        staged.close()
+    h = _write(shared, str(tmp_path), 1, (1, 0, [(0, b"kept")]))
+    assert h.offset == 0 and _read(h) == {0: [b"kept"]}
