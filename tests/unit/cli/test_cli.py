@@ -467,3 +467,43 @@ def test_spark_logs_point_new_contexts_at_the_file_only_while_the_command_runs(
         warnings.warn_explicit("from pyspark", UserWarning, "/x/pyspark/context.py", 1)
     assert sparklog.LOG_FILE_ENV not in os.environ
     assert "from pyspark" in log.read_text()
+
+
+def test_inspect_reads_a_shared_file_gate_by_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A channels directory of shared files (no checkpoint metadata in sight): every
+    section is reported as its gate, and a damaged one is named by its offset."""
+    from spillover.runtime.checkpointing.channel_state import (
+        channel_state_groups,
+        open_channel_state,
+    )
+
+    groups = channel_state_groups([("a", 0), ("a", 1)], 5, lambda cid: str(tmp_path / "chk-1"))
+    sizes = []
+    for i in range(2):
+        w = open_channel_state(
+            lambda cid, uid, i: str(tmp_path / "chk-1" / f"{uid}-{i}"),
+            1,
+            "a",
+            i,
+            None,
+            groups[("a", i)],
+        )
+        w.add_input(0, 0, b"subtask-%d" % i * 10)
+        sizes.append(w.close()["input"][0]["size"])
+    channels = tmp_path / "chk-1" / "channels"
+    assert main(["inspect", str(channels), "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert [(r["subtask_index"], r["offset"], r["size"]) for r in reports] == [
+        (0, 0, sizes[0]),
+        (1, sizes[0], sizes[1]),
+    ]
+    shared = channels / "a-0.spill"
+    data = bytearray(shared.read_bytes())
+    data[sizes[0] + 64 + 24 + 3] ^= 0xFF  # inside the second gate's payload
+    shared.write_bytes(bytes(data))
+    assert main(["inspect", str(shared)]) == 1
+    out = capsys.readouterr().out
+    assert "section at byte 0" in out and "every checksum verified" in out
+    assert "CorruptFrameError" in out

@@ -21,7 +21,7 @@ from spillover.storage import (
     open_storage,
 )
 from spillover.storage.handle import state_file_name
-from spillover.storage.inspection import inspect_state_file
+from spillover.storage.inspection import inspect_state_file, shared_sections
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend
 
@@ -97,6 +97,8 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
             handles[g[0]] = _write(shared, str(tmp_path), 7, g)
     assert os.path.getsize(shared.path) == sum(h.size for h in handles.values())
     assert sorted(h.offset or 0 for h in handles.values())[0] == 0
+    sections = sorted((h.offset or 0, h.size) for h in handles.values())
+    assert shared_sections(shared.path) == (sections if len(sections) > 1 else None)
     for subtask, _, buffers in gates:
         h = GateStateHandle.from_dict(handles[subtask].to_dict())  # through the metadata
         assert h.uri == shared.path and h.subtask_index == subtask
@@ -162,3 +164,17 @@ def test_a_failed_first_append_is_written_over(tmp_path: Path) -> None:
         staged.close()
     h = _write(shared, str(tmp_path), 1, (1, 0, [(0, b"kept")]))
     assert h.offset == 0 and _read(h) == {0: [b"kept"]}
+
+
+def test_sections_are_not_guessed_past_a_failed_copy(tmp_path: Path) -> None:
+    """Bytes a failed copy left after the last section: no sections are made up, and
+    the file read whole says what is wrong."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    for subtask in range(2):
+        _write(shared, str(tmp_path), 1, (subtask, 0, [(0, b"z" * 40)]))
+    assert shared_sections(shared.path) is not None
+    with open(shared.path, "ab") as f:
+        f.write(b"\0" * 100)
+    assert shared_sections(shared.path) is None
+    with pytest.raises(SpilloverError):
+        inspect_state_file(shared.path)
