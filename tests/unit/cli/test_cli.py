@@ -507,3 +507,47 @@ def test_inspect_reads_a_shared_file_gate_by_gate(
     out = capsys.readouterr().out
     assert "section at byte 0" in out and "every checksum verified" in out
     assert "CorruptFrameError" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "command"),
+    [
+        ("SPILLOVER_DEMO_SIZE_MB", "x", "demo"),  # the type refuses it
+        ("SPILLOVER_DEMO_SYNC", "banana", "demo"),  # neither yes nor no
+        ("SPILLOVER_BENCH_CLI_VERBOSE", "maybe", "bench"),
+        ("SPILLOVER_VERIFY_POLICY", "sideways", "verify"),  # not one of the choices
+        ("SPILLOVER_VERIFY_PARALLELISM", "two", "verify"),
+    ],
+)
+def test_a_bad_environment_twin_is_bad_usage(
+    env: str,
+    value: str,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Checked as its flag is: one line naming the variable, exit code 2, not a
+    traceback (nor a run that fails later, nor a yes/no silently read as no)."""
+    monkeypatch.setenv(env, value)
+    with pytest.raises(SystemExit) as ei:
+        main([command])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"spillover {command}: error: bad {env}="), err
+
+
+def test_the_command_line_wins_over_a_bad_environment_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPILLOVER_DEMO_SIZE_MB", "x")
+    monkeypatch.setenv("SPILLOVER_DEMO_SYNC", "banana")
+    assert main(["demo", "--size-mb", "1", "--no-sync", "--dir", str(tmp_path / "d")]) == 0
+    assert "not synced" in capsys.readouterr().out
+
+
+def test_a_yes_no_flag_refuses_other_words(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["demo", "--sync", "banana"])
+    assert ei.value.code == 2
+    assert "expected yes" in capsys.readouterr().err
