@@ -7,7 +7,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from typing import Any
 
 from spillover.benchmark import (
@@ -19,7 +18,7 @@ from spillover.benchmark import (
     write_results,
 )
 from spillover.benchmark import runs as bench_runs
-from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, env_flag, env_option
+from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, check_folder, env_flag, env_option
 from spillover.cli.sparklog import spark_logs
 from spillover.config import parse_duration, parse_memory_size
 from spillover.errors import ConfigError
@@ -127,17 +126,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if path:
             folders.append((flag, os.path.dirname(path) or "."))
     for flag, folder in folders:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".spillover-bench-")
-            os.close(fd)
-            os.remove(probe)
-        except OSError as e:
-            raise ConfigError(
-                f"cannot write the folder of {_named(flag)}",
-                detail=f"{folder!r}: {type(e).__name__}: {e.strerror or e}",
-                hint="give a folder you can write",
-            ) from None
+        check_folder(_named(flag), folder)
 
 
 def _bench_spec(args: argparse.Namespace) -> BenchSpec:

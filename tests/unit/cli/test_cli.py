@@ -551,3 +551,34 @@ def test_a_yes_no_flag_refuses_other_words(capsys: pytest.CaptureFixture[str]) -
         main(["demo", "--sync", "banana"])
     assert ei.value.code == 2
     assert "expected yes" in capsys.readouterr().err
+
+
+def test_verify_refuses_a_workdir_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad usage before any run (exit 2, as bench's --out), not a run that could not
+    complete (3), and with Spark not a raw OSError from where its log would go."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    for executor in ("local", "spark"):
+        argv = ["verify", "--executor", executor, "--workdir", str(not_a_folder / "w")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith("spillover verify: error: cannot write the folder of --workdir")
+
+
+def test_verify_names_the_spark_log_when_the_run_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spillover.cli import verify as verify_cli
+
+    def verify(spec: object, workdir: str | None = None) -> object:
+        raise RuntimeError("the Spark stage failed")
+
+    monkeypatch.setattr(verify_cli, "verify", verify)
+    monkeypatch.setattr("spillover.deploy.spark.spark_log_file", lambda: (False, None))
+    assert main(["verify", "--executor", "spark", "--workdir", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"Spark's log lines: {tmp_path / 'spark.log'} (--verbose: here)"
+    assert err[1].startswith("spillover verify: error: the run could not complete")
