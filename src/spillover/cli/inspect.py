@@ -36,13 +36,23 @@ def _inspect(args: argparse.Namespace) -> int:
         return _inspect_event_log(log_dir, as_json=args.json)
     checkpoints = checkpoint_dirs(args.path)
     if checkpoints:
-        summaries = [summarize(d, verify=not args.no_verify) for d in checkpoints]
+        summaries: list[dict[str, Any]] = []
+        for d in checkpoints:
+            try:
+                summaries.append(summarize(d, verify=not args.no_verify))
+            except SpilloverError as e:  # its metadata is damaged: what inspect reports
+                summaries.append({"path": d, "error": type(e).__name__, "message": str(e)})
         if args.json:
             json.dump(summaries if len(summaries) > 1 else summaries[0], sys.stdout, indent=2)
             print()
         else:
-            print("\n".join(render(x) for x in summaries))
-        return 1 if any(x["problems"] for x in summaries) else 0
+            print(
+                "\n".join(
+                    f"{x['path']}: {x['error']}: {x['message']}" if "error" in x else render(x)
+                    for x in summaries
+                )
+            )
+        return 1 if any("error" in x or x["problems"] for x in summaries) else 0
     reports: list[dict[str, Any]] = []
     failed = 0
     files = state_files(args.path)

@@ -582,3 +582,31 @@ def test_verify_names_the_spark_log_when_the_run_fails(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0] == f"Spark's log lines: {tmp_path / 'spark.log'} (--verbose: here)"
     assert err[1].startswith("spillover verify: error: the run could not complete")
+
+
+@pytest.mark.parametrize("metadata", [b"garbage", b'{"format": "something else"}', b"\xff\xfe"])
+def test_inspect_of_a_checkpoint_with_damaged_metadata_is_a_failed_check(
+    metadata: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 1 with the damage named, as for a damaged state file (docs/getting-started.md),
+    not 3 ("the run could not complete") nor a JSON parser's message; the other
+    checkpoints are still reported."""
+    from spillover.runtime.checkpointing.metadata import CheckpointStorage, new_metadata
+
+    storage = CheckpointStorage(str(tmp_path), "j")
+    for cid in (1, 2):
+        meta = new_metadata(
+            job_name="j",
+            checkpoint_id=cid,
+            trigger_ms=0,
+            fingerprint="f",
+            settings={},
+            tasks={},
+            final=False,
+        )
+        storage.write_metadata(cid, meta)
+    (tmp_path / "j" / "chk-1" / "_metadata").write_bytes(metadata)
+    assert main(["inspect", str(tmp_path / "j")]) == 1
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'j' / 'chk-1'}: FormatError: " in out
+    assert "checkpoint 2 of job 'j'" in out
