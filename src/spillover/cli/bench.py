@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -99,9 +100,13 @@ def _seconds(text: str) -> float:
     """A number of seconds (``30``, ``2.5``) or a duration with a unit (``1 min``)."""
 
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:  # inf would announce "about inf min" and never end; nan compares false
+        if not math.isfinite(seconds):
+            raise ValueError("expected a finite number of seconds")
+        return seconds
     try:  # bare numbers never get here: parse_duration would read them as ms
         return parse_duration(text).total_seconds()
     except ValueError:
@@ -171,7 +176,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             duration_s=value("--duration", _seconds, lambda v: v > 0, "> 0 s"),
             warmup_s=value("--warmup", _seconds, lambda v: v >= 0, ">= 0 s"),
             interval_ms=value("--interval-ms", int, lambda v: v >= 10, ">= 10 ms"),
-            sink_rate=value("--sink-rate", float, lambda v: v > 0, "> 0"),
+            sink_rate=value("--sink-rate", float, lambda v: 0 < v < math.inf, "finite and > 0"),
             keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
             repeat=value("--repeat", int, lambda v: v >= 1, ">= 1"),
             payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),

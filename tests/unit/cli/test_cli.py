@@ -367,6 +367,9 @@ def test_bad_usage_is_one_line_and_exit_code_2(
     [
         ["bench", "--repeat", "0"],
         ["bench", "--duration", "soon"],
+        ["bench", "--duration", "inf"],  # would run for ever
+        ["bench", "--warmup", "Infinity"],
+        ["bench", "--sink-rate", "inf"],
         ["verify", "--records", "0"],
         ["verify", "--master", "local[2]"],
     ],
