@@ -178,3 +178,30 @@ def test_sections_are_not_guessed_past_a_failed_copy(tmp_path: Path) -> None:
     assert shared_sections(shared.path) is None
     with pytest.raises(SpilloverError):
         inspect_state_file(shared.path)
+
+
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_damage_in_a_section_is_named_at_the_files_offset(
+    tmp_path: Path, pure: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared file is what the error names, so its offset is the file's (the native
+    reader and the pure twin alike), not one relative to the section."""
+    monkeypatch.setenv("SPILLOVER_PURE", pure)
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    _write(shared, str(tmp_path), 1, (0, 0, [(0, b"a" * 100)]))
+    b = _write(shared, str(tmp_path), 1, (1, 0, [(1, b"b" * 50)]))
+    assert b.offset
+    short = GateStateHandle.from_dict({**b.to_dict(), "size": b.size - 10})
+    with pytest.raises(TruncatedFileError) as cut:  # no trailer where the handle says
+        open_retriever(short)
+    assert cut.value.offset is not None
+    assert b.offset <= cut.value.offset <= b.offset + short.size  # within b's section
+    with open_retriever(b) as r:  # where each frame is, as replay errors name it
+        frames = r.poll_frames() if r.wait() else None
+    assert frames is not None and list(frames.file_offsets) == [b.offset + 64]
+    data = bytearray(Path(shared.path).read_bytes())
+    data[b.offset + 64 + 24 + 3] ^= 0xFF  # inside b's payload
+    Path(shared.path).write_bytes(bytes(data))
+    with pytest.raises(SpilloverError) as bad, open_retriever(b) as r:
+        list(r)
+    assert bad.value.offset == b.offset + 64  # b's first frame
