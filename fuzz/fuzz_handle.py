@@ -32,6 +32,10 @@ def check(parse: type[GateStateHandle] | type[Piece], d: dict[str, object]) -> N
         raise h.OracleError(f"a {parse.__name__} does not survive to_dict/from_dict")
     handle = parsed if isinstance(parsed, GateStateHandle) else parsed.handle
     handle.byte_range(list(handle.channels)[:3])
+    if handle.offset is not None and handle.offset < 0:  # a section before the file
+        raise h.OracleError("a handle with a negative offset parsed")
+    if handle.offset is None and "offset" in handle.to_dict():
+        raise h.OracleError("a handle of a file of its own writes an offset")
 
 
 def TestOneInput(data: bytes) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 FUZZ_DIR = Path(__file__).resolve().parent
@@ -109,10 +110,14 @@ def handle_seeds() -> dict[str, bytes]:
     h = handle()
     old = h.to_dict()
     del old["channel_ranges"]
+    section = replace(h, uri="/checkpoints/job/chk-7/channels/map-0.spill", offset=4096)
     return {
         "handle.json": json.dumps(h.to_dict()).encode(),
         "handle-without-ranges.json": json.dumps(old).encode(),
         "piece.json": json.dumps(Piece(h, 1, 17).to_dict()).encode(),
+        # A gate in a shared file: a section at an offset (docs/format.md, "Shared files").
+        "handle-section.json": json.dumps(section.to_dict()).encode(),
+        "piece-section.json": json.dumps(Piece(section, 2, 5).to_dict()).encode(),
     }
 
 

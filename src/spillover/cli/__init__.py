@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from spillover import __version__
 from spillover.cli import bench, demo, inspect, verify
-from spillover.cli.options import EXIT_RUN_FAILED, EXIT_USAGE
+from spillover.cli.options import EXIT_RUN_FAILED, EXIT_USAGE, BadEnvValue
 from spillover.errors import ConfigError, SpilloverError
 
 
@@ -51,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"spillover {args.command}"
     if extra:  # named by the command they were given to, not by spillover
         _Parser(prog=prog).error(f"unrecognized arguments: {' '.join(extra)}")
+    bad = [v for v in vars(args).values() if isinstance(v, BadEnvValue)]
+    if bad:  # an environment twin that the command line did not override
+        _Parser(prog=prog).error(str(bad[0]))
     if getattr(args, "size_mb", 1) <= 0 or getattr(args, "buffer_size", 1) <= 0:
         _Parser(prog=prog).error("--size-mb and --buffer-size must be positive")
     try:

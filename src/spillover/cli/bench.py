@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
-import tempfile
 from typing import Any
 
 from spillover.benchmark import (
@@ -19,7 +19,7 @@ from spillover.benchmark import (
     write_results,
 )
 from spillover.benchmark import runs as bench_runs
-from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, env_flag, env_option
+from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, check_folder, env_flag, env_option
 from spillover.cli.sparklog import spark_logs
 from spillover.config import parse_duration, parse_memory_size
 from spillover.errors import ConfigError
@@ -100,9 +100,13 @@ def _seconds(text: str) -> float:
     """A number of seconds (``30``, ``2.5``) or a duration with a unit (``1 min``)."""
 
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:  # inf would announce "about inf min" and never end; nan compares false
+        if not math.isfinite(seconds):
+            raise ValueError("expected a finite number of seconds")
+        return seconds
     try:  # bare numbers never get here: parse_duration would read them as ms
         return parse_duration(text).total_seconds()
     except ValueError:
@@ -127,17 +131,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if path:
             folders.append((flag, os.path.dirname(path) or "."))
     for flag, folder in folders:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".spillover-bench-")
-            os.close(fd)
-            os.remove(probe)
-        except OSError as e:
-            raise ConfigError(
-                f"cannot write the folder of {_named(flag)}",
-                detail=f"{folder!r}: {type(e).__name__}: {e.strerror or e}",
-                hint="give a folder you can write",
-            ) from None
+        check_folder(_named(flag), folder)
 
 
 def _bench_spec(args: argparse.Namespace) -> BenchSpec:
@@ -182,7 +176,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             duration_s=value("--duration", _seconds, lambda v: v > 0, "> 0 s"),
             warmup_s=value("--warmup", _seconds, lambda v: v >= 0, ">= 0 s"),
             interval_ms=value("--interval-ms", int, lambda v: v >= 10, ">= 10 ms"),
-            sink_rate=value("--sink-rate", float, lambda v: v > 0, "> 0"),
+            sink_rate=value("--sink-rate", float, lambda v: 0 < v < math.inf, "finite and > 0"),
             keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
             repeat=value("--repeat", int, lambda v: v >= 1, ">= 1"),
             payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 import spillover
-from spillover.cli.options import env_option, fmt_bytes
+from spillover.cli.options import env_option, fmt_bytes, yes_no
 from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.storage import baselines
 from spillover.storage.location import Location
@@ -173,7 +173,7 @@ def add_parser(sub: Any) -> None:
         p,
         "--sync",
         env="SPILLOVER_DEMO_SYNC",
-        type=lambda v: str(v).strip().lower() in ("1", "true", "yes", "on"),
+        type=yes_no,
         nargs="?",
         const=True,
         default=True,

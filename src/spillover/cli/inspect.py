@@ -14,7 +14,7 @@ from spillover.cli.options import fmt_bytes
 from spillover.errors import SpilloverError
 from spillover.runtime.checkpointing.inspect import checkpoint_dirs, render, summarize
 from spillover.runtime.jobevents import JobEventLog, JobLogState, LogEntry, is_event_log
-from spillover.storage.inspection import inspect_state_file, state_files
+from spillover.storage.inspection import inspect_state_file, shared_sections, state_files
 from spillover.storage.location import Location
 
 
@@ -36,13 +36,23 @@ def _inspect(args: argparse.Namespace) -> int:
         return _inspect_event_log(log_dir, as_json=args.json)
     checkpoints = checkpoint_dirs(args.path)
     if checkpoints:
-        summaries = [summarize(d, verify=not args.no_verify) for d in checkpoints]
+        summaries: list[dict[str, Any]] = []
+        for d in checkpoints:
+            try:
+                summaries.append(summarize(d, verify=not args.no_verify))
+            except SpilloverError as e:  # its metadata is damaged: what inspect reports
+                summaries.append({"path": d, "error": type(e).__name__, "message": str(e)})
         if args.json:
             json.dump(summaries if len(summaries) > 1 else summaries[0], sys.stdout, indent=2)
             print()
         else:
-            print("\n".join(render(x) for x in summaries))
-        return 1 if any(x["problems"] for x in summaries) else 0
+            print(
+                "\n".join(
+                    f"{x['path']}: {x['error']}: {x['message']}" if "error" in x else render(x)
+                    for x in summaries
+                )
+            )
+        return 1 if any("error" in x or x["problems"] for x in summaries) else 0
     reports: list[dict[str, Any]] = []
     failed = 0
     files = state_files(args.path)
@@ -50,11 +60,15 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"no state files (*.spill) under {args.path}", file=sys.stderr)
         return 1
     for uri in files:
-        try:
-            reports.append(inspect_state_file(uri, verify=not args.no_verify))
-        except SpilloverError as e:
-            failed += 1
-            reports.append({"uri": uri, "error": type(e).__name__, "message": str(e)})
+        # A shared file holds the gates of several subtasks: each is read as its own.
+        sections = shared_sections(uri)
+        for section in sections if sections is not None else [None]:
+            try:
+                reports.append(inspect_state_file(uri, verify=not args.no_verify, section=section))
+            except SpilloverError as e:
+                failed += 1
+                where = {} if section is None else {"offset": section[0]}
+                reports.append({"uri": uri, **where, "error": type(e).__name__, "message": str(e)})
     if args.json:
         json.dump(reports if len(reports) > 1 else reports[0], sys.stdout, indent=2)
         print()
@@ -63,7 +77,8 @@ def _inspect(args: argparse.Namespace) -> int:
         if "error" in r:
             print(f"{r['uri']}: {r['error']}: {r['message']}")
             continue
-        print(f"{r['uri']}  ({fmt_bytes(r['size'])})")
+        at = f", section at byte {r['offset']}" if "offset" in r else ""
+        print(f"{r['uri']}  ({fmt_bytes(r['size'])}{at})")
         print(
             f"  format v{r['format_version']}, checkpoint {r['checkpoint_id']}, "
             f"subtask {r['subtask_index']}, {r['gate_kind']} gate {r['gate_id']}, "

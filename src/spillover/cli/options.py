@@ -4,8 +4,12 @@ formatting."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import tempfile
 from typing import Any
+
+from spillover.errors import ConfigError
 
 # The exit codes of every command (docs/getting-started.md).
 EXIT_OK = 0  # done, and every check passed (verify: exact)
@@ -14,12 +18,48 @@ EXIT_USAGE = 2  # bad usage or configuration: nothing ran
 EXIT_RUN_FAILED = 3  # the run could not complete: storage, Spark, a job that failed
 
 
+class BadEnvValue:
+    """The value of an environment twin that its option's type or choices refuse. It
+    stands as the option's default, so the command line still wins over it; the
+    command reports it as bad usage only when it would be used."""
+
+    def __init__(self, env: str, value: str, problem: str) -> None:
+        self.env, self.value, self.problem = env, value, problem
+
+    def __str__(self) -> str:
+        return f"bad {self.env}={self.value!r}: {self.problem}"
+
+
+def _from_env(env: str, value: str, convert: Any, choices: Any) -> Any:
+    """An environment variable's value, checked as argparse checks a flag's."""
+    try:
+        got = convert(value)
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+        return BadEnvValue(env, value, str(e) or "not a valid value")
+    if choices is not None and got not in choices:
+        return BadEnvValue(env, value, "choose from " + ", ".join(map(str, choices)))
+    return got
+
+
+def yes_no(text: str) -> bool:
+    """A yes/no value: 1/true/yes/on or 0/false/no/off (empty: no); anything else is
+    refused rather than read as no."""
+    v = str(text).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("", "0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(
+        f"expected yes (1/true/yes/on) or no (0/false/no/off), not {text!r}"
+    )
+
+
 class _EnvDefault(argparse.Action):
     """An option whose default comes from an environment variable."""
 
     def __init__(self, env: str, default: Any = None, **kw: Any) -> None:
         if env in os.environ:
-            default = kw.get("type", str)(os.environ[env])
+            default = _from_env(env, os.environ[env], kw.get("type", str), kw.get("choices"))
             kw["required"] = False
         kw["help"] = f"{kw.get('help', '')} [env {env}; default {default}]"
         super().__init__(default=default, **kw)
@@ -34,17 +74,44 @@ def env_option(p: argparse.ArgumentParser, *names: str, env: str, **kw: Any) -> 
 
 def env_flag(p: argparse.ArgumentParser, name: str, *, env: str, help: str) -> None:
     """A yes/no flag: ``--name`` alone is yes; ``--name no`` or the variable ``env``
-    (1/true/yes/on, anything else no) set it too."""
+    (:func:`yes_no`) set it too."""
     env_option(
         p,
         name,
         env=env,
-        type=lambda v: str(v).strip().lower() in ("1", "true", "yes", "on"),
+        type=yes_no,
         nargs="?",
         const=True,
         default=False,
         help=help,
     )
+
+
+def check_folder(named: str, folder: str, *, create: bool = True) -> None:
+    """Checks ``folder`` takes a file, creating it (unless ``create`` is false: then
+    the nearest folder that exists must let it be made): a ConfigError (bad usage,
+    exit 2) naming the option ``named`` now, not a failure after minutes of runs."""
+    try:
+        if create:
+            os.makedirs(folder, exist_ok=True)
+        existing = os.path.abspath(folder)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", existing)
+        if existing != os.path.abspath(folder):
+            if not os.access(existing, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "cannot create folders in", existing)
+            return
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".spillover-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write the folder of {named}",
+            detail=f"{folder!r}: {type(e).__name__}: {e.strerror or e}",
+            hint="give a folder you can write",
+        ) from None
 
 
 def fmt_bytes(n: float) -> str:

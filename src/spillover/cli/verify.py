@@ -13,6 +13,7 @@ from spillover.cli.options import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_RUN_FAILED,
+    check_folder,
     env_flag,
     env_option,
 )
@@ -52,11 +53,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         master=args.master or None,
         stop=_stop(args.stop_with_savepoint, args.drain),
     )
-    with spark_logs("verify", _spark_log(args)) as log:
-        report = verify(spec, workdir=args.workdir or None)
+    if args.workdir:  # before any run: a folder it cannot write is bad usage
+        check_folder("--workdir (env SPILLOVER_VERIFY_WORKDIR)", args.workdir, create=False)
+    log = None
+    try:
+        with spark_logs("verify", _spark_log(args)) as log:
+            report = verify(spec, workdir=args.workdir or None)
+    finally:  # a run that failed is when Spark's lines are wanted most
+        if log is not None:
+            print(f"Spark's log lines: {log} (--verbose: here)", file=sys.stderr)
     print(report.text())
-    if log is not None:
-        print(f"Spark's log lines: {log} (--verbose: here)", file=sys.stderr)
     if args.json:
         write_json(report, args.json)
     if report.errors:  # a run did not finish: nothing to check

@@ -307,7 +307,7 @@ class Task:
         except BaseException as e:  # reported to the executor, which fails over
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
-            self.unaligned.release_overtaken()
+            self.unaligned.release()
             for fp in self.feedback_partitions:
                 fp.close()  # its spill files, on the thread that reads them
             for op in self.opened_ops:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from spillover.errors import (
+    SpilloverError,
     StateFileExistsError,
     StateFileNotFoundError,
     StorageError,
@@ -251,6 +252,13 @@ class SectionFile:
 
     def close(self) -> None:
         self.raw.close()
+
+
+def name_file_offset(f: Any, e: BaseException) -> None:
+    """An error about bytes of the section ``f`` (when it is one), found at an offset
+    relative to it, names the shared file's own offset: its path is the file's."""
+    if isinstance(f, SectionFile) and isinstance(e, SpilloverError) and e.offset is not None:
+        e.offset += f.base
 
 
 def open_section(

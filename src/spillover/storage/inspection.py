@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from spillover.errors import StorageError
-from spillover.storage.backends import ArrowBackend, LocalBackend, backend_for
+from spillover._native import _storage as native
+from spillover.errors import SpilloverError, StorageError
+from spillover.storage.backends import ArrowBackend, LocalBackend, backend_for, readinto_exact
 from spillover.storage.handle import Codec, GateKind
 from spillover.storage.location import Location
 from spillover.storage.options import StorageOptions
@@ -57,7 +58,49 @@ def inspect_state_file(
         "stored_bytes": trailer["stored_bytes"],
         "checksums_verified": verify,
         "channels": {str(k): v for k, v in sorted(channels.items())},
-    }
+    } | ({} if section is None else {"offset": section[0]})
+
+
+def shared_sections(uri: str, filesystem: Any = None) -> list[tuple[int, int]] | None:
+    """The sections ``(offset, size)`` of a shared state file (docs/format.md, "Shared
+    files"), in file order; None for a file of one gate, and for one whose sections
+    cannot be told apart (damaged, or ending in a failed copy): read whole, it says
+    what is wrong.
+
+    Found from the end: each section's trailer gives its size (header, frames and
+    trailer), and the header that size before it must repeat the trailer's file id.
+    """
+    hs, ts, fs = native.HEADER_SIZE, native.TRAILER_SIZE, native.FRAME_HEADER_SIZE
+    loc = Location.parse(uri, filesystem)
+    backend, name = backend_for(loc.parent), loc.name
+    sections: list[tuple[int, int]] = []
+    try:
+        f, end = backend.open_read(name)
+    except SpilloverError:
+        return None
+    try:
+        while end > 0:
+            tail = bytearray(ts)
+            f.seek(end - ts)
+            if end < hs + ts or readinto_exact(f, memoryview(tail)) != ts:
+                return None
+            trailer = native.decode_trailer(tail, uri, end - ts)
+            size = hs + ts + fs * trailer["frame_count"] + trailer["stored_bytes"]
+            if size > end:
+                return None
+            head = bytearray(hs)
+            f.seek(end - size)
+            if readinto_exact(f, memoryview(head)) != hs:
+                return None
+            if native.decode_state_header(head, uri)["file_id"] != trailer["file_id"]:
+                return None
+            sections.append((end - size, size))
+            end -= size
+    except (SpilloverError, OSError):
+        return None
+    finally:
+        f.close()
+    return sections[::-1] if len(sections) > 1 else None
 
 
 def state_files(uri: str, filesystem: Any = None) -> list[str]:

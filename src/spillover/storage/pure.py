@@ -17,9 +17,15 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from spillover.errors import ClosedError, ForeignFileError, StorageError, TruncatedFileError
+from spillover.errors import (
+    ClosedError,
+    ForeignFileError,
+    SpilloverError,
+    StorageError,
+    TruncatedFileError,
+)
 from spillover.storage import reference as ref
-from spillover.storage.backends import Backend, open_section
+from spillover.storage.backends import Backend, SectionFile, name_file_offset, open_section
 from spillover.storage.frames import FrameArrays
 from spillover.storage.handle import DataType, GateKind, GateStateHandle
 from spillover.storage.options import StorageOptions
@@ -244,9 +250,11 @@ class PureRetriever:
                     f"{h.file_id.hex()}, {self.size} bytes",
                     hint="the file was replaced or belongs to another checkpoint",
                 )
-        except BaseException:
+        except BaseException as e:
+            name_file_offset(self._file, e)
             self._file.close()
             raise
+        self._base = self._file.base if isinstance(self._file, SectionFile) else 0
         self.gate_id = int(h.gate_id)
         self.kind = GateKind(h.gate_kind)
         start, end = ref.HEADER_SIZE, self.size - ref.TRAILER_SIZE
@@ -263,15 +271,19 @@ class PureRetriever:
         self._closed = False
 
     def _read(self, whole: bool, start: int, end: int) -> Iterator[PureBuffer]:
-        if whole:  # the trailer's sums are checked after the last frame
-            for frame in self._reader.frames():
-                yield PureBuffer.of(frame, self._stored_length(frame))
-            return
-        offset = start
-        while offset < end:
-            frame, stored = self._reader._read_frame(offset, end)
-            yield PureBuffer.of(frame, stored)
-            offset += ref.FRAME_HEADER_SIZE + stored
+        try:
+            if whole:  # the trailer's sums are checked after the last frame
+                for frame in self._reader.frames():
+                    yield PureBuffer.of(frame, self._stored_length(frame))
+                return
+            offset = start
+            while offset < end:
+                frame, stored = self._reader._read_frame(offset, end)
+                yield PureBuffer.of(frame, stored)
+                offset += ref.FRAME_HEADER_SIZE + stored
+        except SpilloverError as e:
+            name_file_offset(self._file, e)  # as the native reader names it
+            raise
 
     def _stored_length(self, frame: ref.Frame) -> int:
         head = self._reader._source.read_at(frame.offset, ref.FRAME_HEADER_SIZE)
@@ -319,7 +331,7 @@ class PureRetriever:
             offsets,
             lengths,
             np.array([b.data_type for b in bufs], dtype=np.uint8),
-            np.array([b.offset for b in bufs], dtype=np.int64),
+            np.array([b.offset for b in bufs], dtype=np.int64) + self._base,
         )
 
     def iter_frames(self) -> Iterator[FrameArrays]:

@@ -22,6 +22,7 @@ from spillover.storage.backends import (
     Backend,
     SectionFile,
     backend_for,
+    name_file_offset,
     open_section,
     readinto_exact,
 )
@@ -82,7 +83,8 @@ class Retriever:
             self.header, self.trailer = self._read_ends()
             if expect is not None:
                 self._check_expected(expect)
-        except BaseException:
+        except BaseException as e:
+            name_file_offset(self._file, e)  # the native reader's offsets are the file's
             self._file.close()
             raise
         self.gate_id = int(self.header["gate_id"])

@@ -112,19 +112,23 @@ class SharedFile:
         is counted: the next section is written over what this one left."""
         with self._lock:
             offset = self.end
+            creating = not self._created
             try:
                 flags = os.O_WRONLY | os.O_CLOEXEC
-                if not self._created:
+                if creating:
                     os.makedirs(self.directory, exist_ok=True)
                     flags |= os.O_CREAT | os.O_EXCL
                 fd = os.open(self.path, flags, 0o644)
+                # Ours from now on, even if the copy below fails: the next section
+                # opens it without O_EXCL and is written over what this one left.
+                self._created = True
                 try:
                     _copy(staged.fileno(), fd, handle.size, offset)
                     if self.fsync:
                         os.fsync(fd)
                 finally:
                     os.close(fd)
-                if self.fsync and not self._created:
+                if self.fsync and creating:
                     dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
                     try:
                         os.fsync(dfd)
@@ -146,7 +150,6 @@ class SharedFile:
                     detail=f"{type(e).__name__}: {e}",
                     hint="check that the storage is reachable and writable",
                 ) from e
-            self._created = True
             self.end += handle.size
             self.sections += 1
         return replace(handle, uri=self.path, offset=offset)

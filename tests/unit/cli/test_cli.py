@@ -367,6 +367,9 @@ def test_bad_usage_is_one_line_and_exit_code_2(
     [
         ["bench", "--repeat", "0"],
         ["bench", "--duration", "soon"],
+        ["bench", "--duration", "inf"],  # would run for ever
+        ["bench", "--warmup", "Infinity"],
+        ["bench", "--sink-rate", "inf"],
         ["verify", "--records", "0"],
         ["verify", "--master", "local[2]"],
     ],
@@ -467,3 +470,146 @@ def test_spark_logs_point_new_contexts_at_the_file_only_while_the_command_runs(
         warnings.warn_explicit("from pyspark", UserWarning, "/x/pyspark/context.py", 1)
     assert sparklog.LOG_FILE_ENV not in os.environ
     assert "from pyspark" in log.read_text()
+
+
+def test_inspect_reads_a_shared_file_gate_by_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A channels directory of shared files (no checkpoint metadata in sight): every
+    section is reported as its gate, and a damaged one is named by its offset."""
+    from spillover.runtime.checkpointing.channel_state import (
+        channel_state_groups,
+        open_channel_state,
+    )
+
+    groups = channel_state_groups([("a", 0), ("a", 1)], 5, lambda cid: str(tmp_path / "chk-1"))
+    sizes = []
+    for i in range(2):
+        w = open_channel_state(
+            lambda cid, uid, i: str(tmp_path / "chk-1" / f"{uid}-{i}"),
+            1,
+            "a",
+            i,
+            None,
+            groups[("a", i)],
+        )
+        w.add_input(0, 0, b"subtask-%d" % i * 10)
+        sizes.append(w.close()["input"][0]["size"])
+    channels = tmp_path / "chk-1" / "channels"
+    assert main(["inspect", str(channels), "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert [(r["subtask_index"], r["offset"], r["size"]) for r in reports] == [
+        (0, 0, sizes[0]),
+        (1, sizes[0], sizes[1]),
+    ]
+    shared = channels / "a-0.spill"
+    data = bytearray(shared.read_bytes())
+    data[sizes[0] + 64 + 24 + 3] ^= 0xFF  # inside the second gate's payload
+    shared.write_bytes(bytes(data))
+    assert main(["inspect", str(shared)]) == 1
+    out = capsys.readouterr().out
+    assert "section at byte 0" in out and "every checksum verified" in out
+    assert "CorruptFrameError" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "command"),
+    [
+        ("SPILLOVER_DEMO_SIZE_MB", "x", "demo"),  # the type refuses it
+        ("SPILLOVER_DEMO_SYNC", "banana", "demo"),  # neither yes nor no
+        ("SPILLOVER_BENCH_CLI_VERBOSE", "maybe", "bench"),
+        ("SPILLOVER_VERIFY_POLICY", "sideways", "verify"),  # not one of the choices
+        ("SPILLOVER_VERIFY_PARALLELISM", "two", "verify"),
+    ],
+)
+def test_a_bad_environment_twin_is_bad_usage(
+    env: str,
+    value: str,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Checked as its flag is: one line naming the variable, exit code 2, not a
+    traceback (nor a run that fails later, nor a yes/no silently read as no)."""
+    monkeypatch.setenv(env, value)
+    with pytest.raises(SystemExit) as ei:
+        main([command])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"spillover {command}: error: bad {env}="), err
+
+
+def test_the_command_line_wins_over_a_bad_environment_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPILLOVER_DEMO_SIZE_MB", "x")
+    monkeypatch.setenv("SPILLOVER_DEMO_SYNC", "banana")
+    assert main(["demo", "--size-mb", "1", "--no-sync", "--dir", str(tmp_path / "d")]) == 0
+    assert "not synced" in capsys.readouterr().out
+
+
+def test_a_yes_no_flag_refuses_other_words(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["demo", "--sync", "banana"])
+    assert ei.value.code == 2
+    assert "expected yes" in capsys.readouterr().err
+
+
+def test_verify_refuses_a_workdir_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad usage before any run (exit 2, as bench's --out), not a run that could not
+    complete (3), and with Spark not a raw OSError from where its log would go."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    for executor in ("local", "spark"):
+        argv = ["verify", "--executor", executor, "--workdir", str(not_a_folder / "w")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert err.startswith("spillover verify: error: cannot write the folder of --workdir")
+
+
+def test_verify_names_the_spark_log_when_the_run_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spillover.cli import verify as verify_cli
+
+    def verify(spec: object, workdir: str | None = None) -> object:
+        raise RuntimeError("the Spark stage failed")
+
+    monkeypatch.setattr(verify_cli, "verify", verify)
+    monkeypatch.setattr("spillover.deploy.spark.spark_log_file", lambda: (False, None))
+    assert main(["verify", "--executor", "spark", "--workdir", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"Spark's log lines: {tmp_path / 'spark.log'} (--verbose: here)"
+    assert err[1].startswith("spillover verify: error: the run could not complete")
+
+
+@pytest.mark.parametrize("metadata", [b"garbage", b'{"format": "something else"}', b"\xff\xfe"])
+def test_inspect_of_a_checkpoint_with_damaged_metadata_is_a_failed_check(
+    metadata: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 1 with the damage named, as for a damaged state file (docs/getting-started.md),
+    not 3 ("the run could not complete") nor a JSON parser's message; the other
+    checkpoints are still reported."""
+    from spillover.runtime.checkpointing.metadata import CheckpointStorage, new_metadata
+
+    storage = CheckpointStorage(str(tmp_path), "j")
+    for cid in (1, 2):
+        meta = new_metadata(
+            job_name="j",
+            checkpoint_id=cid,
+            trigger_ms=0,
+            fingerprint="f",
+            settings={},
+            tasks={},
+            final=False,
+        )
+        storage.write_metadata(cid, meta)
+    (tmp_path / "j" / "chk-1" / "_metadata").write_bytes(metadata)
+    assert main(["inspect", str(tmp_path / "j")]) == 1
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'j' / 'chk-1'}: FormatError: " in out
+    assert "checkpoint 2 of job 'j'" in out

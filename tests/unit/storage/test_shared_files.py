@@ -21,7 +21,7 @@ from spillover.storage import (
     open_storage,
 )
 from spillover.storage.handle import state_file_name
-from spillover.storage.inspection import inspect_state_file
+from spillover.storage.inspection import inspect_state_file, shared_sections
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend
 
@@ -97,6 +97,8 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
             handles[g[0]] = _write(shared, str(tmp_path), 7, g)
     assert os.path.getsize(shared.path) == sum(h.size for h in handles.values())
     assert sorted(h.offset or 0 for h in handles.values())[0] == 0
+    sections = sorted((h.offset or 0, h.size) for h in handles.values())
+    assert shared_sections(shared.path) == (sections if len(sections) > 1 else None)
     for subtask, _, buffers in gates:
         h = GateStateHandle.from_dict(handles[subtask].to_dict())  # through the metadata
         assert h.uri == shared.path and h.subtask_index == subtask
@@ -143,3 +145,63 @@ def test_a_discarded_gate_leaves_nothing_in_the_shared_file(tmp_path: Path) -> N
     assert backend.list() == []
     h = _write(shared, str(tmp_path), 1, (1, 0, [(0, b"kept")]))
     assert h.offset == 0 and _read(h) == {0: [b"kept"]}
+
+
+def test_a_failed_first_append_is_written_over(tmp_path: Path) -> None:
+    """The first section's copy fails after the file was created: the next gate still
+    appends, at offset 0, over what the failed copy left."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    backend = StagingBackend(str(tmp_path))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    storer.append(0, b"cut short" * 100)
+    handle = storer.close()
+    staged = backend.take(state_file_name(0, GateKind.INPUT))
+    staged.truncate(handle.size // 2)  # the staged section ends early: the copy fails
+    try:
+        with pytest.raises(SpilloverError):
+            shared.append(staged, handle)
+    finally:
+        staged.close()
+    h = _write(shared, str(tmp_path), 1, (1, 0, [(0, b"kept")]))
+    assert h.offset == 0 and _read(h) == {0: [b"kept"]}
+
+
+def test_sections_are_not_guessed_past_a_failed_copy(tmp_path: Path) -> None:
+    """Bytes a failed copy left after the last section: no sections are made up, and
+    the file read whole says what is wrong."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    for subtask in range(2):
+        _write(shared, str(tmp_path), 1, (subtask, 0, [(0, b"z" * 40)]))
+    assert shared_sections(shared.path) is not None
+    with open(shared.path, "ab") as f:
+        f.write(b"\0" * 100)
+    assert shared_sections(shared.path) is None
+    with pytest.raises(SpilloverError):
+        inspect_state_file(shared.path)
+
+
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_damage_in_a_section_is_named_at_the_files_offset(
+    tmp_path: Path, pure: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared file is what the error names, so its offset is the file's (the native
+    reader and the pure twin alike), not one relative to the section."""
+    monkeypatch.setenv("SPILLOVER_PURE", pure)
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    _write(shared, str(tmp_path), 1, (0, 0, [(0, b"a" * 100)]))
+    b = _write(shared, str(tmp_path), 1, (1, 0, [(1, b"b" * 50)]))
+    assert b.offset
+    short = GateStateHandle.from_dict({**b.to_dict(), "size": b.size - 10})
+    with pytest.raises(TruncatedFileError) as cut:  # no trailer where the handle says
+        open_retriever(short)
+    assert cut.value.offset is not None
+    assert b.offset <= cut.value.offset <= b.offset + short.size  # within b's section
+    with open_retriever(b) as r:  # where each frame is, as replay errors name it
+        frames = r.poll_frames() if r.wait() else None
+    assert frames is not None and list(frames.file_offsets) == [b.offset + 64]
+    data = bytearray(Path(shared.path).read_bytes())
+    data[b.offset + 64 + 24 + 3] ^= 0xFF  # inside b's payload
+    Path(shared.path).write_bytes(bytes(data))
+    with pytest.raises(SpilloverError) as bad, open_retriever(b) as r:
+        list(r)
+    assert bad.value.offset == b.offset + 64  # b's first frame

@@ -204,9 +204,11 @@ class ChannelStateWriter:
             inputs = [self._finish(s) for _, s in sorted(self._inputs.items())]
             outputs = [self._finish(s) for _, s in sorted(self._outputs.items())]
         except BaseException:
-            if self._staging is not None:  # staged gates not appended: gone at once
-                for name in self._staging.list():
-                    self._staging.delete(name)
+            # The gates after the one that failed were never closed: their writers
+            # still hold descriptors, staged files and network buffers (credit).
+            # Nobody discards a writer whose close raised, so let go of them now.
+            with contextlib.suppress(Exception):
+                self.discard()
             raise
         return {"input": inputs, "output": outputs, "bytes": self.bytes}
 

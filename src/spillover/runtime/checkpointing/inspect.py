@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from spillover.errors import SpilloverError
+from spillover.errors import FormatError, SpilloverError, StorageError
 from spillover.runtime.checkpointing.metadata import METADATA_FILE, check_metadata
 from spillover.storage.inspection import inspect_state_file
 
@@ -42,8 +42,13 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
     """The metadata of one checkpoint plus, per subtask, its in-flight files read back
     and checked (every checksum when ``verify``)."""
     meta_path = os.path.join(path, METADATA_FILE)
-    with open(meta_path) as f:
-        meta = json.load(f)
+    try:
+        with open(meta_path, "rb") as f:
+            meta = json.loads(f.read())
+    except OSError as e:
+        raise StorageError("cannot read checkpoint metadata", path=meta_path, errno=e.errno) from e
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise FormatError("checkpoint metadata is not valid JSON", path=meta_path) from e
     check_metadata(meta, meta_path)
     subtasks = []
     total_inflight = total_state = 0

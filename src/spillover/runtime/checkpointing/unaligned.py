@@ -170,6 +170,16 @@ class UnalignedCheckpoints:
                         b.release()
             self._overtaken.clear()
 
+    def release(self) -> None:
+        """The task ends: lets go of what an unfinished checkpoint holds, the buffers
+        overtaken and the writer of the checkpoint in flight (its open files, staged
+        sections and network buffers); nothing would close that writer any more."""
+        self.release_overtaken()
+        inf, self.inflight = self.inflight, None
+        if inf is not None:
+            with contextlib.suppress(Exception):
+                inf.writer.discard()
+
     def reap(self) -> None:
         """Gives back the network buffers already written (called often)."""
         if self.inflight is not None:

@@ -211,10 +211,11 @@ class InputRecovery:
                     self.channels[(gate, ch)] = _Channel(pieces)
             depth = max((len(refs.get(ch, [])) for ch in range(width)), default=0)
             for k in range(depth):  # referenced pieces, k-th of every channel at once
-                by_file: dict[str, tuple[GateStateHandle, dict[int, int]]] = {}
+                # By section, not file: old subtasks' gates may share one file.
+                by_file: dict[tuple[str, int], tuple[GateStateHandle, dict[int, int]]] = {}
                 for ch, pieces in refs.items():
                     if k < len(pieces):
-                        entry = by_file.setdefault(pieces[k].handle.uri, (pieces[k].handle, {}))
+                        entry = by_file.setdefault(pieces[k].handle.key, (pieces[k].handle, {}))
                         entry[1][ch] = k
                 self._plan += [(gate, h, chans) for h, chans in by_file.values()]
             if own is not None:

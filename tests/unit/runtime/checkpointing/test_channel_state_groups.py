@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -113,3 +114,44 @@ def test_a_failing_shared_file_fails_only_that_subtasks_part(tmp_path: Path) -> 
     h = GateStateHandle.from_dict(ok.close()["input"][0])
     with open_retriever(h) as rd:
         assert [bytes(b) for b in rd] == [b"def"]
+
+
+class HeldBuffer(bytearray):
+    """A network buffer's stand-in: counts the references the writer holds."""
+
+    held = 0
+
+    def retain(self) -> None:
+        self.held += 1
+
+    def release(self) -> None:
+        self.held -= 1
+
+
+def _open_in(directory: Path) -> list[str]:
+    """This process's descriptors open on files in ``directory`` (unlinked ones too)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory)):
+                found.append(fd)
+    return found
+
+
+def test_a_failed_close_lets_go_of_every_gate(tmp_path: Path) -> None:
+    """The first gate's append fails: close raises and, without a discard, the other
+    gates' writers are gone too (no staged file or descriptor left open, every
+    network buffer given back)."""
+    subtask_dir, checkpoint_dir = _dirs(tmp_path)
+    staging = tmp_path / "tmp"
+    groups = channel_state_groups(TASKS[:2], 5, checkpoint_dir, str(staging))  # type: ignore[arg-type]
+    (tmp_path / "chk-1").mkdir()
+    (tmp_path / "chk-1" / "channels").write_bytes(b"not a directory")
+    w = open_channel_state(subtask_dir, 1, "src", 0, None, groups[("src", 0)])  # type: ignore[arg-type]
+    buffers = [HeldBuffer(b"x" * 100) for _ in range(3)]
+    for gate, b in enumerate(buffers):
+        w.add_input(gate, 0, b)
+    with pytest.raises(StorageError):
+        w.close()
+    assert _open_in(staging) == []
+    assert [b.held for b in buffers] == [0, 0, 0]

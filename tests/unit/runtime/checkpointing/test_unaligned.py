@@ -426,3 +426,33 @@ def test_a_failure_while_completing_an_unaligned_checkpoint_declines_it(
     assert "completing the unaligned checkpoint failed: KeyError" in first["reason"]
     assert failed[0].writer.closed  # its channel files discarded, not left half-written
     assert any(c["status"] == "completed" for c in by_id.values())  # the next ones go on
+
+
+def test_a_task_that_fails_mid_checkpoint_lets_go_of_its_channel_state(tmp_path: Path) -> None:
+    """The task ends (cancelled, as on any failure) while an unaligned checkpoint
+    persists: its writer is discarded then, not left holding open files, staged
+    sections and network buffers for as long as the task object lives."""
+    import os
+
+    h = Harness(tmp_path)
+    h.start()
+    h.barrier(0, 1)
+    h.settle()
+    h.data(1)
+    h.settle()
+    inf = h.task.unaligned.inflight
+    assert inf is not None and inf.writer.input_bytes > 0
+    h.task.cancel()
+    assert h.done.wait(10)
+    h.task.thread.join(5)
+    assert inf.writer.closed
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(tmp_path / "chk-1")):
+            held.append(target)
+    assert held == []
+    assert not list((tmp_path / "chk-1").rglob("*.spill"))

@@ -222,3 +222,39 @@ def test_metadata_lists_the_checkpoints_it_references() -> None:
         },
     }
     assert referenced_checkpoints(meta) == [4]
+
+
+def test_references_into_two_sections_of_one_shared_file(tmp_path: Path) -> None:
+    """Two channels' references point into the sections of two old subtasks that
+    shared a file: each channel is read from its own section, not the first one's."""
+    from spillover.storage import GateKind, Storage, StorageOptions
+    from spillover.storage.handle import state_file_name
+    from spillover.storage.location import Location
+    from spillover.storage.shared import SharedFile, StagingBackend
+
+    shared = SharedFile(Location.parse(str(tmp_path / "chk-1" / "channels")), "a-0.spill")
+    handles = []
+    for subtask, ch in ((0, 0), (1, 1)):  # old subtask 0 held channel 0, subtask 1 channel 1
+        staging = StagingBackend(str(tmp_path))
+        storer = Storage(staging, StorageOptions(), 1, subtask).create_storer(0)
+        w = RecordWriter(64)
+        for i in range(40):
+            for b in w.write(np.array([ch, i], "<i8").tobytes() + b"y" * 20):
+                storer.append(ch, b)
+        last = w.flush()
+        if last is not None:
+            storer.append(ch, last)
+        h = storer.close()
+        staged = staging.take(state_file_name(0, GateKind.INPUT))
+        try:
+            handles.append(shared.append(staged, h))
+        finally:
+            staged.close()
+    assert handles[0].uri == handles[1].uri and handles[1].offset
+    sink = _Sink()
+    r = InputRecovery(
+        {0: (None, {0: [Piece(handles[0], 0)], 1: [Piece(handles[1], 1)]})}, sink.process
+    )
+    while r.step():
+        pass
+    assert sink.got == {0: list(range(40)), 1: list(range(40))}
