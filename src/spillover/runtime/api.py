@@ -203,6 +203,22 @@ class Operator:
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
 
+    @property
+    def bounded(self) -> bool:
+        """Whether the operator's output ends by itself: a source that runs out (a
+        batch job needs every source bounded). Sources say so; others are."""
+        return not self.is_source
+
+    def splits_of(self, subtask: int, parallelism: int) -> tuple[str, ...] | None:
+        """Sources with splits: the splits subtask ``subtask`` of ``parallelism`` reads
+        (the enumerator's assignment, which a batch job's log records); None: the
+        source has no splits to assign."""
+        return None
+
+    def assign_splits(self, splits: tuple[str, ...]) -> None:
+        """Sources with splits, after ``open``: read exactly ``splits`` (a re-run
+        subtask of a batch job gets back the assignment the log recorded)."""
+
     def restore(self, state: Any) -> None:
         """``state`` is the ``operator_state`` this subtask snapshotted (same parallelism)."""
 

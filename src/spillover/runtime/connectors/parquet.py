@@ -202,6 +202,10 @@ class ParquetSource(Operator):
             if self.out_dtype.names is None:
                 raise ConfigError(f"dtype must be structured, got {self.out_dtype}")
 
+    @property
+    def bounded(self) -> bool:
+        return True
+
     @staticmethod
     def _resolve(src: Any, filesystem: Any) -> tuple[Any, list[str]]:
         if hasattr(src, "files") and hasattr(src, "filesystem"):  # a FileSystemDataset
