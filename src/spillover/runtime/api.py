@@ -186,6 +186,9 @@ class OperatorContext:
     # True when the task honours ``Operator.ready_at``: an operator that paces itself
     # then says when it can take more input instead of sleeping in ``process``.
     pacing: bool = False
+    # A batch job's run (docs/recovery.md): the same for every run of a task and every
+    # master that resumes the run; None for a streaming job.
+    batch_run: str | None = None
 
 
 class Operator:

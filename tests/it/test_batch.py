@@ -1,0 +1,231 @@
+"""Batch execution (execution.runtime-mode: batch): the same result as streaming,
+stage by stage through result files the engine writes; a failed task re-runs only
+its region; a lost or corrupt result re-runs only its producer; a restarted master
+re-runs only what had not finished."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from spillover.config import Config
+from spillover.deploy import create_executor
+from spillover.runtime.connectors import GeneratorSource, ParquetSink
+from spillover.runtime.connectors.throttled import ThrottledSink
+from spillover.runtime.failures import FailureInjector, FailureSpec
+from spillover.runtime.graph import StreamEnvironment
+from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog, TaskFinished
+from spillover.runtime.operators import KeyedSum
+
+RECORDS = 20_000
+
+
+def source() -> GeneratorSource:
+    return GeneratorSource(
+        partitions=4, records_per_partition=RECORDS // 4, payload_bytes=16, keys=500
+    )
+
+
+def job(out: Path, *, parallelism: int = 2, sum_parallelism: int | None = None) -> Any:
+    """source -> key_by -> running sum per key -> Parquet."""
+    env = StreamEnvironment("batchjob", parallelism=parallelism, max_parallelism=128)
+    gen = source()
+    (
+        env.from_source(gen, uid="src")
+        .key_by("key")
+        .process(KeyedSum("key", "seq"), uid="sum", parallelism=sum_parallelism)
+        .sink(ParquetSink(str(out)), uid="sink", parallelism=sum_parallelism)
+    )
+    return env
+
+
+def totals(out: Path) -> dict[int, int]:
+    """The final sum per key (the running sums only grow: the largest is the total)."""
+    t = pq.read_table(str(out))
+    keys, sums = t.column("key").to_numpy(), t.column("seq").to_numpy()
+    order = np.lexsort((sums, keys))
+    last = np.r_[keys[order][1:] != keys[order][:-1], True]
+    return dict(zip(keys[order][last].tolist(), sums[order][last].tolist(), strict=True))
+
+
+def expected() -> dict[int, int]:
+    gen = source()
+    parts = np.repeat(np.arange(4), RECORDS // 4)
+    seqs = np.tile(np.arange(RECORDS // 4), 4)
+    keys = gen.keys_of(parts, seqs)
+    out: dict[int, int] = {}
+    for k, s in zip(keys.tolist(), seqs.tolist(), strict=True):
+        out[k] = out.get(k, 0) + s
+    return out
+
+
+def batch_config(tmp_path: Path, **extra: Any) -> Config:
+    return Config.from_dict(
+        {
+            "execution.runtime-mode": "batch",
+            "state.checkpoints.dir": str(tmp_path / "ckpt"),
+            "restart-strategy.fixed-delay.delay": "0 ms",
+            "restart-strategy.fixed-delay.attempts": 3,
+            **extra,
+        }
+    )
+
+
+def test_a_batch_job_gives_the_streaming_result(tmp_path: Path) -> None:
+    ex = create_executor("local", job(tmp_path / "streaming"), Config())
+    assert ex.run(timeout=120).status == "finished"
+    ex = create_executor("local", job(tmp_path / "batch"), batch_config(tmp_path))
+    result = ex.run(timeout=120)
+    assert result.status == "finished", result.failures
+    assert totals(tmp_path / "batch") == totals(tmp_path / "streaming") == expected()
+    assert {m["runs"] for m in result.tasks.values()} == {1.0}
+    # the run's result files are gone once it finished
+    assert not list((tmp_path / "ckpt" / "batchjob").glob("*/results"))
+
+
+def test_a_failed_consumer_re_runs_only_its_region(tmp_path: Path) -> None:
+    failures = FailureInjector([FailureSpec("operator", "sum", 1, after_records=100)])
+    ex = create_executor("local", job(tmp_path / "out"), batch_config(tmp_path), failures=failures)
+    result = ex.run(timeout=120)
+    assert result.status == "finished", result.failures
+    assert totals(tmp_path / "out") == expected()
+    runs = {name: m["runs"] for name, m in result.tasks.items()}
+    assert runs == {"src#0": 1, "src#1": 1, "sum#0": 1, "sum#1": 2}
+    assert len(result.failures) == 1
+
+
+def _scheduler(tmp_path: Path, damage: Any) -> tuple[Any, Any]:
+    """Runs the job's stages with ``damage(result file)`` applied to src#1's result
+    as soon as src#1 finished (before any consumer reads it)."""
+    from spillover.runtime.batch.scheduler import BatchScheduler
+    from spillover.storage.location import Location
+
+    done: list[Any] = []
+
+    def on_finished(key: Any, results: Any) -> None:
+        if key == ("src", 1) and not done:
+            done.append(key)
+            damage(Path(results[0].gate.uri))
+
+    s = BatchScheduler(
+        job(tmp_path / "out").build(),
+        batch_config(tmp_path),
+        results=Location.parse(str(tmp_path / "results")),
+        run_id="0123456789abcdef",
+        failures=FailureInjector(),
+        flush_interval=0.005,
+        on_finished=on_finished,
+    )
+    return s, s.run(deadline=None)
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_deleted_result_re_runs_only_its_producer(tmp_path: Path) -> None:
+    _, outcome = _scheduler(tmp_path, lambda p: p.unlink())
+    assert outcome.error is None, outcome.failures
+    assert totals(tmp_path / "out") == expected()
+    assert outcome.runs[("src", 0)] == 1 and outcome.runs[("src", 1)] == 2
+    assert all("src#1 cannot be read" in f for f in outcome.failures)
+
+
+def test_a_corrupted_result_re_runs_only_its_producer(tmp_path: Path) -> None:
+    _, outcome = _scheduler(tmp_path, _flip)
+    assert outcome.error is None, outcome.failures
+    assert totals(tmp_path / "out") == expected()
+    assert outcome.runs[("src", 0)] == 1 and outcome.runs[("src", 1)] == 2
+    assert all("src#1 cannot be read" in f for f in outcome.failures)
+
+
+# ---- progress recovery ----------------------------------------------------------------
+
+
+def staged_job(out: Path, sink_rate: float | None = None, sum_parallelism: int = 2) -> Any:
+    """Three stages: source -> key_by -> sum -> rebalance -> Parquet (paced when
+    ``sink_rate``), so the last stage can be slow on purpose."""
+    env = StreamEnvironment("staged", parallelism=2, max_parallelism=128)
+    sink: Any = ParquetSink(str(out))
+    if sink_rate is not None:
+        sink = ThrottledSink(sink_rate, sink)
+    (
+        env.from_source(source(), uid="src")
+        .key_by("key")
+        .process(KeyedSum("key", "seq"), uid="sum", parallelism=sum_parallelism)
+        .rebalance()
+        .sink(sink, uid="sink", parallelism=2)
+    )
+    return env
+
+
+def finished_in_log(ckpt: Path, job_name: str = "staged") -> list[tuple[str, int, int]]:
+    """``(uid, subtask, generation)`` of every task-finished record, in log order."""
+    log = JobEventLog.open(ckpt / job_name / EVENTS_DIR)
+    return [
+        (e.vertex_uid, e.subtask, e.generation) for e in log.events() if isinstance(e, TaskFinished)
+    ]
+
+
+def test_a_failed_run_started_again_re_runs_only_what_had_not_finished(tmp_path: Path) -> None:
+    cfg = batch_config(tmp_path, **{"restart-strategy.type": "none"})
+    failures = FailureInjector([FailureSpec("operator", "sink", 0, after_records=1)])
+    first = create_executor("local", staged_job(tmp_path / "out"), cfg, failures=failures).run(
+        timeout=120
+    )
+    assert first.status == "failed"
+    again = create_executor("local", staged_job(tmp_path / "out"), cfg).run(timeout=120)
+    assert again.status == "finished", again.failures
+    assert again.recovery is not None and "resuming batch run" in again.recovery
+    assert again.run_id == first.run_id
+    reused = {"src#0", "src#1", "sum#0", "sum#1"}
+    assert reused <= set(again.reused_tasks)
+    assert {k for k, m in again.tasks.items() if m["runs"] > 0} == {"sink#0", "sink#1"} - (
+        set(again.reused_tasks)
+    )
+    assert totals(tmp_path / "out") == expected()
+    # finished once: no task-finished record is repeated
+    records = [(u, i) for u, i, _ in finished_in_log(tmp_path / "ckpt")]
+    assert sorted(records) == sorted(set(records)) and len(records) == 6
+    # a finished job is not run again
+    third = create_executor("local", staged_job(tmp_path / "out"), cfg).run(timeout=120)
+    assert third.already_finished and third.status == "finished"
+
+
+def test_a_corrupt_result_found_on_restart_re_runs_just_its_producer(tmp_path: Path) -> None:
+    cfg = batch_config(tmp_path, **{"restart-strategy.type": "none"})
+    failures = FailureInjector([FailureSpec("operator", "sum", 0, after_records=1)])
+    first = create_executor("local", staged_job(tmp_path / "out"), cfg, failures=failures).run(
+        timeout=120
+    )
+    assert first.status == "failed"
+    (path,) = [p for p in (tmp_path / "ckpt" / "staged").glob("*/results/src-00001-*/out-*.spill")]
+    _flip(path)
+    again = create_executor("local", staged_job(tmp_path / "out"), cfg).run(timeout=120)
+    assert again.status == "finished", again.failures
+    assert again.recovery is not None and "src#1 runs again" in again.recovery
+    assert again.tasks["src#0"]["reused"] == 1 and again.tasks["src#0"]["runs"] == 0
+    assert again.tasks["src#1"]["runs"] == 1
+    assert totals(tmp_path / "out") == expected()
+
+
+def test_a_rescaled_restart_reads_finished_results_by_key_group(tmp_path: Path) -> None:
+    cfg = batch_config(tmp_path, **{"restart-strategy.type": "none"})
+    failures = FailureInjector([FailureSpec("operator", "sum", 0, after_records=1)])
+    first = create_executor(
+        "local", staged_job(tmp_path / "out", sum_parallelism=2), cfg, failures=failures
+    ).run(timeout=120)
+    assert first.status == "failed"
+    # the sum stage at 3 reads the sources' files, written for 2, by key group
+    again = create_executor("local", staged_job(tmp_path / "out", sum_parallelism=3), cfg).run(
+        timeout=120
+    )
+    assert again.status == "finished", again.failures
+    assert {"src#0", "src#1"} <= set(again.reused_tasks)
+    assert {again.tasks[f"sum#{i}"]["runs"] for i in range(3)} == {1.0}
+    assert totals(tmp_path / "out") == expected()
