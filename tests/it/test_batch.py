@@ -5,6 +5,10 @@ re-runs only what had not finished."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,7 @@ import pyarrow.parquet as pq
 
 from spillover.config import Config
 from spillover.deploy import create_executor
+from spillover.errors import SpilloverError
 from spillover.runtime.connectors import GeneratorSource, ParquetSink
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.failures import FailureInjector, FailureSpec
@@ -229,3 +234,61 @@ def test_a_rescaled_restart_reads_finished_results_by_key_group(tmp_path: Path) 
     assert {"src#0", "src#1"} <= set(again.reused_tasks)
     assert {again.tasks[f"sum#{i}"]["runs"] for i in range(3)} == {1.0}
     assert totals(tmp_path / "out") == expected()
+
+
+# ---- a killed driver -------------------------------------------------------------------
+
+
+def _drive(out: str, ckpt: str) -> None:
+    """A child driver: the staged job with a slow last stage."""
+    cfg = batch_config(Path(ckpt).parent)
+    create_executor("local", staged_job(Path(out), sink_rate=1000.0), cfg).run(timeout=300)
+
+
+def _logged(ckpt: Path) -> set[tuple[str, int]]:
+    try:
+        return {(u, i) for u, i, _ in finished_in_log(ckpt)}
+    except (OSError, SpilloverError):
+        return set()  # not written yet
+
+
+def _kill_when(tmp_path: Path, point: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Starts a child driver and SIGKILLs it once the log says every task of
+    ``point`` finished; returns what the log said had finished then."""
+    ctx = multiprocessing.get_context("spawn")
+    ckpt = tmp_path / "ckpt"
+    child = ctx.Process(target=_drive, args=(str(tmp_path / "out"), str(ckpt)))
+    child.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not point <= (done := _logged(ckpt)):
+            assert child.is_alive(), "the driver ended before the kill point"
+            assert time.monotonic() < deadline, f"no kill point after 120 s: {done}"
+            time.sleep(0.02)
+    finally:
+        os.kill(child.pid or 0, signal.SIGKILL)
+        child.join()
+    return done
+
+
+def test_a_driver_killed_between_and_during_stages_re_runs_only_the_unfinished(
+    tmp_path: Path,
+) -> None:
+    sources = {("src", 0), ("src", 1)}
+    sums = {("sum", 0), ("sum", 1)}
+    at_first = _kill_when(tmp_path, sources)  # the sources' stage is over
+    assert sources <= at_first and not {("sink", 0), ("sink", 1)} & at_first
+    at_second = _kill_when(tmp_path, sums)  # the last stage runs
+    assert sources | sums <= at_second
+    cfg = batch_config(tmp_path)
+    last = create_executor("local", staged_job(tmp_path / "out", 1000.0), cfg).run(timeout=300)
+    assert last.status == "finished", last.failures
+    assert totals(tmp_path / "out") == expected()
+    # finished tasks never ran again: each is logged finished once, by the start
+    # that ran it, and the last start reused them
+    records = [(u, i) for u, i, _ in finished_in_log(tmp_path / "ckpt")]
+    assert sorted(records) == sorted(set(records))
+    assert {f"{u}#{i}" for u, i in at_second} <= set(last.reused_tasks)
+    for name in last.reused_tasks:
+        assert last.tasks[name]["runs"] == 0
+    assert last.recovery is not None and "resuming batch run" in last.recovery
