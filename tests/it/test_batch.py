@@ -14,16 +14,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from spillover.config import Config
 from spillover.deploy import create_executor
-from spillover.errors import SpilloverError
+from spillover.errors import ConfigError, SpilloverError
 from spillover.runtime.connectors import GeneratorSource, ParquetSink
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog, TaskFinished
 from spillover.runtime.operators import KeyedSum
+from spillover.verify import VerifySpec, verify
 
 RECORDS = 20_000
 
@@ -292,3 +294,31 @@ def test_a_driver_killed_between_and_during_stages_re_runs_only_the_unfinished(
     for name in last.reused_tasks:
         assert last.tasks[name]["runs"] == 0
     assert last.recovery is not None and "resuming batch run" in last.recovery
+
+
+# ---- spillover verify in batch mode --------------------------------------------------------
+
+
+def test_verify_a_batch_run_with_task_failures(tmp_path: Path) -> None:
+    spec = VerifySpec(
+        records=20_000, rate_per_subtask=None, failures=3, runtime_mode="batch", seed=3
+    )
+    report = verify(spec, str(tmp_path))
+    assert report.exact, report.text()
+
+
+def test_verify_a_batch_run_whose_driver_is_killed(tmp_path: Path) -> None:
+    spec = VerifySpec(
+        records=20_000, rate_per_subtask=5_000.0, failures=0, runtime_mode="batch", kill_driver=3
+    )
+    report = verify(spec, str(tmp_path))
+    assert report.exact, report.text()
+    assert len(report.driver_starts) >= 2
+    assert all("finished tasks in the log" in s for s in report.driver_starts)
+
+
+def test_a_batch_verify_cannot_stop_or_rescale() -> None:
+    with pytest.raises(ConfigError, match="batch run cannot be stopped"):
+        VerifySpec(runtime_mode="batch", stop="savepoint").check()
+    with pytest.raises(ConfigError, match="unknown runtime mode"):
+        VerifySpec(runtime_mode="bulk").check()
