@@ -419,7 +419,7 @@ class Executor:
         result.attempts = 1 + len(out.failures)
         result.tasks = out.tasks
         result.failures = [f"attempt {k}: {f}" for k, f in enumerate(out.failures)]
-        result.tracebacks = ["".join(traceback.format_exception(e)) for e in out.errors]
+        result.tracebacks = [e.outcome.trace for e in out.errors]
         result.status = "finished" if out.error is None else "failed"
         if out.error is not None and not out.errors:
             result.failures.append(f"{type(out.error).__name__}: {out.error}")

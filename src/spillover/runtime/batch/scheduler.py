@@ -20,19 +20,17 @@ from dataclasses import dataclass, field
 
 from spillover.config import Config, RestartStrategy
 from spillover.errors import ConfigError
-from spillover.runtime.batch.regions import Region, TaskKey, pipelined_regions
-from spillover.runtime.batch.results import (
-    InputResult,
-    ResultHandle,
-    ResultUnreadableError,
-    edge_key,
-    readable,
+from spillover.runtime.batch.launch import (
+    BatchTaskSpec,
+    Launcher,
+    LocalLauncher,
+    Running,
+    TaskOutcome,
 )
-from spillover.runtime.batch.tasks import BatchTask, build_batch_task
+from spillover.runtime.batch.regions import Region, TaskKey, pipelined_regions
+from spillover.runtime.batch.results import InputResult, ResultHandle, edge_key, readable
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
-from spillover.runtime.task import Task, TaskCancelled
-from spillover.storage import open_storage
 from spillover.storage.location import Location
 
 logger = logging.getLogger("spillover.runtime.jobmaster")
@@ -47,7 +45,7 @@ class BatchOutcome:
     error: BaseException | None = None
     tasks: dict[str, dict[str, float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
-    errors: list[BaseException] = field(default_factory=list)
+    errors: list[TaskFailedError] = field(default_factory=list)
     runs: dict[TaskKey, int] = field(default_factory=dict)
 
 
@@ -81,6 +79,7 @@ class BatchScheduler:
         finished: Mapping[TaskKey, tuple[ResultHandle, ...]] | None = None,
         splits: Mapping[str, Mapping[int, tuple[str, ...]]] | None = None,
         on_finished: Callable[[TaskKey, tuple[ResultHandle, ...]], None] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.graph = graph
         self.config = config
@@ -96,8 +95,10 @@ class BatchScheduler:
         self.splits = {uid: dict(a) for uid, a in (splits or {}).items()}
         self.on_finished = on_finished
         self._vertex = {v.uid: v for v in graph.vertices}
-        self._done: queue.SimpleQueue[tuple[TaskKey, BaseException | None]] = queue.SimpleQueue()
-        self._running: dict[TaskKey, BatchTask] = {}
+        self._done: queue.SimpleQueue[TaskOutcome] = queue.SimpleQueue()
+        self._running: dict[TaskKey, Running] = {}
+        self._specs: dict[TaskKey, BatchTaskSpec] = {}
+        self.launcher: Launcher = launcher or LocalLauncher()
         self._failovers = 0
 
     # -- inputs -----------------------------------------------------------------------
@@ -122,33 +123,25 @@ class BatchScheduler:
         uid, i = key
         v = self._vertex[uid]
         runs = outcome.runs[key] = outcome.runs.get(key, 0) + 1
-        storage, where = None, None
+        where = None
         if self.graph.outputs_of(v.id):
-            where = self.results.child(f"{uid}-{i:05d}-{uuid.uuid4().hex[:8]}")
-            storage = open_storage(
-                where.uri,
-                compression=self.config.execution.shuffle_codec.label,
-                subtask_index=i,
-            )
-        bt = build_batch_task(
+            where = self.results.child(f"{uid}-{i:05d}-{uuid.uuid4().hex[:8]}").uri
+        spec = BatchTaskSpec(
             self.graph,
             self.config,
-            v,
+            uid,
             i,
-            attempt=self._failovers,
-            inputs=self._inputs(key) if not v.is_source else [],
-            storage=storage,
-            failures=self.failures,
-            on_done=lambda t, err: self._done.put(((t.vertex.uid, t.subtask), err)),
-            flush_interval=self.flush_interval,
+            self._failovers,
+            self.run_id,
+            tuple(self._inputs(key)) if not v.is_source else (),
+            where,
+            self.splits.get(uid, {}).get(i) if v.is_source else None,
+            self.flush_interval,
+            self.failures,
         )
-        bt.location = where
-        bt.task.batch_run = self.run_id
-        if v.is_source and uid in self.splits and i in self.splits[uid]:
-            bt.task.splits = self.splits[uid][i]
-        self._running[key] = bt
         logger.debug("batch: starting %s#%d (run %d)", uid, i, runs)
-        bt.start()
+        self._specs[key] = spec
+        self._running[key] = self.launcher.launch(spec, self._done.put)
 
     def _ready(self) -> list[TaskKey]:
         out = []
@@ -178,35 +171,35 @@ class BatchScheduler:
                     raise AssertionError("no task can run: a region waits for itself")
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    key, err = self._done.get(timeout=timeout)
+                    done = self._done.get(timeout=timeout)
                 except queue.Empty:
                     names = ", ".join(f"{u}#{i}" for u, i in sorted(self._running))
                     raise TimeoutError(
                         f"the job did not finish in time (running: {names})"
                     ) from None
-                bt = self._running.pop(key)
-                if err is not None:
-                    bt.cancel()  # stops its reader; its partial result files are deleted
-                bt.join()
-                metrics = bt.task.metrics()
+                key = done.key
+                self._running.pop(key)
+                spec = self._specs.pop(key)
+                for index, attempt in done.fired:  # in another process: noted here
+                    self.failures.mark_fired(index, attempt)
+                metrics = dict(done.metrics)
                 metrics["runs"] = float(outcome.runs[key])
                 metrics["reused"] = 0.0
                 outcome.tasks[f"{key[0]}#{key[1]}"] = metrics
-                if err is None:
-                    results = bt.results(self.graph)
-                    self.finished[key] = results
+                if done.results is not None:
+                    self.finished[key] = done.results
                     if self.on_finished is not None:
-                        self.on_finished(key, results)
+                        self.on_finished(key, done.results)
                     continue
-                if isinstance(err, TaskCancelled):
+                if done.cancelled:
                     continue  # cancelled by us: its region runs again when ready
-                if bt.location is not None:
-                    delete_tree(bt.location)
-                error = bt.reader.error if bt.reader is not None and bt.reader.error else err
-                outcome.failures.append(f"{key[0]}#{key[1]}: {type(error).__name__}: {error}")
+                error = TaskFailedError(f"{key[0]}#{key[1]}: {done.error}", done)
+                outcome.failures.append(str(error))
                 outcome.errors.append(error)
+                if spec.results_dir is not None:  # what it wrote before it failed
+                    delete_tree(Location.parse(spec.results_dir))
                 now = time.monotonic()
-                if strategy is RestartStrategy.NONE or isinstance(error, ConfigError):
+                if strategy is RestartStrategy.NONE or done.fatal:
                     raise error
                 if strategy is RestartStrategy.FIXED_DELAY:
                     exhausted = self._failovers >= rs.fixed_delay_attempts
@@ -221,32 +214,41 @@ class BatchScheduler:
                     raise error
                 self._failovers += 1
                 lost = None
-                if isinstance(error, ResultUnreadableError) and error.result in self.finished.get(
-                    error.producer, ()
-                ):
-                    lost = error.producer  # not already running again
+                if done.lost is not None:
+                    producer = (done.lost.producer, done.lost.subtask)
+                    if done.lost in self.finished.get(producer, ()):
+                        lost = producer  # not already running again
                 if lost is not None:
                     logger.warning(
                         "batch: the result of %s#%d is lost (%s): it runs again",
                         *lost,
-                        error,
+                        done.error,
                     )
                     for h in self.finished.pop(lost):
                         delete_tree(Location.parse(h.gate.uri).parent)
                     self.reused.discard(lost)
                 logger.warning(
-                    "batch: %s#%d failed (%s); its region runs again", key[0], key[1], error
+                    "batch: %s#%d failed (%s); its region runs again", key[0], key[1], done.error
                 )
                 time.sleep(delay)
         except BaseException as e:
             outcome.error = e
-            for bt in self._running.values():
-                bt.cancel()
-            for bt in self._running.values():
-                bt.join()
-            self._running.clear()
+            for running in self._running.values():
+                running.cancel()
+            while self._running:  # every run reports its end, cancelled or not
+                try:
+                    self._running.pop(self._done.get(timeout=60).key, None)
+                except queue.Empty:
+                    logger.warning("batch: %s did not end when cancelled", sorted(self._running))
+                    break
+        finally:
+            self.launcher.close()
         return outcome
 
-    def task(self, key: TaskKey) -> Task | None:
-        bt = self._running.get(key)
-        return None if bt is None else bt.task
+
+class TaskFailedError(RuntimeError):
+    """A batch task failed; ``outcome`` says how (its traceback in ``trace``)."""
+
+    def __init__(self, message: str, outcome: TaskOutcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
