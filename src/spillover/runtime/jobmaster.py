@@ -19,6 +19,7 @@ from spillover.config import Config, RestartStrategy
 from spillover.errors import ConfigError
 from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.batch.job import log_storage, run_batch
+from spillover.runtime.batch.launch import Launcher, LocalLauncher
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.failures import FailureInjector
@@ -394,6 +395,10 @@ class Executor:
 
     supports_batch = False  # whether ``_run_batch`` can run tasks where this executor does
 
+    def _batch_launcher(self) -> Launcher:
+        """Where a batch job's tasks run: threads of this process, unless overridden."""
+        return LocalLauncher()
+
     def _run_batch(
         self,
         result: JobResult,
@@ -409,6 +414,7 @@ class Executor:
             failures=self.failures,
             flush_interval=self.flush_interval,
             deadline=None if timeout is None else started + timeout,
+            launcher=self._batch_launcher(),
         )
         result.run_id, result.recovery = run.run_id, run.recovery
         result.reused_tasks = [f"{uid}#{i}" for uid, i in run.reused]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from spillover.config import Config
 from spillover.errors import FormatError, SpilloverError
+from spillover.runtime.batch.launch import Launcher
 from spillover.runtime.batch.regions import TaskKey
 from spillover.runtime.batch.results import ResultHandle, edge_key, readable
 from spillover.runtime.batch.scheduler import BatchOutcome, BatchScheduler, delete_tree
@@ -159,6 +160,7 @@ def run_batch(
     failures: FailureInjector,
     flush_interval: float,
     deadline: float | None,
+    launcher: Launcher | None = None,
 ) -> BatchRun:
     """Runs ``graph`` in batch mode under ``recovery``'s lease and log (None: no
     durable storage), resuming the run the log describes when it may."""
@@ -211,6 +213,7 @@ def run_batch(
         finished=finished,
         splits=splits,
         on_finished=on_finished,
+        launcher=launcher,
     )
     outcome = run.outcome = scheduler.run(deadline)
     status = "finished" if outcome.error is None else "failed"
