@@ -224,6 +224,11 @@ class Executor:
         waiting for its buffers to drain. With ``drain`` every operator's
         ``end_input`` and ``finish()`` run and the job ``finished`` for good (its
         last checkpoint records every operator finished)."""
+        if self.batch:
+            raise ConfigError(
+                "a batch job takes no savepoints",
+                hint="let it finish; a batch job started again reuses what finished",
+            )
         if self.storage is None:
             raise ConfigError(
                 "stop-with-savepoint needs checkpoint storage",
@@ -375,6 +380,12 @@ class Executor:
             0.0,
             checkpoint_dir=self.storage.uri if self.storage else None,
         )
+        if self.batch and self.restore_checkpoint is not None:
+            raise ConfigError(
+                "a batch job restores no checkpoint",
+                detail=f"asked to restore {self.restore_checkpoint}",
+                hint="unset execution.state-recovery.path, or run it in streaming mode",
+            )
         if self.batch and not self.supports_batch:
             raise ConfigError(
                 f"{type(self).__name__} cannot run batch jobs yet",

@@ -3,6 +3,8 @@ only), automatic: batch when every source is bounded."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from spillover.config import Config, RuntimeMode
@@ -56,3 +58,14 @@ def test_batch_keys_parse_and_bad_values_are_refused() -> None:
     assert cfg.execution.shuffle_codec.label == "lz4"
     with pytest.raises(ConfigError, match=r"execution\.runtime-mode"):
         _mode("bulk")
+
+
+def test_a_batch_job_refuses_a_restore_and_a_savepoint(tmp_path: Any) -> None:
+    from spillover.deploy import create_executor
+
+    cfg = _mode("batch").with_options({"state.checkpoints.dir": str(tmp_path)})
+    ex = create_executor("local", _graph(10), cfg, restore_checkpoint=3)
+    with pytest.raises(ConfigError, match="restores no checkpoint"):
+        ex.run(timeout=30)
+    with pytest.raises(ConfigError, match="takes no savepoints"):
+        create_executor("local", _graph(10), cfg).stop_with_savepoint()
