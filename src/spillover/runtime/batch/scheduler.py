@@ -1,4 +1,5 @@
-"""Runs a batch job region by region, on threads of this process.
+"""Runs a batch job region by region, its tasks wherever its launcher puts them
+(threads of this process, or Spark workers: ``launch.py``).
 
 A region (in batch mode: one subtask) starts once every producer whose result it
 reads has finished. A finished task's results are kept (and reported through
