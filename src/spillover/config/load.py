@@ -23,11 +23,13 @@ from spillover.config.sections import (
     _UNALIGNED,
     CheckpointingConfig,
     DeploymentConfig,
+    ExecutionConfig,
     NetworkConfig,
     PipelineConfig,
     RecoveryConfig,
     RestartConfig,
     RestartStrategy,
+    RuntimeMode,
     StateConfig,
 )
 from spillover.config.units import (
@@ -48,6 +50,7 @@ _SECTIONS: Final[tuple[tuple[str, type[Any]], ...]] = (
     ("restart", RestartConfig),
     ("recovery", RecoveryConfig),
     ("deployment", DeploymentConfig),
+    ("execution", ExecutionConfig),
 )
 # key -> (section attribute, field name, spec)
 _OPTIONS: Final[dict[str, tuple[str, str, _Spec]]] = {
@@ -170,6 +173,7 @@ class Config:
     restart: RestartConfig = field(default_factory=RestartConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     FILE_SUFFIXES: ClassVar[tuple[str, ...]] = (".yaml", ".yml", ".toml")
 
@@ -256,10 +260,16 @@ class Config:
 
     @property
     def restart_strategy(self) -> RestartStrategy:
-        """The restart strategy in force: set, or fixed-delay when checkpointing is on."""
+        """The restart strategy in force: set, or fixed-delay when checkpointing is on
+        or the job runs in batch mode (a failed task re-runs its region)."""
         if self.restart.strategy is not None:
             return self.restart.strategy
-        return RestartStrategy.FIXED_DELAY if self.checkpointing.enabled else RestartStrategy.NONE
+        batch = self.execution.runtime_mode is RuntimeMode.BATCH
+        return (
+            RestartStrategy.FIXED_DELAY
+            if self.checkpointing.enabled or batch
+            else RestartStrategy.NONE
+        )
 
     def restore_critical(self) -> dict[str, object]:
         """What a checkpoint's metadata must record to be restored: the max parallelism

@@ -53,6 +53,14 @@ class RestartStrategy(enum.Enum):
     FAILURE_RATE = "failure-rate"
 
 
+class RuntimeMode(enum.Enum):
+    """``execution.runtime-mode``: how a job's operators exchange data (Flink's values)."""
+
+    STREAMING = "streaming"  # pipelined exchanges, checkpoints
+    BATCH = "batch"  # blocking exchanges, stage by stage; bounded sources only
+    AUTOMATIC = "automatic"  # batch when every source is bounded
+
+
 class Executor(enum.Enum):
     """``spillover.executor``: where subtasks run."""
 
@@ -364,3 +372,39 @@ class RecoveryConfig:
     @property
     def lease_timeout_s(self) -> float:
         return _seconds(self.lease_timeout)
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """``execution.runtime-mode`` and the batch execution's keys (docs/recovery.md,
+    "Batch jobs")."""
+
+    runtime_mode: RuntimeMode = field(
+        default=RuntimeMode.STREAMING,
+        metadata=_key("execution.runtime-mode", _enum_choice(RuntimeMode)),
+    )
+    # Where blocking result partitions go; unset: beside the checkpoints
+    # (state.checkpoints.dir), else io.tmp.dirs (then nothing survives the driver).
+    shuffle_dir: str | None = field(
+        default=None,
+        metadata=_key("execution.batch.shuffle-dir", _Text("a non-empty path or URI", path=True)),
+    )
+    # A batch job with durable storage logs its finished tasks; running it again after
+    # its driver died re-runs only what had not finished (false: start over).
+    batch_job_recovery: bool = field(
+        default=True, metadata=_key("execution.batch.job-recovery.enabled", _Bool())
+    )
+    # LZ4 per buffer of the result partitions (kept only where it shrinks a buffer).
+    shuffle_compression: str = field(
+        default="none",
+        metadata=_key(
+            "execution.batch.shuffle-compression", _Choice({"none": "none", "lz4": "lz4"})
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+    @property
+    def shuffle_codec(self) -> Codec:
+        return Codec.parse(self.shuffle_compression)

@@ -125,7 +125,10 @@ class _Attempt:
 
 
 class LocalExecutor(Executor):
-    """Runs a job graph with one thread per subtask, restarting it on failures."""
+    """Runs a job graph with one thread per subtask, restarting it on failures (a
+    batch job: region by region, each region's subtasks on threads)."""
+
+    supports_batch = True
 
     def _attempt(
         self,

@@ -186,6 +186,9 @@ class OperatorContext:
     # True when the task honours ``Operator.ready_at``: an operator that paces itself
     # then says when it can take more input instead of sleeping in ``process``.
     pacing: bool = False
+    # A batch job's run (docs/recovery.md): the same for every run of a task and every
+    # master that resumes the run; None for a streaming job.
+    batch_run: str | None = None
 
 
 class Operator:
@@ -202,6 +205,22 @@ class Operator:
 
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the operator's output ends by itself: a source that runs out (a
+        batch job needs every source bounded). Sources say so; others are."""
+        return not self.is_source
+
+    def splits_of(self, subtask: int, parallelism: int) -> tuple[str, ...] | None:
+        """Sources with splits: the splits subtask ``subtask`` of ``parallelism`` reads
+        (the enumerator's assignment, which a batch job's log records); None: the
+        source has no splits to assign."""
+        return None
+
+    def assign_splits(self, splits: tuple[str, ...]) -> None:
+        """Sources with splits, after ``open``: read exactly ``splits`` (a re-run
+        subtask of a batch job gets back the assignment the log recorded)."""
 
     def restore(self, state: Any) -> None:
         """``state`` is the ``operator_state`` this subtask snapshotted (same parallelism)."""

@@ -121,14 +121,15 @@ class FailureInjector:
         *,
         seed: int,
         records_per_subtask: int,
+        kinds: tuple[str, ...] = ("operator", "commit", "restore", "snapshot"),
     ) -> FailureInjector:
-        """``count`` failures at random points and places; every point kind appears
-        once ``count`` allows, and each ``restore`` follows a ``commit``."""
+        """``count`` failures at random points and places; every point kind of
+        ``kinds`` appears once ``count`` allows, and each ``restore`` follows a
+        ``commit`` (a batch job, without checkpoints, has only ``operator``)."""
         rng = random.Random(seed)
-        kinds = ["operator", "commit", "restore", "snapshot"]
         script: list[str] = []
         while len(script) < count:
-            script.extend(kinds)
+            script.extend(list(kinds))
         script = script[:count]
         specs = []
         for point in script:

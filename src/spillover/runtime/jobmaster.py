@@ -17,6 +17,9 @@ from typing import Any
 
 from spillover.config import Config, RestartStrategy
 from spillover.errors import ConfigError
+from spillover.runtime.batch import runs_as_batch
+from spillover.runtime.batch.job import log_storage, run_batch
+from spillover.runtime.batch.launch import Launcher, LocalLauncher
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.failures import FailureInjector
@@ -62,6 +65,8 @@ class JobResult:
     recovery: str | None = None
     # The event log said the job had finished already: nothing ran.
     already_finished: bool = False
+    # A batch job: the tasks whose results an earlier master left and this run reused.
+    reused_tasks: list[str] = field(default_factory=list)
 
     def completed_checkpoints(self) -> list[dict[str, Any]]:
         return [c for c in self.checkpoints if c["status"] == "completed"]
@@ -160,7 +165,19 @@ class Executor:
             **self.config.restore_critical(),
             "max-parallelism": self.graph.max_parallelism,
         }
-        self.storage = checkpoint_storage(self.config, self.graph.name)
+        # Batch mode (execution.runtime-mode): stages of blocking exchanges, no
+        # checkpoints; its storage is where the event log goes (docs/recovery.md).
+        self.batch = runs_as_batch(self.graph, self.config)
+        if self.batch and self.config.checkpointing.enabled:
+            logger.info(
+                "job %s runs in batch mode: execution.checkpointing.interval is ignored",
+                self.graph.name,
+            )
+        self.storage = (
+            log_storage(self.config, self.graph.name)
+            if self.batch
+            else checkpoint_storage(self.config, self.graph.name)
+        )
         self.next_checkpoint_id = 1
         # The run's retained and subsumed checkpoints, carried from attempt to attempt
         # so that retention counts them all (state.checkpoints.num-retained).
@@ -207,6 +224,11 @@ class Executor:
         waiting for its buffers to drain. With ``drain`` every operator's
         ``end_input`` and ``finish()`` run and the job ``finished`` for good (its
         last checkpoint records every operator finished)."""
+        if self.batch:
+            raise ConfigError(
+                "a batch job takes no savepoints",
+                hint="let it finish; a batch job started again reuses what finished",
+            )
         if self.storage is None:
             raise ConfigError(
                 "stop-with-savepoint needs checkpoint storage",
@@ -248,7 +270,9 @@ class Executor:
             return None
         rec = JobRecovery(
             self.storage,
-            enabled=self.config.recovery.job_recovery,
+            enabled=self.config.execution.batch_job_recovery
+            if self.batch
+            else self.config.recovery.job_recovery,
             explicit_restore=None
             if self.restore_checkpoint is None
             else str(self.restore_checkpoint),
@@ -356,15 +380,66 @@ class Executor:
             0.0,
             checkpoint_dir=self.storage.uri if self.storage else None,
         )
+        if self.batch and self.restore_checkpoint is not None:
+            raise ConfigError(
+                "a batch job restores no checkpoint",
+                detail=f"asked to restore {self.restore_checkpoint}",
+                hint="unset execution.state-recovery.path, or run it in streaming mode",
+            )
+        if self.batch and not self.supports_batch:
+            raise ConfigError(
+                f"{type(self).__name__} cannot run batch jobs yet",
+                hint="run it on the local executor, or set execution.runtime-mode: streaming",
+            )
         recovery = self._begin_recovery()
         try:
-            self._run(result, recovery, started, timeout, stop_after, stop_when)
+            if self.batch:
+                self._run_batch(result, recovery, started, timeout)
+            else:
+                self._run(result, recovery, started, timeout, stop_after, stop_when)
         finally:
             self.recovery = None
             if recovery is not None:
                 recovery.close()
         result.duration_s = time.monotonic() - started
         return result
+
+    supports_batch = False  # whether ``_run_batch`` can run tasks where this executor does
+
+    def _batch_launcher(self) -> Launcher:
+        """Where a batch job's tasks run: threads of this process, unless overridden."""
+        return LocalLauncher()
+
+    def _run_batch(
+        self,
+        result: JobResult,
+        recovery: JobRecovery | None,
+        started: float,
+        timeout: float | None,
+    ) -> None:
+        """A batch job: region by region, reusing what an earlier master finished."""
+        run = run_batch(
+            self.graph,
+            self.config,
+            recovery=recovery,
+            failures=self.failures,
+            flush_interval=self.flush_interval,
+            deadline=None if timeout is None else started + timeout,
+            launcher=self._batch_launcher(),
+        )
+        result.run_id, result.recovery = run.run_id, run.recovery
+        result.reused_tasks = [f"{uid}#{i}" for uid, i in run.reused]
+        if run.outcome is None:
+            result.status, result.already_finished = "finished", True
+            return
+        out = run.outcome
+        result.attempts = 1 + len(out.failures)
+        result.tasks = out.tasks
+        result.failures = [f"attempt {k}: {f}" for k, f in enumerate(out.failures)]
+        result.tracebacks = [e.outcome.trace for e in out.errors]
+        result.status = "finished" if out.error is None else "failed"
+        if out.error is not None and not out.errors:
+            result.failures.append(f"{type(out.error).__name__}: {out.error}")
 
     def _run(
         self,

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from spillover.errors import ConfigError, SpilloverError
@@ -43,6 +43,8 @@ from spillover.runtime.jobevents import (
     LeaseLostError,
     RescaleDecided,
     SavepointCompleted,
+    SplitsAssigned,
+    TaskFinished,
 )
 
 logger = logging.getLogger("spillover.runtime.jobmaster")
@@ -227,6 +229,26 @@ class JobRecovery:
         """Flushed before returning: the checkpoint is what a restart restores from now."""
         path = self.storage.checkpoint_dir(checkpoint_id)
         self._record(CheckpointCompleted(checkpoint_id, path))
+
+    def task_finished(
+        self,
+        uid: str,
+        subtask: int,
+        generation: int,
+        results: tuple[Mapping[str, object], ...],
+        parallelism: int,
+    ) -> None:
+        """A batch task finished with ``results``: flushed before returning, so a
+        restarted master reuses them."""
+        self._record(TaskFinished(uid, subtask, generation, results, parallelism))
+
+    def splits_assigned(self, uid: str, assignment: Mapping[int, tuple[str, ...]]) -> None:
+        """The split assignment of a batch job's source (flushed before it runs)."""
+        self._record(SplitsAssigned(uid, dict(assignment)))
+
+    def state(self) -> JobLogState:
+        """What the log says now (empty without a log)."""
+        return self.log.replay() if self.log is not None else JobLogState()
 
     def savepoint_completed(self, savepoint_id: int, path: str) -> None:
         self._note(SavepointCompleted(savepoint_id, path))

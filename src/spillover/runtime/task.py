@@ -225,6 +225,9 @@ class Task:
         self.probes = (
             ProbeRelay(self) if vertex.loop is not None and not vertex.is_iteration_head else None
         )
+        # A batch job's source subtask: the splits the log assigned it (None: its own).
+        self.splits: tuple[str, ...] | None = None
+        self.batch_run: str | None = None  # a batch job's run id (OperatorContext)
         # The loop's feedback edge, when this task is its tail: never waits for credit.
         self.feedback_partitions = [p for p in partitions if isinstance(p, FeedbackPartition)]
 
@@ -351,9 +354,12 @@ class Task:
                             else None
                         ),
                         pacing=True,
+                        batch_run=self.batch_run,
                     )
                 )
                 self._opened = i + 1
+            if self.splits is not None and self.vertex.is_source:
+                self.ops[0].assign_splits(self.splits)
         if r is not None:
             if not self.finished_on_restore:
                 self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)

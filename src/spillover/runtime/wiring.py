@@ -150,7 +150,7 @@ def build_tasks(
                 restore=(restore or {}).get((v.uid, i)),
                 coordinator=None,
                 checkpoint_dir=checkpoint_dir,
-                keyed_backend_factory=_keyed_backend(g),
+                keyed_backend_factory=keyed_backend(g),
                 failures=failures,
                 on_done=on_done,
                 flush_interval=flush_interval,
@@ -230,7 +230,7 @@ def checkpoint_storage(cfg: Config, job_name: str) -> CheckpointStorage | None:
     return CheckpointStorage(cdir, job_name)
 
 
-def _keyed_backend(g: JobGraph) -> Any:
+def keyed_backend(g: JobGraph) -> Any:
     def make(v: Vertex, i: int) -> Any:
         rng = key_group_range_for_operator(g.max_parallelism, v.parallelism, i)
         return HeapKeyedStateBackend(g.max_parallelism, rng)

@@ -31,12 +31,15 @@ from spillover.runtime.jobmaster import Executor, JobResult
 from spillover.verify.output import RunOutput, output_of
 from spillover.verify.spec import VerifySpec, _checkpoints, config_for
 
-__all__ = ["KILL_POINTS", "DriverKill", "drive", "run_killing_the_driver"]
+__all__ = ["BATCH_KILL_POINTS", "KILL_POINTS", "DriverKill", "drive", "run_killing_the_driver"]
 
 # Where a start may be killed: at a random instant, right after a checkpoint
 # completed, or inside the master between a checkpoint's metadata and its log
 # record ("unlogged") or between the record and the tasks' notification ("logged").
 KILL_POINTS = ("random", "after-checkpoint", "unlogged", "logged", "restoring")
+# A batch run: at a random instant, or right after a task finished (between stages,
+# or while the other tasks of a stage still run).
+BATCH_KILL_POINTS = ("random", "after-task")
 _IN_MASTER = {"unlogged", "logged", "restoring"}
 
 
@@ -50,11 +53,20 @@ class DriverKill:
     after_s: float
     checkpoint_before: int  # the newest checkpoint the log named when it started
     checkpoint_after: int  # ... and when it ended
+    # A batch run: tasks the log named finished when it started and when it ended.
+    tasks_before: int = 0
+    tasks_after: int = 0
+    batch: bool = False
 
     def describe(self) -> str:
         how = (
             f"killed ({self.point}) after {self.after_s:.2f} s" if self.killed else "ran to its end"
         )
+        if self.batch:
+            return (
+                f"start {self.start}: {how}; finished tasks in the log "
+                f"{self.tasks_before} -> {self.tasks_after}"
+            )
         return (
             f"start {self.start}: {how}; newest logged checkpoint "
             f"{self.checkpoint_before} -> {self.checkpoint_after}"
@@ -124,6 +136,17 @@ def _logged_checkpoint(ckpt: str, name: str) -> int:
     return 0 if cp is None else cp.checkpoint_id
 
 
+def _finished_tasks(ckpt: str, name: str) -> int:
+    """How many tasks of a batch run the job's log names finished (0: no log yet)."""
+    loc = CheckpointStorage(ckpt, name).location.child(EVENTS_DIR)
+    if not loc.exists():
+        return 0
+    try:
+        return len(JobEventLog.open(loc).replay().finished_tasks)
+    except (OSError, SpilloverError):  # a segment compacted away as it was read
+        return 0
+
+
 def run_killing_the_driver(
     spec: VerifySpec,
     workdir: str,
@@ -141,9 +164,12 @@ def run_killing_the_driver(
     rows and final state) and each start."""
     if kills < 0:
         raise ConfigError("the number of driver kills must be at least 0", detail=str(kills))
-    bad = [p for p in points if p not in KILL_POINTS]
+    known = BATCH_KILL_POINTS if spec.batch else KILL_POINTS
+    if spec.batch and points == KILL_POINTS:  # the default: a batch run's own points
+        points = BATCH_KILL_POINTS
+    bad = [p for p in points if p not in known]
     if bad or not points:
-        raise ConfigError(f"unknown kill points {bad}", hint=f"choose from {KILL_POINTS}")
+        raise ConfigError(f"unknown kill points {bad}", hint=f"choose from {known}")
     rng = random.Random(seed)
     out_dir = os.path.join(workdir, name, "output")
     os.makedirs(out_dir, exist_ok=True)
@@ -157,6 +183,7 @@ def run_killing_the_driver(
         pick = points[start % len(points)] if cycle else rng.choice(points)
         point = pick if start < kills else "none"
         before = _logged_checkpoint(ckpt, name)
+        tasks_before = _finished_tasks(ckpt, name) if spec.batch else 0
         if point == "restoring" and not before:  # nothing to restore yet
             point = "random"
         child = ctx.Process(
@@ -172,7 +199,9 @@ def run_killing_the_driver(
         elif point == "after-checkpoint":
             _wait_for_checkpoint(child, ckpt, name, before, deadline=began + 120)
             child.join(timeout=rng.uniform(0.0, interval))
-        if point in ("random", "after-checkpoint") and child.is_alive():
+        elif point == "after-task":
+            _wait_for_task(child, ckpt, name, tasks_before, deadline=began + 120)
+        if point in ("random", "after-checkpoint", "after-task") and child.is_alive():
             os.kill(child.pid or 0, signal.SIGKILL)
             killed = True
         child.join(timeout=900)
@@ -182,7 +211,15 @@ def run_killing_the_driver(
             raise RuntimeError(f"driver start {start} did not end within 900 s")
         killed = killed or child.exitcode == -signal.SIGKILL
         kill = DriverKill(
-            start, point, killed, time.monotonic() - began, before, _logged_checkpoint(ckpt, name)
+            start,
+            point,
+            killed,
+            time.monotonic() - began,
+            before,
+            _logged_checkpoint(ckpt, name),
+            tasks_before,
+            _finished_tasks(ckpt, name) if spec.batch else 0,
+            spec.batch,
         )
         starts.append(kill)
         if progress is not None:
@@ -197,6 +234,15 @@ def run_killing_the_driver(
     assert result is not None
     graph = spec.factory()(os.path.join(workdir, name, "probe"), name, spec.parallelism).build()
     return output_of(spec, result, out_dir, graph.max_parallelism), starts
+
+
+def _wait_for_task(child: Any, ckpt: str, name: str, before: int, *, deadline: float) -> None:
+    """Until the log names a task finished beyond the ``before`` it named (or the
+    child ended)."""
+    while child.is_alive() and time.monotonic() < deadline:
+        if _finished_tasks(ckpt, name) > before:
+            return
+        time.sleep(0.01)
 
 
 def _wait_for_checkpoint(child: Any, ckpt: str, name: str, before: int, *, deadline: float) -> None:

@@ -19,6 +19,8 @@ from spillover.verify.topologies import (
     load_job,
 )
 
+RUNTIME_MODES = ("streaming", "batch", "automatic")
+
 
 @dataclass
 class VerifySpec:
@@ -72,6 +74,10 @@ class VerifySpec:
     # state.checkpoints.num-retained of the runs (more keeps restored checkpoints to
     # read afterwards).
     num_retained: int = 1
+    # execution.runtime-mode of every run: "streaming", "batch" (stage by stage,
+    # blocking results; failures are task failures, a killed driver's successor
+    # reuses what finished) or "automatic".
+    runtime_mode: str = "streaming"
 
     def check(self) -> None:
         """Raises a :class:`ConfigError` naming the first count out of range (with its
@@ -88,12 +94,27 @@ class VerifySpec:
             if value is not None and value < low:
                 flag = "--" + field.replace("_", "-")
                 raise ConfigError(f"{field} ({flag}) must be at least {low}", detail=f"got {value}")
+        if self.runtime_mode not in RUNTIME_MODES:
+            raise ConfigError(
+                f"unknown runtime mode {self.runtime_mode!r}",
+                hint=f"choose one of {', '.join(RUNTIME_MODES)}",
+            )
+        if self.batch and (self.stop is not None or self.rescale_to is not None):
+            raise ConfigError(
+                "a batch run cannot be stopped with a savepoint or rescaled from a checkpoint",
+                hint="drop the stop and rescale_to, or run in streaming mode",
+            )
         if self.rate_per_subtask is not None and self.rate_per_subtask <= 0:
             raise ConfigError(
                 "rate_per_subtask (--rate) must be positive",
                 detail=f"got {self.rate_per_subtask:g}",
                 hint="--rate 0 (rate_per_subtask=None) runs unthrottled",
             )
+
+    @property
+    def batch(self) -> bool:
+        """Whether the runs are batch runs (``automatic``: the built-ins are bounded)."""
+        return self.runtime_mode != "streaming"
 
     def describe(self) -> str:
         """``topology <name>`` or ``job <module:function>``."""
@@ -154,6 +175,7 @@ def config_for(spec: VerifySpec, ckpt: str) -> Config:
             "restart-strategy.fixed-delay.attempts": spec.failures + 1,
             "restart-strategy.fixed-delay.delay": "10 ms",
             "state.checkpoints.num-retained": spec.num_retained,
+            "execution.runtime-mode": spec.runtime_mode,
             **spec.checkpoint_options(),
         }
     )

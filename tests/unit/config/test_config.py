@@ -23,6 +23,7 @@ from spillover.config import (
     NetworkConfig,
     PipelineConfig,
     RestartStrategy,
+    RuntimeMode,
     env_var,
     format_duration,
     format_memory_size,
@@ -183,6 +184,36 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         "2 min",
         timedelta(minutes=2),
         lambda c: c.recovery.lease_timeout,
+        {},
+    ),
+    CP + "unaligned.max-subtasks-per-channel-state-file": (
+        "3",
+        3,
+        lambda c: c.checkpointing.max_subtasks_per_channel_state_file,
+        {},
+    ),
+    "execution.runtime-mode": (
+        "batch",
+        RuntimeMode.BATCH,
+        lambda c: c.execution.runtime_mode,
+        {},
+    ),
+    "execution.batch.shuffle-dir": (
+        "/data/shuffle",
+        "/data/shuffle",
+        lambda c: c.execution.shuffle_dir,
+        {},
+    ),
+    "execution.batch.job-recovery.enabled": (
+        "false",
+        False,
+        lambda c: c.execution.batch_job_recovery,
+        {},
+    ),
+    "execution.batch.shuffle-compression": (
+        "lz4",
+        "lz4",
+        lambda c: c.execution.shuffle_compression,
         {},
     ),
 }
@@ -378,6 +409,11 @@ BAD_VALUES: list[tuple[str, Any]] = [
     (CP + "unaligned.forward-rescale.forced", "yes please"),
     ("execution.job-recovery.enabled", "sometimes"),
     ("execution.job-recovery.lease-timeout", "10 ms"),
+    (CP + "unaligned.max-subtasks-per-channel-state-file", 0),
+    ("execution.runtime-mode", "bulk"),
+    ("execution.batch.shuffle-dir", " "),
+    ("execution.batch.job-recovery.enabled", "maybe"),
+    ("execution.batch.shuffle-compression", "zstd"),
 ]
 
 

@@ -61,6 +61,7 @@ from spillover.deploy.spark.messages import (
 )
 from spillover.deploy.spark.worker import WorkerSpec, run_worker
 from spillover.errors import ConfigError
+from spillover.runtime.batch.launch import Launcher
 from spillover.runtime.checkpointing.messages import MailboxMessage, StopSource, Terminate
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
@@ -713,6 +714,14 @@ class SparkExecutor(Executor):
         """The address the control endpoint binds to: the driver's."""
         host = sc.getConf().get("spark.driver.host")
         return str(host) if host else "127.0.0.1"
+
+    supports_batch = True
+
+    def _batch_launcher(self) -> Launcher:
+        """A batch job: each region a one-task Spark job (``deploy/spark/batch.py``)."""
+        from spillover.deploy.spark.batch import SparkLauncher
+
+        return SparkLauncher(self.context(), self.graph.name)
 
     def _attempt(
         self,

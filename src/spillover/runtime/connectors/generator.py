@@ -159,6 +159,18 @@ class GeneratorSource(Operator):
         letters = (np.arange(26)[:, None] + np.arange(self.payload_bytes)[None, :]) % 26 + 65
         self._letters = letters.astype(np.uint8)
 
+    @property
+    def bounded(self) -> bool:
+        return self.records_per_partition is not None
+
+    def splits_of(self, subtask: int, parallelism: int) -> tuple[str, ...] | None:
+        """Partitions are the splits: subtask ``i`` of ``p`` reads ``i, i+p, ...``."""
+        return tuple(str(p) for p in range(subtask, self.partitions, parallelism))
+
+    def assign_splits(self, splits: tuple[str, ...]) -> None:
+        self._parts = np.array(sorted(int(s) for s in splits), dtype=np.int64)
+        self._next = np.zeros(len(self._parts), dtype=np.int64)
+
     def restore(self, state: Any) -> None:
         next_seq = {int(p): int(s) for p, s in dict(state["next_seq"]).items()}
         self._next = np.array([next_seq.get(int(p), 0) for p in self._parts], dtype=np.int64)

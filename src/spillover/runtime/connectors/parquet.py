@@ -202,6 +202,10 @@ class ParquetSource(Operator):
             if self.out_dtype.names is None:
                 raise ConfigError(f"dtype must be structured, got {self.out_dtype}")
 
+    @property
+    def bounded(self) -> bool:
+        return True
+
     @staticmethod
     def _resolve(src: Any, filesystem: Any) -> tuple[Any, list[str]]:
         if hasattr(src, "files") and hasattr(src, "filesystem"):  # a FileSystemDataset
@@ -385,7 +389,9 @@ class ParquetSink(Operator):
         self._prefix = f"part-{ctx.subtask_index:05d}-"
         self._pending: dict[int, list[str]] = {}
         self._counter = 0
-        self._writer_id = uuid.uuid4().hex[:12]
+        # A batch job's tasks name their files after the run: a task that runs again
+        # finds (and deletes) what an earlier run of it published.
+        self._writer_id = (ctx.batch_run or uuid.uuid4().hex)[:12]
         self._last_checkpoint = 0
         self._cleaned = ctx.attempt == 0
         self._name: str | None = None  # the open transaction's file
@@ -398,6 +404,8 @@ class ParquetSink(Operator):
         """Before a run that restored nothing writes: what ``mode`` says of the
         output already committed in the directory."""
         self._started = True
+        if self.ctx.batch_run is not None:
+            self._start_batch_task()
         if self.mode == "append":
             return
         import pyarrow.fs as pafs
@@ -406,7 +414,9 @@ class ParquetSink(Operator):
         parts = [
             i
             for i in infos
-            if i.type == pafs.FileType.File and _PART_FILE.fullmatch(i.base_name) is not None
+            if i.type == pafs.FileType.File
+            and _PART_FILE.fullmatch(i.base_name) is not None
+            and not i.base_name.endswith(f"-{self._writer_id}.parquet")  # this batch run's
         ]
         if self.mode == "error" and parts:
             raise ConfigError(
@@ -421,6 +431,23 @@ class ParquetSink(Operator):
             m = _PART_FILE.fullmatch(info.base_name)
             assert m is not None
             if int(m.group(1)) % p == me:
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.delete_file(info.path)
+
+    def _start_batch_task(self) -> None:
+        """A batch task's run, before it writes: what earlier runs of it left (staged
+        files, and files published by a run whose end the job's log never recorded)
+        goes, so that its output is there exactly once. It owns the files of old
+        subtask ``j`` with ``j % parallelism == subtask`` (all of them re-run when the
+        sink's parallelism changed)."""
+        import pyarrow.fs as pafs
+
+        self._delete_staged()
+        me, p = self.ctx.subtask_index, self.ctx.parallelism
+        mine = f"-{self._writer_id}.parquet"
+        for info in self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True)):
+            m = _PART_FILE.fullmatch(info.base_name)
+            if m is not None and info.base_name.endswith(mine) and int(m.group(1)) % p == me:
                 with contextlib.suppress(FileNotFoundError):
                     self._fs.delete_file(info.path)
 

@@ -80,14 +80,16 @@ class GenerationEnded(Event):
 
 @dataclass(frozen=True)
 class TaskFinished(Event):
-    """A subtask finished; ``results`` describe what it produced (e.g. the
-    ``GateStateHandle.to_dict()`` of each result partition)."""
+    """A subtask finished; ``results`` describe what it produced (a batch job: the
+    ``ResultHandle.to_dict()`` of each blocking result partition); ``parallelism``
+    is its vertex's (0: not recorded), so a restart at another one does not reuse it."""
 
     KIND: ClassVar[str] = "task-finished"
     vertex_uid: str
     subtask: int
     generation: int = 0
     results: tuple[Mapping[str, Any], ...] = ()
+    parallelism: int = 0
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Self:
