@@ -186,12 +186,6 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.recovery.lease_timeout,
         {},
     ),
-    CP + "unaligned.max-subtasks-per-channel-state-file": (
-        "3",
-        3,
-        lambda c: c.checkpointing.max_subtasks_per_channel_state_file,
-        {},
-    ),
     "execution.runtime-mode": (
         "batch",
         RuntimeMode.BATCH,
@@ -409,7 +403,6 @@ BAD_VALUES: list[tuple[str, Any]] = [
     (CP + "unaligned.forward-rescale.forced", "yes please"),
     ("execution.job-recovery.enabled", "sometimes"),
     ("execution.job-recovery.lease-timeout", "10 ms"),
-    (CP + "unaligned.max-subtasks-per-channel-state-file", 0),
     ("execution.runtime-mode", "bulk"),
     ("execution.batch.shuffle-dir", " "),
     ("execution.batch.job-recovery.enabled", "maybe"),
