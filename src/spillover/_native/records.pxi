@@ -256,14 +256,40 @@ cdef class Reassembler:
         earlier buffer and ends in this one, or None; ``offsets``/``lengths``
         (int64) locate the payloads of the records lying wholly in ``buf``.
         """
+        cdef size_t count = 0
+        carried = self._scan(buffer, &count)
+        return carried, self._off[:count].copy(), self._len[:count].copy()
+
+    def feed_fixed(self, object buffer, uint32_t width):
+        """:meth:`feed` for records of ``width`` bytes, without per-buffer arrays:
+        ``(carried, start, count, bad)``. When ``bad`` is -1 the ``count`` records lying
+        wholly in ``buf`` are the payloads at ``start + i * (width + 4)``; else ``bad``
+        is the length of the first of them that is not ``width`` bytes long."""
+        cdef size_t count = 0, i
+        cdef int64_t bad = -1
+        cdef int64_t[::1] l
+        carried = self._scan(buffer, &count)
+        if count == 0:
+            return carried, 0, 0, -1
+        l = self._len
+        for i in range(count):
+            if l[i] != width:
+                bad = l[i]
+                break
+        return carried, self._off[0], count, bad
+
+    cdef object _scan(self, object buffer, size_t *count_out):
+        """Feeds ``buffer``: returns the carried record (or None) and leaves the offsets
+        and lengths of the ``count_out[0]`` records lying wholly in it in ``_off``/``_len``."""
         cdef const uint8_t[::1] buf = _as_bytes(buffer)
         cdef size_t n = buf.shape[0], pos = 0, count = 0, cap
         cdef int rc
         cdef int64_t[::1] o
         cdef int64_t[::1] l
         carried = None
+        count_out[0] = 0
         if n == 0:
-            return None, self._off[:0].copy(), self._len[:0].copy()
+            return None
         cdef const uint8_t *p = &buf[0]
         if self.c.hdr_have:
             carried = self._continue(p, n, &pos)
@@ -282,7 +308,8 @@ cdef class Reassembler:
             if pos < n:
                 self._continue(p, n, &pos)
         self._consumed += n
-        return carried, self._off[:count].copy(), self._len[:count].copy()
+        count_out[0] = count
+        return carried
 
     def reset(self):
         """Drops a partly read record."""
