@@ -10,6 +10,7 @@ _U8 = npt.NDArray[np.uint8]
 _I32 = npt.NDArray[np.int32]
 _I64 = npt.NDArray[np.int64]
 
+NOGIL_MIN_BYTES: int
 KEY_INT32: int
 KEY_INT64: int
 KEY_STR: int
