@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(wildcard csrc/*.c csrc/*.h src/spillover/_native/*.pyx src/spillover/_native/*.pxi src/spillover/_native/*.pxd src/spillover/_native/includes/*.pxd)
 
-.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak clean
+.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak clean profile
 
 install: $(STAMP)
 
@@ -20,6 +20,18 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 # docs/benchmarks.md, e.g. `make bench BENCH_ARGS="--executor spark"`.
 bench: $(STAMP)
 	$(BIN)/spillover bench --out results $(BENCH_ARGS)
+
+# Where the bench job's time goes, per stage (docs/benchmarks.md, "Where the time goes"):
+# py-spy samples of the local executor, classified by bench/profile_stages.py. py-spy is
+# installed into .venv on first use; it is not a dependency of the project.
+PROFILE_OUT ?= results/profile
+profile: $(STAMP)
+	test -x $(BIN)/py-spy || $(BIN)/python -m pip install -q py-spy
+	mkdir -p $(PROFILE_OUT)
+	$(BIN)/py-spy record --native --idle -r 200 --format raw -o $(PROFILE_OUT)/profile.txt -- \
+		$(BIN)/spillover bench --executor local --policies none --sink-rate 100000000 \
+		--duration 10 --warmup 3 --repeat 1 --out $(PROFILE_OUT)
+	$(BIN)/python bench/profile_stages.py $(PROFILE_OUT)/profile.txt $(PROFILE_OUT)/bench.json
 
 # The engine alone: spill and restore a few hundred MB against the raw disk.
 demo: $(STAMP)

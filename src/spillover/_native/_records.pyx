@@ -3,8 +3,11 @@
 
 The loops live in ``csrc/keygroups.c`` and ``csrc/records.c``; this module
 only moves buffers in and out (by the buffer protocol, never copied here) and
-releases the GIL around every loop. Use :mod:`spillover.keygroups` and
-:mod:`spillover.records` rather than this module.
+releases the GIL around every loop over at least ``NOGIL_MIN_BYTES`` of input:
+below that, handing the GIL to another thread and waiting to get it back costs
+more than the loop (a contended re-acquire waits for the holder to let go, up to
+its switch interval). Use :mod:`spillover.keygroups` and :mod:`spillover.records`
+rather than this module.
 """
 
 from cpython.buffer cimport PyBUF_FORMAT
@@ -19,6 +22,29 @@ cimport numpy as cnp
 import numpy as np
 
 cnp.import_array()
+
+cdef enum:
+    _NOGIL_MIN = 65536
+NOGIL_MIN_BYTES = _NOGIL_MIN
+"""Inputs (bytes; keys count 8 each) from which a native loop releases the GIL."""
+
+
+cdef extern from "Python.h":
+    ctypedef struct PyThreadState:
+        pass
+    PyThreadState *PyEval_SaveThread()
+    void PyEval_RestoreThread(PyThreadState *)
+
+
+cdef inline PyThreadState *_release_if(bint cond) noexcept:
+    """Releases the GIL when ``cond`` (a loop big enough); pair with :func:`_reacquire`.
+    Between the two only C runs: no Python object may be touched."""
+    return PyEval_SaveThread() if cond else NULL
+
+
+cdef inline void _reacquire(PyThreadState *ts) noexcept:
+    if ts is not NULL:
+        PyEval_RestoreThread(ts)
 
 from spillover.errors import CorruptRecordError
 

@@ -119,8 +119,9 @@ cdef class Demux:
         p = &buf[0]
         cr = self._carries.get(channel)
         if cr is not None and cr.c.hdr_have:
-            with nogil:
-                rc = spl_carry_feed(&cr.c, p, n, self.d.max_len, &used)
+            ts = _release_if(n >= _NOGIL_MIN)
+            rc = spl_carry_feed(&cr.c, p, n, self.d.max_len, &used)
+            _reacquire(ts)
             pos = used
             if rc == SPL_REC_OK:
                 kg = -1
@@ -135,8 +136,9 @@ cdef class Demux:
                 self._fail(rc, 0)
         if pos < n and (cr is None or not cr.c.hdr_have):
             if selector is None:
-                with nogil:
-                    rc = spl_demux_run(&self.d, p, n, &pos, NULL, SIZE_MAX, &count)
+                ts = _release_if(n >= _NOGIL_MIN)
+                rc = spl_demux_run(&self.d, p, n, &pos, NULL, SIZE_MAX, &count)
+                _reacquire(ts)
             else:
                 cap = (n - pos) // SPL_REC_PREFIX + 1
                 if <size_t>self._off.shape[0] < cap:
@@ -162,8 +164,9 @@ cdef class Demux:
                 if cr is None:
                     cr = _Carry()
                     self._carries[channel] = cr
-                with nogil:
-                    rc = spl_carry_feed(&cr.c, p + pos, n - pos, self.d.max_len, &used)
+                ts = _release_if(n - pos >= _NOGIL_MIN)
+                rc = spl_carry_feed(&cr.c, p + pos, n - pos, self.d.max_len, &used)
+                _reacquire(ts)
                 if rc != SPL_REC_MORE:
                     self._fail(rc, pos)
         return _take_full(&self.d.packer)

@@ -16,8 +16,9 @@ def key_groups_from_hashes(const int32_t[::1] hashes, int32_t max_parallelism):
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     if n:
-        with nogil:
-            spl_key_groups_from_hashes(&hashes[0], n, max_parallelism, &o[0])
+        ts = _release_if(n * 8 >= _NOGIL_MIN)
+        spl_key_groups_from_hashes(&hashes[0], n, max_parallelism, &o[0])
+        _reacquire(ts)
     return out
 
 
@@ -27,8 +28,9 @@ def key_groups_int32(const int32_t[::1] keys, int32_t max_parallelism):
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     if n:
-        with nogil:
-            spl_key_groups_int32(&keys[0], n, max_parallelism, &o[0])
+        ts = _release_if(n * 8 >= _NOGIL_MIN)
+        spl_key_groups_int32(&keys[0], n, max_parallelism, &o[0])
+        _reacquire(ts)
     return out
 
 
@@ -38,8 +40,9 @@ def key_groups_int64(const int64_t[::1] keys, int32_t max_parallelism):
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     if n:
-        with nogil:
-            spl_key_groups_int64(&keys[0], n, max_parallelism, &o[0])
+        ts = _release_if(n * 8 >= _NOGIL_MIN)
+        spl_key_groups_int64(&keys[0], n, max_parallelism, &o[0])
+        _reacquire(ts)
     return out
 
 

@@ -118,8 +118,9 @@ cdef class Packer:
             raise IndexError(output)
         if <size_t>payload.shape[0] > SPL_REC_MAX_LENGTH:
             raise ValueError("a record is at most 2**31 - 1 bytes")
-        with nogil:
-            rc = spl_packer_put(&self.p, output, _bytes_ptr(payload), <uint32_t>payload.shape[0])
+        ts = _release_if(payload.shape[0] >= _NOGIL_MIN)
+        rc = spl_packer_put(&self.p, output, _bytes_ptr(payload), <uint32_t>payload.shape[0])
+        _reacquire(ts)
         if rc:
             _raise_rc(rc, 0, "packing records")
         return _take_full(&self.p)
@@ -134,13 +135,14 @@ cdef class Packer:
             raise IndexError(output)
         _check_offsets(data, offsets)
         n = offsets.shape[0] - 1
-        with nogil:
-            for i in range(<Py_ssize_t>n):
-                if offsets[i + 1] - offsets[i] > SPL_REC_MAX_LENGTH:
-                    rc = -100
-                    break
-            else:
-                rc = spl_packer_put_batch(&self.p, output, _bytes_ptr(data), &offsets[0], n)
+        ts = _release_if(data.shape[0] >= _NOGIL_MIN)
+        for i in range(<Py_ssize_t>n):
+            if offsets[i + 1] - offsets[i] > SPL_REC_MAX_LENGTH:
+                rc = -100
+                break
+        else:
+            rc = spl_packer_put_batch(&self.p, output, _bytes_ptr(data), &offsets[0], n)
+        _reacquire(ts)
         if rc == -100:
             raise ValueError("a record is at most 2**31 - 1 bytes")
         if rc:
@@ -228,8 +230,9 @@ cdef class Reassembler:
         cdef size_t used
         cdef uint8_t[::1] dst
         while True:
-            with nogil:
-                rc = spl_carry_feed(&self.c, buf + pos[0], n - pos[0], self.max_len, &used)
+            ts = _release_if(n - pos[0] >= _NOGIL_MIN)
+            rc = spl_carry_feed(&self.c, buf + pos[0], n - pos[0], self.max_len, &used)
+            _reacquire(ts)
             pos[0] += used
             if rc == SPL_REC_NEED_ALLOC:
                 self._carry_arr = np.empty(self.c.len, dtype=np.uint8)
@@ -253,14 +256,40 @@ cdef class Reassembler:
         earlier buffer and ends in this one, or None; ``offsets``/``lengths``
         (int64) locate the payloads of the records lying wholly in ``buf``.
         """
+        cdef size_t count = 0
+        carried = self._scan(buffer, &count)
+        return carried, self._off[:count].copy(), self._len[:count].copy()
+
+    def feed_fixed(self, object buffer, uint32_t width):
+        """:meth:`feed` for records of ``width`` bytes, without per-buffer arrays:
+        ``(carried, start, count, bad)``. When ``bad`` is -1 the ``count`` records lying
+        wholly in ``buf`` are the payloads at ``start + i * (width + 4)``; else ``bad``
+        is the length of the first of them that is not ``width`` bytes long."""
+        cdef size_t count = 0, i
+        cdef int64_t bad = -1
+        cdef int64_t[::1] l
+        carried = self._scan(buffer, &count)
+        if count == 0:
+            return carried, 0, 0, -1
+        l = self._len
+        for i in range(count):
+            if l[i] != width:
+                bad = l[i]
+                break
+        return carried, self._off[0], count, bad
+
+    cdef object _scan(self, object buffer, size_t *count_out):
+        """Feeds ``buffer``: returns the carried record (or None) and leaves the offsets
+        and lengths of the ``count_out[0]`` records lying wholly in it in ``_off``/``_len``."""
         cdef const uint8_t[::1] buf = _as_bytes(buffer)
         cdef size_t n = buf.shape[0], pos = 0, count = 0, cap
         cdef int rc
         cdef int64_t[::1] o
         cdef int64_t[::1] l
         carried = None
+        count_out[0] = 0
         if n == 0:
-            return None, self._off[:0].copy(), self._len[:0].copy()
+            return None
         cdef const uint8_t *p = &buf[0]
         if self.c.hdr_have:
             carried = self._continue(p, n, &pos)
@@ -271,14 +300,16 @@ cdef class Reassembler:
                 self._len = np.empty(cap, dtype=np.int64)
             o = self._off
             l = self._len
-            with nogil:
-                rc = spl_rec_scan(p, n, &pos, self.max_len, &o[0], &l[0], cap, &count)
+            ts = _release_if(n >= _NOGIL_MIN)
+            rc = spl_rec_scan(p, n, &pos, self.max_len, &o[0], &l[0], cap, &count)
+            _reacquire(ts)
             if rc:
                 _raise_rc(rc, self._consumed + pos, "reading records")
             if pos < n:
                 self._continue(p, n, &pos)
         self._consumed += n
-        return carried, self._off[:count].copy(), self._len[:count].copy()
+        count_out[0] = count
+        return carried
 
     def reset(self):
         """Drops a partly read record."""

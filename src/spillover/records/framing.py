@@ -182,6 +182,22 @@ class RecordReader:
             out.append(RecordBatch(data, offsets, lengths, False))
         return out
 
+    def feed_fixed(self, buffer: object, width: int) -> tuple[Buffer | None, int, int]:
+        """:meth:`feed` for records of ``width`` bytes each, as ``(carried, start, count)``:
+        ``carried`` the record that began in an earlier buffer (a copy) or None, then
+        ``count`` records lying wholly in ``buffer`` at ``start + i * (width + 4)``, so a
+        caller can view them with a stride instead of building offsets. A record of
+        another length raises :class:`~spillover.errors.CorruptRecordError`."""
+        carried, start, count, bad = self._core.feed_fixed(buffer, width)
+        if bad < 0 and carried is not None and len(carried) != width:
+            bad = len(carried)
+        if bad >= 0:
+            raise CorruptRecordError(
+                f"a record of {bad} bytes where every record has {width}",
+                hint="the channel carries records of another type",
+            )
+        return carried, start, count
+
     @property
     def pending_bytes(self) -> int:
         """Bytes of a record begun and not yet complete."""

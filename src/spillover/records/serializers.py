@@ -16,6 +16,7 @@ from spillover.keygroups import (
 from spillover.records.framing import (
     Buffer,
     RecordBatch,
+    RecordReader,
     T,
 )
 
@@ -87,6 +88,30 @@ class FixedWidthSerializer:
             raise CorruptRecordError(
                 f"a record of {bad} bytes cannot be a {self.dtype} ({self.dtype.itemsize} bytes)"
             )
+
+    def read_buffer(self, reader: RecordReader, buffer: Any) -> npt.NDArray[Any]:
+        """The records that end in one network ``buffer`` of ``reader``'s channel as one
+        array: a strided view of ``buffer`` (no copy, no per-buffer offsets), or, when a
+        record spanned into it from the previous buffer, that record and the view
+        joined (one copy). What ``deserialize_batch`` over ``reader.feed(buffer)``
+        gives, joined, with less work per buffer."""
+        width = self.dtype.itemsize
+        carried, start, count = reader.feed_fixed(buffer, width)
+        data = np.frombuffer(buffer, np.uint8)
+        if carried is None:
+            view: npt.NDArray[Any] = np.ndarray(
+                (count,), self.dtype, buffer=data, offset=start, strides=(width + 4,)
+            )
+            return view
+        # Joined as rows of bytes: numpy copies a structured dtype field by field.
+        out: npt.NDArray[Any] = np.empty(count + 1, self.dtype)
+        rows = out.view(np.uint8).reshape(count + 1, width)
+        rows[0] = np.frombuffer(carried, np.uint8)
+        if count:
+            rows[1:] = np.ndarray(
+                (count, width), np.uint8, buffer=data, offset=start, strides=(width + 4, 1)
+            )
+        return out
 
     def deserialize_batch(self, batch: RecordBatch) -> npt.NDArray[Any]:
         n = len(batch)

@@ -161,6 +161,8 @@ class _KeyedAggregate(Operator):
         # Prefixed by the uid so operators chained in one subtask never share state.
         name = f"{ctx.uid}.{self._state_suffix}"
         self.state = backend.state(StateDescriptor(name, "sum", self.sum_dtype))
+        # Put-and-get in one pass where the backend offers it (the heap's sum state).
+        self._add = getattr(self.state, "add", None)
 
     def _values(self, batch: Batch) -> npt.NDArray[Any]:
         raise NotImplementedError
@@ -169,14 +171,19 @@ class _KeyedAggregate(Operator):
         if not len(batch):
             return
         keys = np.asarray(batch[self.key_field], dtype=np.int64)
-        uniq, sums = _group_sums(keys, self._values(batch))
-        self.state.put(uniq, sums)
-        if self.emit_updates:
+        if not self.emit_updates:
+            self.state.put(keys, self._values(batch))
+            return
+        if self._add is not None:
+            uniq, totals = self._add(keys, self._values(batch))
+        else:
+            uniq, sums = _group_sums(keys, self._values(batch))
+            self.state.put(uniq, sums)
             totals, _ = self.state.get(uniq)
-            out = np.empty(len(uniq), dtype=self.out_dtype)
-            out[self.key_field] = uniq
-            out[self.out_field] = totals
-            self.ctx.output.emit(out)
+        out = np.empty(len(uniq), dtype=self.out_dtype)
+        out[self.key_field] = uniq
+        out[self.out_field] = totals
+        self.ctx.output.emit(out)
 
 
 class KeyedSum(_KeyedAggregate):

@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from spillover.records import FixedWidthSerializer, RecordReader
 from spillover.runtime.api import Operator, OperatorContext, Output
 from spillover.runtime.checkpointing.aligned import AlignmentStats, BarrierHandler
@@ -586,13 +584,12 @@ class Task:
 
     def _process(self, ch: int, buf: Any) -> None:
         info = self.channels[ch]
-        ser = self._serializers[ch]
-        parts = [ser.deserialize_batch(rb) for rb in self.readers[ch].feed(buf)]
-        if not parts:
+        # One strided view of the buffer (joined with a record carried over from the
+        # previous buffer): one call per buffer keeps batches large (operators cost
+        # per call, not per record).
+        batch = self._serializers[ch].read_buffer(self.readers[ch], buf)
+        if not len(batch):
             return
-        # A record carried over from the previous buffer comes as its own batch: one
-        # call per buffer keeps batches large (operators cost per call, not per record).
-        batch = parts[0] if len(parts) == 1 else np.concatenate(parts)
         self.records_in += len(batch)
         self.ops[0].process(batch, info.input_index)
         self.failures.check(

@@ -35,6 +35,7 @@ from spillover.runtime.state import (
     FORMAT_VERSION,
     HeapKeyedStateBackend,
     HeapListState,
+    HeapSumState,
     split_even,
     union,
 )
@@ -128,6 +129,26 @@ def test_state_matches_dict_model(kind: str, merge_rows: int | None, steps: list
         else:
             check_against(state, model, keys)
     check_against(state, model, KEY_POOL)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    merge_rows=st.sampled_from([0, 1, 3, None]),
+    puts=st.lists(st.tuples(key_lists, st.integers(0, 1 << 20)), max_size=20),
+)
+def test_sum_add_is_put_then_get(merge_rows: int | None, puts: list[Any]) -> None:
+    """``add`` (what keyed aggregates use) leaves the state as ``put`` would and returns
+    the touched keys, sorted and distinct, with what ``get`` gives for them."""
+    added = full_backend(merge_rows=merge_rows).state(StateDescriptor("s", "sum"))
+    model = full_backend(merge_rows=merge_rows).state(StateDescriptor("s", "sum"))
+    assert isinstance(added, HeapSumState)
+    for keys, seed in puts:
+        values = arr(np.random.default_rng(seed).integers(-1000, 1000, len(keys)).tolist())
+        uniq, totals = added.add(arr(keys), values)
+        model.put(arr(keys), values)
+        assert uniq.tolist() == sorted(set(keys))
+        assert totals.tolist() == model.get(uniq)[0].tolist()
+    assert [a.tolist() for a in added.items()] == [m.tolist() for m in model.items()]
 
 
 def test_repeated_keys_within_one_put() -> None:
