@@ -32,14 +32,6 @@ static inline uint32_t spl_le32(const uint8_t *p) {
     memcpy(&v, p, 4);
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     v = __builtin_bswap32(v);
-/* Routes the records of many buffers: data[offsets[i] .. + lengths[i]) for every
- * i with slots[i] >= 0, in order, each continuing the record cut in carries[slots[i]]
- * (one per demux channel, self-allocating). On error *err_frame is the buffer's
- * index and *err_at the offending record's start in it. */
-int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
-                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
-                     size_t *err_frame, size_t *err_at);
-
 #endif
     return v;
 }
@@ -49,14 +41,6 @@ static inline uint64_t spl_le64(const uint8_t *p) {
     memcpy(&v, p, 8);
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     v = __builtin_bswap64(v);
-/* Routes the records of many buffers: data[offsets[i] .. + lengths[i]) for every
- * i with slots[i] >= 0, in order, each continuing the record cut in carries[slots[i]]
- * (one per demux channel, self-allocating). On error *err_frame is the buffer's
- * index and *err_at the offending record's start in it. */
-int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
-                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
-                     size_t *err_frame, size_t *err_at);
-
 #endif
     return v;
 }
@@ -64,14 +48,6 @@ int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
 static inline void spl_put_le32(uint8_t *p, uint32_t v) {
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     v = __builtin_bswap32(v);
-/* Routes the records of many buffers: data[offsets[i] .. + lengths[i]) for every
- * i with slots[i] >= 0, in order, each continuing the record cut in carries[slots[i]]
- * (one per demux channel, self-allocating). On error *err_frame is the buffer's
- * index and *err_at the offending record's start in it. */
-int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
-                     const int64_t *lengths, const int32_t *slots, size_t n, spl_carry **carries,
-                     size_t *err_frame, size_t *err_at);
-
 #endif
     memcpy(p, &v, 4);
 }
