@@ -268,7 +268,7 @@ def test_a_hung_state_file_creation_never_stops_the_records(tmp_path: Path) -> N
             release.set()
 
     try:
-        _, faults, _, _ = _run_with_a_fault_window(
+        _run_with_a_fault_window(
             tmp_path,
             arm,
             hits="timed out",
