@@ -27,7 +27,7 @@ from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.runtime.connectors import GeneratorSource, ParquetSink
 from spillover.runtime.graph import StreamEnvironment
-from support.faults import Faults, enospc, fail, failing_renames, faulty_dir
+from support.faults import Faults, enospc, fail, failing_renames, faulty_dir, hold
 
 RECORDS = 40_000  # 4 partitions, 10,000 records/s per subtask: 2 s
 
@@ -238,6 +238,47 @@ def test_slow_storage_times_checkpoints_out_while_processing_goes_on(tmp_path: P
         tmp_path, arm, hits="timed out", **{"execution.checkpointing.timeout": "100 ms"}
     )
     assert after > before, "the sink got records while storage was slow"
+
+
+def test_a_hung_state_file_creation_never_stops_the_records(tmp_path: Path) -> None:
+    """Creating a channel-state file hangs (a request to an object store that does
+    not answer) until the test lets it go: the task threads never wait for it, since
+    remote files are created by the writer's own thread. While it hangs the sink's
+    records keep advancing and the checkpoints time out; once it is let go a later
+    checkpoint completes and the output is exact."""
+    release, held = threading.Event(), threading.Event()
+    during: list[float] = []
+
+    def arm(faults: Faults) -> None:
+        faults.rules = [hold({"open"}, "/channels/", release, held)]
+
+    def while_held(faults: Faults, ex: Any, ended: threading.Event) -> None:
+        try:
+            while not held.wait(0.005):
+                if ended.is_set():
+                    return
+            start, aborted = ex.live_metric("sink"), len(_aborted(ex))
+            # The coordinator times checkpoints out on its own thread, whatever the
+            # tasks do: a few more of them bound the wait for the sink to move.
+            while not ended.wait(0.005) and len(_aborted(ex)) < aborted + 5:
+                if ex.live_metric("sink") > start:
+                    break
+            during[:] = [start, ex.live_metric("sink")]
+        finally:
+            release.set()
+
+    try:
+        _run_with_a_fault_window(
+            tmp_path,
+            arm,
+            hits="timed out",
+            then=while_held,
+            **{"execution.checkpointing.timeout": "100 ms"},
+        )
+    finally:
+        release.set()
+    assert held.is_set(), "a state file's creation was held"
+    assert during[1] > during[0], "the sink got records while a state file's creation hung"
 
 
 @pytest.fixture

@@ -38,18 +38,15 @@ def _job(out: Path) -> StreamEnvironment:
 
 
 def _s3(server: MotoServer) -> Any:
-    """The server as a pyarrow filesystem that gives up at once: one attempt per
-    request (pyarrow's default retries a refused connection for seconds, and a
-    channel-state file is created on the task's thread) and bounded timeouts."""
+    """The server as a pyarrow filesystem with pyarrow's default retries and timeouts
+    (a refused connection is retried for about 2 s per request): no task thread
+    waits on it, since channel-state files are created by their writers' threads."""
     return pafs.S3FileSystem(
         access_key=CREDENTIALS["AWS_ACCESS_KEY_ID"],
         secret_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
         endpoint_override=server.endpoint,
         scheme="http",
         region="us-east-1",
-        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
-        connect_timeout=1,
-        request_timeout=5,
     )
 
 

@@ -50,6 +50,19 @@ def fail(ops: set[str], where: str, error: Callable[[], BaseException]) -> Rule:
     return lambda op, path: error() if op in ops and where in path else None
 
 
+def hold(ops: set[str], where: str, release: threading.Event, held: threading.Event) -> Rule:
+    """Blocks ``ops`` on paths containing ``where`` until ``release`` is set (a hung
+    request); sets ``held`` whenever one is blocked, so a test can wait for that."""
+
+    def rule(op: str, path: str) -> BaseException | None:
+        if op in ops and where in path:
+            held.set()
+            release.wait()
+        return None
+
+    return rule
+
+
 def enospc() -> OSError:
     return OSError(errno.ENOSPC, "No space left on device")
 

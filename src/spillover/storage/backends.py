@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno as errno_mod
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
@@ -110,11 +111,16 @@ class LocalBackend:
 class ArrowBackend:
     """State files on any ``pyarrow.fs.FileSystem`` (S3, GCS, HDFS, local, ...)."""
 
-    def __init__(self, fs: Any, root: str, uri_prefix: str, query: str = "") -> None:
+    def __init__(
+        self, fs: Any, root: str, uri_prefix: str, query: str = "", defer_create: bool = False
+    ) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
         self.uri_prefix = uri_prefix.rstrip("/")
         self.query = f"?{query}" if query else ""
+        self.defer_create = defer_create
+        # Deferred files not created yet: deleting one (a discarded gate) asks nothing.
+        self._unopened: set[str] = set()
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -124,6 +130,18 @@ class ArrowBackend:
         return f"{self.uri_prefix}/{name}{self.query}"
 
     def create(self, name: str) -> tuple[int, Callable[[Any], Any] | None, Callable[[bool], None]]:
+        if self.defer_create:
+            return self._create_deferred(name)
+        stream = self._open(name)
+
+        def close(fsync: bool) -> None:
+            self._finish(stream, name)
+
+        return -1, stream.write, close
+
+    def _open(self, name: str) -> Any:
+        """Creates ``name`` exclusively: the exists check, its directory and the
+        stream (three requests on an object store)."""
         import pyarrow.fs as pafs
 
         path = self._path(name)
@@ -136,19 +154,46 @@ class ArrowBackend:
                     hint="each checkpoint and subtask needs its own storage directory",
                 )
             self.fs.create_dir(self.root, recursive=True)
-            stream = self.fs.open_output_stream(path)
+            return self.fs.open_output_stream(path)
         except StateFileExistsError:
             raise
         except OSError as e:
             raise _storage_error("cannot create state file", self.uri_of(name), e) from e
 
-        def close(fsync: bool) -> None:
-            try:
-                stream.close()
-            except OSError as e:
-                raise _storage_error("cannot finish state file", self.uri_of(name), e) from e
+    def _finish(self, stream: Any, name: str) -> None:
+        try:
+            stream.close()
+        except OSError as e:
+            raise _storage_error("cannot finish state file", self.uri_of(name), e) from e
 
-        return -1, stream.write, close
+    def _create_deferred(
+        self, name: str
+    ) -> tuple[int, Callable[[Any], Any] | None, Callable[[bool], None]]:
+        """Returns at once; the file is created by the first write, which the native
+        writer makes on its I/O thread, so the caller's thread never waits on the
+        filesystem. A failure there is the writer's sticky error (raised by a later
+        append or by close, naming the file). The writer writes even an empty gate's
+        header and trailer through ``write``, so a closed gate always has its file;
+        a file never created (its creation failed, or the gate was discarded first)
+        is neither closed nor deleted, which also spares someone else's file that
+        the exists check found."""
+        lock = threading.Lock()
+        streams: list[Any] = []
+        self._unopened.add(name)
+
+        def write(data: Any) -> Any:
+            with lock:
+                if not streams:
+                    streams.append(self._open(name))
+                    self._unopened.discard(name)
+            return streams[0].write(data)
+
+        def close(fsync: bool) -> None:
+            with lock:
+                if streams:
+                    self._finish(streams[0], name)
+
+        return -1, write, close
 
     def open_read(self, name: str) -> tuple[ReadableFile, int]:
         path = self._path(name)
@@ -176,6 +221,9 @@ class ArrowBackend:
             return False
 
     def delete(self, name: str) -> None:
+        if name in self._unopened:  # a deferred file never created
+            self._unopened.discard(name)
+            return
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(self._path(name))
 
@@ -199,13 +247,17 @@ def _storage_error(message: str, path: str, e: OSError) -> StorageError:
     )
 
 
-def backend_for(uri: str | os.PathLike[str] | Location, filesystem: Any = None) -> Backend:
+def backend_for(
+    uri: str | os.PathLike[str] | Location, filesystem: Any = None, defer_create: bool = False
+) -> Backend:
     """The backend for a storage directory (see :class:`Location`): native local I/O
-    for local paths and ``file://`` URIs, pyarrow for every other filesystem."""
+    for local paths and ``file://`` URIs, pyarrow for every other filesystem
+    (``defer_create``: files are created by their first write, see
+    :meth:`ArrowBackend._create_deferred`; local files are always created at once)."""
     loc = uri if isinstance(uri, Location) else Location.parse(uri, filesystem)
     if loc.local:
         return LocalBackend(loc.path)
-    return ArrowBackend(loc.filesystem, loc.path, loc.prefix, loc.query)
+    return ArrowBackend(loc.filesystem, loc.path, loc.prefix, loc.query, defer_create)
 
 
 def readinto_exact(f: ReadableFile, view: memoryview) -> int:

@@ -30,6 +30,11 @@ class StorageOptions:
     - ``read_ahead_bytes`` / ``read_block_bytes``: the retriever reads blocks of
       ``read_block_bytes`` and keeps at most ``read_ahead_bytes`` of them ahead.
     - ``verify_checksums``: check every payload's CRC32C while reading.
+    - ``defer_create``: on a ``pyarrow.fs`` filesystem, ``create_storer`` returns at
+      once and the file is created (exists check, directory, stream) by the writer's
+      I/O thread before its first write, so the caller never waits on remote storage;
+      an existing file is then reported by a later ``append`` or by ``close()``, not by
+      ``create_storer``. Local files are always created at once.
     """
 
     compression: str | None = None
@@ -40,6 +45,7 @@ class StorageOptions:
     read_ahead_bytes: int = 4 * MiB
     read_block_bytes: int = 1 * MiB
     verify_checksums: bool = True
+    defer_create: bool = False
 
     def __post_init__(self) -> None:
         if self.compression not in (None, "none", "lz4"):

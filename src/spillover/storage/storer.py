@@ -50,7 +50,8 @@ def open_storage(
         raise ConfigError(f"checkpoint_id must fit in 64 bits, not {checkpoint_id}")
     if not 0 <= subtask_index < 2**32:
         raise ConfigError(f"subtask_index must fit in 32 bits, not {subtask_index}")
-    return Storage(backend_for(uri, filesystem), opts, checkpoint_id, subtask_index)
+    backend = backend_for(uri, filesystem, opts.defer_create)
+    return Storage(backend, opts, checkpoint_id, subtask_index)
 
 
 class Storage:

@@ -38,7 +38,8 @@ from operator import methodcaller
 from typing import Any, Protocol
 
 from spillover.errors import SpilloverError
-from spillover.storage import OnRelease, Storage, StorageOptions, Storer, open_storage
+from spillover.storage import OnRelease, Storage, StorageOptions, Storer
+from spillover.storage.backends import backend_for
 from spillover.storage.handle import state_file_name
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend
@@ -81,13 +82,15 @@ class ChannelStateWriter:
 
     def __init__(
         self,
-        uri: str,
+        uri: str | Location,
         checkpoint_id: int,
         subtask: int,
         compression: str | None,
         shared: tuple[SharedFile, str | None] | None = None,
     ) -> None:
-        self.uri = uri
+        # A Location is used as it is: parsing a remote URI again may ask the network.
+        self._where = uri if isinstance(uri, Location) else None
+        self.uri = uri.uri if isinstance(uri, Location) else uri
         self._args = (checkpoint_id, subtask, compression)
         self._storage: Storage | None = None
         # (the group's file, the staging directory): gates are staged there and
@@ -123,12 +126,12 @@ class ChannelStateWriter:
                         opts = StorageOptions(compression=compression)
                         self._storage = Storage(self._staging, opts, cid, subtask)
                     else:
-                        self._storage = open_storage(
-                            self.uri,
-                            checkpoint_id=cid,
-                            subtask_index=subtask,
-                            compression=compression,
-                        )
+                        # Remote files are created by the writer's I/O thread: the
+                        # task thread never waits on remote storage at a barrier.
+                        where = self._where or Location.parse(self.uri)
+                        opts = StorageOptions(compression=compression, defer_create=not where.local)
+                        backend = backend_for(where, defer_create=opts.defer_create)
+                        self._storage = Storage(backend, opts, cid, subtask)
                 storer = storers[index] = self._storage.create_storer(index, kind=kind)
             except (OSError, SpilloverError) as e:
                 self._fail(e)
@@ -357,4 +360,4 @@ def open_channel_state(
         return ChannelStateWriter(
             where.uri, checkpoint_id, subtask, compression, (shared, group.staging)
         )
-    return ChannelStateWriter(where.uri, checkpoint_id, subtask, compression)
+    return ChannelStateWriter(where, checkpoint_id, subtask, compression)
