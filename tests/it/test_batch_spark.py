@@ -45,3 +45,21 @@ def test_a_batch_job_on_spark_resumes_from_what_finished(sc: Any, tmp_path: Path
     assert again.status == "finished", again.failures
     assert {"src#0", "src#1", "sum#0", "sum#1"} <= set(again.reused_tasks)
     assert totals(tmp_path / "out") == expected()
+
+
+def test_a_batch_job_wider_than_the_cluster_runs_in_waves(sc: Any, tmp_path: Path) -> None:
+    """A batch task is a Spark job of one task: a job whose parallelism exceeds the
+    cluster's slots runs (its tasks wait for slots), where a streaming job's barrier
+    stage needs a slot for every task at once."""
+    from support.batch_jobs import job
+
+    wide = sc.defaultParallelism + 1
+    ex = SparkExecutor(
+        job(tmp_path / "out", parallelism=wide, sum_parallelism=1),
+        batch_config(tmp_path),
+        spark_context=sc,
+    )
+    result = ex.run(timeout=300)
+    assert result.status == "finished", result.failures
+    assert totals(tmp_path / "out") == expected()
+    assert len(result.tasks) == wide + 1  # the sources, and the sum chained to its sink

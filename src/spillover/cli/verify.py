@@ -52,6 +52,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         executor=args.executor,
         master=args.master or None,
         stop=_stop(args.stop_with_savepoint, args.drain),
+        runtime_mode=args.runtime_mode,
     )
     if args.workdir:  # before any run: a folder it cannot write is bad usage
         check_folder("--workdir (env SPILLOVER_VERIFY_WORKDIR)", args.workdir, create=False)
@@ -162,6 +163,18 @@ def add_parser(sub: Any) -> None:
         choices=["local", "spark"],
         help="where the run with failures goes: local (threads here) or spark (a barrier "
         "stage per attempt); the failure-free reference always runs locally",
+    )
+    env_option(
+        p,
+        "--runtime-mode",
+        env="SPILLOVER_VERIFY_RUNTIME_MODE",
+        default="streaming",
+        choices=["streaming", "batch"],
+        help="execution.runtime-mode of both runs: batch runs the job stage by stage "
+        "through blocking result files, without checkpoints (no --policy, --interval-ms, "
+        "savepoints or --rescale-to); its failures re-run a region, and with "
+        "--kill-driver each start re-runs only the tasks its event log does not name "
+        "finished (docs/recovery.md, 'Batch jobs')",
     )
     env_option(
         p,

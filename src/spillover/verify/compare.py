@@ -112,6 +112,13 @@ class Report:
             f"in-flight data: {self.inflight_persisted} bytes persisted by completed "
             f"checkpoints, {self.inflight_replayed} bytes replayed by restores",
         ]
+        if self.spec.batch:  # no checkpoints, so no policy and no in-flight data
+            lines[0] = (
+                f"{self.spec.describe()}, parallelism {self.spec.parallelism}, runtime mode "
+                f"{self.spec.runtime_mode}: {self.records} records, {self.attempts} "
+                f"attempts, {self.duration_s:.1f} s"
+            )
+            del lines[2]
         if self.driver_starts:
             lines.append(f"driver started {len(self.driver_starts)} times:")
             lines += [f"  {d}" for d in self.driver_starts]

@@ -57,6 +57,11 @@ class DriverKill:
     tasks_before: int = 0
     tasks_after: int = 0
     batch: bool = False
+    # ... the job's tasks; of those finished when it started, how many this start ran
+    # again (0 unless a result was lost); how many this start ran to their end.
+    tasks_total: int = 0
+    tasks_rerun: int = 0
+    tasks_ran: int = 0
 
     def describe(self) -> str:
         how = (
@@ -65,7 +70,9 @@ class DriverKill:
         if self.batch:
             return (
                 f"start {self.start}: {how}; finished tasks in the log "
-                f"{self.tasks_before} -> {self.tasks_after}"
+                f"{self.tasks_before} -> {self.tasks_after} of {self.tasks_total}: it re-ran "
+                f"{self.tasks_rerun} of the {self.tasks_before} finished at its start and "
+                f"finished {self.tasks_ran - self.tasks_rerun} more"
             )
         return (
             f"start {self.start}: {how}; newest logged checkpoint "
@@ -138,13 +145,31 @@ def _logged_checkpoint(ckpt: str, name: str) -> int:
 
 def _finished_tasks(ckpt: str, name: str) -> int:
     """How many tasks of a batch run the job's log names finished (0: no log yet)."""
+    return len(_finished(ckpt, name)[0])
+
+
+def _finished(ckpt: str, name: str) -> tuple[dict[tuple[str, int], int], int]:
+    """The tasks of a batch run the job's log names finished, each with the generation
+    that finished it, and the generation the next start of the driver runs."""
     loc = CheckpointStorage(ckpt, name).location.child(EVENTS_DIR)
     if not loc.exists():
-        return 0
+        return {}, 0
     try:
-        return len(JobEventLog.open(loc).replay().finished_tasks)
+        state = JobEventLog.open(loc).replay()
     except (OSError, SpilloverError):  # a segment compacted away as it was read
-        return 0
+        return {}, 0
+    after = 0 if state.generation is None else state.generation.generation + 1
+    return {k: e.generation for k, e in state.finished_tasks.items()}, after
+
+
+def _batch_start(
+    ckpt: str, name: str, before: dict[tuple[str, int], int], generation: int
+) -> tuple[int, int]:
+    """(tasks finished before a start that it ran again, tasks it ran to their end):
+    from the generation the log names each finished task's end in."""
+    now, _ = _finished(ckpt, name)
+    mine = {k for k, g in now.items() if g == generation}
+    return len(mine & set(before)), len(mine)
 
 
 def run_killing_the_driver(
@@ -179,11 +204,14 @@ def run_killing_the_driver(
     interval = spec.interval_ms / 1000
     result_path = os.path.join(workdir, name, "result.pickle")
     result: JobResult | None = None
+    probe = spec.factory()(os.path.join(workdir, name, "probe"), name, spec.parallelism).build()
+    total = sum(v.parallelism for v in probe.vertices)
     for start in range(kills + 1):
         pick = points[start % len(points)] if cycle else rng.choice(points)
         point = pick if start < kills else "none"
         before = _logged_checkpoint(ckpt, name)
-        tasks_before = _finished_tasks(ckpt, name) if spec.batch else 0
+        finished, generation = _finished(ckpt, name) if spec.batch else ({}, 0)
+        tasks_before = len(finished)
         if point == "restoring" and not before:  # nothing to restore yet
             point = "random"
         child = ctx.Process(
@@ -210,6 +238,7 @@ def run_killing_the_driver(
             child.join()
             raise RuntimeError(f"driver start {start} did not end within 900 s")
         killed = killed or child.exitcode == -signal.SIGKILL
+        rerun, ran = _batch_start(ckpt, name, finished, generation) if spec.batch else (0, 0)
         kill = DriverKill(
             start,
             point,
@@ -220,6 +249,9 @@ def run_killing_the_driver(
             tasks_before,
             _finished_tasks(ckpt, name) if spec.batch else 0,
             spec.batch,
+            total,
+            rerun,
+            ran,
         )
         starts.append(kill)
         if progress is not None:
@@ -232,8 +264,7 @@ def run_killing_the_driver(
             if result is not None and not result.already_finished:
                 break  # ran to its end: what comes after would find it finished
     assert result is not None
-    graph = spec.factory()(os.path.join(workdir, name, "probe"), name, spec.parallelism).build()
-    return output_of(spec, result, out_dir, graph.max_parallelism), starts
+    return output_of(spec, result, out_dir, probe.max_parallelism), starts
 
 
 def _wait_for_task(child: Any, ckpt: str, name: str, before: int, *, deadline: float) -> None:

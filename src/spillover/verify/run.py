@@ -17,6 +17,7 @@ import numpy as np
 from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.errors import ConfigError
+from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.jobmaster import JobResult
 from spillover.verify.compare import (
@@ -227,6 +228,23 @@ def drained_summaries_wrong(rows: np.ndarray[Any, Any]) -> list[tuple[int, int, 
     return wrong
 
 
+def check_runs_as_batch(spec: VerifySpec) -> None:
+    """Builds ``spec``'s job once in a scratch folder and asks the runtime whether it
+    runs in batch mode: a job with an unbounded source or a loop is refused now (a
+    :class:`ConfigError` naming it), before any run, not when the first run starts."""
+    with tempfile.TemporaryDirectory(prefix="spillover-verify-probe-") as d:
+        graph = spec.factory()(os.path.join(d, "output"), "probe", spec.parallelism).build()
+        try:
+            runs_as_batch(graph, config_for(spec, os.path.join(d, "checkpoints")))
+        except ConfigError as e:
+            raise ConfigError(
+                f"{spec.describe()} cannot run in batch mode: {e.message}",
+                detail=e.detail,
+                hint="give --runtime-mode streaming, or a job whose sources are bounded "
+                "and that holds no loop",
+            ) from None
+
+
 def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
     """Runs the job without and with ``spec.failures`` induced failures."""
     spec.check()
@@ -253,6 +271,8 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
             "--kill-driver kills the driver instead of inducing failures, stops or rescales",
             hint="give it with --failures 0 and without --rescale-to or a stop",
         )
+    if spec.batch:
+        check_runs_as_batch(spec)
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-verify-")
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from spillover.config import Config
@@ -99,17 +99,34 @@ class VerifySpec:
                 f"unknown runtime mode {self.runtime_mode!r}",
                 hint=f"choose one of {', '.join(RUNTIME_MODES)}",
             )
-        if self.batch and (self.stop is not None or self.rescale_to is not None):
-            raise ConfigError(
-                "a batch run cannot be stopped with a savepoint or rescaled from a checkpoint",
-                hint="drop the stop and rescale_to, or run in streaming mode",
-            )
+        if self.batch:
+            self._check_batch()
         if self.rate_per_subtask is not None and self.rate_per_subtask <= 0:
             raise ConfigError(
                 "rate_per_subtask (--rate) must be positive",
                 detail=f"got {self.rate_per_subtask:g}",
                 hint="--rate 0 (rate_per_subtask=None) runs unthrottled",
             )
+
+    def _check_batch(self) -> None:
+        """A batch run takes no checkpoints and no savepoints: a stop, a rescale from a
+        checkpoint, or a checkpoint setting other than the default would mean nothing
+        in it, so each is refused rather than ignored."""
+        if self.stop is not None or self.rescale_to is not None:
+            raise ConfigError(
+                "a batch run cannot be stopped with a savepoint or rescaled from a checkpoint",
+                detail="--stop-with-savepoint, --drain and --rescale-to are streaming's",
+                hint="drop them, or give --runtime-mode streaming",
+            )
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in ("policy", "interval_ms", "aligned_timeout_ms", "max_inflight_bytes"):
+            if getattr(self, name) != defaults[name]:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"a batch run takes no checkpoints, so {name} ({flag}) means nothing in it",
+                    detail=f"got {getattr(self, name)!r}",
+                    hint=f"drop {flag}, or give --runtime-mode streaming",
+                )
 
     @property
     def batch(self) -> bool:

@@ -673,7 +673,10 @@ class SparkExecutor(Executor):
 
     @property
     def slots(self) -> int:
-        """Task slots a generation takes: the job's largest parallelism."""
+        """Task slots a generation takes: the job's largest parallelism (one barrier
+        stage); a batch job runs each task as a Spark job of its own, so one."""
+        if self.batch:
+            return 1
         return max(v.parallelism for v in self.graph.vertices)
 
     def available_slots(self) -> int:
