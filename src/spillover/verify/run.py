@@ -117,17 +117,23 @@ def run_rescaled(
     spec: VerifySpec, workdir: str, name: str, failures: FailureInjector, stop_after: float
 ) -> RunOutput:
     """Runs at ``spec.parallelism`` until every induced failure happened and the latest
-    completed checkpoint holds in-flight data (or ``stop_after`` seconds), stops it as
-    a crash would, restores that checkpoint at ``spec.rescale_to`` and runs to the end."""
+    completed checkpoint holds in-flight data (or, after ``stop_after`` seconds, once
+    any checkpoint completed), stops it as a crash would, restores that checkpoint at
+    ``spec.rescale_to`` and runs to the end."""
+    deadline = time.monotonic() + stop_after
 
     def ready(history: list[dict[str, Any]]) -> bool:
         done = [c for c in history if c["status"] == "completed" and not c["final"]]
         inflight = spec.policy == "aligned" or (bool(done) and done[-1]["inflight_bytes"] > 0)
-        return failures.pending == 0 and bool(done) and inflight
+        if failures.pending == 0 and bool(done) and inflight:
+            return True
+        # Past the bound, any completed checkpoint will do; before one completed, the
+        # run goes on (a loaded machine may take longer than the baseline suggests).
+        return bool(done) and time.monotonic() >= deadline
 
     assert spec.rescale_to is not None
     runs = _TwoRuns(spec, workdir, name, failures)
-    r1 = runs.first.run(timeout=600, stop_after=stop_after, stop_when=ready)
+    r1 = runs.first.run(timeout=600, stop_when=ready)
     completed = r1.completed_checkpoints()
     if r1.status == "finished":
         raise ConfigError(
