@@ -118,18 +118,21 @@ def run_rescaled(
 ) -> RunOutput:
     """Runs at ``spec.parallelism`` until every induced failure happened and the latest
     completed checkpoint holds in-flight data (or, after ``stop_after`` seconds, once
-    any checkpoint completed), stops it as a crash would, restores that checkpoint at
-    ``spec.rescale_to`` and runs to the end."""
+    any attempt completed a checkpoint), stops it as a crash would, restores the latest
+    completed checkpoint at ``spec.rescale_to`` and runs to the end."""
     deadline = time.monotonic() + stop_after
+    seen = [False]  # a checkpoint completed in some attempt (``history`` is one attempt's)
 
     def ready(history: list[dict[str, Any]]) -> bool:
         done = [c for c in history if c["status"] == "completed" and not c["final"]]
+        seen[0] = seen[0] or bool(done)
         inflight = spec.policy == "aligned" or (bool(done) and done[-1]["inflight_bytes"] > 0)
         if failures.pending == 0 and bool(done) and inflight:
             return True
-        # Past the bound, any completed checkpoint will do; before one completed, the
-        # run goes on (a loaded machine may take longer than the baseline suggests).
-        return bool(done) and time.monotonic() >= deadline
+        # Past the bound, stop once there is a checkpoint to restore; before one
+        # completed, the run goes on (a loaded machine may take longer than the
+        # baseline suggests).
+        return seen[0] and time.monotonic() >= deadline
 
     assert spec.rescale_to is not None
     runs = _TwoRuns(spec, workdir, name, failures)
