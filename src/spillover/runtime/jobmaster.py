@@ -10,7 +10,6 @@ import queue
 import time
 import traceback
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobevents import LeaseError
 from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.recovery.plan import plan_restore
+from spillover.runtime.restarts import RestartBudget
 from spillover.runtime.task import TaskRestore
 from spillover.runtime.wiring import checkpoint_storage
 from spillover.storage.location import Location
@@ -453,8 +453,7 @@ class Executor:
         deadline = None if timeout is None else started + timeout
         stop_at = None if stop_after is None else started + stop_after
         strategy = self.config.restart_strategy
-        rs = self.config.restart
-        failure_times: deque[float] = deque()
+        budget = RestartBudget(strategy, self.config.restart)
         attempt = 0
         failed_at: float | None = None
         generation, cause = 0, "submitted"
@@ -538,7 +537,6 @@ class Executor:
             result.tracebacks.append("".join(traceback.format_exception(error)))
             if recovery is not None:
                 recovery.generation_ended(generation + attempt, f"failed: {failure}"[:500])
-            now = time.monotonic()
             if strategy is RestartStrategy.NONE or isinstance(
                 error, TimeoutError | ConfigError | LeaseError
             ):
@@ -547,16 +545,8 @@ class Executor:
                 if recovery is not None:
                     recovery.terminated("failed", failure[:500])
                 break
-            if strategy is RestartStrategy.FIXED_DELAY:
-                exhausted = attempt >= rs.fixed_delay_attempts
-                delay = rs.fixed_delay_delay_s
-            else:
-                failure_times.append(now)
-                while failure_times and now - failure_times[0] > rs.failure_rate_interval_s:
-                    failure_times.popleft()
-                exhausted = len(failure_times) > rs.failure_rate_max_failures_per_interval
-                delay = rs.failure_rate_delay_s
-            if exhausted:
+            delay = budget.after_failure()
+            if delay is None:
                 if recovery is not None:
                     recovery.terminated("failed", f"restart strategy exhausted: {failure}"[:500])
                 break

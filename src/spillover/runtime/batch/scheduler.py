@@ -15,7 +15,6 @@ import logging
 import queue
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from spillover.runtime.batch.regions import Region, TaskKey, pipelined_regions
 from spillover.runtime.batch.results import InputResult, ResultHandle, edge_key, readable
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
+from spillover.runtime.restarts import RestartBudget
 from spillover.storage.location import Location
 
 logger = logging.getLogger("spillover.runtime.jobmaster")
@@ -161,9 +161,8 @@ class BatchScheduler:
         for key in self.reused:
             outcome.tasks[f"{key[0]}#{key[1]}"] = {"runs": 0.0, "reused": 1.0}
         total = sum(v.parallelism for v in self.graph.vertices)
-        rs = self.config.restart
-        strategy = rs.strategy or RestartStrategy.FIXED_DELAY
-        failure_times: deque[float] = deque()
+        strategy = self.config.restart.strategy or RestartStrategy.FIXED_DELAY
+        budget = RestartBudget(strategy, self.config.restart)
         try:
             while len(self.finished) < total:
                 for key in self._ready():
@@ -199,19 +198,8 @@ class BatchScheduler:
                 outcome.errors.append(error)
                 if spec.results_dir is not None:  # what it wrote before it failed
                     delete_tree(Location.parse(spec.results_dir))
-                now = time.monotonic()
-                if strategy is RestartStrategy.NONE or done.fatal:
-                    raise error
-                if strategy is RestartStrategy.FIXED_DELAY:
-                    exhausted = self._failovers >= rs.fixed_delay_attempts
-                    delay = rs.fixed_delay_delay_s
-                else:
-                    failure_times.append(now)
-                    while failure_times and now - failure_times[0] > rs.failure_rate_interval_s:
-                        failure_times.popleft()
-                    exhausted = len(failure_times) > rs.failure_rate_max_failures_per_interval
-                    delay = rs.failure_rate_delay_s
-                if exhausted:
+                delay = None if done.fatal else budget.after_failure()
+                if delay is None:
                     raise error
                 self._failovers += 1
                 lost = None
