@@ -15,7 +15,7 @@ from spillover.runtime.checkpointing.channel_state import channel_state_groups
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.failures import FailureInjector
-from spillover.runtime.graph import JobGraph, Vertex
+from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.iteration import feedback
 from spillover.runtime.iteration.head import IterationHeadTask
 from spillover.runtime.network.buffers import BufferPool
@@ -117,20 +117,7 @@ def build_tasks(
             partitions.setdefault((up.id, u), []).append(out)
             box = Outbox(out, pool)
             outboxes.setdefault((up.id, u), []).append(box)
-            writers.setdefault((up.id, u), []).append(
-                PartitionWriter(
-                    e.kind,
-                    e.dtype,
-                    down.parallelism,
-                    u,
-                    net.segment_size,
-                    g.max_parallelism,
-                    e.key_field,
-                    send=box.send,
-                    send_all=box.send_all,
-                    partitioner=e.partitioner,
-                )
-            )
+            writers.setdefault((up.id, u), []).append(edge_writer(g, e, u, net.segment_size, box))
     tasks: dict[tuple[str, int], Task] = {}
     for v in g.vertices:
         for i in range(v.parallelism):
@@ -228,6 +215,25 @@ def checkpoint_storage(cfg: Config, job_name: str) -> CheckpointStorage | None:
     if cdir is None or not cfg.checkpointing.enabled:
         return None
     return CheckpointStorage(cdir, job_name)
+
+
+def edge_writer(
+    g: JobGraph, e: JobEdge, subtask: int, segment_size: int, box: Outbox
+) -> PartitionWriter:
+    """How subtask ``subtask`` of ``e``'s source routes and serializes into ``box``
+    (streaming partitions and batch result files alike)."""
+    return PartitionWriter(
+        e.kind,
+        e.dtype,
+        g.vertices[e.target].parallelism,
+        subtask,
+        segment_size,
+        g.max_parallelism,
+        e.key_field,
+        send=box.send,
+        send_all=box.send_all,
+        partitioner=e.partitioner,
+    )
 
 
 def keyed_backend(g: JobGraph) -> Any:

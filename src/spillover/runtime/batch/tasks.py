@@ -24,7 +24,7 @@ from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.task import InputChannelInfo, Task
-from spillover.runtime.wiring import keyed_backend
+from spillover.runtime.wiring import edge_writer, keyed_backend
 from spillover.storage import Storage
 from spillover.storage.location import Location
 
@@ -132,20 +132,7 @@ def build_batch_task(
         partitions.append(part)
         box = Outbox(part, pool)
         outboxes.append(box)
-        writers.append(
-            PartitionWriter(
-                e.kind,
-                e.dtype,
-                down.parallelism,
-                subtask,
-                net.segment_size,
-                g.max_parallelism,
-                e.key_field,
-                send=box.send,
-                send_all=box.send_all,
-                partitioner=e.partitioner,
-            )
-        )
+        writers.append(edge_writer(g, e, subtask, net.segment_size, box))
     task = Task(
         graph=g,
         vertex=v,
