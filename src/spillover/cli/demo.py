@@ -16,6 +16,7 @@ import spillover
 from spillover.cli.options import env_option, fmt_bytes, yes_no
 from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.storage import baselines
+from spillover.storage.backends import fsync_directory
 from spillover.storage.location import Location
 
 
@@ -92,9 +93,7 @@ def _spill_and_restore(root: str, buffers: list[bytes], size: int, *, sync: bool
     baselines.raw_write(fd, buffers, spillover.StorageOptions().batch_bytes)
     if sync:  # as the engine's close(): the file, then its directory entry
         os.fsync(fd)
-        dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        os.fsync(dfd)
-        os.close(dfd)
+        fsync_directory(root)
     os.close(fd)
     raw_write = nbytes / (time.perf_counter() - t)
     rows.append(("raw sequential write (baseline)", raw_write, 1.0))

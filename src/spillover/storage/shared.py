@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import IO, Any
 
 from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
+from spillover.storage.backends import fsync_directory
 from spillover.storage.handle import GateStateHandle
 from spillover.storage.location import Location
 
@@ -129,11 +130,7 @@ class SharedFile:
                 finally:
                     os.close(fd)
                 if self.fsync and creating:
-                    dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-                    try:
-                        os.fsync(dfd)
-                    finally:
-                        os.close(dfd)
+                    fsync_directory(self.directory)
             except FileExistsError as e:
                 raise StateFileExistsError(
                     "shared state file already exists",
