@@ -76,7 +76,7 @@ def _case_id(spec: VerifySpec) -> str:
     shape = f"{spec.parallelism}to{spec.rescale_to}" if spec.rescale_to else f"p{spec.parallelism}"
     parts = [shape, spec.policy, f"f{spec.failures}"]
     shown = {"parallelism", "rescale_to", "policy", "failures"}
-    default = {**{f.name: f.default for f in dataclasses.fields(spec)}, **CASE_DEFAULTS}
+    default = {**type(spec)().__dict__, **CASE_DEFAULTS}
     parts += [
         f"{k}={v}" for k, v in spec.__dict__.items() if k not in shown and v != default.get(k)
     ]

@@ -6,25 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-import spillover.verify.run as verify_run
-from spillover.config import Config
 from spillover.verify import VerifySpec, verify
 
 
-def test_shared_files_exactly_once_and_rescaled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def five_per_file(spec: VerifySpec, ckpt: str) -> Config:
-        cfg: Config = config_for(spec, ckpt)
-        key = "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"
-        return cfg.with_options({key: 5})
-
-    config_for: Any = verify_run.config_for
-    monkeypatch.setattr(verify_run, "config_for", five_per_file)
+def test_shared_files_exactly_once_and_rescaled(tmp_path: Path) -> None:
     spec = VerifySpec(
         topology="pipeline",
         policy="unaligned",
@@ -36,6 +22,7 @@ def test_shared_files_exactly_once_and_rescaled(
         seed=15,
         num_retained=3,
         checkpoint_dir=str(tmp_path / "ckpt"),
+        options={"execution.checkpointing.unaligned.max-subtasks-per-channel-state-file": 5},
     )
     report = verify(spec, str(tmp_path))
     assert report.exact, report.text()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from spillover.config import Config
@@ -78,6 +78,10 @@ class VerifySpec:
     # blocking results; failures are task failures, a killed driver's successor
     # reuses what finished) or "automatic".
     runtime_mode: str = "streaming"
+    # More configuration of every run, in Flink's option names (say
+    # "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"); they
+    # go over what the fields above set.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
         """Raises a :class:`ConfigError` naming the first count out of range (with its
@@ -90,10 +94,10 @@ class VerifySpec:
             ("interval_ms", self.interval_ms, 1),
             ("rescale_to", self.rescale_to, 1),
         )
-        for field, value, low in least:
+        for name, value, low in least:
             if value is not None and value < low:
-                flag = "--" + field.replace("_", "-")
-                raise ConfigError(f"{field} ({flag}) must be at least {low}", detail=f"got {value}")
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{name} ({flag}) must be at least {low}", detail=f"got {value}")
         if self.runtime_mode not in RUNTIME_MODES:
             raise ConfigError(
                 f"unknown runtime mode {self.runtime_mode!r}",
@@ -194,5 +198,6 @@ def config_for(spec: VerifySpec, ckpt: str) -> Config:
             "state.checkpoints.num-retained": spec.num_retained,
             "execution.runtime-mode": spec.runtime_mode,
             **spec.checkpoint_options(),
+            **spec.options,
         }
     )
