@@ -7,13 +7,13 @@ embedded local master (or the active context).
 
 from __future__ import annotations
 
+from spillover.deploy.spark.logs import spark_log_file
 from spillover.deploy.spark.runner import (
     SparkExecutor,
     SubtaskFailedError,
     WorkerLostError,
     rescale_to_available_slots,
     spark_context,
-    spark_log_file,
 )
 
 __all__ = [

@@ -24,7 +24,6 @@ import queue
 import re
 import secrets
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from typing import Any
 
 from spillover.config import Config
 from spillover.deploy.spark.control import ControlConnection, ControlError, ControlServer
+from spillover.deploy.spark.logs import new_context
 from spillover.deploy.spark.messages import (
     Acknowledge,
     CancelAll,
@@ -74,7 +74,6 @@ __all__ = [
     "WorkerLostError",
     "rescale_to_available_slots",
     "spark_context",
-    "spark_log_file",
 ]
 
 DEFAULT_LOCAL_SLOTS = 32
@@ -116,7 +115,8 @@ def spark_context(
     new context's JVM writes its log4j lines and everything else it prints, its
     Python workers' output included (level ``$SPILLOVER_SPARK_LOG_LEVEL``, default
     WARN in a file, ERROR on the terminal). One context serves a process: an active
-    one keeps its logging (:func:`spark_log_file` tells where it goes).
+    one keeps its logging (:func:`~spillover.deploy.spark.logs.spark_log_file` tells
+    where it goes).
     """
     from pyspark import SparkConf, SparkContext
 
@@ -147,63 +147,7 @@ def spark_context(
         )
         if url.startswith("local"):
             conf.set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
-        log_file = log_file or os.environ.get("SPILLOVER_SPARK_LOG_FILE") or None
-        if log_file is None:
-            sc = SparkContext(conf=conf)
-        else:
-            sc = _logging_to(log_file, conf, SparkContext)
-        level = "WARN" if log_file else "ERROR"
-        sc.setLogLevel(os.environ.get("SPILLOVER_SPARK_LOG_LEVEL", level))
-        _LOG_FILES[id(sc)] = log_file
-        return sc
-
-
-# id(SparkContext) -> the file its JVM logs to (None: the terminal), for those made here.
-_LOG_FILES: dict[int, str | None] = {}
-
-_LOG4J2 = """\
-status = error
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {path}
-appender.file.append = true
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-rootLogger.level = warn
-rootLogger.appenderRef.file.ref = file
-"""
-
-
-def _logging_to(log_file: str, conf: Any, context: Any) -> Any:
-    """A SparkContext whose JVM logs to ``log_file``: a log4j2 configuration with a
-    file appender, given to the JVM at its launch (pyspark hands the conf's
-    ``spark.driver.extraJavaOptions`` to spark-submit), and the JVM's stdout and
-    stderr (its own warnings, its Python workers' output) opened on the same file."""
-    from pyspark.java_gateway import launch_gateway
-
-    path = os.path.abspath(log_file)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, props = tempfile.mkstemp(prefix="spillover-log4j2-", suffix=".properties")
-    with os.fdopen(fd, "w") as f:
-        f.write(_LOG4J2.format(path=path.replace("\\", "\\\\")))
-    options = conf.get("spark.driver.extraJavaOptions", "")
-    conf.set("spark.driver.extraJavaOptions", f"{options} -Dlog4j2.configurationFile=file:{props}")
-    try:
-        with open(path, "ab") as out:  # the JVM keeps its own copy of the descriptor
-            gateway = launch_gateway(  # type: ignore[no-untyped-call]
-                conf, popen_kwargs={"stdout": out, "stderr": out}
-            )
-        return context(conf=conf, gateway=gateway)
-    finally:
-        os.remove(props)  # read once, when the JVM's logging starts
-
-
-def spark_log_file() -> tuple[bool, str | None]:
-    """Whether a SparkContext runs in this process, and the file its JVM logs to
-    (None: the terminal, or a context this module did not create)."""
-    pyspark = sys.modules.get("pyspark")
-    active = None if pyspark is None else pyspark.SparkContext._active_spark_context
-    return active is not None, None if active is None else _LOG_FILES.get(id(active))
+        return new_context(conf, log_file)
 
 
 def _slots(sc: Any) -> int:
