@@ -31,6 +31,12 @@ _REACHABLE = "check that the storage is reachable and writable"
 # fault-injecting filesystem, say): ``<scheme>:///abs/path`` is ``/abs/path`` on it.
 _REGISTERED: dict[str, Any] = {}
 
+# One filesystem per (scheme, authority, query) in a process, as Flink caches its
+# FileSystems: pyarrow's ``from_uri`` of an ``s3://`` URI without ``region=`` asks
+# S3 for the bucket's region over the network, which a task thread must not wait
+# for at every file it opens. Value: the filesystem and the path of the URI's root.
+_OPENED: dict[tuple[str, str, str], tuple[Any, str]] = {}
+
 
 def register_filesystem(scheme: str, filesystem: Any | None) -> None:
     """Serves URIs ``<scheme>:///path`` in this process with ``filesystem`` (a
@@ -48,6 +54,32 @@ def _pafs() -> Any:
     import pyarrow.fs
 
     return pyarrow.fs
+
+
+def _open_filesystem(
+    text: str, scheme: str, netloc: str, upath: str, query: str
+) -> tuple[Any, str]:
+    """``pyarrow.fs.FileSystem.from_uri(text)``, its filesystem reused for every URI
+    of the same scheme, authority and query (see ``_OPENED``)."""
+    key = (scheme, netloc, query)
+    opened = _OPENED.get(key)
+    if opened is not None:
+        return opened[0], opened[1] + upath
+    try:
+        fs, path = _pafs().FileSystem.from_uri(text)
+    except (OSError, ValueError) as e:
+        raise StorageError(
+            "cannot open the filesystem of this URI",
+            path=text,
+            detail=f"{type(e).__name__}: {e}",
+            hint="use a local path or a URI pyarrow.fs understands (s3://, gs://, hdfs://)",
+        ) from e
+    # The root's path is what pyarrow made of the URI minus the URI's own path (for
+    # s3 and gs the bucket, for hdfs nothing); a path pyarrow rewrote otherwise (an
+    # escaped character, say) is not cached, and each such URI is opened anew.
+    if path.endswith(upath) and upath:
+        _OPENED.setdefault(key, (fs, path[: len(path) - len(upath)]))
+    return fs, path
 
 
 @dataclass(frozen=True)
@@ -79,16 +111,8 @@ class Location:
         if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
             path = os.path.abspath(parsed.path if parsed.scheme == "file" else text)
             return cls(path, None, path)
-        try:
-            fs, path = _pafs().FileSystem.from_uri(text)
-        except (OSError, ValueError) as e:
-            raise StorageError(
-                "cannot open the filesystem of this URI",
-                path=text,
-                detail=f"{type(e).__name__}: {e}",
-                hint="use a local path or a URI pyarrow.fs understands (s3://, gs://, hdfs://)",
-            ) from e
         prefix, _, query = text.partition("?")
+        fs, path = _open_filesystem(text, parsed.scheme, parsed.netloc, parsed.path, query)
         return cls(path.rstrip("/"), fs, prefix.rstrip("/"), query)
 
     @property
