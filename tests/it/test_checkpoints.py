@@ -146,3 +146,17 @@ def test_retention_counts_the_checkpoints_of_earlier_attempts(tmp_path: Path) ->
         left = sorted(int(d.name[4:]) for d in job.glob("chk-*"))
         done = [c["checkpoint_id"] for c in out.result.completed_checkpoints()]
         assert left == done[-retained:], (left, done, out.result.restored_from)
+
+
+def test_every_sink_subtask_of_a_run_names_its_files_for_that_run(tmp_path: Path) -> None:
+    """Without checkpoints each sink subtask commits at its own end: one that starts
+    writing after another committed must see that output as its own run's (not
+    another run's, which it would refuse). The files of one run carry one tag."""
+    out = tmp_path / "out"
+    env = StreamEnvironment("run-tagged", parallelism=3)
+    env.from_source(_source(6_000), uid="src").rebalance().sink(ParquetSink(str(out)), uid="pq")
+    result = LocalExecutor(env, Config.from_dict({})).run(timeout=60)
+    assert result.status == "finished", result.failures
+    tags = {p.name.rpartition("-")[2][:6] for p in out.glob("part-*.parquet")}
+    assert len(tags) == 1 and len(list(out.glob("part-*.parquet"))) >= 3
+    assert pq.read_table(out).num_rows == 6_000

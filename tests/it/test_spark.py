@@ -113,6 +113,10 @@ def test_generations_are_named_in_the_spark_ui(
     result = SparkExecutor(env, cfg, failures=failures).run(timeout=120)
     assert result.status == "finished" and result.attempts == 2
     assert checked == [0]  # the job is pickled to check it once, not per generation
+    # Both generations' sink subtasks name their files for the job's one run.
+    assert result.run_id is not None
+    names = [p.name for p in (tmp_path / "out").glob("part-*.parquet")]
+    assert names and {n.rpartition("-")[2][:6] for n in names} == {result.run_id[:6]}
     url = sc.uiWebUrl
     if not url:
         pytest.skip("the Spark UI is off")

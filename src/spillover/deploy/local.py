@@ -42,6 +42,7 @@ class _Attempt:
             failures=ex.failures,
             on_done=lambda t, err: self.done.put((t, err)),
             flush_interval=ex.flush_interval,
+            run_id=ex.run_id,
         )
         self.coordinator = make_coordinator(
             ex, self.tasks, restored_id, self._terminate_sources, self._coordinator_failed

@@ -189,6 +189,9 @@ class OperatorContext:
     # A batch job's run (docs/recovery.md): the same for every run of a task and every
     # master that resumes the run; None for a streaming job.
     batch_run: str | None = None
+    # The job's run: the same for every subtask and attempt of one run of the job (and
+    # for a master that resumes it from the job's event log); None outside a job.
+    job_run: str | None = None
 
 
 class Operator:

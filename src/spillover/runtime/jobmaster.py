@@ -179,6 +179,7 @@ class Executor:
             else checkpoint_storage(self.config, self.graph.name)
         )
         self.next_checkpoint_id = 1
+        self.run_id: str | None = None  # set by ``run``
         # The run's retained and subsumed checkpoints, carried from attempt to attempt
         # so that retention counts them all (state.checkpoints.num-retained).
         self.retained_ids: list[int] = []
@@ -392,6 +393,9 @@ class Executor:
                 hint="run it on the local executor, or set execution.runtime-mode: streaming",
             )
         recovery = self._begin_recovery()
+        # The run every subtask and attempt belongs to: the log's when it resumes one.
+        resume = recovery.resume if recovery is not None else None
+        self.run_id = resume.run_id if resume is not None else uuid.uuid4().hex
         try:
             if self.batch:
                 self._run_batch(result, recovery, started, timeout)

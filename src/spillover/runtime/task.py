@@ -226,6 +226,7 @@ class Task:
         # A batch job's source subtask: the splits the log assigned it (None: its own).
         self.splits: tuple[str, ...] | None = None
         self.batch_run: str | None = None  # a batch job's run id (OperatorContext)
+        self.job_run: str | None = None  # the job's run id (OperatorContext)
         # The loop's feedback edge, when this task is its tail: never waits for credit.
         self.feedback_partitions = [p for p in partitions if isinstance(p, FeedbackPartition)]
 
@@ -353,6 +354,7 @@ class Task:
                         ),
                         pacing=True,
                         batch_run=self.batch_run,
+                        job_run=self.job_run,
                     )
                 )
                 self._opened = i + 1

@@ -55,6 +55,7 @@ def build_tasks(
     flush_interval: float,
     hosted: Callable[[int], bool] | None = None,
     remote: RemoteConnect | None = None,
+    run_id: str | None = None,
 ) -> dict[tuple[str, int], Task]:
     """The tasks of one execution attempt with their network, keyed ``(uid, subtask)``.
 
@@ -64,6 +65,7 @@ def build_tasks(
     operator runs here (default: all, the local executor); a result partition's
     subpartition for a subtask that runs elsewhere is linked with ``remote``. Input
     gates are named ``uid#i``; the tasks' ``coordinator`` is set by the caller.
+    ``run_id`` is the job's run, which the operators see (``OperatorContext.job_run``).
     """
     here = hosted or (lambda i: True)
     net = cfg.network
@@ -145,6 +147,7 @@ def build_tasks(
                 max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
                 checkpointing=storage is not None,
             )
+            tasks[(v.uid, i)].job_run = run_id
     if storage is not None:  # the subtasks hosted here share channel-state files
         groups = channel_state_groups(
             list(tasks),

@@ -36,6 +36,7 @@ from spillover.runtime.api import (
     OperatorSnapshot,
     StateDescriptor,
 )
+from spillover.runtime.checkpointing.finishing import FINAL_WITHOUT_CHECKPOINTS
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.parquet import (
@@ -150,6 +151,7 @@ def opened(
     attempt: int = 0,
     keyed: Any = None,
     uid: str = "op-0",
+    job_run: str | None = None,
 ) -> RecordingOutput:
     """Opens ``op`` with a fresh context; returns its output."""
     out = RecordingOutput()
@@ -163,6 +165,7 @@ def opened(
             attempt=attempt,
             output=out,
             keyed=keyed,
+            job_run=job_run,
         )
     )
     return out
@@ -879,6 +882,27 @@ def test_parquet_sink_refuses_another_runs_output_unless_told(tmp_path: Path) ->
     checkpoint(over, 1, tmp_path)
     over.notify_checkpoint_complete(1)
     assert published(tmp_path) == [8]
+
+
+def test_parquet_sink_takes_its_own_runs_output_for_its_own(tmp_path: Path) -> None:
+    """Without checkpoints each subtask commits at its own end: a subtask whose first
+    record comes after another subtask of the same run committed writes on (that
+    output is its own run's, not another run's). A new run is still refused."""
+    run = "5e1f" * 8
+    fast, slow = ParquetSink(str(tmp_path)), ParquetSink(str(tmp_path))
+    opened(fast, subtask=0, parallelism=2, job_run=run)
+    opened(slow, subtask=1, parallelism=2, job_run=run)
+    fast.process(kv([1, 2], [0, 0]))
+    checkpoint(fast, FINAL_WITHOUT_CHECKPOINTS, tmp_path)
+    fast.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
+    slow.process(kv([3], [0]))
+    checkpoint(slow, FINAL_WITHOUT_CHECKPOINTS, tmp_path)
+    slow.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
+    assert published(tmp_path) == [1, 2, 3]
+    other = ParquetSink(str(tmp_path))
+    opened(other, subtask=1, parallelism=2, job_run="0" * 32)
+    with pytest.raises(ConfigError, match="committed output of another run"):
+        other.process(kv([4], [0]))
 
 
 def test_parquet_sink_refuses_to_publish_over_another_file_of_its_name(tmp_path: Path) -> None:

@@ -418,6 +418,7 @@ class _SparkAttempt:
                 restore=self.restore,
                 failures=ex.failures,
                 flush_interval=ex.flush_interval,
+                run_id=ex.run_id,
             )
             if ex._shippable is not ex.graph:  # once per job graph, not every generation
                 _check_shippable(spec)

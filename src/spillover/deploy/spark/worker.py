@@ -81,6 +81,7 @@ class WorkerSpec:
     metrics_interval: float = 0.5
     connect_timeout: float = 30.0
     switch_interval: float = float(os.environ.get("SPILLOVER_SWITCH_INTERVAL", "0.0005"))
+    run_id: str | None = None  # the job's run (OperatorContext.job_run)
 
 
 class _Relay:
@@ -177,6 +178,7 @@ def _run(
             flush_interval=spec.flush_interval,
             hosted=lambda i: i == index,
             remote=lambda part, d, gate, ch: links.append((part, d, gate, ch)),
+            run_id=spec.run_id,
         )
     )
     for t in tasks.values():

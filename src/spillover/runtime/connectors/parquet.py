@@ -302,7 +302,13 @@ class ParquetSource(Operator):
 
 
 # A committed output file: part-<subtask>-a<attempt>-c<checkpoint>-<counter>[-<writer>].parquet
-_PART_FILE = re.compile(r"part-(\d+)-a\d+-c\d+-\d+(?:-[0-9a-f]+)?\.parquet")
+_PART_FILE = re.compile(r"part-(\d+)-a\d+-c\d+-\d+(?:-([0-9a-f]+))?\.parquet")
+
+
+def _of_run(name: str, tag: str) -> bool:
+    """Whether a part file's writer id starts with the run's ``tag``."""
+    m = _PART_FILE.fullmatch(name)
+    return m is not None and m.group(2) is not None and m.group(2).startswith(tag)
 
 
 def batch_to_arrow(batch: Batch) -> Any:
@@ -390,8 +396,15 @@ class ParquetSink(Operator):
         self._pending: dict[int, list[str]] = {}
         self._counter = 0
         # A batch job's tasks name their files after the run: a task that runs again
-        # finds (and deletes) what an earlier run of it published.
-        self._writer_id = (ctx.batch_run or uuid.uuid4().hex)[:12]
+        # finds (and deletes) what an earlier run of it published. A streaming sink's
+        # names start with its run's tag (its other subtasks' files are not "another
+        # run's" output) and end fresh for every opened sink (a master that resumes
+        # the run never names a file like one published before).
+        if ctx.batch_run is not None:
+            self._run_tag = self._writer_id = ctx.batch_run[:12]
+        else:
+            self._run_tag = (ctx.job_run or uuid.uuid4().hex)[:6]
+            self._writer_id = self._run_tag + uuid.uuid4().hex[:6]
         self._last_checkpoint = 0
         self._cleaned = ctx.attempt == 0
         self._name: str | None = None  # the open transaction's file
@@ -416,7 +429,7 @@ class ParquetSink(Operator):
             for i in infos
             if i.type == pafs.FileType.File
             and _PART_FILE.fullmatch(i.base_name) is not None
-            and not i.base_name.endswith(f"-{self._writer_id}.parquet")  # this batch run's
+            and not _of_run(i.base_name, self._run_tag)
         ]
         if self.mode == "error" and parts:
             raise ConfigError(
