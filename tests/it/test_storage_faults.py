@@ -259,8 +259,10 @@ def test_a_hung_state_file_creation_never_stops_the_records(tmp_path: Path) -> N
                     return
             start, aborted = ex.live_metric("sink"), len(_aborted(ex))
             # The coordinator times checkpoints out on its own thread, whatever the
-            # tasks do: a few more of them bound the wait for the sink to move.
-            while not ended.wait(0.005) and len(_aborted(ex)) < aborted + 5:
+            # tasks do: more of them bound the wait for the sink to move. Twenty (two
+            # seconds of timeouts at least) leave a starved machine's task threads
+            # time to move; a task thread that waits for the file never moves at all.
+            while not ended.wait(0.005) and len(_aborted(ex)) < aborted + 20:
                 if ex.live_metric("sink") > start:
                     break
             during[:] = [start, ex.live_metric("sink")]
