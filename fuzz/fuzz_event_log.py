@@ -29,7 +29,7 @@ with instrumented(__name__):
     from spillover.errors import SpilloverError
     from spillover.runtime.jobevents import JobEventLog, JobFinished
     from spillover.runtime.jobevents.log import KIND_EVENTS, segment_name
-    from spillover.runtime.jobevents.log import _encode_segment as encode_segment
+    from spillover.runtime.jobevents.segments import encode_segment
     from spillover.storage.reference import crc32c
 
 DEFAULTS = {"-max_len": "8192", "-timeout": "30", "-dict": str(FUZZ_DIR / "dicts" / "log.dict")}

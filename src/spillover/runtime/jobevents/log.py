@@ -16,7 +16,6 @@ import errno as errno_mod
 import logging
 import os
 import re
-import struct
 import threading
 import time
 import uuid
@@ -29,7 +28,6 @@ from spillover.errors import (
     ForeignFileError,
     StateFileExistsError,
     StorageError,
-    UnsupportedVersionError,
 )
 from spillover.runtime.jobevents.events import (
     Event,
@@ -38,8 +36,16 @@ from spillover.runtime.jobevents.events import (
     decode_event,
     encode_event,
 )
+from spillover.runtime.jobevents.segments import (
+    KIND_EVENTS,
+    KIND_SNAPSHOT,
+    LOG_FORMAT_VERSION,
+    Segment,
+    encode_segment,
+    parse_segment,
+    valid_record_after,
+)
 from spillover.storage.location import Location
-from spillover.storage.reference import crc32c
 
 if TYPE_CHECKING:
     from spillover.runtime.jobevents.lease import JobLease
@@ -49,22 +55,6 @@ __all__ = ["EVENTS_DIR", "LOG_FORMAT_VERSION", "JobEventLog", "is_event_log", "s
 logger = logging.getLogger(__name__)
 
 EVENTS_DIR = "_events"  # the log's directory inside a job's checkpoint directory
-LOG_FORMAT_VERSION = 1
-
-SEGMENT_MAGIC = b"\x89SPJ\r\n\x1a\n"
-RECORD_MAGIC = b"\x8aEVR"
-KIND_EVENTS, KIND_SNAPSHOT = 0, 1
-RECORD_EVENT, RECORD_END = 1, 255
-
-# magic, version, header_length, kind, flags, reserved, seq, first_index, log_id,
-# reserved, header_crc (over bytes 0-59)
-_HEADER = struct.Struct("<8sHHBBHQQ16s12s")
-_HEADER_SIZE = _HEADER.size + 4
-# magic, type, flags, reserved, index, length, payload_crc, header_crc (over 0-23)
-_RECORD = struct.Struct("<4sBBHQII")
-_RECORD_SIZE = _RECORD.size + 4
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 _SEGMENT_RE = re.compile(r"events-(\d{8})\.log")
 _TEMP_RE = re.compile(r"events-\d{8}\.log\.tmp-[0-9a-f]+")
 
@@ -72,163 +62,6 @@ _TEMP_RE = re.compile(r"events-\d{8}\.log\.tmp-[0-9a-f]+")
 def segment_name(seq: int) -> str:
     """The file name of segment ``seq``."""
     return f"events-{seq:08d}.log"
-
-
-# --------------------------------------------------------------------- segments
-
-
-@dataclass(frozen=True)
-class _Header:
-    kind: int
-    seq: int
-    first_index: int
-    log_id: bytes
-
-
-@dataclass
-class _Segment:
-    """One segment file as read: its valid records and, when it is not complete,
-    where and why reading stopped and whether a valid record lies beyond."""
-
-    seq: int
-    location: Location
-    data: bytes = field(repr=False)
-    header: _Header | None = None
-    records: list[tuple[int, int, bytes]] = field(default_factory=list)  # index, offset, payload
-    complete: bool = False
-    bad_offset: int = 0
-    reason: str = ""
-    valid_after: bool = False
-
-    @property
-    def snapshot(self) -> bool:
-        return self.header is not None and self.header.kind == KIND_SNAPSHOT
-
-
-def _encode_segment(
-    kind: int, seq: int, first_index: int, log_id: bytes, payloads: Sequence[bytes]
-) -> bytes:
-    head = _HEADER.pack(
-        SEGMENT_MAGIC,
-        LOG_FORMAT_VERSION,
-        _HEADER_SIZE,
-        kind,
-        0,
-        0,
-        seq,
-        first_index,
-        log_id,
-        bytes(12),
-    )
-    parts = [head, _U32.pack(crc32c(head))]
-    for i, p in enumerate(payloads):
-        parts.append(_record(RECORD_EVENT, first_index + i, p))
-    parts.append(_record(RECORD_END, first_index + len(payloads), _U64.pack(len(payloads))))
-    return b"".join(parts)
-
-
-def _record(rtype: int, index: int, payload: bytes) -> bytes:
-    head = _RECORD.pack(RECORD_MAGIC, rtype, 0, 0, index, len(payload), crc32c(payload))
-    return head + _U32.pack(crc32c(head)) + payload
-
-
-def _record_at(data: bytes, off: int) -> tuple[int, int, bytes] | str:
-    """``(type, index, payload)`` of the record at ``off``, or why there is none."""
-    if len(data) - off < _RECORD_SIZE:
-        return "torn record header"
-    magic, rtype, flags, reserved, index, length, payload_crc = _RECORD.unpack_from(data, off)
-    (header_crc,) = _U32.unpack_from(data, off + _RECORD.size)
-    if magic != RECORD_MAGIC or crc32c(data[off : off + _RECORD.size]) != header_crc:
-        return "corrupt record header"
-    if rtype not in (RECORD_EVENT, RECORD_END) or flags or reserved:
-        return "record header with unknown type or flags"
-    start = off + _RECORD_SIZE
-    if len(data) - start < length:
-        return "torn record"
-    payload = data[start : start + length]
-    if crc32c(payload) != payload_crc:
-        return "corrupt record payload"
-    return rtype, index, payload
-
-
-def _valid_record_after(data: bytes, start: int) -> bool:
-    """Whether a checksummed record starts anywhere at or after ``start``. Event
-    payloads are ASCII, so the record magic (non-ASCII) never hides inside one."""
-    i = data.find(RECORD_MAGIC, start)
-    while i != -1:
-        if not isinstance(_record_at(data, i), str):
-            return True
-        i = data.find(RECORD_MAGIC, i + 1)
-    return False
-
-
-def _parse_segment(seq: int, location: Location, data: bytes) -> _Segment:
-    seg = _Segment(seq, location, data)
-
-    def stop(offset: int, reason: str, *, intact: bool = False) -> _Segment:
-        """Reading ends at ``offset``; ``intact``: a record with right checksums starts
-        there (only out of place), so valid data follows for sure."""
-        seg.bad_offset, seg.reason = offset, reason
-        seg.valid_after = intact or _valid_record_after(data, offset + 1 if offset else 0)
-        return seg
-
-    if len(data) >= 10 and data[:8] == SEGMENT_MAGIC:
-        (version,) = struct.unpack_from("<H", data, 8)
-        if version != LOG_FORMAT_VERSION:
-            raise UnsupportedVersionError(
-                "the job event log was written in a newer format",
-                path=location.uri,
-                detail=f"segment format v{version}; this reader knows v{LOG_FORMAT_VERSION}",
-                hint="read the log with the spillover version that wrote it",
-            )
-    if len(data) < _HEADER_SIZE:
-        return stop(0, "shorter than a segment header")
-    magic, _, hlen, kind, flags, reserved, hseq, first_index, log_id, pad = _HEADER.unpack_from(
-        data
-    )
-    (header_crc,) = _U32.unpack_from(data, _HEADER.size)
-    if magic != SEGMENT_MAGIC:
-        return stop(0, "not a segment (bad magic)")
-    if (
-        crc32c(data[: _HEADER.size]) != header_crc
-        or hlen != _HEADER_SIZE
-        or kind not in (KIND_EVENTS, KIND_SNAPSHOT)
-        or flags
-        or reserved
-        or any(pad)
-    ):
-        return stop(0, "corrupt segment header")
-    if hseq != seq:
-        raise ForeignFileError(
-            "a job event log segment carries another segment's number",
-            path=location.uri,
-            detail=f"its header says segment {hseq}",
-            hint="segments are never renamed or copied between logs",
-        )
-    seg.header = _Header(kind, hseq, first_index, log_id)
-    off, index = _HEADER_SIZE, first_index
-    while True:
-        if off == len(data):
-            return stop(off, "ends without its end marker")
-        rec = _record_at(data, off)
-        if isinstance(rec, str):
-            return stop(off, rec)
-        rtype, rindex, payload = rec
-        if rindex != index:
-            return stop(off, f"record index {rindex} where {index} belongs", intact=True)
-        if rtype == RECORD_END:
-            if len(payload) != 8 or _U64.unpack(payload)[0] != len(seg.records):
-                return stop(off, "end marker with a wrong record count", intact=True)
-            end = off + _RECORD_SIZE + len(payload)
-            if end != len(data):
-                return stop(
-                    end, "bytes after the end marker", intact=_valid_record_after(data, end)
-                )
-            seg.complete = True
-            return seg
-        seg.records.append((rindex, off, payload))
-        off += _RECORD_SIZE + len(payload)
-        index += 1
 
 
 # ---------------------------------------------------------------------- storage
@@ -357,7 +190,7 @@ class _Contents:
     next_index: int = 0
     chain: int = 0  # segments from the newest snapshot on
     stale: list[Location] = field(default_factory=list)  # to delete before writing on
-    rewrite: _Segment | None = None  # a torn tail whose valid records are written anew
+    rewrite: Segment | None = None  # a torn tail whose valid records are written anew
 
 
 def _read_log(directory: Location) -> _Contents:
@@ -370,10 +203,10 @@ def _read_log(directory: Location) -> _Contents:
     if not found:
         return out
 
-    def load(i: int) -> _Segment:
+    def load(i: int) -> Segment:
         seq, name = found[i]
         loc = directory.child(name)
-        return _parse_segment(seq, loc, read_file(loc, "job event log segment"))
+        return parse_segment(seq, loc, read_file(loc, "job event log segment"))
 
     def warn(message: str) -> None:
         logger.warning("job event log %s: %s", directory.uri, message)
@@ -381,7 +214,7 @@ def _read_log(directory: Location) -> _Contents:
 
     # The newest complete snapshot is the base; a torn newest snapshot is skipped
     # when the segments it summarised are still there (it was never the base).
-    loaded: dict[int, _Segment] = {}
+    loaded: dict[int, Segment] = {}
     base, end = 0, len(found)
     for i in range(len(found) - 1, -1, -1):
         seg = loaded[i] = load(i)
@@ -435,7 +268,7 @@ def _read_log(directory: Location) -> _Contents:
         out.next_seq = seg.seq + 1
         if seg.complete:
             continue
-        if seg.valid_after or any(_valid_record_after(s.data, 0) for s in chain[k + 1 :]):
+        if seg.valid_after or any(valid_record_after(s.data, 0) for s in chain[k + 1 :]):
             raise CorruptFrameError(
                 "the job event log is corrupt before its end",
                 path=seg.location.uri,
@@ -636,7 +469,7 @@ class JobEventLog:
         self._stale = []
         seg, self._rewrite = self._rewrite, None
         if seg is not None and seg.header is not None:
-            data = _encode_segment(
+            data = encode_segment(
                 seg.header.kind,
                 seg.seq,
                 seg.header.first_index,
@@ -646,7 +479,7 @@ class JobEventLog:
             publish(seg.location, data, overwrite=True, fsync=self.fsync, what="segment")
 
     def _publish(self, kind: int, first: int, payloads: Sequence[bytes]) -> None:
-        data = _encode_segment(kind, self._seq, first, self._log_id, payloads)
+        data = encode_segment(kind, self._seq, first, self._log_id, payloads)
         loc = self.location.child(segment_name(self._seq))
         publish(loc, data, overwrite=False, fsync=self.fsync, what="job event log segment")
         self._seq += 1
