@@ -38,14 +38,16 @@ from spillover.benchmark.iteration import (
     LoopRun,
     LoopSpec,
     TerminationRun,
-    compare,
     run_variant,
+    termination_once,
+    variants,
+)
+from spillover.benchmark.iteration_report import (
+    compare,
     summarise,
     summarise_termination,
     termination_markdown,
-    termination_once,
     to_markdown,
-    variants,
 )
 from spillover.benchmark.runner import machine
 
