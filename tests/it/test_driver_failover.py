@@ -206,11 +206,17 @@ def test_a_second_master_of_a_running_job_is_refused(tmp_path: Path) -> None:
     child = ctx.Process(target=_hold, args=(str(tmp_path / "ckpt"), str(tmp_path / "out"), ready))
     child.start()
     try:
-        lease = tmp_path / "ckpt" / "job" / EVENTS_DIR / "_lease"
-        deadline = time.monotonic() + 60
+        events = tmp_path / "ckpt" / "job" / EVENTS_DIR
+        lease = events / "_lease"
+        deadline = time.monotonic() + 120
         while not lease.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert lease.exists()
+        # The lease comes before the log's first record: wait until the log names the
+        # run, or a master killed before that left no run to resume.
+        while JobEventLog.open(events).replay().submitted is None:
+            assert time.monotonic() < deadline, "the child never logged its run"
+            time.sleep(0.05)
         with pytest.raises(LeaseHeldError, match="another master runs this job") as e:
             create_executor("local", _job(tmp_path / "out2"), _config(tmp_path / "ckpt")).run()
         assert f"pid {child.pid}" in str(e.value)
