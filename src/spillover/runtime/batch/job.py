@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spillover.config import Config
@@ -162,10 +163,14 @@ def run_batch(
     failures: FailureInjector,
     flush_interval: float,
     deadline: float | None,
-    launcher: Launcher | None = None,
+    launcher: Callable[[], Launcher] | None = None,
 ) -> BatchRun:
     """Runs ``graph`` in batch mode under ``recovery``'s lease and log (None: no
-    durable storage), resuming the run the log describes when it may."""
+    durable storage), resuming the run the log describes when it may.
+
+    ``launcher`` gives where the tasks run (default: threads of this process); it is
+    called once the log is replayed and the reused results checked, so a cluster
+    that starts meanwhile (the executor's ``start_cluster``) overlaps that work."""
     resume = recovery.resume if recovery is not None else None
     run = BatchRun(resume.run_id if resume is not None else uuid.uuid4().hex)
     state = JobLogState()
@@ -193,6 +198,7 @@ def run_batch(
         )
     splits = _splits(graph, state, recovery)
     parallelism = max(v.parallelism for v in graph.vertices)
+    where = launcher() if launcher is not None else None  # waits for the cluster
     cause = "submitted" if resume is None or resume.fresh else "resumed after its master ended"
     if recovery is not None:
         recovery.generation_started(generation, parallelism, cause, None, 0)
@@ -215,7 +221,7 @@ def run_batch(
         finished=finished,
         splits=splits,
         on_finished=on_finished,
-        launcher=launcher,
+        launcher=where,
     )
     outcome = run.outcome = scheduler.run(deadline)
     status = "finished" if outcome.error is None else "failed"
