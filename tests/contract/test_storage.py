@@ -25,13 +25,14 @@ from spillover.errors import (
     ClosedError,
     ConfigError,
     ForeignFileError,
+    FormatError,
     SpilloverError,
     StateFileExistsError,
     StateFileNotFoundError,
     StorageError,
     TruncatedFileError,
 )
-from spillover.storage import reference
+from spillover.storage import check_ends, reference
 from support.format_fuzz import (
     FrameTuple,
     check_every_cut_truncated,
@@ -195,6 +196,40 @@ def test_foreign_file_is_refused_by_handle(tmp_path: Path) -> None:
     with pytest.raises(ForeignFileError) as ei:
         spillover.open_retriever(a)
     assert isinstance(ei.value, ValueError) and ei.value.path == a.uri
+
+
+def test_check_ends_reads_only_a_files_ends(tmp_path: Path) -> None:
+    """check_ends refuses a missing, cut, foreign or badly ended file, and passes one
+    whose frames alone are damaged: those a reader finds as it reads them."""
+    h = write_native(tmp_path / "a", [(c % 3, 0, bytes([c]) * 5000) for c in range(20)])
+    check_ends(h)
+    path = Path(h.uri)
+    data = path.read_bytes()
+    body = bytearray(data)
+    body[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(body))
+    check_ends(h)  # the frames are not read...
+    with pytest.raises(FormatError), spillover.open_retriever(h) as r:  # ...a reader does
+        list(r)
+    end = bytearray(data)
+    end[-40] ^= 0x01  # the trailer's frame count
+    path.write_bytes(bytes(end))
+    with pytest.raises(SpilloverError):
+        check_ends(h)
+    path.write_bytes(data[:-1])
+    with pytest.raises(SpilloverError):
+        check_ends(h)
+    path.write_bytes(data)
+    check_ends(h)
+    foreign = spillover.GateStateHandle.from_dict({**h.to_dict(), "file_id": "00" * 16})
+    with pytest.raises(ForeignFileError):
+        check_ends(foreign)
+    other_sums = spillover.GateStateHandle.from_dict({**h.to_dict(), "frame_count": 2})
+    with pytest.raises(ForeignFileError, match="trailer"):
+        check_ends(other_sums)
+    path.unlink()
+    with pytest.raises(StateFileNotFoundError):
+        check_ends(h)
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Batch execution (execution.runtime-mode: batch): the same result as streaming,
 stage by stage through result files the engine writes; a failed task re-runs only
 its region; a lost or corrupt result re-runs only its producer; a restarted master
-re-runs only what had not finished."""
+re-runs only what had not finished, and a reused result damaged inside is found by
+its reader."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import pytest
 from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.errors import ConfigError, SpilloverError
+from spillover.runtime.batch.results import ResultHandle
 from spillover.runtime.failures import FailureInjector, FailureSpec
+from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog
 from spillover.verify import VerifySpec, verify
 from support.batch_jobs import (
     batch_config,
@@ -127,7 +130,17 @@ def test_a_failed_run_started_again_re_runs_only_what_had_not_finished(tmp_path:
     assert third.already_finished and third.status == "finished"
 
 
-def test_a_corrupt_result_found_on_restart_re_runs_just_its_producer(tmp_path: Path) -> None:
+def _flip_trailer(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-40] ^= 0x01  # the trailer's frame count
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_result_end_found_on_restart_re_runs_just_its_producer(
+    tmp_path: Path,
+) -> None:
+    """A restart checks each reused result at its ends (no frame read): a damaged
+    trailer is found there, before any task runs."""
     cfg = batch_config(tmp_path, **{"restart-strategy.type": "none"})
     failures = FailureInjector([FailureSpec("operator", "sum", 0, after_records=1)])
     first = create_executor("local", staged_job(tmp_path / "out"), cfg, failures=failures).run(
@@ -135,7 +148,7 @@ def test_a_corrupt_result_found_on_restart_re_runs_just_its_producer(tmp_path: P
     )
     assert first.status == "failed"
     (path,) = [p for p in (tmp_path / "ckpt" / "staged").glob("*/results/src-00001-*/out-*.spill")]
-    _flip(path)
+    _flip_trailer(path)
     again = create_executor("local", staged_job(tmp_path / "out"), cfg).run(timeout=120)
     assert again.status == "finished", again.failures
     assert again.recovery is not None and "src#1 runs again" in again.recovery
@@ -217,6 +230,36 @@ def test_a_driver_killed_between_and_during_stages_re_runs_only_the_unfinished(
     for name in last.reused_tasks:
         assert last.tasks[name]["runs"] == 0
     assert last.recovery is not None and "resuming batch run" in last.recovery
+
+
+def test_a_result_corrupted_inside_after_a_kill_re_runs_only_its_producer(
+    tmp_path: Path,
+) -> None:
+    """A frame damaged inside a reused result passes the restart's check of the file's
+    ends; the consumer reading it finds it by its checksum, fails (its output is not
+    kept), and only the damaged result's producer runs again: exact output."""
+    sources = {("src", 0), ("src", 1)}
+    sums = {("sum", 0), ("sum", 1)}
+    at_kill = _kill_when(tmp_path, sources | sums)  # the sinks' stage runs
+    assert not {("sink", 0), ("sink", 1)} & at_kill
+    log = JobEventLog.open(tmp_path / "ckpt" / "staged" / EVENTS_DIR)
+    (h,) = [ResultHandle.from_dict(r) for r in log.replay().finished_tasks[("sum", 1)].results]
+    start, end = h.gate.channel_ranges[0]  # what sink#0 reads of sum#1's result
+    path = Path(h.gate.uri)
+    data = bytearray(path.read_bytes())
+    data[(start + end) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    cfg = batch_config(tmp_path, **{"restart-strategy.type": "none"})
+    last = create_executor("local", staged_job(tmp_path / "out", 1000.0), cfg).run(timeout=300)
+    assert last.status == "finished", last.failures
+    assert totals(tmp_path / "out") == expected()
+    assert last.recovery is not None and "4 of 6 task(s) finished and are reused" in last.recovery
+    runs = {name: m["runs"] for name, m in last.tasks.items()}
+    assert runs["src#0"] == runs["src#1"] == runs["sum#0"] == 0  # reused, never re-run
+    assert runs["sum#1"] == 1  # the damaged result's producer, once
+    assert last.failures and all("sum#1 cannot be read" in f for f in last.failures)
+    # its first reader found the damaged frame: restart-strategy none did not end the job
+    assert any("sink#0" in f and "checksum" in f for f in last.failures)
 
 
 # ---- spillover verify in batch mode --------------------------------------------------------

@@ -392,12 +392,13 @@ class Executor:
                 f"{type(self).__name__} cannot run batch jobs yet",
                 hint="run it on the local executor, or set execution.runtime-mode: streaming",
             )
-        recovery = self._begin_recovery()
+        recovery = self._begin_recovery()  # the lease first: a refused master starts nothing
         # The run every subtask and attempt belongs to: the log's when it resumes one.
         resume = recovery.resume if recovery is not None else None
         self.run_id = resume.run_id if resume is not None else uuid.uuid4().hex
         try:
             if self.batch:
+                self.start_cluster()  # meanwhile: the log's replay, the reuse check
                 self._run_batch(result, recovery, started, timeout)
             else:
                 self._run(result, recovery, started, timeout, stop_after, stop_when)
@@ -405,10 +406,23 @@ class Executor:
             self.recovery = None
             if recovery is not None:
                 recovery.close()
+            if self.batch:  # a run that ended before its tasks: nothing left starting
+                try:
+                    self.cluster_started()
+                except Exception as e:
+                    logger.debug("the cluster did not start: %s", e)
         result.duration_s = time.monotonic() - started
         return result
 
     supports_batch = False  # whether ``_run_batch`` can run tasks where this executor does
+
+    def start_cluster(self) -> None:
+        """Starts getting the cluster ready in the background (a no-op here); the
+        batch launcher waits for it (``cluster_started``). A batch master that holds
+        its lease replays its log and checks the results it reuses meanwhile."""
+
+    def cluster_started(self) -> None:
+        """Waits for what ``start_cluster`` began; raises what it failed with."""
 
     def _batch_launcher(self) -> Launcher:
         """Where a batch job's tasks run: threads of this process, unless overridden."""
@@ -429,7 +443,7 @@ class Executor:
             failures=self.failures,
             flush_interval=self.flush_interval,
             deadline=None if timeout is None else started + timeout,
-            launcher=self._batch_launcher(),
+            launcher=self._batch_launcher,
         )
         result.run_id, result.recovery = run.run_id, run.recovery
         result.reused_tasks = [f"{uid}#{i}" for uid, i in run.reused]

@@ -3,7 +3,13 @@
 from spillover._native._storage import FORMAT_VERSION, OnRelease
 from spillover.storage.handle import Codec, DataType, GateKind, GateStateHandle
 from spillover.storage.options import StorageOptions
-from spillover.storage.retriever import FrameArrays, RetrievedBuffer, Retriever, open_retriever
+from spillover.storage.retriever import (
+    FrameArrays,
+    RetrievedBuffer,
+    Retriever,
+    check_ends,
+    open_retriever,
+)
 from spillover.storage.storer import Storage, Storer, open_storage
 
 __all__ = [
@@ -19,6 +25,7 @@ __all__ = [
     "Storage",
     "StorageOptions",
     "Storer",
+    "check_ends",
     "open_retriever",
     "open_storage",
 ]

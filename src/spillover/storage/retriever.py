@@ -31,7 +31,7 @@ from spillover.storage.handle import Codec, GateKind, GateStateHandle
 from spillover.storage.location import Location
 from spillover.storage.options import StorageOptions, pure_selected
 
-__all__ = ["FrameArrays", "RetrievedBuffer", "Retriever", "open_retriever"]
+__all__ = ["FrameArrays", "RetrievedBuffer", "Retriever", "check_ends", "open_retriever"]
 
 RetrievedBuffer = native.RetrievedBuffer
 
@@ -80,9 +80,9 @@ class Retriever:
         # relative to it, and only the native reader needs the file's own.
         self._file, self.size = open_section(backend, name, section)
         try:
-            self.header, self.trailer = self._read_ends()
+            self.header, self.trailer = read_ends(self._file, self.size, self.uri)
             if expect is not None:
-                self._check_expected(expect)
+                check_expected(expect, self.header, self.size, self.uri)
         except BaseException as e:
             name_file_offset(self._file, e)  # the native reader's offsets are the file's
             self._file.close()
@@ -144,53 +144,6 @@ class Retriever:
 
             return lz4.block.decompress
         return None
-
-    def _read_ends(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        hs, ts = native.HEADER_SIZE, native.TRAILER_SIZE
-        if self.size < hs + ts:
-            raise TruncatedFileError(
-                "state file is shorter than a header and a trailer",
-                path=self.uri,
-                offset=self.size,
-                detail=f"{self.size} bytes; an empty gate takes {hs + ts}",
-            )
-        head = bytearray(hs)
-        self._file.seek(0)
-        readinto_exact(self._file, memoryview(head))
-        header = native.decode_state_header(head, self.uri)
-        tail = bytearray(ts)
-        self._file.seek(self.size - ts)
-        if readinto_exact(self._file, memoryview(tail)) != ts:
-            raise TruncatedFileError("state file shrank while opening", path=self.uri)
-        if not _looks_like_trailer(tail, header["file_id"]):
-            raise TruncatedFileError(
-                "state file does not end in a trailer",
-                path=self.uri,
-                offset=self.size - ts,
-                hint="the storer was not closed (crashed or still writing), or the file was cut",
-            )
-        trailer = native.decode_trailer(tail, self.uri, self.size - ts)
-        if trailer["file_id"] != header["file_id"]:
-            raise CorruptHeaderError(
-                "trailer belongs to another file",
-                path=self.uri,
-                offset=self.size - ts,
-                detail="header and trailer file ids differ",
-            )
-        self._file.seek(hs)
-        return header, trailer
-
-    def _check_expected(self, h: GateStateHandle) -> None:
-        found = self.header["file_id"].hex()
-        if found != h.file_id or self.size != h.size:
-            raise ForeignFileError(
-                "state file is not the one the handle names",
-                path=self.uri,
-                offset=0,
-                detail=f"handle: id {h.file_id}, {h.size} bytes; file: id {found}, "
-                f"{self.size} bytes",
-                hint="the file was replaced or belongs to another checkpoint",
-            )
 
     # -- reader thread -------------------------------------------------------
 
@@ -419,6 +372,90 @@ class Retriever:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self._stop.set()
+
+
+def read_ends(file: Any, size: int, uri: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The header and trailer of a state file of ``size`` bytes open as ``file``,
+    checked (magic, version, checksums, matching file ids; a file that does not end
+    in a trailer was not closed cleanly), without reading any frame. Leaves ``file``
+    at the first frame."""
+    hs, ts = native.HEADER_SIZE, native.TRAILER_SIZE
+    if size < hs + ts:
+        raise TruncatedFileError(
+            "state file is shorter than a header and a trailer",
+            path=uri,
+            offset=size,
+            detail=f"{size} bytes; an empty gate takes {hs + ts}",
+        )
+    head = bytearray(hs)
+    file.seek(0)
+    readinto_exact(file, memoryview(head))
+    header = native.decode_state_header(head, uri)
+    tail = bytearray(ts)
+    file.seek(size - ts)
+    if readinto_exact(file, memoryview(tail)) != ts:
+        raise TruncatedFileError("state file shrank while opening", path=uri)
+    if not _looks_like_trailer(tail, header["file_id"]):
+        raise TruncatedFileError(
+            "state file does not end in a trailer",
+            path=uri,
+            offset=size - ts,
+            hint="the storer was not closed (crashed or still writing), or the file was cut",
+        )
+    trailer = native.decode_trailer(tail, uri, size - ts)
+    if trailer["file_id"] != header["file_id"]:
+        raise CorruptHeaderError(
+            "trailer belongs to another file",
+            path=uri,
+            offset=size - ts,
+            detail="header and trailer file ids differ",
+        )
+    file.seek(hs)
+    return header, trailer
+
+
+def check_expected(h: GateStateHandle, header: dict[str, Any], size: int, uri: str) -> None:
+    """Raises :class:`ForeignFileError` unless the file whose header was read is the
+    one handle ``h`` names (same file id and size)."""
+    found = header["file_id"].hex()
+    if found != h.file_id or size != h.size:
+        raise ForeignFileError(
+            "state file is not the one the handle names",
+            path=uri,
+            offset=0,
+            detail=f"handle: id {h.file_id}, {h.size} bytes; file: id {found}, {size} bytes",
+            hint="the file was replaced or belongs to another checkpoint",
+        )
+
+
+def check_ends(handle: GateStateHandle, *, filesystem: Any = None) -> None:
+    """Checks that the state file (or shared-file section) ``handle`` names is there,
+    of the handle's size, and ends as the handle says (header, trailer, file id and
+    the trailer's sums), reading only its two ends: a cheap check before reusing a
+    file whose frames a reader checks anyway as it reads them. Raises the file's
+    :class:`~spillover.errors.SpilloverError` (or OSError) when it is not."""
+    loc = Location.parse(handle.uri, filesystem)
+    backend = backend_for(loc.parent)
+    section = None if handle.offset is None else (handle.offset, handle.size)
+    file, size = open_section(backend, loc.name, section)
+    try:
+        uri = backend.uri_of(loc.name)
+        header, trailer = read_ends(file, size, uri)
+        check_expected(handle, header, size, uri)
+        sums = (trailer["frame_count"], trailer["raw_bytes"], trailer["stored_bytes"])
+        if sums != (handle.frame_count, handle.raw_bytes, handle.stored_bytes):
+            raise ForeignFileError(
+                "state file's trailer differs from its handle",
+                path=uri,
+                offset=size - native.TRAILER_SIZE,
+                detail=f"handle: {handle.frame_count} frames, {handle.raw_bytes} raw and "
+                f"{handle.stored_bytes} stored bytes; trailer: {sums[0]}, {sums[1]}, {sums[2]}",
+            )
+    except BaseException as e:
+        name_file_offset(file, e)
+        raise
+    finally:
+        file.close()
 
 
 def open_retriever(

@@ -615,6 +615,8 @@ class SparkExecutor(Executor):
         self.cancel_grace_s = cancel_grace_s
         self.secret = secrets.token_bytes(32)
         self._shippable: JobGraph | None = None  # the graph _check_shippable passed
+        self._starting: threading.Thread | None = None  # start_cluster's
+        self._start_error: BaseException | None = None
 
     @property
     def slots(self) -> int:
@@ -658,6 +660,31 @@ class SparkExecutor(Executor):
         """Creates (or checks) the SparkContext and starts its Python workers."""
         self.context()
 
+    def start_cluster(self) -> None:
+        """Creates the SparkContext and starts its Python workers on a thread (the
+        JVM's start is most of a new driver's), while the job master replays its
+        log and checks the results it reuses."""
+        if self._starting is not None:
+            return
+
+        def start() -> None:
+            try:
+                self.context()
+            except BaseException as e:  # raised where the context is needed
+                self._start_error = e
+
+        self._starting = threading.Thread(target=start, name="spark-context", daemon=True)
+        self._starting.start()
+
+    def cluster_started(self) -> None:
+        """Waits for ``start_cluster``'s thread; raises what it failed with."""
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            starting.join()
+        error, self._start_error = self._start_error, None
+        if error is not None:
+            raise error
+
     def driver_host(self, sc: Any) -> str:
         """The address the control endpoint binds to: the driver's."""
         host = sc.getConf().get("spark.driver.host")
@@ -669,6 +696,7 @@ class SparkExecutor(Executor):
         """A batch job: each region a one-task Spark job (``deploy/spark/batch.py``)."""
         from spillover.deploy.spark.batch import SparkLauncher
 
+        self.cluster_started()
         return SparkLauncher(self.context(), self.graph.name)
 
     def _attempt(

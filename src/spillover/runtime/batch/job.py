@@ -6,9 +6,13 @@ With durable storage (``state.checkpoints.dir`` or ``execution.batch.shuffle-dir
 the master logs each source's split assignment before the sources run and each
 finished task with its results. A master that resumes the run (its predecessor
 died, or the run failed) reuses every finished task whose vertex kept its
-parallelism and whose result files are intact (header, trailer, every checksum
-read back) and readable at the consumers' parallelism; every other task runs,
-sources with the splits the log assigned them. A run the log says finished is not
+parallelism and whose result files are there as the log names them (size, header
+and trailer, file id and the trailer's sums: only each file's two ends are read)
+and readable at the consumers' parallelism; every other task runs, sources with
+the splits the log assigned them. A reused file's frames are checked by its
+consumers as they read them: a damaged one fails only that consumer, and its
+producer runs again (region failover, ``scheduler.py``), so a restart never reads
+the reused results twice. A run the log says finished is not
 run again. The run's result files are deleted once it finished.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spillover.config import Config
@@ -30,7 +35,7 @@ from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.jobevents import JobLogState
 from spillover.runtime.jobrecovery import JobRecovery
-from spillover.storage import open_retriever
+from spillover.storage import check_ends
 from spillover.storage.location import Location
 
 logger = logging.getLogger("spillover.runtime.jobmaster")
@@ -62,12 +67,10 @@ def results_dir(config: Config, job_name: str, run_id: str) -> Location:
 
 
 def check_result(handle: ResultHandle) -> str | None:
-    """None when the result's file is intact (its header, trailer and every frame's
-    checksum read back), else what is wrong with it."""
+    """None when the result's file is there as its handle says (size, header, trailer,
+    file id, the trailer's sums; its frames are not read), else what is wrong."""
     try:
-        with open_retriever(handle.gate) as r:
-            for _ in r.iter_frames():
-                pass
+        check_ends(handle.gate)
     except (SpilloverError, OSError) as e:
         return str(e)
     return None
@@ -160,10 +163,14 @@ def run_batch(
     failures: FailureInjector,
     flush_interval: float,
     deadline: float | None,
-    launcher: Launcher | None = None,
+    launcher: Callable[[], Launcher] | None = None,
 ) -> BatchRun:
     """Runs ``graph`` in batch mode under ``recovery``'s lease and log (None: no
-    durable storage), resuming the run the log describes when it may."""
+    durable storage), resuming the run the log describes when it may.
+
+    ``launcher`` gives where the tasks run (default: threads of this process); it is
+    called once the log is replayed and the reused results checked, so a cluster
+    that starts meanwhile (the executor's ``start_cluster``) overlaps that work."""
     resume = recovery.resume if recovery is not None else None
     run = BatchRun(resume.run_id if resume is not None else uuid.uuid4().hex)
     state = JobLogState()
@@ -191,6 +198,7 @@ def run_batch(
         )
     splits = _splits(graph, state, recovery)
     parallelism = max(v.parallelism for v in graph.vertices)
+    where = launcher() if launcher is not None else None  # waits for the cluster
     cause = "submitted" if resume is None or resume.fresh else "resumed after its master ended"
     if recovery is not None:
         recovery.generation_started(generation, parallelism, cause, None, 0)
@@ -213,7 +221,7 @@ def run_batch(
         finished=finished,
         splits=splits,
         on_finished=on_finished,
-        launcher=launcher,
+        launcher=where,
     )
     outcome = run.outcome = scheduler.run(deadline)
     status = "finished" if outcome.error is None else "failed"

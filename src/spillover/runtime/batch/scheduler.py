@@ -6,7 +6,10 @@ reads has finished. A finished task's results are kept (and reported through
 ``on_finished``, which the job master logs); a failed task re-runs only its region,
 plus the producer of a result it could not read (missing, truncated, corrupt),
 whose old files are deleted first. Failures are counted against the restart
-strategy like a streaming job's restarts.
+strategy like a streaming job's restarts, except the first loss of a result reused
+from an earlier master: a restart checks those only at their ends, so a reader
+finding one damaged completes that check (its producer runs again) rather than
+failing the run.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ class BatchScheduler:
         self._specs: dict[TaskKey, BatchTaskSpec] = {}
         self.launcher: Launcher = launcher or LocalLauncher()
         self._failovers = 0
+        self._stale: set[tuple[str, int]] = set()  # reused results found damaged
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -198,15 +202,25 @@ class BatchScheduler:
                 outcome.errors.append(error)
                 if spec.results_dir is not None:  # what it wrote before it failed
                     delete_tree(Location.parse(spec.results_dir))
-                delay = None if done.fatal else budget.after_failure()
-                if delay is None:
-                    raise error
-                self._failovers += 1
                 lost = None
                 if done.lost is not None:
                     producer = (done.lost.producer, done.lost.subtask)
                     if done.lost in self.finished.get(producer, ()):
                         lost = producer  # not already running again
+                # A reused result (checked only at its ends when this master started)
+                # found damaged by its reader is the rest of that check, not a failure
+                # of this run: its producer runs again without using up a restart.
+                if done.fatal:
+                    delay = None
+                elif (lost is not None and lost in self.reused) or (
+                    done.lost is not None and done.lost.gate.key in self._stale
+                ):
+                    delay = 0.0
+                else:
+                    delay = budget.after_failure()
+                if delay is None:
+                    raise error
+                self._failovers += 1
                 if lost is not None:
                     logger.warning(
                         "batch: the result of %s#%d is lost (%s): it runs again",
@@ -215,6 +229,8 @@ class BatchScheduler:
                     )
                     for h in self.finished.pop(lost):
                         delete_tree(Location.parse(h.gate.uri).parent)
+                        if lost in self.reused:  # its other readers may find it gone
+                            self._stale.add(h.gate.key)
                     self.reused.discard(lost)
                 logger.warning(
                     "batch: %s#%d failed (%s); its region runs again", key[0], key[1], done.error
