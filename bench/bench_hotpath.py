@@ -5,9 +5,10 @@ Run: ``PYTHONPATH=src .venv/bin/python -m pytest bench/bench_hotpath.py --benchm
 
 Instructions per record, which do not depend on the machine's load (issue 16):
 
-    PYTHONPATH=src valgrind --tool=callgrind --callgrind-out-file=cg.out \\
+    OPENBLAS_NUM_THREADS=1 PYTHONPATH=src valgrind --tool=callgrind --callgrind-out-file=cg.out \\
         .venv/bin/python bench/bench_hotpath.py --stage keyed --batches 200
-    # the same with --dry (everything but the stage); the difference / records = Ir per record
+    # the same with --dry (everything but the stage); the difference / records = Ir per record;
+    # OPENBLAS_NUM_THREADS=1 keeps OpenBLAS's spinning idle thread out of the count
 
 Stages, each on the job's own objects (``GeneratorSource`` of 100-byte payloads and
 10,000 keys, 1,024-record batches, 32 KiB network buffers, max parallelism 128,

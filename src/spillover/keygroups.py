@@ -21,7 +21,8 @@ value 5 hashes like an ``Integer`` 5 anyway, so only negative values need
 care: ``Long.hashCode(-1) == 0`` while ``Integer.hashCode(-1) == -1``).
 
 The scalar functions here are plain Python (and serve as the reference); the
-``key_groups*`` functions are the native batch versions.
+``key_groups*`` functions are the native batch versions, and :func:`add_key_sums`
+adds a batch's keys into sums kept by key (keyed state), checking their key groups.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ from spillover._native import _records
 from spillover.errors import ConfigError
 
 __all__ = [
+    "ADD_KEY_SUMS_MAX_KEYS",
     "DEFAULT_LOWER_BOUND_MAX_PARALLELISM",
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupRange",
     "KeyType",
+    "add_key_sums",
     "assign_to_key_group",
     "check_max_parallelism",
     "compute_default_max_parallelism",
@@ -316,6 +319,41 @@ def key_groups_packed(
     kind = _packed_kind(key_type)
     off = np.ascontiguousarray(offsets, dtype=np.int64)
     return _records.key_groups_packed(_byte_view(data), off, kind, max_parallelism)
+
+
+_I64 = npt.NDArray[np.int64]
+
+ADD_KEY_SUMS_MAX_KEYS: Final[int] = _records.SUMS_MAX_KEYS
+"""Most keys one :func:`add_key_sums` call takes (2**31)."""
+
+
+def add_key_sums(
+    keys: _I64,
+    values: _I64 | None,
+    main: tuple[_I64, _I64],
+    delta: tuple[_I64, _I64],
+    max_parallelism: int = 0,
+    key_group_range: KeyGroupRange | None = None,
+) -> tuple[_I64, _I64, _I64] | None:
+    """Adds ``values[i]`` (1 each when None: a count) to the sum of ``keys[i]`` in one
+    native pass: a hash aggregate of the batch, then one search per distinct key.
+
+    ``main`` and ``delta`` are runs of ``(keys, sums)``, keys sorted, distinct and
+    disjoint between the two; a key's batch sum is added in place in the run that
+    holds it (int64 wraps). Returns the distinct keys (ascending), their new sums (a
+    key in neither run: its batch sum) and the indices of the keys in neither run,
+    for the caller to insert. ``keys`` and ``values`` are int64 arrays, strided ones
+    (a field of a record batch) read in place. With a ``key_group_range`` (of a valid
+    ``max_parallelism``), returns None and changes nothing if a key's group lies
+    outside it. The GIL is released from ``NOGIL_MIN_BYTES`` of keys.
+    """
+    lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
+    maxp = 0 if key_group_range is None else max_parallelism
+    got = _records.sums_add(keys, values, maxp, lo, hi, main[0], main[1], delta[0], delta[1])
+    if got is None:
+        return None
+    out, n_out, n_new = got
+    return out[0, :n_out], out[1, :n_out], out[2, :n_new]
 
 
 def _packed_kind(key_type: str) -> int:

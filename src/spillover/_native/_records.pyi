@@ -16,6 +16,7 @@ KEY_INT64: int
 KEY_STR: int
 KEY_BYTES: int
 MAX_RECORD_LENGTH: int
+SUMS_MAX_KEYS: int
 
 def key_groups_from_hashes(hashes: _I32, max_parallelism: int) -> _I32: ...
 def key_groups_int32(keys: _I32, max_parallelism: int) -> _I32: ...
@@ -24,6 +25,17 @@ def java_hashes_packed(data: _BufferLike, offsets: _I64, kind: int) -> _I32: ...
 def key_groups_packed(
     data: _BufferLike, offsets: _I64, kind: int, max_parallelism: int
 ) -> _I32: ...
+def sums_add(
+    keys: _I64,
+    values: _I64 | None,
+    max_parallelism: int,
+    kg_lo: int,
+    kg_hi: int,
+    main_keys: _I64,
+    main_sums: _I64,
+    delta_keys: _I64,
+    delta_sums: _I64,
+) -> tuple[_I64, int, int] | None: ...
 def scan_records(buf: _BufferLike, max_len: int) -> tuple[_I64, _I64, int]: ...
 def key_groups_of_buffer(
     buf: _BufferLike, max_parallelism: int, kind: int, offset: int, prefixed: bool, max_len: int

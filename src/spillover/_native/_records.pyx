@@ -1,7 +1,7 @@
 # cython: language_level=3
-"""Native record framing, Flink-compatible key groups and the key-group filter.
+"""Native record framing, Flink-compatible key groups, keyed sums and the key-group filter.
 
-The loops live in ``csrc/keygroups.c`` and ``csrc/records.c``; this module
+The loops live in ``csrc/keygroups.c``, ``csrc/keysums.c`` and ``csrc/records.c``; this module
 only moves buffers in and out (by the buffer protocol, never copied here) and
 releases the GIL around every loop over at least ``NOGIL_MIN_BYTES`` of input:
 below that, handing the GIL to another thread and waiting to get it back costs
@@ -50,5 +50,6 @@ from spillover.errors import CorruptRecordError
 
 include "debug.pxi"
 include "keygroups.pxi"
+include "keysums.pxi"
 include "records.pxi"
 include "filter.pxi"

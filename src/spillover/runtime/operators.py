@@ -164,20 +164,26 @@ class _KeyedAggregate(Operator):
         # Put-and-get in one pass where the backend offers it (the heap's sum state).
         self._add = getattr(self.state, "add", None)
 
-    def _values(self, batch: Batch) -> npt.NDArray[Any]:
+    def _values(self, batch: Batch) -> npt.NDArray[Any] | None:
+        """What each record adds (None: 1 each, which ``add`` counts without an array)."""
         raise NotImplementedError
 
     def process(self, batch: Batch, input_index: int = 0) -> None:
         if not len(batch):
             return
         keys = np.asarray(batch[self.key_field], dtype=np.int64)
-        if not self.emit_updates:
-            self.state.put(keys, self._values(batch))
-            return
+        values = self._values(batch)
         if self._add is not None:
-            uniq, totals = self._add(keys, self._values(batch))
+            uniq, totals = self._add(keys, values)
+            if not self.emit_updates:
+                return
         else:
-            uniq, sums = _group_sums(keys, self._values(batch))
+            if values is None:
+                values = np.ones(len(batch), dtype=self.sum_dtype)
+            if not self.emit_updates:
+                self.state.put(keys, values)
+                return
+            uniq, sums = _group_sums(keys, values)
             self.state.put(uniq, sums)
             totals, _ = self.state.get(uniq)
         out = np.empty(len(uniq), dtype=self.out_dtype)
@@ -216,8 +222,8 @@ class KeyedCount(_KeyedAggregate):
     def __init__(self, key_field: str, out: str = "updates") -> None:
         super().__init__(key_field, "count", np.int64, out)
 
-    def _values(self, batch: Batch) -> npt.NDArray[Any]:
-        return np.ones(len(batch), dtype=np.int64)
+    def _values(self, batch: Batch) -> None:
+        return None
 
 
 class KeyedProcess(Operator):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from spillover.errors import ConfigError
 from spillover.keygroups import (
     KeyGroupRange,
+    add_key_sums,
     assign_to_key_group,
     compute_default_max_parallelism,
     compute_key_group_for_key_hash,
@@ -281,3 +282,53 @@ def test_bad_hash_or_key_array() -> None:
         key_groups(np.array([1.0]), 128)
     with pytest.raises(ValueError):
         key_groups_packed(b"abc", np.array([0, 4]), 128)
+
+
+# ---- add_key_sums ----
+
+
+def _empty_run() -> tuple[np.ndarray, np.ndarray]:
+    return np.empty(0, np.int64), np.empty(0, np.int64)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    keys=st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=50),
+    maxp=st.sampled_from(MAX_PARALLELISMS),
+    start=st.floats(0, 1),
+    length=st.floats(0, 1),
+)
+def test_add_key_sums_checks_key_groups_as_key_groups_does(
+    keys: list[int], maxp: int, start: float, length: float
+) -> None:
+    """A batch passes the check exactly when ``key_groups`` puts every key in the
+    range; then the keys are counted, else nothing is returned or changed."""
+    lo = int(start * (maxp - 1))
+    rng = KeyGroupRange(lo, lo + int(length * (maxp - 1 - lo)))
+    k = np.array(keys, dtype=np.int64)
+    main = (np.unique(k[: len(k) // 2]), np.zeros(np.unique(k[: len(k) // 2]).size, np.int64))
+    got = add_key_sums(k, None, main, _empty_run(), maxp, rng)
+    kg = key_groups(k, maxp)
+    if ((kg < rng.start) | (kg > rng.end)).any():
+        assert got is None
+        assert not main[1].any()
+        return
+    assert got is not None
+    uniq, totals, new = got
+    want, counts = np.unique(k, return_counts=True)
+    assert uniq.tolist() == want.tolist() and totals.tolist() == counts.tolist()
+    assert uniq[new].tolist() == sorted(set(keys) - set(main[0].tolist()))
+
+
+def test_add_key_sums_refuses_runs_it_cannot_add_into() -> None:
+    keys = np.arange(4, dtype=np.int64)
+    frozen = np.zeros(4, np.int64)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        add_key_sums(keys, None, (keys, frozen), _empty_run())
+    with pytest.raises(ValueError, match="contiguous"):
+        add_key_sums(keys, None, (np.arange(8)[::2], np.zeros(4, np.int64)), _empty_run())
+    with pytest.raises(TypeError, match="int64"):
+        add_key_sums(keys.astype(np.int32), None, _empty_run(), _empty_run())
+    with pytest.raises(ValueError, match="values"):
+        add_key_sums(keys, keys[:3], _empty_run(), _empty_run())

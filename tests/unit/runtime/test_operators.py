@@ -26,9 +26,11 @@ from hypothesis import strategies as st
 from spillover.errors import (
     BatchTypeError,
     ConfigError,
+    KeyGroupRangeError,
     StateFileExistsError,
     StateFileNotFoundError,
 )
+from spillover.keygroups import key_group_range_for_operator, key_groups
 from spillover.runtime.api import (
     Batch,
     Operator,
@@ -55,6 +57,7 @@ from spillover.runtime.operators import (
     KeyedSum,
     MapOperator,
 )
+from spillover.runtime.state import HeapKeyedStateBackend
 
 KV = np.dtype([("key", "<i8"), ("value", "<i8")])
 
@@ -304,6 +307,51 @@ def test_keyed_count_and_quiet_keyed_sum() -> None:
     assert not out.batches
     assert backend.states["sum-2.sum"].data == {1: 11}
     assert backend.states["count-1.count"].data == {1: 2, 3: 3}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.integers(-300, 300), max_size=60), max_size=10),
+    sum_dtype=st.sampled_from([np.int64, np.float64]),
+    subtask=st.integers(0, 2),
+)
+def test_keyed_aggregates_on_heap_state_emit_what_the_generic_path_emits(
+    batches: list[list[int]], sum_dtype: Any, subtask: int
+) -> None:
+    """KeyedCount and KeyedSum on heap state (the native ``add`` for int64 sums) emit,
+    batch by batch, exactly the rows (order included) of the generic path: group sums,
+    ``put``, then ``get`` (here on the dict state)."""
+    rng = key_group_range_for_operator(128, 3, subtask)
+    for make in (lambda: KeyedCount("key"), lambda: KeyedSum("key", "value", sum_dtype=sum_dtype)):
+        op, ref = make(), make()
+        heap = HeapKeyedStateBackend(128, rng)
+        out = opened(op, keyed=heap, subtask=subtask, parallelism=3)
+        ref_out = opened(ref, keyed=DictKeyedBackend(), subtask=subtask, parallelism=3)
+        for keys in batches:
+            groups = key_groups(np.array(keys, np.int64), 128).tolist()
+            mine = [k for k, g in zip(keys, groups, strict=True) if g in rng]
+            batch = kv(mine, [k * 7 - 3 for k in mine])
+            op.process(batch)
+            ref.process(batch)
+            assert len(out.batches) == len(ref_out.batches)
+        for got, want in zip(out.batches, ref_out.batches, strict=True):
+            assert got.dtype == want.dtype == op.out_dtype
+            assert got.tolist() == want.tolist()
+
+
+def test_keyed_count_refuses_keys_of_another_subtask() -> None:
+    """A batch with a key outside the subtask's key groups fails and counts nothing."""
+    rng = key_group_range_for_operator(128, 2, 0)
+    op = KeyedCount("key")
+    out = opened(op, keyed=HeapKeyedStateBackend(128, rng), parallelism=2)
+    keys = np.arange(40, dtype=np.int64)
+    groups = key_groups(keys, 128)
+    inside, outside = keys[groups <= rng.end], keys[groups > rng.end]
+    op.process(kv(inside.tolist(), [0] * inside.size))
+    with pytest.raises(KeyGroupRangeError):
+        op.process(kv([*inside.tolist(), int(outside[0])], [0] * (inside.size + 1)))
+    op.process(kv(inside[:1].tolist(), [0]))
+    assert out.batches[-1].tolist() == [(int(inside[0]), 2)]
 
 
 def test_keyed_operators_need_keyed_state() -> None:

@@ -1,4 +1,5 @@
-# C declarations of csrc/keygroups.h and csrc/records.h; no code here.
+# C declarations of csrc/keygroups.h, csrc/keysums.h and csrc/records.h; no code here.
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
@@ -21,6 +22,27 @@ cdef extern from "keygroups.h" nogil:
     void spl_java_hashes_packed(const uint8_t *data, const int64_t *offsets, size_t n, int kind,
                                 int32_t *out)
     spl_mod spl_mod_make(uint32_t d)
+
+
+cdef extern from "keysums.h" nogil:
+    enum:
+        SPL_SUMS_OK
+        SPL_SUMS_E_RANGE
+        SPL_SUMS_E_NOMEM
+        SPL_SUMS_E_TOO_MANY
+
+    const size_t SPL_SUMS_MAX_KEYS
+
+    ctypedef struct spl_sum_run:
+        const int64_t *keys
+        int64_t *values
+        size_t n
+
+    int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
+                     ptrdiff_t value_stride, size_t n, int32_t max_p,
+                     int32_t kg_lo, int32_t kg_hi, spl_sum_run *runs, size_t n_runs,
+                     int64_t *out_keys, int64_t *out_totals, int64_t *out_new, size_t *n_out,
+                     size_t *n_new)
 
 
 cdef extern from "records.h" nogil:

@@ -72,6 +72,8 @@ class HeapKeyedStateBackend:
         self._merge_rows = merge_rows
         self._fsync = fsync
         self._check = check_key_groups and len(key_group_range) < max_parallelism
+        # The range a native state operation checks keys against (None: no check).
+        self._checked_range = key_group_range if self._check else None
         self._states: dict[str, _HeapState] = {}
 
     @classmethod

@@ -13,6 +13,7 @@ import pyarrow as pa
 from spillover.errors import (
     ConfigError,
 )
+from spillover.keygroups import ADD_KEY_SUMS_MAX_KEYS, add_key_sums
 
 if TYPE_CHECKING:
     from spillover.runtime.state.backend import HeapKeyedStateBackend
@@ -122,6 +123,12 @@ class _HeapState:
         self._backend = backend
 
     def _keys(self, keys: npt.ArrayLike) -> Keys:
+        """``keys`` as int64, checked against the backend's key groups."""
+        arr = self._as_keys(keys)
+        self._backend._check_keys(arr)
+        return arr
+
+    def _as_keys(self, keys: npt.ArrayLike) -> Keys:
         arr = np.asarray(keys)
         if arr.ndim != 1:
             raise ValueError(
@@ -131,7 +138,6 @@ class _HeapState:
             if arr.size and (arr.dtype.kind not in "iu" or not np.can_cast(arr.dtype, np.int64)):
                 raise TypeError(f"state {self.name!r}: keys must be int64, got {arr.dtype}")
             arr = arr.astype(np.int64)
-        self._backend._check_keys(arr)
         return arr
 
     def _values(self, values: npt.ArrayLike, n: int) -> Values:
@@ -285,12 +291,40 @@ class HeapSumState(_UniqueKeyState):
     def _update(self, target: Values, pos: Positions, values: Values) -> None:
         target[pos] += values  # positions are unique: no lost updates
 
-    def add(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> tuple[Keys, Values]:
+    def put(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> None:
+        if self.dtype == np.int64:
+            self.add(keys, values)
+        else:
+            super().put(keys, values)
+
+    def add(self, keys: npt.ArrayLike, values: npt.ArrayLike | None = None) -> tuple[Keys, Values]:
         """:meth:`put`, returning the keys it touched (sorted, distinct) with their new
-        sums: what ``put`` then ``get`` give, with one search per run instead of two
-        (a keyed aggregate's per-batch cost is these searches)."""
-        q = self._keys(keys)
-        v = self._values(values, q.size)
+        sums: what ``put`` then ``get`` give. ``values`` None adds 1 per key (a count).
+
+        int64 sums take one native pass (:func:`~spillover.keygroups.add_key_sums`:
+        key groups checked, the batch hash-aggregated, one search per distinct key);
+        float64 sums (and batches past ``ADD_KEY_SUMS_MAX_KEYS``) the numpy path
+        (:meth:`_add_numpy`), whose order of additions they keep."""
+        q = self._as_keys(keys)
+        v = None if values is None else self._values(values, q.size)
+        if self.dtype != np.int64 or q.size > ADD_KEY_SUMS_MAX_KEYS:
+            self._backend._check_keys(q)
+            return self._add_numpy(q, np.ones(q.size, self.dtype) if v is None else v)
+        backend = self._backend
+        got = add_key_sums(
+            q, v, (self._mk, self._mv), (self._dk, self._dv), backend._max_p, backend._checked_range
+        )
+        if got is None:
+            backend._check_keys(q)  # raises: a key lies outside the key groups
+            raise AssertionError("add_key_sums refused keys that the backend accepts")
+        uniq, totals, new = got
+        if new.size:
+            self._insert_new(uniq[new], totals[new])
+        return uniq, totals
+
+    def _add_numpy(self, q: Keys, v: Values) -> tuple[Keys, Values]:
+        """:meth:`add` in numpy calls (a sort, then a search per run), for checked keys:
+        the path of float64 sums and the reference of the native one."""
         if not q.size:
             return q, v.copy()
         uniq, sums = self._combine(q, v)

@@ -151,6 +151,90 @@ def test_sum_add_is_put_then_get(merge_rows: int | None, puts: list[Any]) -> Non
     assert [a.tolist() for a in added.items()] == [m.tolist() for m in model.items()]
 
 
+def reference_add(state: HeapSumState, keys: np.ndarray, values: np.ndarray | None) -> Any:
+    """``add`` as numpy does it (the path before the native one, kept for float sums)."""
+    q = state._keys(keys)
+    v = np.ones(q.size, np.int64) if values is None else state._values(values, q.size)
+    return state._add_numpy(q, v)
+
+
+range_backends = st.builds(
+    lambda start, length, merge_rows: HeapKeyedStateBackend(
+        MAXP, KeyGroupRange(start, min(MAXP - 1, start + length)), merge_rows=merge_rows
+    ),
+    st.integers(0, MAXP - 1),
+    st.integers(0, MAXP),
+    st.sampled_from([0, 1, 3, None]),
+)
+wide_keys = st.one_of(
+    st.integers(-50, 200), st.integers(INT64_MIN, INT64_MAX), st.sampled_from(KEY_POOL)
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    backend=range_backends,
+    batches=st.lists(
+        st.tuples(st.lists(wide_keys, max_size=40), st.booleans(), st.integers(0, 1 << 20)),
+        max_size=12,
+    ),
+    strided=st.booleans(),
+)
+def test_native_sum_add_matches_the_numpy_reference(
+    backend: HeapKeyedStateBackend, batches: list[Any], strided: bool
+) -> None:
+    """For any key batches and key-group range, the native ``add`` gives the numpy
+    path's distinct keys and totals and leaves the same state; a batch with a key
+    outside the range is refused by both, changing nothing."""
+    twin = HeapKeyedStateBackend(
+        MAXP, backend.key_group_range, merge_rows=backend._merge_rows, name="twin"
+    )
+    native = backend.state(StateDescriptor("s", "sum"))
+    ref = twin.state(StateDescriptor("s", "sum"))
+    assert isinstance(native, HeapSumState) and isinstance(ref, HeapSumState)
+    rng = backend.key_group_range
+    for keys, count, seed in batches:
+        # Keep mostly keys of the range, so that most batches get through.
+        kg = key_groups(arr(keys), MAXP) if keys else np.zeros(0, np.int32)
+        inside = [k for k, g in zip(keys, kg.tolist(), strict=True) if rng.start <= g <= rng.end]
+        use = keys if seed % 4 == 0 else inside
+        values = None if count else arr(np.random.default_rng(seed).integers(-9, 9, len(use)))
+        k = arr(use)
+        if strided:  # a field of a record batch: read in place, unaligned
+            rows = np.zeros(len(use), dtype=[("a", "<i4"), ("key", "<i8"), ("v", "<i8")])
+            rows["key"] = k
+            k = rows["key"]
+            if values is not None:
+                rows["v"] = values
+                values = rows["v"]
+        outside = len(use) != len(inside)
+        if outside:
+            for s in (native, ref):
+                with pytest.raises(KeyGroupRangeError):
+                    s.add(k, values) if s is native else reference_add(s, k, values)
+        else:
+            got, want = native.add(k, values), reference_add(ref, k, values)
+            assert got[0].tolist() == want[0].tolist() == sorted(set(use))
+            assert got[1].tolist() == want[1].tolist()
+        assert [a.tolist() for a in native.items()] == [a.tolist() for a in ref.items()]
+
+
+def test_native_sum_add_of_a_large_batch_wraps_like_numpy() -> None:
+    """A batch past NOGIL_MIN_BYTES (the GIL released around the loop) sums as numpy
+    does, int64 wrapping included."""
+    big = np.random.default_rng(3).integers(0, 5_000, 20_000)
+    values = np.full(big.size, INT64_MAX // 3, dtype=np.int64)
+    native = full_backend().state(StateDescriptor("s", "sum"))
+    ref = full_backend().state(StateDescriptor("s", "sum"))
+    assert isinstance(native, HeapSumState) and isinstance(ref, HeapSumState)
+    for part in (big[:7_000], big, big[::-1].copy()):
+        v = values[: part.size]
+        got, want = native.add(part, v), reference_add(ref, part, v)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+    counted, _ = native.add(big)
+    assert counted.size == np.unique(big).size
+
+
 def test_repeated_keys_within_one_put() -> None:
     b = full_backend()
     v, s, lst = (b.state(StateDescriptor(k, k)) for k in ("value", "sum", "list"))

@@ -1,0 +1,41 @@
+/* Keyed sums: a batch of int64 keys (and int64 values) added into sums kept in
+ * sorted runs, the heap sum state's layout. One pass in C where numpy needs a
+ * sort, several searches and a call per run. No Python here. */
+#ifndef SPL_KEYSUMS_H
+#define SPL_KEYSUMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { SPL_SUMS_OK = 0, SPL_SUMS_E_RANGE = -1, SPL_SUMS_E_NOMEM = -2, SPL_SUMS_E_TOO_MANY = -3 };
+
+/* Most keys one call takes (the batch's hash table indexes them in 32 bits). */
+#define SPL_SUMS_MAX_KEYS ((size_t)1 << 31)
+
+/* One run of sums: keys sorted ascending and distinct; values[i] is keys[i]'s sum. */
+typedef struct {
+    const int64_t *keys;
+    int64_t *values;
+    size_t n;
+} spl_sum_run;
+
+/* Adds value i (1 for every i when values is NULL) to the sum of key i, i < n, with
+ * int64 wrap-around. Key i is the int64 at keys + i * key_stride (bytes; any
+ * alignment, so a field of packed records is read in place), value i likewise.
+ *
+ * When max_p > 0 every key's Flink key group must lie in [kg_lo, kg_hi]; otherwise
+ * SPL_SUMS_E_RANGE is returned and nothing is written (the runs are untouched).
+ *
+ * The distinct keys go to out_keys[0 .. *n_out) in ascending order. A key found in
+ * one of the runs (their keys are disjoint) has its batch sum added there in place
+ * and its new sum written to out_totals; a key in no run gets its batch sum in
+ * out_totals and its index into out_keys listed, ascending, in out_new[0 .. *n_new).
+ * Every out array has room for n entries. More than SPL_SUMS_MAX_KEYS keys:
+ * SPL_SUMS_E_TOO_MANY, nothing written. */
+int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
+                 ptrdiff_t value_stride, size_t n, int32_t max_p,
+                 int32_t kg_lo, int32_t kg_hi, spl_sum_run *runs, size_t n_runs,
+                 int64_t *out_keys, int64_t *out_totals, int64_t *out_new, size_t *n_out,
+                 size_t *n_new);
+
+#endif
