@@ -59,6 +59,7 @@ class CollectingSink(Operator):
     failure: replayed records show up twice), for debugging.
     """
 
+    commits_on_restore = True
     _lock: ClassVar[threading.Lock] = threading.Lock()
     _stores: ClassVar[dict[str, _Collected]] = {}
     _txn_ids: ClassVar[itertools.count[int]] = itertools.count()

@@ -358,6 +358,7 @@ class ParquetSink(Operator):
     """
 
     MODES = ("error", "append", "overwrite")
+    commits_on_restore = True
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ class ThrottledSink(Operator):
             raise ConfigError(f"rate_per_subtask must be > 0, got {rate_per_subtask}")
         self.rate = float(rate_per_subtask)
         self.inner = inner
+        self.commits_on_restore = inner is not None and inner.commits_on_restore
         self.clock = clock
         self.sleep = sleep
 
