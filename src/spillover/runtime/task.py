@@ -388,8 +388,10 @@ class Task:
         for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
             rescaled = r.rescaled_state.get(node.uid)
             state = r.operator_state.get(node.uid)
-            if not op.commits_on_restore or (state is None and not any(rescaled or ())):
+            if not op.commits_on_restore:
                 continue
+            if state is None and all(st is None for st in rescaled or ()):
+                continue  # nothing restored: nothing pending
             op.open(self._context(i))
             try:
                 if rescaled is not None:
