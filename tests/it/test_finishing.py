@@ -22,7 +22,7 @@ from spillover.runtime.graph import StreamEnvironment
 from spillover.verify import VerifySpec, compare, run_once
 from spillover.verify.run import run_rescaled
 from spillover.verify.topologies import SUMMARY_PARTITION
-from support.operators import SummaryOnFinish
+from support.operators import FailAtFinalCommit, FinalCheckpointSink, SummaryOnFinish
 
 POLICIES = {
     "aligned": {},
@@ -144,6 +144,49 @@ def test_a_partially_finished_operator_restores_its_finished_subtask_finished(
     assert [meta["tasks"]["short"]["subtasks"][i]["finished"] for i in "01"] == [False, True]
     # Subtask 0 opened twice (before and after the failure), subtask 1 once.
     assert SummaryOnFinish.opened[name] == 3
+
+
+@pytest.mark.parametrize("rescale_to", [None, 3])
+def test_a_sink_restored_finished_commits_what_its_final_checkpoint_left_pending(
+    rescale_to: int | None, tmp_path: Path
+) -> None:
+    """The short branch's two-phase-commit sink finishes, its final checkpoint
+    completes, and the attempt fails before the sink hears of it (as a crash or a
+    stop right after a completion does). The restore starts the sink finished; the
+    records that checkpoint pre-committed are committed all the same, once (at the
+    same parallelism, and at another one)."""
+    name = f"final-commit-{rescale_to}"
+    CollectingSink.clear(name)
+    CollectingSink.clear(name + "-short")
+
+    def job(parallelism: int = 2) -> StreamEnvironment:
+        env = StreamEnvironment(name, parallelism=parallelism, max_parallelism=128)
+        short = GeneratorSource(partitions=2, records_per_partition=SHORT, payload_bytes=16)
+        env.from_source(short, uid="short").sink(
+            FinalCheckpointSink(name + "-short"), uid="short-sink"
+        )
+        long = GeneratorSource(
+            partitions=2, records_per_partition=LONG, payload_bytes=16, rate_per_subtask=2500
+        )
+        env.from_source(long, uid="long").sink(CollectingSink(name), uid="long-sink")
+        return env
+
+    # The short source's last batch reaches the sink in the call that exhausts it, so
+    # the final checkpoint always has records to commit.
+    failures = FailAtFinalCommit("short", 0, name + "-short")
+    rescale = None if rescale_to is None else (lambda *_: job(rescale_to))
+    ex = LocalExecutor(job(), _config(tmp_path, "aligned"), failures=failures, rescale=rescale)
+    result = ex.run(timeout=120)
+    assert result.status == "finished", result
+    assert len(failures.fired) == 1, "the final checkpoint's commit failed"
+    meta = CheckpointStorage(str(tmp_path / "ckpt"), name).read_metadata(result.restored_from[0])
+    sink = meta["tasks"]["short"]["subtasks"]["0"]
+    assert sink["finished"], "the sink was restored finished"
+    assert sink["operators"]["short-sink"]["pending"], "its final checkpoint pre-committed"
+    rows = CollectingSink.records(name + "-short")
+    ids = rows[["partition", "seq"]]
+    assert len(ids) == len(np.unique(ids)) == 2 * SHORT
+    assert len(CollectingSink.records(name)) == 2 * LONG
 
 
 def test_a_bounded_branch_ends_while_checkpoints_go_on(tmp_path: Path) -> None:

@@ -1,6 +1,5 @@
-"""Whole jobs whose subtasks share channel-state files (5 per file, Flink's default;
-not yet this project's, docs/runtime.md "Channel-state files"): exactly-once through
-induced failures and a restore at another parallelism."""
+"""Whole jobs whose subtasks share channel-state files (5 per file, the default as in
+Flink): exactly-once through induced failures and a restore at another parallelism."""
 
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 
 from spillover.runtime.api import Batch, Operator, OperatorSnapshot
+from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.failures import FailureInjector, FailureSpec
 
 
 class SummaryOnFinish(Operator):
@@ -75,3 +77,48 @@ class LingeringGenerator(GeneratorSource):
             time.sleep(0.005)
             return True
         return super().on_timer()
+
+
+class FinalCheckpointSink(CollectingSink):
+    """A :class:`CollectingSink` that remembers, per sink name and subtask, the first
+    checkpoint it snapshotted after ``finish()``: the final checkpoint whose
+    completion alone commits the records it got since the checkpoint before."""
+
+    final: dict[tuple[str, int], int] = {}  # noqa: RUF012 (a test's process-wide record)
+
+    def open(self, ctx: Any) -> None:
+        super().open(ctx)
+        self._finished = False
+
+    def finish(self) -> None:
+        self._finished = True
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        if self._finished:
+            self.final.setdefault((self.name, self.ctx.subtask_index), checkpoint_id)
+        return super().snapshot(checkpoint_id)
+
+
+class FailAtFinalCommit(FailureInjector):
+    """Fails subtask ``subtask`` of ``vertex_uid`` when it is told that the final
+    checkpoint of its :class:`FinalCheckpointSink` ``sink`` completed, before the sink
+    hears of it: the checkpoint completed, and nothing it pre-committed is committed."""
+
+    def __init__(self, vertex_uid: str, subtask: int, sink: str) -> None:
+        super().__init__([FailureSpec("commit", vertex_uid, subtask)])
+        self.sink = sink
+
+    def check(
+        self,
+        point: str,
+        attempt: int,
+        vertex_uid: str,
+        subtask: int,
+        *,
+        records: int = 0,
+        checkpoint: int | None = None,
+    ) -> None:
+        final = FinalCheckpointSink.final.get((self.sink, subtask))
+        if point == "commit" and (final is None or checkpoint != final):
+            return
+        super().check(point, attempt, vertex_uid, subtask, records=records, checkpoint=checkpoint)

@@ -115,7 +115,7 @@ class CheckpointingConfig:
         metadata=_key(_CP + "unaligned.compression", _Choice({"none": "none", "lz4": "lz4"})),
     )
     max_subtasks_per_channel_state_file: int = field(
-        default=1,
+        default=5,
         metadata=_key(_CP + "unaligned.max-subtasks-per-channel-state-file", _Int(1)),
     )
 

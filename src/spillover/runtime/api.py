@@ -9,7 +9,9 @@ length prefix + the row's bytes) inside fixed-size network buffers.
 Lifecycle of an operator instance (one per subtask), always on the task's thread:
 
 1. ``open(ctx)``; then, when the job restores, ``restore(state)`` with what
-   ``snapshot`` returned at the restored checkpoint (before any input).
+   ``snapshot`` returned at the restored checkpoint (before any input). A subtask
+   restored finished (FLIP-147) runs none of this, except for operators with
+   ``commits_on_restore``: ``open``, ``restore`` and ``close``, nothing else.
 2. ``process(batch, input_index)`` for every batch; ``on_timer()`` when the task
    is idle or at ``ctx.timer_interval`` (sources use ``emit`` from here);
    ``process_watermark(ts)`` in order with the batches whenever the task's
@@ -208,6 +210,15 @@ class Operator:
 
     def open(self, ctx: OperatorContext) -> None:
         self.ctx = ctx
+
+    @property
+    def commits_on_restore(self) -> bool:
+        """Two-phase commit: ``restore``/``restore_rescaled`` commit what the restored
+        checkpoint lists pending (it completed, though its notification may never have
+        come). A subtask restored finished (FLIP-147) opens, restores and closes such
+        operators only, so the transaction its final checkpoint pre-committed is not
+        lost. By default: every operator that acts on ``notify_checkpoint_complete``."""
+        return type(self).notify_checkpoint_complete is not Operator.notify_checkpoint_complete
 
     @property
     def bounded(self) -> bool:

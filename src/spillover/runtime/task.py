@@ -14,7 +14,8 @@ its source is exhausted) a task runs ``end_input``/``finish``, sends EndOfData a
 stays only until a checkpoint it took after finishing completed, so two-phase-commit
 sinks commit its last data; then it sends EndOfPartition, tells the coordinator it
 exited and ends. A subtask a checkpoint recorded as finished is restored finished:
-its operators are never opened and run nothing; it sends EndOfData at once. Its
+its operators run nothing (two-phase-commit ones are opened and restored only to
+commit what the restored checkpoint pre-committed); it sends EndOfData at once. Its
 event time (watermarks, the valve) is ``eventtime/clock.py``'s.
 
 Its size is one thread's state machine: the source loop, the input loop and the
@@ -203,7 +204,8 @@ class Task:
         self.unaligned = UnalignedCheckpoints(self)
         self.output_wait_seconds = 0.0  # waiting for an outbox to drain: backpressure
         self.replay: ChannelStateReplay | None = None  # recovered channel state
-        # FLIP-147: restored finished, the operators are never opened and run nothing.
+        # FLIP-147: restored finished, the operators run nothing (two-phase-commit ones
+        # are opened only to commit what the restored checkpoint left pending).
         self.finished_on_restore = restore is not None and restore.finished
         self.operators_finished = False  # finish() ran (or restored finished)
         # Stop-with-savepoint without drain: the data ended, no operator finished.
@@ -331,38 +333,16 @@ class Task:
         # state is kept for the next checkpoints, and recovered output state (what the
         # last snapshot's barrier overtook) still goes downstream first.
         if not self.finished_on_restore:
-            for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
-                last = i + 1 == len(self.ops)
-                out: Output = self.net_out if last else ChainOutput(self.ops[i + 1])
-                if i == 0 and self.vertex.is_source:
-                    out = self.clock.source_output(out, node.watermarks, op)
-                keyed = self.keyed if node.keyed else None
-                op.open(
-                    OperatorContext(
-                        uid=node.uid,
-                        name=node.name,
-                        subtask_index=self.subtask,
-                        parallelism=self.vertex.parallelism,
-                        max_parallelism=self.graph.max_parallelism,
-                        attempt=self.attempt,
-                        output=out,
-                        keyed=keyed,
-                        timers=(
-                            KeyedTimerService(keyed, f"{node.uid}.timers")
-                            if keyed is not None
-                            else None
-                        ),
-                        pacing=True,
-                        batch_run=self.batch_run,
-                        job_run=self.job_run,
-                    )
-                )
+            for i, op in enumerate(self.ops):
+                op.open(self._context(i))
                 self._opened = i + 1
             if self.splits is not None and self.vertex.is_source:
                 self.ops[0].assign_splits(self.splits)
         if r is not None:
             if not self.finished_on_restore:
                 self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
+            else:
+                self._commit_restored(r)
             if self.keyed is not None:
                 self.keyed.restore([h for uid in r.keyed_handles for h in r.keyed_handles[uid]])
             for node, op in zip(self.vertex.nodes, self.opened_ops, strict=False):
@@ -379,6 +359,49 @@ class Task:
                 process=self._process,
             )
         self._last_flush = time.monotonic()
+
+    def _context(self, i: int) -> OperatorContext:
+        """The context of the chain's ``i``-th operator."""
+        node, op = self.vertex.nodes[i], self.ops[i]
+        out: Output = self.net_out if i + 1 == len(self.ops) else ChainOutput(self.ops[i + 1])
+        if i == 0 and self.vertex.is_source:
+            out = self.clock.source_output(out, node.watermarks, op)
+        keyed = self.keyed if node.keyed else None
+        return OperatorContext(
+            uid=node.uid,
+            name=node.name,
+            subtask_index=self.subtask,
+            parallelism=self.vertex.parallelism,
+            max_parallelism=self.graph.max_parallelism,
+            attempt=self.attempt,
+            output=out,
+            keyed=keyed,
+            timers=KeyedTimerService(keyed, f"{node.uid}.timers") if keyed is not None else None,
+            pacing=True,
+            batch_run=self.batch_run,
+            job_run=self.job_run,
+        )
+
+    def _commit_restored(self, r: TaskRestore) -> None:
+        """Restored finished: the restored checkpoint completed, but the notification
+        that would have committed what its snapshot pre-committed may never have come
+        (the attempt ended between the two). Two-phase-commit operators are opened and
+        restored, which commits it, and closed; nothing else of them runs."""
+        for i, (node, op) in enumerate(zip(self.vertex.nodes, self.ops, strict=True)):
+            rescaled = r.rescaled_state.get(node.uid)
+            state = r.operator_state.get(node.uid)
+            if not op.commits_on_restore:
+                continue
+            if state is None and all(st is None for st in rescaled or ()):
+                continue  # nothing restored: nothing pending
+            op.open(self._context(i))
+            try:
+                if rescaled is not None:
+                    op.restore_rescaled(rescaled)
+                else:
+                    op.restore(state)
+            finally:
+                op.close()
 
     def _replay_step(self) -> None:
         """One block of recovered input state; unaligned barriers may come first."""

@@ -76,8 +76,8 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
     ),
     CP + "unaligned.compression": ("LZ4", "lz4", lambda c: c.checkpointing.compression, {}),
     CP + "unaligned.max-subtasks-per-channel-state-file": (
-        "5",
-        5,
+        "1",
+        1,
         lambda c: c.checkpointing.max_subtasks_per_channel_state_file,
         {},
     ),

@@ -965,3 +965,22 @@ def test_parquet_sink_refuses_to_publish_over_another_file_of_its_name(tmp_path:
     with pytest.raises(StateFileExistsError, match="another run"):
         sink.notify_checkpoint_complete(1)
     assert staged(tmp_path) == [name]  # kept
+
+
+def test_every_operator_that_commits_on_notification_commits_on_restore(tmp_path: Path) -> None:
+    """A subtask restored finished opens only the operators that commit on a
+    checkpoint's notification: a user's own two-phase-commit sink is one of them
+    without a flag, so its final checkpoint's pending transaction is not lost."""
+
+    class UsersTwoPhaseSink(Operator):
+        def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+            pass
+
+    class Plain(Operator):
+        pass
+
+    assert UsersTwoPhaseSink().commits_on_restore
+    assert not Plain().commits_on_restore
+    assert ParquetSink(str(tmp_path)).commits_on_restore
+    assert ThrottledSink(1000.0, ParquetSink(str(tmp_path))).commits_on_restore
+    assert not ThrottledSink(1000.0).commits_on_restore

@@ -66,6 +66,10 @@ class ThrottledSink(Operator):
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         return OperatorSnapshot() if self.inner is None else self.inner.snapshot(checkpoint_id)
 
+    @property
+    def commits_on_restore(self) -> bool:
+        return self.inner is not None and self.inner.commits_on_restore
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         if self.inner is not None:
             self.inner.notify_checkpoint_complete(checkpoint_id)
