@@ -196,6 +196,7 @@ class CheckpointCoordinator:
         self._final_done = False
         self._stopping = False  # a stop's unaligned savepoint was asked for
         self.stop_id: int | None = None  # ... its checkpoint
+        self._savepoint_id: int | None = None  # ... once it completed
         self._consecutive_failures = 0
         self._last_completed_at = 0.0
         self._thread = threading.Thread(
@@ -504,8 +505,13 @@ class CheckpointCoordinator:
             if old in self.completed_ids:
                 self.completed_ids.remove(old)
         # A subsumed checkpoint whose files a retained one references stays until
-        # no retained checkpoint does.
-        needed = set().union(*(self._references_of(c) for c in self._retained))
+        # no retained checkpoint does. The stop's savepoint and what it references
+        # stay whatever completes after it: they are exported once the attempt ended.
+        if p.stats.savepoint:
+            self._savepoint_id = cid
+        keep = [*self._retained, *([self._savepoint_id] if self._savepoint_id else [])]
+        needed = set().union(*(self._references_of(c) for c in keep))
+        needed.update(keep)
         for old in list(self._subsumed):
             if old not in needed:
                 self._subsumed.remove(old)

@@ -53,7 +53,7 @@ class RecordingTask:
 
 
 class Harness:
-    def __init__(self, tmp: Path, graph: dict[str, Any] = GRAPH) -> None:
+    def __init__(self, tmp: Path, graph: dict[str, Any] = GRAPH, num_retained: int = 10) -> None:
         tasks = [(uid, i) for uid, v in graph["vertices"].items() for i in range(v["parallelism"])]
         self.tasks = {key: RecordingTask() for key in tasks}
         self.failures: list[BaseException] = []
@@ -69,7 +69,7 @@ class Harness:
             on_final=lambda: None,
             on_failure=self.failures.append,
             graph=graph,
-            num_retained=10,
+            num_retained=num_retained,
         )
         self.co.start()
 
@@ -87,6 +87,17 @@ class Harness:
                 return int(fresh[0].checkpoint_id)
             time.sleep(0.002)
         raise AssertionError("nothing was triggered")
+
+    def trigger_final(self, after: int) -> int:
+        """Waits for the coordinator to trigger a checkpoint after ``after`` on its own."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for t in self.tasks.values():
+                ids = [m.checkpoint_id for m in t.of(TriggerCheckpoint) if m.checkpoint_id > after]
+                if ids:
+                    return int(ids[0])
+            time.sleep(0.002)
+        raise AssertionError("no checkpoint was triggered")
 
     def roots_of(self, cid: int) -> list[tuple[str, int]]:
         return sorted(
@@ -284,3 +295,43 @@ def test_an_unaligned_stop_suspends_every_task_then_triggers_its_savepoint(h: Ha
         h.ack(sp, key)
     h.wait_for(("d", 1), NotifyComplete, sp)
     assert h.co.completed_ids[-1] == sp
+
+
+def test_checkpoints_after_the_stops_savepoint_never_delete_it_or_what_it_references(
+    tmp_path: Path,
+) -> None:
+    """The stop's savepoint is exported once the attempt ended: a checkpoint that
+    completes after it (here the final one, the data having ended meanwhile) must
+    not subsume it, nor the checkpoint whose files it references, out of storage,
+    whatever ``num-retained`` says."""
+    h = Harness(tmp_path, num_retained=1)
+    try:
+        first = h.trigger()
+        for key in TASKS:
+            h.ack(first, key, finished=key[0] == "c")
+        h.wait_for(("c", 0), NotifyComplete, first)
+        h.co.task_exited("c", 0)  # its state is carried: later checkpoints reference first
+        h.co.request_stop()
+        deadline = time.monotonic() + 10
+        while h.co.stop_id is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        sp = h.co.stop_id
+        assert sp is not None
+        for key in TASKS:
+            if key != ("c", 0):
+                h.ack(sp, key)
+        h.wait_for(("a", 0), NotifyComplete, sp)
+        assert h.storage.read_metadata(sp)["references"] == [first]
+        for key in TASKS:  # every task's data ended: the final checkpoint follows
+            if key != ("c", 0):
+                h.co.end_of_data(*key)
+        final = h.trigger_final(after=sp)
+        for key in TASKS:
+            if key != ("c", 0):
+                h.ack(final, key, finished=True)
+        h.wait_for(("d", 1), NotifyComplete, final)
+        assert sp in h.storage.completed_ids() and first in h.storage.completed_ids()
+        target = str(tmp_path / "savepoint")
+        h.storage.export(sp, target)  # every file it points to is still there
+    finally:
+        h.stop()
