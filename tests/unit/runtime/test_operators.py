@@ -953,6 +953,30 @@ def test_parquet_sink_takes_its_own_runs_output_for_its_own(tmp_path: Path) -> N
         other.process(kv([4], [0]))
 
 
+def test_parquet_sink_takes_an_earlier_attempts_output_for_another_runs(
+    tmp_path: Path,
+) -> None:
+    """Without checkpoints a restart writes the run's output again from the start:
+    what a subtask of the failed attempt committed at its own end is refused as not
+    this attempt's (``overwrite`` replaces it), never kept beside its second copy."""
+    run = "5e1f" * 8
+    first = ParquetSink(str(tmp_path))
+    opened(first, subtask=0, parallelism=2, job_run=run)
+    first.process(kv([1, 2], [0, 0]))
+    checkpoint(first, FINAL_WITHOUT_CHECKPOINTS, tmp_path)
+    first.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
+    again = ParquetSink(str(tmp_path))
+    opened(again, subtask=0, parallelism=2, job_run=run, attempt=1)
+    with pytest.raises(ConfigError, match="committed output of another run"):
+        again.process(kv([1], [0]))
+    over = ParquetSink(str(tmp_path), mode="overwrite")
+    opened(over, subtask=0, parallelism=2, job_run=run, attempt=1)
+    over.process(kv([1, 2], [0, 0]))
+    checkpoint(over, FINAL_WITHOUT_CHECKPOINTS, tmp_path)
+    over.notify_checkpoint_complete(FINAL_WITHOUT_CHECKPOINTS)
+    assert published(tmp_path) == [1, 2]
+
+
 def test_parquet_sink_refuses_to_publish_over_another_file_of_its_name(tmp_path: Path) -> None:
     """Publishing is idempotent by name (a cut-short move leaves both copies), but a
     different file under that name is another run's output: an error, never a skip."""

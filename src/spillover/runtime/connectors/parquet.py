@@ -302,13 +302,16 @@ class ParquetSource(Operator):
 
 
 # A committed output file: part-<subtask>-a<attempt>-c<checkpoint>-<counter>[-<writer>].parquet
-_PART_FILE = re.compile(r"part-(\d+)-a\d+-c\d+-\d+(?:-([0-9a-f]+))?\.parquet")
+_PART_FILE = re.compile(r"part-(\d+)-a(\d+)-c\d+-\d+(?:-([0-9a-f]+))?\.parquet")
 
 
-def _of_run(name: str, tag: str) -> bool:
-    """Whether a part file's writer id starts with the run's ``tag``."""
+def _of_run(name: str, tag: str, attempt: int | None = None) -> bool:
+    """Whether a part file's writer id starts with the run's ``tag`` (and, unless
+    ``attempt`` is None, the file was written by that attempt)."""
     m = _PART_FILE.fullmatch(name)
-    return m is not None and m.group(2) is not None and m.group(2).startswith(tag)
+    if m is None or m.group(3) is None or not m.group(3).startswith(tag):
+        return False
+    return attempt is None or int(m.group(2)) == attempt
 
 
 def batch_to_arrow(batch: Batch) -> Any:
@@ -423,13 +426,18 @@ class ParquetSink(Operator):
             return
         import pyarrow.fs as pafs
 
+        # A streaming attempt that restored nothing writes its run's output again from
+        # the start: what an earlier attempt of the run committed (a subtask's own end
+        # commits it without checkpoints) is not this attempt's, or it would be there
+        # twice. A batch run's tasks of every attempt write one output.
+        own_attempt = None if self.ctx.batch_run is not None else self.ctx.attempt
         infos = self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True))
         parts = [
             i
             for i in infos
             if i.type == pafs.FileType.File
             and _PART_FILE.fullmatch(i.base_name) is not None
-            and not _of_run(i.base_name, self._run_tag)
+            and not _of_run(i.base_name, self._run_tag, own_attempt)
         ]
         if self.mode == "error" and parts:
             raise ConfigError(
