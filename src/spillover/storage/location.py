@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -36,6 +37,9 @@ _REGISTERED: dict[str, Any] = {}
 # S3 for the bucket's region over the network, which a task thread must not wait
 # for at every file it opens. Value: the filesystem and the path of the URI's root.
 _OPENED: dict[tuple[str, str, str], tuple[Any, str]] = {}
+# A URI path the cache may append as it is: characters pyarrow neither decodes (an
+# escape such as ``%20``) nor refuses (a space), so its answer would be the same.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~/!$&'()*+,;=:@]*")
 
 
 def register_filesystem(scheme: str, filesystem: Any | None) -> None:
@@ -62,7 +66,8 @@ def _open_filesystem(
     """``pyarrow.fs.FileSystem.from_uri(text)``, its filesystem reused for every URI
     of the same scheme, authority and query (see ``_OPENED``)."""
     key = (scheme, netloc, query)
-    opened = _OPENED.get(key)
+    plain = _PLAIN_PATH.fullmatch(upath) is not None and "#" not in text
+    opened = _OPENED.get(key) if plain else None
     if opened is not None:
         return opened[0], opened[1] + upath
     try:
@@ -75,9 +80,10 @@ def _open_filesystem(
             hint="use a local path or a URI pyarrow.fs understands (s3://, gs://, hdfs://)",
         ) from e
     # The root's path is what pyarrow made of the URI minus the URI's own path (for
-    # s3 and gs the bucket, for hdfs nothing); a path pyarrow rewrote otherwise (an
-    # escaped character, say) is not cached, and each such URI is opened anew.
-    if path.endswith(upath) and upath:
+    # s3 and gs the bucket, for hdfs nothing); a path pyarrow may rewrite otherwise
+    # (an escaped character, say) is neither cached nor served from the cache: each
+    # such URI is opened anew.
+    if plain and path.endswith(upath) and upath:
         _OPENED.setdefault(key, (fs, path[: len(path) - len(upath)]))
     return fs, path
 

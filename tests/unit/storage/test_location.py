@@ -5,9 +5,11 @@ time. The cached answer must be the one pyarrow itself gives."""
 from __future__ import annotations
 
 import pyarrow.fs as pafs
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spillover.errors import StorageError
 from spillover.storage.location import Location
 
 QUERY = "region=eu-west-1&endpoint_override=127.0.0.1:9&scheme=http"
@@ -40,4 +42,20 @@ def test_a_cached_filesystem_gives_the_path_pyarrow_gives(parts: list[str]) -> N
     uri = f"s3://spill-bucket/{'/'.join(parts)}?{QUERY}"
     Location.parse(f"s3://spill-bucket/warm?{QUERY}")  # the filesystem is cached now
     _, expected = pafs.FileSystem.from_uri(uri)
+    assert Location.parse(uri).path == expected.rstrip("/")
+
+
+@settings(max_examples=25)  # pyarrow opens a filesystem for every one of them
+@given(st.lists(st.sampled_from(["a", "b-1", "%20", "%2F", "x%41y", " ", "#f", "+"]), min_size=1))
+def test_a_uri_pyarrow_decodes_or_refuses_is_not_served_from_the_cache(parts: list[str]) -> None:
+    """With the bucket's filesystem cached, a URI with an escape (``%20``) still names
+    the path pyarrow decodes it to, and one pyarrow refuses is still refused."""
+    Location.parse(f"s3://spill-bucket/warm?{QUERY}")
+    uri = f"s3://spill-bucket/{''.join(parts)}?{QUERY}"
+    try:
+        _, expected = pafs.FileSystem.from_uri(uri)
+    except (OSError, ValueError):
+        with pytest.raises(StorageError):
+            Location.parse(uri)
+        return
     assert Location.parse(uri).path == expected.rstrip("/")
