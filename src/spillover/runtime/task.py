@@ -341,10 +341,10 @@ class Task:
         if r is not None:
             if not self.finished_on_restore:
                 self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
-            else:
-                self._commit_restored(r)
             if self.keyed is not None:
                 self.keyed.restore([h for uid in r.keyed_handles for h in r.keyed_handles[uid]])
+            if self.finished_on_restore:  # after the keyed state its operators may read
+                self._commit_restored(r)
             for node, op in zip(self.vertex.nodes, self.opened_ops, strict=False):
                 if node.uid in r.rescaled_state:
                     op.restore_rescaled(r.rescaled_state[node.uid])
