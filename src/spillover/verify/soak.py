@@ -122,8 +122,10 @@ def soak(
     records: int = 20_000,
     workdir: str | None = None,
     progress: bool = False,
+    min_runs: int = 1,
 ) -> SoakReport:
-    """Runs verifications for ``seconds`` (the last one may end a little later)."""
+    """Runs verifications for ``seconds`` (the last one may end a little later), and
+    at least ``min_runs`` of them however long they take."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}", hint=f"choose from {POLICIES}")
     if seconds <= 0 or records < 1000:
@@ -131,7 +133,7 @@ def soak(
     rng = random.Random(seed)
     report = SoakReport(policy, executor, 0.0)
     started = time.monotonic()
-    while time.monotonic() - started < seconds:
+    while time.monotonic() - started < seconds or report.runs < min_runs:
         spec = _spec(rng, policy, executor, records)
         with tempfile.TemporaryDirectory(prefix="spillover-soak-", dir=workdir) as d:
             run: Report = verify(spec, d)
