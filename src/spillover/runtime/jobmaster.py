@@ -444,6 +444,7 @@ class Executor:
             flush_interval=self.flush_interval,
             deadline=None if timeout is None else started + timeout,
             launcher=self._batch_launcher,
+            run_id=self.run_id,
         )
         result.run_id, result.recovery = run.run_id, run.recovery
         result.reused_tasks = [f"{uid}#{i}" for uid, i in run.reused]

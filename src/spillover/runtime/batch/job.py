@@ -164,15 +164,17 @@ def run_batch(
     flush_interval: float,
     deadline: float | None,
     launcher: Callable[[], Launcher] | None = None,
+    run_id: str | None = None,
 ) -> BatchRun:
     """Runs ``graph`` in batch mode under ``recovery``'s lease and log (None: no
     durable storage), resuming the run the log describes when it may.
 
     ``launcher`` gives where the tasks run (default: threads of this process); it is
     called once the log is replayed and the reused results checked, so a cluster
-    that starts meanwhile (the executor's ``start_cluster``) overlaps that work."""
+    that starts meanwhile (the executor's ``start_cluster``) overlaps that work.
+    ``run_id``: the run a fresh start is (its master's; default a new one)."""
     resume = recovery.resume if recovery is not None else None
-    run = BatchRun(resume.run_id if resume is not None else uuid.uuid4().hex)
+    run = BatchRun(resume.run_id if resume is not None else run_id or uuid.uuid4().hex)
     state = JobLogState()
     generation = 0
     if resume is not None:
