@@ -145,17 +145,19 @@ def _start(
     recovery: bool = True,
     kill_at: int | None = None,
     progress: list[tuple[float, int]] | None = None,
+    startup: list[float] | None = None,
 ) -> tuple[float, JobResult | None]:
     """One start of the job's driver in a child process: (seconds from its start to its
     end, or to its SIGKILL once the log names ``kill_at`` tasks finished; its
     JobResult unless killed). ``progress`` gets (seconds since the start, tasks the
-    log names finished) as they change."""
+    log names finished) as they change; ``startup`` the seconds from the start to
+    this start's ``generation-started`` record (see :func:`_generation_started`)."""
     result = work / "result.pickle"
     result.unlink(missing_ok=True)
-    (work / "started").write_text(str(time.time()))
     ctx = multiprocessing.get_context("spawn")
     args = (executor, str(work / out), str(work / "ckpt"), recovery, total, str(result))
     child = ctx.Process(target=_drive, args=args, name="spillover-bench-driver")
+    wall = time.time()
     began = time.monotonic()
     child.start()
     if kill_at is not None:
@@ -165,14 +167,22 @@ def _start(
             os.kill(child.pid or 0, signal.SIGKILL)
             child.join()
             return time.monotonic() - began, None
-    while progress is not None and child.is_alive():
-        n = _finished_in_log(work)
-        if not progress or progress[-1][1] != n:
-            progress.append((time.monotonic() - began, n))
+    while child.is_alive() and (progress is not None or (startup is not None and not startup)):
+        if progress is not None:
+            n = _finished_in_log(work)
+            if not progress or progress[-1][1] != n:
+                progress.append((time.monotonic() - began, n))
+        if startup is not None and not startup:
+            at = _generation_started(work, wall)
+            if at is not None:
+                startup.append(at - wall)
         time.sleep(0.05)
     child.join()
     took = time.monotonic() - began
     assert child.exitcode == 0, f"the driver failed (exit code {child.exitcode})"
+    if startup is not None and not startup:  # it ended between two polls
+        at = _generation_started(work, wall)
+        startup.append(float("nan") if at is None else at - wall)
     with open(result, "rb") as f:
         r: JobResult = pickle.load(f)
     assert r.status == "finished", r.failures
@@ -188,13 +198,20 @@ def _finished_in_log(work: Path) -> int:
         return 0
 
 
-def _running_after(work: Path) -> float:
-    """Seconds from the last start of the driver to its tasks' generation starting
-    (the log's record): interpreter, imports, on Spark the JVM and its context, the
-    lease, the log's replay and the check of every reused result."""
-    log = JobEventLog.open(str(work / "ckpt" / JOB / EVENTS_DIR))
-    began = max(e.at for e in log.entries() if isinstance(e.event, GenerationStarted))
-    return began - float((work / "started").read_text())
+def _generation_started(work: Path, since: float) -> float | None:
+    """When (seconds since the epoch) the log's first ``generation-started`` record
+    appended at or after ``since`` was appended, or None if there is none yet:
+    interpreter, imports, on Spark the JVM and its context, the lease, the log's
+    replay and the check of every reused result. Polled while the start runs: a
+    compaction later restates the record in a snapshot, stamped with the
+    compaction's time (a job of more than 64 tasks compacts its log as it runs)."""
+    log = work / "ckpt" / JOB / EVENTS_DIR
+    try:
+        entries = JobEventLog.open(str(log)).entries() if log.exists() else []
+    except (OSError, SpilloverError):  # a segment compacted away as it was read
+        return None
+    ats = [e.at for e in entries if isinstance(e.event, GenerationStarted) and e.at >= since]
+    return min(ats) if ats else None
 
 
 def _killed_and_restarted(
@@ -205,15 +222,21 @@ def _killed_and_restarted(
     killed_s, r = _start(executor, work, total, kill_at=kill_at)
     assert r is None, f"the job ended before {kill_at} tasks finished"
     finished = _finished_in_log(work)
+    startup: list[float] = []
     took, r = _start(
-        executor, work, total, out="out" if recovery else "out-rerun", recovery=recovery
+        executor,
+        work,
+        total,
+        out="out" if recovery else "out-rerun",
+        recovery=recovery,
+        startup=startup,
     )
     assert r is not None
     ran = sum(1 for m in r.tasks.values() if m.get("runs", 0) > 0)
     return {
         "killed_after_s": killed_s,
         "restart_s": took,
-        "restart_startup_s": _running_after(work),
+        "restart_startup_s": startup[0],
         "finished_at_kill": finished,
         "reused": len(r.reused_tasks),
         "ran": ran,
