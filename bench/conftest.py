@@ -41,6 +41,14 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     return None
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A benchmark runs as long as its sizes make it (a 3 GB batch round takes tens of
+    minutes): the tests' 900 s timeout (pyproject.toml) does not apply under bench/."""
+    for item in items:
+        if "bench" in Path(str(item.fspath)).parts[-2:-1]:
+            item.add_marker(pytest.mark.timeout(0))
+
+
 def parse_bytes(text: str) -> int:
     """``"1073741824"``, ``"64M"``, ``"1GiB"`` or ``"512k"`` as a byte count."""
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
