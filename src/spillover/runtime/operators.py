@@ -29,6 +29,7 @@ from spillover.runtime.api import (
     OperatorContext,
     StateDescriptor,
 )
+from spillover.runtime.state.heap import HeapSumState
 
 __all__ = [
     "CoMap",
@@ -161,8 +162,10 @@ class _KeyedAggregate(Operator):
         # Prefixed by the uid so operators chained in one subtask never share state.
         name = f"{ctx.uid}.{self._state_suffix}"
         self.state = backend.state(StateDescriptor(name, "sum", self.sum_dtype))
-        # Put-and-get in one pass where the backend offers it (the heap's sum state).
-        self._add = getattr(self.state, "add", None)
+        # Put-and-get in one pass where the backend offers it (the heap's sum state,
+        # whose ``add`` counts with ``values`` None; another backend's state is only
+        # asked for what every keyed state offers: ``put`` and ``get``).
+        self._add = self.state.add if isinstance(self.state, HeapSumState) else None
 
     def _values(self, batch: Batch) -> npt.NDArray[Any] | None:
         """What each record adds (None: 1 each, which ``add`` counts without an array)."""

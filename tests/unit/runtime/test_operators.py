@@ -291,6 +291,24 @@ def test_keyed_sum_matches_a_dict_reference(batches: list[list[tuple[int, int]]]
     assert state.data == dict(expected)
 
 
+def test_a_backends_own_add_method_is_not_taken_for_the_heaps() -> None:
+    """Only the heap's sum state is asked to ``add`` (counting with ``values`` None);
+    another backend's state with an ``add`` of its own gets ``put`` and ``get``."""
+
+    class WithAdd(DictKeyedState):
+        def add(self, keys: Any, values: Any) -> None:
+            raise AssertionError("a user state's add was called")
+
+    class Backend(DictKeyedBackend):
+        def state(self, descriptor: StateDescriptor) -> DictKeyedState:
+            return self.states.setdefault(descriptor.name, WithAdd(descriptor))
+
+    count = KeyedCount("key")
+    out = opened(count, keyed=Backend(), uid="count-1")
+    count.process(kv([3, 1, 3], [0, 0, 0]))
+    assert out.batches[0].tolist() == [(1, 1), (3, 2)]
+
+
 def test_keyed_count_and_quiet_keyed_sum() -> None:
     backend = DictKeyedBackend()
     count = KeyedCount("key")
