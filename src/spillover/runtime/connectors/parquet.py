@@ -465,10 +465,11 @@ class ParquetSink(Operator):
 
         self._delete_staged()
         me, p = self.ctx.subtask_index, self.ctx.parallelism
-        mine = f"-{self._writer_id}.parquet"
         for info in self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True)):
+            if not _of_run(info.base_name, self._run_tag):
+                continue
             m = _PART_FILE.fullmatch(info.base_name)
-            if m is not None and info.base_name.endswith(mine) and int(m.group(1)) % p == me:
+            if m is not None and int(m.group(1)) % p == me:
                 with contextlib.suppress(FileNotFoundError):
                     self._fs.delete_file(info.path)
 
