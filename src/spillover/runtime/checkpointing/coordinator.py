@@ -509,7 +509,9 @@ class CheckpointCoordinator:
         # stay whatever completes after it: they are exported once the attempt ended.
         if p.stats.savepoint:
             self._savepoint_id = cid
-        keep = [*self._retained, *([self._savepoint_id] if self._savepoint_id else [])]
+        keep = set(self._retained)
+        if self._savepoint_id is not None:
+            keep.add(self._savepoint_id)
         needed = set().union(*(self._references_of(c) for c in keep))
         needed.update(keep)
         for old in list(self._subsumed):
