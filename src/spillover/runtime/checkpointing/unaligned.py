@@ -27,7 +27,10 @@ channel.
 
 A bound on in-flight data (``max_inflight_bytes``): once a task has persisted
 that many bytes of input state for checkpoint n, it blocks the channels whose
-barrier has not come, as an aligned checkpoint would, so it persists no more.
+barrier has not come, as an aligned checkpoint would, so it persists no more. A
+channel whose upstream ended is not held: that upstream may have exited without
+checkpoint n (FLIP-147), so its barrier may never come, and what is left on the
+channel is bounded by its credit; it flows, as input state, up to its end.
 """
 
 from __future__ import annotations
@@ -181,9 +184,16 @@ class UnalignedCheckpoints:
                 inf.writer.discard()
 
     def reap(self) -> None:
-        """Gives back the network buffers already written (called often)."""
-        if self.inflight is not None:
-            self.inflight.writer.reap()
+        """Gives back the network buffers already written, and lets the bound's
+        blocked channels that ended flow (called often)."""
+        inf = self.inflight
+        if inf is not None:
+            inf.writer.reap()
+            if inf.limited:
+                gate = self.task.gate
+                for c in inf.pending:
+                    if gate.is_blocked(c) and gate.has_ended(c):
+                        gate.unblock(c)
 
     def on_data(self, ch: int, buf: NetworkBuffer) -> None:
         """A data buffer of ``ch`` about to be processed: input state while that
@@ -193,8 +203,10 @@ class UnalignedCheckpoints:
             inf.add_input(ch, buf)
             if inf.over_limit():
                 inf.limited = True
+                gate = self.task.gate
                 for c in inf.pending:
-                    self.task.gate.block(c)
+                    if not gate.has_ended(c):  # (reap): its barrier may never come
+                        gate.block(c)
 
     def on_barrier(self, ch: int, barrier: ev.CheckpointBarrier) -> bool:
         """Takes ``barrier`` if it belongs to unaligned handling (the running unaligned

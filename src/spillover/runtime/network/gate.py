@@ -150,6 +150,9 @@ class InputChannel:
             self._eop = buffer
             self._ended = True
             gate._list_locked(self)
+            if self._blocked:  # the consumer may unblock it now (has_ended)
+                gate._woken = True
+                gate._available.notify_all()
 
     def fail(self, cause: BaseException) -> None:
         """Fails the channel and its gate: producer and consumer raise from now on."""
@@ -424,6 +427,13 @@ class InputGate:
 
     def is_blocked(self, channel: int) -> bool:
         return self._channels[channel]._blocked
+
+    def has_ended(self, channel: int) -> bool:
+        """Whether the channel's EndOfPartition is queued (or delivered): what is
+        queued on it is all that is left. Its arrival on a blocked channel wakes a
+        waiting :meth:`poll`."""
+        ch = self._channels[channel]
+        return ch._ended or ch._finished
 
     def channel_finished(self, channel: int) -> None:
         """Marks a channel finished; idempotent. ``poll`` does so itself when it hands

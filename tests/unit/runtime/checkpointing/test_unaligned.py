@@ -125,7 +125,7 @@ class FakeCoordinator:
 class Harness:
     """A map task with two input channels fed by the test, and a drained output."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, max_inflight_bytes: int | None = None) -> None:
         env = StreamEnvironment("h", parallelism=1)
         a = env.from_source(GeneratorSource(partitions=1, payload_bytes=16), uid="a")
         b = env.from_source(GeneratorSource(partitions=1, payload_bytes=16), uid="b")
@@ -175,8 +175,10 @@ class Harness:
             keyed_backend_factory=None,
             failures=FailureInjector(),
             on_done=self._on_done,
+            max_inflight_bytes=max_inflight_bytes,
         )
         self.seq = [0, 0]
+        self.ended: set[int] = set()  # channels ended with end()
         self.sent: list[list[bytes]] = [[], []]
         self.events: list[Any] = []
         self.drainer = threading.Thread(target=self._drain, daemon=True)
@@ -224,6 +226,14 @@ class Harness:
             priority=kind == BarrierKind.UNALIGNED,
         )
 
+    def end(self, ch: int) -> None:
+        """Ends channel ``ch`` as an upstream that finished does (EndOfData, then
+        EndOfPartition), with no barrier first."""
+        part = self.inputs[ch][0]
+        part.broadcast_event(EndOfData())
+        part.finish()
+        self.ended.add(ch)
+
     def cancel(self, ch: int, cid: int) -> None:
         self.inputs[ch][0].broadcast_event(CancelCheckpointMarker(cid))
 
@@ -240,7 +250,9 @@ class Harness:
         every channel ended its data, completes the checkpoint that lets the task end
         (FLIP-147; its inputs all ended, so it is the checkpoint's root); a channel
         the test cut without EndOfData ends the task without finishing it."""
-        data_ends = all(not part.finished for part, _ in self.inputs)
+        data_ends = all(
+            not part.finished or ch in self.ended for ch, (part, _) in enumerate(self.inputs)
+        )
         for part, _ in self.inputs:
             if not part.finished:
                 part.broadcast_event(EndOfData())
@@ -369,6 +381,29 @@ def test_end_of_partition_completes_a_pending_unaligned_checkpoint(tmp_path: Pat
     h.inputs[1][0].finish()  # channel 1 ends without a barrier
     ack = h.coordinator.ack_for(1)
     assert persisted_input(ack, h.task) == {1: [b]}
+    h.stop()
+    assert h.out.finished
+
+
+def test_a_bounded_checkpoint_completes_when_a_blocked_channel_ends_without_its_barrier(
+    tmp_path: Path,
+) -> None:
+    """The bound blocks the channels whose barrier has not come; one whose upstream
+    exited without taking the checkpoint (FLIP-147: it finished, and an earlier
+    checkpoint covers it) never brings it. Its queued data and EndOfPartition must
+    still come through, as input state, or the checkpoint (and the job) hangs."""
+    h = Harness(tmp_path, max_inflight_bytes=1)
+    h.start()
+    h.barrier(0, 1)
+    h.settle()
+    b1 = h.data(1)  # over the bound: channel 1 is blocked from here
+    h.settle()
+    assert h.gate.is_blocked(1)
+    b2 = h.data(1)
+    h.end(1)  # the upstream ends without barrier 1
+    ack = h.coordinator.ack_for(1)
+    assert persisted_input(ack, h.task) == {1: [b1, b2]}
+    assert h.coordinator.declines == []
     h.stop()
     assert h.out.finished
 
