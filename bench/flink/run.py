@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "FlinkCheckpointBench.java"
 MAIN_CLASS = "FlinkCheckpointBench"
 RESULT_PREFIX = "FLINK_BENCH_RESULT "
-POLICIES = ("aligned", "unaligned", "aligned-timeout", "debloat")
+POLICIES = ("none", "aligned", "unaligned", "aligned-timeout", "debloat")
 DEFAULT_POLICIES = "aligned,unaligned,aligned-timeout,debloat"
 
 # What Flink's own config.yaml passes to every JVM on Java 17 (env.java.opts.all).
