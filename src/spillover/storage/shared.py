@@ -43,6 +43,78 @@ __all__ = ["SharedFile", "StagingBackend"]
 _CHUNK = 1 << 20
 
 
+class _Spares:
+    """Unlinked temporary files made ahead of need by one background thread, a few
+    per directory for the few directories last used: a gate staged at a barrier
+    takes one instead of creating it (a directory check and an open, about a
+    millisecond on a busy machine) on the task thread. A process made by ``fork``
+    drops its parent's spares (their file offsets are shared with the parent)."""
+
+    AHEAD = 4  # spares kept per directory
+    ROOTS = 4  # directories kept; the spares of older ones are closed
+
+    def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._spares: dict[str, list[IO[bytes]]] = {}  # oldest directory first
+        self._wanted: list[str] = []
+        self._thread: threading.Thread | None = None
+
+    def _after_fork(self) -> None:
+        old = [f for spares in self._spares.values() for f in spares]
+        self._reset()
+        for f in old:
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def take(self, root: str) -> IO[bytes]:
+        """A new unlinked temporary file in ``root`` (made here if none is ready)."""
+        with self._lock:
+            spares = self._spares.pop(root, [])
+            spare = spares.pop() if spares else None
+            self._spares[root] = spares  # the most recent directory last
+            if root not in self._wanted:
+                self._wanted.append(root)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._fill, name="staging-spares", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+        if spare is not None:
+            return spare
+        os.makedirs(root, exist_ok=True)
+        return tempfile.TemporaryFile(dir=root)
+
+    def _fill(self) -> None:
+        while True:
+            with self._lock:
+                while not self._wanted:
+                    self._wake.wait()
+                root = self._wanted.pop(0)
+                missing = self.AHEAD - len(self._spares.get(root, ()))
+            made: list[IO[bytes]] = []
+            with contextlib.suppress(OSError):  # take() makes its own, and says why not
+                os.makedirs(root, exist_ok=True)
+                for _ in range(missing):
+                    made.append(tempfile.TemporaryFile(dir=root))  # noqa: SIM115
+            with self._lock:
+                self._spares.setdefault(root, []).extend(made)
+                evicted = []
+                while len(self._spares) > self.ROOTS:
+                    evicted.extend(self._spares.pop(next(iter(self._spares))))
+            for f in evicted:
+                f.close()
+
+
+_SPARES = _Spares()
+
+
 class StagingBackend:
     """A :class:`~spillover.storage.backends.Backend` whose files are unlinked temporary
     files in a local directory: a gate's section until :meth:`take` hands it on."""
@@ -58,8 +130,7 @@ class StagingBackend:
         if name in self._files:
             raise StateFileExistsError("state file already exists", path=self.uri_of(name))
         try:
-            os.makedirs(self.root, exist_ok=True)
-            f = tempfile.TemporaryFile(dir=self.root)  # noqa: SIM115 - kept until take()
+            f = _SPARES.take(self.root)
             fd = os.dup(f.fileno())
         except OSError as e:
             raise StorageError(

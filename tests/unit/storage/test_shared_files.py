@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import spillover.storage.shared as shared_mod
 from spillover.errors import ForeignFileError, SpilloverError, TruncatedFileError
 from spillover.storage import (
     GateKind,
@@ -205,3 +207,53 @@ def test_damage_in_a_section_is_named_at_the_files_offset(
     with pytest.raises(SpilloverError) as bad, open_retriever(b) as r:
         list(r)
     assert bad.value.offset == b.offset + 64  # b's first frame
+
+
+def _spares_ready(root: str) -> None:
+    deadline = time.monotonic() + 10
+    while not shared_mod._SPARES._spares.get(root):
+        assert time.monotonic() < deadline, "no staging file was made ahead"
+        time.sleep(0.005)
+
+
+def test_staging_files_made_ahead_are_new_empty_and_unlinked(tmp_path: Path) -> None:
+    root = str(tmp_path / "staging")
+    first = shared_mod._SPARES.take(root)
+    _spares_ready(root)
+    files = [first, *(shared_mod._SPARES.take(root) for _ in range(6))]
+    assert len({os.fstat(f.fileno()).st_ino for f in files}) == len(files)
+    for i, f in enumerate(files):
+        assert os.fstat(f.fileno()).st_size == 0 and f.tell() == 0
+        f.write(b"%d" % i)
+    assert os.listdir(root) == []  # unlinked: nothing to clean up after a crash
+    for i, f in enumerate(files):
+        f.seek(0)
+        assert f.read() == b"%d" % i
+        f.close()
+
+
+def test_a_forked_process_never_writes_its_parents_staging_files(tmp_path: Path) -> None:
+    """A child of ``fork`` shares its parent's open files and their offsets: it must
+    make its own staging files, or both would write into one."""
+    root = str(tmp_path / "staging")
+    shared_mod._SPARES.take(root).close()
+    _spares_ready(root)
+    pid = os.fork()
+    if pid == 0:  # the child: takes and writes one, whatever it was handed
+        code = 1
+        try:
+            f = shared_mod._SPARES.take(root)
+            f.write(b"child" * 1000)
+            f.flush()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    taken = [shared_mod._SPARES.take(root) for _ in range(shared_mod._Spares.AHEAD)]
+    for f in taken:
+        f.write(b"parent")
+        f.flush()
+        f.seek(0)
+        assert f.read() == b"parent"
+        f.close()
