@@ -46,6 +46,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
 import statistics
 import sys
@@ -287,7 +288,9 @@ def test_restart_after_a_driver_kill(benchmark: Any, tmp_path: Path, executor: s
     def round_() -> None:
         raw.append(_raw(tmp_path, total))
         progress: list[tuple[float, int]] = []
-        full, r = _start(executor, work("full"), total, progress=progress)
+        where = work("full")
+        full, r = _start(executor, where, total, progress=progress)
+        shutil.rmtree(where)  # a run's files go once it is measured: disk for one job
         assert r is not None
         runs["full"].append(full)
         print(f"\n{executor} full run: {full:.1f} s ({len(r.tasks)} tasks)", flush=True)
@@ -298,7 +301,9 @@ def test_restart_after_a_driver_kill(benchmark: Any, tmp_path: Path, executor: s
         ):
             # as many tasks as the full run had finished at that share of its time
             kill_at = max([1] + [n for t, n in progress if t <= share * full])
-            got = _killed_and_restarted(executor, work(kind), total, kill_at, recovery)
+            where = work(kind)
+            got = _killed_and_restarted(executor, where, total, kill_at, recovery)
+            shutil.rmtree(where)
             got["killed_share_of_full"] = got["killed_after_s"] / full
             runs[kind].append(got)
             print(f"{executor} {kind}: {got}", flush=True)
