@@ -397,8 +397,10 @@ def test_a_bounded_checkpoint_completes_when_a_blocked_channel_ends_without_its_
     h.barrier(0, 1)
     h.settle()
     b1 = h.data(1)  # over the bound: channel 1 is blocked from here
-    h.settle()
-    assert h.gate.is_blocked(1)
+    deadline = time.monotonic() + 10  # the task processes it on its own thread
+    while not h.gate.is_blocked(1):
+        assert time.monotonic() < deadline, "the bound did not block channel 1"
+        time.sleep(0.005)
     b2 = h.data(1)
     h.end(1)  # the upstream ends without barrier 1
     ack = h.coordinator.ack_for(1)
