@@ -56,6 +56,7 @@ from spillover.runtime.checkpointing.messages import (
     SwitchToUnaligned,
     Terminate,
     TriggerCheckpoint,
+    Wake,
 )
 from spillover.runtime.checkpointing.snapshot import take_snapshot
 from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint, UnalignedCheckpoints
@@ -66,7 +67,7 @@ from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.iteration.feedback import FeedbackPartition
 from spillover.runtime.iteration.probes import ProbeRelay
 from spillover.runtime.network import events as ev
-from spillover.runtime.network.buffers import NetworkBuffer
+from spillover.runtime.network.buffers import NetworkBuffer, OutputWaker
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
@@ -82,6 +83,13 @@ __all__ = [
     "TaskCancelled",
     "TaskRestore",
 ]
+
+
+# The longest a backpressured task waits for its output to move before it looks
+# again: returned credit and permits wake it at once (OutputWaker), so this only
+# bounds a wait no wake reaches.
+OUTPUT_WAIT = 0.005
+_WAKE = Wake()
 
 
 class TaskCancelled(Exception):
@@ -168,6 +176,14 @@ class Task:
         )
         self.ops: list[Operator] = [n.instantiate() for n in vertex.nodes]
         self.net_out = NetworkOutput(writers, outboxes)
+        # A backpressured task waits for its output's credit to come back, woken by it.
+        self.output_waker = OutputWaker(self._output_can_move)
+        for box in outboxes:
+            box.pool.waker = self.output_waker
+            target = box.partition
+            if isinstance(target, FeedbackPartition):
+                target = target.inner
+            target.waker = self.output_waker
         self.clock = TaskClock(self, len(channels))  # event time
         self.records_in = 0
         self.busy_seconds = 0.0
@@ -267,6 +283,13 @@ class Task:
         self.mailbox.put(message)
         if self._gate is not None:
             self._gate.wake()
+
+    def _output_can_move(self) -> None:
+        """From the thread that returned credit or a permit: ends the task's wait."""
+        if self._gate is not None:
+            self._gate.wake()
+        else:
+            self.mailbox.put(_WAKE)
 
     def request_unaligned(self, cid: int) -> None:
         """From the coordinator: checkpoint ``cid``'s alignment timed out. Seen at once
@@ -464,6 +487,8 @@ class Task:
                     self.terminate = True
                 case LoopDone(round=r):
                     self.loop_done(r)
+                case Wake():
+                    pass
 
     def can_be_root(self) -> bool:
         """Whether a checkpoint trigger can be taken now: no input channel is left
@@ -478,7 +503,12 @@ class Task:
         """Iteration heads: the loop is empty (``LoopDone``); other tasks get none."""
 
     def drain(self) -> bool:
-        """Moves output on as credit allows; True when every outbox is empty."""
+        """Moves output on as credit allows; True when every outbox is empty.
+
+        Left armed when it returns False: credit or a permit coming back from then
+        on ends the task's next wait (:meth:`wait_for_output`)."""
+        waker = self.output_waker
+        waker.arm()  # before the checks: credit returned after them is not missed
         done = True
         for box in self.outboxes:
             done = box.drain() and done
@@ -486,6 +516,8 @@ class Task:
         # and goes on from the spill as credit comes back.
         for p in self.feedback_partitions:
             p.pump()
+        if done:
+            waker.disarm()
         return done
 
     def drain_responsive(self) -> None:
@@ -495,10 +527,10 @@ class Task:
         while not self.drain():
             self.unaligned.reap()
             if self._gate is not None:
-                self.output_wait_seconds += self.take_priority(0.0005)
+                self.output_wait_seconds += self.take_priority(OUTPUT_WAIT)
                 self.mail()
             else:
-                self.output_wait_seconds += self.mail(block=True, timeout=0.0005)
+                self.output_wait_seconds += self.mail(block=True, timeout=OUTPUT_WAIT)
 
     def take_priority(self, timeout: float) -> float:
         """Waits up to ``timeout`` for a priority event (an unaligned barrier) and
@@ -542,7 +574,7 @@ class Task:
                 if not self.drain():
                     # Backpressured: wait a little, staying responsive to the mailbox;
                     # only the waiting counts (messages run meanwhile have their own).
-                    self.output_wait_seconds += self.mail(block=True, timeout=0.0005)
+                    self.output_wait_seconds += self.mail(block=True, timeout=OUTPUT_WAIT)
                     continue
                 t = time.monotonic()
                 more = src.on_timer()
@@ -572,7 +604,7 @@ class Task:
                 break
             if not self.drain():
                 # Backpressured: process no new input, but take priority events.
-                self.output_wait_seconds += self.take_priority(0.0005)
+                self.output_wait_seconds += self.take_priority(OUTPUT_WAIT)
                 continue
             pause = max((op.ready_at() for op in self.opened_ops), default=0.0)
             pause -= time.monotonic()

@@ -72,6 +72,9 @@ class CheckpointStats:
     final: bool = False
     savepoint: bool = False  # the unaligned savepoint of a stop (``request_stop``)
     duration_ms: float = 0.0
+    # Of the duration, the part after the last acknowledgement: the metadata written
+    # and the completion recorded in the job's event log.
+    finalize_ms: float = 0.0
     reason: str = ""
     subtasks: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -470,6 +473,7 @@ class CheckpointCoordinator:
         # Checkpoints whose files this one references must outlive it (recovery.py).
         meta["references"] = referenced_checkpoints(meta)
         self._references[cid] = set(meta["references"])
+        finalizing = time.monotonic()
         try:
             self.storage.write_metadata(cid, meta)
             if self.on_complete is not None:
@@ -485,6 +489,7 @@ class CheckpointCoordinator:
             return
         p.stats.status = "completed"
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
+        p.stats.finalize_ms = (time.monotonic() - finalizing) * 1000
         self._last_completed_at = time.monotonic()
         self._consecutive_failures = 0
         self.completed_ids.append(cid)

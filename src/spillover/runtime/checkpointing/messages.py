@@ -85,6 +85,11 @@ class Cancel:
     """Stop at once: the attempt is failing over or stopping."""
 
 
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Nothing to do: ends a wait (a backpressured source's output can move)."""
+
+
 MailboxMessage = (
     TriggerCheckpoint
     | SwitchToUnaligned
@@ -95,6 +100,7 @@ MailboxMessage = (
     | Terminate
     | LoopDone
     | Cancel
+    | Wake
 )
 
 

@@ -440,6 +440,7 @@ class UnalignedCheckpoints:
         if ack is None:  # the operator part failed and declined already
             inf.writer.discard()
             return
+        t = time.monotonic()
         try:
             channel_state = inf.writer.close()
         except BaseException as e:
@@ -459,5 +460,6 @@ class UnalignedCheckpoints:
             ack.metrics["referenced_bytes"] = float(sum(max(0, p.nbytes - p.skip) for p in pieces))
         ack.channel_state = channel_state
         ack.metrics["inflight_bytes"] = float(channel_state["bytes"])
+        ack.metrics["close_ms"] = (time.monotonic() - t) * 1000
         ack.metrics["persist_ms"] = (time.monotonic() - inf.started) * 1000
         task.coordinator.acknowledge(ack)

@@ -27,6 +27,7 @@ __all__ = [
     "BufferReleasedError",
     "NetworkBuffer",
     "NetworkTimeoutError",
+    "OutputWaker",
     "PoolClosedError",
     "Recycler",
     "Segment",
@@ -182,6 +183,35 @@ class NetworkBuffer(np.ndarray[tuple[int], np.dtype[np.uint8]]):
         def __buffer__(self, flags: int, /) -> memoryview: ...
 
 
+class OutputWaker:
+    """Wakes a producer that waits for its output to move (a consumer's credit or a
+    pool permit came back), instead of polling: at most once per :meth:`arm`.
+
+    The producer arms it *before* it checks for credit and waits only if the check
+    fails; credit returned after the arming wakes it, so no wake is lost between the
+    check and the wait. Called from any thread, no lock held.
+    """
+
+    __slots__ = ("_armed", "_wake", "wakes")
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._armed = False
+        self._wake = wake
+        self.wakes = 0
+
+    def arm(self) -> None:
+        self._armed = True
+
+    def disarm(self) -> None:
+        self._armed = False
+
+    def __call__(self) -> None:
+        if self._armed:
+            self._armed = False
+            self.wakes += 1
+            self._wake()
+
+
 class BufferPool:
     """A budget of ``num_segments`` buffers of ``segment_size`` bytes for one producer.
 
@@ -209,6 +239,7 @@ class BufferPool:
         self._ours: dict[int, Segment] = {}  # every segment ever allocated, by id
         self._closed = False
         self.waited_seconds = 0.0
+        self.waker: OutputWaker | None = None  # told when a permit comes back
 
     @property
     def available(self) -> int:
@@ -322,6 +353,9 @@ class BufferPool:
     def _recycle(self, segment: Segment | None, _buffer: NetworkBuffer) -> None:
         with self._cond:
             self._recycle_locked(segment)
+        waker = self.waker
+        if waker is not None:
+            waker()
 
     def _recycle_locked(self, segment: Segment | None) -> None:
         if segment is not None:

@@ -37,6 +37,9 @@ class InputChannel:
         self.exclusive = exclusive
         self.connected = False
         self.credit_listener: CreditListener | None = None
+        # An in-memory producer's hook, called when this channel's credit (or the
+        # gate's floating credit) comes back: see OutputWaker.
+        self.on_credit: Callable[[], None] | None = None
         self._queue: deque[NetworkBuffer] = deque()  # data and events, FIFO
         self._priority: deque[NetworkBuffer] = deque()
         self._in_use = 0  # data buffers queued or handed out and not yet released
@@ -181,21 +184,29 @@ class InputChannel:
             self.gate._credit.notify_all()  # wakes producers to see the new state
         return dropped
 
-    def _return_credit_locked(self, n: int) -> None:
+    def _return_credit_locked(self, n: int) -> int:
+        """Gives back ``n`` buffers' credit; returns the floating credits freed."""
         self._in_use -= n
         excess = self._floating - max(0, self._in_use - self.exclusive)
         if excess > 0:
             self._floating -= excess
             self.gate._floating_free += excess
         self.gate._credit.notify_all()
+        return max(0, excess)
 
     def _handle_released(self, queued: NetworkBuffer, _handle: NetworkBuffer) -> None:
         with self.gate._lock:
-            self._return_credit_locked(1)
+            freed = self._return_credit_locked(1)
         queued.release()
         listener = self.credit_listener
         if listener is not None:
             listener.credit_returned(self)
+        if freed:  # floating credit: any channel's producer may go on now
+            for ch in self.gate._channels:
+                if ch.on_credit is not None:
+                    ch.on_credit()
+        elif self.on_credit is not None:
+            self.on_credit()
 
     def __repr__(self) -> str:
         state = "finished" if self._finished else "blocked" if self._blocked else "open"

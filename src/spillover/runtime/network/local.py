@@ -55,6 +55,7 @@ def connect(
         raise NetworkError(f"{ch.where} is already connected")
     link = LocalChannel(ch)
     partition.connect(subpartition, link)
+    ch.on_credit = partition.credit_returned
     ch.connected = True
     return link
 

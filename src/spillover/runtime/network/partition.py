@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 from spillover.errors import ClosedError, ConfigError
-from spillover.runtime.network.buffers import BufferPool, NetworkBuffer
+from spillover.runtime.network.buffers import BufferPool, NetworkBuffer, OutputWaker
 from spillover.runtime.network.errors import (
     ChannelCancelledError,
     NetworkError,
@@ -37,7 +37,12 @@ class CreditListener(ABC):
 
 class Subpartition(ABC):
     """The producer's end of one channel: carries one subpartition's buffers to one
-    input channel. :class:`ResultPartition` calls it from the producer's thread."""
+    input channel. :class:`ResultPartition` calls it from the producer's thread.
+
+    A transport calls :attr:`partition`'s ``credit_returned`` when its consumer
+    grants credit, from any thread with no lock held."""
+
+    partition: ResultPartition | None = None
 
     @abstractmethod
     def add_data(self, buffer: NetworkBuffer, deadline: float | None) -> float:
@@ -91,6 +96,7 @@ class ResultPartition:
         self._finished = False
         self._cause: BaseException | None = None
         self.backpressured_seconds = 0.0
+        self.waker: OutputWaker | None = None  # told when a consumer grants credit
 
     @property
     def num_subpartitions(self) -> int:
@@ -105,6 +111,13 @@ class ResultPartition:
         if self._subs[subpartition] is not None:
             raise NetworkError(f"subpartition {subpartition} of {self.name!r} is connected")
         self._subs[subpartition] = target
+        target.partition = self
+
+    def credit_returned(self) -> None:
+        """A consumer granted credit: wakes the producer if it waits for it."""
+        waker = self.waker
+        if waker is not None:
+            waker()
 
     def _sub(self, index: int) -> Subpartition:
         if self._cause is not None:

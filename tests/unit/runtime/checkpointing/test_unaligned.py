@@ -24,6 +24,7 @@ from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.network.buffers import BufferPool
+from spillover.runtime.network.errors import ChannelCancelledError
 from spillover.runtime.network.events import (
     BarrierKind,
     CancelCheckpointMarker,
@@ -189,7 +190,10 @@ class Harness:
 
     def _drain(self) -> None:
         while True:
-            item = self.out_gate.poll(0.05)
+            try:
+                item = self.out_gate.poll(0.05)
+            except ChannelCancelledError:  # the harness closed down
+                return
             if item is None:
                 if self.out_gate.finished:
                     return

@@ -24,6 +24,7 @@ from spillover.runtime.network.buffers import (
     BufferReleasedError,
     NetworkBuffer,
     NetworkTimeoutError,
+    OutputWaker,
     PoolClosedError,
 )
 from spillover.runtime.network.errors import (
@@ -405,6 +406,60 @@ def test_floating_credit_is_shared_and_returned() -> None:
     gate.unblock(1)
     assert len(drain(gate)) == 7
     assert gate.floating_available == 3
+
+
+def counting_waker() -> tuple[OutputWaker, list[int]]:
+    woken: list[int] = []
+    return OutputWaker(lambda: woken.append(1)), woken
+
+
+def test_returned_credit_wakes_an_armed_producer_once() -> None:
+    part, gate = link(exclusive=1, floating=0)
+    waker, woken = counting_waker()
+    part.waker = waker
+    part.emit(0, data(b"a"))
+    assert part.credit(0) == 0
+    waker.arm()  # what a backpressured task does before it looks at the credit
+    _, buf = gate.poll(0) or (0, None)
+    assert buf is not None and woken == []  # polled, but the consumer holds it
+    buf.release()
+    assert woken == [1] and part.credit(0) == 1
+    part.emit(0, data(b"b"))
+    _, buf = gate.poll(0) or (0, None)
+    assert buf is not None
+    buf.release()  # not armed: a producer that does not wait is not disturbed
+    assert woken == [1] and waker.wakes == 1
+
+
+def test_freed_floating_credit_wakes_the_producers_of_other_channels() -> None:
+    parts = [ResultPartition(1, BufferPool(64, 64), f"p{i}") for i in range(2)]
+    gate = InputGate(2, floating_buffers=1, buffers_per_channel=1)
+    for i, p in enumerate(parts):
+        connect(p, 0, gate, i)
+    wakers = [counting_waker() for _ in parts]
+    for p, (w, _) in zip(parts, wakers, strict=True):
+        p.waker = w
+        w.arm()
+    parts[0].emit(0, data(b"a"))
+    parts[0].emit(0, data(b"b"))  # borrows the gate's one floating credit
+    parts[1].emit(0, data(b"c"))
+    assert parts[1].credit(0) == 0
+    gate.block(1)
+    _, buf = gate.poll(0) or (0, None)
+    assert buf is not None
+    buf.release()  # channel 0 gives the floating credit back: channel 1 may use it
+    assert parts[1].credit(0) == 1 and wakers[1][1] == [1]
+
+
+def test_a_returned_pool_permit_wakes_an_armed_producer() -> None:
+    pool = BufferPool(8, 1)
+    waker, woken = counting_waker()
+    pool.waker = waker
+    buf = pool.wrap(pool.request_segment())
+    assert pool.available == 0
+    waker.arm()
+    buf.release()
+    assert pool.available == 1 and woken == [1]
 
 
 def test_blocked_channel_stalls_its_producer_while_others_flow() -> None:

@@ -22,7 +22,12 @@ import pytest
 
 import spillover
 from spillover.errors import ClosedError
-from spillover.runtime.network.buffers import BufferPool, NetworkBuffer, NetworkTimeoutError
+from spillover.runtime.network.buffers import (
+    BufferPool,
+    NetworkBuffer,
+    NetworkTimeoutError,
+    OutputWaker,
+)
 from spillover.runtime.network.errors import ChannelCancelledError, ChannelFailedError
 from spillover.runtime.network.events import (
     BarrierKind,
@@ -223,6 +228,21 @@ def test_credit_stalls_the_producer_after_exactly_the_announced_credit(
     assert gate.channel(0).buffers_in_use == 0 and gate.floating_available == 8
     eventually(lambda: part.credit(0) == 3)
     assert sub.credit_granted == 3 + 4
+    finish_and_close(part, [sub])
+
+
+def test_credit_from_the_consumer_wakes_an_armed_producer(receiver: TcpReceiver) -> None:
+    part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0)
+    woken = threading.Event()
+    part.waker = OutputWaker(woken.set)
+    part.emit(0, data(b"a"), timeout=0)
+    assert part.credit(0) == 0
+    part.waker.arm()
+    eventually(lambda: gate.channel(0).queued_buffers == 1)
+    _, held = gate.poll(0) or (None, None)
+    assert held is not None
+    held.release()  # the CREDIT frame reaches the producer's reading thread
+    assert woken.wait(JOIN) and part.credit(0) == 1
     finish_and_close(part, [sub])
 
 

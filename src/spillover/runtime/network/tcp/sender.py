@@ -365,6 +365,8 @@ class TcpSubpartition(Subpartition):
                         self._credit += delta
                         self.credit_granted += delta
                         self._credit_cv.notify_all()
+                    if self.partition is not None:
+                        self.partition.credit_returned()
                 elif ftype == FrameType.ERROR:
                     payload = _read_payload(sock, length, _MAX_MESSAGE + 2, stop, "ERROR")
                     if len(payload) < 2:
