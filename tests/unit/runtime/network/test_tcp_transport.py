@@ -203,6 +203,47 @@ def test_fifo_under_concurrent_producers_without_loss_or_duplication(
     assert sum(s.sent_buffers for s in subs) == producers * per_producer
 
 
+def test_a_flowing_channel_is_written_by_the_producer_in_place(receiver: TcpReceiver) -> None:
+    part, gate, (sub,) = tcp_link(receiver, exclusive=2, floating=0)
+    for i in range(50):  # the consumer keeps up: nothing queues behind a write
+        part.emit(0, data(b"%d" % i), timeout=JOIN)
+        eventually(lambda: gate.channel(0).queued_buffers == 1)
+        assert [p for _, p in drain(gate, 1)] == [b"%d" % i]
+    assert sub.written_in_place == 50 and sub.handed_over == 0
+    finish_and_close(part, [sub])
+    assert sub.sent_buffers == 50
+
+
+def test_what_the_socket_cannot_take_at_once_the_sender_finishes_in_order(
+    receiver: TcpReceiver,
+) -> None:
+    size = 1 << 20
+    part, gate, (sub,) = tcp_link(receiver, exclusive=4, floating=0, segment_size=size)
+    sub._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # full at once
+    rng = np.random.default_rng(7)
+    payloads = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(6)]
+    got: list[bytes | Event] = []
+    barrier = CheckpointBarrier(1, 0, BarrierKind.ALIGNED)
+
+    def consume() -> None:
+        while len(got) < len(payloads) + 1:
+            item = gate.poll(JOIN)
+            assert item is not None
+            _, buf = item
+            got.append(deserialize(buf) if buf.is_event else bytes(buf))
+            buf.release()
+
+    consumer = Worker(consume)
+    for i, p in enumerate(payloads):
+        part.emit(0, data(p), timeout=JOIN)
+        if i == 2:
+            part.broadcast_event(barrier)  # in line, after a frame cut by the socket
+    consumer.finish()
+    assert got == [*payloads[:3], barrier, *payloads[3:]]
+    assert sub.handed_over > 0  # some frames were finished by the sender thread
+    finish_and_close(part, [sub])
+
+
 def test_credit_stalls_the_producer_after_exactly_the_announced_credit(
     receiver: TcpReceiver,
 ) -> None:

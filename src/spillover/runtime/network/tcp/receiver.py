@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from spillover.runtime.network.tcp.protocol import (
     _MAX_HELLO,
     _MAX_MESSAGE,
     _NO_CHANNEL,
+    _SEND_FLAGS,
     _U32,
     HEADER,
     MAGIC,
@@ -82,6 +84,7 @@ class _Inbound(CreditListener):
         self.pool: BufferPool | None = None
         self.segment_size = 0
         self._send_lock = threading.Lock()
+        self._nonblocking: socket.socket | None = None  # for CREDIT frames, made on first use
         self._announcing = False  # credit may be announced (open, before END)
         self._pending = 0  # credit returned and not announced yet
         self._batch = 1  # credits announced together while the consumer is busy
@@ -100,10 +103,24 @@ class _Inbound(CreditListener):
     def _send_locked(self, ftype: FrameType, payload: bytes, timeout: float) -> None:
         if self._closed:
             return
+        views = _frame(ftype, self.channel_id, payload)
+        if ftype == FrameType.CREDIT:
+            # 16 bytes the socket nearly always takes at once: one non-blocking write
+            # (on a duplicate descriptor) spares the releasing thread the timed
+            # socket's poll; whatever it does not take is written below.
+            if self._nonblocking is None:
+                self._nonblocking = socket.socket(fileno=os.dup(self.sock.fileno()))
+                self._nonblocking.settimeout(0.0)
+            try:
+                n = self._nonblocking.sendmsg(views, (), _SEND_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            head = len(views[0])
+            if n == head + len(views[1]):
+                return
+            views = [views[0][n:], views[1]] if n < head else [views[1][n - head :]]
         deadline = time.monotonic() + timeout
-        _send_all(
-            self.sock, _frame(ftype, self.channel_id, payload), lambda: time.monotonic() > deadline
-        )
+        _send_all(self.sock, views, lambda: time.monotonic() > deadline)
 
     def _tell(self, code: ErrorCode, message: str) -> None:
         with contextlib.suppress(OSError, _Stopped):
@@ -137,6 +154,8 @@ class _Inbound(CreditListener):
             self._announcing = False
             self._closed = True
             self._cut()
+            if self._nonblocking is not None:
+                self._nonblocking.close()
             self.sock.close()
         ch = self.channel
         if ch is not None and ch.credit_listener is self:

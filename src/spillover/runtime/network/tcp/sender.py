@@ -4,6 +4,7 @@ result partition with :func:`connect_tcp`."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -29,6 +30,7 @@ from spillover.runtime.network.tcp.protocol import (
     _MAX_MESSAGE,
     _MAX_NAME,
     _NO_CHANNEL,
+    _SEND_FLAGS,
     _U32,
     HEADER,
     MAGIC,
@@ -42,8 +44,6 @@ from spillover.runtime.network.tcp.protocol import (
     _failure,
     _frame,
     _parse_error,
-    _read_header,
-    _read_payload,
     _read_small_frame,
     _remote_cause,
     _send_all,
@@ -58,6 +58,11 @@ class TcpSubpartition(Subpartition):
     Threads: the producer thread calls ``add_*``/``finish`` (``fail``, ``close``
     from any thread); a sender thread writes queued buffers to the socket in
     vectored batches; a reader thread takes the consumer's CREDIT and ERROR frames.
+    A data buffer that finds nothing queued and the socket idle is written by the
+    producer itself, without waiting (a non-blocking write): the common case of a
+    flowing channel costs no hand-off to the sender thread. What such a write
+    leaves unwritten (the socket was full) goes to the sender thread, ahead of
+    everything queued after it.
     ``add_data`` waits until the consumer has announced credit for one more buffer,
     so the send queue never holds more data than the consumer can take.
 
@@ -97,6 +102,17 @@ class TcpSubpartition(Subpartition):
         self._credit_cv = threading.Condition(self._lock)  # the producer waits here
         self._work_cv = threading.Condition(self._lock)  # the sender waits here
         self._queue: deque[NetworkBuffer] = deque()
+        # The producer writes in place while nothing is queued and the sender thread
+        # does not write (``_sending``); meanwhile ``_writing`` is set. The rest of a
+        # frame it could not write waits in ``_partial`` for the sender thread, which
+        # writes it before anything else; ``_mid_frame`` says the stream is cut
+        # inside a frame until then (no ERROR frame may follow).
+        self._writing = False
+        self._sending = False
+        self._mid_frame = False
+        self._partial: tuple[list[memoryview], NetworkBuffer] | None = None
+        self._nonblocking = socket.socket(fileno=os.dup(sock.fileno()))
+        self._nonblocking.settimeout(0.0)
         self._prio: deque[NetworkBuffer] = deque()
         self._end: NetworkBuffer | None = None
         self._credit = initial_credit
@@ -112,6 +128,8 @@ class TcpSubpartition(Subpartition):
         self.credit_granted = initial_credit
         self.sent_buffers = 0
         self.sent_bytes = 0
+        self.written_in_place = 0  # data buffers the producer wrote whole itself
+        self.handed_over = 0  # frames the producer began and the sender finished
         self._threads = [
             threading.Thread(target=self._send_loop, name=f"spillover-tcp-send {where}"),
             threading.Thread(target=self._read_loop, name=f"spillover-tcp-credit {where}"),
@@ -155,11 +173,55 @@ class TcpSubpartition(Subpartition):
                 finally:
                     waited = time.monotonic() - start
             self._credit -= 1
-            self._queue.append(buffer)
-            self._queued_buffers += 1
-            self._queued_bytes += len(buffer)
-            self._work_cv.notify()
+            direct = not (self._sending or self._queue or self._prio or self._partial)
+            if direct:
+                self._writing = True
+            else:
+                self._queue.append(buffer)
+                self._queued_buffers += 1
+                self._queued_bytes += len(buffer)
+                self._work_cv.notify()
+        if direct:
+            self._write_now(buffer)
         return waited
+
+    def _write_now(self, buffer: NetworkBuffer) -> None:
+        """On the producer thread, ``_writing`` set: writes what the socket takes now
+        and leaves the rest of the frame to the sender thread."""
+        views = [memoryview(HEADER.pack(FrameType.DATA, 0, 0, self.channel_id, len(buffer)))]
+        views.append(buffer.data)
+        size = len(views[0]) + len(views[1])
+        try:
+            n = self._nonblocking.sendmsg(views, (), _SEND_FLAGS)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as e:
+            with self._lock:
+                self._writing = False
+                self._work_cv.notify_all()
+            buffer.release()
+            self._fail(
+                TransportError(f"{self.where}: sending failed", detail=f"{type(e).__name__}: {e}"),
+                tell_peer=False,  # maybe in the middle of a frame: no ERROR frame
+            )
+            return
+        with self._lock:
+            self._writing = False
+            if n == size:
+                self.sent_buffers += 1
+                self.sent_bytes += len(buffer)
+                self.written_in_place += 1
+                done = True
+            else:
+                head = len(views[0])
+                views = [views[0][n:], views[1]] if n < head else [views[1][n - head :]]
+                self._partial = (views, buffer)
+                self._mid_frame = n > 0
+                self.handed_over += 1
+                done = False
+            self._work_cv.notify_all()  # the sender (or a waiting _exit) may go on
+        if done:
+            buffer.release()
 
     def add_event(self, buffer: NetworkBuffer, priority: bool) -> list[NetworkBuffer]:
         if len(buffer) > _MAX_EVENT:
@@ -228,6 +290,9 @@ class TcpSubpartition(Subpartition):
             self._cause = cause
             self._tell_peer = tell_peer
             dropped = [*self._prio, *self._queue]
+            if self._partial is not None:
+                dropped.append(self._partial[1])
+                self._partial = None
             self._prio.clear()
             self._queue.clear()
             self._queued_buffers = self._queued_bytes = 0
@@ -247,7 +312,13 @@ class TcpSubpartition(Subpartition):
         with self._lock:
             self._running -= 1
             last = self._running == 0
+            while last and self._writing:  # a non-blocking write: never long
+                self._work_cv.wait(self.poll_interval)
+            partial, self._partial = (self._partial, None) if last else (None, self._partial)
+        if partial is not None:
+            partial[1].release()
         if last:
+            self._nonblocking.close()
             self._sock.close()
             self._done.set()
 
@@ -279,26 +350,42 @@ class TcpSubpartition(Subpartition):
             while True:
                 with self._lock:
                     while not (
-                        self._prio or self._queue or self._cause is not None or self._stopping
+                        self._partial is not None
+                        or (not self._writing and (self._prio or self._queue))
+                        or self._cause is not None
+                        or self._stopping
                     ):
                         self._work_cv.wait()
                     if self._cause is not None or self._stopping:
                         break
-                    batch = self._take_batch_locked()
+                    partial, self._partial = self._partial, None
+                    if partial is None:
+                        batch = self._take_batch_locked()
+                    self._sending = True
                 views: list[memoryview] = []
-                for ftype, buf in batch:
-                    views.append(memoryview(HEADER.pack(ftype, 0, 0, self.channel_id, len(buf))))
-                    views.append(buf.data)
+                if partial is not None:  # the rest of the producer's frame, first
+                    views, last = partial
+                    batch = [(FrameType.DATA, last)]
+                else:
+                    for ftype, buf in batch:
+                        head = HEADER.pack(ftype, 0, 0, self.channel_id, len(buf))
+                        views.append(memoryview(head))
+                        views.append(buf.data)
                 at_boundary = False
                 try:
                     _send_all(self._sock, views, self._abort_send)
                 finally:
                     for _, buf in batch:
                         buf.release()
+                    with self._lock:
+                        self._sending = False
+                        self._work_cv.notify_all()
                 at_boundary = True
                 data = [len(b) for t, b in batch if t == FrameType.DATA]
-                self.sent_buffers += len(data)
-                self.sent_bytes += sum(data)
+                with self._lock:
+                    self._mid_frame = False
+                    self.sent_buffers += len(data)
+                    self.sent_bytes += sum(data)
                 if batch[-1][0] == FrameType.END:
                     with self._lock:
                         self._end_written_at = time.monotonic()
@@ -320,6 +407,10 @@ class TcpSubpartition(Subpartition):
     def _goodbye(self, at_boundary: bool) -> None:
         """Reports a local failure to the consumer (if the stream is intact), then
         cuts the connection."""
+        with self._lock:
+            while self._writing:  # the producer's non-blocking write: never long
+                self._work_cv.wait(self.poll_interval)
+            at_boundary = at_boundary and not self._mid_frame
         cause = self._cause
         if self._tell_peer and cause is not None and at_boundary:
             code = ErrorCode.CANCELLED
@@ -344,42 +435,58 @@ class TcpSubpartition(Subpartition):
         return self._stopping or (end is not None and time.monotonic() - end > self.end_timeout)
 
     def _read_loop(self) -> None:
-        hdr = memoryview(bytearray(HEADER.size))
+        # Frames are read as they come, several per recv when several wait: the
+        # consumer's CREDIT frames are small and frequent, and their credit is
+        # added up and given to the producer once per read.
+        buf = bytearray(2 * (HEADER.size + _MAX_MESSAGE + 2))  # a whole frame always fits
+        view = memoryview(buf)
+        start = end = 0
         sock, stop = self._sock, self._stop_reading
         try:
             while True:
-                head = _read_header(sock, hdr, self.channel_id, stop)
-                if head is None:
+                try:
+                    n = sock.recv_into(view[end:])
+                except TimeoutError:
+                    if stop():
+                        raise _Stopped from None
+                    continue
+                if n == 0:
+                    if start != end:
+                        raise TransportError(f"{self.where}: the connection closed inside a frame")
                     if self._end_written_at is None:
                         self._fail(
                             TransportError(f"{self.where}: the consumer closed the connection"),
                             tell_peer=False,
                         )
                     return
-                ftype, length = head
-                if ftype == FrameType.CREDIT:
-                    if length != _U32.size:
-                        raise ProtocolError(f"a CREDIT frame of {length} bytes")
-                    (delta,) = _U32.unpack(_read_payload(sock, length, 4, stop, "CREDIT"))
-                    with self._lock:
-                        self._credit += delta
-                        self.credit_granted += delta
-                        self._credit_cv.notify_all()
-                    if self.partition is not None:
-                        self.partition.credit_returned()
-                elif ftype == FrameType.ERROR:
-                    payload = _read_payload(sock, length, _MAX_MESSAGE + 2, stop, "ERROR")
+                end += n
+                delta = 0
+                while end - start >= HEADER.size:
+                    ftype, length = self._consumer_frame(*HEADER.unpack_from(buf, start))
+                    if end - start < HEADER.size + length:
+                        break  # the rest of it comes with the next read
+                    at = start + HEADER.size
+                    start = at + length
+                    if ftype == FrameType.CREDIT:
+                        delta += _U32.unpack_from(buf, at)[0]
+                        continue
+                    payload = bytes(buf[at:start])
                     if len(payload) < 2:
                         raise ProtocolError("an ERROR frame without a code")
+                    self._grant(delta)
                     code, message = _parse_error(payload)
                     self._fail(_remote_cause(code, message, "the consumer"), tell_peer=False)
                     return
-                else:
-                    raise ProtocolError(f"unexpected frame type {ftype} from the consumer")
+                self._grant(delta)
+                if start:  # the start of a frame moves to the front: it fits whole
+                    buf[: end - start] = buf[start:end]
+                    start, end = 0, end - start
         except _Stopped:
             pass
         except ProtocolError as e:
             self._fail(e, tell_peer=True)
+        except TransportError as e:
+            self._fail(e, tell_peer=False)
         except OSError as e:
             self._fail(
                 TransportError(
@@ -389,6 +496,35 @@ class TcpSubpartition(Subpartition):
             )
         finally:
             self._exit()
+
+    def _consumer_frame(
+        self, ftype: int, flags: int, reserved: int, chan: int, length: int
+    ) -> tuple[int, int]:
+        """``(type, length)`` of a frame header from the consumer, checked."""
+        if flags or reserved:
+            raise ProtocolError(f"frame header with flags {flags} and reserved {reserved}")
+        if chan != self.channel_id:
+            raise ProtocolError(f"frame for channel {chan} on the connection of {self.channel_id}")
+        if ftype == FrameType.CREDIT:
+            if length != _U32.size:
+                raise ProtocolError(f"a CREDIT frame of {length} bytes")
+        elif ftype == FrameType.ERROR:
+            if length > _MAX_MESSAGE + 2:
+                raise ProtocolError(f"ERROR frame of {length} bytes", detail="at most 4098")
+        else:
+            raise ProtocolError(f"unexpected frame type {ftype} from the consumer")
+        return ftype, length
+
+    def _grant(self, delta: int) -> None:
+        """The consumer's credit: the producer may send ``delta`` more buffers."""
+        if not delta:
+            return
+        with self._lock:
+            self._credit += delta
+            self.credit_granted += delta
+            self._credit_cv.notify_all()
+        if self.partition is not None:
+            self.partition.credit_returned()
 
     def __repr__(self) -> str:
         state = "failed" if self._cause else "finished" if self._finished else "open"
