@@ -41,7 +41,7 @@ class BenchSpec:
 
     ``compare_local``: the policies to run again on the local executor, each right
     after its run on ``executor``; None picks :data:`COMPARE_AUTO` (those of them in
-    ``policies``) with the spark executor and none with the local one.
+    ``policies``) with the spark and processes executors and none with the local one.
     """
 
     policies: Sequence[str] = POLICIES
@@ -99,7 +99,7 @@ class BenchSpec:
                 hint="give --checkpoint-dir a shared URI (s3://..., hdfs://...)",
             )
         if self.compare_local is None:
-            auto = COMPARE_AUTO if self.executor == "spark" else ()
+            auto = COMPARE_AUTO if self.executor != "local" else ()
             self.compare_local = tuple(p for p in self.policies if p in auto)
         self.compare_local = tuple(self.compare_local)
         problems = _names_problems(self.compare_local, self.policies, "not run")

@@ -34,7 +34,11 @@ def _bench_flags() -> tuple[tuple[str, str, str | None, str], ...]:
 
     d = BenchSpec()
     flags = (
-        ("--executor", str(d.executor), "where subtasks run: local (threads here) or spark"),
+        (
+            "--executor",
+            str(d.executor),
+            "where subtasks run: local (threads here), processes (worker processes here) or spark",
+        ),
         (
             "--master",
             None,
@@ -45,8 +49,8 @@ def _bench_flags() -> tuple[tuple[str, str, str | None, str], ...]:
             "--compare-local",
             "auto",
             "policies run again on the local executor, for the executor's throughput cost: "
-            "a comma-separated list, all, off, or auto (none,unaligned with spark, off with "
-            "local)",
+            "a comma-separated list, all, off, or auto (none,unaligned with spark or "
+            "processes, off with local)",
         ),
         ("--policies", ",".join(d.policies), "comma-separated policies, one run each"),
         ("--parallelism", str(d.parallelism), "parallelism of every operator"),

@@ -160,9 +160,10 @@ def add_parser(sub: Any) -> None:
         "--executor",
         env="SPILLOVER_VERIFY_EXECUTOR",
         default="local",
-        choices=["local", "spark"],
-        help="where the run with failures goes: local (threads here) or spark (a barrier "
-        "stage per attempt); the failure-free reference always runs locally",
+        choices=["local", "processes", "spark"],
+        help="where the run with failures goes: local (threads here), processes (worker "
+        "processes here) or spark (a barrier stage per attempt); the failure-free "
+        "reference always runs locally",
     )
     env_option(
         p,

@@ -65,6 +65,7 @@ class Executor(enum.Enum):
     """``spillover.executor``: where subtasks run."""
 
     LOCAL = "local"
+    PROCESSES = "processes"  # worker processes on this machine, wired as on Spark
     SPARK = "spark"
 
 

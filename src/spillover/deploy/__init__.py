@@ -1,5 +1,5 @@
 """Deployments: where a job's subtasks run. ``create_executor`` is the one place
-that names both the local and the Spark deployment."""
+that names every deployment: local threads, local worker processes, Spark."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from spillover.errors import ConfigError
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import Executor
 
-EXECUTORS = ("local", "spark")
+EXECUTORS = ("local", "processes", "spark")
 
 
 def create_executor(
@@ -22,7 +22,8 @@ def create_executor(
     master: str | None = None,
     **options: Any,
 ) -> Executor:
-    """An executor by name: ``local`` (threads in this process) or ``spark`` (a barrier
+    """An executor by name: ``local`` (threads in this process), ``processes`` (worker
+    processes on this machine, wired as Spark's workers are) or ``spark`` (a barrier
     stage per attempt on ``master``, default the embedded local master). None takes
     both from the configuration (``spillover.executor``, ``spillover.spark.master``).
     ``options`` are those of :class:`LocalExecutor`."""
@@ -31,10 +32,14 @@ def create_executor(
         kind = dep.executor.value
         if kind == "spark" and master is None:
             master = dep.spark_master
+    if kind in ("local", "processes") and master is not None:
+        raise ConfigError("--master needs the spark executor", hint="add --executor spark")
     if kind == "local":
-        if master is not None:
-            raise ConfigError("--master needs the spark executor", hint="add --executor spark")
         return LocalExecutor(job, config, **options)
+    if kind == "processes":
+        from spillover.deploy.processes import ProcessExecutor  # imports pyspark's pickler
+
+        return ProcessExecutor(job, config, **options)
     if kind == "spark":
         from spillover.deploy.spark import SparkExecutor  # imports pyspark: only when asked
 

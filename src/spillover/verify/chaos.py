@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from spillover.deploy import create_executor
 from spillover.runtime.failures import FailureInjector
 from spillover.verify import VerifySpec, compare, config_for, output_of, run_once
 
@@ -41,12 +42,12 @@ def run_killing_a_worker(
     checkpoint_dir: str | None = None,
     kill_worker: int = 1,
     spec: VerifySpec | None = None,
+    executor: str = "spark",
 ) -> dict[str, Any]:
-    """Runs ``spec`` on Spark, SIGKILLs worker ``kill_worker``'s Python process once a
-    checkpoint completed, lets the job master restart it, and compares the committed
-    output with a failure-free local run. Returns what happened (JSON-able)."""
-    from spillover.deploy.spark.runner import SparkExecutor
-
+    """Runs ``spec`` on Spark (or the ``processes`` executor), SIGKILLs worker
+    ``kill_worker``'s Python process once a checkpoint completed, lets the job master
+    restart it, and compares the committed output with a failure-free local run.
+    Returns what happened (JSON-able)."""
     spec = spec or kill_spec()
     baseline = run_once(spec, workdir, "baseline", FailureInjector(), executor="local")
     out_dir = os.path.join(workdir, "killed", "output")
@@ -55,7 +56,7 @@ def run_killing_a_worker(
         os.path.join(workdir, "killed", "checkpoints") if checkpoint_dir is None else checkpoint_dir
     )
     graph = spec.factory()(out_dir, "killed", spec.parallelism).build()
-    ex = SparkExecutor(graph, config_for(spec, ckpt), master=master)
+    ex: Any = create_executor(executor, graph, config_for(spec, ckpt), master=master)
     ex.prepare()
     box: dict[str, Any] = {}
 

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--policy", action="append", choices=POLICIES, help="repeatable; default all")
-    p.add_argument("--executor", action="append", choices=("local", "spark"))
+    p.add_argument("--executor", action="append", choices=("local", "processes", "spark"))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--records", type=int, default=20_000, help="per source, per run")
     p.add_argument("--json", help="write the reports here")

@@ -54,8 +54,9 @@ class VerifySpec:
     # Built-ins: "running-total" and "total".
     state_uid: str | None = None
     state: str | None = None
-    # Where the runs with failures go: "local" (threads here) or "spark" (a barrier
-    # stage per attempt on ``master``, default the embedded local master). The
+    # Where the runs with failures go: "local" (threads here), "processes" (worker
+    # processes here) or "spark" (a barrier stage per attempt on ``master``, default
+    # the embedded local master). The
     # failure-free reference run always uses the local executor.
     executor: str = "local"
     master: str | None = None
