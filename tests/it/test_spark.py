@@ -416,7 +416,6 @@ def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() 
 def test_the_kill_routine_raises_what_the_job_raised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from spillover.deploy.spark import runner
     from spillover.verify import chaos
 
     class Broken:
@@ -436,7 +435,7 @@ def test_the_kill_routine_raises_what_the_job_raised(
             raise ConfigError("the cluster refused the job")
 
     monkeypatch.setattr(chaos, "run_once", lambda *args, **kwargs: None)
-    monkeypatch.setattr(runner, "SparkExecutor", Broken)
+    monkeypatch.setattr(chaos, "create_executor", Broken)
     with pytest.raises(ConfigError, match="refused the job"):
         chaos.run_killing_a_worker(str(tmp_path), spec=chaos.kill_spec(records=100))
 
