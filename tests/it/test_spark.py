@@ -43,16 +43,22 @@ def sc() -> Any:
     return spark_context()
 
 
-def test_job_on_spark_is_exact_with_induced_failures(sc: Any) -> None:
-    """Every kind of failure, fired in Spark workers, restarts the job from its latest
-    checkpoint: the committed output equals a failure-free local run's."""
+# The same workers run as Spark tasks or as worker processes here (deploy/processes.py).
+EXECUTORS = pytest.mark.parametrize("executor", ["spark", "processes"])
+
+
+@EXECUTORS
+def test_job_on_spark_is_exact_with_induced_failures(sc: Any, executor: str) -> None:
+    """Every kind of failure, fired in Spark workers (or worker processes), restarts
+    the job from its latest checkpoint: the committed output equals a failure-free
+    local run's."""
     spec = VerifySpec(
         topology="pipeline",
         parallelism=2,
         records=20_000,
         failures=4,
         policy="unaligned",
-        executor="spark",
+        executor=executor,
     )
     report = verify(spec)
     assert report.exact, report.text()
@@ -60,7 +66,8 @@ def test_job_on_spark_is_exact_with_induced_failures(sc: Any) -> None:
     assert report.attempts == 5
 
 
-def test_rescaled_restore_on_spark_is_exact(sc: Any) -> None:
+@EXECUTORS
+def test_rescaled_restore_on_spark_is_exact(sc: Any, executor: str) -> None:
     """An unaligned checkpoint holding in-flight data, taken on Spark at parallelism 3,
     restores at 2 on Spark: nothing lost or duplicated, keys in their key groups."""
     spec = VerifySpec(
@@ -70,19 +77,20 @@ def test_rescaled_restore_on_spark_is_exact(sc: Any) -> None:
         records=30_000,
         failures=1,
         policy="unaligned",
-        executor="spark",
+        executor=executor,
     )
     report = verify(spec)
     assert report.exact, report.text()
     assert report.restored_inflight > 0
 
 
+@EXECUTORS
 def test_killed_worker_process_restarts_the_job_and_output_is_exact(
-    sc: Any, tmp_path: Path
+    sc: Any, tmp_path: Path, executor: str
 ) -> None:
     from spillover.verify.chaos import run_killing_a_worker
 
-    out = run_killing_a_worker(str(tmp_path))
+    out = run_killing_a_worker(str(tmp_path), executor=executor)
     assert out["killed"], "no checkpoint completed before the job ended: lengthen it"
     assert out["status"] == "finished" and out["attempts"] >= 2, out
     assert out["exact"], out["report"]

@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from spillover.config import Config
-from spillover.deploy.spark.messages import CancelAll, StageEnded
+from spillover.deploy.spark.messages import StageEnded
 from spillover.deploy.spark.runner import SparkExecutor as _WorkerMaster
 from spillover.deploy.spark.runner import WorkerLostError, _SparkAttempt
 from spillover.deploy.spark.worker import WorkerSpec
@@ -95,18 +95,10 @@ class _ProcessAttempt(_SparkAttempt):
         self.stage_error = error
         self.events.put(StageEnded(error))
 
-    def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
-        if cancel:
-            for i in list(self.conns):
-                self.send(i, CancelAll())
-        stage.join(timeout=self.ex.cancel_grace_s if cancel else 30.0)
-        if stage.is_alive():
-            for p in self.processes:
-                if p.is_alive():
-                    p.kill()
-            stage.join(timeout=60.0)
-        for conn in list(self.conns.values()):
-            conn.close()
+    def _force_end(self, sc: Any) -> None:
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
 
 
 class ProcessExecutor(_WorkerMaster):

@@ -515,10 +515,14 @@ class _SparkAttempt:
                 self.send(i, CancelAll())
         stage.join(timeout=self.ex.cancel_grace_s if cancel else 30.0)
         if stage.is_alive():
-            sc.cancelJobGroup(self.group)
+            self._force_end(sc)
             stage.join(timeout=60.0)
         for conn in list(self.conns.values()):
             conn.close()
+
+    def _force_end(self, sc: Any) -> None:
+        """Ends a stage whose workers did not end when told to."""
+        sc.cancelJobGroup(self.group)
 
     def task_metrics(self) -> dict[str, dict[str, float]]:
         return dict(self.metrics)
