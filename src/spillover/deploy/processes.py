@@ -24,7 +24,6 @@ from spillover.deploy.spark.messages import StageEnded
 from spillover.deploy.spark.runner import SparkExecutor as _WorkerMaster
 from spillover.deploy.spark.runner import WorkerLostError, _SparkAttempt
 from spillover.deploy.spark.worker import WorkerSpec
-from spillover.runtime.batch.launch import Launcher
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.task import TaskRestore
 
@@ -141,9 +140,6 @@ class ProcessExecutor(_WorkerMaster):
 
     def driver_host(self, sc: Any) -> str:
         return "127.0.0.1"
-
-    def _batch_launcher(self) -> Launcher:
-        raise NotImplementedError("batch jobs run on the local or the spark executor")
 
     def _attempt(
         self,

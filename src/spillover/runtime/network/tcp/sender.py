@@ -510,7 +510,9 @@ class TcpSubpartition(Subpartition):
                 raise ProtocolError(f"a CREDIT frame of {length} bytes")
         elif ftype == FrameType.ERROR:
             if length > _MAX_MESSAGE + 2:
-                raise ProtocolError(f"ERROR frame of {length} bytes", detail="at most 4098")
+                raise ProtocolError(
+                    f"ERROR frame of {length} bytes", detail=f"at most {_MAX_MESSAGE + 2}"
+                )
         else:
             raise ProtocolError(f"unexpected frame type {ftype} from the consumer")
         return ftype, length
