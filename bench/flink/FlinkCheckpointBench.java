@@ -227,7 +227,7 @@ public final class FlinkCheckpointBench {
         conf.put("execution.checkpointing.dir", ckptDir.toUri().toString());
         conf.put("execution.checkpointing.num-retained", "1");
         conf.put("state.backend.type", "hashmap");
-        conf.put("taskmanager.memory.segment-size", "32kb");
+        conf.put("taskmanager.memory.segment-size", args.getOrDefault("segment-size", "32kb"));
         conf.put("rest.bind-address", "127.0.0.1");
         conf.put("rest.address", "127.0.0.1");
         conf.put("rest.bind-port", Integer.toString(restPort));

@@ -221,6 +221,8 @@ def run_policy(
         str(args.sink_rate),
         "--parallelism",
         "2",
+        "--segment-size",
+        args.segment_size,
     ]
     if args.raw_dir:
         Path(args.raw_dir).mkdir(parents=True, exist_ok=True)
@@ -288,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sink-rate", type=float, default=5000.0, help="sink records/s per subtask (default 5000)"
     )
+    p.add_argument(
+        "--segment-size",
+        default="32kb",
+        help="taskmanager.memory.segment-size, e.g. 128kb (default 32kb, Flink's)",
+    )
     p.add_argument("--heap", default="1g", help="JVM heap, -Xmx/-Xms (default 1g)")
     p.add_argument(
         "--cache-dir",
@@ -344,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             "payload_bytes": 100,
             "sink_rate_per_subtask": args.sink_rate,
             "checkpoint_interval_ms": 1000,
-            "segment_size": "32kb",
+            "segment_size": args.segment_size,
             "warmup_s": args.warmup,
             "duration_s": None if args.stops else args.duration,
             "stops": args.stops,

@@ -31,3 +31,29 @@ def test_slow_sink_backpressures_the_source(tmp_path: Path) -> None:
     src = [m for name, m in result.tasks.items() if name.startswith("src#")]
     assert all(m["backpressured_share"] > 0.3 for m in src), src
     assert all(m["records_out"] == records / p for m in src)
+
+
+def test_a_slow_sink_debloats_the_buffers_that_feed_it() -> None:
+    """Buffers shrink to what the sink takes in the debloat target, and the records
+    still arrive exactly; with debloating off they stay at the segment size."""
+    rate, p, records = 20_000, 2, 40_000
+    sizes = {}
+    for enabled in (True, False):
+        env = StreamEnvironment("debloat", parallelism=p)
+        env.from_source(_source(records), uid="src").key_by("key").sink(
+            ThrottledSink(rate), uid="sink"
+        )
+        cfg = Config.from_dict(
+            {
+                "taskmanager.network.memory.buffer-debloat.enabled": enabled,
+                "taskmanager.network.memory.buffer-debloat.target": "100 ms",
+            }
+        )
+        result = LocalExecutor(env, cfg).run(timeout=60)
+        assert result.status == "finished", result.failures
+        sink = [m for name, m in result.tasks.items() if name.startswith("sink#")]
+        assert sum(m["records_in"] for m in sink) == records
+        sizes[enabled] = [m["output_buffer_bytes"] for n, m in result.tasks.items() if "src#" in n]
+    # 20,000 records/s of 36 framed bytes per sink, 0.1 s over 2 + 8 buffers: ~7 KiB
+    assert all(s <= 16 * 1024 for s in sizes[True]), sizes
+    assert sizes[False] == [32 * 1024] * p

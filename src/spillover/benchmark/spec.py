@@ -53,6 +53,7 @@ class BenchSpec:
     sink_rate: float = 5000.0  # records/s per sink subtask: lower is stronger backpressure
     keys: int = 10_000
     payload_bytes: int = 100
+    segment_size: int = 32 * 1024  # taskmanager.memory.segment-size
     aligned_timeout_ms: int = 100
     max_inflight_bytes: int = 1024 * 1024
     checkpoint_dir: str | None = None  # None: a temporary directory, removed afterwards
@@ -144,6 +145,7 @@ class BenchSpec:
         options: dict[str, Any] = {
             "parallelism.default": self.parallelism,
             "restart-strategy.type": "none",  # a failure ends the run: it is not measured
+            "taskmanager.memory.segment-size": self.segment_size,
         }
         if policy != "none":
             options["execution.checkpointing.interval"] = f"{self.interval_ms} ms"

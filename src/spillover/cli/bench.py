@@ -71,6 +71,11 @@ def _bench_flags() -> tuple[tuple[str, str, str | None, str], ...]:
         ("--keys", str(d.keys), "distinct int64 keys"),
         ("--payload-bytes", str(d.payload_bytes), "record size: payload bytes per record"),
         (
+            "--segment-size",
+            str(d.segment_size),
+            "network buffer size (taskmanager.memory.segment-size), a power of two",
+        ),
+        (
             "--aligned-timeout-ms",
             str(d.aligned_timeout_ms),
             "timeout policy: switch to unaligned after this long",
@@ -184,6 +189,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
             repeat=value("--repeat", int, lambda v: v >= 1, ">= 1"),
             payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),
+            segment_size=value("--segment-size", parse_memory_size),
             aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
             max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
             checkpoint_dir=args.checkpoint_dir or None,

@@ -24,6 +24,7 @@ from spillover.config.units import (
     KiB,
     MiB,
     format_duration,
+    format_memory_size,
 )
 from spillover.errors import ConfigError
 from spillover.keygroups import UPPER_BOUND_MAX_PARALLELISM, compute_default_max_parallelism
@@ -200,6 +201,7 @@ class StateConfig:
 
 
 _TM = "taskmanager.network.memory."
+_DEBLOAT = _TM + "buffer-debloat."
 
 
 @dataclass(frozen=True)
@@ -223,9 +225,34 @@ class NetworkConfig:
     tmp_dir: str | None = field(
         default=None, metadata=_key("io.tmp.dirs", _Text("a non-empty local path", path=True))
     )
+    # Buffer debloating (FLIP-183's keys): buffers cut smaller while consumers take
+    # less, so the in-flight data stays about ``debloat_target`` of what they take.
+    debloat_enabled: bool = field(default=False, metadata=_key(_DEBLOAT + "enabled", _Bool()))
+    debloat_target: timedelta = field(
+        default=timedelta(seconds=1),
+        metadata=_key(_DEBLOAT + "target", _Duration(timedelta(milliseconds=1))),
+    )
+    debloat_period: timedelta = field(
+        default=timedelta(milliseconds=200),
+        metadata=_key(_DEBLOAT + "period", _Duration(timedelta(milliseconds=1))),
+    )
+    debloat_threshold_percentages: int = field(
+        default=25, metadata=_key(_DEBLOAT + "threshold-percentages", _Int(0, 100))
+    )
+    min_segment_size: int = field(
+        default=256,
+        metadata=_key("taskmanager.memory.min-segment-size", _MemorySize(16, 16 * MiB)),
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        if self.min_segment_size > self.segment_size:
+            raise ConfigError(
+                "taskmanager.memory.min-segment-size is above taskmanager.memory.segment-size",
+                detail=f"{format_memory_size(self.min_segment_size)} > "
+                f"{format_memory_size(self.segment_size)}",
+                hint="lower the minimum or raise the segment size",
+            )
 
 
 @dataclass(frozen=True)

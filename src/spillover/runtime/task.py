@@ -760,6 +760,8 @@ class Task:
             "backpressured_seconds": bp,
             "backpressured_share": bp / wall if wall > 0 else 0.0,
             "replayed_bytes": float(self.replayed_bytes),
+            # Where its output buffers are cut now (below the segment size: debloated).
+            "output_buffer_bytes": float(min((w.buffer_size for w in self.writers), default=0)),
             "feedback_spilled_bytes": float(sum(p.spilled_bytes for p in self.feedback_partitions)),
             "wall_seconds": wall,
         }

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from spillover.config import Alignment, Config
+from spillover.config import Alignment, Config, NetworkConfig
 from spillover.keygroups import key_group_range_for_operator
 from spillover.runtime.checkpointing.channel_state import channel_state_groups
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
@@ -23,7 +23,7 @@ from spillover.runtime.network.events import BarrierKind
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import connect
 from spillover.runtime.network.partition import ResultPartition
-from spillover.runtime.network.writers import Outbox, PartitionWriter
+from spillover.runtime.network.writers import Debloat, Outbox, PartitionWriter
 from spillover.runtime.recovery.plan import graph_info
 from spillover.runtime.state import HeapKeyedStateBackend
 from spillover.runtime.task import InputChannelInfo, Task, TaskRestore
@@ -119,7 +119,9 @@ def build_tasks(
             partitions.setdefault((up.id, u), []).append(out)
             box = Outbox(out, pool)
             outboxes.setdefault((up.id, u), []).append(box)
-            writers.setdefault((up.id, u), []).append(edge_writer(g, e, u, net.segment_size, box))
+            writers.setdefault((up.id, u), []).append(
+                edge_writer(g, e, u, net.segment_size, box, None if e.feedback else net)
+            )
     tasks: dict[tuple[str, int], Task] = {}
     for v in g.vertices:
         for i in range(v.parallelism):
@@ -221,14 +223,21 @@ def checkpoint_storage(cfg: Config, job_name: str) -> CheckpointStorage | None:
 
 
 def edge_writer(
-    g: JobGraph, e: JobEdge, subtask: int, segment_size: int, box: Outbox
+    g: JobGraph,
+    e: JobEdge,
+    subtask: int,
+    segment_size: int,
+    box: Outbox,
+    debloat: NetworkConfig | None = None,
 ) -> PartitionWriter:
     """How subtask ``subtask`` of ``e``'s source routes and serializes into ``box``
-    (streaming partitions and batch result files alike)."""
+    (streaming partitions and batch result files alike); with ``debloat`` (a
+    streaming edge's network settings) its buffers are debloated when enabled."""
+    n = g.vertices[e.target].parallelism
     return PartitionWriter(
         e.kind,
         e.dtype,
-        g.vertices[e.target].parallelism,
+        n,
         subtask,
         segment_size,
         g.max_parallelism,
@@ -236,6 +245,22 @@ def edge_writer(
         send=box.send,
         send_all=box.send_all,
         partitioner=e.partitioner,
+        debloat=edge_debloat(debloat, n) if debloat is not None else None,
+    )
+
+
+def edge_debloat(net: NetworkConfig, n_subpartitions: int) -> Debloat | None:
+    """Buffer debloating of an edge into ``n_subpartitions`` channels (None: off). A
+    channel holds its credit window and its share of the producer's buffer pool."""
+    if not net.debloat_enabled:
+        return None
+    share = -(-net.buffers_per_partition // n_subpartitions)
+    return Debloat(
+        target_s=net.debloat_target.total_seconds(),
+        period_s=net.debloat_period.total_seconds(),
+        min_size=net.min_segment_size,
+        buffers_in_flight=net.buffers_per_channel + share,
+        threshold=net.debloat_threshold_percentages / 100,
     )
 
 

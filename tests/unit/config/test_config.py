@@ -85,6 +85,36 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
     "state.checkpoints.num-retained": (3, 3, lambda c: c.state.num_retained, {}),
     "state.savepoints.dir": ("/sp", "/sp", lambda c: c.state.savepoints_dir, {}),
     "taskmanager.memory.segment-size": ("64kb", 64 * KB, lambda c: c.network.segment_size, {}),
+    "taskmanager.memory.min-segment-size": (
+        "1 kb",
+        KB,
+        lambda c: c.network.min_segment_size,
+        {},
+    ),
+    "taskmanager.network.memory.buffer-debloat.enabled": (
+        "true",
+        True,
+        lambda c: c.network.debloat_enabled,
+        {},
+    ),
+    "taskmanager.network.memory.buffer-debloat.target": (
+        "300 ms",
+        timedelta(milliseconds=300),
+        lambda c: c.network.debloat_target,
+        {},
+    ),
+    "taskmanager.network.memory.buffer-debloat.period": (
+        "50 ms",
+        timedelta(milliseconds=50),
+        lambda c: c.network.debloat_period,
+        {},
+    ),
+    "taskmanager.network.memory.buffer-debloat.threshold-percentages": (
+        10,
+        10,
+        lambda c: c.network.debloat_threshold_percentages,
+        {},
+    ),
     "taskmanager.network.memory.buffers-per-channel": (
         4,
         4,
@@ -377,6 +407,11 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("taskmanager.memory.segment-size", "2 kb"),
     ("taskmanager.memory.segment-size", "48 kb"),
     ("taskmanager.memory.segment-size", "32 mb"),
+    ("taskmanager.memory.min-segment-size", "8 b"),
+    ("taskmanager.network.memory.buffer-debloat.enabled", "sometimes"),
+    ("taskmanager.network.memory.buffer-debloat.target", "0 ms"),
+    ("taskmanager.network.memory.buffer-debloat.period", "soon"),
+    ("taskmanager.network.memory.buffer-debloat.threshold-percentages", 101),
     ("taskmanager.network.memory.buffers-per-channel", 0),
     ("taskmanager.network.memory.floating-buffers-per-gate", -1),
     ("taskmanager.network.memory.buffers-per-partition", 0),
@@ -457,6 +492,10 @@ BAD_COMBINATIONS: list[tuple[dict[str, Any], list[str]]] = [
     (
         {CP + "unaligned.max-inflight-bytes": "16 kb"},
         [CP + "unaligned.max-inflight-bytes", "taskmanager.memory.segment-size"],
+    ),
+    (
+        {"taskmanager.memory.min-segment-size": "1 mb"},
+        ["taskmanager.memory.min-segment-size", "taskmanager.memory.segment-size"],
     ),
 ]
 
