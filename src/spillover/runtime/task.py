@@ -207,6 +207,7 @@ class Task:
         self.gate_of = [(edges.index(c.edge), c.upstream_subtask) for c in channels]
         self.offsets = [next(i for i, c in enumerate(channels) if c.edge == e) for e in edges]
         self._serializers = [FixedWidthSerializer(c.dtype) for c in channels]
+        self._debloater = gate.debloater if gate is not None else None
         self.barriers = (
             BarrierHandler(gate, len(channels), self._on_aligned, self._on_aborted)
             if gate is not None
@@ -635,6 +636,8 @@ class Task:
     def _on_data(self, ch: int, buf: NetworkBuffer) -> None:
         assert self.barriers is not None
         self.barriers.record_bytes(len(buf))
+        if self._debloater is not None:
+            self._debloater.consumed(len(buf))
         self.unaligned.on_data(ch, buf)
         if not self.suspended:  # else it is in the stop's savepoint, as state
             self._process(ch, buf)

@@ -19,11 +19,12 @@ from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.iteration import feedback
 from spillover.runtime.iteration.head import IterationHeadTask
 from spillover.runtime.network.buffers import BufferPool
+from spillover.runtime.network.debloat import BufferDebloater, Debloat
 from spillover.runtime.network.events import BarrierKind
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import connect
 from spillover.runtime.network.partition import ResultPartition
-from spillover.runtime.network.writers import Debloat, Outbox, PartitionWriter
+from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.recovery.plan import graph_info
 from spillover.runtime.state import HeapKeyedStateBackend
 from spillover.runtime.task import InputChannelInfo, Task, TaskRestore
@@ -94,6 +95,9 @@ def build_tasks(
                 if infos and here(d)
                 else None
             )
+            gate = gates[(v.id, d)]
+            if gate is not None:
+                gate.debloater = gate_debloater(net, gate)
     for e in g.edges:
         up, down = g.vertices[e.source], g.vertices[e.target]
         first = next(k for k, c in enumerate(channels[(down.id, 0)]) if c.edge == e)
@@ -120,7 +124,7 @@ def build_tasks(
             box = Outbox(out, pool)
             outboxes.setdefault((up.id, u), []).append(box)
             writers.setdefault((up.id, u), []).append(
-                edge_writer(g, e, u, net.segment_size, box, None if e.feedback else net)
+                edge_writer(g, e, u, net.segment_size, box, part)
             )
     tasks: dict[tuple[str, int], Task] = {}
     for v in g.vertices:
@@ -228,16 +232,15 @@ def edge_writer(
     subtask: int,
     segment_size: int,
     box: Outbox,
-    debloat: NetworkConfig | None = None,
+    sizes: ResultPartition | None = None,
 ) -> PartitionWriter:
     """How subtask ``subtask`` of ``e``'s source routes and serializes into ``box``
-    (streaming partitions and batch result files alike); with ``debloat`` (a
-    streaming edge's network settings) its buffers are debloated when enabled."""
-    n = g.vertices[e.target].parallelism
+    (streaming partitions and batch result files alike); with ``sizes`` (a streaming
+    edge's partition) it cuts buffers at the sizes debloating consumers announce."""
     return PartitionWriter(
         e.kind,
         e.dtype,
-        n,
+        g.vertices[e.target].parallelism,
         subtask,
         segment_size,
         g.max_parallelism,
@@ -245,23 +248,23 @@ def edge_writer(
         send=box.send,
         send_all=box.send_all,
         partitioner=e.partitioner,
-        debloat=edge_debloat(debloat, n) if debloat is not None else None,
+        sizes=sizes,
     )
 
 
-def edge_debloat(net: NetworkConfig, n_subpartitions: int) -> Debloat | None:
-    """Buffer debloating of an edge into ``n_subpartitions`` channels (None: off). A
-    channel holds its credit window and its share of the producer's buffer pool."""
+def gate_debloater(net: NetworkConfig, gate: InputGate) -> BufferDebloater | None:
+    """Buffer debloating of one input gate (None: off): its buffers are its channels'
+    exclusive ones and its floating ones."""
     if not net.debloat_enabled:
         return None
-    share = -(-net.buffers_per_partition // n_subpartitions)
-    return Debloat(
+    settings = Debloat(
         target_s=net.debloat_target.total_seconds(),
         period_s=net.debloat_period.total_seconds(),
         min_size=net.min_segment_size,
-        buffers_in_flight=net.buffers_per_channel + share,
         threshold=net.debloat_threshold_percentages / 100,
     )
+    buffers = gate.num_channels * net.buffers_per_channel + net.floating_buffers_per_gate
+    return BufferDebloater(settings, gate.channels, net.segment_size, buffers)
 
 
 def keyed_backend(g: JobGraph) -> Any:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from spillover.errors import ClosedError, ConfigError
 from spillover.runtime.network.buffers import NetworkBuffer, NetworkTimeoutError
+from spillover.runtime.network.debloat import BufferDebloater
 from spillover.runtime.network.errors import ChannelCancelledError
 from spillover.runtime.network.errors import deadline as _deadline
 from spillover.runtime.network.errors import failure as _failure
@@ -40,6 +41,8 @@ class InputChannel:
         # An in-memory producer's hook, called when this channel's credit (or the
         # gate's floating credit) comes back: see OutputWaker.
         self.on_credit: Callable[[], None] | None = None
+        # The transport's hook that tells the producer a debloated buffer size.
+        self.on_buffer_size: Callable[[int], None] | None = None
         self._queue: deque[NetworkBuffer] = deque()  # data and events, FIFO
         self._priority: deque[NetworkBuffer] = deque()
         self._in_use = 0  # data buffers queued or handed out and not yet released
@@ -250,6 +253,7 @@ class InputGate:
         self._woken = False
         self._failure: tuple[int | None, BaseException] | None = None
         self._num_finished = 0
+        self.debloater: BufferDebloater | None = None  # set by wiring when debloating
 
     @property
     def num_channels(self) -> int:

@@ -3,6 +3,7 @@ input channel in memory; :func:`connect` and :func:`wire` build the links."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from spillover.errors import ConfigError
@@ -56,6 +57,7 @@ def connect(
     link = LocalChannel(ch)
     partition.connect(subpartition, link)
     ch.on_credit = partition.credit_returned
+    ch.on_buffer_size = functools.partial(partition.announce_buffer_size, subpartition)
     ch.connected = True
     return link
 

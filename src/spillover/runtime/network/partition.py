@@ -40,9 +40,11 @@ class Subpartition(ABC):
     input channel. :class:`ResultPartition` calls it from the producer's thread.
 
     A transport calls :attr:`partition`'s ``credit_returned`` when its consumer
-    grants credit, from any thread with no lock held."""
+    grants credit, and ``announce_buffer_size`` when it debloats, from any thread
+    with no lock held."""
 
     partition: ResultPartition | None = None
+    index = 0  # which subpartition of :attr:`partition` (set by ``connect``)
 
     @abstractmethod
     def add_data(self, buffer: NetworkBuffer, deadline: float | None) -> float:
@@ -97,6 +99,10 @@ class ResultPartition:
         self._cause: BaseException | None = None
         self.backpressured_seconds = 0.0
         self.waker: OutputWaker | None = None  # told when a consumer grants credit
+        # Where each subpartition's buffers are cut: the segment size, or what its
+        # consumer announced (buffer debloating); the writer follows ``sizes_version``.
+        self.buffer_sizes = [pool.segment_size] * num_subpartitions
+        self.sizes_version = 0
 
     @property
     def num_subpartitions(self) -> int:
@@ -112,6 +118,15 @@ class ResultPartition:
             raise NetworkError(f"subpartition {subpartition} of {self.name!r} is connected")
         self._subs[subpartition] = target
         target.partition = self
+        target.index = subpartition
+
+    def announce_buffer_size(self, subpartition: int, size: int) -> None:
+        """A consumer's debloated buffer size for one subpartition (any thread):
+        its writer cuts buffers at it from its next batch, never above the segment."""
+        size = max(1, min(int(size), self.pool.segment_size))
+        if self.buffer_sizes[subpartition] != size:
+            self.buffer_sizes[subpartition] = size
+            self.sizes_version += 1
 
     def credit_returned(self) -> None:
         """A consumer granted credit: wakes the producer if it waits for it."""

@@ -3,17 +3,13 @@
 Records are framed as in ``spillover.records`` (length prefix + row bytes). Each
 subpartition gets its own stream of full buffers, so a record cut by a buffer
 boundary is completed in the next buffer of the same channel. Buffers are cut at
-``segment_size``, or smaller while the edge's consumers take less (buffer
-debloating, :class:`Debloat`): the in-flight data then stays about ``target``
-seconds' worth of what they take, which keeps checkpoints under backpressure short.
+``segment_size``, or at the smaller size a debloating consumer announced
+(``network/debloat.py``), which keeps checkpoints under backpressure short.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,66 +23,6 @@ from spillover.storage.handle import DataType
 InLineEvent = Watermark | WatermarkStatus | LoopProbe
 """The events an outbox queues in line with the data (they need no credit)."""
 _IN_LINE = (Watermark, WatermarkStatus, LoopProbe)
-
-
-@dataclass(frozen=True)
-class Debloat:
-    """Buffer debloating of one output edge (``taskmanager.network.memory.buffer-debloat.*``).
-
-    Every ``period_s`` the writer measures the bytes per second each subpartition
-    took and cuts its buffers at ``rate * target_s / buffers_in_flight`` bytes,
-    between ``min_size`` and the segment size: the ``buffers_in_flight`` buffers a
-    channel can hold (its credit window and its share of the producer's pool) then
-    carry about ``target_s`` seconds of data. Under backpressure the rate is what
-    the consumers take (the task emits only as fast as its output drains); a free
-    flowing edge stays at the segment size. The size changes only when the new one
-    differs by more than ``threshold`` (a fraction) or reaches a bound.
-
-    Measured at the producer, not (as Flink does) at the consumer: right after a
-    consumer slows down, the full-size buffers already in flight drain slowly and the
-    producer sees less than the consumer takes, so sizes undershoot until they
-    drain; a paced sink can then starve for a while (docs/runtime.md).
-    """
-
-    target_s: float
-    period_s: float
-    min_size: int
-    buffers_in_flight: int
-    threshold: float = 0.25
-    clock: Callable[[], float] = field(default=time.monotonic, compare=False)
-
-
-class _Debloater:
-    """Measures one edge's per-subpartition rate and proposes buffer sizes (:class:`Debloat`)."""
-
-    def __init__(self, settings: Debloat, max_size: int) -> None:
-        self.settings = settings
-        self.max_size = max_size
-        self.size = max_size  # until a rate is known
-        self.clock = settings.clock
-        self._bytes = 0
-        self._since = self.clock()
-        self._rate: float | None = None  # smoothed bytes/s per subpartition
-
-    def account(self, nbytes: int, per_subpartition: int) -> int | None:
-        """Counts ``nbytes`` emitted, spread over ``per_subpartition`` subpartitions;
-        returns a new buffer size when one period ended and the size should change."""
-        self._bytes += nbytes // per_subpartition
-        now = self.clock()
-        elapsed = now - self._since
-        st = self.settings
-        if elapsed < st.period_s:
-            return None
-        rate = self._bytes / elapsed
-        self._bytes, self._since = 0, now
-        self._rate = rate if self._rate is None else 0.5 * (self._rate + rate)
-        want = self._rate * st.target_s / st.buffers_in_flight
-        size = min(self.max_size, max(st.min_size, int(want)))
-        bound = size in (st.min_size, self.max_size)
-        if size == self.size or (not bound and abs(size - self.size) <= st.threshold * self.size):
-            return None
-        self.size = size
-        return size
 
 
 def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -118,7 +54,7 @@ class PartitionWriter:
         send: Any,
         send_all: Any,
         partitioner: Partitioner | None = None,
-        debloat: Debloat | None = None,
+        sizes: Any = None,
     ) -> None:
         self.kind = kind
         self.n = n_subpartitions
@@ -128,12 +64,14 @@ class PartitionWriter:
         self._next = subtask_index % n_subpartitions  # rebalance spreads from here
         self._subtask = subtask_index
         self.records_out = 0
-        self._width = np.dtype(dtype).itemsize + 4  # a framed record's bytes
-        # What one subpartition gets of an emitted batch: a share, or all of it.
-        spread = kind in (EdgeKind.KEY_BY, EdgeKind.REBALANCE, EdgeKind.CUSTOM)
-        self._share = n_subpartitions if spread else 1
-        self._debloater = _Debloater(debloat, segment_size) if debloat is not None else None
-        self.resized = 0  # times debloating changed the buffer size
+        # The partition whose ``buffer_sizes`` (announced by debloating consumers)
+        # this writer follows; None: always the segment size.
+        self._sizes = sizes
+        self._seen = 0  # the ``sizes_version`` followed
+        self.resized = 0  # times debloating changed a buffer size
+        self._cut: list[int] = []  # each subpartition's cut size
+        self._demux: KeyGroupDemux
+        self._writers: list[RecordWriter] = []
         if kind is EdgeKind.KEY_BY:
             assert key_field is not None
             dt = np.dtype(dtype)
@@ -145,7 +83,7 @@ class PartitionWriter:
             self._key = FieldKey(offset, "int64")
             self._table = key_group_table(max_parallelism, ranges)
             self._max_parallelism = max_parallelism
-        self._cut_at(self._debloater.size if self._debloater is not None else segment_size)
+        self._cut_at([segment_size] * n_subpartitions)
         if kind is EdgeKind.CUSTOM:
             assert key_field is not None and partitioner is not None
             self._partitioner = partitioner
@@ -153,33 +91,55 @@ class PartitionWriter:
 
     @property
     def buffer_size(self) -> int:
-        """Where buffers are cut now: the segment size, or less while debloated."""
-        return self._size
+        """Where buffers are cut now (the smallest over subpartitions): the segment
+        size, or less while debloated."""
+        return min(self._cut)
 
-    def _cut_at(self, size: int) -> None:
-        """(Re)builds the packers to cut buffers at ``size`` bytes (after a flush)."""
-        self._size = size
+    def _cut_at(self, sizes: list[int]) -> None:
+        """(Re)builds the packers whose cut size changes, sending what they hold
+        first; a demux or a broadcast cuts every subpartition at the smallest size."""
+        if self.kind in (EdgeKind.KEY_BY, EdgeKind.BROADCAST):
+            sizes = [min(sizes)] * len(sizes)
+        first = not self._cut
+        if not first and sizes == self._cut:
+            return
         if self.kind is EdgeKind.KEY_BY:
-            self._demux = KeyGroupDemux(self._max_parallelism, self._table, self.n, self._key, size)
+            if not first:
+                for sub, buf in self._demux.flush():
+                    self._send(sub, buf)
+            self._demux = KeyGroupDemux(
+                self._max_parallelism, self._table, self.n, self._key, sizes[0]
+            )
         elif self.kind is EdgeKind.BROADCAST:
-            self._writers = [RecordWriter(size)]
+            last = None if first else self._writers[0].flush()
+            if last is not None:
+                self._send_all(last)
+            self._writers = [RecordWriter(sizes[0])]
+        elif first:
+            self._writers = [RecordWriter(size) for size in sizes]
         else:
-            self._writers = [RecordWriter(size) for _ in range(self.n)]
+            for sub, size in enumerate(sizes):
+                if self._cut[sub] != size:
+                    last = self._writers[sub].flush()
+                    if last is not None:
+                        self._send(sub, last)
+                    self._writers[sub] = RecordWriter(size)
+        self._cut = list(sizes)
 
-    def _debloat(self, records: int) -> None:
-        assert self._debloater is not None
-        size = self._debloater.account(records * self._width, self._share)
-        if size is not None:
-            self.flush()  # what is packed goes at the old size; a cut record is fine
-            self._cut_at(size)
+    def _follow_sizes(self) -> None:
+        part = self._sizes
+        self._seen = part.sizes_version
+        sizes = list(part.buffer_sizes)
+        if sizes != self._cut:
+            self._cut_at(sizes)
             self.resized += 1
 
     def emit(self, batch: Batch) -> None:
         if len(batch) == 0:
             return
         self.records_out += len(batch)
-        if self._debloater is not None:
-            self._debloat(len(batch))
+        if self._sizes is not None and self._sizes.sizes_version != self._seen:
+            self._follow_sizes()
         if self.kind is EdgeKind.KEY_BY:
             for sub, buf in self._demux.push(frame(batch)):
                 self._send(sub, buf)

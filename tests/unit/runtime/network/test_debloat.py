@@ -1,5 +1,5 @@
-"""Buffer debloating: an edge's buffers shrink to what its consumers take in the
-target time, grow back when they take more, and the record streams stay exact."""
+"""Buffer debloating: a gate announces buffer sizes that hold about the target time
+of what it takes, its producers' writers cut at them, and record streams stay exact."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ from hypothesis import strategies as st
 from spillover.config import Config
 from spillover.records import RecordReader
 from spillover.runtime.api import EdgeKind
-from spillover.runtime.network.writers import Debloat, PartitionWriter, _Debloater
-from spillover.runtime.wiring import edge_debloat
+from spillover.runtime.network.buffers import BufferPool
+from spillover.runtime.network.debloat import BufferDebloater, Debloat
+from spillover.runtime.network.gate import InputGate
+from spillover.runtime.network.local import connect
+from spillover.runtime.network.partition import ResultPartition
+from spillover.runtime.network.writers import PartitionWriter
+from spillover.runtime.wiring import gate_debloater
 
 DTYPE = np.dtype([("key", "<i8"), ("payload", "S20")])  # 32 framed bytes a record
 SEGMENT = 4096
@@ -27,68 +32,85 @@ class Clock:
         return self.now
 
 
-def settings_(clock: Clock, *, target: float = 1.0, buffers: int = 4) -> Debloat:
-    return Debloat(
-        target_s=target, period_s=0.2, min_size=64, buffers_in_flight=buffers, clock=clock
-    )
+class Channel:
+    """An input channel's debloating hook: records what it was told."""
+
+    def __init__(self) -> None:
+        self.told: list[int] = []
+        self.on_buffer_size = self.told.append
 
 
-def feed(d: _Debloater, clock: Clock, rate: float, seconds: float) -> list[int]:
-    """``rate`` bytes/s in steps of 50 ms; the sizes it proposed."""
-    sizes = []
+def debloater(clock: Clock, channels: list[Any], buffers: int = 4) -> BufferDebloater:
+    settings_ = Debloat(target_s=1.0, period_s=0.2, min_size=64, clock=clock)
+    return BufferDebloater(settings_, channels, SEGMENT, buffers)
+
+
+def consume(d: BufferDebloater, clock: Clock, rate: float, seconds: float) -> None:
+    """``rate`` bytes/s taken in steps of 50 ms."""
     for _ in range(round(seconds / 0.05)):
         clock.now += 0.05
-        size = d.account(int(rate * 0.05), 1)
-        if size is not None:
-            sizes.append(size)
-    return sizes
+        d.consumed(int(rate * 0.05))
 
 
-def test_a_slow_consumer_shrinks_the_buffers_to_its_target_and_a_fast_one_restores_them() -> None:
-    clock = Clock()
-    d = _Debloater(settings_(clock, target=1.0, buffers=4), SEGMENT)
+def test_a_slow_consumer_announces_its_target_and_a_fast_one_the_segment_size() -> None:
+    clock, chans = Clock(), [Channel(), Channel()]
+    d = debloater(clock, chans, buffers=4)
     assert d.size == SEGMENT  # full size until a rate is known
-    feed(d, clock, rate=4000.0, seconds=3.0)  # 4 buffers x 1,000 B = one second's bytes
+    consume(d, clock, rate=4000.0, seconds=3.0)  # 4 buffers x 1,000 B = one second's bytes
     assert abs(d.size - 1000) <= 0.25 * 1000
-    feed(d, clock, rate=10.0, seconds=3.0)
+    assert chans[0].told == chans[1].told and chans[0].told[-1] == d.size  # every channel
+    consume(d, clock, rate=10.0, seconds=3.0)
     assert d.size == 64  # the minimum
-    feed(d, clock, rate=1e9, seconds=1.0)
-    assert d.size == SEGMENT  # never above the segment size
+    consume(d, clock, rate=1e9, seconds=1.0)
+    assert d.size == SEGMENT and chans[0].told[-1] == SEGMENT  # never above the segment
 
 
-def test_small_changes_do_not_resize() -> None:
-    clock = Clock()
-    d = _Debloater(settings_(clock), SEGMENT)
-    feed(d, clock, rate=8000.0, seconds=3.0)
-    settled = d.size
-    assert feed(d, clock, rate=8000.0 * 1.1, seconds=3.0) == []  # within 25 %
-    assert d.size == settled
+def test_small_changes_are_not_announced() -> None:
+    clock, chan = Clock(), Channel()
+    d = debloater(clock, [chan])
+    consume(d, clock, rate=8000.0, seconds=3.0)
+    told = len(chan.told)
+    consume(d, clock, rate=8000.0 * 1.1, seconds=3.0)  # within 25 %
+    assert len(chan.told) == told
 
 
-def test_a_broadcast_edge_counts_every_byte_per_channel_a_spread_one_a_share() -> None:
-    clock = Clock()
-    spread, whole = _Debloater(settings_(clock), SEGMENT), _Debloater(settings_(clock), SEGMENT)
-    for _ in range(40):
-        clock.now += 0.05
-        spread.account(400, 4)  # 100 B/step each of 4 channels: 2,000 B/s
-        whole.account(400, 1)  # 400 B/step on every channel: 8,000 B/s
-    assert whole.size > 3 * spread.size
-
-
-def test_the_network_settings_give_each_channel_its_window_and_pool_share() -> None:
+def test_a_gate_counts_its_channels_exclusive_and_floating_buffers() -> None:
     net = Config.from_dict(
         {
-            "taskmanager.network.memory.buffers-per-partition": 16,
             "taskmanager.network.memory.buffer-debloat.enabled": True,
+            "taskmanager.network.memory.floating-buffers-per-gate": 8,
         }
     ).network
-    d = edge_debloat(net, 4)
-    assert d is not None and d.buffers_in_flight == 2 + 4
-    assert d.target_s == 1.0 and d.period_s == 0.2 and d.min_size == 256
-    assert edge_debloat(Config.from_dict({}).network, 4) is None  # off by default
+    d = gate_debloater(net, InputGate(4, floating_buffers=8))
+    assert d is not None and d.buffers == 4 * 2 + 8
+    assert d.settings.target_s == 1.0 and d.settings.period_s == 0.2
+    assert d.settings.min_size == 256 and d.max_size == 32 * 1024
+    assert gate_debloater(Config.from_dict({}).network, InputGate(4)) is None  # off by default
 
 
-def writer(kind: EdgeKind, n: int, clock: Clock, out: list[list[Any]]) -> PartitionWriter:
+def test_a_local_channel_tells_its_producer_s_partition() -> None:
+    part = ResultPartition(2, BufferPool(SEGMENT, 8), "p")
+    gates = [InputGate(1, name=f"g{i}") for i in range(2)]
+    for sub, gate in enumerate(gates):
+        connect(part, sub, gate, 0)
+    version = part.sizes_version
+    hook = gates[1].channel(0).on_buffer_size
+    assert hook is not None
+    hook(1000)
+    assert part.buffer_sizes == [SEGMENT, 1000] and part.sizes_version > version
+    hook(10 * SEGMENT)  # never above the segment size
+    assert part.buffer_sizes == [SEGMENT, SEGMENT]
+
+
+class Sizes:
+    """What a ResultPartition offers its writer: announced sizes and their version."""
+
+    def __init__(self, n: int) -> None:
+        self.buffer_sizes = [SEGMENT] * n
+        self.sizes_version = 0
+
+
+def writer(kind: EdgeKind, n: int, sizes: Sizes, out: list[list[bytes]]) -> PartitionWriter:
     return PartitionWriter(
         kind,
         DTYPE,
@@ -99,7 +121,7 @@ def writer(kind: EdgeKind, n: int, clock: Clock, out: list[list[Any]]) -> Partit
         "key",
         send=lambda sub, buf: out[sub].append(bytes(buf)),
         send_all=lambda buf: [o.append(bytes(buf)) for o in out],
-        debloat=Debloat(target_s=0.1, period_s=0.2, min_size=64, buffers_in_flight=4, clock=clock),
+        sizes=sizes,
     )
 
 
@@ -107,24 +129,29 @@ def writer(kind: EdgeKind, n: int, clock: Clock, out: list[list[Any]]) -> Partit
 @given(
     kind=st.sampled_from([EdgeKind.KEY_BY, EdgeKind.REBALANCE, EdgeKind.BROADCAST]),
     n=st.integers(1, 3),
-    steps=st.lists(st.tuples(st.integers(1, 300), st.floats(0.0, 0.5)), min_size=1, max_size=30),
+    steps=st.lists(
+        st.tuples(st.integers(1, 300), st.integers(0, 2), st.sampled_from([64, 100, 700, SEGMENT])),
+        min_size=1,
+        max_size=30,
+    ),
 )
 def test_resizing_keeps_every_channel_s_records_exact_and_in_order(
-    kind: EdgeKind, n: int, steps: list[tuple[int, float]]
+    kind: EdgeKind, n: int, steps: list[tuple[int, int, int]]
 ) -> None:
-    clock = Clock()
-    out: list[list[Any]] = [[] for _ in range(n)]
-    w = writer(kind, n, clock, out)
+    sizes, out = Sizes(n), [[] for _ in range(n)]
+    w = writer(kind, n, sizes, out)
     sent, key = [], 0
-    for count, pause in steps:
-        clock.now += pause  # long pauses: a slow consumer; short ones: a fast one
+    for count, sub, size in steps:
+        sizes.buffer_sizes[sub % n] = size  # a consumer announced a size
+        sizes.sizes_version += 1
         batch = np.zeros(count, DTYPE)
         batch["key"] = np.arange(key, key + count)
         batch["payload"] = [b"p%d" % k for k in range(key, key + count)]
         key += count
         sent.append(batch)
         w.emit(batch)
-        assert w.buffer_size <= SEGMENT
+        cut = min(sizes.buffer_sizes) if kind is not EdgeKind.REBALANCE else SEGMENT
+        assert w.buffer_size <= cut
     w.flush()
     assert all(len(b) <= SEGMENT for o in out for b in o)
     want = np.concatenate(sent)
@@ -137,21 +164,15 @@ def test_resizing_keeps_every_channel_s_records_exact_and_in_order(
         assert all(np.array_equal(g, want) for g in got)
     else:  # every record once, each channel's in emit order
         merged = np.concatenate(got)
-        assert sorted(merged["key"].tolist()) == want["key"].tolist()
         assert all((np.diff(g["key"]) > 0).all() for g in got)
         assert np.array_equal(np.sort(merged, order="key"), want)
 
 
-def test_a_slow_edge_cuts_small_buffers() -> None:
-    clock = Clock()
-    out: list[list[Any]] = [[]]
-    w = writer(EdgeKind.REBALANCE, 1, clock, out)
-    for _ in range(20):  # 10 records (320 B) every 0.1 s: 3,200 B/s
-        clock.now += 0.1
-        w.emit(np.zeros(10, DTYPE))
-    # 0.1 s of 3,200 B/s over 4 buffers: 80 B, within the threshold
-    assert w.resized >= 1 and 64 <= w.buffer_size <= 100
-    before = len(out[0])
-    w.emit(np.zeros(100, DTYPE))  # 3,200 B in buffers of the new size
-    assert all(len(b) <= w.buffer_size for b in out[0][before:])
-    assert len(out[0]) - before >= 3200 // 100
+def test_a_writer_cuts_at_the_announced_size_from_its_next_batch() -> None:
+    sizes, out = Sizes(2), [[], []]
+    w = writer(EdgeKind.REBALANCE, 2, sizes, out)
+    sizes.buffer_sizes[1], sizes.sizes_version = 100, 1
+    w.emit(np.zeros(100, DTYPE))  # 3,200 B to subpartition 0: full segments
+    w.emit(np.zeros(100, DTYPE))  # 3,200 B to subpartition 1: 100 B buffers
+    assert w.resized == 1 and w.buffer_size == 100
+    assert out[0] == [] and len(out[1]) == 32 and all(len(b) == 100 for b in out[1])

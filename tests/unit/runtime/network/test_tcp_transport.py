@@ -22,6 +22,7 @@ import pytest
 
 import spillover
 from spillover.errors import ClosedError
+from spillover.runtime.api import EdgeKind
 from spillover.runtime.network.buffers import (
     BufferPool,
     NetworkBuffer,
@@ -42,12 +43,14 @@ from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.tcp import (
     HEADER,
+    PROTOCOL_VERSION,
     HandshakeError,
     TcpReceiver,
     TcpSubpartition,
     TransportError,
     connect_tcp,
 )
+from spillover.runtime.network.writers import PartitionWriter
 
 JOIN = 10.0  # seconds a test thread may take before the test fails instead of hanging
 SECRET = b"job-7f3a secret 01"
@@ -287,6 +290,33 @@ def test_credit_from_the_consumer_wakes_an_armed_producer(receiver: TcpReceiver)
     finish_and_close(part, [sub])
 
 
+def test_a_debloated_size_reaches_the_producer_s_partition_and_its_writer(
+    receiver: TcpReceiver,
+) -> None:
+    part, gate, subs = tcp_link(receiver, subpartitions=2, segment_size=4096)
+    out: list[list[bytes]] = [[], []]
+    w = PartitionWriter(
+        EdgeKind.REBALANCE,
+        np.dtype("<i8"),
+        2,
+        0,
+        4096,
+        128,
+        None,
+        send=lambda sub, buf: out[sub].append(bytes(buf)),
+        send_all=None,
+        sizes=part,
+    )
+    hook = gate.channel(1).on_buffer_size
+    assert hook is not None  # set by the handshake
+    hook(120)  # a BUFFER_SIZE frame to the producer's reading thread
+    eventually(lambda: part.buffer_sizes == [4096, 120])
+    w.emit(np.arange(100, dtype="<i8"))  # to subpartition 0: one partial buffer, held
+    w.emit(np.arange(100, dtype="<i8"))  # to subpartition 1: 1,200 B in 120 B buffers
+    assert out[0] == [] and [len(b) for b in out[1]] == [120] * 10
+    finish_and_close(part, subs)
+
+
 def test_large_credits_are_announced_in_batches_but_never_withheld(
     receiver: TcpReceiver,
 ) -> None:
@@ -361,7 +391,7 @@ class RawConsumer:
         conn, _ = self.listener.accept()
         conn.settimeout(JOIN)
         self.conn = conn
-        challenge = struct.pack("<4sHH32s", b"SPLV", 1, 0, self.nonce)
+        challenge = struct.pack("<4sHH32s", b"SPLV", PROTOCOL_VERSION, 0, self.nonce)
         conn.sendall(HEADER.pack(6, 0, 0, 0xFFFFFFFF, len(challenge)) + challenge)
         ftype, _flags, _res, channel, length = HEADER.unpack(self.read(HEADER.size))
         hello = self.read(length)
@@ -400,7 +430,15 @@ def test_wire_bytes_and_a_priority_event_overtaking_the_send_queue() -> None:
     accepted = Worker(lambda: peer.accept(credit=n))
     sub = connect_tcp(part, 0, peer.address, "gate-x", 5, SECRET, poll_interval=POLL)
     (channel, magic, version, res, seg, subp, ch, plen, glen), hello = accepted.finish()
-    assert (channel, magic, version, res, seg, subp, ch) == (5, b"SPLV", 1, 0, size, 0, 5)
+    assert (channel, magic, version, res, seg, subp, ch) == (
+        5,
+        b"SPLV",
+        PROTOCOL_VERSION,
+        0,
+        size,
+        0,
+        5,
+    )
     assert hello[24 : 24 + plen] == b"prod" and hello[24 + plen : 24 + plen + glen] == b"gate-x"
     body, mac = hello[:-32], hello[-32:]
     assert mac == hmac.new(SECRET, peer.nonce + body, hashlib.sha256).digest()

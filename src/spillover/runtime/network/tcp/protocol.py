@@ -21,7 +21,7 @@ from spillover.runtime.network.events import EndOfPartition, Event, serialize
 from spillover.runtime.network.tcp.auth import MAC_BYTES
 from spillover.storage import DataType
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: BUFFER_SIZE frames
 MAGIC = b"SPLV"
 HEADER = struct.Struct("<BBHII")  # type, flags (0), reserved (0), channel, payload length
 
@@ -34,6 +34,7 @@ class FrameType(enum.IntEnum):
     CREDIT = 5  # consumer -> producer: u32 more data frames may be sent
     HELLO = 6  # both: the consumer's challenge, then the producer's identity and MAC
     ERROR = 7  # both: u16 code + UTF-8 message; the sender closes afterwards
+    BUFFER_SIZE = 8  # consumer -> producer: u32 bytes to cut data buffers at (debloating)
 
 
 class ErrorCode(enum.IntEnum):

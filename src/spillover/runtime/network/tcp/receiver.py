@@ -104,7 +104,7 @@ class _Inbound(CreditListener):
         if self._closed:
             return
         views = _frame(ftype, self.channel_id, payload)
-        if ftype == FrameType.CREDIT:
+        if ftype in (FrameType.CREDIT, FrameType.BUFFER_SIZE):
             # 16 bytes the socket nearly always takes at once: one non-blocking write
             # (on a duplicate descriptor) spares the releasing thread the timed
             # socket's poll; whatever it does not take is written below.
@@ -145,6 +145,17 @@ class _Inbound(CreditListener):
         except (OSError, _Stopped):
             self._cut()
 
+    def announce_buffer_size(self, size: int) -> None:
+        """Tells the producer to cut this channel's data buffers at ``size`` bytes
+        (buffer debloating, from the consuming thread). Never raises: a failed write
+        cuts the connection and the receiving thread fails the channel."""
+        if not self._announcing:
+            return
+        try:
+            self._send(FrameType.BUFFER_SIZE, _U32.pack(size), self.receiver.io_timeout)
+        except (OSError, _Stopped):
+            self._cut()
+
     def _cut(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -160,6 +171,8 @@ class _Inbound(CreditListener):
         ch = self.channel
         if ch is not None and ch.credit_listener is self:
             ch.credit_listener = None
+        if ch is not None and ch.on_buffer_size == self.announce_buffer_size:
+            ch.on_buffer_size = None
         if self.pool is not None:
             self.pool.close()
 
@@ -238,6 +251,7 @@ class _Inbound(CreditListener):
         self.sock.settimeout(rcv.poll_interval)
         self._batch = max(1, ch.exclusive // 4)
         ch.credit_listener = self
+        ch.on_buffer_size = self.announce_buffer_size
         self._announcing = True
         try:  # the initial credit is the acceptance
             self._send(

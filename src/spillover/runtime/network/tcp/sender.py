@@ -470,6 +470,9 @@ class TcpSubpartition(Subpartition):
                     if ftype == FrameType.CREDIT:
                         delta += _U32.unpack_from(buf, at)[0]
                         continue
+                    if ftype == FrameType.BUFFER_SIZE:
+                        self._resize(_U32.unpack_from(buf, at)[0])
+                        continue
                     payload = bytes(buf[at:start])
                     if len(payload) < 2:
                         raise ProtocolError("an ERROR frame without a code")
@@ -505,9 +508,9 @@ class TcpSubpartition(Subpartition):
             raise ProtocolError(f"frame header with flags {flags} and reserved {reserved}")
         if chan != self.channel_id:
             raise ProtocolError(f"frame for channel {chan} on the connection of {self.channel_id}")
-        if ftype == FrameType.CREDIT:
+        if ftype in (FrameType.CREDIT, FrameType.BUFFER_SIZE):
             if length != _U32.size:
-                raise ProtocolError(f"a CREDIT frame of {length} bytes")
+                raise ProtocolError(f"a {FrameType(ftype).name} frame of {length} bytes")
         elif ftype == FrameType.ERROR:
             if length > _MAX_MESSAGE + 2:
                 raise ProtocolError(
@@ -516,6 +519,15 @@ class TcpSubpartition(Subpartition):
         else:
             raise ProtocolError(f"unexpected frame type {ftype} from the consumer")
         return ftype, length
+
+    def _resize(self, size: int) -> None:
+        """The consumer's debloated buffer size for this subpartition."""
+        if not 0 < size <= self.segment_size:
+            raise ProtocolError(
+                f"a BUFFER_SIZE of {size} bytes", detail=f"the segment size is {self.segment_size}"
+            )
+        if self.partition is not None:
+            self.partition.announce_buffer_size(self.index, size)
 
     def _grant(self, delta: int) -> None:
         """The consumer's credit: the producer may send ``delta`` more buffers."""
