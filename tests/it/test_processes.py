@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.deploy.processes import ProcessExecutor
 from spillover.errors import ConfigError
@@ -35,3 +36,24 @@ def test_a_job_in_worker_processes_runs_to_its_end_with_its_output() -> None:
     assert result.status == "finished" and result.attempts == 1
     taken = sum(m["records_in"] for name, m in result.tasks.items() if name.startswith("k#"))
     assert taken == 10_000  # every record reached a sink, over TCP between the workers
+
+
+def test_debloating_over_tcp_shrinks_the_buffers_into_a_slow_sink_and_loses_nothing() -> None:
+    env = StreamEnvironment("debloat", parallelism=2)
+    env.from_source(
+        GeneratorSource(partitions=2, records_per_partition=20_000, payload_bytes=16), uid="s"
+    ).rebalance().sink(ThrottledSink(10_000.0), uid="k")
+    cfg = Config.from_dict(
+        {
+            "taskmanager.network.memory.buffer-debloat.enabled": True,
+            "taskmanager.network.memory.buffer-debloat.target": "100 ms",
+        }
+    )
+    result = create_executor("processes", env, cfg).run(timeout=120)
+    assert result.status == "finished", result.failures
+    taken = sum(m["records_in"] for name, m in result.tasks.items() if name.startswith("k#"))
+    assert taken == 40_000  # every record, once
+    # 10,000 records/s of 48 framed bytes per sink, 0.1 s over 2 x 2 + 8 buffers: ~4 KiB,
+    # announced in BUFFER_SIZE frames to the sources in the other worker too
+    sizes = [m["output_buffer_bytes"] for name, m in result.tasks.items() if name.startswith("s#")]
+    assert all(size <= 16 * 1024 for size in sizes), sizes

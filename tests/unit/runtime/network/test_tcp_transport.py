@@ -480,6 +480,35 @@ def test_wire_bytes_and_a_priority_event_overtaking_the_send_queue() -> None:
         sub.close(JOIN)
 
 
+@pytest.mark.parametrize("size", [0, 4097])
+def test_a_buffer_size_outside_the_segment_fails_the_producer_with_a_protocol_error(
+    size: int,
+) -> None:
+    peer = RawConsumer()
+    part = ResultPartition(1, BufferPool(4096, 4), "prod")
+    accepted = Worker(lambda: peer.accept(credit=4))
+    sub = connect_tcp(part, 0, peer.address, "gate-x", 5, SECRET, poll_interval=POLL)
+    accepted.finish()
+    try:
+        assert peer.conn is not None
+        peer.conn.sendall(HEADER.pack(8, 0, 0, 5, 4) + struct.pack("<I", size))
+        frames = peer.frames(1)  # the producer tells why before it closes
+        assert frames[0][0] == 7 and b"BUFFER_SIZE" in frames[0][2]
+        with pytest.raises(ChannelFailedError, match="BUFFER_SIZE"):
+            emit_until_it_raises(lambda: part.emit(0, data(b"x"), timeout=JOIN))
+        assert part.buffer_sizes == [4096]
+    finally:
+        peer.close()
+        sub.close(JOIN)
+
+
+def emit_until_it_raises(call: Callable[[], object]) -> None:
+    deadline = time.monotonic() + JOIN
+    while time.monotonic() < deadline:
+        call()
+        time.sleep(0.01)
+
+
 def test_priority_event_overtakes_on_the_consumer_what_was_already_sent(
     receiver: TcpReceiver,
 ) -> None:
