@@ -253,8 +253,8 @@ def edge_writer(
 
 
 def gate_debloater(net: NetworkConfig, gate: InputGate) -> BufferDebloater | None:
-    """Buffer debloating of one input gate (None: off): its buffers are its channels'
-    exclusive ones and its floating ones."""
+    """Buffer debloating of one input gate (None: off), over its channels' exclusive
+    buffers and its floating ones (``BufferDebloater.buffers``)."""
     if not net.debloat_enabled:
         return None
     settings = Debloat(
@@ -263,8 +263,10 @@ def gate_debloater(net: NetworkConfig, gate: InputGate) -> BufferDebloater | Non
         min_size=net.min_segment_size,
         threshold=net.debloat_threshold_percentages / 100,
     )
-    buffers = gate.num_channels * net.buffers_per_channel + net.floating_buffers_per_gate
-    return BufferDebloater(settings, gate.channels, net.segment_size, buffers)
+    exclusive = gate.num_channels * net.buffers_per_channel
+    return BufferDebloater(
+        settings, gate.channels, net.segment_size, exclusive, net.floating_buffers_per_gate
+    )
 
 
 def keyed_backend(g: JobGraph) -> Any:

@@ -4,10 +4,13 @@ Every ``period`` the gate's consumer (the task thread) measures the bytes per se
 it took, smoothed, and announces ``rate * target / buffers`` bytes, between
 ``min_size`` and the segment size, to the producer of every channel (a local
 channel sets it on the producer's partition, a TCP one sends a BUFFER_SIZE frame):
-the ``buffers`` the gate holds (its channels' exclusive ones and its floating ones)
-then carry about ``target`` seconds of its input. The producer's writer cuts its
-buffers at the announced size from its next batch. A size is announced only when it
-differs from the last by more than ``threshold`` (a fraction) or reaches a bound.
+the ``buffers`` the gate surely holds then carry about ``target`` seconds of its
+input. Those are its channels' exclusive buffers, and its floating ones only when
+every channel is local: a TCP channel is given exclusive credit only, so counting
+floating buffers would leave each remote channel a fraction of the target. The
+producer's writer cuts its buffers at the announced size from its next batch. A
+size is announced only when it differs from the last by more than ``threshold`` (a
+fraction) or reaches a bound.
 Measured where the data is consumed, as Flink does (FLIP-183): while full-size
 buffers drain, the consumer's rate is what it takes, not what it is sent.
 """
@@ -36,18 +39,32 @@ class BufferDebloater:
     producers (:class:`Debloat`). Fed by the consuming thread with :meth:`consumed`."""
 
     def __init__(
-        self, settings: Debloat, channels: Sequence[Any], max_size: int, buffers: int
+        self,
+        settings: Debloat,
+        channels: Sequence[Any],
+        max_size: int,
+        exclusive: int,
+        floating: int = 0,
     ) -> None:
         self.settings = settings
-        self.channels = channels  # each with ``on_buffer_size`` (None: not told)
+        # Each with ``on_buffer_size`` (None: not told) and ``credit_listener`` (set
+        # for a TCP channel).
+        self.channels = channels
         self.max_size = max_size
-        self.buffers = max(1, buffers)
+        self.exclusive = max(1, exclusive)  # the channels' exclusive buffers, summed
+        self.floating = floating
         self.size = max_size  # what the producers cut at until told otherwise
         self.announced = 0  # sizes announced
         self._clock = settings.clock
         self._bytes = 0
         self._since = self._clock()
         self._rate: float | None = None  # smoothed bytes/s
+
+    @property
+    def buffers(self) -> int:
+        """The buffers the gate surely holds: floating ones only if no channel is remote."""
+        remote = any(getattr(ch, "credit_listener", None) is not None for ch in self.channels)
+        return self.exclusive + (0 if remote else self.floating)
 
     def consumed(self, nbytes: int) -> None:
         """The consumer took a data buffer of ``nbytes``."""

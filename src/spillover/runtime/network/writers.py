@@ -127,11 +127,13 @@ class PartitionWriter:
         self._cut = list(sizes)
 
     def _follow_sizes(self) -> None:
+        """Cuts at the sizes the consumers announced since the last batch (the version
+        is read first: a size announced meanwhile is followed at the next batch)."""
         part = self._sizes
         self._seen = part.sizes_version
-        sizes = list(part.buffer_sizes)
-        if sizes != self._cut:
-            self._cut_at(sizes)
+        before = self._cut
+        self._cut_at(list(part.buffer_sizes))
+        if self._cut != before:
             self.resized += 1
 
     def emit(self, batch: Batch) -> None:

@@ -38,11 +38,12 @@ class Channel:
     def __init__(self) -> None:
         self.told: list[int] = []
         self.on_buffer_size = self.told.append
+        self.credit_listener: object = None  # a TCP channel has one
 
 
 def debloater(clock: Clock, channels: list[Any], buffers: int = 4) -> BufferDebloater:
     settings_ = Debloat(target_s=1.0, period_s=0.2, min_size=64, clock=clock)
-    return BufferDebloater(settings_, channels, SEGMENT, buffers)
+    return BufferDebloater(settings_, channels, SEGMENT, buffers)  # exclusive only
 
 
 def consume(d: BufferDebloater, clock: Clock, rate: float, seconds: float) -> None:
@@ -72,6 +73,14 @@ def test_small_changes_are_not_announced() -> None:
     told = len(chan.told)
     consume(d, clock, rate=8000.0 * 1.1, seconds=3.0)  # within 25 %
     assert len(chan.told) == told
+
+
+def test_floating_buffers_count_only_when_no_channel_is_remote() -> None:
+    local, remote = Channel(), Channel()
+    remote.credit_listener = object()
+    settings_ = Debloat(target_s=1.0, period_s=0.2, min_size=64)
+    assert BufferDebloater(settings_, [local, Channel()], SEGMENT, 4, 8).buffers == 12
+    assert BufferDebloater(settings_, [local, remote], SEGMENT, 4, 8).buffers == 4
 
 
 def test_a_gate_counts_its_channels_exclusive_and_floating_buffers() -> None:
