@@ -47,6 +47,8 @@ def test_a_slow_sink_debloats_the_buffers_that_feed_it() -> None:
             {
                 "taskmanager.network.memory.buffer-debloat.enabled": enabled,
                 "taskmanager.network.memory.buffer-debloat.target": "100 ms",
+                # small enough that what is in flight is not the whole job's data
+                "taskmanager.memory.segment-size": "32 kb",
             }
         )
         result = LocalExecutor(env, cfg).run(timeout=60)

@@ -47,6 +47,8 @@ def test_debloating_over_tcp_shrinks_the_buffers_into_a_slow_sink_and_loses_noth
         {
             "taskmanager.network.memory.buffer-debloat.enabled": True,
             "taskmanager.network.memory.buffer-debloat.target": "100 ms",
+            # small enough that what is in flight is not the whole job's data
+            "taskmanager.memory.segment-size": "32 kb",
         }
     )
     result = create_executor("processes", env, cfg).run(timeout=120)

@@ -93,7 +93,7 @@ def test_a_gate_counts_its_channels_exclusive_and_floating_buffers() -> None:
     d = gate_debloater(net, InputGate(4, floating_buffers=8))
     assert d is not None and d.buffers == 4 * 2 + 8
     assert d.settings.target_s == 1.0 and d.settings.period_s == 0.2
-    assert d.settings.min_size == 256 and d.max_size == 32 * 1024
+    assert d.settings.min_size == 256 and d.max_size == 32 * 1024  # the defaults
     assert gate_debloater(Config.from_dict({}).network, InputGate(4)) is None  # off by default
 
 
