@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--duration must be > 0 and --warmup >= 0")
     if args.stops < 0:
         p.error("--stops must be >= 0")
+    if not re.fullmatch(r"[0-9]+(b|kb|mb)", args.segment_size.strip().lower()):
+        p.error(f"--segment-size {args.segment_size!r} is not a size like 32kb or 1mb")
 
     cache = Path(args.cache_dir).expanduser()
     out = Path(args.out)

@@ -189,7 +189,12 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             keys=value("--keys", int, lambda v: v >= 1, ">= 1"),
             repeat=value("--repeat", int, lambda v: v >= 1, ">= 1"),
             payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),
-            segment_size=value("--segment-size", parse_memory_size),
+            segment_size=value(
+                "--segment-size",
+                parse_memory_size,
+                lambda v: 4096 <= v <= 1 << 24 and not v & (v - 1),
+                "a power of two from 4 kb to 16 mb",
+            ),
             aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
             max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
             checkpoint_dir=args.checkpoint_dir or None,

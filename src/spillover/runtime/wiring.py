@@ -97,7 +97,8 @@ def build_tasks(
             )
             gate = gates[(v.id, d)]
             if gate is not None:
-                gate.debloater = gate_debloater(net, gate)
+                elsewhere = any(not here(c.upstream_subtask) for c in infos)
+                gate.debloater = gate_debloater(net, gate, elsewhere)
     for e in g.edges:
         up, down = g.vertices[e.source], g.vertices[e.target]
         first = next(k for k, c in enumerate(channels[(down.id, 0)]) if c.edge == e)
@@ -252,9 +253,13 @@ def edge_writer(
     )
 
 
-def gate_debloater(net: NetworkConfig, gate: InputGate) -> BufferDebloater | None:
-    """Buffer debloating of one input gate (None: off), over its channels' exclusive
-    buffers and its floating ones (``BufferDebloater.buffers``)."""
+def gate_debloater(
+    net: NetworkConfig, gate: InputGate, remote: bool = False
+) -> BufferDebloater | None:
+    """Buffer debloating of one input gate (None: off). Its buffers are its channels'
+    exclusive ones, and its floating ones unless a channel is ``remote``: a TCP
+    channel gets exclusive credit only, so counting them would leave each remote
+    channel a fraction of the target."""
     if not net.debloat_enabled:
         return None
     settings = Debloat(
@@ -263,10 +268,10 @@ def gate_debloater(net: NetworkConfig, gate: InputGate) -> BufferDebloater | Non
         min_size=net.min_segment_size,
         threshold=net.debloat_threshold_percentages / 100,
     )
-    exclusive = gate.num_channels * net.buffers_per_channel
-    return BufferDebloater(
-        settings, gate.channels, net.segment_size, exclusive, net.floating_buffers_per_gate
-    )
+    buffers = gate.num_channels * net.buffers_per_channel
+    if not remote:
+        buffers += net.floating_buffers_per_gate
+    return BufferDebloater(settings, gate.channels, net.segment_size, buffers)
 
 
 def keyed_backend(g: JobGraph) -> Any:

@@ -36,40 +36,35 @@ class Debloat:
 
 class BufferDebloater:
     """Measures what one gate consumes and announces buffer sizes to its channels'
-    producers (:class:`Debloat`). Fed by the consuming thread with :meth:`consumed`."""
+    producers (:class:`Debloat`). Fed by the consuming thread with :meth:`consumed`.
+
+    ``buffers`` is what the gate surely holds: its channels' exclusive buffers, and
+    its floating ones only when no channel is remote (``wiring.gate_debloater``). A
+    channel not yet told the current size (connected after it was announced) is
+    told at the end of the next period."""
 
     def __init__(
-        self,
-        settings: Debloat,
-        channels: Sequence[Any],
-        max_size: int,
-        exclusive: int,
-        floating: int = 0,
+        self, settings: Debloat, channels: Sequence[Any], max_size: int, buffers: int
     ) -> None:
         self.settings = settings
-        # Each with ``on_buffer_size`` (None: not told) and ``credit_listener`` (set
-        # for a TCP channel).
-        self.channels = channels
+        self.channels = channels  # each with ``on_buffer_size`` (None: not connected)
         self.max_size = max_size
-        self.exclusive = max(1, exclusive)  # the channels' exclusive buffers, summed
-        self.floating = floating
+        self.buffers = max(1, buffers)
         self.size = max_size  # what the producers cut at until told otherwise
         self.announced = 0  # sizes announced
+        self._told = [max_size] * len(channels)  # what each channel's producer was told
         self._clock = settings.clock
         self._bytes = 0
-        self._since = self._clock()
+        self._since: float | None = None  # measuring from the first buffer taken
         self._rate: float | None = None  # smoothed bytes/s
-
-    @property
-    def buffers(self) -> int:
-        """The buffers the gate surely holds: floating ones only if no channel is remote."""
-        remote = any(getattr(ch, "credit_listener", None) is not None for ch in self.channels)
-        return self.exclusive + (0 if remote else self.floating)
 
     def consumed(self, nbytes: int) -> None:
         """The consumer took a data buffer of ``nbytes``."""
-        self._bytes += nbytes
         now = self._clock()
+        if self._since is None:
+            self._since = now  # not the time before the job ran
+            return
+        self._bytes += nbytes
         elapsed = now - self._since
         st = self.settings
         if elapsed < st.period_s:
@@ -80,11 +75,11 @@ class BufferDebloater:
         want = int(self._rate * st.target_s / self.buffers)
         size = min(self.max_size, max(st.min_size, want))
         bound = size in (st.min_size, self.max_size)
-        if size == self.size or (not bound and abs(size - self.size) <= st.threshold * self.size):
-            return
-        self.size = size
-        self.announced += 1
-        for ch in self.channels:
+        if size != self.size and (bound or abs(size - self.size) > st.threshold * self.size):
+            self.size = size
+            self.announced += 1
+        for i, ch in enumerate(self.channels):
             tell = ch.on_buffer_size
-            if tell is not None:
-                tell(size)
+            if tell is not None and self._told[i] != self.size:
+                self._told[i] = self.size
+                tell(self.size)

@@ -45,6 +45,7 @@ class Subpartition(ABC):
 
     partition: ResultPartition | None = None
     index = 0  # which subpartition of :attr:`partition` (set by ``connect``)
+    announced_size: int | None = None  # the consumer's last BUFFER_SIZE (TCP)
 
     @abstractmethod
     def add_data(self, buffer: NetworkBuffer, deadline: float | None) -> float:
@@ -117,8 +118,10 @@ class ResultPartition:
         if self._subs[subpartition] is not None:
             raise NetworkError(f"subpartition {subpartition} of {self.name!r} is connected")
         self._subs[subpartition] = target
-        target.partition = self
         target.index = subpartition
+        target.partition = self
+        if target.announced_size is not None:  # told before it was connected
+            self.announce_buffer_size(subpartition, target.announced_size)
 
     def announce_buffer_size(self, subpartition: int, size: int) -> None:
         """A consumer's debloated buffer size for one subpartition (any thread):

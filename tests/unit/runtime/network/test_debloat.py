@@ -15,7 +15,7 @@ from spillover.runtime.api import EdgeKind
 from spillover.runtime.network.buffers import BufferPool
 from spillover.runtime.network.debloat import BufferDebloater, Debloat
 from spillover.runtime.network.gate import InputGate
-from spillover.runtime.network.local import connect
+from spillover.runtime.network.local import LocalChannel, connect
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import PartitionWriter
 from spillover.runtime.wiring import gate_debloater
@@ -76,11 +76,41 @@ def test_small_changes_are_not_announced() -> None:
 
 
 def test_floating_buffers_count_only_when_no_channel_is_remote() -> None:
-    local, remote = Channel(), Channel()
-    remote.credit_listener = object()
-    settings_ = Debloat(target_s=1.0, period_s=0.2, min_size=64)
-    assert BufferDebloater(settings_, [local, Channel()], SEGMENT, 4, 8).buffers == 12
-    assert BufferDebloater(settings_, [local, remote], SEGMENT, 4, 8).buffers == 4
+    net = Config.from_dict({"taskmanager.network.memory.buffer-debloat.enabled": True}).network
+    local = gate_debloater(net, InputGate(2, floating_buffers=8))
+    remote = gate_debloater(net, InputGate(2, floating_buffers=8), remote=True)
+    assert local is not None and remote is not None
+    assert (local.buffers, remote.buffers) == (2 * 2 + 8, 2 * 2)
+
+
+def test_a_channel_connected_later_is_told_the_current_size() -> None:
+    clock, early, late = Clock(), Channel(), Channel()
+    late.on_buffer_size = None  # type: ignore[assignment]  # not connected yet
+    d = debloater(clock, [early, late])
+    consume(d, clock, rate=4000.0, seconds=3.0)
+    assert early.told and late.told == []
+    late.on_buffer_size = late.told.append  # its handshake ended
+    consume(d, clock, rate=4000.0, seconds=0.3)
+    assert late.told == [d.size] and early.told[-1] == d.size
+
+
+def test_the_time_before_the_first_buffer_is_not_measured() -> None:
+    clock, chan = Clock(), Channel()
+    d = debloater(clock, [chan])
+    clock.now += 30.0  # the job starting, a restore
+    consume(d, clock, rate=1e9, seconds=1.0)
+    assert chan.told == [] and d.size == SEGMENT  # never shrunk by the wait
+
+
+def test_a_size_told_before_the_subpartition_is_connected_is_applied_then() -> None:
+    part = ResultPartition(2, BufferPool(SEGMENT, 8), "p")
+    gate = InputGate(1)
+    link = connect(part, 0, gate, 0)
+    assert link.index == 0
+    early = LocalChannel(InputGate(1).channel(0))
+    early.announced_size = 700  # a BUFFER_SIZE frame that came before ``connect``
+    part.connect(1, early)
+    assert early.index == 1 and part.buffer_sizes == [SEGMENT, 700]
 
 
 def test_a_gate_counts_its_channels_exclusive_and_floating_buffers() -> None:

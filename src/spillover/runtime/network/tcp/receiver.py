@@ -251,7 +251,6 @@ class _Inbound(CreditListener):
         self.sock.settimeout(rcv.poll_interval)
         self._batch = max(1, ch.exclusive // 4)
         ch.credit_listener = self
-        ch.on_buffer_size = self.announce_buffer_size
         self._announcing = True
         try:  # the initial credit is the acceptance
             self._send(
@@ -260,6 +259,9 @@ class _Inbound(CreditListener):
         except (OSError, _Stopped) as e:
             ch.fail(TransportError(f"{self.where}: handshake failed", detail=str(e)))
             return False
+        # Only now: a BUFFER_SIZE frame before the initial CREDIT would break the
+        # producer's handshake. The gate's debloater tells it its size next period.
+        ch.on_buffer_size = self.announce_buffer_size
         return True
 
     def _idle(self) -> bool:

@@ -526,8 +526,10 @@ class TcpSubpartition(Subpartition):
             raise ProtocolError(
                 f"a BUFFER_SIZE of {size} bytes", detail=f"the segment size is {self.segment_size}"
             )
-        if self.partition is not None:
-            self.partition.announce_buffer_size(self.index, size)
+        self.announced_size = size  # applied by ``connect`` if it comes first
+        part = self.partition
+        if part is not None:
+            part.announce_buffer_size(self.index, size)
 
     def _grant(self, delta: int) -> None:
         """The consumer's credit: the producer may send ``delta`` more buffers."""
