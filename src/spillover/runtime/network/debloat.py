@@ -51,7 +51,6 @@ class BufferDebloater:
         self.max_size = max_size
         self.buffers = max(1, buffers)
         self.size = max_size  # what the producers cut at until told otherwise
-        self.announced = 0  # sizes announced
         self._told = [max_size] * len(channels)  # what each channel's producer was told
         self._clock = settings.clock
         self._bytes = 0
@@ -77,7 +76,6 @@ class BufferDebloater:
         bound = size in (st.min_size, self.max_size)
         if size != self.size and (bound or abs(size - self.size) > st.threshold * self.size):
             self.size = size
-            self.announced += 1
         for i, ch in enumerate(self.channels):
             tell = ch.on_buffer_size
             if tell is not None and self._told[i] != self.size:

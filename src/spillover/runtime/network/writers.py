@@ -96,35 +96,24 @@ class PartitionWriter:
         return min(self._cut)
 
     def _cut_at(self, sizes: list[int]) -> None:
-        """(Re)builds the packers whose cut size changes, sending what they hold
-        first; a demux or a broadcast cuts every subpartition at the smallest size."""
+        """(Re)builds the packers to cut at ``sizes``, after sending what they hold
+        (at a batch boundary: they hold whole records); a demux or a broadcast cuts
+        every subpartition at the smallest size."""
         if self.kind in (EdgeKind.KEY_BY, EdgeKind.BROADCAST):
             sizes = [min(sizes)] * len(sizes)
-        first = not self._cut
-        if not first and sizes == self._cut:
+        if sizes == self._cut:
             return
+        if self._cut:
+            self.flush()
         if self.kind is EdgeKind.KEY_BY:
-            if not first:
-                for sub, buf in self._demux.flush():
-                    self._send(sub, buf)
             self._demux = KeyGroupDemux(
                 self._max_parallelism, self._table, self.n, self._key, sizes[0]
             )
         elif self.kind is EdgeKind.BROADCAST:
-            last = None if first else self._writers[0].flush()
-            if last is not None:
-                self._send_all(last)
             self._writers = [RecordWriter(sizes[0])]
-        elif first:
-            self._writers = [RecordWriter(size) for size in sizes]
         else:
-            for sub, size in enumerate(sizes):
-                if self._cut[sub] != size:
-                    last = self._writers[sub].flush()
-                    if last is not None:
-                        self._send(sub, last)
-                    self._writers[sub] = RecordWriter(size)
-        self._cut = list(sizes)
+            self._writers = [RecordWriter(size) for size in sizes]
+        self._cut = sizes
 
     def _follow_sizes(self) -> None:
         """Cuts at the sizes the consumers announced since the last batch (the version
