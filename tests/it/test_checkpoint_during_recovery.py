@@ -79,6 +79,9 @@ def _config(ckpt: Path) -> Config:
             # Deep channels: a stalled source's queue holds much for the keyed task to
             # process before that source's barrier comes.
             "taskmanager.network.memory.buffers-per-channel": 16,
+            # The volumes below are counted in 32 KiB buffers, which stay that size.
+            "taskmanager.memory.segment-size": "32 kb",
+            "taskmanager.network.memory.buffer-debloat.enabled": False,
         }
     )
 

@@ -83,6 +83,11 @@ def test_restores_replay_the_feedback_the_head_logged(policy: str, tmp_path: Pat
             "restart-strategy.type": "fixed-delay",
             "restart-strategy.fixed-delay.attempts": 10,
             "restart-strategy.fixed-delay.delay": "0 s",
+            # Buffers of 32 KiB: feedback reaches the head between checkpoints (at
+            # 128 KiB a 20,000-record loop fills few buffers, and the restored
+            # checkpoints may hold none).
+            "taskmanager.memory.segment-size": "32 kb",
+            "taskmanager.network.memory.buffer-debloat.enabled": False,
         }
     )
     per_subtask = spec.records // spec.parallelism

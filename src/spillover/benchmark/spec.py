@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from spillover.config import Config
+from spillover.config import Config, NetworkConfig
 from spillover.config.policies import POLICIES, policy_options
 from spillover.deploy import EXECUTORS
 from spillover.errors import ConfigError
@@ -53,7 +53,7 @@ class BenchSpec:
     sink_rate: float = 5000.0  # records/s per sink subtask: lower is stronger backpressure
     keys: int = 10_000
     payload_bytes: int = 100
-    segment_size: int = 32 * 1024  # taskmanager.memory.segment-size
+    segment_size: int = NetworkConfig.segment_size  # taskmanager.memory.segment-size
     aligned_timeout_ms: int = 100
     max_inflight_bytes: int = 1024 * 1024
     checkpoint_dir: str | None = None  # None: a temporary directory, removed afterwards

@@ -209,8 +209,10 @@ class NetworkConfig:
     """Network buffers and credits: ``taskmanager.memory.segment-size`` and
     ``taskmanager.network.memory.*``."""
 
+    # 128 KiB, not Flink's 32: the runtime pays per buffer in the interpreter, and
+    # debloating (on) cuts buffers smaller while consumers lag (docs/runtime.md).
     segment_size: int = field(
-        default=32 * KiB,
+        default=128 * KiB,
         metadata=_key("taskmanager.memory.segment-size", _MemorySize(4 * KiB, 16 * MiB, True)),
     )
     buffers_per_channel: int = field(default=2, metadata=_key(_TM + "buffers-per-channel", _Int(1)))
@@ -227,9 +229,11 @@ class NetworkConfig:
     )
     # Buffer debloating (FLIP-183's keys): buffers cut smaller while consumers take
     # less, so the in-flight data stays about ``debloat_target`` of what they take.
-    debloat_enabled: bool = field(default=False, metadata=_key(_DEBLOAT + "enabled", _Bool()))
+    # On, and half Flink's target: a backpressured edge holds the target at its gate
+    # and about as much again in its producer's partition.
+    debloat_enabled: bool = field(default=True, metadata=_key(_DEBLOAT + "enabled", _Bool()))
     debloat_target: timedelta = field(
-        default=timedelta(seconds=1),
+        default=timedelta(milliseconds=500),
         metadata=_key(_DEBLOAT + "target", _Duration(timedelta(milliseconds=1))),
     )
     debloat_period: timedelta = field(

@@ -38,6 +38,7 @@ def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
         warmup_s=0.5,
         interval_ms=200,
         sink_rate=20_000,  # a shorter backlog, so aligned checkpoints complete in 2 s
+        segment_size=32 * 1024,  # ... and buffers that hold it from the start
         checkpoint_dir=str(tmp_path),
         executor="local",
         repeat=1,

@@ -92,8 +92,8 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         {},
     ),
     "taskmanager.network.memory.buffer-debloat.enabled": (
-        "true",
-        True,
+        "false",
+        False,
         lambda c: c.network.debloat_enabled,
         {},
     ),
@@ -273,7 +273,9 @@ def test_defaults() -> None:
     assert not cp.unaligned and cp.alignment is Alignment.ALIGNED
     assert cp.max_inflight_bytes is None and cp.compression == "none" and cp.codec.label is None
     assert c.state.checkpoints_dir is None and c.state.num_retained == 1
-    assert c.network == NetworkConfig(32 * KB, 2, 8, 16)
+    net = c.network
+    assert net == NetworkConfig(128 * KB, 2, 8, 16, debloat_target=timedelta(milliseconds=500))
+    assert net.debloat_enabled and net.debloat_period == timedelta(milliseconds=200)
     assert c.pipeline.parallelism == 1 and c.max_parallelism == 128
     assert c.restart_strategy is RestartStrategy.NONE
     assert c.deployment.executor is Executor.LOCAL
@@ -515,7 +517,10 @@ def test_good_combinations() -> None:
     c = c.with_options({CP + "aligned-checkpoint-timeout": "50 ms"})
     assert c.checkpointing.alignment is Alignment.ALIGNED_WITH_TIMEOUT
     assert c.checkpointing.aligned_checkpoint_timeout_s == 0.05
-    assert Config.from_dict({CP + "unaligned.max-inflight-bytes": "32 kb"})
+    assert Config.from_dict({CP + "unaligned.max-inflight-bytes": "128 kb"})
+    assert Config.from_dict(
+        {CP + "unaligned.max-inflight-bytes": "32 kb", "taskmanager.memory.segment-size": "32 kb"}
+    )
     assert Config.from_dict({"parallelism.default": 100}).max_parallelism == 256
     assert Config.from_dict({"parallelism.default": 30_000}).max_parallelism == 32_768
 

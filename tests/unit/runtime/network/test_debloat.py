@@ -114,17 +114,13 @@ def test_a_size_told_before_the_subpartition_is_connected_is_applied_then() -> N
 
 
 def test_a_gate_counts_its_channels_exclusive_and_floating_buffers() -> None:
-    net = Config.from_dict(
-        {
-            "taskmanager.network.memory.buffer-debloat.enabled": True,
-            "taskmanager.network.memory.floating-buffers-per-gate": 8,
-        }
-    ).network
+    net = Config.from_dict({"taskmanager.network.memory.floating-buffers-per-gate": 8}).network
     d = gate_debloater(net, InputGate(4, floating_buffers=8))
-    assert d is not None and d.buffers == 4 * 2 + 8
-    assert d.settings.target_s == 1.0 and d.settings.period_s == 0.2
-    assert d.settings.min_size == 256 and d.max_size == 32 * 1024  # the defaults
-    assert gate_debloater(Config.from_dict({}).network, InputGate(4)) is None  # off by default
+    assert d is not None and d.buffers == 4 * 2 + 8  # on by default
+    assert d.settings.target_s == 0.5 and d.settings.period_s == 0.2
+    assert d.settings.min_size == 256 and d.max_size == 128 * 1024  # the defaults
+    off = Config.from_dict({"taskmanager.network.memory.buffer-debloat.enabled": False})
+    assert gate_debloater(off.network, InputGate(4)) is None
 
 
 def test_a_local_channel_tells_its_producer_s_partition() -> None:
