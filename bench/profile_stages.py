@@ -37,7 +37,6 @@ STAGES: list[tuple[str, str]] = [  # innermost match wins
     ("ThrottledSink.process", "sink"),
     ("RecordWriter.write_batch", "rebalance: serialize + pack"),
     ("KeyGroupDemux.push", "key_by: frame + route"),
-    ("frame (spillover/runtime/network/writers.py", "key_by: frame + route"),
     ("PartitionWriter.emit", "writer (Python)"),
     ("_KeyedAggregate.process", "keyed count"),
     ("GeneratorSource", "source: generate"),

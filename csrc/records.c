@@ -431,6 +431,58 @@ int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const
     }
 }
 
+/* The rows loop, specialised per key kind like demux_loop. */
+static inline __attribute__((always_inline)) int rows_loop(spl_demux *d, const uint8_t *rows,
+                                                           size_t n_rows, uint32_t width,
+                                                           size_t *count, int kind) {
+    const int32_t *table = d->table;
+    const spl_mod md = d->mod;
+    spl_keyspec key = d->key;
+    key.kind = kind;
+    size_t k = 0;
+    uint64_t dropped = 0;
+    int rc = SPL_REC_OK;
+    for (; k < n_rows; k++) {
+        const uint8_t *row = rows + k * (size_t)width;
+        uint32_t o = 0;
+        if (!d->keep_all) {
+            int32_t h;
+            rc = spl_key_hash(&key, row, width, &h);
+            if (rc) break;
+            int32_t t = table[spl_key_group_of_hash(h, md)];
+            if (t < 0) {
+                dropped++;
+                continue;
+            }
+            o = (uint32_t)t;
+        }
+        rc = spl_packer_put(&d->packer, o, row, width);
+        if (rc) break;
+    }
+    d->dropped += dropped;
+    d->routed += k - dropped;
+    *count = k;
+    return rc;
+}
+
+int spl_demux_rows(spl_demux *d, const uint8_t *rows, size_t n_rows, size_t width,
+                   size_t *count) {
+    *count = 0;
+    if (width > d->max_len) return SPL_REC_E_TOO_LARGE;
+    if (n_rows == 0) return SPL_REC_OK;
+    uint32_t w = (uint32_t)width;
+    switch (d->key.kind) {
+    case SPL_KEY_INT32:
+        return rows_loop(d, rows, n_rows, w, count, SPL_KEY_INT32);
+    case SPL_KEY_INT64:
+        return rows_loop(d, rows, n_rows, w, count, SPL_KEY_INT64);
+    case SPL_KEY_STR:
+        return rows_loop(d, rows, n_rows, w, count, SPL_KEY_STR);
+    default:
+        return rows_loop(d, rows, n_rows, w, count, SPL_KEY_BYTES);
+    }
+}
+
 int spl_packer_put_frames(spl_packer *p, const uint8_t *data, const int64_t *offsets,
                           const int64_t *lengths, const int32_t *outputs, size_t n) {
     for (size_t i = 0; i < n; i++) {

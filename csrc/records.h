@@ -248,6 +248,12 @@ typedef struct {
  * *count = records consumed; on error *pos is the offending record's start. */
 int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const int32_t *kgs,
                   size_t max_records, size_t *count);
+/* Routes n_rows records of width bytes each, rows[i * width ..) (fixed-width rows
+ * in place, no length prefixes: a record batch), in order; each goes out behind its
+ * prefix as spl_demux_run would route it framed. *count = rows routed (or dropped);
+ * on error the row at *count is the offending one. */
+int spl_demux_rows(spl_demux *d, const uint8_t *rows, size_t n_rows, size_t width,
+                   size_t *count);
 /* Routes one payload (e.g. a reassembled record); kg < 0: from the key spec. */
 int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg);
 

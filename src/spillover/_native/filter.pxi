@@ -171,6 +171,22 @@ cdef class Demux:
                     self._fail(rc, pos)
         return _take_full(&self.d.packer)
 
+    def push_rows(self, const uint8_t[:, ::1] rows):
+        """Routes whole fixed-width records, one per row of ``rows`` (a record
+        batch's bytes, no length prefixes), as ``push`` would route them framed;
+        returns the completed ``(output, buffer)`` pairs. Native key only."""
+        cdef size_t n = rows.shape[0], width = rows.shape[1], count = 0
+        cdef int rc
+        self._check_usable()
+        if n == 0:
+            return []
+        ts = _release_if(n * width >= _NOGIL_MIN)
+        rc = spl_demux_rows(&self.d, &rows[0, 0], n, width, &count)
+        _reacquire(ts)
+        if rc:
+            self._fail(rc, count * width)
+        return _take_full(&self.d.packer)
+
     def set_keep_all(self, bint keep_all):
         """Every record to output 0 without reading its key (a channel taken whole)."""
         self.d.keep_all = keep_all

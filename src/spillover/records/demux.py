@@ -4,6 +4,7 @@ partitioner, per channel, block by block."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +34,9 @@ from spillover.records.keys import (
 # ---- the filter ----
 
 INT64_AT_0 = FieldKey(0, "int64")  # the default key: an int64 at the start of the record
+
+
+_ROWS = object()  # the channel of push_rows' framed fallback: whole records, never cut
 
 
 class _Demux:
@@ -113,6 +117,22 @@ class KeyGroupDemux(_Demux):
     def push(self, buffer: object, channel: object = 0) -> list[tuple[int, Buffer]]:
         """Routes one input buffer; returns the output buffers it filled as ``(output, buffer)``."""
         return self._core.push(buffer, channel, self._selector)
+
+    def push_rows(self, rows: npt.NDArray[Any]) -> list[tuple[int, Buffer]]:
+        """Routes a batch of fixed-width records (a structured array, or bytes as
+        ``(n, width)`` uint8) as :meth:`push` would route them framed, without
+        framing them first: with a :class:`FieldKey` one native pass, GIL released,
+        from the rows in place into the output buffers."""
+        n = len(rows)
+        if not n:
+            return []
+        data = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
+        if self._selector is not None:
+            framed = np.empty((n, 4 + data.shape[1]), np.uint8)
+            framed[:, :4] = np.frombuffer(np.uint32(data.shape[1]).tobytes(), np.uint8)
+            framed[:, 4:] = data
+            return self.push(framed.reshape(-1), _ROWS)
+        return self._core.push_rows(data)
 
     def push_frames(
         self,

@@ -127,6 +127,8 @@ cdef extern from "records.h" nogil:
 
     int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos,
                       const int32_t *kgs, size_t max_records, size_t *count)
+    int spl_demux_rows(spl_demux *d, const uint8_t *rows, size_t n_rows, size_t width,
+                       size_t *count)
     int spl_demux_route(spl_demux *d, const uint8_t *payload, uint32_t len, int32_t kg)
     int spl_demux_frames(spl_demux *d, const uint8_t *data, const int64_t *offsets,
                          const int64_t *lengths, const int32_t *slots, size_t n,

@@ -25,15 +25,6 @@ InLineEvent = Watermark | WatermarkStatus | LoopProbe
 _IN_LINE = (Watermark, WatermarkStatus, LoopProbe)
 
 
-def frame(batch: Batch) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """The framed bytes of a batch: every row behind its 4-byte little-endian length."""
-    n, width = len(batch), batch.dtype.itemsize
-    out = np.empty((n, 4 + width), np.uint8)
-    out[:, :4] = np.frombuffer(np.uint32(width).tobytes(), np.uint8)
-    out[:, 4:] = np.ascontiguousarray(batch).view(np.uint8).reshape(n, width)
-    return out.reshape(-1)
-
-
 class PartitionWriter:
     """Routes the batches of one output edge to the subpartitions of its partition.
 
@@ -132,7 +123,7 @@ class PartitionWriter:
         if self._sizes is not None and self._sizes.sizes_version != self._seen:
             self._follow_sizes()
         if self.kind is EdgeKind.KEY_BY:
-            for sub, buf in self._demux.push(frame(batch)):
+            for sub, buf in self._demux.push_rows(batch):
                 self._send(sub, buf)
             return
         data = np.ascontiguousarray(batch).view(np.uint8)
