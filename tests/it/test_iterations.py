@@ -31,15 +31,14 @@ from spillover.verify.loops import build_iteration
 from support.loops import TINY_NETWORK, countdown_job, doubling_job
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
-# Flink's network buffers: a 20,000-record loop at 128 KiB holds much of its data in
-# flight, and may end before an aligned checkpoint completes after its failures.
+SPEC = VerifySpec(topology="iteration", records=20_000, failures=5, interval_ms=100)
+# Flink's network buffers, for the runs stopped part way: a 20,000-record loop at
+# 128 KiB holds much of its data in flight, and may end before an aligned checkpoint
+# completes after its failures (the runs to the end take the defaults).
 FLINK_NETWORK = {
     "taskmanager.memory.segment-size": "32 kb",
     "taskmanager.network.memory.buffer-debloat.enabled": False,
 }
-SPEC = VerifySpec(
-    topology="iteration", records=20_000, failures=5, interval_ms=100, options=FLINK_NETWORK
-)
 
 
 def _exact(spec: VerifySpec, tmp_path: Path) -> None:
@@ -63,14 +62,16 @@ def test_a_loop_is_exactly_once_under_failures_for_every_policy(
 def test_a_loop_restored_at_another_parallelism_is_exact(
     policy: str, old: int, new: int, tmp_path: Path
 ) -> None:
-    spec = dataclasses.replace(SPEC, policy=policy, parallelism=old, rescale_to=new, failures=2)
+    spec = dataclasses.replace(
+        SPEC, policy=policy, parallelism=old, rescale_to=new, failures=2, options=FLINK_NETWORK
+    )
     report = verify(spec, str(tmp_path))
     assert report.exact, report.text()
 
 
 @pytest.mark.parametrize("stop", ["savepoint", "unaligned-savepoint"])
 def test_a_loop_stopped_with_a_savepoint_resumes_exactly(stop: str, tmp_path: Path) -> None:
-    spec = dataclasses.replace(SPEC, stop=stop, failures=1, records=40_000)
+    spec = dataclasses.replace(SPEC, stop=stop, failures=1, records=40_000, options=FLINK_NETWORK)
     report = verify(spec, str(tmp_path))
     assert report.exact, report.text()
 

@@ -21,7 +21,7 @@ from spillover.benchmark import (
 from spillover.benchmark import runs as bench_runs
 from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, check_folder, env_flag, env_option
 from spillover.cli.sparklog import spark_logs
-from spillover.config import parse_duration, parse_memory_size
+from spillover.config import NetworkConfig, parse_duration, parse_memory_size
 from spillover.errors import ConfigError
 
 
@@ -122,6 +122,18 @@ def _seconds(text: str) -> float:
         raise ValueError("expected seconds (30, 2.5) or a duration with a unit (1 min)") from None
 
 
+_SEGMENT_SIZE_RULE = "a power of two from 4 kb to 16 mb"
+
+
+def _segment_size_ok(size: int) -> bool:
+    """Whether ``taskmanager.memory.segment-size`` takes ``size`` (its own check)."""
+    try:
+        NetworkConfig(segment_size=size, min_segment_size=min(size, 256))
+    except ConfigError:
+        return False
+    return True
+
+
 def _named(flag: str) -> str:
     """``--flag (env SPILLOVER_BENCH_CLI_FLAG)``."""
     env = next(e for f, e, _, _ in _bench_flags() if f == flag)
@@ -190,10 +202,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             repeat=value("--repeat", int, lambda v: v >= 1, ">= 1"),
             payload_bytes=value("--payload-bytes", parse_memory_size, lambda v: v >= 1, ">= 1"),
             segment_size=value(
-                "--segment-size",
-                parse_memory_size,
-                lambda v: 4096 <= v <= 1 << 24 and not v & (v - 1),
-                "a power of two from 4 kb to 16 mb",
+                "--segment-size", parse_memory_size, _segment_size_ok, _SEGMENT_SIZE_RULE
             ),
             aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
             max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),

@@ -228,6 +228,8 @@ def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
             "--max-inflight-bytes (env SPILLOVER_BENCH_CLI_MAX_INFLIGHT_BYTES)",
         ),
         (["--payload-bytes", "0"], "--payload-bytes (env SPILLOVER_BENCH_CLI_PAYLOAD_BYTES)"),
+        (["--segment-size", "48kb"], "--segment-size (env SPILLOVER_BENCH_CLI_SEGMENT_SIZE)"),
+        (["--segment-size", "32mb"], "--segment-size (env SPILLOVER_BENCH_CLI_SEGMENT_SIZE)"),
         (
             ["--policies", "none", "--compare-local", "aligned"],
             "--compare-local (env SPILLOVER_BENCH_CLI_COMPARE_LOCAL)",
