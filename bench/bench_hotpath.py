@@ -11,7 +11,7 @@ Instructions per record, which do not depend on the machine's load (issue 16):
     # OPENBLAS_NUM_THREADS=1 keeps OpenBLAS's spinning idle thread out of the count
 
 Stages, each on the job's own objects (``GeneratorSource`` of 100-byte payloads and
-10,000 keys, 1,024-record batches, 32 KiB network buffers, max parallelism 128,
+10,000 keys, 1,024-record batches, 32 KiB network buffers (``--segment-kib``), max parallelism 128,
 parallelism 2):
 
 - ``route``: generate a batch, frame it and route it by key group into network
@@ -88,15 +88,15 @@ def source_batches(n: int) -> list[Any]:
     return out
 
 
-def route(batches: list[Any]) -> list[list[Any]]:
-    """Frames and routes the batches; returns each subpartition's buffers."""
+def route(batches: list[Any], segment: int = SEGMENT) -> list[list[Any]]:
+    """Routes the batches into ``segment``-byte buffers; returns each subpartition's."""
     subs: list[list[Any]] = [[] for _ in range(P)]
     writer = PartitionWriter(
         EdgeKind.KEY_BY,
         batches[0].dtype,
         P,
         0,
-        SEGMENT,
+        segment,
         MAXP,
         "key",
         lambda sub, buf: subs[sub].append(buf),
@@ -221,16 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage", choices=["route", "receive", "keyed", "memcpy", "python"])
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--dry", action="store_true", help="prepare the stage's input only")
+    ap.add_argument(
+        "--segment-kib", type=int, default=SEGMENT // 1024, help="network buffer size in KiB"
+    )
     a = ap.parse_args(argv)
-    if a.batches <= 0:
-        print("--batches must be > 0", file=sys.stderr)
+    if a.batches <= 0 or a.segment_kib <= 0:
+        print("--batches and --segment-kib must be > 0", file=sys.stderr)
         return 2
+    segment = a.segment_kib * 1024
     bs = source_batches(a.batches)
     dtype = bs[0].dtype
     # Everything but the stage itself is done before: subtract a run with --dry.
     prepared: Any = bs
     if a.stage in ("receive", "keyed"):
-        prepared = route(bs)[0]
+        prepared = route(bs, segment)[0]
     if a.stage == "keyed":
         prepared = receive(prepared, dtype)
     if a.stage == "memcpy":
@@ -241,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.dry:
         pass
     elif a.stage == "route":
-        route(prepared)
+        route(prepared, segment)
     elif a.stage == "receive":
         receive(prepared, dtype)
     elif a.stage == "keyed":
