@@ -14,8 +14,9 @@ Stages, each on the job's own objects (``GeneratorSource`` of 100-byte payloads 
 10,000 keys, 1,024-record batches, 32 KiB network buffers (``--segment-kib``), max parallelism 128,
 parallelism 2):
 
-- ``route``: generate a batch, frame it and route it by key group into network
-  buffers (the source task's work: ``PartitionWriter.emit`` of a key_by edge);
+- ``generate``: the source's batches alone (``GeneratorSource.on_timer``);
+- ``route``: frame the generated batches and route them by key group into network
+  buffers (the rest of the source task's work: ``PartitionWriter.emit`` of a key_by edge);
 - ``receive``: read subtask 0's buffers back into record batches, as ``Task._process``
   does (the count task's input);
 - ``keyed``: ``KeyedCount.process`` on those batches with heap keyed state (its
@@ -183,6 +184,11 @@ def _rate(benchmark: Any, records: int) -> None:
     benchmark.extra_info["records_per_s"] = records / med
 
 
+def test_generate(benchmark: Any) -> None:
+    benchmark.pedantic(source_batches, args=(BATCHES,), rounds=5, warmup_rounds=1)
+    _rate(benchmark, BATCHES * 1024)
+
+
 def test_route(benchmark: Any, batches: list[Any]) -> None:
     benchmark.pedantic(route, args=(batches,), rounds=5, warmup_rounds=1)
     _rate(benchmark, BATCHES * 1024)
@@ -218,7 +224,9 @@ def test_python_reference(benchmark: Any, batches: list[Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="run one stage of the hot path (for callgrind)")
-    ap.add_argument("--stage", choices=["route", "receive", "keyed", "memcpy", "python"])
+    ap.add_argument(
+        "--stage", choices=["generate", "route", "receive", "keyed", "memcpy", "python"]
+    )
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--dry", action="store_true", help="prepare the stage's input only")
     ap.add_argument(
@@ -244,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     if a.dry:
         pass
+    elif a.stage == "generate":
+        source_batches(a.batches)
     elif a.stage == "route":
         route(prepared, segment)
     elif a.stage == "receive":

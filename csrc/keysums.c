@@ -1,5 +1,6 @@
 /* Keyed sums into sorted runs (keysums.h): check key groups and hash-aggregate the
- * batch in one loop, sort the distinct keys, then one search per distinct key and run. */
+ * batch in one loop, then find each distinct key in the runs: by their hash indexes
+ * where given, else (the keys sorted first) one narrowing binary search per key and run. */
 #include "keysums.h"
 
 #include <stdlib.h>
@@ -85,6 +86,39 @@ static void pairs_sort(spl_pair *a, size_t n, int depth) {
     pairs_insertion_sort(a, n);
 }
 
+/* The slot where key k's probe sequence starts in a table of 1 << bits slots. */
+static inline size_t key_slot(int64_t k, unsigned bits) {
+    uint64_t x = (uint64_t)k;
+    x ^= x >> 32; /* keys that differ only in their high half spread too */
+    return (size_t)((x * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+}
+
+unsigned spl_sums_index_bits(size_t n) {
+    unsigned bits = 4;
+    while (((size_t)1 << bits) < n + n / 2) bits++;
+    return bits;
+}
+
+void spl_sums_index(const int64_t *keys, size_t n, uint32_t *slots, unsigned bits) {
+    size_t mask = ((size_t)1 << bits) - 1;
+    __builtin_memset(slots, 0, ((size_t)1 << bits) * sizeof *slots);
+    for (size_t i = 0; i < n; i++) {
+        size_t h = key_slot(keys[i], bits);
+        while (slots[h] != 0) h = (h + 1) & mask;
+        slots[h] = (uint32_t)(i + 1);
+    }
+}
+
+/* Position of k in an indexed run, or run->n if it is not there. */
+static inline size_t index_find(const spl_sum_run *run, int64_t k) {
+    size_t mask = ((size_t)1 << run->index_bits) - 1;
+    for (size_t h = key_slot(k, run->index_bits);; h = (h + 1) & mask) {
+        uint32_t s = run->index[h];
+        if (s == 0) return run->n;
+        if (run->keys[s - 1] == k) return s - 1;
+    }
+}
+
 /* First index in [lo, n) whose key is >= k (n if none); lo < n. Branch-free halving. */
 static inline size_t lower_bound(const int64_t *keys, size_t lo, size_t n, int64_t k) {
     size_t len = n - lo;
@@ -100,14 +134,14 @@ static inline size_t lower_bound(const int64_t *keys, size_t lo, size_t n, int64
 int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
                  ptrdiff_t value_stride, size_t n, int32_t max_p,
                  int32_t kg_lo, int32_t kg_hi, spl_sum_run *runs, size_t n_runs,
-                 int64_t *out_keys, int64_t *out_totals, int64_t *out_new, size_t *n_out,
-                 size_t *n_new) {
+                 int ascending, int64_t *out_keys, int64_t *out_totals, int64_t *out_new,
+                 size_t *n_out, size_t *n_new) {
     *n_out = 0;
     *n_new = 0;
     if (n == 0) return SPL_SUMS_OK;
     if (n > SPL_SUMS_MAX_KEYS) return SPL_SUMS_E_TOO_MANY;
     /* Open addressing at a load of at most 1/2; a slot holds 1 + the pair's index
-     * (32 bits: half the table to clear per call). */
+     * (32 bits: half the table to clear per call); pairs keep first-seen order. */
     unsigned bits = 4;
     while (((size_t)1 << bits) < 2 * n) bits++;
     size_t cap = (size_t)1 << bits, mask = cap - 1;
@@ -138,9 +172,7 @@ int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
             __builtin_memcpy(&v, vp, sizeof v);
             vp += value_stride;
         }
-        uint64_t x = (uint64_t)k;
-        x ^= x >> 32; /* keys that differ only in their high half spread too */
-        size_t h = (size_t)((x * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+        size_t h = key_slot(k, bits);
         for (;;) {
             uint32_t s = slots[h];
             if (s == 0) {
@@ -157,11 +189,14 @@ int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
         }
     }
     free(slots);
-    int depth = 0;
-    for (size_t x = m; x > 1; x >>= 1) depth += 2;
-    pairs_sort(pairs, m, depth);
+    if (ascending) {
+        int depth = 0;
+        for (size_t x = m; x > 1; x >>= 1) depth += 2;
+        pairs_sort(pairs, m, depth);
+    }
 
-    size_t lo[2] = {0, 0}; /* keys come ascending: each run's search starts where the last ended */
+    /* With the keys ascending, each run's binary search starts where the last ended. */
+    size_t lo[2] = {0, 0};
     SPL_ASSERT(n_runs <= 2);
     size_t fresh = 0;
     for (size_t i = 0; i < m; i++) {
@@ -170,9 +205,16 @@ int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
         int found = 0;
         for (size_t r = 0; r < n_runs && !found; r++) {
             spl_sum_run *run = &runs[r];
-            if (lo[r] >= run->n) continue;
-            size_t p = lower_bound(run->keys, lo[r], run->n, k);
-            lo[r] = p;
+            size_t p;
+            if (run->n == 0) continue;
+            if (run->index != NULL) {
+                p = index_find(run, k);
+            } else {
+                if (!ascending) lo[r] = 0;
+                if (lo[r] >= run->n) continue;
+                p = lower_bound(run->keys, lo[r], run->n, k);
+                lo[r] = p;
+            }
             if (p < run->n && run->keys[p] == k) {
                 total += (uint64_t)run->values[p];
                 run->values[p] = (int64_t)total;

@@ -326,6 +326,17 @@ _I64 = npt.NDArray[np.int64]
 ADD_KEY_SUMS_MAX_KEYS: Final[int] = _records.SUMS_MAX_KEYS
 """Most keys one :func:`add_key_sums` call takes (2**31)."""
 
+KEY_SUMS_INDEX_MAX_KEYS: Final[int] = _records.SUMS_INDEX_MAX_KEYS
+"""Most keys a run's hash index (:func:`key_sums_index`) takes (2**32 - 2)."""
+
+
+def key_sums_index(keys: _I64) -> npt.NDArray[np.uint32]:
+    """The hash index of a run's keys (sorted, distinct, contiguous int64) for
+    :func:`add_key_sums`: a uint32 table of at least 1.5 slots per key, each 0 or 1 +
+    a key's position, so that a key is found by one probe sequence, not a binary
+    search. It describes the keys as they are: build a new one when they change."""
+    return _records.sums_index(keys)
+
 
 def add_key_sums(
     keys: _I64,
@@ -334,22 +345,29 @@ def add_key_sums(
     delta: tuple[_I64, _I64],
     max_parallelism: int = 0,
     key_group_range: KeyGroupRange | None = None,
+    indexes: tuple[npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None] = (None, None),
+    ascending: bool = True,
 ) -> tuple[_I64, _I64, _I64] | None:
     """Adds ``values[i]`` (1 each when None: a count) to the sum of ``keys[i]`` in one
     native pass: a hash aggregate of the batch, then one search per distinct key.
 
     ``main`` and ``delta`` are runs of ``(keys, sums)``, keys sorted, distinct and
     disjoint between the two; a key's batch sum is added in place in the run that
-    holds it (int64 wraps). Returns the distinct keys (ascending), their new sums (a
-    key in neither run: its batch sum) and the indices of the keys in neither run,
-    for the caller to insert. ``keys`` and ``values`` are int64 arrays, strided ones
+    holds it (int64 wraps). ``indexes`` are the runs' hash indexes
+    (:func:`key_sums_index` of their keys as they are, or None: a binary search).
+    Returns the distinct keys (ascending; with ``ascending`` false in the order the
+    batch first has them, which spares a sort), their new sums (a key in neither run:
+    its batch sum) and the indices of the keys in neither run, ascending, for the
+    caller to insert. ``keys`` and ``values`` are int64 arrays, strided ones
     (a field of a record batch) read in place. With a ``key_group_range`` (of a valid
     ``max_parallelism``), returns None and changes nothing if a key's group lies
     outside it. The GIL is released from ``NOGIL_MIN_BYTES`` of keys.
     """
     lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
     maxp = 0 if key_group_range is None else max_parallelism
-    got = _records.sums_add(keys, values, maxp, lo, hi, main[0], main[1], delta[0], delta[1])
+    got = _records.sums_add(
+        keys, values, maxp, lo, hi, main[0], main[1], delta[0], delta[1], *indexes, ascending
+    )
     if got is None:
         return None
     out, n_out, n_new = got

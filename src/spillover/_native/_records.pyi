@@ -9,6 +9,7 @@ from typing_extensions import Buffer as _BufferLike
 _U8 = npt.NDArray[np.uint8]
 _I32 = npt.NDArray[np.int32]
 _I64 = npt.NDArray[np.int64]
+_U32 = npt.NDArray[np.uint32]
 
 NOGIL_MIN_BYTES: int
 KEY_INT32: int
@@ -17,6 +18,7 @@ KEY_STR: int
 KEY_BYTES: int
 MAX_RECORD_LENGTH: int
 SUMS_MAX_KEYS: int
+SUMS_INDEX_MAX_KEYS: int
 
 def key_groups_from_hashes(hashes: _I32, max_parallelism: int) -> _I32: ...
 def key_groups_int32(keys: _I32, max_parallelism: int) -> _I32: ...
@@ -35,7 +37,11 @@ def sums_add(
     main_sums: _I64,
     delta_keys: _I64,
     delta_sums: _I64,
+    main_index: _U32 | None = None,
+    delta_index: _U32 | None = None,
+    ascending: bool = True,
 ) -> tuple[_I64, int, int] | None: ...
+def sums_index(keys: _I64) -> _U32: ...
 def scan_records(buf: _BufferLike, max_len: int) -> tuple[_I64, _I64, int]: ...
 def key_groups_of_buffer(
     buf: _BufferLike, max_parallelism: int, kind: int, offset: int, prefixed: bool, max_len: int
@@ -96,3 +102,14 @@ class Demux:
 
 def live_handles() -> int:
     """Native handles of this extension alive now; -1 when not a debug build."""
+
+def generate_fill(
+    out: npt.NDArray[np.void],
+    offsets: tuple[int, int, int, int, int],
+    parts: _I64,
+    starts: _I64,
+    counts: _I64,
+    seed_mix: int,
+    keys: int,
+    pattern: _U8,
+) -> None: ...

@@ -8,6 +8,27 @@
 SUMS_MAX_KEYS = SPL_SUMS_MAX_KEYS
 """Most keys one :func:`sums_add` call takes."""
 
+SUMS_INDEX_MAX_KEYS = SPL_SUMS_INDEX_MAX_KEYS
+"""Most keys a run's hash index (:func:`sums_index`) takes."""
+
+
+def sums_index(cnp.ndarray keys not None):
+    """The hash index of a run's keys (sorted, distinct int64, contiguous): a uint32
+    array of a power-of-two size, each slot 0 or 1 + the position of a key, for
+    :func:`sums_add` to find keys in the run by one probe sequence. It describes the
+    keys as they are now: a run whose keys change needs a new one."""
+    _check_int64(keys, "keys", True, False)
+    cdef size_t n = <size_t>cnp.PyArray_DIM(keys, 0)
+    if n > SPL_SUMS_INDEX_MAX_KEYS:
+        raise ValueError(f"a hash index takes at most {SUMS_INDEX_MAX_KEYS} keys, got {n}")
+    cdef unsigned bits = spl_sums_index_bits(n)
+    slots = cnp.PyArray_EMPTY(1, [<cnp.npy_intp>1 << bits], cnp.NPY_UINT32, 0)
+    cdef const int64_t *kp = <const int64_t *>cnp.PyArray_DATA(keys)
+    cdef uint32_t *sp = <uint32_t *>cnp.PyArray_DATA(slots)
+    with nogil:
+        spl_sums_index(kp, n, sp, bits)
+    return slots
+
 
 cdef int _check_int64(cnp.ndarray a, str what, bint contiguous, bint writable) except -1:
     if (
@@ -23,7 +44,9 @@ cdef int _check_int64(cnp.ndarray a, str what, bint contiguous, bint writable) e
     return 0
 
 
-cdef int _run(spl_sum_run *run, cnp.ndarray keys, cnp.ndarray sums, str what) except -1:
+cdef int _run(
+    spl_sum_run *run, cnp.ndarray keys, cnp.ndarray sums, cnp.ndarray index, str what
+) except -1:
     _check_int64(keys, what + " keys", True, False)
     _check_int64(sums, what + " sums", True, True)
     if cnp.PyArray_DIM(keys, 0) != cnp.PyArray_DIM(sums, 0):
@@ -31,6 +54,20 @@ cdef int _run(spl_sum_run *run, cnp.ndarray keys, cnp.ndarray sums, str what) ex
     run.keys = <const int64_t *>cnp.PyArray_DATA(keys)
     run.values = <int64_t *>cnp.PyArray_DATA(sums)
     run.n = <size_t>cnp.PyArray_DIM(keys, 0)
+    run.index = NULL
+    run.index_bits = 0
+    if index is None:
+        return 0
+    cdef unsigned bits = spl_sums_index_bits(run.n)
+    if (
+        cnp.PyArray_NDIM(index) != 1
+        or cnp.PyArray_TYPE(index) != cnp.NPY_UINT32
+        or not cnp.PyArray_IS_C_CONTIGUOUS(index)
+        or cnp.PyArray_DIM(index, 0) != (<cnp.npy_intp>1 << bits)
+    ):
+        raise ValueError(f"{what}: the index is not one sums_index built for {run.n} keys")
+    run.index = <const uint32_t *>cnp.PyArray_DATA(index)
+    run.index_bits = bits
     return 0
 
 
@@ -44,12 +81,17 @@ def sums_add(
     cnp.ndarray main_sums not None,
     cnp.ndarray delta_keys not None,
     cnp.ndarray delta_sums not None,
+    cnp.ndarray main_index=None,
+    cnp.ndarray delta_index=None,
+    bint ascending=True,
 ):
     """Adds ``values[i]`` (1 each when ``values`` is None) to the sum of ``keys[i]``,
     in place in the run (main, then delta: sorted, distinct, disjoint keys) that holds
     the key; int64 wraps. ``keys`` and ``values`` may be strided (a record field).
 
-    Returns ``(out, n_out, n_new)``: ``out[0, :n_out]`` the distinct keys, ascending,
+    A run with an index (:func:`sums_index` of its keys as they are) is searched by
+    hash. Returns ``(out, n_out, n_new)``: ``out[0, :n_out]`` the distinct keys
+    (ascending, or with ``ascending`` false in the order the batch first has them),
     ``out[1, :n_out]`` their new sums (a key in neither run: its batch sum), and
     ``out[2, :n_new]`` the indices into ``out[0]`` of the keys in neither run, which the
     caller inserts. With ``max_parallelism > 0``, returns None and changes nothing when
@@ -65,8 +107,8 @@ def sums_add(
             raise ValueError(f"{n} keys but {values.size} values")
         vp = cnp.PyArray_DATA(values)
         vstride = cnp.PyArray_STRIDE(values, 0)
-    _run(&runs[0], main_keys, main_sums, "the main run")
-    _run(&runs[1], delta_keys, delta_sums, "the delta run")
+    _run(&runs[0], main_keys, main_sums, main_index, "the main run")
+    _run(&runs[1], delta_keys, delta_sums, delta_index, "the delta run")
     out = cnp.PyArray_EMPTY(2, [3, <cnp.npy_intp>n], cnp.NPY_INT64, 0)
     if n == 0:
         return out, 0, 0
@@ -77,7 +119,7 @@ def sums_add(
     cdef int rc
     ts = _release_if(n * 8 >= _NOGIL_MIN)
     rc = spl_sums_add(kp, kstride, vp, vstride, n, max_parallelism, kg_lo, kg_hi, runs, 2,
-                      o, o + n, o + 2 * n, &n_out, &n_new)
+                      ascending, o, o + n, o + 2 * n, &n_out, &n_new)
     _reacquire(ts)
     if rc == SPL_SUMS_E_RANGE:
         return None

@@ -27,6 +27,7 @@ from spillover.keygroups import (
     key_groups,
     key_groups_from_hashes,
     key_groups_packed,
+    key_sums_index,
     murmur_hash,
     operator_index_for_key_group,
 )
@@ -318,6 +319,63 @@ def test_add_key_sums_checks_key_groups_as_key_groups_does(
     want, counts = np.unique(k, return_counts=True)
     assert uniq.tolist() == want.tolist() and totals.tolist() == counts.tolist()
     assert uniq[new].tolist() == sorted(set(keys) - set(main[0].tolist()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    main_keys=st.sets(st.integers(-(1 << 63), (1 << 63) - 1), max_size=60),
+    delta_keys=st.sets(st.integers(-300, 300), max_size=30),
+    batch=st.lists(st.integers(-300, 300) | st.integers(-(1 << 63), (1 << 63) - 1), max_size=80),
+    index_main=st.booleans(),
+    index_delta=st.booleans(),
+    counted=st.booleans(),
+)
+def test_add_key_sums_by_hash_index_adds_as_by_search(
+    main_keys: set[int],
+    delta_keys: set[int],
+    batch: list[int],
+    index_main: bool,
+    index_delta: bool,
+    counted: bool,
+) -> None:
+    """Runs searched through their hash indexes, keys in first-seen order, end with the
+    sums a binary search gives, return the same total per key, and list the same keys
+    as new, ascending by where they stand in the output."""
+    mk = np.array(sorted(main_keys), dtype=np.int64)
+    dk = np.array(sorted(delta_keys - main_keys), dtype=np.int64)
+    k = np.array(batch, dtype=np.int64)
+    values = None if counted else np.arange(1, len(batch) + 1, dtype=np.int64) * 7
+    runs = [
+        ((mk, np.arange(mk.size, dtype=np.int64)), (dk, -np.arange(dk.size, dtype=np.int64)))
+        for _ in range(2)
+    ]
+    indexes = (
+        key_sums_index(mk) if index_main else None,
+        key_sums_index(dk) if index_delta else None,
+    )
+    hashed = add_key_sums(k, values, *runs[0], indexes=indexes, ascending=False)
+    searched = add_key_sums(k, values, *runs[1])
+    assert hashed is not None and searched is not None
+    assert hashed[0].tolist() == list(dict.fromkeys(batch))
+    assert searched[0].tolist() == sorted(set(batch))
+    assert dict(zip(hashed[0].tolist(), hashed[1].tolist(), strict=True)) == dict(
+        zip(searched[0].tolist(), searched[1].tolist(), strict=True)
+    )
+    assert hashed[2].tolist() == sorted(hashed[2].tolist())
+    assert sorted(hashed[0][hashed[2]].tolist()) == searched[0][searched[2]].tolist()
+    for a, b in zip(runs[0], runs[1], strict=True):
+        assert a[1].tolist() == b[1].tolist()
+
+
+def test_a_hash_index_must_be_the_one_built_for_its_run() -> None:
+    keys = np.arange(40, dtype=np.int64)
+    index = key_sums_index(keys)
+    assert index.dtype == np.uint32 and index.size >= 60 and index.size & (index.size - 1) == 0
+    assert sorted(index[index > 0].tolist()) == list(range(1, 41))
+    run = (keys, np.zeros(40, np.int64))
+    for wrong in (index[:-1], index.astype(np.int64), key_sums_index(keys[:8])):
+        with pytest.raises(ValueError, match="index"):
+            add_key_sums(keys, None, run, _empty_run(), indexes=(wrong, None))  # type: ignore[arg-type]
 
 
 def test_add_key_sums_refuses_runs_it_cannot_add_into() -> None:

@@ -1,4 +1,4 @@
-# C declarations of csrc/keygroups.h, csrc/keysums.h and csrc/records.h; no code here.
+# C declarations of csrc/{keygroups,keysums,records,generate}.h; no code here.
 from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
@@ -32,17 +32,23 @@ cdef extern from "keysums.h" nogil:
         SPL_SUMS_E_TOO_MANY
 
     const size_t SPL_SUMS_MAX_KEYS
+    const size_t SPL_SUMS_INDEX_MAX_KEYS
 
     ctypedef struct spl_sum_run:
         const int64_t *keys
         int64_t *values
         size_t n
+        const uint32_t *index
+        unsigned index_bits
+
+    unsigned spl_sums_index_bits(size_t n)
+    void spl_sums_index(const int64_t *keys, size_t n, uint32_t *slots, unsigned bits)
 
     int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
                      ptrdiff_t value_stride, size_t n, int32_t max_p,
                      int32_t kg_lo, int32_t kg_hi, spl_sum_run *runs, size_t n_runs,
-                     int64_t *out_keys, int64_t *out_totals, int64_t *out_new, size_t *n_out,
-                     size_t *n_new)
+                     int ascending, int64_t *out_keys, int64_t *out_totals, int64_t *out_new,
+                     size_t *n_out, size_t *n_new)
 
 
 cdef extern from "records.h" nogil:
@@ -135,3 +141,17 @@ cdef extern from "records.h" nogil:
                          spl_carry **carries, size_t *err_frame, size_t *err_at)
     int spl_packer_put_frames(spl_packer *p, const uint8_t *data, const int64_t *offsets,
                               const int64_t *lengths, const int32_t *outputs, size_t n)
+
+
+cdef extern from "generate.h" nogil:
+    ctypedef struct spl_gen_layout:
+        size_t itemsize
+        size_t partition
+        size_t seq
+        size_t key
+        size_t payload
+        size_t payload_len
+
+    void spl_gen_fill(uint8_t *out, const spl_gen_layout *layout, const int64_t *parts,
+                      const int64_t *starts, const int64_t *counts, size_t m, uint64_t seed_mix,
+                      uint64_t keys, const uint8_t *pattern)

@@ -11,10 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from spillover.errors import ConfigError
+from spillover.records.generated import fill_generated, letter_pattern
 from spillover.runtime.api import Batch, Operator, OperatorContext, OperatorSnapshot
-from spillover.runtime.connectors.parquet import (
-    byte_matrix,
-)
 
 _U64 = np.uint64
 _PACE_INTERVAL = 0.01  # rate-limited sources emit at most ~1/_PACE_INTERVAL batches a second
@@ -156,8 +154,7 @@ class GeneratorSource(Operator):
         self._chunk = 1.0
         if self.rate is not None:
             self._chunk = min(max(self.rate * _PACE_INTERVAL, 1.0), float(self.batch_size))
-        letters = (np.arange(26)[:, None] + np.arange(self.payload_bytes)[None, :]) % 26 + 65
-        self._letters = letters.astype(np.uint8)
+        self._pattern = letter_pattern(self.payload_bytes)
 
     @property
     def bounded(self) -> bool:
@@ -187,9 +184,12 @@ class GeneratorSource(Operator):
         next_seq = {str(p): int(s) for p, s in zip(self._parts, self._next, strict=True)}
         return OperatorSnapshot({"next_seq": next_seq})
 
+    def _seed_mix(self) -> int:
+        return (self.seed * 0xD1B54A32D192ED03) & _MASK64
+
     def keys_of(self, partition: npt.ArrayLike, seq: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """The key of each ``(partition, seq)`` (the same function the records use)."""
-        seed_mix = _U64((self.seed * 0xD1B54A32D192ED03) & _MASK64)
+        seed_mix = _U64(self._seed_mix())
         p = np.asarray(partition, dtype=np.int64).astype(np.uint64)
         s = np.asarray(seq, dtype=np.int64).astype(np.uint64)
         h = _splitmix64(s + p * _U64(0x9E3779B97F4A7C15) + seed_mix)
@@ -262,16 +262,22 @@ class GeneratorSource(Operator):
     def _batch(
         self, active: npt.NDArray[np.intp], counts: npt.NDArray[np.int64], total: int
     ) -> Batch:
-        starts = self._next[active]
-        block_starts = np.cumsum(counts) - counts
-        seq = np.repeat(starts - block_starts, counts) + np.arange(total, dtype=np.int64)
-        part = np.repeat(self._parts[active], counts)
-        self._next[active] += counts
         out = np.empty(total, dtype=self.out_dtype)
-        out["partition"] = part
-        out["seq"] = seq
-        out["key"] = self.keys_of(part, seq)
+        uniform = self.key_distribution == "uniform"
+        # Partition, seq, payload and a uniform key in one native pass; keys_of and
+        # timestamps_of (numpy) are the same functions, and do what it does not.
+        fill_generated(
+            out,
+            self._parts[active],
+            self._next[active],
+            counts,
+            self._seed_mix(),
+            self.keys if uniform else 0,
+            self._pattern,
+        )
+        self._next[active] += counts
+        if not uniform:
+            out["key"] = self.keys_of(out["partition"], out["seq"])
         if self.event_time is not None:
-            out[self.event_time.field] = self.timestamps_of(part, seq)
-        byte_matrix(out, "payload")[:] = np.take(self._letters, seq % 26, axis=0)
+            out[self.event_time.field] = self.timestamps_of(out["partition"], out["seq"])
         return out

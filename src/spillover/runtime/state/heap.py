@@ -13,7 +13,12 @@ import pyarrow as pa
 from spillover.errors import (
     ConfigError,
 )
-from spillover.keygroups import ADD_KEY_SUMS_MAX_KEYS, add_key_sums
+from spillover.keygroups import (
+    ADD_KEY_SUMS_MAX_KEYS,
+    KEY_SUMS_INDEX_MAX_KEYS,
+    add_key_sums,
+    key_sums_index,
+)
 
 if TYPE_CHECKING:
     from spillover.runtime.state.backend import HeapKeyedStateBackend
@@ -282,6 +287,11 @@ class HeapSumState(_UniqueKeyState):
 
     kind = "sum"
 
+    def __init__(self, backend: HeapKeyedStateBackend, name: str, dtype: np.dtype[Any]) -> None:
+        super().__init__(backend, name, dtype)
+        # Per run (main, delta): the keys array an index was built for, and the index.
+        self._indexes: list[tuple[Keys, npt.NDArray[np.uint32]] | None] = [None, None]
+
     def _combine(self, keys: Keys, values: Values) -> tuple[Keys, Values]:
         order = np.argsort(keys, kind="stable")
         sorted_keys = keys[order]
@@ -298,13 +308,16 @@ class HeapSumState(_UniqueKeyState):
             super().put(keys, values)
 
     def add(self, keys: npt.ArrayLike, values: npt.ArrayLike | None = None) -> tuple[Keys, Values]:
-        """:meth:`put`, returning the keys it touched (sorted, distinct) with their new
-        sums: what ``put`` then ``get`` give. ``values`` None adds 1 per key (a count).
+        """:meth:`put`, returning the keys it touched (distinct, in no promised order)
+        with their new sums: what ``put`` then ``get`` give. ``values`` None adds 1 per
+        key (a count).
 
         int64 sums take one native pass (:func:`~spillover.keygroups.add_key_sums`:
-        key groups checked, the batch hash-aggregated, one search per distinct key);
-        float64 sums (and batches past ``ADD_KEY_SUMS_MAX_KEYS``) the numpy path
-        (:meth:`_add_numpy`), whose order of additions they keep."""
+        key groups checked, the batch hash-aggregated, each distinct key found in the
+        runs by their hash indexes, kept beside them and rebuilt when a run's keys
+        change), keys in the order the batch first has them; float64 sums (and batches
+        past ``ADD_KEY_SUMS_MAX_KEYS``) the numpy path (:meth:`_add_numpy`), whose
+        order of additions they keep, keys ascending."""
         q = self._as_keys(keys)
         v = None if values is None else self._values(values, q.size)
         if self.dtype != np.int64 or q.size > ADD_KEY_SUMS_MAX_KEYS:
@@ -312,15 +325,39 @@ class HeapSumState(_UniqueKeyState):
             return self._add_numpy(q, np.ones(q.size, self.dtype) if v is None else v)
         backend = self._backend
         got = add_key_sums(
-            q, v, (self._mk, self._mv), (self._dk, self._dv), backend._max_p, backend._checked_range
+            q,
+            v,
+            (self._mk, self._mv),
+            (self._dk, self._dv),
+            backend._max_p,
+            backend._checked_range,
+            indexes=(self._index_of(0, self._mk), self._index_of(1, self._dk)),
+            ascending=False,
         )
         if got is None:
             backend._check_keys(q)  # raises: a key lies outside the key groups
             raise AssertionError("add_key_sums refused keys that the backend accepts")
         uniq, totals, new = got
         if new.size:
-            self._insert_new(uniq[new], totals[new])
+            fresh, sums = uniq[new], totals[new]
+            order = np.argsort(fresh)
+            self._insert_new(fresh[order], sums[order])
         return uniq, totals
+
+    def _index_of(self, run: int, run_keys: Keys) -> npt.NDArray[np.uint32] | None:
+        """The hash index of a run's keys, rebuilt when the run is another array
+        (every change of a run's keys makes a new one; sums change in place)."""
+        built = self._indexes[run]
+        if built is not None and built[0] is run_keys:
+            return built[1]
+        if not run_keys.size or run_keys.size > KEY_SUMS_INDEX_MAX_KEYS:
+            return None
+        index = key_sums_index(run_keys)
+        self._indexes[run] = (run_keys, index)
+        return index
+
+    def nbytes(self) -> int:
+        return super().nbytes() + sum(b[1].nbytes for b in self._indexes if b is not None)
 
     def _add_numpy(self, q: Keys, v: Values) -> tuple[Keys, Values]:
         """:meth:`add` in numpy calls (a sort, then a search per run), for checked keys:
