@@ -247,6 +247,14 @@ class NetworkConfig:
         default=256,
         metadata=_key("taskmanager.memory.min-segment-size", _MemorySize(16, 16 * MiB)),
     )
+    # How often a task sends its partly filled buffers (Flink's
+    # execution.buffer-timeout.interval, default 100 ms there): a buffer also goes
+    # when full and before an event or barrier. 5 ms: the runtime's tests and
+    # verify's short runs count on data in flight soon after a job starts.
+    buffer_timeout: timedelta = field(
+        default=timedelta(milliseconds=5),
+        metadata=_key("execution.buffer-timeout.interval", _Duration(timedelta(milliseconds=1))),
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -137,7 +137,7 @@ class Executor:
         failures: FailureInjector | None = None,
         metrics_path: str | None = None,
         restore_checkpoint: int | str | None = None,
-        flush_interval: float = 0.005,
+        flush_interval: float | None = None,
         allow_non_restored_state: bool | None = None,
         ignore_inflight: bool | None = None,
         force_forward_rescale: bool | None = None,
@@ -148,7 +148,12 @@ class Executor:
         self.config = config or Config()
         self.failures = failures or FailureInjector()
         self.metrics_path = metrics_path
-        self.flush_interval = flush_interval
+        # Seconds a partly filled buffer waits (None: execution.buffer-timeout.interval).
+        self.flush_interval = (
+            self.config.network.buffer_timeout.total_seconds()
+            if flush_interval is None
+            else flush_interval
+        )
         rec = self.config.recovery
         self.restore_checkpoint = restore_checkpoint if restore_checkpoint is not None else rec.path
         self.allow_non_restored_state = (

@@ -89,6 +89,7 @@ __all__ = [
 # again: returned credit and permits wake it at once (OutputWaker), so this only
 # bounds a wait no wake reaches.
 OUTPUT_WAIT = 0.005
+_POLL = 0.005  # seconds an idle input loop waits before it looks around again
 _WAKE = Wake()
 
 
@@ -161,7 +162,10 @@ class Task:
         self.checkpoint_dir = checkpoint_dir
         self.failures = failures
         self.on_done = on_done
-        self.flush_interval = flush_interval
+        self.flush_interval = flush_interval  # the buffer timeout
+        # The longest an input wait lasts before the loop looks around again (mail,
+        # written channel state to reap, a buffer to flush): short whatever the timeout.
+        self._poll = min(flush_interval, _POLL)
         # Whether the job takes checkpoints (else sinks commit on their own at the end).
         self.checkpointing = checkpointing and checkpoint_dir is not None
         self.name = f"{vertex.uid}#{subtask}"
@@ -611,13 +615,13 @@ class Task:
             pause -= time.monotonic()
             if pause > 0:
                 # An operator paces itself: wait, still taking unaligned barriers.
-                self.take_priority(min(pause, self.flush_interval))
+                self.take_priority(min(pause, self._poll))
                 self._maybe_flush()
                 continue
             if self.replay is not None and self.replay.active and not self.suspended:
                 self._replay_step()
                 continue
-            item = gate.poll(self.flush_interval)
+            item = gate.poll(self._poll)
             if item is None:
                 self._maybe_flush()
                 continue

@@ -91,6 +91,12 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.network.min_segment_size,
         {},
     ),
+    "execution.buffer-timeout.interval": (
+        "20 ms",
+        20 * MS,
+        lambda c: c.network.buffer_timeout,
+        {},
+    ),
     "taskmanager.network.memory.buffer-debloat.enabled": (
         "false",
         False,
@@ -410,6 +416,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("taskmanager.memory.segment-size", "48 kb"),
     ("taskmanager.memory.segment-size", "32 mb"),
     ("taskmanager.memory.min-segment-size", "8 b"),
+    ("execution.buffer-timeout.interval", "0 ms"),
+    ("execution.buffer-timeout.interval", "soon"),
     ("taskmanager.network.memory.buffer-debloat.enabled", "sometimes"),
     ("taskmanager.network.memory.buffer-debloat.target", "0 ms"),
     ("taskmanager.network.memory.buffer-debloat.period", "soon"),

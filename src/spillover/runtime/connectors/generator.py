@@ -150,6 +150,7 @@ class GeneratorSource(Operator):
         self._parts = np.arange(ctx.subtask_index, self.partitions, ctx.parallelism, dtype=np.int64)
         self._next = np.zeros(len(self._parts), dtype=np.int64)
         self._turn = 0  # rotates which partitions get the remainder of a batch
+        self._share_cache: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
         self._ref: float | None = None  # pacing: the time up to which records are "paid"
         self._chunk = 1.0
         if self.rate is not None:
@@ -237,18 +238,19 @@ class GeneratorSource(Operator):
 
     def on_timer(self) -> bool:
         limit = self.records_per_partition
-        active = (
-            np.arange(len(self._parts)) if limit is None else np.flatnonzero(self._next < limit)
-        )
-        if not len(active):
+        # Every partition (a slice: views, no copies) or the ones not exhausted.
+        active: npt.NDArray[np.intp] | slice
+        if limit is None:
+            active, m = slice(None), len(self._parts)
+        else:
+            left = np.flatnonzero(self._next < limit)
+            active, m = left, len(left)
+        if not m:
             return False
         n = self.batch_size if self.rate is None else self._allowance()
         if n == 0:
             return True
-        m = len(active)
-        counts = np.full(m, n // m, dtype=np.int64)
-        counts[(np.arange(m) - self._turn) % m < n % m] += 1
-        self._turn = (self._turn + n % m) % m
+        counts = self._shares(n, m)
         if limit is not None:
             counts = np.minimum(counts, limit - self._next[active])
         total = int(counts.sum())
@@ -259,8 +261,24 @@ class GeneratorSource(Operator):
             self.ctx.output.emit(self._batch(active, counts, total))
         return limit is None or bool((self._next < limit).any())
 
+    def _shares(self, n: int, m: int) -> npt.NDArray[np.int64]:
+        """How ``n`` records are shared by ``m`` partitions: ``n // m`` each, the
+        remainder to the ones from ``_turn`` on, which then moves past them. The same
+        few arrays recur batch after batch: kept (read-only) instead of rebuilt."""
+        key = (n, m, self._turn)
+        counts = self._share_cache.get(key)
+        if counts is None:
+            counts = np.full(m, n // m, dtype=np.int64)
+            counts[(np.arange(m) - self._turn) % m < n % m] += 1
+            counts.flags.writeable = False
+            if len(self._share_cache) >= 64:  # a paced source's n varies
+                self._share_cache.clear()
+            self._share_cache[key] = counts
+        self._turn = (self._turn + n % m) % m
+        return counts
+
     def _batch(
-        self, active: npt.NDArray[np.intp], counts: npt.NDArray[np.int64], total: int
+        self, active: npt.NDArray[np.intp] | slice, counts: npt.NDArray[np.int64], total: int
     ) -> Batch:
         out = np.empty(total, dtype=self.out_dtype)
         uniform = self.key_distribution == "uniform"
