@@ -109,13 +109,14 @@ void spl_sums_index(const int64_t *keys, size_t n, uint32_t *slots, unsigned bit
     }
 }
 
-/* Position of k in an indexed run, or run->n if it is not there. */
+/* Position of k in an indexed run, or run->n if it is not there. A slot past the
+ * run (an index built for other keys: the caller's error) is never read through. */
 static inline size_t index_find(const spl_sum_run *run, int64_t k) {
     size_t mask = ((size_t)1 << run->index_bits) - 1;
     for (size_t h = key_slot(k, run->index_bits);; h = (h + 1) & mask) {
         uint32_t s = run->index[h];
         if (s == 0) return run->n;
-        if (run->keys[s - 1] == k) return s - 1;
+        if (s <= run->n && run->keys[s - 1] == k) return s - 1;
     }
 }
 

@@ -376,6 +376,12 @@ def test_a_hash_index_must_be_the_one_built_for_its_run() -> None:
     for wrong in (index[:-1], index.astype(np.int64), key_sums_index(keys[:8])):
         with pytest.raises(ValueError, match="index"):
             add_key_sums(keys, None, run, _empty_run(), indexes=(wrong, None))  # type: ignore[arg-type]
+    # An index of other keys with a table of the same size is the caller's error; one of
+    # a longer run that shares its first keys still finds them (slots past the run are
+    # skipped, never read through).
+    short = (keys[:33].copy(), np.zeros(33, np.int64))
+    got = add_key_sums(keys[:33], None, short, _empty_run(), indexes=(index, None))
+    assert got is not None and short[1].tolist() == [1] * 33
 
 
 def test_add_key_sums_refuses_runs_it_cannot_add_into() -> None:
