@@ -267,6 +267,15 @@ int spl_packer_put_batch(spl_packer *p, uint32_t o, const uint8_t *data, const i
     return SPL_REC_OK;
 }
 
+int spl_packer_put_fixed(spl_packer *p, uint32_t o, const uint8_t *data, uint32_t width,
+                         size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int rc = spl_packer_put(p, o, data + i * (size_t)width, width);
+        if (rc) return rc;
+    }
+    return SPL_REC_OK;
+}
+
 /* ---- key groups and the filter ---- */
 
 #define SPL_REC_PREFETCH 2048

@@ -136,6 +136,9 @@ int spl_packer_put_slow(spl_packer *p, uint32_t o, const uint8_t *prefix, const 
 /* Appends many records data[offsets[i] .. offsets[i+1]) to output o. */
 int spl_packer_put_batch(spl_packer *p, uint32_t o, const uint8_t *data, const int64_t *offsets,
                          size_t n);
+/* Appends n records of width bytes each, data[i * width .. (i + 1) * width), to output o. */
+int spl_packer_put_fixed(spl_packer *p, uint32_t o, const uint8_t *data, uint32_t width,
+                         size_t n);
 
 /* Appends one record (prefix + payload) to output o. */
 static inline int spl_packer_put(spl_packer *p, uint32_t o, const uint8_t *payload, uint32_t len) {

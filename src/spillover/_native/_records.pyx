@@ -25,8 +25,12 @@ cnp.import_array()
 
 cdef enum:
     _NOGIL_MIN = 65536
+    _NOGIL_MIN_SUMS = 256
 NOGIL_MIN_BYTES = _NOGIL_MIN
 """Inputs (bytes; keys count 8 each) from which a native loop releases the GIL."""
+NOGIL_MIN_SUMS_KEYS = _NOGIL_MIN_SUMS
+"""Keys from which keyed sums release the GIL: a hash probe per key is worth the
+hand-off long before 64 KiB of keys."""
 
 
 cdef extern from "Python.h":

@@ -117,7 +117,7 @@ def sums_add(
     cdef ptrdiff_t kstride = cnp.PyArray_STRIDE(keys, 0)
     cdef size_t n_out = 0, n_new = 0
     cdef int rc
-    ts = _release_if(n * 8 >= _NOGIL_MIN)
+    ts = _release_if(n >= _NOGIL_MIN_SUMS)
     rc = spl_sums_add(kp, kstride, vp, vstride, n, max_parallelism, kg_lo, kg_hi, runs, 2,
                       ascending, o, o + n, o + 2 * n, &n_out, &n_new)
     _reacquire(ts)

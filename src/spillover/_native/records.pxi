@@ -149,6 +149,23 @@ cdef class Packer:
             _raise_rc(rc, 0, "packing records")
         return _take_full(&self.p)
 
+    def put_fixed(self, uint32_t output, object records, uint32_t width):
+        """Appends the records of ``records``, ``width`` bytes each back to back (a
+        structured batch's bytes): :meth:`put_batch` without the offsets."""
+        cdef const uint8_t[::1] data = _as_bytes(records)
+        cdef int rc
+        if output >= self.p.n_outs:
+            raise IndexError(output)
+        if width < 1 or width > SPL_REC_MAX_LENGTH or <size_t>data.shape[0] % width:
+            raise ValueError(f"{data.shape[0]} bytes are not records of {width} bytes")
+        ts = _release_if(data.shape[0] >= _NOGIL_MIN)
+        rc = spl_packer_put_fixed(&self.p, output, _bytes_ptr(data), width,
+                                  <size_t>data.shape[0] // width)
+        _reacquire(ts)
+        if rc:
+            _raise_rc(rc, 0, "packing records")
+        return _take_full(&self.p)
+
     def put_frames(self, object data, const int64_t[::1] offsets, const int64_t[::1] lengths,
                    const int32_t[::1] outputs):
         """Appends ``data[offsets[i]:offsets[i] + lengths[i]]`` as raw bytes to output

@@ -96,6 +96,11 @@ class RecordWriter:
         """
         return [b for _, b in self._packer.put_batch(0, data, _offsets(offsets))]
 
+    def write_fixed(self, data: object, width: int) -> list[Buffer]:
+        """Appends the records of ``data``, ``width`` bytes each back to back (the bytes
+        of a structured batch), in one native call without an offsets array."""
+        return [b for _, b in self._packer.put_fixed(0, data, width)]
+
     def flush(self) -> Buffer | None:
         """The partly filled last buffer (shorter than ``buffer_size``), or None if empty."""
         out = self._packer.flush()

@@ -109,6 +109,8 @@ cdef extern from "records.h" nogil:
     int spl_packer_put(spl_packer *p, uint32_t o, const uint8_t *payload, uint32_t len)
     int spl_packer_put_batch(spl_packer *p, uint32_t o, const uint8_t *data,
                              const int64_t *offsets, size_t n)
+    int spl_packer_put_fixed(spl_packer *p, uint32_t o, const uint8_t *data, uint32_t width,
+                             size_t n)
 
     ctypedef struct spl_keyspec:
         int kind

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spillover.errors import ConfigError
-from spillover.records.generated import fill_generated, letter_pattern
+from spillover.records.generated import fill_generated, fill_layout, letter_pattern
 from spillover.runtime.api import Batch, Operator, OperatorContext, OperatorSnapshot
 
 _U64 = np.uint64
@@ -156,6 +156,8 @@ class GeneratorSource(Operator):
         if self.rate is not None:
             self._chunk = min(max(self.rate * _PACE_INTERVAL, 1.0), float(self.batch_size))
         self._pattern = letter_pattern(self.payload_bytes)
+        self._layout = fill_layout(self.out_dtype)
+        self._mix = self._seed_mix()
 
     @property
     def bounded(self) -> bool:
@@ -251,9 +253,10 @@ class GeneratorSource(Operator):
         if n == 0:
             return True
         counts = self._shares(n, m)
+        total = n  # the shares of n add up to n
         if limit is not None:
             counts = np.minimum(counts, limit - self._next[active])
-        total = int(counts.sum())
+            total = int(counts.sum())
         if self.rate is not None:
             assert self._ref is not None
             self._ref += total / self.rate
@@ -289,9 +292,10 @@ class GeneratorSource(Operator):
             self._parts[active],
             self._next[active],
             counts,
-            self._seed_mix(),
+            self._mix,
             self.keys if uniform else 0,
             self._pattern,
+            self._layout,
         )
         self._next[active] += counts
         if not uniform:

@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from spillover.keygroups import key_group_range_for_operator, key_group_table
 from spillover.records import FieldKey, KeyGroupDemux, RecordWriter, partitions_of
@@ -126,32 +127,31 @@ class PartitionWriter:
             for sub, buf in self._demux.push_rows(batch):
                 self._send(sub, buf)
             return
-        data = np.ascontiguousarray(batch).view(np.uint8)
-        offsets = np.arange(len(batch) + 1, dtype=np.int64) * batch.dtype.itemsize
-        if self.kind is EdgeKind.BROADCAST:
-            for buf in self._writers[0].write_batch(data, offsets):
-                self._send_all(buf)
-            return
+        width = batch.dtype.itemsize
         if self.kind is EdgeKind.CUSTOM:
             subs = partitions_of(self._partitioner, batch[self._key_field], self.n)
             # One stable gather groups the records by subtask, each in batch order.
             order = np.argsort(subs, kind="stable")
             grouped = np.ascontiguousarray(batch[order]).view(np.uint8)
             counts = np.bincount(subs, minlength=self.n)
-            ends = np.cumsum(counts) * batch.dtype.itemsize
+            ends = np.cumsum(counts) * width
             for sub in np.flatnonzero(counts).tolist():
                 start = int(ends[sub - 1]) if sub else 0
                 rows = grouped[start : int(ends[sub])]
-                offs = np.arange(0, len(rows) + 1, batch.dtype.itemsize, dtype=np.int64)
-                for buf in self._writers[sub].write_batch(rows, offs):
+                for buf in _pack(self._writers[sub], rows, int(counts[sub]), width):
                     self._send(sub, buf)
+            return
+        data = np.ascontiguousarray(batch).view(np.uint8)
+        if self.kind is EdgeKind.BROADCAST:
+            for buf in _pack(self._writers[0], data, len(batch), width):
+                self._send_all(buf)
             return
         if self.kind is EdgeKind.FORWARD:
             sub = self._subtask
         else:
             sub = self._next
             self._next = (self._next + 1) % self.n
-        for buf in self._writers[sub].write_batch(data, offsets):
+        for buf in _pack(self._writers[sub], data, len(batch), width):
             self._send(sub, buf)
 
     def flush(self) -> None:
@@ -168,6 +168,15 @@ class PartitionWriter:
                 self._send_all(last)
             else:
                 self._send(sub, last)
+
+
+def _pack(
+    writer: RecordWriter, rows: npt.NDArray[np.uint8], n: int, width: int
+) -> list[npt.NDArray[np.uint8]]:
+    """Frames ``n`` records of ``width`` bytes lying back to back in ``rows``."""
+    if width:
+        return writer.write_fixed(rows, width)
+    return writer.write_batch(rows, np.zeros(n + 1, dtype=np.int64))  # empty records
 
 
 class Outbox:
