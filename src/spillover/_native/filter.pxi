@@ -39,6 +39,7 @@ cdef class Demux:
         uint32_t offset,
         bint prefixed,
         uint32_t max_len,
+        bint whole_records=False,
     ):
         cdef Py_ssize_t i
         memset(&self.d, 0, sizeof(self.d))
@@ -46,6 +47,7 @@ cdef class Demux:
             raise ValueError("buffer_size must be at least 1")
         if spl_packer_init(&self.d.packer, buffer_size, n_outputs) != SPL_REC_OK:
             raise MemoryError()
+        self.d.packer.whole = whole_records
         self._table = table  # keeps the memory alive
         self.d.table = &table[0]
         self.d.max_p = <int32_t>table.shape[0]

@@ -96,16 +96,19 @@ cdef list _take_full(spl_packer *p):
 
 
 cdef class Packer:
-    """Packs framed records into fixed-size buffers, one stream per output."""
+    """Packs framed records into fixed-size buffers, one stream per output. With
+    ``whole_records``, a record that fits in one buffer is never split across two: the
+    buffer it does not fit in is handed out short instead."""
 
     cdef spl_packer p
 
-    def __cinit__(self, uint32_t buffer_size, uint32_t n_outputs):
+    def __cinit__(self, uint32_t buffer_size, uint32_t n_outputs, bint whole_records=False):
         memset(&self.p, 0, sizeof(self.p))
         if buffer_size < 1:
             raise ValueError("buffer_size must be at least 1")
         if spl_packer_init(&self.p, buffer_size, n_outputs) != SPL_REC_OK:
             raise MemoryError()
+        self.p.whole = whole_records
 
     def __dealloc__(self):
         spl_packer_free(&self.p)

@@ -70,6 +70,8 @@ class KeyGroupDemux(_Demux):
     boundary is completed from the same channel's next buffer. Each output is a
     stream of ``buffer_size`` buffers framed like the input (valid input for a
     :class:`RecordReader`); records keep their input order within each output.
+    With ``whole_records`` no record that fits in a buffer is split across two
+    (see :class:`RecordWriter`).
 
     With a :class:`FieldKey` the whole loop (framing, key, Java hash, murmur,
     modulo, routing, copy) is native with the GIL released; a
@@ -85,6 +87,7 @@ class KeyGroupDemux(_Demux):
         key: Key = INT64_AT_0,
         buffer_size: int = DEFAULT_BUFFER_SIZE,
         max_record_size: int = MAX_RECORD_SIZE,
+        whole_records: bool = False,
     ) -> None:
         check_max_parallelism(max_parallelism)
         _check_buffer_size(buffer_size)
@@ -112,6 +115,7 @@ class KeyGroupDemux(_Demux):
             field.offset,
             field.length_prefixed,
             max_record_size,
+            whole_records,
         )
 
     def push(self, buffer: object, channel: object = 0) -> list[tuple[int, Buffer]]:

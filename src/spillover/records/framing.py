@@ -76,14 +76,16 @@ class RecordWriter:
 
     Every buffer handed out is exactly ``buffer_size`` bytes long except the
     one :meth:`flush` returns; records and length prefixes are split across
-    buffers where they do not fit. Buffers are new numpy ``uint8`` arrays the
-    caller owns.
+    buffers where they do not fit. With ``whole_records``, a record that fits in
+    one buffer is not split: the buffer it does not fit in goes out short, so a
+    reader views every record in place (readers take both kinds of stream).
+    Buffers are new numpy ``uint8`` arrays the caller owns.
     """
 
-    def __init__(self, buffer_size: int = DEFAULT_BUFFER_SIZE) -> None:
+    def __init__(self, buffer_size: int = DEFAULT_BUFFER_SIZE, whole_records: bool = False) -> None:
         _check_buffer_size(buffer_size)
         self.buffer_size = buffer_size
-        self._packer = _records.Packer(buffer_size, 1)
+        self._packer = _records.Packer(buffer_size, 1, whole_records)
 
     def write(self, record: object) -> list[Buffer]:
         """Appends one record (any contiguous buffer); returns the buffers it filled."""

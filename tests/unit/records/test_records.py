@@ -82,6 +82,64 @@ def test_write_batch_equals_one_by_one(records: list[bytes], size: int) -> None:
     assert batched == b"".join(bytes(b) for b in write_records(records, size))
 
 
+def whole_frames(buffer: bytes) -> list[bytes] | None:
+    """The records of one buffer if it holds whole frames only, else None."""
+    out, p = [], 0
+    while p < len(buffer):
+        if p + 4 > len(buffer):
+            return None
+        n = struct.unpack_from("<I", buffer, p)[0]
+        if p + 4 + n > len(buffer):
+            return None
+        out.append(buffer[p + 4 : p + 4 + n])
+        p += 4 + n
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(RECORDS, BUFFER_SIZES)
+def test_whole_records_writer_never_splits_a_record_that_fits(
+    records: list[bytes], size: int
+) -> None:
+    """With ``whole_records`` a record that fits in a buffer lies in one buffer, a
+    buffer is cut short only where the next record would not fit, and the stream reads
+    back the same records."""
+    w = RecordWriter(size, whole_records=True)
+    out = [bytes(b) for r in records for b in w.write(r)]
+    last = w.flush()
+    buffers = [*out, *([bytes(last)] if last is not None else [])]
+    assert read_records(buffers) == records
+    assert sum(len(b) for b in buffers) == sum(4 + len(r) for r in records)
+    if all(4 + len(r) <= size for r in records):
+        assert [r for b in buffers for r in whole_frames(b) or [b"?"]] == records
+        ends = list(itertools.accumulate(len(whole_frames(b) or []) for b in buffers))
+        for b, nxt in zip(buffers[:-1], ends[:-1], strict=True):
+            assert len(b) == size or len(b) + 4 + len(records[nxt]) > size
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(0, 200),
+    st.integers(1, 40),
+    st.one_of(BUFFER_SIZES, st.integers(20, 300)),
+    st.booleans(),
+)
+def test_write_fixed_equals_write_batch(n: int, width: int, size: int, whole: bool) -> None:
+    """Records of one width back to back frame exactly as the same records with offsets."""
+    data = np.frombuffer(bytes(range(256)) * (n * width // 256 + 1), np.uint8)[: n * width]
+
+    def stream(write: Any) -> list[bytes]:
+        w = RecordWriter(size, whole_records=whole)
+        last = [*write(w), w.flush()]
+        return [bytes(b) for b in last if b is not None]
+
+    fixed = stream(lambda w: w.write_fixed(data, width))
+    assert fixed == stream(lambda w: w.write_batch(data, np.arange(n + 1) * width))
+    assert read_records(fixed) == [bytes(data[i * width : (i + 1) * width]) for i in range(n)]
+    with pytest.raises(ValueError, match="not records of"):
+        RecordWriter(size).write_fixed(data[: n * width - 1] if n else data[:0], 0)
+
+
 def test_reader_views_are_zero_copy_and_spanning_records_are_copied() -> None:
     records = [b"a" * 10, b"b" * 50, b"c" * 3]
     buffers = write_records(records, 32)
@@ -367,6 +425,45 @@ def test_demux_push_rows_routes_a_batch_as_push_routes_it_framed(
     framed[:, :4] = np.frombuffer(np.uint32(width).tobytes(), np.uint8)
     framed[:, 4:] = rows
     assert route(lambda d: d.push_rows(rows)) == route(lambda d: d.push(framed.reshape(-1)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 300),
+    st.integers(0, 24),
+    st.one_of(st.integers(12, 64), st.sampled_from([100, 1000, 4096])),
+    st.integers(1, 4),
+    st.integers(0, 2**32),
+)
+def test_demux_whole_records_routes_the_same_records_unsplit(
+    n: int, extra: int, out_size: int, n_out: int, seed: int
+) -> None:
+    """A demux packing whole records sends each output the same records in the same
+    order as one that splits them, and every buffer holds whole records."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 256, size=(n, 8 + extra), dtype=np.uint8)
+    table = rng.integers(-1, n_out, size=128)
+
+    def route(whole: bool) -> dict[int, list[bytes]]:
+        demux = KeyGroupDemux(
+            128,
+            table,
+            n_out,
+            key=FieldKey(0, "int64"),
+            buffer_size=out_size,
+            whole_records=whole,
+        )
+        by_out: dict[int, list[bytes]] = {o: [] for o in range(n_out)}
+        for o, b in [*demux.push_rows(rows), *demux.finish()]:
+            by_out[o].append(bytes(b))
+        return by_out
+
+    whole, split = route(True), route(False)
+    assert {o: read_records(bs) for o, bs in whole.items()} == {
+        o: read_records(bs) for o, bs in split.items()
+    }
+    if 12 + extra <= out_size:
+        assert all(whole_frames(b) is not None for bs in whole.values() for b in bs)
 
 
 def test_demux_push_rows_refuses_rows_too_short_for_their_key() -> None:

@@ -98,6 +98,7 @@ cdef extern from "records.h" nogil:
     ctypedef struct spl_packer:
         uint32_t size
         uint32_t n_outs
+        uint32_t whole
         spl_out *outs
         spl_full *full
         size_t n_full

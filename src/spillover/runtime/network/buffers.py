@@ -86,7 +86,7 @@ class NetworkBuffer(np.ndarray[tuple[int], np.dtype[np.uint8]]):
     def _make(cls, array: Segment, data_type: DataType, recycler: Recycler | None) -> NetworkBuffer:
         buf = np.ndarray.view(array, cls)
         buf.flags.writeable = False
-        buf.data_type = DataType(data_type)
+        buf.data_type = data_type if data_type.__class__ is DataType else DataType(data_type)
         buf._refs = 1
         buf._lock = threading.Lock()
         buf._recycler = recycler

@@ -31,7 +31,8 @@ class PartitionWriter:
 
     ``send(subpartition, array)`` hands a filled buffer on (it may block: that is
     where backpressure reaches the task); ``send_all(array)`` gives one buffer to
-    every subpartition (broadcast).
+    every subpartition (broadcast). A buffer holds whole records (only a record
+    longer than a buffer spans buffers), so the consumer views them in place.
     """
 
     def __init__(
@@ -99,12 +100,17 @@ class PartitionWriter:
             self.flush()
         if self.kind is EdgeKind.KEY_BY:
             self._demux = KeyGroupDemux(
-                self._max_parallelism, self._table, self.n, self._key, sizes[0]
+                self._max_parallelism,
+                self._table,
+                self.n,
+                self._key,
+                sizes[0],
+                whole_records=True,
             )
         elif self.kind is EdgeKind.BROADCAST:
-            self._writers = [RecordWriter(sizes[0])]
+            self._writers = [RecordWriter(sizes[0], whole_records=True)]
         else:
-            self._writers = [RecordWriter(size) for size in sizes]
+            self._writers = [RecordWriter(size, whole_records=True) for size in sizes]
         self._cut = sizes
 
     def _follow_sizes(self) -> None:

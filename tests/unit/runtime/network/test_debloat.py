@@ -210,4 +210,5 @@ def test_a_writer_cuts_at_the_announced_size_from_its_next_batch() -> None:
     w.emit(np.zeros(100, DTYPE))  # 3,200 B to subpartition 0: full segments
     w.emit(np.zeros(100, DTYPE))  # 3,200 B to subpartition 1: 100 B buffers
     assert w.resized == 1 and w.buffer_size == 100
-    assert out[0] == [] and len(out[1]) == 32 and all(len(b) == 100 for b in out[1])
+    # Whole records: three 32-byte frames a buffer, the 100th record left for a flush.
+    assert out[0] == [] and len(out[1]) == 33 and all(len(b) == 96 for b in out[1])
