@@ -194,7 +194,7 @@ def rates() -> dict[str, float]:
 
 
 def _producer_buffers(producer: int, max_parallelism: int) -> list[tuple[int, np.ndarray]]:
-    """The full 32 KiB buffers the key_by writer of source subtask ``producer`` emits
+    """The full buffers (whole records) the key_by writer of source subtask ``producer`` emits
     for its first records, as ``(subpartition, buffer)`` in emission order."""
     batches: list[Batch] = []
 
@@ -236,9 +236,11 @@ def test_bare_network_loop(benchmark: Any, rates: dict[str, float]) -> None:
     net = Config().network
     max_p = compute_default_max_parallelism(PARALLELISM)
     samples = [_producer_buffers(u, max_p) for u in range(PARALLELISM)]
-    per_producer = RECORDS // PARALLELISM * FRAMED // net.segment_size  # full buffers
-    assert all(len(b) == net.segment_size for s in samples for _, b in s)
-    sent = per_producer * PARALLELISM * net.segment_size
+    # Full buffers of whole records: as many as fit in a segment.
+    full = net.segment_size // FRAMED * FRAMED
+    per_producer = RECORDS // PARALLELISM * FRAMED // full
+    assert all(len(b) == full for s in samples for _, b in s)
+    sent = per_producer * PARALLELISM * full
     received: list[int] = []
 
     def produce(part: ResultPartition, pool: BufferPool, sample: list[Any]) -> None:
