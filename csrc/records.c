@@ -254,7 +254,10 @@ int spl_packer_put_bytes(spl_packer *p, uint32_t o, const uint8_t *src, size_t n
 
 int spl_packer_put_slow(spl_packer *p, uint32_t o, const uint8_t *prefix, const uint8_t *payload,
                         uint32_t len) {
-    if (p->whole && p->outs[o].pos && (uint64_t)SPL_REC_PREFIX + len <= p->size) {
+    /* Whole records: cut the buffer short rather than split a record that fits in
+     * one, unless that would leave more than an eighth of the buffer empty. */
+    if (p->whole && p->outs[o].pos && (uint64_t)SPL_REC_PREFIX + len <= p->size &&
+        p->size - p->outs[o].pos <= p->size / 8) {
         int rc = spl_packer_retire(p, o);
         if (rc) return rc;
     }

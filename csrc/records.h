@@ -112,8 +112,9 @@ uint32_t spl_pool_spares(spl_pool *pl);
 typedef struct {
     uint32_t size; /* bytes per buffer */
     uint32_t n_outs;
-    uint32_t whole; /* nonzero: a record that fits in one buffer is never split; the
-                       buffer it does not fit in is cut short instead */
+    uint32_t whole; /* nonzero: a record that does not fit in what is left of a
+                       buffer starts the next one instead of being split, when at
+                       most an eighth of the buffer is left empty */
     spl_out *outs;
     spl_full *full; /* buffers completed and not yet taken, in completion order */
     size_t n_full, full_cap;

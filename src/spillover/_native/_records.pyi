@@ -12,6 +12,7 @@ _I64 = npt.NDArray[np.int64]
 _U32 = npt.NDArray[np.uint32]
 
 NOGIL_MIN_BYTES: int
+NOGIL_MIN_SUMS_KEYS: int
 KEY_INT32: int
 KEY_INT64: int
 KEY_STR: int

@@ -97,8 +97,9 @@ cdef list _take_full(spl_packer *p):
 
 cdef class Packer:
     """Packs framed records into fixed-size buffers, one stream per output. With
-    ``whole_records``, a record that fits in one buffer is never split across two: the
-    buffer it does not fit in is handed out short instead."""
+    ``whole_records``, a record that does not fit in what is left of a buffer starts
+    the next one instead of being split, when at most an eighth of the buffer is
+    left empty (the buffer is handed out short)."""
 
     cdef spl_packer p
 

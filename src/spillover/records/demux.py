@@ -70,8 +70,8 @@ class KeyGroupDemux(_Demux):
     boundary is completed from the same channel's next buffer. Each output is a
     stream of ``buffer_size`` buffers framed like the input (valid input for a
     :class:`RecordReader`); records keep their input order within each output.
-    With ``whole_records`` no record that fits in a buffer is split across two
-    (see :class:`RecordWriter`).
+    ``whole_records`` cuts buffers short rather than split records, as
+    :class:`RecordWriter` does.
 
     With a :class:`FieldKey` the whole loop (framing, key, Java hash, murmur,
     modulo, routing, copy) is native with the GIL released; a

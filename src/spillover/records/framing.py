@@ -76,9 +76,11 @@ class RecordWriter:
 
     Every buffer handed out is exactly ``buffer_size`` bytes long except the
     one :meth:`flush` returns; records and length prefixes are split across
-    buffers where they do not fit. With ``whole_records``, a record that fits in
-    one buffer is not split: the buffer it does not fit in goes out short, so a
-    reader views every record in place (readers take both kinds of stream).
+    buffers where they do not fit. With ``whole_records``, a record that does not
+    fit in what is left of a buffer starts the next one instead, when at most an
+    eighth of the buffer is left empty (the buffer goes out short): small records
+    are then never split and a reader views them in place. Readers take both
+    kinds of stream.
     Buffers are new numpy ``uint8`` arrays the caller owns.
     """
 

@@ -31,8 +31,9 @@ class PartitionWriter:
 
     ``send(subpartition, array)`` hands a filled buffer on (it may block: that is
     where backpressure reaches the task); ``send_all(array)`` gives one buffer to
-    every subpartition (broadcast). A buffer holds whole records (only a record
-    longer than a buffer spans buffers), so the consumer views them in place.
+    every subpartition (broadcast). Buffers are cut short rather than split a
+    record when at most an eighth of one is left empty (``whole_records``), so the
+    consumer views small records in place.
     """
 
     def __init__(
