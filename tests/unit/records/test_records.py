@@ -111,7 +111,7 @@ def check_whole_cuts(buffers: list[bytes], frames: list[int], size: int) -> None
     for start, frame in zip(starts, frames, strict=False):
         boundary = next((e for e in ends if e > start), None)
         if boundary is not None and start + frame > boundary:  # split
-            assert frame > size or boundary - start > size // 8 or boundary - start == size
+            assert frame > size or boundary - start > size // 8
 
 
 @settings(max_examples=150, deadline=None)
@@ -131,12 +131,11 @@ def test_whole_records_writer_cuts_short_rather_than_split(records: list[bytes],
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 300), st.integers(100, 4096))
-def test_small_records_are_never_split(width: int, size: int) -> None:
+@given(st.integers(1, 300), st.integers(0, 4096))
+def test_small_records_are_never_split(width: int, extra: int) -> None:
     """Records of at most an eighth of a buffer each lie whole in one buffer."""
     frame = 4 + width
-    if frame > size // 8:
-        return
+    size = 8 * frame + extra  # every example a record of at most an eighth
     w = RecordWriter(size, whole_records=True)
     data = np.arange(50 * width, dtype=np.uint8)
     buffers = [bytes(b) for b in [*w.write_fixed(data, width), w.flush()] if b is not None]
