@@ -4,8 +4,10 @@ policy) runs once, then per subtask the medians and maxima over its completed
 checkpoints of what each acknowledged: start delay (trigger to snapshot), sync
 (the task thread's part), async (the snapshot thread's operator part) and persist
 (an unaligned checkpoint's in-flight data, from its start to the acknowledgement,
-of which close is the channel state's files finished on the snapshot thread), and
-the coordinator's part after the last acknowledgement.
+of which inputs is the wait for the last input's barrier, and close the channel
+state's files finished on the channel-state thread),
+acked (when the acknowledgement reached the coordinator, from the trigger), and the
+coordinator's part after the last acknowledgement.
 
     PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --executor local
     PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --no-spares   # A/B
@@ -28,7 +30,15 @@ from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.runtime.checkpointing import coordinator
 from spillover.storage import shared
 
-METRICS = ("start_delay_ms", "sync_ms", "async_ms", "close_ms", "persist_ms")
+METRICS = (
+    "start_delay_ms",
+    "sync_ms",
+    "async_ms",
+    "inputs_ms",
+    "close_ms",
+    "persist_ms",
+    "acked_ms",
+)
 
 
 def main() -> None:
@@ -38,6 +48,12 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--no-spares", action="store_true", help="no staging files made ahead")
+    ap.add_argument(
+        "--per-file",
+        type=int,
+        default=None,
+        help="execution.checkpointing.unaligned.max-subtasks-per-channel-state-file",
+    )
     args = ap.parse_args()
     if args.no_spares:
         shared._Spares.AHEAD = 0
@@ -51,9 +67,11 @@ def main() -> None:
     coordinator.CheckpointStats.summary = with_subtasks  # type: ignore[method-assign]
     spec = BenchSpec(executor=args.executor, duration_s=args.duration, warmup_s=args.warmup)
     with tempfile.TemporaryDirectory(prefix="spillover-breakdown-") as tmp:
-        ex = create_executor(
-            args.executor, build_job(spec, "breakdown"), spec.config(args.policy, tmp)
-        )
+        config = spec.config(args.policy, tmp)
+        if args.per_file is not None:
+            key = "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"
+            config = config.with_options({key: args.per_file})
+        ex = create_executor(args.executor, build_job(spec, "breakdown"), config)
         ex.prepare()
         result, _, _ = run_sampled(
             ex,

@@ -25,7 +25,6 @@ snapshot and the finishing steps live in ``checkpointing/``.
 
 from __future__ import annotations
 
-import concurrent.futures
 import queue
 import threading
 import time
@@ -58,7 +57,7 @@ from spillover.runtime.checkpointing.messages import (
     TriggerCheckpoint,
     Wake,
 )
-from spillover.runtime.checkpointing.snapshot import take_snapshot
+from spillover.runtime.checkpointing.snapshot import SnapshotThreads, take_snapshot
 from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint, UnalignedCheckpoints
 from spillover.runtime.eventtime.clock import TaskClock
 from spillover.runtime.eventtime.timers import KeyedTimerService
@@ -172,7 +171,7 @@ class Task:
         self.mailbox: queue.SimpleQueue[MailboxMessage] = queue.SimpleQueue()
         self.cancelled = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"task {self.name}", daemon=True)
-        self.snapshots = concurrent.futures.ThreadPoolExecutor(1, f"snapshot {self.name}")
+        self.snapshots = SnapshotThreads(self.name)
         self.keyed = (
             keyed_backend_factory(vertex, subtask)
             if keyed_backend_factory is not None and vertex.head.keyed

@@ -72,7 +72,7 @@ class ChannelState(Protocol):
 class ChannelStateWriter:
     """The in-flight buffers of one subtask for one checkpoint.
 
-    Appends come from the task thread; ``close`` (from the task's snapshot thread,
+    Appends come from the task thread; ``close`` (from the task's channel-state thread,
     once the task stopped appending) finishes the files and returns JSON-able
     handles. Input gate ``k`` holds the channels of the task's ``k``-th input edge,
     one per upstream subtask; output gate ``p`` holds the subpartitions of the

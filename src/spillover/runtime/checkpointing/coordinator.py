@@ -426,7 +426,11 @@ class CheckpointCoordinator:
             return  # late ack of an aborted checkpoint
         key = (ack.vertex_uid, ack.subtask)
         p.acks[key] = ack
-        p.stats.subtasks[f"{ack.vertex_uid}#{ack.subtask}"] = dict(ack.metrics)
+        metrics = dict(ack.metrics)
+        # When the acknowledgement reached the coordinator, from the trigger: which
+        # subtask a checkpoint waited for last.
+        metrics["acked_ms"] = (time.monotonic() - p.started) * 1000
+        p.stats.subtasks[f"{ack.vertex_uid}#{ack.subtask}"] = metrics
         if set(p.acks) >= p.expected:
             self._complete(ack.checkpoint_id)
 

@@ -1,6 +1,8 @@
 """A task's snapshot of one checkpoint: the synchronous part on the task thread
 (operators and keyed state captured, the barrier forwarded), the asynchronous part
-(writing state files) on the task's snapshot thread, which acknowledges.
+(writing state files) on the task's snapshot thread, which acknowledges. An
+unaligned checkpoint's channel-state files are finished on a second thread, beside
+the operator part (:class:`SnapshotThreads`); whichever half ends last acknowledges.
 
 An aligned barrier follows every record before it; an unaligned one goes to the
 head of every output queue, and what it overtook (queued in the channel, then
@@ -11,8 +13,10 @@ barrier overtakes what is still queued.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from spillover.runtime.api import OperatorSnapshot
 from spillover.runtime.checkpointing.aligned import AlignmentStats
@@ -22,6 +26,32 @@ from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
 
 if TYPE_CHECKING:
     from spillover.runtime.task import Task
+
+
+class SnapshotThreads:
+    """A task's two snapshot threads, each started on first use: operator parts (state
+    files) in checkpoint order on one, unaligned checkpoints' channel-state files
+    finished in checkpoint order on the other. The halves of one checkpoint run side
+    by side, and acknowledgements still go out in checkpoint order: the one of
+    checkpoint n+1 needs both threads past their part of n."""
+
+    def __init__(self, name: str) -> None:
+        self._operators = concurrent.futures.ThreadPoolExecutor(1, f"snapshot {name}")
+        self._channels = concurrent.futures.ThreadPoolExecutor(1, f"channel state {name}")
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """Runs ``fn`` on the operator parts' thread."""
+        return self._operators.submit(fn, *args)
+
+    def submit_channels(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """Runs ``fn`` on the channel-state thread."""
+        return self._channels.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        """Ends both threads (``wait``: after what they were given, acknowledgements
+        included)."""
+        self._operators.shutdown(wait=wait, cancel_futures=cancel_futures)
+        self._channels.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 def take_snapshot(
@@ -114,7 +144,11 @@ def take_snapshot(
             }
             keyed = {key_uid: keyed_write(directory)} if keyed_write and key_uid else {}
         except BaseException as e:
-            coordinator.decline(cid, vertex_uid, subtask, f"snapshot failed: {e!r}")
+            reason = f"snapshot failed: {e!r}"
+            if pending is None:
+                coordinator.decline(cid, vertex_uid, subtask, reason)
+            else:  # declined once the channel state's half is in too
+                unaligned.operator_part_done(pending, None, reason)
             return
         metrics["async_ms"] = (time.monotonic() - t1) * 1000
         ack = Ack(
@@ -130,7 +164,7 @@ def take_snapshot(
         if pending is None:
             coordinator.acknowledge(ack)
         else:
-            pending.operator_part = ack  # acked with the channel state once complete
+            unaligned.operator_part_done(pending, ack)  # acked with the channel state
 
     task.snapshots.submit(finish_async)
     if switched:

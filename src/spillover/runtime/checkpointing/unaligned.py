@@ -68,9 +68,17 @@ class InFlightCheckpoint:
     gate_of: Sequence[tuple[int, int]] = ()
     max_inflight_bytes: int | None = None
     limited: bool = False  # the bound was reached: pending channels are blocked
-    # The snapshot's operator part, once its asynchronous half is done; None while it
-    # runs, and for good when it failed (it declined the checkpoint then).
+    # The acknowledgement's two halves, done side by side on the task's two snapshot
+    # threads: the operator part (None if it failed: operator_error says why) and the
+    # channel state's finished files (None if closing them failed: channel_error).
     operator_part: Ack | None = None
+    operator_error: str | None = None
+    channel_state: dict[str, Any] | None = None
+    channel_error: str | None = None
+    close_ms: float = 0.0
+    inputs_done: float = 0.0  # when the last input's barrier came (monotonic)
+    _halves_left: int = 2
+    _halves_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Recovered input state not yet replayed, referenced in old files (recovery/).
     references: list[dict[str, Any]] = field(default_factory=list)
     recovering: bool = False  # taken while recovered input state was being replayed
@@ -78,6 +86,12 @@ class InFlightCheckpoint:
     @property
     def done(self) -> bool:
         return not self.pending
+
+    def half_done(self) -> bool:
+        """One half of the acknowledgement is in; True for the second (which sends it)."""
+        with self._halves_lock:
+            self._halves_left -= 1
+            return self._halves_left == 0
 
     def add_input(self, channel: int, buffer: Any) -> None:
         """Persists ``buffer`` (or the bytes of a begun record) as input state of the
@@ -113,7 +127,7 @@ class UnalignedCheckpoints:
     States: idle (``inflight`` None), or collecting one checkpoint's in-flight data
     (``inflight`` set) until every channel's barrier came. Runs on the task thread,
     except :meth:`overtaken` (a TCP receiving thread) and :meth:`request_unaligned`
-    (the coordinator's thread); the acknowledgement runs on the snapshot thread.
+    (the coordinator's thread); the acknowledgement runs on the snapshot threads.
     """
 
     def __init__(self, task: Task) -> None:
@@ -402,7 +416,8 @@ class UnalignedCheckpoints:
         assert inf is not None
         self.inflight = None
         self.done_checkpoints.add(inf.checkpoint_id)
-        self.task.snapshots.submit(self._acknowledge, inf)
+        inf.inputs_done = time.monotonic()
+        self.task.snapshots.submit_channels(self._close_channels, inf)
 
     def abort(self) -> None:
         inf = self.inflight
@@ -413,14 +428,42 @@ class UnalignedCheckpoints:
         self.done_checkpoints.add(inf.checkpoint_id)
         if inf.limited:
             task.gate.unblock_all()
-        task.snapshots.submit(inf.writer.discard)
+        task.snapshots.submit_channels(inf.writer.discard)
         task.coordinator.decline(
             inf.checkpoint_id, task.vertex.uid, task.subtask, "unaligned checkpoint aborted"
         )
 
+    def operator_part_done(
+        self, inf: InFlightCheckpoint, ack: Ack | None, error: str | None = None
+    ) -> None:
+        """On the snapshot thread: the operator half of ``inf`` is done (``ack``), or
+        failed (``error``); the checkpoint is acknowledged or declined once its channel
+        state is finished too."""
+        inf.operator_part, inf.operator_error = ack, error
+        if inf.half_done():
+            self._acknowledge(inf)
+
+    def _close_channels(self, inf: InFlightCheckpoint) -> None:
+        """On the channel-state thread, beside the operator part: finishes the files
+        (drops them when the operator part failed already)."""
+        t = time.monotonic()
+        try:
+            if inf.operator_error is None:
+                inf.channel_state = inf.writer.close()
+            else:
+                inf.writer.discard()
+        except BaseException as e:
+            inf.channel_error = f"persisting in-flight data failed: {e!r}"
+            with contextlib.suppress(Exception):
+                inf.writer.discard()  # its files, staged sections and held buffers
+        inf.close_ms = (time.monotonic() - t) * 1000
+        if inf.half_done():
+            self._acknowledge(inf)
+
     def _acknowledge(self, inf: InFlightCheckpoint) -> None:
-        """On the snapshot thread: acknowledges, or declines whatever went wrong (an
-        exception here would otherwise vanish in the pool and hang the checkpoint)."""
+        """On whichever snapshot thread finished its half last: acknowledges, or
+        declines whatever went wrong (an exception here would otherwise vanish in the
+        pool and hang the checkpoint)."""
         task = self.task
         try:
             self._acknowledge_parts(inf)
@@ -436,20 +479,12 @@ class UnalignedCheckpoints:
 
     def _acknowledge_parts(self, inf: InFlightCheckpoint) -> None:
         task = self.task
-        ack = inf.operator_part
-        if ack is None:  # the operator part failed and declined already
-            inf.writer.discard()
-            return
-        t = time.monotonic()
-        try:
-            channel_state = inf.writer.close()
-        except BaseException as e:
-            task.coordinator.decline(
-                inf.checkpoint_id,
-                task.vertex.uid,
-                task.subtask,
-                f"persisting in-flight data failed: {e!r}",
-            )
+        ack, channel_state = inf.operator_part, inf.channel_state
+        if ack is None or channel_state is None:
+            # Declined once, with the first reason. Files a closed half left belong
+            # to a declined checkpoint: the coordinator deletes its directory.
+            reason = inf.operator_error or inf.channel_error or "unaligned checkpoint failed"
+            task.coordinator.decline(inf.checkpoint_id, task.vertex.uid, task.subtask, reason)
             return
         # Taken while recovered input state was still being replayed (a metric, so
         # tests and operators can tell such checkpoints apart).
@@ -460,6 +495,7 @@ class UnalignedCheckpoints:
             ack.metrics["referenced_bytes"] = float(sum(max(0, p.nbytes - p.skip) for p in pieces))
         ack.channel_state = channel_state
         ack.metrics["inflight_bytes"] = float(channel_state["bytes"])
-        ack.metrics["close_ms"] = (time.monotonic() - t) * 1000
+        ack.metrics["close_ms"] = inf.close_ms
+        ack.metrics["inputs_ms"] = (inf.inputs_done - inf.started) * 1000
         ack.metrics["persist_ms"] = (time.monotonic() - inf.started) * 1000
         task.coordinator.acknowledge(ack)

@@ -319,6 +319,88 @@ def test_unaligned_persists_exactly_the_buffers_before_each_channels_barrier(har
     assert any(isinstance(e, CheckpointBarrier) and e.checkpoint_id == 1 for e in h.events)
 
 
+def _wait_for(cond: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.002)
+
+
+def test_channel_state_is_finished_while_the_operator_part_still_runs(
+    harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unaligned checkpoint's two halves run side by side: its channel-state files
+    are finished while the operator part (state files) is still being written, and
+    the acknowledgement waits for both and carries both, in checkpoint order."""
+    h = harness
+    release = threading.Event()
+    real = UnalignedCheckpoints.operator_part_done
+    slowed: list[Any] = []
+
+    def slow(self: UnalignedCheckpoints, inf: Any, ack: Any, error: str | None = None) -> None:
+        if inf.checkpoint_id == 1:
+            slowed.append(inf)
+            assert release.wait(10)
+        real(self, inf, ack, error)
+
+    monkeypatch.setattr(UnalignedCheckpoints, "operator_part_done", slow)
+    h.barrier(0, 1)
+    h.settle()
+    b = h.data(1)
+    h.settle()
+    h.barrier(1, 1)
+    _wait_for(lambda: slowed, "the operator part never ran")
+    inf = slowed[0]
+    _wait_for(lambda: inf.channel_state is not None, "the channel state waited for it")
+    assert inf.writer.closed
+    assert h.coordinator.acks == []  # not without the operator part
+    h.barrier(0, 2)  # the next checkpoint queues behind it on both threads
+    h.barrier(1, 2)
+    release.set()
+    first, second = h.coordinator.ack_for(1), h.coordinator.ack_for(2)
+    assert persisted_input(first, h.task) == {1: [b]}
+    assert "map" in first.operator_state and first.metrics["close_ms"] >= 0
+    assert [a.checkpoint_id for a in h.coordinator.acks] == [1, 2]
+    assert second.channel_state is not None
+    assert h.coordinator.declines == []
+
+
+@pytest.mark.parametrize("failing", ["operator", "channels", "both"])
+def test_a_failed_half_declines_the_unaligned_checkpoint_once(
+    failing: str, harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either half failing declines the checkpoint exactly once, acknowledges
+    nothing of it, and the next checkpoint completes."""
+    from spillover.runtime.checkpointing.channel_state import ChannelStateWriter
+
+    h = harness
+    real_part = UnalignedCheckpoints.operator_part_done
+    real_close = ChannelStateWriter.close
+
+    def part(self: UnalignedCheckpoints, inf: Any, ack: Any, error: str | None = None) -> None:
+        if inf.checkpoint_id == 1 and failing in ("operator", "both"):
+            ack, error = None, "snapshot failed: OSError('disk gone')"
+        real_part(self, inf, ack, error)
+
+    def close(self: ChannelStateWriter) -> dict[str, Any]:
+        if self._args[0] == 1 and failing in ("channels", "both"):
+            raise OSError("disk gone")
+        return real_close(self)
+
+    monkeypatch.setattr(UnalignedCheckpoints, "operator_part_done", part)
+    monkeypatch.setattr(ChannelStateWriter, "close", close)
+    h.barrier(0, 1)
+    h.settle()
+    h.data(1)
+    h.settle()
+    h.barrier(1, 1)
+    h.barrier(0, 2)
+    h.barrier(1, 2)
+    assert h.coordinator.ack_for(2).channel_state is not None
+    assert h.coordinator.declines == [1]
+    assert [a.checkpoint_id for a in h.coordinator.acks] == [2]
+
+
 def test_barrier_of_the_next_checkpoint_aborts_the_one_in_progress(harness: Any) -> None:
     """Barriers of n+1 on one channel before n on the other: n aborts, n+1 completes with
     only the buffers between n+1's start and the other channel's barrier n+1."""
