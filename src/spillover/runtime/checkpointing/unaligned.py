@@ -436,10 +436,13 @@ class UnalignedCheckpoints:
     def operator_part_done(
         self, inf: InFlightCheckpoint, ack: Ack | None, error: str | None = None
     ) -> None:
-        """On the snapshot thread: the operator half of ``inf`` is done (``ack``), or
-        failed (``error``); the checkpoint is acknowledged or declined once its channel
-        state is finished too."""
+        """On the snapshot thread: the operator half of ``inf`` is done (``ack``; the
+        checkpoint is acknowledged once its channel state is finished too), or failed
+        (``error``: declined now, not after the inputs' barriers)."""
         inf.operator_part, inf.operator_error = ack, error
+        if error is not None:
+            task = self.task
+            task.coordinator.decline(inf.checkpoint_id, task.vertex.uid, task.subtask, error)
         if inf.half_done():
             self._acknowledge(inf)
 
@@ -480,10 +483,10 @@ class UnalignedCheckpoints:
     def _acknowledge_parts(self, inf: InFlightCheckpoint) -> None:
         task = self.task
         ack, channel_state = inf.operator_part, inf.channel_state
+        if inf.operator_error is not None:
+            return  # declined when it failed; its channel files are dropped or swept
         if ack is None or channel_state is None:
-            # Declined once, with the first reason. Files a closed half left belong
-            # to a declined checkpoint: the coordinator deletes its directory.
-            reason = inf.operator_error or inf.channel_error or "unaligned checkpoint failed"
+            reason = inf.channel_error or "unaligned checkpoint failed"
             task.coordinator.decline(inf.checkpoint_id, task.vertex.uid, task.subtask, reason)
             return
         # Taken while recovered input state was still being replayed (a metric, so

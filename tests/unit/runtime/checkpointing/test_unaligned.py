@@ -369,8 +369,9 @@ def test_channel_state_is_finished_while_the_operator_part_still_runs(
 def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     failing: str, harness: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Either half failing declines the checkpoint exactly once, acknowledges
-    nothing of it, and the next checkpoint completes."""
+    """Either half failing declines the checkpoint exactly once (a failed operator
+    part at once, before the inputs' barriers), acknowledges nothing of it, and the
+    next checkpoint completes."""
     from spillover.runtime.checkpointing.channel_state import ChannelStateWriter
 
     h = harness
@@ -393,6 +394,8 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     h.settle()
     h.data(1)
     h.settle()
+    if failing != "channels":
+        _wait_for(lambda: h.coordinator.declines == [1], "not declined before the barriers")
     h.barrier(1, 1)
     h.barrier(0, 2)
     h.barrier(1, 2)
