@@ -38,6 +38,7 @@ class SnapshotThreads:
     def __init__(self, name: str) -> None:
         self._operators = concurrent.futures.ThreadPoolExecutor(1, f"snapshot {name}")
         self._channels = concurrent.futures.ThreadPoolExecutor(1, f"channel state {name}")
+        self._last_channels: concurrent.futures.Future[Any] | None = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the operator parts' thread."""
@@ -45,7 +46,18 @@ class SnapshotThreads:
 
     def submit_channels(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the channel-state thread."""
-        return self._channels.submit(fn, *args)
+        f = self._last_channels = self._channels.submit(fn, *args)
+        return f
+
+    def after_channels(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Runs ``fn`` now, or behind the channel-state work still outstanding: an
+        acknowledgement without channel state (an aligned checkpoint) must not overtake
+        the one of an earlier checkpoint whose channel state is still being closed."""
+        last = self._last_channels
+        if last is None or last.done():
+            fn(*args)
+        else:
+            self._channels.submit(fn, *args)
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         """Ends both threads (``wait``: after what they were given, acknowledgements
@@ -147,7 +159,7 @@ def take_snapshot(
             reason = f"snapshot failed: {e!r}"
             if pending is None:
                 coordinator.decline(cid, vertex_uid, subtask, reason)
-            else:  # declined once the channel state's half is in too
+            else:  # declined at once; the channel state's half drops its files
                 unaligned.operator_part_done(pending, None, reason)
             return
         metrics["async_ms"] = (time.monotonic() - t1) * 1000
@@ -162,10 +174,11 @@ def take_snapshot(
             finished=finished,
         )
         if pending is None:
-            coordinator.acknowledge(ack)
+            snapshots.after_channels(coordinator.acknowledge, ack)  # in checkpoint order
         else:
             unaligned.operator_part_done(pending, ack)  # acked with the channel state
 
-    task.snapshots.submit(finish_async)
+    snapshots = task.snapshots
+    snapshots.submit(finish_async)
     if switched:
         unaligned.complete()  # its inputs were aligned: nothing more to wait for

@@ -582,3 +582,27 @@ def test_a_task_that_fails_mid_checkpoint_lets_go_of_its_channel_state(tmp_path:
             held.append(target)
     assert held == []
     assert not list((tmp_path / "chk-1").rglob("*.spill"))
+
+
+def test_an_acknowledgement_without_channel_state_waits_behind_an_earlier_close() -> None:
+    """An aligned checkpoint's acknowledgement (an iteration head's, with several
+    checkpoints in flight) never overtakes an earlier checkpoint's whose channel
+    state is still being closed: acknowledgements reach the coordinator in order."""
+    from spillover.runtime.checkpointing.snapshot import SnapshotThreads
+
+    threads = SnapshotThreads("t")
+    order: list[str] = []
+    closing = threading.Event()
+    try:
+        threads.after_channels(order.append, "ack 1")  # nothing outstanding: at once
+        assert order == ["ack 1"]
+        threads.submit_channels(lambda: (closing.wait(10), order.append("ack 2")))
+        acked = threads.submit(threads.after_channels, order.append, "ack 3")
+        acked.result(10)
+        assert order == ["ack 1"]  # held behind checkpoint 2's close
+        closing.set()
+        _wait_for(lambda: len(order) == 3, "the held acknowledgement never went out")
+        assert order == ["ack 1", "ack 2", "ack 3"]
+    finally:
+        closing.set()
+        threads.shutdown()
