@@ -147,6 +147,7 @@ def take_snapshot(
     vertex_uid, subtask, coordinator = task.vertex.uid, task.subtask, task.coordinator
     key_uid = next((n.uid for n in task.vertex.nodes if n.keyed), None)
     pending = inflight
+    snapshots = task.snapshots
 
     def finish_async() -> None:
         t1 = time.monotonic()
@@ -178,7 +179,6 @@ def take_snapshot(
         else:
             unaligned.operator_part_done(pending, ack)  # acked with the channel state
 
-    snapshots = task.snapshots
     snapshots.submit(finish_async)
     if switched:
         unaligned.complete()  # its inputs were aligned: nothing more to wait for
