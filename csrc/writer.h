@@ -65,7 +65,10 @@ uint64_t spl_writer_written(spl_writer *w);
  * given to spl_writer_add is referenced. */
 int spl_writer_flush(spl_writer *w);
 
-/* Flushes, stops the writer thread, and fsyncs the fd when asked. */
+/* Flushes, stops the writer thread, and fsyncs the fd when asked. In blocking mode
+ * with an fd, the last batch (the trailer) is written on the caller's thread once
+ * the thread is idle, and the thread is let go without a join (it frees nothing
+ * the caller still uses: the writer is freed by whichever of the two ends last). */
 int spl_writer_finish(spl_writer *w, int do_fsync);
 
 /* The sticky error and its errno (0 when none). */

@@ -49,6 +49,12 @@ class SnapshotThreads:
         f = self._last_channels = self._channels.submit(fn, *args)
         return f
 
+    def channels_idle(self) -> bool:
+        """Whether the channel-state thread has nothing left to do: work done on the
+        caller's thread now cannot overtake an earlier checkpoint's."""
+        last = self._last_channels
+        return last is None or last.done()
+
     def after_channels(self, fn: Callable[..., Any], *args: Any) -> None:
         """Runs ``fn`` now, or behind the channel-state work still outstanding: an
         acknowledgement without channel state (an aligned checkpoint) must not overtake
@@ -64,6 +70,25 @@ class SnapshotThreads:
         included)."""
         self._operators.shutdown(wait=wait, cancel_futures=cancel_futures)
         self._channels.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def _forward_unaligned(
+    task: Task, barrier: CheckpointBarrier, inflight: InFlightCheckpoint
+) -> None:
+    """Sends an unaligned barrier ahead of every output queue; what it overtook (in the
+    channels, then still in the outboxes) becomes the checkpoint's output state."""
+    writer = inflight.writer
+    for index, p in enumerate(task.partitions):
+        box = task.outboxes[index]
+        for sub, overtaken in enumerate(p.broadcast_event(barrier, priority=True)):
+            for b in overtaken:
+                writer.add_output(index, sub, b, submit=False)
+                b.release()
+            for array in box.queues[sub]:
+                # In-line events (watermarks) are not channel state: derived again.
+                if box.is_data(array):
+                    writer.add_output(index, sub, array, submit=False)
+    writer.submit()  # one batch, not one hand-off per buffer
 
 
 def take_snapshot(
@@ -89,6 +114,14 @@ def take_snapshot(
     task.failures.check("snapshot", task.attempt, task.vertex.uid, task.subtask, checkpoint=cid)
     for w in task.writers:
         w.flush()
+    if barrier is None:
+        barrier = CheckpointBarrier(cid, trigger_ms)
+    # An unaligned barrier leaves before the operators are snapshot, as Flink's does:
+    # nothing runs on the task thread in between, and downstream starts sooner.
+    forwarded = inflight is not None and barrier.kind == BarrierKind.UNALIGNED
+    if forwarded:
+        assert inflight is not None
+        _forward_unaligned(task, barrier, inflight)
     finished = task.operators_finished
     if (finished or task.stopped) and task.final_checkpoint_id is None:
         task.final_checkpoint_id = cid  # its completion lets the task end (FLIP-147)
@@ -104,8 +137,6 @@ def take_snapshot(
         snaps = {n.uid: op.snapshot(cid) for n, op in zip(task.vertex.nodes, task.ops, strict=True)}
     keyed_write = task.keyed.snapshot() if task.keyed is not None else None
     state_bytes = float(task.keyed.state_bytes()) if task.keyed is not None else 0.0
-    if barrier is None:
-        barrier = CheckpointBarrier(cid, trigger_ms)
     unaligned = task.unaligned
     switched = False
     if (
@@ -123,18 +154,8 @@ def take_snapshot(
         for p in task.partitions:
             p.broadcast_event(barrier)
         unaligned.done_checkpoints.add(cid)
-    else:
-        for index, p in enumerate(task.partitions):
-            box = task.outboxes[index]
-            for sub, overtaken in enumerate(p.broadcast_event(barrier, priority=True)):
-                for b in overtaken:
-                    inflight.writer.add_output(index, sub, b, submit=False)
-                    b.release()
-                for array in box.queues[sub]:
-                    # In-line events (watermarks) are not channel state: derived again.
-                    if box.is_data(array):
-                        inflight.writer.add_output(index, sub, array, submit=False)
-        inflight.writer.submit()  # one batch, not one hand-off per buffer
+    elif not forwarded:  # switched to unaligned while draining
+        _forward_unaligned(task, barrier, inflight)
     metrics = {
         "start_delay_ms": start_delay_ms,
         "alignment_ms": stats.alignment_seconds * 1000 if stats else 0.0,

@@ -417,7 +417,11 @@ class UnalignedCheckpoints:
         self.inflight = None
         self.done_checkpoints.add(inf.checkpoint_id)
         inf.inputs_done = time.monotonic()
-        self.task.snapshots.submit_channels(self._close_channels, inf)
+        snapshots = self.task.snapshots
+        if inf.writer.closes_quickly() and snapshots.channels_idle():
+            self._close_channels(inf)  # small and local: no hand-off (QUICK_CLOSE_BYTES)
+        else:
+            snapshots.submit_channels(self._close_channels, inf)
 
     def abort(self) -> None:
         inf = self.inflight

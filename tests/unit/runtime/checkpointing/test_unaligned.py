@@ -608,3 +608,43 @@ def test_an_acknowledgement_without_channel_state_waits_behind_an_earlier_close(
     finally:
         closing.set()
         threads.shutdown()
+
+
+@pytest.mark.parametrize("case", ["small", "large", "behind an earlier close"])
+def test_small_local_channel_state_is_finished_on_the_task_thread(
+    case: str, harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small channel state in local files is finished by the task thread once its
+    inputs' barriers are in (no hand-off to wait for); larger channel state, or any
+    while an earlier checkpoint's is still closing (acknowledgements stay in order),
+    goes to the channel-state thread. Either way the acknowledgement carries it."""
+    from spillover.runtime.checkpointing import channel_state
+    from spillover.runtime.checkpointing.channel_state import ChannelStateWriter
+
+    h = harness
+    if case == "large":
+        monkeypatch.setattr(channel_state, "QUICK_CLOSE_BYTES", 0)
+    real_close = ChannelStateWriter.close
+    closed_on: list[str] = []
+
+    def close(self: ChannelStateWriter) -> dict[str, Any]:
+        closed_on.append(threading.current_thread().name)
+        return real_close(self)
+
+    monkeypatch.setattr(ChannelStateWriter, "close", close)
+    earlier = threading.Event()
+    if case == "behind an earlier close":
+        h.task.snapshots.submit_channels(earlier.wait, 10)
+    h.barrier(0, 1)
+    h.settle()
+    b = h.data(1)
+    h.settle()
+    h.barrier(1, 1)
+    if case == "behind an earlier close":
+        h.settle()
+        assert closed_on == [] and h.coordinator.acks == []
+        earlier.set()
+    ack = h.coordinator.ack_for(1)
+    assert persisted_input(ack, h.task) == {1: [b]}
+    expected = "task " if case == "small" else "channel state "
+    assert len(closed_on) == 1 and closed_on[0].startswith(expected), closed_on

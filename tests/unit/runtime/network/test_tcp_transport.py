@@ -217,6 +217,30 @@ def test_a_flowing_channel_is_written_by_the_producer_in_place(receiver: TcpRece
     assert sub.sent_buffers == 50
 
 
+def test_an_idle_channel_writes_events_in_place_and_a_barrier_at_once(
+    receiver: TcpReceiver,
+) -> None:
+    """A checkpoint barrier must not wait for the sender thread to be scheduled: on an
+    idle channel the producer writes events itself, and they arrive in order with
+    the data around them (events are not counted as data sent)."""
+    part, gate, (sub,) = tcp_link(receiver, exclusive=2, floating=0)
+    aligned = CheckpointBarrier(1, 0, BarrierKind.ALIGNED)
+    unaligned = CheckpointBarrier(2, 0, BarrierKind.UNALIGNED)
+    part.emit(0, data(b"a"), timeout=JOIN)
+    eventually(lambda: gate.channel(0).queued_buffers == 1)
+    part.broadcast_event(aligned)
+    assert part.broadcast_event(unaligned, priority=True) == [[]]
+    gate.block(0)  # only the priority path delivers
+    assert drain(gate, 1) == [(0, unaligned)]
+    gate.unblock(0)
+    assert drain(gate, 2) == [(0, b"a"), (0, aligned)]
+    assert sub.written_in_place == 3 and sub.handed_over == 0
+    part.emit(0, data(b"b"), timeout=JOIN)
+    assert drain(gate, 1) == [(0, b"b")]
+    finish_and_close(part, [sub])
+    assert sub.sent_buffers == 2 and sub.sent_bytes == 2
+
+
 def test_what_the_socket_cannot_take_at_once_the_sender_finishes_in_order(
     receiver: TcpReceiver,
 ) -> None:

@@ -60,9 +60,12 @@ class TcpSubpartition(Subpartition):
     vectored batches; a reader thread takes the consumer's CREDIT and ERROR frames.
     A data buffer that finds nothing queued and the socket idle is written by the
     producer itself, without waiting (a non-blocking write): the common case of a
-    flowing channel costs no hand-off to the sender thread. What such a write
-    leaves unwritten (the socket was full) goes to the sender thread, ahead of
-    everything queued after it.
+    flowing channel costs no hand-off to the sender thread. So is a priority event
+    whenever no frame is being written (data may be queued: it follows the event),
+    and any other event that finds nothing queued: a checkpoint barrier leaves at
+    once instead of waiting for the sender thread to be scheduled, which on a busy
+    interpreter took milliseconds. What such a write leaves unwritten (the socket
+    was full) goes to the sender thread, ahead of everything queued after it.
     ``add_data`` waits until the consumer has announced credit for one more buffer,
     so the send queue never holds more data than the consumer can take.
 
@@ -110,7 +113,7 @@ class TcpSubpartition(Subpartition):
         self._writing = False
         self._sending = False
         self._mid_frame = False
-        self._partial: tuple[list[memoryview], NetworkBuffer] | None = None
+        self._partial: tuple[list[memoryview], NetworkBuffer, FrameType] | None = None
         self._nonblocking = socket.socket(fileno=os.dup(sock.fileno()))
         self._nonblocking.settimeout(0.0)
         self._prio: deque[NetworkBuffer] = deque()
@@ -128,7 +131,7 @@ class TcpSubpartition(Subpartition):
         self.credit_granted = initial_credit
         self.sent_buffers = 0
         self.sent_bytes = 0
-        self.written_in_place = 0  # data buffers the producer wrote whole itself
+        self.written_in_place = 0  # data buffers and events the producer wrote whole itself
         self.handed_over = 0  # frames the producer began and the sender finished
         self._threads = [
             threading.Thread(target=self._send_loop, name=f"spillover-tcp-send {where}"),
@@ -185,10 +188,10 @@ class TcpSubpartition(Subpartition):
             self._write_now(buffer)
         return waited
 
-    def _write_now(self, buffer: NetworkBuffer) -> None:
+    def _write_now(self, buffer: NetworkBuffer, ftype: FrameType = FrameType.DATA) -> None:
         """On the producer thread, ``_writing`` set: writes what the socket takes now
         and leaves the rest of the frame to the sender thread."""
-        views = [memoryview(HEADER.pack(FrameType.DATA, 0, 0, self.channel_id, len(buffer)))]
+        views = [memoryview(HEADER.pack(ftype, 0, 0, self.channel_id, len(buffer)))]
         views.append(buffer.data)
         size = len(views[0]) + len(views[1])
         try:
@@ -208,14 +211,15 @@ class TcpSubpartition(Subpartition):
         with self._lock:
             self._writing = False
             if n == size:
-                self.sent_buffers += 1
-                self.sent_bytes += len(buffer)
+                if ftype == FrameType.DATA:
+                    self.sent_buffers += 1
+                    self.sent_bytes += len(buffer)
                 self.written_in_place += 1
                 done = True
             else:
                 head = len(views[0])
                 views = [views[0][n:], views[1]] if n < head else [views[1][n - head :]]
-                self._partial = (views, buffer)
+                self._partial = (views, buffer, ftype)
                 self._mid_frame = n > 0
                 self.handed_over += 1
                 done = False
@@ -228,12 +232,19 @@ class TcpSubpartition(Subpartition):
             raise ConfigError(f"{self.where}: an event of {len(buffer)} bytes is too large")
         with self._lock:
             self._check_open_locked()
-            self._work_cv.notify()
-            if not priority:
-                self._queue.append(buffer)
-                return []
-            self._prio.append(buffer)
-            return [b.retain() for b in self._queue if b.data_type == _DATA]
+            idle = not (self._sending or self._writing or self._partial or self._prio)
+            if idle and (priority or not self._queue):
+                self._writing = True  # written below, ahead of what is queued
+                overtaken = [b.retain() for b in self._queue if b.data_type == _DATA]
+            else:
+                self._work_cv.notify()
+                if not priority:
+                    self._queue.append(buffer)
+                    return []
+                self._prio.append(buffer)
+                return [b.retain() for b in self._queue if b.data_type == _DATA]
+        self._write_now(buffer, FrameType.PRIORITY_EVENT if priority else FrameType.EVENT)
+        return overtaken if priority else []
 
     def finish(self, buffer: NetworkBuffer) -> None:
         if bytes(buffer) != _END_BYTES:
@@ -364,8 +375,8 @@ class TcpSubpartition(Subpartition):
                     self._sending = True
                 views: list[memoryview] = []
                 if partial is not None:  # the rest of the producer's frame, first
-                    views, last = partial
-                    batch = [(FrameType.DATA, last)]
+                    views, last, ftype = partial
+                    batch = [(ftype, last)]
                 else:
                     for ftype, buf in batch:
                         head = HEADER.pack(ftype, 0, 0, self.channel_id, len(buf))
