@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as errno_mod
+import functools
 import os
 import tempfile
 import threading
@@ -163,6 +164,31 @@ class StagingBackend:
         return sorted(self._files)
 
 
+_LOCAL_FILESYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs", "bcachefs", "tmpfs", "ramfs", "overlay"}
+)
+
+
+@functools.lru_cache(maxsize=64)
+def on_local_disk(path: str, mounts: str = "/proc/self/mounts") -> bool:
+    """Whether ``path`` lies on a filesystem of this machine's own disks or memory (by
+    the type of its mount in ``mounts``): False for a network filesystem (NFS, a FUSE
+    mount of an object store) and wherever it cannot tell."""
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as f:
+            table = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    for point, fstype in table:
+        point = point.replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind in _LOCAL_FILESYSTEMS
+
+
 class SharedFile:
     """One shared state file of one checkpoint: closed gates appended whole, one at a
     time. Thread-safe; the file is created by the first append."""
@@ -176,7 +202,20 @@ class SharedFile:
         self.end = 0
         self.sections = 0
         self._created = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # held across appends by hold()
+
+    @property
+    def local(self) -> bool:
+        """Whether the file is on a local disk (appending never waits on a network)."""
+        return on_local_disk(self.directory)
+
+    def hold(self) -> bool:
+        """Takes the file for the caller's next appends if no one is appending now
+        (never waits); True if taken, then :meth:`release` gives it back."""
+        return self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
 
     def append(self, staged: IO[bytes], handle: GateStateHandle) -> GateStateHandle:
         """Copies a closed gate's staged section (``handle`` its own handle) to the end of

@@ -252,3 +252,24 @@ def test_a_forked_process_never_writes_its_parents_staging_files(tmp_path: Path)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert [os.fstat(f.fileno()).st_size for f in spares] == [0] * len(spares)
+
+
+def test_only_a_local_disk_counts_as_local(tmp_path: Path) -> None:
+    """A shared file's appends may run on a task thread only where they cannot wait on
+    a network: the mount's type decides, and an unknown one is not local."""
+    from spillover.storage.shared import on_local_disk
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/sda1 / ext4 rw 0 0\n"
+        "server:/export /mnt/nfs nfs4 rw 0 0\n"
+        "s3fs /mnt/bucket fuse.s3fs rw 0 0\n"
+        "tmpfs /mnt/my\\040scratch tmpfs rw 0 0\n"
+    )
+    m = str(mounts)
+    assert on_local_disk("/srv/checkpoints", m)
+    assert not on_local_disk("/mnt/nfs/checkpoints", m)
+    assert not on_local_disk("/mnt/bucket/chk-1", m)
+    assert on_local_disk("/mnt/my scratch/chk-1", m)
+    assert on_local_disk("/mnt/nfsish/chk-1", m)  # a sibling, not inside the NFS mount
+    assert not on_local_disk("/srv", str(tmp_path / "no-such-file"))

@@ -64,19 +64,19 @@ class ChannelState(Protocol):
     @property
     def bytes(self) -> int: ...
 
-    def close(self) -> dict[str, Any]: ...
-
-    def closes_quickly(self) -> bool: ...
+    def close(self, quick: bool = False) -> dict[str, Any] | None: ...
 
     def discard(self) -> None: ...
 
 
 QUICK_CLOSE_BYTES = 1 << 20
-"""Channel state of at most this many bytes in local files is finished on the task
-thread when its inputs' barriers are in (a few writes and an in-kernel copy, well
-under a millisecond), not handed to the channel-state thread: waking that thread
-cost 1-2 ms of the acknowledgement on a busy worker. Larger or remote channel
-state still goes to the thread, so the task never waits for storage."""
+"""Channel state of at most this many bytes, staged for a shared file on a local
+disk, may be finished on the task thread when its inputs' barriers are in (a few
+writes and an in-kernel copy, well under a millisecond) instead of being handed to
+the channel-state thread: waking that thread cost 1-2 ms of the acknowledgement on
+a busy worker. Only if nothing could make it wait: the group's file is not on a
+network filesystem and no other subtask is appending to it (``close(quick=True)``).
+Everything else still goes to the thread, so the task never waits for storage."""
 
 
 class ChannelStateWriter:
@@ -100,7 +100,6 @@ class ChannelStateWriter:
     ) -> None:
         # A Location is used as it is: parsing a remote URI again may ask the network.
         self._where = uri if isinstance(uri, Location) else None
-        self._local = shared is not None or (self._where is not None and self._where.local)
         self.uri = uri.uri if isinstance(uri, Location) else uri
         self._args = (checkpoint_id, subtask, compression)
         self._storage: Storage | None = None
@@ -208,9 +207,24 @@ class ChannelStateWriter:
     def bytes(self) -> int:
         return self.input_bytes + self.output_bytes
 
-    def close(self) -> dict[str, Any]:
+    def close(self, quick: bool = False) -> dict[str, Any] | None:
         """Finishes every file; ``{"input": [...], "output": [...], "bytes": n}``; raises
-        what failed the checkpoint's storage before, if anything did."""
+        what failed the checkpoint's storage before, if anything did. With ``quick``
+        only if that cannot wait on storage or on another subtask (see
+        :data:`QUICK_CLOSE_BYTES`); None, having done nothing, if it could."""
+        if not quick or self.failed is not None:
+            return self._close()
+        shared = self._shared[0] if self._shared is not None else None
+        if shared is None or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
+            return None
+        if not shared.hold():  # another subtask is appending: it may take long
+            return None
+        try:
+            return self._close()
+        finally:
+            shared.release()
+
+    def _close(self) -> dict[str, Any]:
         self.closed = True
         if self.failed is not None:
             raise self.failed
@@ -225,11 +239,6 @@ class ChannelStateWriter:
                 self.discard()
             raise
         return {"input": inputs, "output": outputs, "bytes": self.bytes}
-
-    def closes_quickly(self) -> bool:
-        """Whether :meth:`close` is cheap enough for the task thread: local files of at
-        most :data:`QUICK_CLOSE_BYTES` (or a failure, which close only raises)."""
-        return self.failed is not None or (self._local and self.bytes <= QUICK_CLOSE_BYTES)
 
     def _finish(self, storer: Storer) -> dict[str, Any]:
         """Closes a gate; a staged one joins the group's shared file."""
@@ -278,11 +287,8 @@ class NoChannelState:
     def bytes(self) -> int:
         return self.input_bytes + self.output_bytes
 
-    def close(self) -> dict[str, Any]:
+    def close(self, quick: bool = False) -> dict[str, Any] | None:
         return {"input": [], "output": [], "bytes": 0}
-
-    def closes_quickly(self) -> bool:
-        return True
 
     def discard(self) -> None:
         pass

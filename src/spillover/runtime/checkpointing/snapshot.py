@@ -14,6 +14,7 @@ barrier overtakes what is still queued.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,11 @@ class SnapshotThreads:
     def __init__(self, name: str) -> None:
         self._operators = concurrent.futures.ThreadPoolExecutor(1, f"snapshot {name}")
         self._channels = concurrent.futures.ThreadPoolExecutor(1, f"channel state {name}")
-        self._last_channels: concurrent.futures.Future[Any] | None = None
+        # Work given to the channel-state thread and not finished: closes and the
+        # acknowledgements held behind them (a count, not the last future: an
+        # acknowledgement queued from the operator thread counts as much).
+        self._outstanding = 0
+        self._count_lock = threading.Lock()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the operator parts' thread."""
@@ -46,24 +51,33 @@ class SnapshotThreads:
 
     def submit_channels(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the channel-state thread."""
-        f = self._last_channels = self._channels.submit(fn, *args)
+        with self._count_lock:
+            self._outstanding += 1
+        try:
+            f = self._channels.submit(fn, *args)
+        except BaseException:
+            self._channels_done(None)
+            raise
+        f.add_done_callback(self._channels_done)
         return f
+
+    def _channels_done(self, _: concurrent.futures.Future[Any] | None) -> None:
+        with self._count_lock:
+            self._outstanding -= 1
 
     def channels_idle(self) -> bool:
         """Whether the channel-state thread has nothing left to do: work done on the
         caller's thread now cannot overtake an earlier checkpoint's."""
-        last = self._last_channels
-        return last is None or last.done()
+        return self._outstanding == 0
 
     def after_channels(self, fn: Callable[..., Any], *args: Any) -> None:
         """Runs ``fn`` now, or behind the channel-state work still outstanding: an
         acknowledgement without channel state (an aligned checkpoint) must not overtake
         the one of an earlier checkpoint whose channel state is still being closed."""
-        last = self._last_channels
-        if last is None or last.done():
+        if self.channels_idle():
             fn(*args)
         else:
-            self._channels.submit(fn, *args)
+            self.submit_channels(fn, *args)
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         """Ends both threads (``wait``: after what they were given, acknowledgements

@@ -418,9 +418,9 @@ class UnalignedCheckpoints:
         self.done_checkpoints.add(inf.checkpoint_id)
         inf.inputs_done = time.monotonic()
         snapshots = self.task.snapshots
-        if inf.writer.closes_quickly() and snapshots.channels_idle():
-            self._close_channels(inf)  # small and local: no hand-off (QUICK_CLOSE_BYTES)
-        else:
+        # Small and local: finished here, without a hand-off (QUICK_CLOSE_BYTES), if no
+        # earlier checkpoint's close or acknowledgement is still to go out.
+        if not (snapshots.channels_idle() and self._close_channels(inf, quick=True)):
             snapshots.submit_channels(self._close_channels, inf)
 
     def abort(self) -> None:
@@ -450,13 +450,20 @@ class UnalignedCheckpoints:
         if inf.half_done():
             self._acknowledge(inf)
 
-    def _close_channels(self, inf: InFlightCheckpoint) -> None:
+    def _close_channels(self, inf: InFlightCheckpoint, quick: bool = False) -> bool:
         """On the channel-state thread, beside the operator part: finishes the files
-        (drops them when the operator part failed already)."""
+        (drops them when the operator part failed already). ``quick`` (the task
+        thread): only if that cannot wait on storage; False, having done nothing, if
+        it could."""
         t = time.monotonic()
         try:
             if inf.operator_error is None:
-                inf.channel_state = inf.writer.close()
+                state = inf.writer.close(quick)
+                if state is None:
+                    return False
+                inf.channel_state = state
+            elif quick:
+                return False
             else:
                 inf.writer.discard()
         except BaseException as e:
@@ -466,6 +473,7 @@ class UnalignedCheckpoints:
         inf.close_ms = (time.monotonic() - t) * 1000
         if inf.half_done():
             self._acknowledge(inf)
+        return True
 
     def _acknowledge(self, inf: InFlightCheckpoint) -> None:
         """On whichever snapshot thread finished its half last: acknowledges, or

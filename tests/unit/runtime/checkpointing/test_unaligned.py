@@ -385,10 +385,10 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
             ack, error = None, "snapshot failed: OSError('disk gone')"
         real_part(self, inf, ack, error)
 
-    def close(self: ChannelStateWriter) -> dict[str, Any]:
+    def close(self: ChannelStateWriter, quick: bool = False) -> dict[str, Any] | None:
         if self._args[0] == 1 and failing in ("channels", "both"):
             raise OSError("disk gone")
-        return real_close(self)
+        return real_close(self, quick)
 
     monkeypatch.setattr(UnalignedCheckpoints, "operator_part_done", part)
     monkeypatch.setattr(ChannelStateWriter, "close", close)
@@ -586,6 +586,29 @@ def test_a_task_that_fails_mid_checkpoint_lets_go_of_its_channel_state(tmp_path:
     assert not list((tmp_path / "chk-1").rglob("*.spill"))
 
 
+def test_an_acknowledgement_held_behind_a_close_keeps_the_channel_thread_busy() -> None:
+    """A close that just ended does not make the channel-state thread idle while an
+    acknowledgement held behind it has still to go out: a later checkpoint's close
+    on the task thread would otherwise overtake it."""
+    from spillover.runtime.checkpointing.snapshot import SnapshotThreads
+
+    threads = SnapshotThreads("t")
+    closing, held = threading.Event(), threading.Event()
+    try:
+        assert threads.channels_idle()
+        threads.submit_channels(closing.wait, 10)
+        threads.after_channels(held.wait, 10)  # queued behind the close
+        closing.set()
+        time.sleep(0.05)  # the close is done; the held acknowledgement still waits
+        assert not threads.channels_idle()
+        held.set()
+        _wait_for(threads.channels_idle, "the channel-state thread never became idle")
+    finally:
+        closing.set()
+        held.set()
+        threads.shutdown()
+
+
 def test_an_acknowledgement_without_channel_state_waits_behind_an_earlier_close() -> None:
     """An aligned checkpoint's acknowledgement (an iteration head's, with several
     checkpoints in flight) never overtakes an earlier checkpoint's whose channel
@@ -610,40 +633,53 @@ def test_an_acknowledgement_without_channel_state_waits_behind_an_earlier_close(
         threads.shutdown()
 
 
-@pytest.mark.parametrize("case", ["small", "large", "behind an earlier close"])
+@pytest.mark.parametrize(
+    "case", ["small", "large", "own files", "file busy", "behind an earlier close"]
+)
 def test_small_local_channel_state_is_finished_on_the_task_thread(
-    case: str, harness: Any, monkeypatch: pytest.MonkeyPatch
+    case: str, harness: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Small channel state in local files is finished by the task thread once its
-    inputs' barriers are in (no hand-off to wait for); larger channel state, or any
-    while an earlier checkpoint's is still closing (acknowledgements stay in order),
-    goes to the channel-state thread. Either way the acknowledgement carries it."""
+    """Small channel state staged for a shared file on a local disk is finished by the
+    task thread once its inputs' barriers are in (no hand-off to wait for). Whatever
+    could make that thread wait goes to the channel-state thread: more than
+    QUICK_CLOSE_BYTES, files of its own in the checkpoint directory, another subtask
+    appending to the shared file, or an earlier checkpoint's close still going
+    (acknowledgements stay in order). Either way the acknowledgement carries it."""
     from spillover.runtime.checkpointing import channel_state
-    from spillover.runtime.checkpointing.channel_state import ChannelStateWriter
+    from spillover.runtime.checkpointing.channel_state import ChannelStateGroup, ChannelStateWriter
 
     h = harness
+    if case != "own files":
+        directory = lambda cid: str(tmp_path / f"chk-{cid}")  # noqa: E731
+        group = ChannelStateGroup("map-0", [("map", 0), ("other", 0)], directory, str(tmp_path))
+        h.task.channel_group = group
     if case == "large":
         monkeypatch.setattr(channel_state, "QUICK_CLOSE_BYTES", 0)
-    real_close = ChannelStateWriter.close
+    real_close = ChannelStateWriter._close
     closed_on: list[str] = []
 
     def close(self: ChannelStateWriter) -> dict[str, Any]:
         closed_on.append(threading.current_thread().name)
         return real_close(self)
 
-    monkeypatch.setattr(ChannelStateWriter, "close", close)
+    monkeypatch.setattr(ChannelStateWriter, "_close", close)
     earlier = threading.Event()
     if case == "behind an earlier close":
         h.task.snapshots.submit_channels(earlier.wait, 10)
+    if case == "file busy":  # another subtask of the group appends (from this thread)
+        assert group.file(1) is not None and group.file(1).hold()  # type: ignore[union-attr]
     h.barrier(0, 1)
     h.settle()
     b = h.data(1)
     h.settle()
     h.barrier(1, 1)
-    if case == "behind an earlier close":
+    if case in ("behind an earlier close", "file busy"):
         h.settle()
-        assert closed_on == [] and h.coordinator.acks == []
+        assert closed_on == [] or case == "file busy"
+        assert h.coordinator.acks == []
         earlier.set()
+        if case == "file busy":
+            group.file(1).release()  # type: ignore[union-attr]
     ack = h.coordinator.ack_for(1)
     assert persisted_input(ack, h.task) == {1: [b]}
     expected = "task " if case == "small" else "channel state "

@@ -383,20 +383,24 @@ class TcpSubpartition(Subpartition):
                         views.append(memoryview(head))
                         views.append(buf.data)
                 at_boundary = False
+                data = [len(b) for t, b in batch if t == FrameType.DATA]
+                sent = False
                 try:
                     _send_all(self._sock, views, self._abort_send)
+                    sent = True
                 finally:
                     for _, buf in batch:
                         buf.release()
                     with self._lock:
                         self._sending = False
+                        # In the same step as _sending: once it is clear the producer
+                        # may write a frame in place and mark the stream cut itself.
+                        if sent:
+                            self._mid_frame = False
+                            self.sent_buffers += len(data)
+                            self.sent_bytes += sum(data)
                         self._work_cv.notify_all()
                 at_boundary = True
-                data = [len(b) for t, b in batch if t == FrameType.DATA]
-                with self._lock:
-                    self._mid_frame = False
-                    self.sent_buffers += len(data)
-                    self.sent_bytes += sum(data)
                 if batch[-1][0] == FrameType.END:
                     with self._lock:
                         self._end_written_at = time.monotonic()
