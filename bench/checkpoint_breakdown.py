@@ -5,7 +5,8 @@ checkpoints of what each acknowledged: start delay (trigger to snapshot), sync
 (the task thread's part), async (the snapshot thread's operator part) and persist
 (an unaligned checkpoint's in-flight data, from its start to the acknowledgement,
 of which inputs is the wait for the last input's barrier, and close the channel
-state's files finished on the channel-state thread),
+state's files finished, on the task thread when closed_on_task_thread is 1,
+else on the channel-state thread),
 acked (when the acknowledgement reached the coordinator, from the trigger), and the
 coordinator's part after the last acknowledgement.
 
@@ -36,6 +37,7 @@ METRICS = (
     "async_ms",
     "inputs_ms",
     "close_ms",
+    "closed_on_task_thread",
     "persist_ms",
     "acked_ms",
 )
@@ -95,15 +97,18 @@ def main() -> None:
         f"{len(done)} checkpoints, duration median {statistics.median(durations):.1f} ms, "
         f"max {max(durations):.1f} ms; of it after the last acknowledgement (metadata, "
         f"event log) median {statistics.median(finalize):.2f} ms "
-        "(median / max per subtask, ms)"
+        "(median / max per subtask, ms; closed_on_task_thread: the share of checkpoints)"
     )
-    print("subtask".ljust(12) + "".join(k.removesuffix("_ms").rjust(18) for k in METRICS))
+    print("subtask".ljust(12) + "".join(k.removesuffix("_ms").rjust(22) for k in METRICS))
     for subtask in sorted(rows):
         cells = []
         for k in METRICS:
             v = rows[subtask].get(k)
+            if v and k == "closed_on_task_thread":
+                cells.append(f"{statistics.fmean(v):.2f}")
+                continue
             cells.append(f"{statistics.median(v):.2f} / {max(v):.2f}" if v else "-")
-        print(subtask.ljust(12) + "".join(c.rjust(18) for c in cells))
+        print(subtask.ljust(12) + "".join(c.rjust(22) for c in cells))
 
 
 if __name__ == "__main__":

@@ -209,10 +209,13 @@ class SharedFile:
         """Whether the file is on a local disk (appending never waits on a network)."""
         return on_local_disk(self.directory)
 
-    def hold(self) -> bool:
-        """Takes the file for the caller's next appends if no one is appending now
-        (never waits); True if taken, then :meth:`release` gives it back."""
-        return self._lock.acquire(blocking=False)
+    def hold(self, timeout: float = 0.0) -> bool:
+        """Takes the file for the caller's next appends if no one else has it within
+        ``timeout`` seconds (0: at once); True if taken, then :meth:`release` gives it
+        back."""
+        if timeout <= 0:
+            return self._lock.acquire(blocking=False)
+        return self._lock.acquire(timeout=timeout)
 
     def release(self) -> None:
         self._lock.release()

@@ -74,9 +74,15 @@ QUICK_CLOSE_BYTES = 1 << 20
 disk, may be finished on the task thread when its inputs' barriers are in (a few
 writes and an in-kernel copy, well under a millisecond) instead of being handed to
 the channel-state thread: waking that thread cost 1-2 ms of the acknowledgement on
-a busy worker. Only if nothing could make it wait: the group's file is not on a
-network filesystem and no other subtask is appending to it (``close(quick=True)``).
-Everything else still goes to the thread, so the task never waits for storage."""
+a busy worker. Only if nothing could make it wait long: the group's file is not
+on a network filesystem, and another subtask's append to it (usually as small:
+they close at about the same time) ends within :data:`QUICK_CLOSE_WAIT`
+(``close(quick=True)``). Everything else still goes to the thread, so the task
+never waits for storage longer than that."""
+
+QUICK_CLOSE_WAIT = 0.002
+"""Seconds a task thread waits for its group's shared file before it hands the close
+to the channel-state thread after all."""
 
 
 class ChannelStateWriter:
@@ -217,7 +223,7 @@ class ChannelStateWriter:
         shared = self._shared[0] if self._shared is not None else None
         if shared is None or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
             return None
-        if not shared.hold():  # another subtask is appending: it may take long
+        if not shared.hold(QUICK_CLOSE_WAIT):  # another subtask's append takes long
             return None
         try:
             return self._close()

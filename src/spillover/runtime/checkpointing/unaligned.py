@@ -76,6 +76,7 @@ class InFlightCheckpoint:
     channel_state: dict[str, Any] | None = None
     channel_error: str | None = None
     close_ms: float = 0.0
+    closed_here: bool = False  # finished on the task thread (QUICK_CLOSE_BYTES)
     inputs_done: float = 0.0  # when the last input's barrier came (monotonic)
     _halves_left: int = 2
     _halves_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -471,6 +472,7 @@ class UnalignedCheckpoints:
             with contextlib.suppress(Exception):
                 inf.writer.discard()  # its files, staged sections and held buffers
         inf.close_ms = (time.monotonic() - t) * 1000
+        inf.closed_here = quick
         if inf.half_done():
             self._acknowledge(inf)
         return True
@@ -511,6 +513,7 @@ class UnalignedCheckpoints:
         ack.channel_state = channel_state
         ack.metrics["inflight_bytes"] = float(channel_state["bytes"])
         ack.metrics["close_ms"] = inf.close_ms
+        ack.metrics["closed_on_task_thread"] = 1.0 if inf.closed_here else 0.0
         ack.metrics["inputs_ms"] = (inf.inputs_done - inf.started) * 1000
         ack.metrics["persist_ms"] = (time.monotonic() - inf.started) * 1000
         task.coordinator.acknowledge(ack)
