@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno as errno_mod
-import functools
 import os
 import tempfile
 import threading
@@ -169,14 +168,14 @@ _LOCAL_FILESYSTEMS = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=64)
 def on_local_disk(path: str, mounts: str = "/proc/self/mounts") -> bool:
     """Whether ``path`` lies on a filesystem of this machine's own disks or memory (by
     the type of its mount in ``mounts``): False for a network filesystem (NFS, a FUSE
-    mount of an object store) and wherever it cannot tell."""
+    mount of an object store) and wherever it cannot tell. A few system calls: ask
+    once per checkpoint directory root, not per file."""
     try:
         with open(mounts, encoding="utf-8", errors="replace") as f:
-            table = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+            table = [fields[1:3] for fields in map(str.split, f) if len(fields) >= 3]
     except OSError:
         return False
     real = os.path.realpath(path)
@@ -193,7 +192,9 @@ class SharedFile:
     """One shared state file of one checkpoint: closed gates appended whole, one at a
     time. Thread-safe; the file is created by the first append."""
 
-    def __init__(self, directory: Location, name: str, *, fsync: bool = False) -> None:
+    def __init__(
+        self, directory: Location, name: str, *, fsync: bool = False, local: bool | None = None
+    ) -> None:
         if not directory.local:
             raise ValueError(f"shared state files need a local filesystem, not {directory.uri}")
         self.directory = directory.path
@@ -203,11 +204,15 @@ class SharedFile:
         self.sections = 0
         self._created = False
         self._lock = threading.RLock()  # held across appends by hold()
+        self._local = local
 
     @property
     def local(self) -> bool:
-        """Whether the file is on a local disk (appending never waits on a network)."""
-        return on_local_disk(self.directory)
+        """Whether the file is on a local disk (appending never waits on a network):
+        as given, else asked once (:func:`on_local_disk`)."""
+        if self._local is None:
+            self._local = on_local_disk(self.directory)
+        return self._local
 
     def hold(self, timeout: float = 0.0) -> bool:
         """Takes the file for the caller's next appends if no one else has it within

@@ -42,7 +42,7 @@ from spillover.storage import OnRelease, Storage, StorageOptions, Storer
 from spillover.storage.backends import backend_for
 from spillover.storage.handle import state_file_name
 from spillover.storage.location import Location
-from spillover.storage.shared import SharedFile, StagingBackend
+from spillover.storage.shared import SharedFile, StagingBackend, on_local_disk
 
 
 class ChannelState(Protocol):
@@ -329,6 +329,9 @@ class ChannelStateGroup:
         self.staging = staging
         self._files: dict[int, SharedFile] = {}
         self._lock = threading.Lock()
+        # Whether the checkpoints' directories are on a local disk: asked once, as
+        # every checkpoint's directory lies under the same root.
+        self._local: bool | None = None
 
     @property
     def shared(self) -> bool:
@@ -345,7 +348,10 @@ class ChannelStateGroup:
                 where = Location.parse(self.directory(checkpoint_id)).child("channels")
                 if not where.local:
                     return None
-                f = self._files[checkpoint_id] = SharedFile(where, f"{self.name}.spill")
+                if self._local is None:
+                    self._local = on_local_disk(where.path)
+                f = SharedFile(where, f"{self.name}.spill", local=self._local)
+                self._files[checkpoint_id] = f
                 for old in sorted(self._files)[: -self.KEPT]:
                     del self._files[old]
             return f

@@ -596,10 +596,10 @@ def test_an_acknowledgement_held_behind_a_close_keeps_the_channel_thread_busy() 
     closing, held = threading.Event(), threading.Event()
     try:
         assert threads.channels_idle()
-        threads.submit_channels(closing.wait, 10)
+        close = threads.submit_channels(closing.wait, 10)
         threads.after_channels(held.wait, 10)  # queued behind the close
         closing.set()
-        time.sleep(0.05)  # the close is done; the held acknowledgement still waits
+        assert close.result(10)  # the close is done; the held acknowledgement waits
         assert not threads.channels_idle()
         held.set()
         _wait_for(threads.channels_idle, "the channel-state thread never became idle")
