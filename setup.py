@@ -23,7 +23,14 @@ else:
 
 # Each extension lists the C sources it links; csrc/ has no Python in it.
 EXTENSIONS = {
-    "_storage": ["csrc/crc32c.c", "csrc/frame.c", "csrc/writer.c", "csrc/reader.c", "csrc/debug.c"],
+    "_storage": [
+        "csrc/crc32c.c",
+        "csrc/frame.c",
+        "csrc/writer.c",
+        "csrc/reader.c",
+        "csrc/section.c",
+        "csrc/debug.c",
+    ],
     "_records": [
         "csrc/keygroups.c",
         "csrc/keysums.c",

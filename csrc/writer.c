@@ -449,6 +449,8 @@ int spl_writer_error(spl_writer *w, int *err_no) {
 
 uint64_t spl_writer_bytes_written(spl_writer *w) { return __atomic_load_n(&w->bytes_out, __ATOMIC_RELAXED); }
 
+int spl_writer_running(spl_writer *w) { return w->thread_started; }
+
 void spl_writer_free(spl_writer *w) {
     if (!w) return;
     SPL_HANDLE_FREE();

@@ -80,4 +80,8 @@ uint64_t spl_writer_bytes_written(spl_writer *w);
 /* Stops the thread if still running and frees everything. */
 void spl_writer_free(spl_writer *w);
 
+/* Whether the writer thread still runs (spl_writer_free would join it); 0 after
+ * spl_writer_finish, when freeing never waits. */
+int spl_writer_running(spl_writer *w);
+
 #endif

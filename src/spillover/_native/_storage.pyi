@@ -132,6 +132,16 @@ def scan_block(
     decompress: Callable[..., bytes] | None,
     path: str,
 ) -> tuple[FrameBatch, int, int, int, int, int]: ...
+
+SECTION_CREATE: int
+SECTION_FSYNC: int
+SECTION_EMPTY: int
+
+def append_section(
+    src: int, path: str, count: int, at: int, flags: int
+) -> tuple[int, str, bool, bool]:
+    """Copies a staged section to offset ``at`` of ``path``: ``(errno, step, opened, emptied)``."""
+
 def raw_write_baseline(fd: int, buffers: list[Any], batch_bytes: int) -> int: ...
 def raw_read_baseline(fd: int, block: Block) -> int: ...
 def live_handles() -> int:

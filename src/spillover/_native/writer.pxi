@@ -75,10 +75,7 @@ cdef class NativeStorer:
 
     def __dealloc__(self):
         self._release_views()
-        if self.w != NULL:
-            with nogil:
-                spl_writer_free(self.w)
-            self.w = NULL
+        self._free()
         free(self._small)
         self._small = NULL
         free(self._small_range)
@@ -284,10 +281,19 @@ cdef class NativeStorer:
         """Stops writing at once and drops everything queued (the caller deletes the file)."""
         self.closed = True
         self._release_views()
-        if self.w != NULL:
+        self._free()
+
+    cdef void _free(self) noexcept:
+        """Frees the writer; the GIL is let go only if its thread must be joined (a
+        finished writer's never is: taking the GIL back can wait on a busy worker)."""
+        if self.w == NULL:
+            return
+        if spl_writer_running(self.w):
             with nogil:
                 spl_writer_free(self.w)
-            self.w = NULL
+        else:
+            spl_writer_free(self.w)
+        self.w = NULL
 
     @property
     def bytes_written(self):

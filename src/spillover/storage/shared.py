@@ -13,7 +13,8 @@ native writer's usual path (the caller's buffers go to the kernel without a copy
 memory stays bounded by the writer's batches), and when the gate closes
 :meth:`SharedFile.append` copies the finished section to the end of the shared
 file in the kernel (``copy_file_range``, else ``sendfile``, else ``pread`` and
-``pwrite``), under the file's lock. The staging costs one in-kernel copy per byte
+``pwrite``, in one native call), under the file's lock, and the emptied staging
+file is kept for the next gate. The staging costs one in-kernel copy per byte
 (the temporary file usually never reaches a disk); in exchange no task ever waits
 for another's gate, a failed or discarded gate leaves nothing in the shared file,
 and every section in it is whole.
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import IO, Any
 
+from spillover._native import _storage as native
 from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
 from spillover.storage.backends import fsync_directory
 from spillover.storage.handle import GateStateHandle
@@ -40,17 +42,20 @@ from spillover.storage.location import Location
 
 __all__ = ["SharedFile", "StagingBackend"]
 
-_CHUNK = 1 << 20
-
 
 class _Spares:
-    """Unlinked temporary files made ahead of need by one background thread, a few
-    per directory for the few directories last used: a gate staged at a barrier
-    takes one instead of creating it (a directory check and an open, about a
-    millisecond on a busy machine) on the task thread. A process made by ``fork``
-    drops its parent's spares (their file offsets are shared with the parent)."""
+    """Unlinked temporary files ready for staging, a few per directory for the few
+    directories last used: a gate staged at a barrier takes one instead of creating
+    it (a directory check and an open, about a millisecond on a busy machine) on
+    the task thread. A staged file, once its section is appended and it is emptied,
+    comes back (:meth:`give`), so in a steady job the same few files serve every
+    checkpoint; one background thread makes more only when a directory runs low.
+    A process made by ``fork`` drops its parent's spares (their file offsets are
+    shared with the parent)."""
 
-    AHEAD = 4  # spares kept per directory
+    AHEAD = 8  # spares made per directory when it runs low
+    LOW = 4  # fewer than this left after a take: make more (not at every barrier)
+    KEEP = 16  # spares kept per directory at most (files given back beyond it close)
     ROOTS = 4  # directories kept; the spares of older ones are closed
 
     def __init__(self) -> None:
@@ -73,23 +78,32 @@ class _Spares:
                 f.close()
 
     def take(self, root: str) -> IO[bytes]:
-        """A new unlinked temporary file in ``root`` (made here if none is ready)."""
+        """An empty unlinked temporary file in ``root`` (made here if none is ready)."""
         with self._lock:
             spares = self._spares.pop(root, [])
             spare = spares.pop() if spares else None
             self._spares[root] = spares  # the most recent directory last
-            if root not in self._wanted:
+            if len(spares) < self.LOW and root not in self._wanted:
                 self._wanted.append(root)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._fill, name="staging-spares", daemon=True
-                )
-                self._thread.start()
-            self._wake.notify()
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._fill, name="staging-spares", daemon=True
+                    )
+                    self._thread.start()
+                self._wake.notify()
         if spare is not None:
             return spare
         os.makedirs(root, exist_ok=True)
         return tempfile.TemporaryFile(dir=root)
+
+    def give(self, root: str, f: IO[bytes]) -> None:
+        """Takes back an emptied, rewound staging file of ``root`` for a later take."""
+        with self._lock:
+            spares = self._spares.get(root)
+            if spares is not None and len(spares) < self.KEEP:
+                spares.append(f)
+                return
+        f.close()
 
     def _fill(self) -> None:
         while True:
@@ -115,6 +129,10 @@ class _Spares:
 _SPARES = _Spares()
 
 
+def _keep_open(fsync: bool) -> None:
+    pass
+
+
 class StagingBackend:
     """A :class:`~spillover.storage.backends.Backend` whose files are unlinked temporary
     files in a local directory: a gate's section until :meth:`take` hands it on."""
@@ -131,7 +149,6 @@ class StagingBackend:
             raise StateFileExistsError("state file already exists", path=self.uri_of(name))
         try:
             f = _SPARES.take(self.root)
-            fd = os.dup(f.fileno())
         except OSError as e:
             raise StorageError(
                 "cannot create a staging file",
@@ -141,11 +158,9 @@ class StagingBackend:
                 hint="check io.tmp.dirs: the channel state of shared files is staged there",
             ) from e
         self._files[name] = f
-
-        def close(fsync: bool) -> None:
-            os.close(fd)  # the staged bytes stay reachable through f
-
-        return fd, None, close
+        # The writer writes to f's own descriptor, which f keeps open (and the staged
+        # bytes with it) until the section is appended: nothing to close here.
+        return f.fileno(), None, _keep_open
 
     def open_read(self, name: str) -> Any:
         raise StateFileNotFoundError("a staged section is read from its shared file", path=name)
@@ -153,6 +168,12 @@ class StagingBackend:
     def take(self, name: str) -> IO[bytes]:
         """The staged file of a closed gate; the caller closes it (which deletes it)."""
         return self._files.pop(name)
+
+    def recycle(self, f: IO[bytes]) -> None:
+        """Keeps a taken file, emptied after its append, for another gate (a closed one
+        is dropped)."""
+        if not f.closed:
+            _SPARES.give(self.root, f)
 
     def delete(self, name: str) -> None:
         f = self._files.pop(name, None)
@@ -225,72 +246,55 @@ class SharedFile:
     def release(self) -> None:
         self._lock.release()
 
-    def append(self, staged: IO[bytes], handle: GateStateHandle) -> GateStateHandle:
+    def append(
+        self, staged: IO[bytes], handle: GateStateHandle, *, empty: bool = False
+    ) -> GateStateHandle:
         """Copies a closed gate's staged section (``handle`` its own handle) to the end of
         the file; returns the handle of the section in this file. On an error nothing
-        is counted: the next section is written over what this one left."""
+        is counted: the next section is written over what this one left. ``empty``:
+        afterwards the staged file is empty and rewound, ready to stage another
+        gate, or closed where it could not be emptied (after an error the caller
+        still has it as it was).
+
+        One native call opens, copies in the kernel, fsyncs if asked and closes, so
+        the GIL is let go once: on a busy worker each time it is taken back costs."""
         with self._lock:
             offset = self.end
             creating = not self._created
-            try:
-                flags = os.O_WRONLY | os.O_CLOEXEC
-                if creating:
-                    os.makedirs(self.directory, exist_ok=True)
-                    flags |= os.O_CREAT | os.O_EXCL
-                fd = os.open(self.path, flags, 0o644)
-                # Ours from now on, even if the copy below fails: the next section
-                # opens it without O_EXCL and is written over what this one left.
-                self._created = True
+            flags = (
+                (native.SECTION_CREATE if creating else 0)
+                | (native.SECTION_FSYNC if self.fsync else 0)
+                | (native.SECTION_EMPTY if empty else 0)
+            )
+            rc, step, opened, emptied = native.append_section(
+                staged.fileno(), self.path, handle.size, offset, flags
+            )
+            # Ours once opened, even if the copy failed: the next section opens it
+            # without O_EXCL and is written over what this one left.
+            self._created = self._created or opened
+            if rc == 0 and self.fsync and creating:
                 try:
-                    _copy(staged.fileno(), fd, handle.size, offset)
-                    if self.fsync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-                if self.fsync and creating:
                     fsync_directory(self.directory)
-            except FileExistsError as e:
-                raise StateFileExistsError(
-                    "shared state file already exists",
-                    path=self.path,
-                    errno=e.errno,
-                    hint="each checkpoint needs its own directory",
-                ) from e
-            except OSError as e:
+                except OSError as e:
+                    rc, step = e.errno or errno_mod.EIO, "fsync of its directory"
+            if rc:
+                if creating and step == "open" and rc == errno_mod.EEXIST:
+                    raise StateFileExistsError(
+                        "shared state file already exists",
+                        path=self.path,
+                        errno=rc,
+                        hint="each checkpoint needs its own directory",
+                    )
                 raise StorageError(
                     "cannot write shared state file",
                     path=self.path,
                     offset=offset,
-                    errno=e.errno,
-                    detail=f"{type(e).__name__}: {e}",
+                    errno=rc,
+                    detail=f"{step}: {os.strerror(rc)}",
                     hint="check that the storage is reachable and writable",
-                ) from e
+                )
             self.end += handle.size
             self.sections += 1
+        if empty and not emptied:
+            staged.close()
         return replace(handle, uri=self.path, offset=offset)
-
-
-def _copy(src: int, dst: int, count: int, at: int) -> None:
-    """Copies ``count`` bytes from the start of ``src`` to offset ``at`` of ``dst`` in
-    the kernel where it can (the GIL is released around each call)."""
-    done = 0
-    with contextlib.suppress(OSError, AttributeError):
-        while done < count:
-            n = os.copy_file_range(src, dst, count - done, done, at + done)
-            if n == 0:
-                break
-            done += n
-    if done < count:
-        with contextlib.suppress(OSError):
-            os.lseek(dst, at + done, os.SEEK_SET)
-            while done < count:
-                n = os.sendfile(dst, src, done, count - done)
-                if n == 0:
-                    break
-                done += n
-    while done < count:
-        data = os.pread(src, min(_CHUNK, count - done), done)
-        if not data:
-            raise OSError(errno_mod.EIO, f"staged section ended after {done} of {count} bytes")
-        n = os.pwrite(dst, data, at + done)
-        done += n

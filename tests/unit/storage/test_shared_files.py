@@ -13,7 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spillover.storage.shared as shared_mod
-from spillover.errors import ForeignFileError, SpilloverError, TruncatedFileError
+from spillover.errors import (
+    ForeignFileError,
+    SpilloverError,
+    StorageError,
+    TruncatedFileError,
+)
 from spillover.storage import (
     GateKind,
     GateStateHandle,
@@ -31,7 +36,11 @@ from spillover.storage.shared import SharedFile, StagingBackend
 Gate = tuple[int, int, list[tuple[int, bytes]]]
 
 
-def _write(shared: SharedFile, staging: str, cid: int, gate: Gate) -> GateStateHandle:
+def _write(
+    shared: SharedFile, staging: str, cid: int, gate: Gate, recycle: bool = False
+) -> GateStateHandle:
+    """Stages one gate and appends it; ``recycle`` gives the emptied staging file back
+    for later gates, as channel state does."""
     subtask, gate_id, buffers = gate
     backend = StagingBackend(staging)
     storer = Storage(backend, StorageOptions(), cid, subtask).create_storer(gate_id)
@@ -40,9 +49,15 @@ def _write(shared: SharedFile, staging: str, cid: int, gate: Gate) -> GateStateH
     handle = storer.close()
     staged = backend.take(state_file_name(gate_id, GateKind.INPUT))
     try:
-        return shared.append(staged, handle)
-    finally:
+        section = shared.append(staged, handle, empty=recycle)
+    except BaseException:
         staged.close()
+        raise
+    if recycle:
+        backend.recycle(staged)
+    else:
+        staged.close()
+    return section
 
 
 def _read(handle: GateStateHandle, channels: list[int] | None = None) -> dict[int, list[bytes]]:
@@ -72,12 +87,22 @@ _gates = st.lists(
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(contents=_gates, order=st.randoms(use_true_random=False), threads=st.booleans())
+@given(
+    contents=_gates,
+    order=st.randoms(use_true_random=False),
+    threads=st.booleans(),
+    recycle=st.booleans(),
+)
 def test_any_order_of_closing_reads_back_each_gate_exactly(
-    tmp_path: Path, contents: list[list[tuple[int, bytes]]], order: object, threads: bool
+    tmp_path: Path,
+    contents: list[list[tuple[int, bytes]]],
+    order: object,
+    threads: bool,
+    recycle: bool,
 ) -> None:
-    """Subtasks close their gates in any order, from any thread: every handle reads back
-    exactly its own buffers, per channel, in order, and nobody else's."""
+    """Subtasks close their gates in any order, from any thread, staged in new files or in
+    ones earlier gates emptied: every handle reads back exactly its own buffers, per
+    channel, in order, and nobody else's."""
     directory = tmp_path / f"chk-{os.urandom(4).hex()}"
     shared = SharedFile(Location.parse(str(directory)), "group.spill")
     gates: list[Gate] = [(i, i % 2, bufs) for i, bufs in enumerate(contents)]
@@ -87,7 +112,7 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
     if threads:
 
         def close(g: Gate) -> None:
-            handles[g[0]] = _write(shared, str(tmp_path), 7, g)
+            handles[g[0]] = _write(shared, str(tmp_path), 7, g, recycle)
 
         workers = [threading.Thread(target=close, args=(g,)) for g in closing]
         for w in workers:
@@ -96,7 +121,7 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
             w.join()
     else:
         for g in closing:
-            handles[g[0]] = _write(shared, str(tmp_path), 7, g)
+            handles[g[0]] = _write(shared, str(tmp_path), 7, g, recycle)
     assert os.path.getsize(shared.path) == sum(h.size for h in handles.values())
     assert sorted(h.offset or 0 for h in handles.values())[0] == 0
     sections = sorted((h.offset or 0, h.size) for h in handles.values())
@@ -136,6 +161,43 @@ def test_section_is_checked_against_its_handle(tmp_path: Path) -> None:
     beyond = GateStateHandle.from_dict({**b.to_dict(), "offset": a.size + 10})
     with pytest.raises(TruncatedFileError):
         open_retriever(beyond)
+
+
+def test_an_emptied_staging_file_stages_the_next_gate_and_leaves_no_old_bytes(
+    tmp_path: Path,
+) -> None:
+    """A staging file comes back empty and rewound after its append, and the next gate
+    staged in it (a smaller one) reads back exactly, with nothing of the first."""
+    staging = str(tmp_path / "staging")
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    backend = StagingBackend(staging)
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    storer.append(0, b"big" * 5000)
+    first = shared.append(
+        staged := backend.take(state_file_name(0, GateKind.INPUT)), storer.close(), empty=True
+    )
+    inode = os.fstat(staged.fileno()).st_ino
+    assert os.fstat(staged.fileno()).st_size == 0 and staged.tell() == 0
+    backend.recycle(staged)
+    second = _write(shared, staging, 1, (1, 0, [(2, b"small")]), recycle=True)
+    assert os.fstat(shared_mod._SPARES.take(staging).fileno()).st_ino == inode  # reused
+    assert _read(first) == {0: [b"big" * 5000]} and _read(second) == {2: [b"small"]}
+    assert second.offset == first.size
+
+
+def test_a_shared_file_makes_its_directories_and_names_what_failed(tmp_path: Path) -> None:
+    """The first append makes every missing directory of the file; where one cannot be
+    made (a file stands in the way), the error says which step failed, and nothing is
+    counted."""
+    deep = SharedFile(Location.parse(str(tmp_path / "a" / "b" / "c")), "g.spill")
+    h = _write(deep, str(tmp_path), 1, (0, 0, [(0, b"x")]))
+    assert h.offset == 0 and _read(h) == {0: [b"x"]}
+    (tmp_path / "file").write_bytes(b"")
+    blocked = SharedFile(Location.parse(str(tmp_path / "file" / "sub")), "g.spill")
+    with pytest.raises(StorageError) as e:
+        _write(blocked, str(tmp_path), 1, (0, 0, [(0, b"x")]))
+    assert "mkdir" in str(e.value) and e.value.path == blocked.path
+    assert blocked.end == 0 and blocked.sections == 0
 
 
 def test_a_discarded_gate_leaves_nothing_in_the_shared_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-# C declarations of csrc/crc32c.h, csrc/frame.h and csrc/writer.h; no code here.
+# C declarations of csrc/crc32c.h, csrc/frame.h, csrc/writer.h and csrc/section.h; no code here.
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 
@@ -94,6 +94,21 @@ cdef extern from "writer.h" nogil:
     int spl_writer_error(spl_writer *w, int *err_no)
     uint64_t spl_writer_bytes_written(spl_writer *w)
     void spl_writer_free(spl_writer *w)
+    int spl_writer_running(spl_writer *w)
+
+
+cdef extern from "section.h" nogil:
+    enum:
+        SPL_SECTION_CREATE
+        SPL_SECTION_FSYNC
+        SPL_SECTION_EMPTY
+        SPL_STEP_MKDIR
+        SPL_STEP_OPEN
+        SPL_STEP_COPY
+        SPL_STEP_FSYNC
+        SPL_STEP_CLOSE
+    int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
+                           int *step, int *opened, int *emptied)
 
 
 cdef extern from "reader.h" nogil:

@@ -253,9 +253,12 @@ class ChannelStateWriter:
             return handle.to_dict()
         staged = self._staging.take(state_file_name(handle.gate_id, handle.gate_kind))
         try:
-            return self._shared[0].append(staged, handle).to_dict()
-        finally:
+            section = self._shared[0].append(staged, handle, empty=True)
+        except BaseException:
             staged.close()
+            raise
+        self._staging.recycle(staged)  # emptied: it stages another gate next time
+        return section.to_dict()
 
     def discard(self) -> None:
         """Drops everything (the checkpoint was aborted); buffers go back to their pools."""

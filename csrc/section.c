@@ -1,0 +1,118 @@
+#define _GNU_SOURCE
+#include "section.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHUNK (1u << 20)
+
+/* mkdir -p of the directory holding `path`; 0 or errno. */
+static int make_parents(const char *path) {
+    char buf[PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof(buf)) return ENAMETOOLONG;
+    memcpy(buf, path, n + 1);
+    char *slash = strrchr(buf, '/');
+    if (!slash || slash == buf) return 0;
+    *slash = '\0';
+    if (mkdir(buf, 0777) == 0 || errno == EEXIST) return 0;
+    if (errno != ENOENT) return errno;
+    for (char *p = buf + 1; *p; p++) { /* a parent is missing: make each in turn */
+        if (*p != '/') continue;
+        *p = '\0';
+        int rc = mkdir(buf, 0777);
+        *p = '/';
+        if (rc != 0 && errno != EEXIST) return errno;
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return errno;
+    return 0;
+}
+
+static int copy_range(int src, int dst, uint64_t count, uint64_t at) {
+    uint64_t done = 0;
+    int in_kernel = 1;
+    while (done < count && in_kernel) {
+        loff_t from = (loff_t)done, to = (loff_t)(at + done);
+        size_t n = count - done > CHUNK * 64u ? CHUNK * 64u : (size_t)(count - done);
+        ssize_t r = copy_file_range(src, &from, dst, &to, n, 0);
+        if (r > 0) {
+            done += (uint64_t)r;
+        } else if (r == 0) {
+            return EIO; /* the staged section ended early */
+        } else if (errno != EINTR) {
+            in_kernel = 0; /* not supported here (EXDEV, ENOSYS, EINVAL...): fall back */
+        }
+    }
+    if (done < count && lseek(dst, (off_t)(at + done), SEEK_SET) >= 0) {
+        while (done < count) {
+            off_t from = (off_t)done;
+            size_t n = count - done > CHUNK * 64u ? CHUNK * 64u : (size_t)(count - done);
+            ssize_t r = sendfile(dst, src, &from, n);
+            if (r > 0) {
+                done += (uint64_t)r;
+            } else if (r == 0) {
+                return EIO;
+            } else if (errno != EINTR) {
+                break;
+            }
+        }
+    }
+    if (done < count) {
+        char *buf = malloc(CHUNK);
+        if (!buf) return ENOMEM;
+        int rc = 0;
+        while (done < count && rc == 0) {
+            size_t n = count - done > CHUNK ? CHUNK : (size_t)(count - done);
+            ssize_t r = pread(src, buf, n, (off_t)done);
+            if (r == 0) rc = EIO;
+            if (r < 0 && errno != EINTR) rc = errno;
+            for (ssize_t w = 0; r > 0 && w < r && rc == 0;) {
+                ssize_t k = pwrite(dst, buf + w, (size_t)(r - w), (off_t)(at + done + (uint64_t)w));
+                if (k > 0) w += k;
+                else if (k < 0 && errno != EINTR) rc = errno;
+            }
+            if (r > 0 && rc == 0) done += (uint64_t)r;
+        }
+        free(buf);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
+                       int *step, int *opened, int *emptied) {
+    int oflags = O_WRONLY | O_CLOEXEC;
+    int rc;
+    *opened = 0;
+    *emptied = 0;
+    if (flags & SPL_SECTION_CREATE) {
+        *step = SPL_STEP_MKDIR;
+        if ((rc = make_parents(path))) return rc;
+        oflags |= O_CREAT | O_EXCL;
+    }
+    *step = SPL_STEP_OPEN;
+    int fd;
+    do fd = open(path, oflags, 0644);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return errno;
+    *opened = 1;
+    *step = SPL_STEP_COPY;
+    rc = copy_range(src, fd, count, at);
+    if (rc == 0 && (flags & SPL_SECTION_FSYNC)) {
+        *step = SPL_STEP_FSYNC;
+        if (fsync(fd) != 0) rc = errno;
+    }
+    if (close(fd) != 0 && rc == 0 && errno != EINTR) {
+        *step = SPL_STEP_CLOSE;
+        rc = errno;
+    }
+    if (rc == 0 && (flags & SPL_SECTION_EMPTY))
+        *emptied = ftruncate(src, 0) == 0 && lseek(src, 0, SEEK_SET) == 0;
+    return rc;
+}

@@ -1,0 +1,30 @@
+/* Appending a finished section (a staged gate file) to a shared state file in one
+ * call: open, in-kernel copy, optional fsync, close, and emptying the staged file
+ * for reuse, so a caller that holds an interpreter lock releases it once. */
+#ifndef SPL_SECTION_H
+#define SPL_SECTION_H
+
+#include <stdint.h>
+
+/* flags */
+#define SPL_SECTION_CREATE 1 /* make the file's directories and the file (O_EXCL) */
+#define SPL_SECTION_FSYNC 2  /* fsync the file after the copy */
+#define SPL_SECTION_EMPTY 4  /* afterwards truncate src to 0 bytes and rewind it */
+
+/* steps, as *step reports where it failed */
+#define SPL_STEP_MKDIR 1
+#define SPL_STEP_OPEN 2
+#define SPL_STEP_COPY 3
+#define SPL_STEP_FSYNC 4
+#define SPL_STEP_CLOSE 5
+
+/* Copies `count` bytes from offset 0 of `src` to offset `at` of the file at
+ * `path` (copy_file_range, else sendfile, else pread and pwrite). Returns 0, or
+ * an errno value with *step the step that failed (EIO if src ends early).
+ * *opened is 1 once the file was opened (created, with SPL_SECTION_CREATE).
+ * *emptied is 1 if SPL_SECTION_EMPTY was asked and src is now empty at offset
+ * 0; a failure to empty it is not an error. */
+int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
+                       int *step, int *opened, int *emptied);
+
+#endif

@@ -1,0 +1,26 @@
+# A staged section appended to a shared state file (csrc/section.h).
+
+SECTION_CREATE = SPL_SECTION_CREATE
+SECTION_FSYNC = SPL_SECTION_FSYNC
+SECTION_EMPTY = SPL_SECTION_EMPTY
+
+_STEPS = {
+    SPL_STEP_MKDIR: "mkdir",
+    SPL_STEP_OPEN: "open",
+    SPL_STEP_COPY: "copy",
+    SPL_STEP_FSYNC: "fsync",
+    SPL_STEP_CLOSE: "close",
+}
+
+
+def append_section(int src, str path, uint64_t count, uint64_t at, int flags):
+    """Copies ``count`` bytes from the start of ``src`` to offset ``at`` of ``path`` in one
+    call with the GIL released once; returns ``(errno or 0, the step that failed:
+    "mkdir", "open", "copy", "fsync" or "close", opened, emptied)`` (see
+    csrc/section.h)."""
+    cdef bytes p = os.fsencode(path)
+    cdef const char *cp = p
+    cdef int rc, step = 0, opened = 0, emptied = 0
+    with nogil:
+        rc = spl_append_section(src, cp, count, at, flags, &step, &opened, &emptied)
+    return rc, _STEPS.get(step, "copy"), bool(opened), bool(emptied)
