@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from spillover.runtime.api import OperatorSnapshot
 from spillover.runtime.checkpointing.aligned import AlignmentStats
 from spillover.runtime.checkpointing.messages import Ack
-from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint
+from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint, forward_unaligned
 from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
 
 if TYPE_CHECKING:
@@ -86,25 +86,6 @@ class SnapshotThreads:
         self._channels.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
-def _forward_unaligned(
-    task: Task, barrier: CheckpointBarrier, inflight: InFlightCheckpoint
-) -> None:
-    """Sends an unaligned barrier ahead of every output queue; what it overtook (in the
-    channels, then still in the outboxes) becomes the checkpoint's output state."""
-    writer = inflight.writer
-    for index, p in enumerate(task.partitions):
-        box = task.outboxes[index]
-        for sub, overtaken in enumerate(p.broadcast_event(barrier, priority=True)):
-            for b in overtaken:
-                writer.add_output(index, sub, b, submit=False)
-                b.release()
-            for array in box.queues[sub]:
-                # In-line events (watermarks) are not channel state: derived again.
-                if box.is_data(array):
-                    writer.add_output(index, sub, array, submit=False)
-    writer.submit()  # one batch, not one hand-off per buffer
-
-
 def take_snapshot(
     task: Task,
     cid: int,
@@ -119,23 +100,23 @@ def take_snapshot(
     if task.checkpoint_dir is None:  # no storage: nothing could hold the checkpoint
         task.coordinator.decline(cid, task.vertex.uid, task.subtask, "checkpointing is off")
         return
-    t0 = time.monotonic()
-    if stats is not None:
-        first_wall = time.time() - (t0 - stats.first_barrier_at)
-        start_delay_ms = max(0.0, first_wall * 1000 - trigger_ms)
-    else:
-        start_delay_ms = max(0.0, time.time() * 1000 - trigger_ms)
+    now = time.monotonic()
+    # The checkpoint's start on this task: an unaligned barrier may have left before.
+    t0 = min(now, inflight.started) if inflight is not None else now
+    first = stats.first_barrier_at if stats is not None else t0
+    start_delay_ms = max(0.0, (time.time() - (now - first)) * 1000 - trigger_ms)
     task.failures.check("snapshot", task.attempt, task.vertex.uid, task.subtask, checkpoint=cid)
-    for w in task.writers:
-        w.flush()
     if barrier is None:
         barrier = CheckpointBarrier(cid, trigger_ms)
-    # An unaligned barrier leaves before the operators are snapshot, as Flink's does:
-    # nothing runs on the task thread in between, and downstream starts sooner.
+    # An unaligned barrier leaves before the operators are snapshot, as Flink's does
+    # (usually before the input state is persisted: UnalignedCheckpoints.start).
     forwarded = inflight is not None and barrier.kind == BarrierKind.UNALIGNED
-    if forwarded:
-        assert inflight is not None
-        _forward_unaligned(task, barrier, inflight)
+    if inflight is not None and forwarded:
+        if not inflight.forwarded:
+            forward_unaligned(task, barrier, inflight)  # flushes the writers first
+    else:
+        for w in task.writers:
+            w.flush()
     finished = task.operators_finished
     if (finished or task.stopped) and task.final_checkpoint_id is None:
         task.final_checkpoint_id = cid  # its completion lets the task end (FLIP-147)
@@ -169,7 +150,7 @@ def take_snapshot(
             p.broadcast_event(barrier)
         unaligned.done_checkpoints.add(cid)
     elif not forwarded:  # switched to unaligned while draining
-        _forward_unaligned(task, barrier, inflight)
+        forward_unaligned(task, barrier, inflight)
     metrics = {
         "start_delay_ms": start_delay_ms,
         "alignment_ms": stats.alignment_seconds * 1000 if stats else 0.0,

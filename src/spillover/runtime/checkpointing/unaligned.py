@@ -1,8 +1,8 @@
 """Unaligned checkpoints of one task: persisting in-flight buffers through the engine.
 
 When the first barrier of checkpoint n reaches a task (on the priority path, or
-when an aligned-with-timeout checkpoint switches), the task snapshots its
-operators at once and forwards the barrier at the head of every output queue.
+when an aligned-with-timeout checkpoint switches), the task forwards the barrier
+at the head of every output queue and snapshots its operators at once.
 The checkpoint then also holds:
 
 - output state: the data buffers the forwarded barrier overtook in each output
@@ -77,6 +77,7 @@ class InFlightCheckpoint:
     channel_error: str | None = None
     close_ms: float = 0.0
     closed_here: bool = False  # finished on the task thread (QUICK_CLOSE_BYTES)
+    forwarded: bool = False  # the barrier went ahead of the output (forward_unaligned)
     inputs_done: float = 0.0  # when the last input's barrier came (monotonic)
     _halves_left: int = 2
     _halves_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -105,6 +106,29 @@ class InFlightCheckpoint:
             and not self.limited
             and self.writer.input_bytes >= self.max_inflight_bytes
         )
+
+
+def forward_unaligned(
+    task: Task, barrier: ev.CheckpointBarrier, inflight: InFlightCheckpoint
+) -> None:
+    """Sends an unaligned barrier ahead of every output queue; what it overtook (in the
+    channels, then still in the outboxes, records the task's writers still held
+    included) becomes the checkpoint's output state."""
+    for w in task.writers:
+        w.flush()
+    writer = inflight.writer
+    for index, p in enumerate(task.partitions):
+        box = task.outboxes[index]
+        for sub, overtaken in enumerate(p.broadcast_event(barrier, priority=True)):
+            for b in overtaken:
+                writer.add_output(index, sub, b, submit=False)
+                b.release()
+            for array in box.queues[sub]:
+                # In-line events (watermarks) are not channel state: derived again.
+                if box.is_data(array):
+                    writer.add_output(index, sub, array, submit=False)
+    writer.submit()  # one batch, not one hand-off per buffer
+    inflight.forwarded = True
 
 
 def barrier_of(cid: int, found: list[Any] | None = None) -> Callable[[Any], bool]:
@@ -374,12 +398,16 @@ class UnalignedCheckpoints:
         stats: AlignmentStats | None,
         first: tuple[int, Sequence[NetworkBuffer]] | None = None,
     ) -> InFlightCheckpoint:
-        """Starts collecting checkpoint ``barrier``'s in-flight data: snapshots the
-        operators, forwards the barrier ahead of the output, and persists the input
-        of the ``pending`` channels until their barriers come."""
+        """Starts collecting checkpoint ``barrier``'s in-flight data: forwards an
+        unaligned barrier ahead of the output, snapshots the operators, and persists
+        the input of the ``pending`` channels until their barriers come."""
         task = self.task
         cid = barrier.checkpoint_id
         inf = self._open(barrier, pending)
+        if barrier.kind == ev.BarrierKind.UNALIGNED:
+            # The barrier leaves first: downstream starts on it while this task
+            # persists its input state and snapshots its operators.
+            forward_unaligned(task, barrier, inf)
         # Recovered input state not replayed yet is referenced, not written again:
         # everything joined is processed first, then each channel's rest is cut at
         # the start of the record its reader has begun.

@@ -18,7 +18,7 @@ import pytest
 import spillover
 from spillover.records import RecordWriter
 from spillover.runtime.checkpointing.messages import NotifyComplete, TriggerCheckpoint
-from spillover.runtime.checkpointing.unaligned import UnalignedCheckpoints
+from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint, UnalignedCheckpoints
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector
@@ -223,6 +223,25 @@ class Harness:
         self.sent[ch].append(bytes(last))
         return bytes(last)
 
+    def split_record(self, ch: int) -> tuple[bytes, bytes]:
+        """One record cut in two buffers: sends the head now (the task reads it and
+        waits for the rest); returns both parts, the tail for :meth:`send`."""
+        rows = np.zeros(1, DTYPE)
+        rows["partition"] = ch
+        rows["seq"] = self.seq[ch]
+        self.seq[ch] += 1
+        w = RecordWriter(DTYPE.itemsize // 2)
+        head, *rest = w.write_batch(rows.view(np.uint8), np.array([0, DTYPE.itemsize]))
+        last = w.flush()
+        tail = b"".join(bytes(b) for b in [*rest, *([last] if last is not None else [])])
+        self.send(ch, bytes(head))
+        return bytes(head), tail
+
+    def send(self, ch: int, data: bytes) -> None:
+        part, pool = self.inputs[ch]
+        part.emit(0, pool.wrap(np.frombuffer(data, np.uint8).copy(), DataType.DATA))
+        self.sent[ch].append(data)
+
     def barrier(self, ch: int, cid: int, kind: BarrierKind = BarrierKind.UNALIGNED) -> None:
         part, _ = self.inputs[ch]
         part.broadcast_event(
@@ -317,6 +336,50 @@ def test_unaligned_persists_exactly_the_buffers_before_each_channels_barrier(har
     assert ack.metrics["inflight_bytes"] == len(b1) + len(b2)
     assert h.coordinator.declines == []
     assert any(isinstance(e, CheckpointBarrier) and e.checkpoint_id == 1 for e in h.events)
+
+
+def test_an_unaligned_barrier_leaves_before_the_task_persists_or_snapshots_anything(
+    harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Downstream starts on an unaligned barrier while this task is still busy with
+    it: the barrier is downstream before the task persists the first input state (the
+    head of a record it had begun) or snapshots its operators."""
+    h = harness
+    head, tail = h.split_record(1)
+    h.settle()
+    out: dict[str, bool] = {}
+
+    def barrier_downstream() -> bool:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if any(isinstance(e, CheckpointBarrier) for e in h.events):
+                return True
+            time.sleep(0.002)
+        return False
+
+    real_add = InFlightCheckpoint.add_input
+
+    def add_input(self: InFlightCheckpoint, channel: int, buffer: Any) -> None:
+        out.setdefault("input state", barrier_downstream())
+        real_add(self, channel, buffer)
+
+    op = h.task.ops[0]
+    real_snapshot = op.snapshot
+
+    def snapshot(cid: int) -> Any:
+        out.setdefault("operators", barrier_downstream())
+        return real_snapshot(cid)
+
+    monkeypatch.setattr(InFlightCheckpoint, "add_input", add_input)
+    monkeypatch.setattr(op, "snapshot", snapshot)
+    h.barrier(0, 1)
+    h.settle()
+    h.send(1, tail)
+    h.settle()
+    h.barrier(1, 1)
+    ack = h.coordinator.ack_for(1)
+    assert out == {"input state": True, "operators": True}
+    assert persisted_input(ack, h.task) == {1: [head, tail]}
 
 
 def _wait_for(cond: Any, what: str, timeout: float = 10.0) -> None:
