@@ -43,10 +43,10 @@ static int copy_range(int src, int dst, uint64_t count, uint64_t at) {
         ssize_t r = copy_file_range(src, &from, dst, &to, n, 0);
         if (r > 0) {
             done += (uint64_t)r;
-        } else if (r == 0) {
-            return EIO; /* the staged section ended early */
-        } else if (errno != EINTR) {
-            in_kernel = 0; /* not supported here (EXDEV, ENOSYS, EINVAL...): fall back */
+        } else if (r == 0 || errno != EINTR) {
+            /* Not supported here (EXDEV, ENOSYS, EINVAL...), or 0 where some
+             * filesystems copy nothing: fall back; pread says if src is short. */
+            in_kernel = 0;
         }
     }
     if (done < count && lseek(dst, (off_t)(at + done), SEEK_SET) >= 0) {
@@ -56,10 +56,8 @@ static int copy_range(int src, int dst, uint64_t count, uint64_t at) {
             ssize_t r = sendfile(dst, src, &from, n);
             if (r > 0) {
                 done += (uint64_t)r;
-            } else if (r == 0) {
-                return EIO;
-            } else if (errno != EINTR) {
-                break;
+            } else if (r == 0 || errno != EINTR) {
+                break; /* the last fallback decides */
             }
         }
     }
@@ -75,7 +73,8 @@ static int copy_range(int src, int dst, uint64_t count, uint64_t at) {
             for (ssize_t w = 0; r > 0 && w < r && rc == 0;) {
                 ssize_t k = pwrite(dst, buf + w, (size_t)(r - w), (off_t)(at + done + (uint64_t)w));
                 if (k > 0) w += k;
-                else if (k < 0 && errno != EINTR) rc = errno;
+                else if (k == 0) rc = EIO;
+                else if (errno != EINTR) rc = errno;
             }
             if (r > 0 && rc == 0) done += (uint64_t)r;
         }

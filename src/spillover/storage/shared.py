@@ -254,7 +254,7 @@ class SharedFile:
         is counted: the next section is written over what this one left. ``empty``:
         afterwards the staged file is empty and rewound, ready to stage another
         gate, or closed where it could not be emptied (after an error the caller
-        still has it as it was).
+        still has it, and closes it).
 
         One native call opens, copies in the kernel, fsyncs if asked and closes, so
         the GIL is let go once: on a busy worker each time it is taken back costs."""

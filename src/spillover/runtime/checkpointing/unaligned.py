@@ -404,15 +404,16 @@ class UnalignedCheckpoints:
         task = self.task
         cid = barrier.checkpoint_id
         inf = self._open(barrier, pending)
-        if barrier.kind == ev.BarrierKind.UNALIGNED:
-            # The barrier leaves first: downstream starts on it while this task
-            # persists its input state and snapshots its operators.
-            forward_unaligned(task, barrier, inf)
         # Recovered input state not replayed yet is referenced, not written again:
         # everything joined is processed first, then each channel's rest is cut at
-        # the start of the record its reader has begun.
+        # the start of the record its reader has begun. Processed, so before the
+        # barrier: their output goes out ahead of it (as overtaken output state).
         replay = task.replay
         inf.references = replay.references(task.readers) if replay is not None else []
+        if barrier.kind == ev.BarrierKind.UNALIGNED and task.checkpoint_dir is not None:
+            # The barrier leaves next: downstream starts on it while this task
+            # persists its input state and snapshots its operators.
+            forward_unaligned(task, barrier, inf)
         recovering = replay.recovering_channels() if replay is not None else set()
         # A record begun in a buffer before the cut: its head is state too.
         for ch, reader in enumerate(task.readers):
