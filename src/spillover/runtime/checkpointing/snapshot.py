@@ -102,18 +102,16 @@ def take_snapshot(
         return
     now = time.monotonic()
     # The checkpoint's start on this task: an unaligned barrier may have left before.
-    t0 = min(now, inflight.started) if inflight is not None else now
+    t0 = inflight.started if inflight is not None else now
     first = stats.first_barrier_at if stats is not None else t0
     start_delay_ms = max(0.0, (time.time() - (now - first)) * 1000 - trigger_ms)
     task.failures.check("snapshot", task.attempt, task.vertex.uid, task.subtask, checkpoint=cid)
     if barrier is None:
         barrier = CheckpointBarrier(cid, trigger_ms)
     # An unaligned barrier leaves before the operators are snapshot, as Flink's does
-    # (usually before the input state is persisted: UnalignedCheckpoints.start).
-    forwarded = inflight is not None and barrier.kind == BarrierKind.UNALIGNED
-    if inflight is not None and forwarded:
-        if not inflight.forwarded:
-            forward_unaligned(task, barrier, inflight)  # flushes the writers first
+    # (usually it left already, before the input state: UnalignedCheckpoints.start).
+    if inflight is not None and barrier.kind == BarrierKind.UNALIGNED:
+        forward_unaligned(task, barrier, inflight)  # flushes the writers first
     else:
         for w in task.writers:
             w.flush()
@@ -149,7 +147,7 @@ def take_snapshot(
         for p in task.partitions:
             p.broadcast_event(barrier)
         unaligned.done_checkpoints.add(cid)
-    elif not forwarded:  # switched to unaligned while draining
+    else:  # switched to unaligned while draining (a no-op if it left already)
         forward_unaligned(task, barrier, inflight)
     metrics = {
         "start_delay_ms": start_delay_ms,

@@ -111,9 +111,11 @@ class InFlightCheckpoint:
 def forward_unaligned(
     task: Task, barrier: ev.CheckpointBarrier, inflight: InFlightCheckpoint
 ) -> None:
-    """Sends an unaligned barrier ahead of every output queue; what it overtook (in the
-    channels, then still in the outboxes, records the task's writers still held
-    included) becomes the checkpoint's output state."""
+    """Sends an unaligned barrier ahead of every output queue, once (again, nothing
+    happens); what it overtook (in the channels, then still in the outboxes, records
+    the task's writers still held included) becomes the checkpoint's output state."""
+    if inflight.forwarded:
+        return
     for w in task.writers:
         w.flush()
     writer = inflight.writer

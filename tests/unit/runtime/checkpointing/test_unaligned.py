@@ -354,12 +354,7 @@ def test_an_unaligned_barrier_leaves_before_the_task_persists_or_snapshots_anyth
     out: dict[str, bool] = {}
 
     def barrier_downstream() -> bool:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if any(isinstance(e, CheckpointBarrier) for e in h.events):
-                return True
-            time.sleep(0.002)
-        return False
+        return _eventually(lambda: any(isinstance(e, CheckpointBarrier) for e in h.events))
 
     real_add = InFlightCheckpoint.add_input
 
@@ -427,11 +422,19 @@ def _output_state(ack: Any) -> list[Any]:
     ]
 
 
-def _wait_for(cond: Any, what: str, timeout: float = 10.0) -> None:
+def _eventually(cond: Any, timeout: float = 10.0) -> bool:
+    """Whether ``cond()`` holds within ``timeout`` seconds (a bound on a hang, not a
+    speed: what is waited for has happened already or is on its way)."""
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, what
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.002)
+    return True
+
+
+def _wait_for(cond: Any, what: str, timeout: float = 10.0) -> None:
+    assert _eventually(cond, timeout), what
 
 
 def test_channel_state_is_finished_while_the_operator_part_still_runs(
