@@ -21,7 +21,7 @@ from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
 from spillover.verify import VerifySpec, verify
-from support.operators import SummaryOnFinish
+from support.operators import DecliningSnapshots, SummaryOnFinish
 
 RECORDS = 12_000  # per partition, two partitions: 6 s at the sink's pace
 
@@ -147,6 +147,69 @@ def test_an_unaligned_stop_puts_what_is_in_flight_into_the_savepoint(
     assert meta["savepoint"] and all(t["finished"] == "running" for t in meta["tasks"].values())
     shutil.rmtree(tmp_path / "ckpt")  # the savepoint is self-contained
     _resume_exactly(name, cfg, result.savepoint)
+
+
+def _declining_job(name: str, payload: int = 1_000) -> StreamEnvironment:
+    """The issue's job: two sources of 12,000 records of 1,000 bytes at 3,000/s per
+    subtask, key_by, a sink paced at 2,000/s whose snapshots can be made to fail."""
+    dtype = GeneratorSource.dtype(payload)
+    env = StreamEnvironment(name, parallelism=2, max_parallelism=128)
+    env.from_source(
+        GeneratorSource(
+            partitions=2,
+            records_per_partition=RECORDS,
+            payload_bytes=payload,
+            rate_per_subtask=3_000,
+        ),
+        uid="source",
+    ).key_by("key").process(DecliningSnapshots(name, dtype), uid="declining").sink(
+        ThrottledSink(2_000, inner=CollectingSink(name)), uid="sink"
+    )
+    return env
+
+
+@pytest.mark.parametrize("unaligned", [True, False])
+@pytest.mark.parametrize("aborted", [1, 2])
+def test_a_stop_whose_savepoint_attempts_are_aborted_loses_nothing(
+    unaligned: bool, aborted: int, tmp_path: Path
+) -> None:
+    """The first ``aborted`` savepoint attempts fail on storage after some subtasks
+    took them: those subtasks go on exactly as before (nothing they held back for
+    the savepoint is dropped), a later attempt completes, and the job resumed from
+    it ends with every record committed exactly once."""
+    name = f"stop-aborted-{unaligned}-{aborted}"
+    cfg = _config(
+        tmp_path,
+        **{
+            "execution.checkpointing.unaligned.enabled": True,
+            "execution.checkpointing.tolerable-failed-checkpoints": 100,
+        },
+    )
+
+    def stop() -> None:
+        while not ex.completed_ids():
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.5)  # backpressure builds up
+        DecliningSnapshots.arm(name, aborted)
+        ex.stop_with_savepoint(drain=False, unaligned=unaligned)
+
+    ex = LocalExecutor(_declining_job(name), cfg)
+    stopper = threading.Thread(target=stop, daemon=True)
+    stopper.start()
+    result = ex.run(timeout=120)
+    stopper.join()
+    assert result.status == "stopped" and result.savepoint is not None, result
+    assert len(DecliningSnapshots.declined[name]) == aborted
+    assert any(c["status"] != "completed" for c in result.checkpoints), "nothing aborted"
+    assert CollectingSink.staged_records(name) == 0
+    resumed = LocalExecutor(_declining_job(name), cfg, restore_checkpoint=result.savepoint).run(
+        timeout=120
+    )
+    assert resumed.status == "finished", resumed
+    rows = CollectingSink.records(name)
+    ids = rows["partition"].astype(np.int64) * 1_000_000 + rows["seq"]
+    assert len(np.unique(ids)) == len(ids), "duplicates"
+    assert len(ids) == 2 * RECORDS, (f"{2 * RECORDS - len(ids)} records lost", result.checkpoints)
 
 
 def test_a_drained_stop_refuses_an_unaligned_savepoint(tmp_path: Path) -> None:

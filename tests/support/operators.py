@@ -122,3 +122,42 @@ class FailAtFinalCommit(FailureInjector):
         if point == "commit" and (final is None or checkpoint != final):
             return
         super().check(point, attempt, vertex_uid, subtask, records=records, checkpoint=checkpoint)
+
+
+class DecliningSnapshots(Operator):
+    """Forwards its input; once armed (``arm(job, n)``) the next ``n`` snapshots it
+    takes fail in their asynchronous part, so the subtask declines them and the
+    coordinator aborts those checkpoints (a savepoint attempt that fails on storage)."""
+
+    remaining: dict[str, int] = {}  # noqa: RUF012 (a test's process-wide record)
+    declined: dict[str, list[int]] = {}  # noqa: RUF012
+    lock = threading.Lock()
+
+    def __init__(self, job: str, dtype: Any) -> None:
+        self.job = job
+        self.out_dtype = dtype
+
+    @classmethod
+    def arm(cls, job: str, n: int) -> None:
+        with cls.lock:
+            cls.remaining[job] = n
+            cls.declined[job] = []
+
+    def process(self, batch: Batch, input_index: int) -> None:
+        self.ctx.output.emit(batch)
+
+    def snapshot(self, checkpoint_id: int) -> Any:
+        with self.lock:
+            fail = self.remaining.get(self.job, 0) > 0
+            if fail:
+                self.remaining[self.job] -= 1
+                self.declined.setdefault(self.job, []).append(checkpoint_id)
+
+        def finalize(_directory: str) -> None:
+            if fail:
+                # Slow to fail, as storage that times out: the subtasks downstream
+                # took the savepoint meanwhile and went on taking input.
+                time.sleep(0.3)
+                raise OSError(f"induced storage failure of checkpoint {checkpoint_id}")
+
+        return OperatorSnapshot(None, finalize)

@@ -129,6 +129,16 @@ class CheckpointingConfig:
                 detail=f"the mode is {self.mode.value}",
                 hint=f"set {_CP}mode to EXACTLY_ONCE or turn unaligned checkpoints off",
             )
+        if self.mode is CheckpointingMode.AT_LEAST_ONCE:
+            # Refused rather than accepted and ignored: every barrier handler here
+            # aligns (or persists) exactly once; there is no non-blocking tracker.
+            raise ConfigError(
+                f"{_CP}mode AT_LEAST_ONCE is not supported",
+                detail="checkpoints are exactly-once: barriers are aligned or in-flight "
+                "data is persisted",
+                hint=f"remove {_CP}mode or set it to EXACTLY_ONCE (unaligned checkpoints "
+                "avoid waiting for alignment under backpressure)",
+            )
         if self.unaligned and self.max_concurrent_checkpoints != 1:
             raise ConfigError(
                 f"{_UNALIGNED} requires {_CP}max-concurrent-checkpoints 1",

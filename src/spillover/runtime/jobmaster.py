@@ -258,10 +258,11 @@ class Executor:
             self._ask_stop(run)
 
     def _ask_stop(self, run: Any) -> None:
-        if self._stop_unaligned:
-            run.coordinator.request_stop()
+        if self._stop:
+            run.stop_sources(True)  # drain: the data ends, then the final checkpoint
         else:
-            run.stop_sources(bool(self._stop))
+            # A savepoint the tasks suspend at: aborted, the job goes on as it was.
+            run.coordinator.request_stop(self._stop_unaligned)
 
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         """The coordinator wrote a checkpoint's metadata: recorded in the job's event

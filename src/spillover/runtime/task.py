@@ -65,6 +65,7 @@ from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.iteration.feedback import FeedbackPartition
 from spillover.runtime.iteration.probes import ProbeRelay
+from spillover.runtime.lifecycle import TaskLifecycle
 from spillover.runtime.network import events as ev
 from spillover.runtime.network.buffers import NetworkBuffer, OutputWaker
 from spillover.runtime.network.gate import InputGate
@@ -90,6 +91,10 @@ __all__ = [
 OUTPUT_WAIT = 0.005
 _POLL = 0.005  # seconds an idle input loop waits before it looks around again
 _WAKE = Wake()
+# What a task holding a stop's savepoint still handles as it comes: what completes or
+# aborts checkpoints. Data and every other event are held (``Task._held``) until the
+# savepoint completes (the task ends: they are in it) or is aborted (they run then).
+_WHILE_SUSPENDED = (ev.CheckpointBarrier, ev.CancelCheckpointMarker, ev.EndOfPartition)
 
 
 class TaskCancelled(Exception):
@@ -193,7 +198,6 @@ class Task:
         self.started_at = 0.0
         self.finished_at = 0.0
         self._last_flush = 0.0
-        self.terminate = False
         self._data_ended: set[int] = set()
         self._inputs_ended: set[int] = set()
         n_inputs = 1 + max((c.input_index for c in channels), default=0)
@@ -226,20 +230,13 @@ class Task:
         self.replay: ChannelStateReplay | None = None  # recovered channel state
         # FLIP-147: restored finished, the operators run nothing (two-phase-commit ones
         # are opened only to commit what the restored checkpoint left pending).
-        self.finished_on_restore = restore is not None and restore.finished
-        self.operators_finished = False  # finish() ran (or restored finished)
-        # Stop-with-savepoint without drain: the data ended, no operator finished.
-        self.stopped = False
+        self.life = TaskLifecycle.restored(restore is not None and restore.finished)
         self._stop_request: bool | None = None  # a StopSource's drain, until handled
         self.no_drain_channels: set[int] = set()  # channels whose EndOfData said "stop"
-        self.final_checkpoint_id: int | None = None  # the first one taken after that
-        self.final_done = False  # ... completed: the task may end
         self.deferred_triggers: list[TriggerCheckpoint] = []  # root triggers before the gate ended
-        self.last_snapshot_id = -1  # the newest checkpoint it took
-        # An unaligned stop's savepoint: its id (told before its barrier can come),
-        # and whether this task took it (then it processes no more data).
-        self._suspend_at: int | None = None
-        self.suspended = False
+        # Taken in while holding a stop's savepoint, neither processed nor dropped:
+        # (channel, data bytes or in-line event), in arrival order.
+        self._held: list[tuple[int, bytes | ev.Event]] = []
         self._opened = 0
         # In a loop body: passes the loop's termination probes on (runtime/iteration).
         self.probes = (
@@ -327,7 +324,7 @@ class Task:
             else:
                 self._run_inputs()
                 await_final(self)
-            if not self.suspended:
+            if not self.life.suspended:
                 self.drain_blocking()
                 for p in self.partitions:
                     p.finish()
@@ -359,18 +356,18 @@ class Task:
         # Restored finished, nothing of the operators runs again (FLIP-147); its keyed
         # state is kept for the next checkpoints, and recovered output state (what the
         # last snapshot's barrier overtook) still goes downstream first.
-        if not self.finished_on_restore:
+        if not self.life.restored_finished:
             for i, op in enumerate(self.ops):
                 op.open(self._context(i))
                 self._opened = i + 1
             if self.splits is not None and self.vertex.is_source:
                 self.ops[0].assign_splits(self.splits)
         if r is not None:
-            if not self.finished_on_restore:
+            if not self.life.restored_finished:
                 self.failures.check("restore", self.attempt, self.vertex.uid, self.subtask)
             if self.keyed is not None:
                 self.keyed.restore([h for uid in r.keyed_handles for h in r.keyed_handles[uid]])
-            if self.finished_on_restore:  # after the keyed state its operators may read
+            if self.life.restored_finished:  # after the keyed state its operators may read
                 self._commit_restored(r)
             for node, op in zip(self.vertex.nodes, self.opened_ops, strict=False):
                 if node.uid in r.rescaled_state:
@@ -465,6 +462,8 @@ class Task:
                         # follow an exited upstream's EndOfData).
                         self.deferred_triggers.append(message)
                 case SwitchToUnaligned(checkpoint_id=cid):
+                    if self._held and not self.life.suspended:
+                        self._release_held()
                     self.unaligned.on_timeout(cid)
                 case NotifyComplete(checkpoint_id=cid):
                     self.failures.check(
@@ -472,23 +471,18 @@ class Task:
                     )
                     for op in self.opened_ops:
                         op.notify_checkpoint_complete(cid)
-                    if self.final_checkpoint_id is not None and cid >= self.final_checkpoint_id:
-                        self.final_done = True
-                    if self.suspended and self._suspend_at is not None and cid >= self._suspend_at:
-                        self.terminate = True  # the stop's savepoint: this task ends
+                    self.life.checkpoint_completed(cid)
                 case NotifyAborted(checkpoint_id=cid):
-                    if cid == self._suspend_at:  # the stop failed: go on
-                        self._suspend_at, self.suspended = None, False
+                    self.life.checkpoint_aborted(cid)  # a stop's savepoint: go on
                     self.unaligned.on_cancel(cid)
                     for op in self.opened_ops:
                         op.notify_checkpoint_aborted(cid)
                 case StopSource(drain=drain):
                     self._stop_request = drain
                 case Suspend(checkpoint_id=cid):
-                    self._suspend_at = cid
-                    self.suspended = self.last_snapshot_id >= cid
+                    self.life.suspend_announced(cid)
                 case Terminate():
-                    self.terminate = True
+                    self.life.terminate()
                 case LoopDone(round=r):
                     self.loop_done(r)
                 case Wake():
@@ -564,17 +558,17 @@ class Task:
     def _run_source(self) -> None:
         src = self.ops[0]
         exhausted = False
-        if self.finished_on_restore:
+        if self.life.restored_finished:
             exhausted = True
             end_of_data(self)
-        while not (self.terminate or self.final_done):
+        while not self.life.may_end:
             self.mail()
             if self.cancelled.is_set():
                 raise TaskCancelled(self.name)
             if self._stop_request is not None and not exhausted:
                 exhausted = True  # stop-with-savepoint: nothing more is emitted
                 end_of_data(self, drain=self._stop_request)
-            if not exhausted and not self.suspended:
+            if not exhausted and self.life.takes_input:
                 if not self.drain():
                     # Backpressured: wait a little, staying responsive to the mailbox;
                     # only the waiting counts (messages run meanwhile have their own).
@@ -604,7 +598,7 @@ class Task:
         while not self.inputs_done():
             self.mail()
             self.unaligned.reap()
-            if self.terminate:
+            if self.life.exit_requested:
                 break
             if not self.drain():
                 # Backpressured: process no new input, but take priority events.
@@ -617,7 +611,9 @@ class Task:
                 self.take_priority(min(pause, self._poll))
                 self._maybe_flush()
                 continue
-            if self.replay is not None and self.replay.active and not self.suspended:
+            if self._held and not self.life.suspended:
+                self._release_held()
+            if self.replay is not None and self.replay.active and not self.life.suspended:
                 self._replay_step()
                 continue
             item = gate.poll(self._poll)
@@ -642,7 +638,9 @@ class Task:
         if self._debloater is not None:
             self._debloater.consumed(len(buf))
         self.unaligned.on_data(ch, buf)
-        if not self.suspended:  # else it is in the stop's savepoint, as state
+        if self.life.suspended:
+            self._held.append((ch, bytes(buf)))
+        else:
             self._process(ch, buf)
 
     def _process(self, ch: int, buf: Any) -> None:
@@ -661,9 +659,15 @@ class Task:
 
     def _on_event(self, ch: int, event: ev.Event) -> None:
         assert self.barriers is not None
+        if isinstance(event, ev.CheckpointBarrier):
+            self.life.barrier_seen(event.checkpoint_id)
+        if self._held and not self.life.suspended:
+            self._release_held()  # it came before this event: a barrier must follow it
+        if self.life.suspended and not isinstance(event, _WHILE_SUSPENDED):
+            self._held.append((ch, event))
+            return
         if isinstance(event, ev.Watermark | ev.WatermarkStatus):
-            if not self.suspended:  # after the stop's savepoint, like data: no timer fires
-                self.clock.on_event(ch, event)
+            self.clock.on_event(ch, event)
         elif isinstance(event, ev.CheckpointBarrier):
             if not self.unaligned.on_barrier(ch, event):
                 self.barriers.on_barrier(ch, event)
@@ -682,7 +686,7 @@ class Task:
             if idx not in self._inputs_ended and self._input_channels[idx] <= self._data_ended:
                 self._inputs_ended.add(idx)
                 drained = not (self._input_channels[idx] & self.no_drain_channels)
-                if not self.finished_on_restore and drained:
+                if not self.life.restored_finished and drained:
                     self.ops[0].end_input(idx)
                 if len(self._inputs_ended) == len(self._input_channels):
                     end_of_inputs(self)
@@ -695,6 +699,16 @@ class Task:
             self.unaligned.channel_done(ch)
             if self.probes is not None:
                 self.probes.channel_ended(ch)
+
+    def _release_held(self) -> None:
+        """A stop's savepoint was aborted: what the task took in while it held the
+        savepoint is processed now, in the order it came, as if it had never stopped."""
+        held, self._held = self._held, []
+        for ch, item in held:
+            if isinstance(item, bytes):
+                self._process(ch, item)
+            else:
+                self._on_event(ch, item)
 
     def _forward_cancel(self, checkpoint_id: int) -> None:
         if checkpoint_id in self._cancelled_forwarded:
@@ -712,7 +726,7 @@ class Task:
         self._forward_cancel(checkpoint_id)
 
     def trigger_root(self, trigger: TriggerCheckpoint) -> None:
-        if trigger.checkpoint_id <= self.last_snapshot_id:
+        if trigger.checkpoint_id <= self.life.last_snapshot_id:
             # The checkpoint reached it from upstream before that one exited, and the
             # coordinator, seeing the exit, triggered it again (FLIP-147's race).
             return
@@ -736,9 +750,7 @@ class Task:
         inflight: InFlightCheckpoint | None = None,
     ) -> None:
         """Snapshots this task for checkpoint ``cid`` (``checkpointing/snapshot.py``)."""
-        self.last_snapshot_id = max(self.last_snapshot_id, cid)
-        if cid == self._suspend_at:
-            self.suspended = True
+        self.life.snapshot_taken(cid)
         take_snapshot(self, cid, trigger_ms, stats, barrier, inflight)
 
     @property

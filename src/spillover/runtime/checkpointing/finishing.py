@@ -22,7 +22,7 @@ def end_of_data(task: Task, drain: bool = True) -> None:
     (unless stopped without drain), tell downstream."""
     if drain:
         task.clock.end_of_time()
-    if task.finished_on_restore or not drain:
+    if not task.life.end_data(drain):
         _after_finish(task, drain)
         return
     if task.vertex.is_source:
@@ -43,16 +43,12 @@ def _after_finish(task: Task, drain: bool = True) -> None:
     commit could break, so the operators commit here on their own. Stopped
     without drain, no operator finished: the task waits for the savepoint and
     ends, and downstream tasks do the same."""
-    if drain:
-        task.operators_finished = True
-    else:
-        task.stopped = True
     if not task.checkpointing:
-        task.final_done = True  # no checkpoint to wait for
+        task.life.without_checkpoints()  # no checkpoint to wait for
     for w in task.writers:
         w.flush()
     task.drain_responsive()
-    if not task.checkpointing and not task.finished_on_restore and drain:
+    if not task.checkpointing and not task.life.restored_finished and drain:
         snaps = [op.snapshot(FINAL_WITHOUT_CHECKPOINTS) for op in task.ops]
         for snap in snaps:
             if snap.finalize is not None:
@@ -71,7 +67,7 @@ def end_of_inputs(task: Task) -> None:
     drain = not task.no_drain_channels
     if drain:
         task.clock.end_of_time()
-    if not task.finished_on_restore and drain:
+    if task.life.end_data(drain):
         for i, op in enumerate(task.ops):
             if i > 0:
                 op.end_input(0)
@@ -83,12 +79,12 @@ def await_final(task: Task) -> None:
     """Every input ended: stays until a checkpoint taken after ``finish()``
     completed (its commit is this task's last work), taking the triggers it is
     the root of meanwhile."""
-    if not (task.operators_finished or task.stopped):  # ended early (terminated)
+    if not task.life.ended_data:  # ended early (terminated)
         return
     while True:
         while task.deferred_triggers:
             task.trigger_root(task.deferred_triggers.pop(0))
-        if task.final_done or task.terminate:
+        if task.life.may_end:
             return
         task.unaligned.reap()
         task.mail(block=True, timeout=0.05)

@@ -60,9 +60,10 @@ class StopSource:
 
 @dataclass(frozen=True, slots=True)
 class Suspend:
-    """Stop-with-savepoint, unaligned: checkpoint ``checkpoint_id`` is the savepoint.
-    Once the task took it, it processes no more data (what was in flight is in the
-    savepoint) and ends when it completes; aborted, the task goes on."""
+    """Stop-with-savepoint without drain: checkpoint ``checkpoint_id`` is the
+    savepoint. Once the task took it, it processes no more input (what was in flight
+    is in the savepoint) and ends when it completes; aborted, the task goes on with
+    what it held back."""
 
     checkpoint_id: int
 
@@ -167,7 +168,9 @@ class TriggerNow:
 
 @dataclass(frozen=True, slots=True)
 class TriggerStop:
-    """Stop-with-savepoint, unaligned: the next checkpoint is the savepoint."""
+    """Stop-with-savepoint without drain: the next checkpoint is the savepoint."""
+
+    unaligned: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,11 +115,11 @@ def take_snapshot(
     else:
         for w in task.writers:
             w.flush()
-    finished = task.operators_finished
-    if (finished or task.stopped) and task.final_checkpoint_id is None:
-        task.final_checkpoint_id = cid  # its completion lets the task end (FLIP-147)
+    # Restored finished, it is finished whether or not its EndOfData went out yet:
+    # nothing of it may run again after a restore of this checkpoint.
+    finished = task.life.finished_in_checkpoint
     snaps: dict[str, OperatorSnapshot]
-    if task.finished_on_restore:
+    if task.life.restored_finished:
         # Never opened: the state it was restored with is its state, as it was (its
         # keyed state was restored and is written again below, FLIP-147 keeps it).
         assert task.restore_state is not None

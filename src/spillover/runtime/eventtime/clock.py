@@ -73,7 +73,7 @@ class TaskClock:
             return
         self.watermark = timestamp_ms
         task = self.task
-        if task.finished_on_restore:
+        if task.life.restored_finished:
             task.net_out.emit_watermark(timestamp_ms)  # nothing of the chain runs again
         elif self._source_out is not None:
             self._source_out.emit_watermark(timestamp_ms)

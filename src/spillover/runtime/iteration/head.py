@@ -86,7 +86,7 @@ class IterationHeadTask(Task):
         self._snapshot_logging(barrier, pending, stats)
 
     def trigger_root(self, trigger: TriggerCheckpoint) -> None:
-        if trigger.checkpoint_id <= self.last_snapshot_id:
+        if trigger.checkpoint_id <= self.life.last_snapshot_id:
             return
         assert self.barriers is not None
         barrier = ev.CheckpointBarrier(
@@ -153,7 +153,7 @@ class IterationHeadTask(Task):
         # tail waits for it): the head does not wait for it.
         assert self.barriers is not None
         return self.gate.finished or (
-            self.loop_ended and self.final_done and self.regular <= self.barriers.ended
+            self.loop_ended and self.life.final_done and self.regular <= self.barriers.ended
         )
 
     def _maybe_flush(self) -> None:

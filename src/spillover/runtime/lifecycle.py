@@ -1,0 +1,137 @@
+"""A task's lifecycle as one value: where it is between start and end, and what a
+checkpoint records of it.
+
+A task runs, its input ends (or its source runs out, or a stop ends its data), its
+chain finishes (``finish()``, unless stopped without drain) and it waits for a
+checkpoint taken after that to complete (FLIP-147); a task restored finished starts
+there. A stop-with-savepoint suspends the task once it took the savepoint: it takes
+no more input until the savepoint completes (the task ends) or is aborted (it goes
+on exactly where it was). Every transition is a method of :class:`TaskLifecycle`,
+called on the task thread; nothing else writes its fields.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Phase(enum.Enum):
+    """Where a task is in its life."""
+
+    RUNNING = "running"
+    # Its data ended: a drained end finished the chain, a stop without drain did not;
+    # either way it waits for a checkpoint taken from now on to complete.
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    # Restored from a checkpoint that recorded it finished: nothing of its chain runs.
+    RESTORED_FINISHED = "restored-finished"
+    ENDED = "ended"
+
+
+class LifecycleError(RuntimeError):
+    """A transition the lifecycle does not allow (a bug in the caller)."""
+
+
+@dataclass
+class TaskLifecycle:
+    """The one owner of a task's lifecycle flags. ``suspended`` is orthogonal to the
+    phase: a running or stopped task that took a stop's savepoint."""
+
+    phase: Phase = Phase.RUNNING
+    data_ended: bool = False  # EndOfData went downstream
+    finish_runs: int = 0  # times finish() ran on this attempt (at most once)
+    final_checkpoint_id: int | None = None  # the first checkpoint taken after the end
+    final_done: bool = False  # ... completed: the task may end
+    suspend_at: int | None = None  # a stop's savepoint, announced before its barrier
+    suspended: bool = False  # took that savepoint: processes no more input
+    exit_requested: bool = False  # Terminate, or the stop's savepoint completed
+    last_snapshot_id: int = -1  # the newest checkpoint it took
+
+    @classmethod
+    def restored(cls, finished: bool) -> TaskLifecycle:
+        return cls(Phase.RESTORED_FINISHED if finished else Phase.RUNNING)
+
+    # -- what others read ----------------------------------------------------------
+
+    @property
+    def restored_finished(self) -> bool:
+        return self.phase is Phase.RESTORED_FINISHED
+
+    @property
+    def finished_in_checkpoint(self) -> bool:
+        """Whether a checkpoint records the subtask as finished: its chain finished, or
+        it was restored finished (then nothing of it may run again, whether or not its
+        EndOfData went out yet)."""
+        return self.phase in (Phase.FINISHED, Phase.RESTORED_FINISHED)
+
+    @property
+    def ended_data(self) -> bool:
+        """Whether its data ended (EndOfData sent): it waits for its final checkpoint."""
+        return self.data_ended
+
+    @property
+    def takes_input(self) -> bool:
+        """Whether it may process input now (not while it holds a stop's savepoint)."""
+        return not self.suspended
+
+    @property
+    def may_end(self) -> bool:
+        return self.final_done or self.exit_requested
+
+    # -- transitions ---------------------------------------------------------------
+
+    def end_data(self, drain: bool) -> bool:
+        """Its data ends; returns whether the chain must run ``finish()`` now (a
+        drained end of a chain that never finished)."""
+        if self.data_ended:
+            raise LifecycleError("the data of a task ended twice")
+        self.data_ended = True
+        if self.phase is Phase.RESTORED_FINISHED:
+            return False
+        if not drain:
+            self.phase = Phase.STOPPED
+            return False
+        self.phase = Phase.FINISHED
+        self.finish_runs += 1
+        return True
+
+    def without_checkpoints(self) -> None:
+        """A job without checkpointing: no final checkpoint to wait for."""
+        self.final_done = True
+
+    def snapshot_taken(self, checkpoint_id: int) -> None:
+        self.last_snapshot_id = max(self.last_snapshot_id, checkpoint_id)
+        if self.data_ended and self.final_checkpoint_id is None:
+            self.final_checkpoint_id = checkpoint_id  # its completion lets the task end
+        if checkpoint_id == self.suspend_at:
+            self.suspended = True
+
+    def suspend_announced(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is a stop's savepoint (told before its barrier
+        can come; a task that took it already suspends now)."""
+        self.suspend_at = checkpoint_id
+        self.suspended = self.last_snapshot_id >= checkpoint_id
+
+    def barrier_seen(self, checkpoint_id: int) -> None:
+        """A barrier came: one of a checkpoint newer than the stop's savepoint this
+        task holds means that savepoint cannot complete any more (this task declines
+        it), whether or not its abort was heard yet: the task goes on."""
+        if self.suspended and self.suspend_at is not None and checkpoint_id > self.suspend_at:
+            self.suspend_at, self.suspended = None, False
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        if self.final_checkpoint_id is not None and checkpoint_id >= self.final_checkpoint_id:
+            self.final_done = True
+        if self.suspended and self.suspend_at is not None and checkpoint_id >= self.suspend_at:
+            self.exit_requested = True  # the stop's savepoint: this task ends
+
+    def checkpoint_aborted(self, checkpoint_id: int) -> None:
+        if checkpoint_id == self.suspend_at:  # the stop failed: go on as before
+            self.suspend_at, self.suspended = None, False
+
+    def terminate(self) -> None:
+        self.exit_requested = True
+
+    def end(self) -> None:
+        self.phase = Phase.ENDED
