@@ -1,21 +1,26 @@
-"""The storage contract runs both ways and on every backend.
+"""The storage contract runs both ways and on every backend; the subpartition
+contract over every channel implementation.
 
 Every test under ``tests/contract`` runs once with the native engine and once with
 its pure-Python twin (``SPILLOVER_PURE=1``); a test of a native-only promise (a
 held, uncopied buffer) says so with ``@pytest.mark.native_only``. The ``store``
 fixture gives a fresh storage directory on each backend: a local path, a
 ``file://`` URI, pyarrow's local filesystem, pyarrow's in-memory filesystem and
-an S3 API server on loopback (moto).
+an S3 API server on loopback (moto). The ``links`` fixture builds producer
+partitions linked to consumer gates in memory (``LocalChannel``) or over TCP on
+loopback (``TcpSubpartition`` to a ``TcpReceiver``).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
 
+from support.channels import Links
 from support.s3 import s3_uri
 from support.stores import Store
 
@@ -47,6 +52,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
         return Store(kind, "store", fs, {"filesystem": fs})
     server = request.getfixturevalue("s3_server")
     return Store(kind, s3_uri(server, f"run-{uuid.uuid4().hex}"))
+
+
+@pytest.fixture(params=["local", "tcp"])
+def links(request: pytest.FixtureRequest) -> Iterator[Links]:
+    """Builds links over one channel implementation; closes them after the test."""
+    built = Links(str(request.param))
+    try:
+        yield built
+    finally:
+        built.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -16,8 +16,7 @@ import spillover
 from spillover.cli.options import env_option, fmt_bytes, yes_no
 from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.storage import baselines
-from spillover.storage.backends import fsync_directory
-from spillover.storage.location import Location
+from spillover.storage.location import Location, fsync_directory
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

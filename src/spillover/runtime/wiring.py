@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from spillover.config import Alignment, Config, NetworkConfig
 from spillover.keygroups import key_group_range_for_operator
@@ -28,9 +28,6 @@ from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.recovery.plan import graph_info
 from spillover.runtime.state import HeapKeyedStateBackend
 from spillover.runtime.task import InputChannelInfo, Task, TaskRestore
-
-if TYPE_CHECKING:
-    from spillover.runtime.jobmaster import Executor
 
 _BARRIER_KIND = {
     Alignment.ALIGNED: BarrierKind.ALIGNED,
@@ -179,8 +176,31 @@ def settle(tasks: Any, timeout: float = 30.0) -> None:
         t.snapshots.shutdown(wait=True, cancel_futures=True)
 
 
+class CoordinatedJob(Protocol):
+    """What :func:`make_coordinator` reads of the job master (its ``Executor``),
+    named here so that wiring, a layer below the master, never imports it."""
+
+    @property
+    def graph(self) -> JobGraph: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def settings(self) -> dict[str, Any]: ...
+    @property
+    def storage(self) -> CheckpointStorage | None: ...
+    @property
+    def next_checkpoint_id(self) -> int: ...
+    @property
+    def metrics_path(self) -> str | None: ...
+    @property
+    def retained_ids(self) -> list[int]: ...
+    @property
+    def subsumed_ids(self) -> list[int]: ...
+    def checkpoint_completed(self, checkpoint_id: int) -> None: ...
+
+
 def make_coordinator(
-    ex: Executor,
+    ex: CoordinatedJob,
     tasks: dict[tuple[str, int], Any],
     restored_id: int | None,
     on_final: Callable[[], None],

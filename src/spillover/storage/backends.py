@@ -22,7 +22,7 @@ from spillover.errors import (
     StorageError,
     TruncatedFileError,
 )
-from spillover.storage.location import Location
+from spillover.storage.location import Location, fsync_directory
 
 
 class ReadableFile(Protocol):
@@ -231,15 +231,6 @@ class ArrowBackend:
         except OSError as e:
             raise _storage_error("cannot list storage directory", self.uri_prefix, e) from e
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
-
-
-def fsync_directory(path: str) -> None:
-    """Makes the entries of the directory ``path`` durable (a new file's name)."""
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _storage_error(message: str, path: str, e: OSError) -> StorageError:

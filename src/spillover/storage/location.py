@@ -8,23 +8,36 @@ so that a URI written into a handle or checkpoint metadata reopens the same plac
 Local locations use native I/O (``filesystem`` is None); everything else goes
 through pyarrow. "Not found" is told by errno or by the filesystem's own
 ``FileType.NotFound``, never by an exception's message text.
+
+A location also owns the few file-system steps the runtime's small files need
+(checkpoint metadata, the job event log and its lease, keyed-state files): read a
+whole file, publish one atomically, delete a file or a tree, list a directory.
+Each maps failures once: a missing file is :class:`StateFileNotFoundError`, an
+existing one that must not be replaced :class:`StateFileExistsError`, anything
+else :class:`StorageError`, all naming the location's URI.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import enum
 import errno as errno_mod
 import os
 import re
+import shutil
+import sys
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from spillover.errors import StateFileNotFoundError, StorageError
+from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-__all__ = ["Location", "register_filesystem"]
+__all__ = ["Entry", "FileKind", "Location", "fsync_directory", "register_filesystem"]
 
 _REACHABLE = "check that the storage is reachable and writable"
 
@@ -50,6 +63,23 @@ def register_filesystem(scheme: str, filesystem: Any | None) -> None:
         _REGISTERED.pop(scheme, None)
     else:
         _REGISTERED[scheme] = filesystem
+
+
+def fsync_directory(path: str) -> None:
+    """Makes the entries of the local directory ``path`` durable (a new file's name)."""
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class FileKind(enum.Enum):
+    """What a directory entry is."""
+
+    FILE = "file"
+    DIRECTORY = "directory"
+    OTHER = "other"
 
 
 def _pafs() -> Any:
@@ -168,7 +198,154 @@ class Location:
             raise self.error("cannot reach storage", e) from e
 
     def exists(self) -> bool:
+        """Whether anything is at this location (a local one asks the OS, without
+        pyarrow)."""
+        if self.local:
+            try:
+                os.stat(self.path)
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            except OSError as e:
+                raise self.error("cannot reach storage", e) from e
+            return True
         return bool(self.file_type() != _pafs().FileType.NotFound)
+
+    def read_bytes(self, what: str = "file") -> bytes:
+        """The whole file (a small one: metadata, a log segment, a lease)."""
+        try:
+            if self.local:
+                with open(self.path, "rb") as f:
+                    return f.read()
+            with self.filesystem.open_input_stream(self.path) as f:
+                return bytes(f.read())
+        except FileNotFoundError as e:
+            raise self.not_found(what) from e
+        except OSError as e:
+            if not self.local and self._missing():
+                raise self.not_found(what) from e
+            raise self.error(f"cannot read {what}", e) from e
+
+    def publish(
+        self, data: bytes, *, fsync: bool = False, overwrite: bool = True, what: str = "file"
+    ) -> None:
+        """Writes ``data`` as this file so that a reader sees the old content (or
+        none) or all of the new, never a part; its directory is created first.
+
+        Locally: a temporary file beside it (``<name>.tmp-<hex>``, removed on
+        failure), then a rename, or without ``overwrite`` a hard link, which never
+        replaces a file (without hard links: a check, then a rename). ``fsync``
+        makes the file and its directory entry durable before this returns. On
+        other filesystems one output stream to the final name (an object store
+        publishes the object whole on close); without ``overwrite`` an existing file
+        is refused by a check with a race window. An existing file that must not
+        be replaced raises :class:`StateFileExistsError`.
+        """
+        if self.local:
+            self._publish_local(data, fsync=fsync, overwrite=overwrite, what=what)
+            return
+        if not overwrite and self.exists():
+            raise self.exists_error(what)
+        out = self.open_output(what)
+        try:
+            try:
+                out.write(data)
+            finally:
+                out.close()
+        except OSError as e:
+            raise self.error(f"cannot write {what}", e) from e
+
+    def _publish_local(self, data: bytes, *, fsync: bool, overwrite: bool, what: str) -> None:
+        directory = os.path.dirname(self.path)
+        tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            if overwrite:
+                os.replace(tmp, self.path)
+            else:
+                _create(tmp, self.path)
+            if fsync:
+                fsync_directory(directory)
+        except FileExistsError as e:
+            raise self.exists_error(what) from e
+        except OSError as e:
+            raise self.error(f"cannot write {what}", e) from e
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+    def delete(
+        self, *, missing_ok: bool = True, recursive: bool = False, what: str = "file"
+    ) -> None:
+        """Removes this file, or with ``recursive`` this directory and everything in
+        it (as much of it as can be removed before the first failure is raised). A
+        location that is not there is fine with ``missing_ok``, else
+        :class:`StateFileNotFoundError`."""
+        try:
+            if self.local and recursive:
+                _remove_tree(self.path)
+            elif self.local:
+                os.remove(self.path)
+            elif recursive:
+                self.filesystem.delete_dir(self.path)
+            else:
+                self.filesystem.delete_file(self.path)
+        except FileNotFoundError as e:
+            if not missing_ok:
+                raise self.not_found(what) from e
+        except OSError as e:
+            if not self.local and self._missing():
+                if missing_ok:
+                    return
+                raise self.not_found(what) from e
+            raise self.error(f"cannot delete {what}", e) from e
+
+    def list(self, what: str = "directory") -> list[str]:
+        """Names of the entries of this directory, sorted; none when it is not there."""
+        return sorted(e.name for e in self.children(what))
+
+    def children(self, what: str = "directory") -> builtins.list[Entry]:
+        """The entries of this directory (not recursive), in no particular order;
+        none when it is not there."""
+        try:
+            if self.local:
+                out = []
+                try:
+                    scan = os.scandir(self.path)
+                except (FileNotFoundError, NotADirectoryError):
+                    return []
+                with scan:
+                    for d in scan:
+                        kind, size = _local_kind(d)
+                        out.append(Entry(self.child(d.name), kind, size))
+                return out
+            pafs = _pafs()
+            selector = pafs.FileSelector(self.path, allow_not_found=True)
+            return [
+                Entry(self.child(i.base_name), _arrow_kind(i.type), i.size)
+                for i in self.filesystem.get_file_info(selector)
+            ]
+        except OSError as e:
+            raise self.error(f"cannot list {what}", e) from e
+
+    def sync(self, what: str = "file") -> None:
+        """Makes this local file and its directory entry durable (a file written
+        through :meth:`open_output`); nothing to do on other filesystems."""
+        if not self.local:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(os.path.dirname(self.path))
+        except OSError as e:
+            raise self.error(f"cannot sync {what}", e) from e
 
     def open_input(self, what: str = "file") -> Any:
         """A random-access pyarrow file (memory-mapped when local); a missing file
@@ -186,12 +363,18 @@ class Location:
                 raise self.not_found(what) from e
             raise self.error(f"cannot open {what}", e) from e
 
-    def open_output(self, what: str = "file") -> Any:
-        """A pyarrow output stream, its directory created first."""
+    def open_output(self, what: str = "file", *, exclusive: bool = False) -> Any:
+        """A pyarrow output stream, its directory created first. ``exclusive``
+        refuses a file that exists already (:class:`StateFileExistsError`; a check,
+        so two writers racing for one name must be kept apart otherwise)."""
         fs, path = self.arrow()
         try:
+            if exclusive and fs.get_file_info(path).type != _pafs().FileType.NotFound:
+                raise self.exists_error(what)
             fs.create_dir(self.parent.path, recursive=True)
             return fs.open_output_stream(path)
+        except StateFileExistsError:
+            raise
         except OSError as e:
             raise self.error(f"cannot create {what}", e) from e
 
@@ -206,7 +389,79 @@ class Location:
     def not_found(self, what: str = "file") -> StateFileNotFoundError:
         return StateFileNotFoundError(f"{what} not found", path=self.uri, errno=errno_mod.ENOENT)
 
+    def exists_error(self, what: str = "file") -> StateFileExistsError:
+        return StateFileExistsError(f"{what} exists already", path=self.uri, errno=errno_mod.EEXIST)
+
     def error(self, message: str, e: OSError, hint: str = _REACHABLE) -> StorageError:
         return StorageError(
             message, path=self.uri, errno=e.errno, detail=f"{type(e).__name__}: {e}", hint=hint
         )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a directory listing: where it is, what it is, and a file's size
+    in bytes (None when the filesystem does not say)."""
+
+    location: Location
+    kind: FileKind
+    size: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.location.name
+
+
+def _local_kind(d: os.DirEntry[str]) -> tuple[FileKind, int | None]:
+    try:
+        if d.is_file():
+            return FileKind.FILE, d.stat().st_size
+        if d.is_dir():
+            return FileKind.DIRECTORY, None
+    except FileNotFoundError:
+        pass  # gone meanwhile: listed as what it was
+    return FileKind.OTHER, None
+
+
+def _arrow_kind(t: Any) -> FileKind:
+    ft = _pafs().FileType
+    if t == ft.File:
+        return FileKind.FILE
+    if t == ft.Directory:
+        return FileKind.DIRECTORY
+    return FileKind.OTHER
+
+
+def _remove_tree(path: str) -> None:
+    """``shutil.rmtree`` that removes what it can and then raises the first failure
+    (an entry removed meanwhile is no failure)."""
+    if not os.path.lexists(path):
+        raise FileNotFoundError(errno_mod.ENOENT, "not found", path)
+    failed: list[OSError] = []
+
+    def keep_going(exc: BaseException) -> None:
+        if isinstance(exc, FileNotFoundError):
+            return
+        if not isinstance(exc, OSError):
+            raise exc
+        failed.append(exc)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=lambda _f, _p, exc: keep_going(exc))
+    else:
+        shutil.rmtree(path, onerror=lambda _f, _p, info: keep_going(info[1]))
+    if failed:
+        raise failed[0]
+
+
+def _create(tmp: str, path: str) -> None:
+    """Gives the local file ``tmp`` the name ``path`` unless ``path`` exists already
+    (a hard link; without hard links a check, then a rename)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        if os.path.lexists(path):
+            raise FileExistsError(errno_mod.EEXIST, "file exists", path) from None
+        os.rename(tmp, path)

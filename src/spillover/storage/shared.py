@@ -36,9 +36,8 @@ from typing import IO, Any
 
 from spillover._native import _storage as native
 from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
-from spillover.storage.backends import fsync_directory
 from spillover.storage.handle import GateStateHandle
-from spillover.storage.location import Location
+from spillover.storage.location import Location, fsync_directory
 
 __all__ = ["SharedFile", "StagingBackend"]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from spillover.config import Config, RestartStrategy
-from spillover.errors import ConfigError
+from spillover.errors import ConfigError, StorageError
 from spillover.runtime.batch.launch import (
     BatchTaskSpec,
     Launcher,
@@ -55,12 +55,9 @@ class BatchOutcome:
 
 def delete_tree(location: Location) -> None:
     """Deletes a directory and what it holds; a missing one is fine."""
-    fs, path = location.arrow()
     try:
-        fs.delete_dir(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
+        location.delete(recursive=True, what="directory")
+    except StorageError as e:
         logger.warning("could not delete %s: %s", location.uri, e)
 
 

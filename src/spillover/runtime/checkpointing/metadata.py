@@ -12,6 +12,7 @@ parallelism, each with a message that says why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -40,13 +41,12 @@ class CheckpointStorage:
 
     def __init__(self, base: str, job_name: str, *, fsync: bool = False) -> None:
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)
-        # The metadata is written to a temporary name and renamed, so a reader never
+        # The metadata is published atomically (Location.publish), so a reader never
         # sees half of it; fsync also makes it survive a machine crash (slower).
         self.fsync = fsync
         self.location = Location.parse(base).child(safe)
         self.local = self.location.local
         self.root = self.location.path  # the job's directory on its filesystem
-        self._fs: Any = self.location.filesystem
 
     @property
     def uri(self) -> str:
@@ -69,40 +69,14 @@ class CheckpointStorage:
         # and this write is on the critical path of every checkpoint. `spillover
         # inspect --json` prints a readable summary.
         data = json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
-        target = self._path(checkpoint_id, METADATA_FILE)
-        try:
-            if self.local:
-                os.makedirs(self._path(checkpoint_id), exist_ok=True)
-                tmp = target + ".inprogress"
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    if self.fsync:
-                        f.flush()
-                        os.fsync(f.fileno())
-                os.replace(tmp, target)
-            else:
-                self._fs.create_dir(self._path(checkpoint_id), recursive=True)
-                with self._fs.open_output_stream(target) as out:
-                    out.write(data)
-        except OSError as e:
-            raise StorageError(
-                "cannot write checkpoint metadata", path=target, errno=e.errno, detail=str(e)
-            ) from e
-        return target
+        target = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
+        target.publish(data, fsync=self.fsync, what="checkpoint metadata")
+        return target.path
 
     def read_metadata(self, checkpoint_id: int) -> dict[str, Any]:
-        target = self._path(checkpoint_id, METADATA_FILE)
-        try:
-            if self.local:
-                with open(target, "rb") as f:
-                    raw = f.read()
-            else:
-                with self._fs.open_input_stream(target) as f:
-                    raw = f.read()
-        except FileNotFoundError as e:
-            raise StorageError("checkpoint metadata not found", path=target, errno=2) from e
-        except OSError as e:
-            raise StorageError("cannot read checkpoint metadata", path=target, detail=str(e)) from e
+        location = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
+        raw = location.read_bytes("checkpoint metadata")
+        target = location.path
         try:
             meta = json.loads(raw)
         except ValueError as e:
@@ -126,27 +100,10 @@ class CheckpointStorage:
 
     def _ids(self, *, completed: bool) -> list[int]:
         ids = []
-        if self.local:
-            if not os.path.isdir(self.root):
-                return []
-            for name in os.listdir(self.root):
-                m = re.fullmatch(r"chk-(\d+)", name)
-                if m and (
-                    not completed or os.path.exists(os.path.join(self.root, name, METADATA_FILE))
-                ):
-                    ids.append(int(m.group(1)))
-        else:
-            import pyarrow.fs as pafs
-
-            infos = self._fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
-            for info in infos:
-                m = re.fullmatch(r"chk-(\d+)", info.base_name)
-                if m and (
-                    not completed
-                    or self._fs.get_file_info(f"{info.path}/{METADATA_FILE}").type
-                    == pafs.FileType.File
-                ):
-                    ids.append(int(m.group(1)))
+        for name in self.location.list("checkpoint directory"):
+            m = re.fullmatch(r"chk-(\d+)", name)
+            if m and (not completed or self.location.child(name, METADATA_FILE).exists()):
+                ids.append(int(m.group(1)))
         return sorted(ids)
 
     def latest(self) -> CompletedCheckpoint | None:
@@ -158,14 +115,10 @@ class CheckpointStorage:
 
     def delete(self, checkpoint_id: int) -> None:
         """Removes a checkpoint directory (subsumed or aborted); missing is fine."""
-        path = self._path(checkpoint_id)
-        try:
-            if self.local:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                self._fs.delete_dir(path)
-        except (FileNotFoundError, OSError):
-            pass
+        with contextlib.suppress(StorageError):
+            self.location.child(f"chk-{checkpoint_id}").delete(
+                recursive=True, what="checkpoint directory"
+            )
 
     def export(self, checkpoint_id: int, target: str) -> str:
         """Copies checkpoint ``checkpoint_id`` into ``target`` (a new directory) as a
@@ -188,7 +141,8 @@ class CheckpointStorage:
                 hint="name a new directory (a savepoint is never written over)",
             )
         for cid in [checkpoint_id, *referenced_checkpoints(meta)]:
-            src_dir, dst_dir = self._path(cid), dst.child(f"chk-{cid}").path
+            into = dst.child(f"chk-{cid}")
+            src_dir, dst_dir = self._path(cid), into.path
             try:
                 if self.local:
                     shutil.copytree(
@@ -200,15 +154,15 @@ class CheckpointStorage:
                 else:
                     import pyarrow.fs as pafs
 
-                    self._fs.create_dir(dst_dir, recursive=True)
+                    dst.filesystem.create_dir(dst_dir, recursive=True)
                     pafs.copy_files(
                         src_dir,
                         dst_dir,
-                        source_filesystem=self._fs,
+                        source_filesystem=self.location.filesystem,
                         destination_filesystem=dst.filesystem,
                     )
                     if cid == checkpoint_id:  # written anew below, rewritten
-                        self._fs.delete_file(f"{dst_dir}/{METADATA_FILE}")
+                        into.child(METADATA_FILE).delete(what="checkpoint metadata")
             except OSError as e:
                 raise StorageError(
                     "cannot copy the checkpoint into the savepoint",

@@ -3,7 +3,6 @@ subtasks, and an exactly-once sink (two-phase commit, see ``collecting.py``)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import uuid
@@ -24,7 +23,7 @@ from spillover.runtime.connectors.collecting import (
     _pending_from_state,
     _pending_state,
 )
-from spillover.storage.location import Location
+from spillover.storage.location import FileKind, Location
 
 # ---- Parquet ----
 
@@ -391,7 +390,8 @@ class ParquetSink(Operator):
 
     def open(self, ctx: OperatorContext) -> None:
         super().open(ctx)
-        self._fs, root = filesystem_for(self.directory_uri, self.filesystem)
+        self._dir = Location.parse(self.directory_uri, self.filesystem)
+        self._fs, root = self._dir.arrow()
         self._root = root.rstrip("/")
         self._staging = f"{self._root}/_staging"
         self._fs.create_dir(self._staging, recursive=True)
@@ -424,36 +424,31 @@ class ParquetSink(Operator):
             self._start_batch_task()
         if self.mode == "append":
             return
-        import pyarrow.fs as pafs
-
         # A streaming attempt that restored nothing writes its run's output again from
         # the start: what an earlier attempt of the run committed (a subtask's own end
         # commits it without checkpoints) is not this attempt's, or it would be there
         # twice. A batch run's tasks of every attempt write one output.
         own_attempt = None if self.ctx.batch_run is not None else self.ctx.attempt
-        infos = self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True))
         parts = [
-            i
-            for i in infos
-            if i.type == pafs.FileType.File
-            and _PART_FILE.fullmatch(i.base_name) is not None
-            and not _of_run(i.base_name, self._run_tag, own_attempt)
+            e
+            for e in self._dir.children("the sink's directory")
+            if e.kind == FileKind.FILE
+            and _PART_FILE.fullmatch(e.name) is not None
+            and not _of_run(e.name, self._run_tag, own_attempt)
         ]
         if self.mode == "error" and parts:
             raise ConfigError(
                 "the sink's directory holds committed output of another run",
-                detail=f"{len(parts)} part file(s) in {self.directory_uri}, "
-                f"e.g. {parts[0].base_name}",
+                detail=f"{len(parts)} part file(s) in {self.directory_uri}, e.g. {parts[0].name}",
                 hint="give the run another directory, or ParquetSink(mode='append' or "
                 "'overwrite'); a job that resumes its own run continues its output",
             )
         me, p = self.ctx.subtask_index, self.ctx.parallelism
-        for info in parts:  # overwrite: each old subtask's parts have one owner
-            m = _PART_FILE.fullmatch(info.base_name)
+        for entry in parts:  # overwrite: each old subtask's parts have one owner
+            m = _PART_FILE.fullmatch(entry.name)
             assert m is not None
             if int(m.group(1)) % p == me:
-                with contextlib.suppress(FileNotFoundError):
-                    self._fs.delete_file(info.path)
+                entry.location.delete(what="output file")
 
     def _start_batch_task(self) -> None:
         """A batch task's run, before it writes: what earlier runs of it left (staged
@@ -461,17 +456,14 @@ class ParquetSink(Operator):
         goes, so that its output is there exactly once. It owns the files of old
         subtask ``j`` with ``j % parallelism == subtask`` (all of them re-run when the
         sink's parallelism changed)."""
-        import pyarrow.fs as pafs
-
         self._delete_staged()
         me, p = self.ctx.subtask_index, self.ctx.parallelism
-        for info in self._fs.get_file_info(pafs.FileSelector(self._root, allow_not_found=True)):
-            if not _of_run(info.base_name, self._run_tag):
+        for entry in self._dir.children("the sink's directory"):
+            if not _of_run(entry.name, self._run_tag):
                 continue
-            m = _PART_FILE.fullmatch(info.base_name)
+            m = _PART_FILE.fullmatch(entry.name)
             if m is not None and int(m.group(1)) % p == me:
-                with contextlib.suppress(FileNotFoundError):
-                    self._fs.delete_file(info.path)
+                entry.location.delete(what="output file")
 
     def process(self, batch: Batch, input_index: int = 0) -> None:
         if not len(batch):
@@ -610,12 +602,10 @@ class ParquetSink(Operator):
     def _delete_staged(self, prefix: str | None = None) -> None:
         """Deletes every staged file of this subtask (called before it writes any), or
         of the old subtask whose files start with ``prefix`` (after a rescale)."""
-        import pyarrow.fs as pafs
-
         prefix = prefix or self._prefix
-        for info in self._fs.get_file_info(pafs.FileSelector(self._staging, allow_not_found=True)):
-            if info.type == pafs.FileType.File and info.base_name.startswith(prefix):
-                self._fs.delete_file(info.path)
+        for entry in self._dir.child("_staging").children("the sink's staging directory"):
+            if entry.kind == FileKind.FILE and entry.name.startswith(prefix):
+                entry.location.delete(what="staged output file")
         self._cleaned = True
 
     def close(self) -> None:

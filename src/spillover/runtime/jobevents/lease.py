@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import Any
 
 from spillover.errors import SpilloverError, StateFileExistsError, UnsupportedVersionError
-from spillover.runtime.jobevents.log import delete_file, publish, read_file
+from spillover.runtime.jobevents.log import publish
 from spillover.storage.location import Location
 
 __all__ = [
@@ -202,7 +202,7 @@ class JobLease:
         if not self.location.exists():
             return None
         try:
-            data = read_file(self.location, "job lease")
+            data = self.location.read_bytes("job lease")
         except FileNotFoundError:
             return None
         return Lease.from_bytes(data, self.location.uri)
@@ -279,7 +279,7 @@ class JobLease:
         self.held = None
         current = self.read()
         if current is not None and current.holder == self.holder:
-            delete_file(self.location)
+            self.location.delete(what="job lease")
 
     def __enter__(self) -> JobLease:
         self.acquire()
@@ -332,7 +332,7 @@ class JobLease:
                 )
             self._write(mine, overwrite=True)
         finally:
-            delete_file(marker)
+            marker.delete(what="lease takeover marker")
 
     def _acquire_remote(self, mine: Lease) -> Lease:
         current = self.read()

@@ -67,104 +67,14 @@ def segment_name(seq: int) -> str:
 # ---------------------------------------------------------------------- storage
 
 
-def list_names(directory: Location) -> list[str]:
-    """File names in ``directory``; none when it does not exist."""
-    try:
-        if directory.local:
-            return os.listdir(directory.path) if os.path.isdir(directory.path) else []
-        import pyarrow.fs as pafs
-
-        selector = pafs.FileSelector(directory.path, allow_not_found=True)
-        return [i.base_name for i in directory.filesystem.get_file_info(selector)]
-    except OSError as e:
-        raise directory.error("cannot list the job event log", e) from e
-
-
-def read_file(location: Location, what: str) -> bytes:
-    try:
-        if location.local:
-            with open(location.path, "rb") as f:
-                return f.read()
-        with location.filesystem.open_input_stream(location.path) as f:
-            return bytes(f.read())
-    except FileNotFoundError as e:
-        raise location.not_found(what) from e
-    except OSError as e:
-        raise location.error(f"cannot read {what}", e) from e
-
-
-def delete_file(location: Location) -> None:
-    """Removes a file; one that is already gone is fine."""
-    try:
-        if location.local:
-            os.remove(location.path)
-        else:
-            location.filesystem.delete_file(location.path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        if not location.local and not location.exists():
-            return
-        raise location.error("cannot delete", e) from e
-
-
 def publish(location: Location, data: bytes, *, overwrite: bool, fsync: bool, what: str) -> None:
-    """Writes ``data`` to ``location`` so that a reader sees all of it or nothing.
-
-    Locally: a temporary file, then a hard link (which never replaces a file: a
-    second writer gets :class:`StateFileExistsError`; without hard links, a check
-    and a rename) or, with ``overwrite``, a rename. On other filesystems one output
-    stream to the final name (object stores publish an object on close); without
-    ``overwrite`` an existing file is refused, a check with a race window (one master
-    per job, the lease, keeps two writers apart).
-    """
-    if location.local:
-        directory = os.path.dirname(location.path)
-        tmp = f"{location.path}.tmp-{uuid.uuid4().hex[:12]}"
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                if fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            if overwrite:
-                os.replace(tmp, location.path)
-            else:
-                _create(tmp, location.path)
-            if fsync:
-                fd = os.open(directory, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except FileExistsError as e:
-            raise _exists(location, what) from e
-        except OSError as e:
-            raise location.error(f"cannot write {what}", e) from e
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        return
-    if not overwrite and location.exists():
-        raise _exists(location, what)
-    with location.open_output(what) as out:
-        try:
-            out.write(data)
-        except OSError as e:
-            raise location.error(f"cannot write {what}", e) from e
-
-
-def _create(tmp: str, path: str) -> None:
-    """Gives the file ``tmp`` the name ``path`` unless ``path`` exists already."""
+    """:meth:`Location.publish`, with the log's word for a file that exists already:
+    without ``overwrite`` a second writer of the same name (another master) fails
+    instead of replacing what the first one published."""
     try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError:  # a filesystem without hard links
-        if os.path.exists(path):
-            raise FileExistsError(errno_mod.EEXIST, "file exists", path) from None
-        os.rename(tmp, path)
+        location.publish(data, overwrite=overwrite, fsync=fsync, what=what)
+    except StateFileExistsError as e:
+        raise _exists(location, what) from e
 
 
 def _exists(location: Location, what: str) -> StateFileExistsError:
@@ -196,7 +106,7 @@ class _Contents:
 def _read_log(directory: Location) -> _Contents:
     found = sorted(
         (int(m.group(1)), name)
-        for name in list_names(directory)
+        for name in directory.list("the job event log")
         if (m := _SEGMENT_RE.fullmatch(name))
     )
     out = _Contents()
@@ -206,7 +116,7 @@ def _read_log(directory: Location) -> _Contents:
     def load(i: int) -> Segment:
         seq, name = found[i]
         loc = directory.child(name)
-        return parse_segment(seq, loc, read_file(loc, "job event log segment"))
+        return parse_segment(seq, loc, loc.read_bytes("job event log segment"))
 
     def warn(message: str) -> None:
         logger.warning("job event log %s: %s", directory.uri, message)
@@ -305,7 +215,7 @@ def _read_log(directory: Location) -> _Contents:
 def is_event_log(directory: Location) -> bool:
     """Whether ``directory`` holds job event log segments."""
     try:
-        return any(_SEGMENT_RE.fullmatch(n) for n in list_names(directory))
+        return any(_SEGMENT_RE.fullmatch(n) for n in directory.list("the job event log"))
     except StorageError:
         return False
 
@@ -432,10 +342,10 @@ class JobEventLog:
                 LogEntry(first + i, at, e, snapshot=True) for i, e in enumerate(events)
             ]
             self._chain = 1
-            for name in list_names(self.location):
+            for name in self.location.list("the job event log"):
                 m = _SEGMENT_RE.fullmatch(name)
                 if (m and int(m.group(1)) < seq) or _TEMP_RE.fullmatch(name):
-                    delete_file(self.location.child(name))
+                    self.location.child(name).delete(what="job event log segment")
 
     def entries(self) -> Iterator[LogEntry]:
         """Every entry the log holds, the appended but not yet flushed included."""
@@ -465,7 +375,7 @@ class JobEventLog:
         if self.lease is not None:
             self.lease.check()
         for loc in self._stale:
-            delete_file(loc)
+            loc.delete(what="job event log segment")
         self._stale = []
         seg, self._rewrite = self._rewrite, None
         if seg is not None and seg.header is not None:

@@ -4,13 +4,11 @@ group, written to any storage location and read back by key-group range."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from spillover.errors import (
     BadMagicError,
@@ -21,7 +19,6 @@ from spillover.errors import (
     FormatError,
     RescaleError,
     StateFileExistsError,
-    StorageError,
     TruncatedFileError,
     UnsupportedVersionError,
 )
@@ -58,7 +55,6 @@ def _write_snapshot(
     fsync: bool,
 ) -> dict[str, Any]:
     directory = Location.parse(directory_uri)
-    fs, _ = directory.arrow()
     entries = []
     for i, (name, kind, dtype, keys, values) in enumerate(copies):
         kg = key_groups(keys, max_p)
@@ -84,7 +80,7 @@ def _write_snapshot(
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
         file_name = f"{prefix}-kg{rng.start:05d}-{rng.end:05d}-{i:03d}-{safe}.arrow"
         where = directory.child(file_name)
-        size = _write_file(fs, where.path, where.uri, batch, fsync and where.local)
+        size = _write_file(where, batch, fsync)
         entries.append(
             {
                 "name": name,
@@ -124,39 +120,31 @@ def _from_arrow(column: pa.ChunkedArray, dtype: np.dtype[Any]) -> Values:
     return out
 
 
-def _write_file(
-    fs: pafs.FileSystem, path: str, uri: str, batch: pa.RecordBatch, fsync: bool
-) -> int:
+def _write_file(where: Location, batch: pa.RecordBatch, fsync: bool) -> int:
+    """Writes ``batch`` as a new Arrow IPC file at ``where`` (never over one) and
+    returns its size; ``fsync``: the file and its directory entry are durable."""
     try:
-        if fs.get_file_info(path).type != pafs.FileType.NotFound:
-            raise StateFileExistsError(
-                "keyed-state file already exists",
-                path=uri,
-                hint="each checkpoint needs its own directory, and each keyed operator "
-                "sharing one its own backend name",
-            )
-        fs.create_dir(path.rsplit("/", 1)[0] if "/" in path else ".", recursive=True)
-        with fs.open_output_stream(path) as sink:
+        sink = where.open_output("keyed-state file", exclusive=True)
+    except StateFileExistsError as e:
+        raise StateFileExistsError(
+            "keyed-state file already exists",
+            path=where.uri,
+            hint="each checkpoint needs its own directory, and each keyed operator "
+            "sharing one its own backend name",
+        ) from e
+    try:
+        with sink:
             with pa.ipc.new_file(sink, batch.schema) as writer:
                 writer.write_batch(batch)
             size = int(sink.tell())
-        if fsync:
-            for target, flags in ((path, os.O_RDONLY), (os.path.dirname(path), os.O_DIRECTORY)):
-                fd = os.open(target, flags)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-    except StateFileExistsError:
-        raise
     except OSError as e:
-        raise StorageError(
+        raise where.error(
             "cannot write keyed-state file",
-            path=uri,
-            errno=e.errno,
-            detail=f"{type(e).__name__}: {e}",
+            e,
             hint="check that the checkpoint directory is reachable and writable",
         ) from e
+    if fsync:
+        where.sync("keyed-state file")
     return size
 
 

@@ -1,0 +1,169 @@
+"""The file-system steps a :class:`Location` owns (read a whole file, publish one
+atomically, delete, list), the same on every backend: a local path, a file:// URI,
+pyarrow's local and in-memory filesystems and S3 (moto on loopback); and each
+failure of the storage under them as the one specific error naming the URI."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
+from spillover.storage.location import FileKind, Location
+from support.faults import Faults, enospc, fail, failing_renames, faulty_dir
+from support.stores import Store
+
+
+@pytest.fixture
+def engine() -> str:
+    """The primitives do not depend on the engine: run each test once."""
+    return "native"
+
+
+def root(store: Store) -> Location:
+    """A fresh directory of this backend (a new one per call: hypothesis examples
+    share the fixture)."""
+    return store.location(store.uri).child(f"t-{uuid.uuid4().hex[:8]}")
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(first=st.binary(max_size=4096), second=st.binary(max_size=70000))
+def test_publish_then_read_gives_back_exactly_the_bytes(
+    store: Store, first: bytes, second: bytes
+) -> None:
+    loc = root(store).child("sub", "file.bin")
+    loc.publish(first)
+    assert loc.read_bytes() == first
+    loc.publish(second, fsync=True)  # replaces the whole file
+    assert loc.read_bytes() == second
+    assert store.read_bytes(loc.uri) == second
+
+
+def test_publish_without_overwrite_refuses_an_existing_file_and_keeps_it(store: Store) -> None:
+    loc = root(store).child("once")
+    loc.publish(b"first", overwrite=False)
+    with pytest.raises(StateFileExistsError) as ei:
+        loc.publish(b"second", overwrite=False, what="segment")
+    assert ei.value.path == loc.uri and ei.value.errno == errno.EEXIST
+    assert "segment" in ei.value.message
+    assert loc.read_bytes() == b"first"
+    assert loc.parent.list() == ["once"]  # no temporary file left behind
+
+
+def test_a_missing_file_is_not_found_naming_its_uri(store: Store) -> None:
+    loc = root(store).child("nothing-here")
+    assert not loc.exists()
+    with pytest.raises(StateFileNotFoundError) as ei:
+        loc.read_bytes("lease")
+    assert ei.value.path == loc.uri and ei.value.errno == errno.ENOENT
+    assert "lease not found" in str(ei.value)
+    loc.delete()  # missing_ok by default
+    with pytest.raises(StateFileNotFoundError):
+        loc.delete(missing_ok=False)
+
+
+def test_delete_removes_a_file_or_a_whole_tree(store: Store) -> None:
+    top = root(store)
+    for name in ("a", "b"):
+        top.child(name).publish(name.encode())
+    top.child("d", "e", "f").publish(b"deep")
+    top.child("a").delete()
+    assert not top.child("a").exists() and top.child("b").exists()
+    top.delete(recursive=True)
+    assert top.list() == []
+    assert not top.child("d", "e", "f").exists()
+    top.delete(recursive=True)  # gone already: fine
+    with pytest.raises(StateFileNotFoundError):
+        top.delete(recursive=True, missing_ok=False)
+
+
+def test_list_and_children_say_names_kinds_and_sizes(store: Store) -> None:
+    top = root(store)
+    assert top.list() == [] and top.children() == []  # not there yet
+    top.child("z.bin").publish(b"12345")
+    top.child("a.bin").publish(b"")
+    top.child("dir", "inner").publish(b"x")
+    assert top.list() == ["a.bin", "dir", "z.bin"]
+    kinds = {e.name: (e.kind, e.size) for e in top.children()}
+    assert kinds["z.bin"] == (FileKind.FILE, 5)
+    assert kinds["a.bin"] == (FileKind.FILE, 0)
+    assert kinds["dir"][0] == FileKind.DIRECTORY
+    assert {e.location.uri for e in top.children()} == {
+        top.child(n).uri for n in ("a.bin", "dir", "z.bin")
+    }
+    assert top.child("dir").children()[0].location.read_bytes() == b"x"
+
+
+def test_an_exclusive_output_refuses_an_existing_file(store: Store) -> None:
+    loc = root(store).child("state.arrow")
+    with loc.open_output(exclusive=True) as out:
+        out.write(b"state")
+    loc.sync()
+    with pytest.raises(StateFileExistsError):
+        loc.open_output("keyed-state file", exclusive=True)
+    assert loc.read_bytes() == b"state"
+
+
+# ---- failing storage: each step's failure is a StorageError naming the URI
+
+
+def _eio() -> OSError:
+    return OSError(errno.EIO, "Input/output error")
+
+
+STEPS = {
+    "publish": (("open", "write", "close", "mkdir"), lambda loc: loc.publish(b"data")),
+    "read": (("read",), lambda loc: loc.read_bytes()),
+    "delete": (("delete",), lambda loc: loc.delete()),
+    "delete-tree": (("delete",), lambda loc: loc.parent.delete(recursive=True)),
+    "list": (("list",), lambda loc: loc.parent.list()),
+}
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    step=st.sampled_from(sorted(STEPS)),
+    error=st.sampled_from([_eio, enospc, lambda: PermissionError(errno.EACCES, "denied")]),
+    data=st.data(),
+)
+def test_a_failing_filesystem_gives_a_storage_error_naming_the_uri(
+    tmp_path: Path, step: str, error: object, data: st.DataObject
+) -> None:
+    ops, run = STEPS[step]
+    op = data.draw(st.sampled_from(ops), label="failing operation")
+    base = tmp_path / uuid.uuid4().hex[:8]
+    with faulty_dir(str(base)) as (uri, faults):
+        loc = Location.parse(uri).child("dir", "file")
+        loc.publish(b"before")
+        faults.rules = [fail({op}, "/dir", error)]  # type: ignore[arg-type]
+        with pytest.raises(StorageError) as ei:
+            run(loc)
+    e = ei.value
+    assert type(e) is StorageError  # neither "not found" nor "exists"
+    assert e.path is not None and e.path.startswith(uri)
+    assert e.errno == error().errno  # type: ignore[operator]
+    assert faults.counts.get(op, 0) >= 1
+
+
+def test_a_failing_local_rename_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    old, new = (Location.parse(str(tmp_path / "dir")).child(n) for n in ("_metadata", "seg-2"))
+    old.publish(b"old")
+    with failing_renames(Faults()) as faults:
+        faults.rules = [fail({"rename"}, "/dir/", _eio)]
+        for loc, overwrite in ((old, True), (new, False)):
+            with pytest.raises(StorageError) as ei:
+                loc.publish(b"new", overwrite=overwrite, fsync=True)
+            assert type(ei.value) is StorageError
+            assert ei.value.path == loc.uri and ei.value.errno == errno.EIO
+    assert old.read_bytes() == b"old" and not new.exists()
+    assert os.listdir(tmp_path / "dir") == ["_metadata"]
