@@ -5,6 +5,7 @@ See ``docs/rescaling.md`` for the rules per edge type, with worked examples.
 
 from __future__ import annotations
 
+from spillover.rescale.build import rescaled_retriever
 from spillover.rescale.mappings import (
     FORCE_FORWARD_OPTION,
     MAX_PARALLELISM_UPPER_BOUND,
@@ -20,13 +21,8 @@ from spillover.rescale.mappings import (
     map_edge,
     replay_owner,
 )
-from spillover.rescale.retriever import (
-    FilteringRetriever,
-    OnEvent,
-    RecordStream,
-    ReplayBuffer,
-    rescaled_retriever,
-)
+from spillover.rescale.retriever import FilteringRetriever
+from spillover.rescale.streams import OnEvent, RecordStream, ReplayBuffer
 
 __all__ = [
     "FORCE_FORWARD_OPTION",
