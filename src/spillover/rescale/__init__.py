@@ -5,7 +5,16 @@ See ``docs/rescaling.md`` for the rules per edge type, with worked examples.
 
 from __future__ import annotations
 
-from spillover.rescale.build import rescaled_retriever
+from spillover.rescale.build import filter_retriever, rescaled_retriever
+from spillover.rescale.filters import (
+    Filter,
+    KeepAll,
+    KeyGroupFilter,
+    PartitionerChoice,
+    PartitionerFilter,
+    compose,
+    filter_from_dict,
+)
 from spillover.rescale.mappings import (
     FORCE_FORWARD_OPTION,
     MAX_PARALLELISM_UPPER_BOUND,
@@ -21,6 +30,7 @@ from spillover.rescale.mappings import (
     map_edge,
     replay_owner,
 )
+from spillover.rescale.pieces import Piece, Reference
 from spillover.rescale.retriever import FilteringRetriever
 from spillover.rescale.streams import OnEvent, RecordStream, ReplayBuffer
 
@@ -30,15 +40,25 @@ __all__ = [
     "ChannelSource",
     "EdgeMapping",
     "EdgeType",
+    "Filter",
     "Filtering",
     "FilteringRetriever",
+    "KeepAll",
+    "KeyGroupFilter",
     "OnEvent",
+    "PartitionerChoice",
+    "PartitionerFilter",
+    "Piece",
     "RecordStream",
+    "Reference",
     "ReplayBuffer",
     "RescaleMapping",
     "Side",
     "Target",
     "broadcast_source",
+    "compose",
+    "filter_from_dict",
+    "filter_retriever",
     "key_group_table",
     "map_edge",
     "replay_owner",

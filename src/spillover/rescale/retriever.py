@@ -41,7 +41,14 @@ from spillover.records import (
     PartitionerDemux,
     partitioner_name,
 )
-from spillover.rescale.pieces import missing_frames
+from spillover.rescale.filters import (
+    Filter,
+    KeepAll,
+    KeyGroupFilter,
+    PartitionerChoice,
+    PartitionerFilter,
+)
+from spillover.rescale.pieces import Piece, missing_frames
 from spillover.rescale.streams import (
     DEFAULT_KEY,
     OnEvent,
@@ -314,28 +321,19 @@ class FilteringRetriever:
         return self._counts[1] + sum(d.dropped for d in self._demuxes.values())
 
     @property
-    def filter(self) -> dict[str, Any]:
+    def filter(self) -> Filter:
         """What this retriever keeps, as a channel-state reference records it
-        (docs/format.md): ``{"kind": "none"}``, ``"key_groups"`` or ``"partitioner"``."""
+        (docs/format.md)."""
         key = self._demux_args.get("key")
         if self._keep_all:
-            return {"kind": "none"}
+            return KeepAll()
         if self._partitioner is not None and isinstance(key, FieldKey):
-            return {
-                "kind": "partitioner",
-                "name": partitioner_name(self._partitioner),
-                "index": self._partition[0],
-                "parallelism": self._partition[1],
-                "key_offset": key.offset,
-            }
+            index, n = self._partition
+            name = partitioner_name(self._partitioner)
+            return PartitionerFilter((PartitionerChoice(name, index, n, key.offset),))
         if self._range is not None and isinstance(key, FieldKey) and key.type == "int64":
-            return {
-                "kind": "key_groups",
-                "start": self._range.start,
-                "end": self._range.end,
-                "max_parallelism": int(self._demux_args["max_parallelism"]),
-                "key_offset": key.offset,
-            }
+            max_p = int(self._demux_args["max_parallelism"])
+            return KeyGroupFilter(self._range.start, self._range.end, max_p, key.offset)
         raise ConfigError("only a key-group range, a partitioner or coalesce can be referenced")
 
     def cut(self) -> list[ReplayBuffer]:
@@ -353,20 +351,24 @@ class FilteringRetriever:
             self._ready.clear()
         return out
 
-    def remainder(self) -> list[tuple[RecordStream, tuple[tuple[GateStateHandle, int, int], ...]]]:
-        """Per stream not replayed to its end, ``(stream, pieces)``: the pieces
-        ``(handle, channel, skip)`` from the first byte of the record it has begun
-        (after :meth:`cut`, everything before it was handed out or dropped)."""
+    def remainder(
+        self, held: Callable[[RecordStream], int] | None = None
+    ) -> list[tuple[RecordStream, tuple[Piece, ...]]]:
+        """Per stream not replayed to its end, ``(stream, pieces)``: its pieces from the
+        first byte of the record it has begun (after :meth:`cut`, everything before it
+        was handed out or dropped). ``held(stream)``: bytes of it the consumer holds in
+        a record it has begun and not finished (0 for this retriever's whole records)."""
         out = []
         for stream, fed in zip(self.streams, self._fed, strict=True):
             demux = self._demuxes.get(stream.channel)
             pos = sum(fed) - (demux.pending().get(self._key(stream), 0) if demux else 0)
+            pos -= held(stream) if held is not None else 0
             skips = stream.skips or (0,) * len(stream.pieces)
-            rest: list[tuple[GateStateHandle, int, int]] = []
+            rest: list[Piece] = []
             for (handle, channel), skip in zip(stream.pieces, skips, strict=True):
                 avail = handle.channels.get(channel, (0, 0))[1] - skip
                 if rest or pos < avail:
-                    rest.append((handle, channel, skip + max(pos, 0)))
+                    rest.append(Piece(handle, channel, skip + max(pos, 0)))
                 pos -= max(avail, 0)
             if rest:
                 out.append((stream, tuple(rest)))

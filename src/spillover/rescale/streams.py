@@ -3,6 +3,7 @@ pieces (:class:`RecordStream`) and a replayed buffer (:class:`ReplayBuffer`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -11,6 +12,7 @@ import numpy.typing as npt
 
 from spillover.errors import ConfigError
 from spillover.records import FieldKey
+from spillover.rescale.pieces import Piece
 from spillover.storage import DataType, GateStateHandle
 
 __all__ = ["DEFAULT_KEY", "OnEvent", "RecordStream", "ReplayBuffer"]
@@ -97,6 +99,24 @@ class RecordStream:
             raise ConfigError(f"bad old channel {self.old_upstream} -> {self.old_downstream}")
         if self.channel is not None and self.channel < 0:
             raise ConfigError(f"the new channel must be >= 0, got {self.channel}")
+
+    @classmethod
+    def of(
+        cls,
+        pieces: Iterable[Piece],
+        old_upstream: int,
+        old_downstream: int,
+        channel: int | None = None,
+    ) -> RecordStream:
+        """The stream of ``pieces`` (each with its skip), in order."""
+        ps = tuple(pieces)
+        return cls(
+            tuple((p.handle, p.channel) for p in ps),
+            old_upstream,
+            old_downstream,
+            channel,
+            skips=tuple(p.skip for p in ps),
+        )
 
     @property
     def name(self) -> str:

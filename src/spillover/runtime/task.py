@@ -72,6 +72,7 @@ from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.outputs import ChainOutput, NetworkOutput
 from spillover.runtime.recovery.channels import ChannelStateReplay
+from spillover.runtime.recovery.replay_plan import ReplayPlan
 from spillover.storage.handle import DataType
 
 __all__ = [
@@ -113,7 +114,7 @@ class TaskRestore:
     checkpoint_id: int
     operator_state: dict[str, Any] = field(default_factory=dict)
     keyed_handles: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    channel_state: dict[str, Any] = field(default_factory=dict)  # the replay plan
+    channel_state: ReplayPlan = field(default_factory=ReplayPlan)
     # Restored at another parallelism: every old subtask's state, per operator uid.
     rescaled_state: dict[str, list[Any]] = field(default_factory=dict)
     # The checkpoint recorded its operators as finished: they are not run again.

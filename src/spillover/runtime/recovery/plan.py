@@ -26,20 +26,17 @@ checkpoint with a missing or damaged file is refused whole, naming the file.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.records import partitioner_name
-from spillover.rescale import EdgeType, Side, map_edge
+from spillover.rescale import EdgeType, PartitionerFilter, Piece, Reference, Side, map_edge
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.graph import JobEdge, JobGraph
-from spillover.runtime.recovery.replay import (
-    filter_partitioners,
-    filtered_references_of,
-    references_of,
-)
+from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
 from spillover.runtime.task import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
 
@@ -168,8 +165,16 @@ def plan_restore(
     def channel(uid: str, j: int, side: str) -> list[dict[str, Any]]:
         return list((entry(uid, j).get("channel_state") or {}).get(side, []))
 
+    def references(uid: str, j: int) -> list[Reference]:
+        cs = entry(uid, j).get("channel_state") or {}
+        return [Reference.from_dict(r) for r in cs.get("references", [])]
+
+    def handle(uid: str, j: int, side: str, gate: int) -> GateStateHandle | None:
+        h = _find(channel(uid, j, side), gate)
+        return GateStateHandle.from_dict(h) if h is not None else None
+
     plans: dict[tuple[str, int], TaskRestore] = {}
-    to_check: list[dict[str, Any]] = []
+    to_check: list[GateStateHandle] = []
     for uid, nv in new.items():
         ov = old.get(uid)
         p_new = nv["parallelism"]
@@ -190,35 +195,29 @@ def plan_restore(
                 keyed = [entry(uid, j).get("keyed", {}).get(node) for j in range(p_old)]
                 if any(k is not None for k in keyed):
                     r.keyed_handles[node] = [k for k in keyed if k is not None]
-            plan: dict[str, Any] = {"outputs": [], "inputs": [], "rescaled": []}
+            outputs: list[GateStateHandle] = []
+            inputs: list[GateStateHandle] = []
+            refs: list[Reference] = []
+            rescaled: list[RescaledInput] = []
             if not ignore_inflight:
                 for part, target in enumerate(nv["outputs"]):
                     tv, to = new[target], old.get(target)
                     if to is not None and p_old == p_new and to["parallelism"] == tv["parallelism"]:
-                        h = _find(channel(uid, i, "output"), part)
+                        h = handle(uid, i, "output", part)
                         if h is not None:
-                            plan["outputs"].append(h)
+                            outputs.append(h)
                 for k, spec in enumerate(nv["inputs"]):
                     src = spec["source"]
                     so, sn = old.get(src), new[src]
                     if so is None:
                         continue
                     if p_old == p_new and so["parallelism"] == sn["parallelism"]:
-                        h = _find(channel(uid, i, "input"), k)
+                        h = handle(uid, i, "input", k)
                         if h is not None:
-                            plan["inputs"].append(h)
-                        refs = [
-                            r
-                            for r in (entry(uid, i).get("channel_state") or {}).get(
-                                "references", []
-                            )
-                            if int(r["gate"]) == k
-                        ]
-                        plan.setdefault("references", []).extend(refs)
-                        to_check += [p["handle"] for r in refs for p in r["pieces"]]
-                        _check_partitioner(
-                            cid, uid, k, edges[uid][k], [r["filter"] for r in refs if "filter" in r]
-                        )
+                            inputs.append(h)
+                        mine = [r for r in references(uid, i) if r.gate == k]
+                        refs += mine
+                        _check_partitioner(cid, uid, k, edges[uid][k], mine)
                         continue
                     mapping = map_edge(
                         _edge_type(spec["kind"], force_forward),
@@ -229,50 +228,36 @@ def plan_restore(
                         max_parallelism=g.max_parallelism,
                         force=force_forward,
                     )
-                    ins = {d: _find(channel(uid, d, "input"), k) for d in range(p_old)}
-                    outs = {
-                        u: _find(channel(src, u, "output"), spec["partition"])
-                        for u in range(so["parallelism"])
-                    }
-                    to_check += [h for h in [*ins.values(), *outs.values()] if h is not None]
-                    in_refs = {
-                        d: references_of(entry(uid, d).get("channel_state"), k)
-                        for d in range(p_old)
-                    }
                     # Streams the old subtasks referenced with a filter, replayed first: an
                     # old subtask's go where its input state goes (the mapping), then
                     # the new subtask's own filter applies on top.
-                    in_filtered = [
-                        f
+                    in_filtered = tuple(
+                        r
                         for d in mapping.side(Side.INPUT).old_subtasks(i)
-                        for f in filtered_references_of(entry(uid, d).get("channel_state"), k)
-                    ]
-                    to_check += [
-                        p.handle.to_dict()
-                        for r in in_refs.values()
-                        for ps in r.values()
-                        for p in ps
-                    ] + [p.handle.to_dict() for ps, _ in in_filtered for p in ps]
-                    _check_partitioner(cid, uid, k, edges[uid][k], [f for _, f in in_filtered])
-                    plan["rescaled"].append(
-                        {
-                            "edge": k,
-                            "mapping": mapping,
-                            "input_handles": {
-                                d: GateStateHandle.from_dict(h) if h else None
-                                for d, h in ins.items()
-                            },
-                            "output_handles": {
-                                u: GateStateHandle.from_dict(h) if h else None
-                                for u, h in outs.items()
-                            },
-                            "key_offset": spec["key_offset"],
-                            "input_references": in_refs,
-                            "filtered_references": in_filtered,
-                        }
+                        for r in references(uid, d)
+                        if r.gate == k and r.filter is not None
                     )
-            to_check += plan["outputs"] + plan["inputs"]
-            r.channel_state = plan
+                    _check_partitioner(cid, uid, k, edges[uid][k], in_filtered)
+                    rescaled.append(
+                        RescaledInput(
+                            gate=k,
+                            mapping=mapping,
+                            input_handles={d: handle(uid, d, "input", k) for d in range(p_old)},
+                            output_handles={
+                                u: handle(src, u, "output", spec["partition"])
+                                for u in range(so["parallelism"])
+                            },
+                            key_offset=spec["key_offset"],
+                            input_references={
+                                d: _unfiltered(references(uid, d), k) for d in range(p_old)
+                            },
+                            filtered_references=in_filtered,
+                        )
+                    )
+            r.channel_state = ReplayPlan(
+                tuple(outputs), tuple(inputs), tuple(refs), tuple(rescaled)
+            )
+            to_check += r.channel_state.handles
             plans[(uid, i)] = r
     if validate:
         _validate(
@@ -281,12 +266,21 @@ def plan_restore(
     return plans
 
 
+def _unfiltered(refs: list[Reference], gate: int) -> dict[int, tuple[Piece, ...]]:
+    """``{input channel: pieces}`` of the unfiltered references of one gate."""
+    out: dict[int, tuple[Piece, ...]] = {}
+    for ref in refs:
+        if ref.gate == gate and ref.filter is None:
+            out[ref.channel] = out.get(ref.channel, ()) + ref.pieces
+    return out
+
+
 def _check_partitioner(
-    cid: int, uid: str, gate: int, edge: JobEdge, filters: list[dict[str, Any]]
+    cid: int, uid: str, gate: int, edge: JobEdge, refs: Sequence[Reference]
 ) -> None:
     """Refuses, before anything starts, references filtered by a custom partitioner
     other than the one the edge has now: replay could not tell which records to keep."""
-    names = set().union(*map(filter_partitioners, filters))
+    names = {n for r in refs if isinstance(r.filter, PartitionerFilter) for n in r.filter.names}
     have = partitioner_name(edge.partitioner) if edge.partitioner is not None else None
     if names and names != {have}:
         raise ConfigError(
@@ -298,17 +292,18 @@ def _check_partitioner(
         )
 
 
-def _validate(cid: int, channel_handles: list[dict[str, Any]], keyed: list[dict[str, Any]]) -> None:
+def _validate(
+    cid: int, channel_handles: list[GateStateHandle], keyed: list[dict[str, Any]]
+) -> None:
     """Opens every file the restore will read; refuses the checkpoint on the first bad one."""
     seen: set[tuple[str, int]] = set()
     for h in channel_handles:
         # Gates of several subtasks may share a file: each section is checked once.
-        key = (h["uri"], h.get("offset") or 0)
-        if key in seen:
+        if h.key in seen:
             continue
-        seen.add(key)
+        seen.add(h.key)
         try:
-            open_retriever(GateStateHandle.from_dict(h)).close()
+            open_retriever(h).close()
         except SpilloverError as e:
             raise type(e)(
                 f"checkpoint {cid} cannot be restored: {e.message}",
@@ -317,8 +312,8 @@ def _validate(cid: int, channel_handles: list[dict[str, Any]], keyed: list[dict[
                 detail=e.detail,
                 hint="restore an older checkpoint, or restore without in-flight data",
             ) from e
-    for h in keyed:
-        for st in h.get("states", []):
+    for k in keyed:
+        for st in k.get("states", []):
             uri = st["uri"]
             if "://" not in uri and not os.path.exists(uri):
                 raise StorageError(
