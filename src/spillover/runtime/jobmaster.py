@@ -26,8 +26,8 @@ from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobevents import LeaseError
 from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.recovery.plan import plan_restore
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
-from spillover.runtime.task import TaskRestore
 from spillover.runtime.wiring import checkpoint_storage
 from spillover.storage.location import Location
 

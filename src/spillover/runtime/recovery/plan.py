@@ -37,7 +37,7 @@ from spillover.rescale import EdgeType, PartitionerFilter, Piece, Reference, Sid
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.graph import JobEdge, JobGraph
 from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
-from spillover.runtime.task import TaskRestore
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
 
 _EDGE_TYPES = {
@@ -184,17 +184,19 @@ def plan_restore(
         was_finished = [bool(entry(uid, j).get("finished")) for j in range(p_old)]
         fully = p_old > 0 and all(was_finished)
         for i in range(p_new):
-            r = TaskRestore(cid, finished=fully or (p_old == p_new and was_finished[i]))
+            own: dict[str, Any] = {}
+            rescaled_state: dict[str, list[Any]] = {}
+            keyed_handles: dict[str, list[dict[str, Any]]] = {}
             for node in nv["nodes"]:
                 states = [entry(uid, j).get("operators", {}).get(node) for j in range(p_old)]
                 if p_old == p_new:
                     if states[i] is not None:
-                        r.operator_state[node] = states[i]
+                        own[node] = states[i]
                 else:
-                    r.rescaled_state[node] = states
+                    rescaled_state[node] = states
                 keyed = [entry(uid, j).get("keyed", {}).get(node) for j in range(p_old)]
                 if any(k is not None for k in keyed):
-                    r.keyed_handles[node] = [k for k in keyed if k is not None]
+                    keyed_handles[node] = [k for k in keyed if k is not None]
             outputs: list[GateStateHandle] = []
             inputs: list[GateStateHandle] = []
             refs: list[Reference] = []
@@ -254,11 +256,16 @@ def plan_restore(
                             filtered_references=in_filtered,
                         )
                     )
-            r.channel_state = ReplayPlan(
-                tuple(outputs), tuple(inputs), tuple(refs), tuple(rescaled)
+            replay = ReplayPlan(tuple(outputs), tuple(inputs), tuple(refs), tuple(rescaled))
+            to_check += replay.handles
+            plans[(uid, i)] = TaskRestore(
+                cid,
+                operator_state=own,
+                keyed_handles=keyed_handles,
+                channel_state=replay,
+                rescaled_state=rescaled_state,
+                finished=fully or (p_old == p_new and was_finished[i]),
             )
-            to_check += r.channel_state.handles
-            plans[(uid, i)] = r
     if validate:
         _validate(
             cid, to_check, [h for r in plans.values() for v in r.keyed_handles.values() for h in v]
