@@ -297,6 +297,7 @@ def test_pass_through_references_go_where_their_old_subtask_goes(tmp_path: Path,
     import json
 
     from spillover.rescale import EdgeType, Side, map_edge
+    from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
     from spillover.runtime.graph import JobGraph
     from spillover.runtime.recovery.plan import plan_restore
 
@@ -318,7 +319,7 @@ def test_pass_through_references_go_where_their_old_subtask_goes(tmp_path: Path,
             {"gate": 0, "channel": 0, "pieces": [piece], "filter": {"kind": "none"}}
         )
     graph = JobGraph.build(build(spec, str(tmp_path / "out"), "job", new))
-    plans = plan_restore(meta, graph, validate=False)
+    plans = plan_restore(CheckpointMetadata.from_json(meta), graph, validate=False)
     replayed_by: dict[str, list[int]] = {"old-0": [], "old-1": []}
     for i in range(new):
         (edge,) = plans[("parquet-sink", i)].channel_state.rescaled

@@ -35,6 +35,12 @@ from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.records import partitioner_name
 from spillover.rescale import EdgeType, PartitionerFilter, Piece, Reference, Side, map_edge
 from spillover.runtime.api import EdgeKind
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    CheckpointMetadata,
+    InputInfo,
+    SubtaskMeta,
+    VertexInfo,
+)
 from spillover.runtime.graph import JobEdge, JobGraph
 from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
 from spillover.runtime.recovery.restore import TaskRestore
@@ -61,44 +67,45 @@ def _edge_type(kind: str, force_forward: bool) -> EdgeType:
     return edge_type
 
 
-def graph_info(g: JobGraph) -> dict[str, Any]:
+def vertex_infos(g: JobGraph) -> dict[str, VertexInfo]:
     """What a checkpoint must remember of the graph to be restored into another one."""
-    vertices: dict[str, Any] = {}
+    vertices: dict[str, VertexInfo] = {}
     for v in g.vertices:
         outs = [e for e in g.edges if e.source == v.id]
         ins = sorted(g.inputs_of(v.id), key=lambda e: e.input_index)
-        vertices[v.uid] = {
-            "parallelism": v.parallelism,
-            "nodes": [n.uid for n in v.nodes],
-            "inputs": [
-                {
-                    "source": g.vertices[e.source].uid,
-                    "kind": e.kind.value,
-                    "input_index": e.input_index,
-                    "key_field": e.key_field,
-                    "key_offset": (
+        vertices[v.uid] = VertexInfo(
+            parallelism=v.parallelism,
+            nodes=tuple(n.uid for n in v.nodes),
+            inputs=tuple(
+                InputInfo(
+                    source=g.vertices[e.source].uid,
+                    kind=e.kind.value,
+                    input_index=e.input_index,
+                    key_field=e.key_field,
+                    key_offset=(
                         int(np.dtype(e.dtype).fields[e.key_field][1]) if e.key_field else None
                     ),
                     # the edge's result partition among the source's partitions
-                    "partition": [x for x in g.edges if x.source == e.source].index(e),
+                    partition=[x for x in g.edges if x.source == e.source].index(e),
                     # a loop's feedback edge: not a predecessor for checkpoint roots
-                    **({"feedback": True} if e.feedback else {}),
-                }
+                    feedback=e.feedback,
+                )
                 for e in ins
-            ],
-            "outputs": [g.vertices[e.target].uid for e in outs],
-            **({"loop": v.loop} if v.loop is not None else {}),
-            **({"iteration_head": True} if v.is_iteration_head else {}),
-        }
-    return {"vertices": vertices}
+            ),
+            outputs=tuple(g.vertices[e.target].uid for e in outs),
+            loop=v.loop,
+            iteration_head=v.is_iteration_head,
+        )
+    return vertices
 
 
-def _find(handles: list[dict[str, Any]], gate: int) -> dict[str, Any] | None:
-    return next((h for h in handles if h["gate_id"] == gate), None)
+def graph_info(g: JobGraph) -> dict[str, Any]:
+    """:func:`vertex_infos` as the checkpoint metadata holds it (the coordinator's)."""
+    return {"vertices": {uid: v.to_json() for uid, v in vertex_infos(g).items()}}
 
 
 def plan_restore(
-    meta: dict[str, Any],
+    meta: CheckpointMetadata,
     g: JobGraph,
     *,
     allow_non_restored_state: bool = False,
@@ -108,19 +115,18 @@ def plan_restore(
 ) -> dict[tuple[str, int], TaskRestore]:
     """Per new subtask ``(vertex uid, index)``, what it restores; raises when the
     checkpoint does not fit the job (and nothing is started)."""
-    cid = int(meta["checkpoint_id"])
-    settings = meta.get("settings", {})
-    if settings.get("max-parallelism") != g.max_parallelism:
+    cid = meta.checkpoint_id
+    if meta.max_parallelism != g.max_parallelism:
         raise ConfigError(
             "max parallelism changed",
-            detail=f"checkpoint {cid} was taken with {settings.get('max-parallelism')}, "
+            detail=f"checkpoint {cid} was taken with {meta.max_parallelism}, "
             f"the job has {g.max_parallelism}",
             hint="keep pipeline.max-parallelism unchanged across restores: it fixes key groups",
         )
-    old = meta.get("graph", {}).get("vertices")
+    old = meta.graph
     if old is None:
         raise ConfigError(f"checkpoint {cid} does not describe its job graph")
-    new = graph_info(g)["vertices"]
+    new = vertex_infos(g)
     gone = sorted(set(old) - set(new))
     if gone and not allow_non_restored_state:
         raise ConfigError(
@@ -133,17 +139,14 @@ def plan_restore(
         ov = old.get(uid)
         if ov is None:
             continue
-        if ov["nodes"] != nv["nodes"]:
+        if ov.nodes != nv.nodes:
             raise ConfigError(
                 f"the chain of {uid!r} changed",
-                detail=f"checkpoint {ov['nodes']}, job {nv['nodes']}",
+                detail=f"checkpoint {list(ov.nodes)}, job {list(nv.nodes)}",
                 hint="keep the operators between network edges as they were",
             )
-        sig = [(i["source"], i["kind"], i["input_index"], i["key_field"]) for i in nv["inputs"]]
-        if sig != [
-            (i["source"], i["kind"], i["input_index"], i["key_field"]) for i in ov["inputs"]
-        ]:
-            if meta.get("tasks", {}).get(uid, {}).get("finished") == "fully":
+        if [i.signature for i in nv.inputs] != [i.signature for i in ov.inputs]:
+            if meta.operator(uid).finished == "fully":
                 raise ConfigError(
                     f"operator {uid!r} finished in checkpoint {cid}, and the job gives it "
                     "other inputs",
@@ -156,45 +159,40 @@ def plan_restore(
                 f"the inputs of {uid!r} changed since the checkpoint",
                 hint="restore into the same topology (parallelism may change)",
             )
-    tasks = meta["tasks"]
     edges = {v.uid: sorted(g.inputs_of(v.id), key=lambda e: e.input_index) for v in g.vertices}
 
-    def entry(uid: str, j: int) -> dict[str, Any]:
-        return tasks.get(uid, {}).get("subtasks", {}).get(str(j), {})  # type: ignore[no-any-return]
+    def entry(uid: str, j: int) -> SubtaskMeta:
+        return meta.operator(uid).subtask(j)
 
-    def channel(uid: str, j: int, side: str) -> list[dict[str, Any]]:
-        return list((entry(uid, j).get("channel_state") or {}).get(side, []))
-
-    def references(uid: str, j: int) -> list[Reference]:
-        cs = entry(uid, j).get("channel_state") or {}
-        return [Reference.from_dict(r) for r in cs.get("references", [])]
+    def references(uid: str, j: int) -> tuple[Reference, ...]:
+        return entry(uid, j).references
 
     def handle(uid: str, j: int, side: str, gate: int) -> GateStateHandle | None:
-        h = _find(channel(uid, j, side), gate)
-        return GateStateHandle.from_dict(h) if h is not None else None
+        cs = entry(uid, j).channel_state
+        return cs.gate(side, gate) if cs is not None else None
 
     plans: dict[tuple[str, int], TaskRestore] = {}
     to_check: list[GateStateHandle] = []
     for uid, nv in new.items():
         ov = old.get(uid)
-        p_new = nv["parallelism"]
+        p_new = nv.parallelism
         if ov is None:
             continue  # a new operator starts empty
-        p_old = ov["parallelism"]
-        was_finished = [bool(entry(uid, j).get("finished")) for j in range(p_old)]
+        p_old = ov.parallelism
+        was_finished = [entry(uid, j).finished for j in range(p_old)]
         fully = p_old > 0 and all(was_finished)
         for i in range(p_new):
             own: dict[str, Any] = {}
             rescaled_state: dict[str, list[Any]] = {}
             keyed_handles: dict[str, list[dict[str, Any]]] = {}
-            for node in nv["nodes"]:
-                states = [entry(uid, j).get("operators", {}).get(node) for j in range(p_old)]
+            for node in nv.nodes:
+                states = [entry(uid, j).operators.get(node) for j in range(p_old)]
                 if p_old == p_new:
                     if states[i] is not None:
                         own[node] = states[i]
                 else:
                     rescaled_state[node] = states
-                keyed = [entry(uid, j).get("keyed", {}).get(node) for j in range(p_old)]
+                keyed = [entry(uid, j).keyed.get(node) for j in range(p_old)]
                 if any(k is not None for k in keyed):
                     keyed_handles[node] = [k for k in keyed if k is not None]
             outputs: list[GateStateHandle] = []
@@ -202,18 +200,18 @@ def plan_restore(
             refs: list[Reference] = []
             rescaled: list[RescaledInput] = []
             if not ignore_inflight:
-                for part, target in enumerate(nv["outputs"]):
+                for part, target in enumerate(nv.outputs):
                     tv, to = new[target], old.get(target)
-                    if to is not None and p_old == p_new and to["parallelism"] == tv["parallelism"]:
+                    if to is not None and p_old == p_new and to.parallelism == tv.parallelism:
                         h = handle(uid, i, "output", part)
                         if h is not None:
                             outputs.append(h)
-                for k, spec in enumerate(nv["inputs"]):
-                    src = spec["source"]
+                for k, spec in enumerate(nv.inputs):
+                    src = spec.source
                     so, sn = old.get(src), new[src]
                     if so is None:
                         continue
-                    if p_old == p_new and so["parallelism"] == sn["parallelism"]:
+                    if p_old == p_new and so.parallelism == sn.parallelism:
                         h = handle(uid, i, "input", k)
                         if h is not None:
                             inputs.append(h)
@@ -222,10 +220,10 @@ def plan_restore(
                         _check_partitioner(cid, uid, k, edges[uid][k], mine)
                         continue
                     mapping = map_edge(
-                        _edge_type(spec["kind"], force_forward),
-                        old_upstream=so["parallelism"],
+                        _edge_type(spec.kind, force_forward),
+                        old_upstream=so.parallelism,
                         old_downstream=p_old,
-                        new_upstream=sn["parallelism"],
+                        new_upstream=sn.parallelism,
                         new_downstream=p_new,
                         max_parallelism=g.max_parallelism,
                         force=force_forward,
@@ -246,10 +244,10 @@ def plan_restore(
                             mapping=mapping,
                             input_handles={d: handle(uid, d, "input", k) for d in range(p_old)},
                             output_handles={
-                                u: handle(src, u, "output", spec["partition"])
-                                for u in range(so["parallelism"])
+                                u: handle(src, u, "output", spec.partition)
+                                for u in range(so.parallelism)
                             },
-                            key_offset=spec["key_offset"],
+                            key_offset=spec.key_offset,
                             input_references={
                                 d: _unfiltered(references(uid, d), k) for d in range(p_old)
                             },
@@ -273,7 +271,7 @@ def plan_restore(
     return plans
 
 
-def _unfiltered(refs: list[Reference], gate: int) -> dict[int, tuple[Piece, ...]]:
+def _unfiltered(refs: Sequence[Reference], gate: int) -> dict[int, tuple[Piece, ...]]:
     """``{input channel: pieces}`` of the unfiltered references of one gate."""
     out: dict[int, tuple[Piece, ...]] = {}
     for ref in refs:
