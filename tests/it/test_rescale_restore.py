@@ -276,7 +276,7 @@ def test_references_filtered_by_another_partitioner_are_refused_up_front(
     st["channel_state"] = st.get("channel_state") or {}
     part = {"name": "elsewhere.other", "index": 0, "parallelism": 3, "key_offset": 0}
     st["channel_state"].setdefault("references", []).append(
-        {"gate": 0, "pieces": [], "filter": {"kind": "partitioner", **part}}
+        {"gate": 0, "channel": 0, "pieces": [], "filter": {"kind": "partitioner", **part}}
     )
     meta_path.write_text(json.dumps(meta))
     out = tmp_path / "out-restored"
@@ -297,6 +297,7 @@ def test_pass_through_references_go_where_their_old_subtask_goes(tmp_path: Path,
     import json
 
     from spillover.rescale import EdgeType, Side, map_edge
+    from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
     from spillover.runtime.graph import JobGraph
     from spillover.runtime.recovery.plan import plan_restore
 
@@ -315,15 +316,15 @@ def test_pass_through_references_go_where_their_old_subtask_goes(tmp_path: Path,
         piece = {"handle": {**handle, "uri": f"old-{d}"}, "channel": 0, "skip": 0}
         state = sink[d]["channel_state"] = sink[d].get("channel_state") or {}
         state.setdefault("references", []).append(
-            {"gate": 0, "pieces": [piece], "filter": {"kind": "none"}}
+            {"gate": 0, "channel": 0, "pieces": [piece], "filter": {"kind": "none"}}
         )
     graph = JobGraph.build(build(spec, str(tmp_path / "out"), "job", new))
-    plans = plan_restore(meta, graph, validate=False)
+    plans = plan_restore(CheckpointMetadata.from_json(meta), graph, validate=False)
     replayed_by: dict[str, list[int]] = {"old-0": [], "old-1": []}
     for i in range(new):
-        (edge,) = plans[("parquet-sink", i)].channel_state["rescaled"]
-        for pieces, _flt in edge["filtered_references"]:
-            for p in pieces:
+        (edge,) = plans[("parquet-sink", i)].channel_state.rescaled
+        for ref in edge.filtered_references:
+            for p in ref.pieces:
                 replayed_by[p.handle.uri].append(i)
     m = map_edge(
         EdgeType.REBALANCE,

@@ -10,7 +10,8 @@ import traceback
 
 from spillover.runtime.checkpointing.messages import StopSource, Terminate
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
-from spillover.runtime.task import Task, TaskCancelled, TaskRestore
+from spillover.runtime.recovery.restore import TaskRestore
+from spillover.runtime.task import Task, TaskCancelled
 from spillover.runtime.wiring import build_tasks, make_coordinator, settle
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from spillover.deploy.spark.runner import SparkExecutor as _WorkerMaster
 from spillover.deploy.spark.runner import WorkerLostError, _SparkAttempt
 from spillover.deploy.spark.worker import WorkerSpec
 from spillover.runtime.graph import JobGraph, StreamEnvironment
-from spillover.runtime.task import TaskRestore
+from spillover.runtime.recovery.restore import TaskRestore
 
 __all__ = ["ProcessExecutor"]
 

@@ -5,6 +5,16 @@ See ``docs/rescaling.md`` for the rules per edge type, with worked examples.
 
 from __future__ import annotations
 
+from spillover.rescale.build import filter_retriever, rescaled_retriever
+from spillover.rescale.filters import (
+    Filter,
+    KeepAll,
+    KeyGroupFilter,
+    PartitionerChoice,
+    PartitionerFilter,
+    compose,
+    filter_from_dict,
+)
 from spillover.rescale.mappings import (
     FORCE_FORWARD_OPTION,
     MAX_PARALLELISM_UPPER_BOUND,
@@ -20,13 +30,9 @@ from spillover.rescale.mappings import (
     map_edge,
     replay_owner,
 )
-from spillover.rescale.retriever import (
-    FilteringRetriever,
-    OnEvent,
-    RecordStream,
-    ReplayBuffer,
-    rescaled_retriever,
-)
+from spillover.rescale.pieces import Piece, Reference
+from spillover.rescale.retriever import FilteringRetriever
+from spillover.rescale.streams import OnEvent, RecordStream, ReplayBuffer
 
 __all__ = [
     "FORCE_FORWARD_OPTION",
@@ -34,15 +40,25 @@ __all__ = [
     "ChannelSource",
     "EdgeMapping",
     "EdgeType",
+    "Filter",
     "Filtering",
     "FilteringRetriever",
+    "KeepAll",
+    "KeyGroupFilter",
     "OnEvent",
+    "PartitionerChoice",
+    "PartitionerFilter",
+    "Piece",
     "RecordStream",
+    "Reference",
     "ReplayBuffer",
     "RescaleMapping",
     "Side",
     "Target",
     "broadcast_source",
+    "compose",
+    "filter_from_dict",
+    "filter_retriever",
     "key_group_table",
     "map_edge",
     "replay_owner",

@@ -1,8 +1,8 @@
 """Pieces of old channel state: the frames of one channel in one state file, less
-a skipped head, as checkpoints taken during a replay reference them and as both
-replays (a restored task's own state, and the filtering retriever of a rescale)
-read them; and the one error for a file that holds fewer of them than its handle
-says."""
+a skipped head, as checkpoints taken during a replay reference them and as the
+filtering retriever (the one replay of pieces) reads them; a :class:`Reference`, one
+input channel's pieces still to replay with the filter they are kept by; and the one
+error for a file that holds fewer frames than its handle says."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from spillover.errors import CorruptHeaderError, FormatError
+from spillover.rescale.filters import Filter, filter_from_dict
 from spillover.storage import GateStateHandle
 
-__all__ = ["Piece", "missing_frames"]
+__all__ = ["Piece", "Reference", "missing_frames"]
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Piece:
     """Frames of one channel in one state file, less the first ``skip`` bytes."""
 
@@ -30,13 +31,53 @@ class Piece:
         return self.handle.channels.get(self.channel, (0, 0))[1]
 
     def to_dict(self) -> dict[str, Any]:
+        """The piece as docs/format.md gives it (inside a reference's ``pieces``)."""
         return {"handle": self.handle.to_dict(), "channel": self.channel, "skip": self.skip}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Piece:
+    def from_dict(cls, d: Any) -> Piece:
+        """A piece as :meth:`to_dict` wrote it; :class:`FormatError` when malformed."""
         try:
             return cls(GateStateHandle.from_dict(d["handle"]), int(d["channel"]), int(d["skip"]))
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:
+            raise FormatError("malformed channel-state reference", detail=str(e)) from e
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """Input channel ``channel`` of gate ``gate`` still has ``pieces`` to replay, in
+    order. With a ``filter`` it is one old channel's stream of a rescaled replay
+    (``channel`` is only the one it was replayed on), kept by that filter; without,
+    the channel's own recovered state, ahead of its file in the checkpoint."""
+
+    gate: int
+    channel: int
+    pieces: tuple[Piece, ...]
+    filter: Filter | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reference as docs/format.md gives it (a subtask's ``references``)."""
+        d: dict[str, Any] = {
+            "gate": self.gate,
+            "channel": self.channel,
+            "pieces": [p.to_dict() for p in self.pieces],
+        }
+        if self.filter is not None:
+            d["filter"] = self.filter.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Reference:
+        """A reference as :meth:`to_dict` wrote it; :class:`FormatError` when malformed."""
+        try:
+            flt = d.get("filter")
+            return cls(
+                int(d["gate"]),
+                int(d["channel"]),
+                tuple(Piece.from_dict(p) for p in d["pieces"]),
+                filter_from_dict(flt) if flt is not None else None,
+            )
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:
             raise FormatError("malformed channel-state reference", detail=str(e)) from e
 
 

@@ -1,14 +1,14 @@
-"""Stream old channels' in-flight records back to one new subtask, filtered by key group.
+"""Stream old channels' in-flight records back to one new subtask, filtered.
 
 After a rescale, a new subtask replays the in-flight records of the old
 channels the mapping gives it, keeping only its own. Each old channel is a
-:class:`RecordStream`: the downstream's input piece, then the upstream's
-output piece, one byte stream in which a record may be cut anywhere, between
-the pieces too. :class:`FilteringRetriever` reads the pieces lazily, one open
-state file at a time, routes whole records by key group with the native
-:class:`~spillover.records.KeyGroupDemux` (per old channel, so cut records
-are joined again), and hands out full network buffers per new channel.
-:func:`rescaled_retriever` builds one from an :class:`EdgeMapping`. See
+:class:`~spillover.rescale.streams.RecordStream`: the downstream's input piece,
+then the upstream's output piece, one byte stream in which a record may be cut
+anywhere, between the pieces too. :class:`FilteringRetriever` reads the pieces
+lazily, one open state file at a time, routes whole records by key group (or by
+a custom partitioner) with the native demultiplexers (per old channel, so cut
+records are joined again), and hands out full network buffers per new channel.
+``build.py`` makes one from an edge mapping or from a typed filter. See
 ``docs/rescaling.md``, section "Filtering retriever".
 
 One module for one pipeline (open pieces in order, join cut records, filter,
@@ -19,9 +19,8 @@ together.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +31,7 @@ from spillover.errors import (
     CorruptRecordError,
     RescaleError,
 )
-from spillover.keygroups import KeyGroupRange, check_max_parallelism, key_group_range_for_operator
+from spillover.keygroups import KeyGroupRange, check_max_parallelism
 from spillover.records import (
     DEFAULT_BUFFER_SIZE,
     MAX_RECORD_SIZE,
@@ -42,12 +41,25 @@ from spillover.records import (
     PartitionerDemux,
     partitioner_name,
 )
-from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
-from spillover.rescale.pieces import missing_frames
+from spillover.rescale.filters import (
+    Filter,
+    KeepAll,
+    KeyGroupFilter,
+    PartitionerChoice,
+    PartitionerFilter,
+)
+from spillover.rescale.pieces import Piece, missing_frames
+from spillover.rescale.streams import (
+    DEFAULT_KEY,
+    OnEvent,
+    RecordStream,
+    ReplayBuffer,
+    frames_in,
+    replay_buffer,
+)
 from spillover.storage import (
     DataType,
     FrameArrays,
-    GateKind,
     GateStateHandle,
     RetrievedBuffer,
     Retriever,
@@ -55,113 +67,7 @@ from spillover.storage import (
     open_retriever,
 )
 
-__all__ = [
-    "FilteringRetriever",
-    "OnEvent",
-    "RecordStream",
-    "ReplayBuffer",
-    "rescaled_retriever",
-]
-
-DEFAULT_KEY = FieldKey(0, "int64")
-"""The key both builders assume unless told: a little-endian int64 at the start of each record."""
-
-OnEvent = Literal["refuse", "forward"]
-"""What a retriever does with an event buffer found in channel state (see the class)."""
-
-
-class ReplayBuffer(np.ndarray[Any, np.dtype[np.uint8]]):
-    """One buffer to replay: a ``uint8`` array with the new ``channel_id`` and its ``data_type``.
-
-    Filtered buffers are new arrays; pass-through buffers and events are
-    read-only, zero-copy views of the read-ahead block they were read into
-    (holding one keeps that block alive, as with a ``RetrievedBuffer``).
-    """
-
-    channel_id: int
-    data_type: DataType
-
-    def __array_finalize__(self, obj: npt.NDArray[Any] | None, /) -> None:
-        self.channel_id = getattr(obj, "channel_id", 0)
-        self.data_type = getattr(obj, "data_type", DataType.DATA)
-
-    @property
-    def is_event(self) -> bool:
-        """True for an event buffer, False for data."""
-        return self.data_type == DataType.EVENT
-
-
-def _replay(data: object, channel: int, data_type: DataType) -> ReplayBuffer:
-    if isinstance(data, np.ndarray):
-        arr: npt.NDArray[np.uint8] = data
-    else:
-        arr = np.frombuffer(data, dtype=np.uint8)  # type: ignore[call-overload]
-    out = arr.view(ReplayBuffer)
-    out.channel_id = channel
-    out.data_type = data_type
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class RecordStream:
-    """The in-flight records of one old channel ``old_upstream -> old_downstream``.
-
-    ``pieces`` are ``(state handle, channel id)`` in stream order, usually the
-    old downstream's input gate with channel ``old_upstream``, then the old
-    upstream's output gate with subpartition ``old_downstream``. Together they
-    start and end on a record boundary; a record may be cut anywhere in
-    between, also where one piece ends and the next begins. ``channel`` is the
-    new channel the stream's records are replayed on; ``None`` lets the
-    retriever's key-group table pick one per record.
-    """
-
-    pieces: tuple[tuple[GateStateHandle, int], ...]
-    old_upstream: int
-    old_downstream: int
-    channel: int | None = None
-    # Per piece, bytes of its channel to skip first (a reference to recovered state
-    # that was partly replayed when its checkpoint was taken); empty: none.
-    skips: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        pieces, skips = [], []
-        for piece in self.pieces:
-            pieces.append((piece[0], piece[1]))
-            skips.append(int(piece[2]) if len(piece) > 2 else 0)
-        if self.skips:
-            if len(self.skips) != len(pieces):
-                raise ConfigError("skips needs one entry per piece")
-            skips = [int(x) for x in self.skips]
-        object.__setattr__(self, "pieces", tuple(pieces))
-        object.__setattr__(self, "skips", tuple(skips) if any(skips) else ())
-        if any(x < 0 for x in skips):
-            raise ConfigError("a piece's skip must be >= 0")
-        for handle, channel in self.pieces:
-            if not isinstance(handle, GateStateHandle):
-                raise ConfigError(f"a piece needs a GateStateHandle, got {type(handle).__name__}")
-            if not 0 <= channel < 1 << 32:
-                raise ConfigError(f"a piece's channel id must fit in 32 bits, got {channel}")
-        if self.old_upstream < 0 or self.old_downstream < 0:
-            raise ConfigError(f"bad old channel {self.old_upstream} -> {self.old_downstream}")
-        if self.channel is not None and self.channel < 0:
-            raise ConfigError(f"the new channel must be >= 0, got {self.channel}")
-
-    @property
-    def name(self) -> str:
-        """``old channel u -> d``, for reports."""
-        return f"old channel {self.old_upstream} -> {self.old_downstream}"
-
-    def describe(self) -> str:
-        """The stream and its pieces in one line, for error messages."""
-        pieces = "; ".join(f"{h.uri} channel {c}" for h, c in self.pieces) or "no pieces"
-        return f"{self.name} ({pieces})"
-
-
-def _frames_in(handle: GateStateHandle, channel: int) -> int | None:
-    """Frames the handle records for ``channel``; None when it has no per-channel counts."""
-    if sum(frames for frames, _ in handle.channels.values()) != handle.frame_count:
-        return None
-    return handle.channels.get(channel, (0, 0))[0]
+__all__ = ["FilteringRetriever"]
 
 
 def _table(
@@ -415,28 +321,19 @@ class FilteringRetriever:
         return self._counts[1] + sum(d.dropped for d in self._demuxes.values())
 
     @property
-    def filter(self) -> dict[str, Any]:
+    def filter(self) -> Filter:
         """What this retriever keeps, as a channel-state reference records it
-        (docs/format.md): ``{"kind": "none"}``, ``"key_groups"`` or ``"partitioner"``."""
+        (docs/format.md)."""
         key = self._demux_args.get("key")
         if self._keep_all:
-            return {"kind": "none"}
+            return KeepAll()
         if self._partitioner is not None and isinstance(key, FieldKey):
-            return {
-                "kind": "partitioner",
-                "name": partitioner_name(self._partitioner),
-                "index": self._partition[0],
-                "parallelism": self._partition[1],
-                "key_offset": key.offset,
-            }
+            index, n = self._partition
+            name = partitioner_name(self._partitioner)
+            return PartitionerFilter((PartitionerChoice(name, index, n, key.offset),))
         if self._range is not None and isinstance(key, FieldKey) and key.type == "int64":
-            return {
-                "kind": "key_groups",
-                "start": self._range.start,
-                "end": self._range.end,
-                "max_parallelism": int(self._demux_args["max_parallelism"]),
-                "key_offset": key.offset,
-            }
+            max_p = int(self._demux_args["max_parallelism"])
+            return KeyGroupFilter(self._range.start, self._range.end, max_p, key.offset)
         raise ConfigError("only a key-group range, a partitioner or coalesce can be referenced")
 
     def cut(self) -> list[ReplayBuffer]:
@@ -454,20 +351,24 @@ class FilteringRetriever:
             self._ready.clear()
         return out
 
-    def remainder(self) -> list[tuple[RecordStream, tuple[tuple[GateStateHandle, int, int], ...]]]:
-        """Per stream not replayed to its end, ``(stream, pieces)``: the pieces
-        ``(handle, channel, skip)`` from the first byte of the record it has begun
-        (after :meth:`cut`, everything before it was handed out or dropped)."""
+    def remainder(
+        self, held: Callable[[RecordStream], int] | None = None
+    ) -> list[tuple[RecordStream, tuple[Piece, ...]]]:
+        """Per stream not replayed to its end, ``(stream, pieces)``: its pieces from the
+        first byte of the record it has begun (after :meth:`cut`, everything before it
+        was handed out or dropped). ``held(stream)``: bytes of it the consumer holds in
+        a record it has begun and not finished (0 for this retriever's whole records)."""
         out = []
         for stream, fed in zip(self.streams, self._fed, strict=True):
             demux = self._demuxes.get(stream.channel)
             pos = sum(fed) - (demux.pending().get(self._key(stream), 0) if demux else 0)
+            pos -= held(stream) if held is not None else 0
             skips = stream.skips or (0,) * len(stream.pieces)
-            rest: list[tuple[GateStateHandle, int, int]] = []
+            rest: list[Piece] = []
             for (handle, channel), skip in zip(stream.pieces, skips, strict=True):
                 avail = handle.channels.get(channel, (0, 0))[1] - skip
                 if rest or pos < avail:
-                    rest.append((handle, channel, skip + max(pos, 0)))
+                    rest.append(Piece(handle, channel, skip + max(pos, 0)))
                 pos -= max(avail, 0)
             if rest:
                 out.append((stream, tuple(rest)))
@@ -510,7 +411,7 @@ class FilteringRetriever:
                     self._plan_skips[(len(plan) + list(files).index(handle.key), channel)] = (
                         stream.skips[phase]
                     )
-                n = _frames_in(handle, channel)
+                n = frames_in(handle, channel)
                 entry[2] = None if n is None or entry[2] is None else entry[2] + n
             plan += [(e[0], e[1], e[2], e[3]) for e in files.values()]
         return plan
@@ -655,7 +556,7 @@ class FilteringRetriever:
             self._end_stream()
             return
         handle, channel = stream.pieces[self._piece]
-        left = _frames_in(handle, channel)
+        left = frames_in(handle, channel)
         if left == 0:
             self._piece += 1
             return
@@ -713,7 +614,7 @@ class FilteringRetriever:
 
     def _emit(self, route: int | None, buffers: list[tuple[int, npt.NDArray[np.uint8]]]) -> None:
         for out, buf in buffers:
-            self._ready.append(_replay(buf, out if route is None else route, DataType.DATA))
+            self._ready.append(replay_buffer(buf, out if route is None else route, DataType.DATA))
 
     def _take(self, buf: RetrievedBuffer) -> None:
         self._take_frame(buf, buf.is_event, buf.offset)
@@ -727,7 +628,7 @@ class FilteringRetriever:
         if is_event:
             self._event(stream, buf, offset)
         elif self.pass_through:
-            self._ready.append(_replay(buf, stream.channel or 0, DataType.DATA))
+            self._ready.append(replay_buffer(buf, stream.channel or 0, DataType.DATA))
         else:
             try:
                 pairs = self._demux(stream.channel).push(buf, self._key(stream))
@@ -766,142 +667,4 @@ class FilteringRetriever:
             channels = [stream.channel or 0]
         else:
             channels = self._table_outputs
-        self._ready.extend(_replay(buf, c, DataType.EVENT) for c in channels)
-
-
-# ---- glue with the mappings ------------------------------------------------
-
-
-def _handle(
-    handles: Mapping[int, GateStateHandle | None], index: int, kind: GateKind, who: str
-) -> GateStateHandle | None:
-    if index not in handles:
-        raise RescaleError(
-            f"no state handle for old {who} {index}",
-            hint="pass None for a subtask that stored no in-flight data on this edge",
-        )
-    handle = handles[index]
-    if handle is not None and handle.gate_kind is not kind:
-        raise ConfigError(
-            f"old {who} {index}: expected an {kind.name.lower()} gate, "
-            f"got {handle.gate_kind.name.lower()} ({handle.uri})"
-        )
-    return handle
-
-
-def _stream_of(
-    mapping: EdgeMapping,
-    src: ChannelSource,
-    input_handles: Mapping[int, GateStateHandle | None],
-    output_handles: Mapping[int, GateStateHandle | None],
-    input_references: Mapping[int, Mapping[int, Any]] | None = None,
-) -> RecordStream:
-    if len(src.targets) != 1:
-        raise RescaleError(f"an input source needs one target, got {len(src.targets)}")
-    upstream, subpartition = mapping.output_piece_of(src)
-    pieces: list[tuple[GateStateHandle, int, int]] = []
-    # Recovered state the old downstream had not replayed yet comes first.
-    for ref in (input_references or {}).get(src.old_subtask, {}).get(src.old_channel, []):
-        pieces.append((ref.handle, ref.channel, ref.skip))
-    head = _handle(input_handles, src.old_subtask, GateKind.INPUT, "downstream")
-    if head is not None:
-        pieces.append((head, src.old_channel, 0))
-    tail = _handle(output_handles, upstream, GateKind.OUTPUT, "upstream")
-    if tail is not None:
-        pieces.append((tail, subpartition, 0))
-    return RecordStream(
-        tuple((h, c) for h, c, _ in pieces),
-        upstream,
-        src.old_subtask,
-        src.targets[0].channel,
-        skips=tuple(k for _, _, k in pieces),
-    )
-
-
-def rescaled_retriever(
-    mapping: EdgeMapping,
-    side: Side | str,
-    new_subtask: int,
-    *,
-    input_handles: Mapping[int, GateStateHandle | None],
-    output_handles: Mapping[int, GateStateHandle | None],
-    key: Key = DEFAULT_KEY,
-    buffer_size: int = DEFAULT_BUFFER_SIZE,
-    on_event: OnEvent = "refuse",
-    max_record_size: int = MAX_RECORD_SIZE,
-    filesystem: Any = None,
-    partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike] | None = None,
-    coalesce: bool = False,
-    input_references: Mapping[int, Mapping[int, Any]] | None = None,
-    **retriever_options: Any,
-) -> FilteringRetriever:
-    """The retriever of what new subtask ``new_subtask`` on ``side`` of an edge replays.
-
-    ``input_handles`` maps each old downstream subtask to its input gate's
-    handle for this edge, ``output_handles`` each old upstream subtask to its
-    output gate's handle (``None``: that subtask stored nothing there; a
-    missing subtask is an error). A new downstream reads each of its old
-    channels whole, input piece then output piece, on the new input channel
-    the mapping names; when every channel is taken whole the buffers pass
-    through unparsed, else records are kept by the subtask's key-group range.
-    A new upstream replays nothing (the retriever is empty).
-
-    ``input_references`` maps an old downstream to ``{channel: pieces}`` its
-    checkpoint referenced instead of storing (objects with ``handle``,
-    ``channel``, ``skip``; see ``spillover.runtime.recovery.replay``): they are read
-    before that channel's input piece. ``coalesce`` repacks whole channels into
-    ``buffer_size`` buffers (needed with references when nothing is filtered).
-    """
-    side = Side(side.strip().lower()) if isinstance(side, str) else side
-    rm = mapping.side(side)
-    if not 0 <= new_subtask < rm.new_parallelism:
-        raise ConfigError(
-            f"new subtask {new_subtask} out of range for parallelism {rm.new_parallelism}"
-        )
-    sources = rm.for_subtask(new_subtask)
-    streams = [
-        _stream_of(mapping, s, input_handles, output_handles, input_references) for s in sources
-    ]
-    common: dict[str, Any] = {
-        "n_outputs": rm.new_channels,
-        "on_event": on_event,
-        "filesystem": filesystem,
-        **retriever_options,
-    }
-    if all(s.filtering is Filtering.NONE for s in sources):
-        return FilteringRetriever(
-            streams, pass_through=True, coalesce=coalesce, buffer_size=buffer_size, **common
-        )
-    if any(s.filtering is Filtering.PARTITIONER for s in sources):
-        if partitioner is None:
-            raise RescaleError(
-                "channel state of a custom-partitioned edge needs its partitioner to be rescaled",
-                detail=f"new subtask {new_subtask} of {rm.new_parallelism}",
-                hint="pass partitioner=, the edge's partitioner",
-            )
-        return FilteringRetriever(
-            streams,
-            key=key,
-            buffer_size=buffer_size,
-            max_record_size=max_record_size,
-            partitioner=partitioner,
-            partition=new_subtask,
-            n_partitions=rm.new_parallelism,
-            **common,
-        )
-    # Key-group sources keep the intersection of their old range and this
-    # subtask's; whole ones lie inside it: one filter, this subtask's range.
-    mine = key_group_range_for_operator(mapping.max_parallelism, rm.new_parallelism, new_subtask)
-    for s in sources:
-        kgs = s.targets[0].key_groups
-        if kgs is not None and len(kgs) and not (mine.start <= kgs[0] and kgs[-1] <= mine.end):
-            raise RescaleError(f"mapping keeps key groups {kgs} outside {mine!r}")
-    return FilteringRetriever(
-        streams,
-        max_parallelism=mapping.max_parallelism,
-        key_group_table=mine,
-        key=key,
-        buffer_size=buffer_size,
-        max_record_size=max_record_size,
-        **common,
-    )
+        self._ready.extend(replay_buffer(buf, c, DataType.EVENT) for c in channels)

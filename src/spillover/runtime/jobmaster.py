@@ -19,6 +19,7 @@ from spillover.errors import ConfigError
 from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.batch.job import log_storage, run_batch
 from spillover.runtime.batch.launch import Launcher, LocalLauncher
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.failures import FailureInjector
@@ -26,8 +27,8 @@ from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobevents import LeaseError
 from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.recovery.plan import plan_restore
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
-from spillover.runtime.task import TaskRestore
 from spillover.runtime.wiring import checkpoint_storage
 from spillover.storage.location import Location
 
@@ -326,18 +327,20 @@ class Executor:
             sum(m.get(metric, 0.0) for k, m in run.task_metrics().items() if k.startswith(prefix))
         )
 
-    def _restore_point(self) -> dict[str, Any] | None:
+    def _restore_point(self) -> CheckpointMetadata | None:
         """The metadata of the checkpoint to restore: the one asked for (an id in this
         job's checkpoint directory, or a checkpoint directory's path), else the latest."""
         rc = self.restore_checkpoint
         if isinstance(rc, str):
-            return read_checkpoint(rc)
+            return CheckpointMetadata.from_json(read_checkpoint(rc), rc)
         if self.storage is None:
             return None
         if isinstance(rc, int):
-            return self.storage.read_metadata(rc)
+            return CheckpointMetadata.from_json(self.storage.read_metadata(rc), f"chk-{rc}")
         latest = self.storage.latest()
-        return latest.metadata if latest is not None else None
+        if latest is None:
+            return None
+        return CheckpointMetadata.from_json(latest.metadata, latest.path)
 
     def _use_graph(self, job: JobGraph | StreamEnvironment) -> None:
         """The job at other parallelisms, for the next attempt (a rescale policy's
@@ -352,10 +355,10 @@ class Executor:
             )
         self.graph = graph
 
-    def _plan(self, meta: dict[str, Any] | None) -> dict[tuple[str, int], TaskRestore] | None:
+    def _plan(self, meta: CheckpointMetadata | None) -> dict[tuple[str, int], TaskRestore] | None:
         if meta is None:
             return None
-        cid = int(meta["checkpoint_id"])
+        cid = meta.checkpoint_id
         return plan_restore(
             meta,
             self.graph,
@@ -499,11 +502,14 @@ class Executor:
                 cause = "resumed after its previous master ended"
                 if resume.checkpoint is not None:
                     assert self.storage is not None
-                    meta = first_meta = self.storage.read_metadata(resume.checkpoint.checkpoint_id)
+                    cp = resume.checkpoint
+                    meta = first_meta = CheckpointMetadata.from_json(
+                        self.storage.read_metadata(cp.checkpoint_id), cp.metadata_path
+                    )
                     self.retained_ids = [resume.checkpoint.checkpoint_id]  # the run's own
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         while True:
-            restored_id = int(meta["checkpoint_id"]) if meta is not None else None
+            restored_id = meta.checkpoint_id if meta is not None else None
             if restored_id is not None:
                 result.restored_from.append(restored_id)
             if recovery is not None:

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from spillover.errors import ConfigError, SpilloverError
-from spillover.runtime.checkpointing.metadata import CheckpointStorage, check_metadata
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.jobevents import (
     EVENTS_DIR,
     CheckpointCompleted,
@@ -176,8 +177,10 @@ class JobRecovery:
 
     def _check_present(self, cp: CheckpointCompleted) -> None:
         try:
-            meta = self.storage.read_metadata(cp.checkpoint_id)
-            check_metadata(meta, cp.metadata_path)
+            # read whole: a checkpoint whose metadata a restore cannot read is refused now
+            CheckpointMetadata.from_json(
+                self.storage.read_metadata(cp.checkpoint_id), cp.metadata_path
+            )
         except SpilloverError as e:
             raise ConfigError(
                 "the job's event log names a checkpoint that cannot be read",
@@ -202,11 +205,14 @@ class JobRecovery:
                 ", ".join(map(str, stale)),
             )
 
-    def latest_metadata(self) -> dict[str, object] | None:
+    def latest_metadata(self) -> CheckpointMetadata | None:
         """The metadata of the newest checkpoint of this run the log names, if any:
         what a failover within the run restores."""
         cp = self.log.replay().checkpoint if self.log is not None else None
-        return None if cp is None else self.storage.read_metadata(cp.checkpoint_id)
+        if cp is None:
+            return None
+        meta = self.storage.read_metadata(cp.checkpoint_id)
+        return CheckpointMetadata.from_json(meta, cp.metadata_path)
 
     # -- the run's events ----------------------------------------------------------------
 

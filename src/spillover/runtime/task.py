@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from spillover.records import FixedWidthSerializer, RecordReader
@@ -73,6 +73,7 @@ from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.outputs import ChainOutput, NetworkOutput
 from spillover.runtime.recovery.channels import ChannelStateReplay
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.storage.handle import DataType
 
 __all__ = [
@@ -109,20 +110,6 @@ class InputChannelInfo:
     edge: JobEdge
     upstream_subtask: int
     dtype: Any
-
-
-@dataclass
-class TaskRestore:
-    """What a task restores: per operator uid, its operator state and keyed handles."""
-
-    checkpoint_id: int
-    operator_state: dict[str, Any] = field(default_factory=dict)
-    keyed_handles: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    channel_state: dict[str, Any] = field(default_factory=dict)  # the replay plan
-    # Restored at another parallelism: every old subtask's state, per operator uid.
-    rescaled_state: dict[str, list[Any]] = field(default_factory=dict)
-    # The checkpoint recorded its operators as finished: they are not run again.
-    finished: bool = False
 
 
 class Task:

@@ -26,8 +26,9 @@ from spillover.runtime.network.local import connect
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.recovery.plan import graph_info
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.state import HeapKeyedStateBackend
-from spillover.runtime.task import InputChannelInfo, Task, TaskRestore
+from spillover.runtime.task import InputChannelInfo, Task
 
 _BARRIER_KIND = {
     Alignment.ALIGNED: BarrierKind.ALIGNED,

@@ -65,7 +65,7 @@ from spillover.runtime.batch.launch import Launcher
 from spillover.runtime.checkpointing.messages import MailboxMessage, StopSource, Terminate
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
-from spillover.runtime.task import TaskRestore
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.wiring import make_coordinator
 
 __all__ = [

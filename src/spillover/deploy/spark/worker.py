@@ -58,7 +58,8 @@ from spillover.runtime.graph import JobGraph
 from spillover.runtime.network.errors import NetworkError
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.tcp import ProtocolError, TcpReceiver, connect_tcp
-from spillover.runtime.task import Task, TaskCancelled, TaskRestore
+from spillover.runtime.recovery.restore import TaskRestore
+from spillover.runtime.task import Task, TaskCancelled
 from spillover.runtime.wiring import build_tasks, checkpoint_storage, settle
 
 __all__ = ["WorkerSpec", "run_worker"]

@@ -7,7 +7,9 @@ import os
 from typing import Any
 
 from spillover.errors import FormatError, SpilloverError, StorageError
-from spillover.runtime.checkpointing.metadata import METADATA_FILE, check_metadata
+from spillover.rescale import KeepAll, KeyGroupFilter, PartitionerFilter, filter_from_dict
+from spillover.runtime.checkpointing.checkpoint_meta import ChannelStateMeta, CheckpointMetadata
+from spillover.runtime.checkpointing.metadata import METADATA_FILE
 from spillover.storage.inspection import inspect_state_file
 
 
@@ -44,58 +46,57 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
     meta_path = os.path.join(path, METADATA_FILE)
     try:
         with open(meta_path, "rb") as f:
-            meta = json.loads(f.read())
+            raw = json.loads(f.read())
     except OSError as e:
         raise StorageError("cannot read checkpoint metadata", path=meta_path, errno=e.errno) from e
     except ValueError as e:  # not JSON, or not UTF-8
         raise FormatError("checkpoint metadata is not valid JSON", path=meta_path) from e
-    check_metadata(meta, meta_path)
+    meta = CheckpointMetadata.from_json(raw, meta_path)
     subtasks = []
     total_inflight = total_state = 0
     problems = []
-    for uid, entry in sorted(meta["tasks"].items()):
-        for idx, st in sorted(entry["subtasks"].items(), key=lambda kv: int(kv[0])):
-            cs = st.get("channel_state") or {}
+    for uid, entry in sorted(meta.tasks.items()):
+        for idx, st in sorted(entry.subtasks.items()):
+            cs = st.channel_state or ChannelStateMeta()
             gates = []
-            for side in ("input", "output"):
-                for h in cs.get(side, []):
+            for side, handles in (("input", cs.input), ("output", cs.output)):
+                for h in handles:
                     g = {
                         "kind": side,
-                        "gate": h["gate_id"],
-                        "uri": h["uri"],
-                        "offset": h.get("offset"),
-                        "frames": h["frame_count"],
-                        "raw_bytes": h["raw_bytes"],
-                        "stored_bytes": h["stored_bytes"],
-                        "channels": len(h["channels"]),
+                        "gate": h.gate_id,
+                        "uri": h.uri,
+                        "offset": h.offset,
+                        "frames": h.frame_count,
+                        "raw_bytes": h.raw_bytes,
+                        "stored_bytes": h.stored_bytes,
+                        "channels": len(h.channels),
                     }
                     try:
-                        section = None if h.get("offset") is None else (h["offset"], h["size"])
-                        report = inspect_state_file(h["uri"], verify=verify, section=section)
-                        g["verified"] = report["frame_count"] == h["frame_count"]
+                        section = None if h.offset is None else (h.offset, h.size)
+                        report = inspect_state_file(h.uri, verify=verify, section=section)
+                        g["verified"] = report["frame_count"] == h.frame_count
                     except SpilloverError as e:
                         g["verified"] = False
-                        problems.append(f"{uid}#{idx} {side} gate {h['gate_id']}: {e}")
+                        problems.append(f"{uid}#{idx} {side} gate {h.gate_id}: {e}")
                     gates.append(g)
             refs = [
                 {
-                    "gate": r["gate"],
-                    "channel": r["channel"],
-                    "pieces": [(p["handle"]["uri"], p["channel"], p["skip"]) for p in r["pieces"]],
-                    "filter": r.get("filter"),
+                    "gate": r.gate,
+                    "channel": r.channel,
+                    "pieces": [(p.handle.uri, p.channel, p.skip) for p in r.pieces],
+                    "filter": r.filter.to_dict() if r.filter is not None else None,
                 }
-                for r in cs.get("references", [])
+                for r in cs.references
             ]
-            keyed = st.get("keyed") or {}
-            state_bytes = int(st.get("metrics", {}).get("state_bytes", 0))
-            inflight = int(cs.get("bytes", 0))
+            state_bytes = int(st.metrics.get("state_bytes", 0))
+            inflight = cs.bytes
             total_inflight += inflight
             total_state += state_bytes
             subtasks.append(
                 {
                     "task": f"{uid}#{idx}",
-                    "operators": sorted(st.get("operators", {})),
-                    "keyed_states": sorted(keyed),
+                    "operators": sorted(st.operators),
+                    "keyed_states": sorted(st.keyed),
                     "state_bytes": state_bytes,
                     "inflight_bytes": inflight,
                     "gates": gates,
@@ -104,38 +105,35 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
             )
     return {
         "path": path,
-        "checkpoint_id": meta["checkpoint_id"],
-        "job": meta["job"],
-        "final": meta["final"],
-        "savepoint": "savepoint" in meta,
+        "checkpoint_id": meta.checkpoint_id,
+        "job": meta.job,
+        "final": meta.final,
+        "savepoint": meta.is_savepoint,
         # FLIP-147: per operator, fully / partially finished or running
-        "finished": {uid: e.get("finished", "running") for uid, e in sorted(meta["tasks"].items())},
-        "graph_fingerprint": meta["graph_fingerprint"],
-        "settings": meta["settings"],
-        "trigger_ms": meta["trigger_ms"],
-        "completed_ms": meta["completed_ms"],
+        "finished": {uid: e.finished for uid, e in sorted(meta.tasks.items())},
+        "graph_fingerprint": meta.graph_fingerprint,
+        "settings": dict(meta.settings),
+        "trigger_ms": meta.trigger_ms,
+        "completed_ms": meta.completed_ms,
         "inflight_bytes": total_inflight,
-        "referenced_checkpoints": meta.get("references", []),
+        "referenced_checkpoints": list(meta.references),
         "state_bytes": total_state,
         "subtasks": subtasks,
         "problems": problems,
     }
 
 
-def _keeps(flt: dict[str, Any] | None) -> str:
+def _keeps(d: dict[str, Any] | None) -> str:
     """How a filtered reference's records are kept, for ``render``."""
-    if not flt or flt.get("kind") == "none":
-        return ""
-    if "all" in flt:  # composed partitioners: every one of them keeps the record
-        return "".join(_keeps({"kind": "partitioner", **f}) for f in flt["all"])
-    if flt.get("kind") == "key_groups":
-        return f", keeping key groups {flt['start']}-{flt['end']}"
-    if flt.get("kind") == "partitioner":
-        return (
-            f", keeping partition {flt['index']} of {flt['parallelism']} "
-            f"by partitioner {flt['name']}"
+    flt = filter_from_dict(d) if d else KeepAll()
+    if isinstance(flt, KeyGroupFilter):
+        return f", keeping key groups {flt.start}-{flt.end}"
+    if isinstance(flt, PartitionerFilter):  # composed: every one of them keeps the record
+        return "".join(
+            f", keeping partition {c.index} of {c.parallelism} by partitioner {c.name}"
+            for c in flt.choices
         )
-    return f", keeping {flt}"
+    return ""
 
 
 def render(s: dict[str, Any]) -> str:

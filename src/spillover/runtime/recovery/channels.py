@@ -11,24 +11,18 @@ what they reference (``replay.py``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from spillover.records import FieldKey, RecordReader
-from spillover.rescale import rescaled_retriever
+from spillover.rescale import Piece, RecordStream, Reference, compose, filter_retriever
+from spillover.rescale import rescaled_retriever as rescaled
 from spillover.runtime.graph import JobEdge
 from spillover.runtime.recovery import replay
-from spillover.runtime.recovery.replay import (
-    InputRecovery,
-    StreamRecovery,
-    compose_filters,
-    filtered_references_of,
-    filtered_retriever,
-    references_of,
-)
+from spillover.runtime.recovery.replay import InputRecovery, Part, StreamRecovery
+from spillover.runtime.recovery.replay_plan import ReplayPlan
 from spillover.storage import GateStateHandle, open_retriever
 
 Process = Callable[[int, Any], None]
@@ -36,17 +30,14 @@ Process = Callable[[int, Any], None]
 
 
 class ChannelStateReplay:
-    """One restored subtask's recovered input state, replayed step by step.
-
-    ``plan["outputs"]``/``plan["inputs"]``: this subtask's own files of edges whose
-    parallelism did not change. ``plan["rescaled"]``: per rescaled input edge, what
-    the filtering retriever reads from the old subtasks (upstreams of a rescaled
-    edge replay nothing: the new downstream reads both parts of each old channel).
-    """
+    """One restored subtask's recovered channel state (a :class:`ReplayPlan`), replayed
+    step by step: its own output files go into the outboxes at once, its input state
+    (old channels' streams first, then its own files and what they reference) one
+    step at a time."""
 
     def __init__(
         self,
-        plan: dict[str, Any],
+        plan: ReplayPlan,
         *,
         subtask: int,
         input_edges: Sequence[JobEdge],
@@ -56,22 +47,20 @@ class ChannelStateReplay:
     ) -> None:
         self.offsets = offsets
         self.replayed_bytes = 0
-        for h in plan.get("outputs", []):
-            handle = GateStateHandle.from_dict(h)
+        for handle in plan.outputs:
             box = outboxes[handle.gate_id]
             with open_retriever(handle) as r:
                 for buf in r:
                     self.replayed_bytes += len(buf)
                     box.send(buf.channel_id, np.frombuffer(memoryview(buf), np.uint8).copy())
 
-        gates: dict[int, Any] = {}
-        for h in plan.get("inputs", []):
-            handle = GateStateHandle.from_dict(h)
-            gates[handle.gate_id] = (handle, {})
+        gates: dict[int, tuple[GateStateHandle | None, dict[int, list[Piece]]]] = {
+            h.gate_id: (h, {}) for h in plan.inputs
+        }
         # Unfiltered references join their gate; filtered ones are old channels'
         # streams, replayed below.
-        for gate in sorted({int(r["gate"]) for r in plan.get("references", [])}):
-            refs = references_of(plan, gate)
+        for gate in sorted({r.gate for r in plan.references}):
+            refs = plan.unfiltered(gate)
             if refs:
                 gates[gate] = (gates.get(gate, (None, {}))[0], refs)
         self.inputs: InputRecovery | None = (
@@ -79,18 +68,20 @@ class ChannelStateReplay:
             if gates
             else None
         )
-        parts: list[tuple[int, Any, dict[str, Any]]] = []
+        parts: list[Part] = []
 
-        def filtered(gate: int, refs: list[Any], new: dict[str, Any] | None) -> None:
-            groups: dict[str, tuple[dict[str, Any], list[Any]]] = {}
-            for pieces, flt in refs:
-                both = compose_filters(flt, new)
+        def filtered(gate: int, refs: Sequence[Reference], new: Any) -> None:
+            """Streams a checkpoint referenced with a filter, grouped by the filter that
+            keeps what both theirs and ``new`` (this subtask's, or None) keep."""
+            groups: dict[Any, list[RecordStream]] = {}
+            for ref in refs:
+                assert ref.filter is not None
+                both = compose(ref.filter, new)
                 if both is not None:
-                    groups.setdefault(json.dumps(both, sort_keys=True), (both, []))[1].append(
-                        (pieces, 0)
-                    )
-            for both, streams in groups.values():
-                r = filtered_retriever(
+                    streams = groups.setdefault(both, [])
+                    streams.append(RecordStream.of(ref.pieces, len(streams), 0, 0))
+            for both, streams in groups.items():
+                r = filter_retriever(
                     streams,
                     both,
                     partitioner=input_edges[gate].partitioner,
@@ -98,30 +89,30 @@ class ChannelStateReplay:
                 )
                 parts.append((gate, r, both))
 
-        for gate in sorted({int(r["gate"]) for r in plan.get("references", [])}):
-            filtered(gate, filtered_references_of(plan, gate), None)
-        for item in plan.get("rescaled", []):
-            k = item["edge"]
+        for gate in sorted({r.gate for r in plan.references}):
+            filtered(gate, plan.filtered(gate), None)
+        for item in plan.rescaled:
+            k = item.gate
             # key_by edges filter by the key group of the edge's int64 key field.
-            retriever = rescaled_retriever(
-                item["mapping"],
+            retriever = rescaled(
+                item.mapping,
                 "input",
                 subtask,
-                input_handles=item["input_handles"],
-                output_handles=item["output_handles"],
-                key=FieldKey(item["key_offset"] or 0, "int64"),
+                input_handles=item.input_handles,
+                output_handles=item.output_handles,
+                key=FieldKey(item.key_offset or 0, "int64"),
                 # Replayed records are processed here, not sent: large buffers mean
                 # fewer, larger batches (the per-batch cost dominates small ones),
                 # and a buffer is what a step hands on at least.
                 buffer_size=replay.JOIN_BYTES,
                 coalesce=True,
-                input_references=item.get("input_references"),
+                input_references=item.input_references,
                 # custom edges route recovered records with the job's partitioner
                 partitioner=input_edges[k].partitioner,
             )
             # What the old subtasks referenced with a filter comes first, kept by
             # both their filter and this subtask's.
-            filtered(k, item.get("filtered_references", []), retriever.filter)
+            filtered(k, item.filtered_references, retriever.filter)
             parts.append((k, retriever, retriever.filter))
         # Each part's streams end on record boundaries, and parts replay one after the
         # other before any new input: the channels' own readers serve.
@@ -157,14 +148,14 @@ class ChannelStateReplay:
         """For a checkpoint taken now: what is left to replay, as references into the
         old files (the kept records of old streams are processed first; each own
         channel's rest is cut at the start of the record its reader has begun)."""
-        out: list[dict[str, Any]] = []
+        out: list[Reference] = []
         if self.streams is not None:
             out += self.streams.references()
         rec = self.inputs
         if rec is not None:
             rec.flush()
             out += rec.references(lambda g, c: readers[self.offsets[g] + c].pending_bytes)
-        return out
+        return [r.to_dict() for r in out]  # the acknowledgement's JSON
 
     def recovering_channels(self) -> set[int]:
         """Task input channels whose own recovered input state is still replaying

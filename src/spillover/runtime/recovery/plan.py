@@ -26,21 +26,24 @@ checkpoint with a missing or damaged file is refused whole, naming the file.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.records import partitioner_name
-from spillover.rescale import EdgeType, Side, map_edge
+from spillover.rescale import EdgeType, PartitionerFilter, Piece, Reference, Side, map_edge
 from spillover.runtime.api import EdgeKind
-from spillover.runtime.graph import JobEdge, JobGraph
-from spillover.runtime.recovery.replay import (
-    filter_partitioners,
-    filtered_references_of,
-    references_of,
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    CheckpointMetadata,
+    InputInfo,
+    SubtaskMeta,
+    VertexInfo,
 )
-from spillover.runtime.task import TaskRestore
+from spillover.runtime.graph import JobEdge, JobGraph
+from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
 
 _EDGE_TYPES = {
@@ -64,44 +67,45 @@ def _edge_type(kind: str, force_forward: bool) -> EdgeType:
     return edge_type
 
 
-def graph_info(g: JobGraph) -> dict[str, Any]:
+def vertex_infos(g: JobGraph) -> dict[str, VertexInfo]:
     """What a checkpoint must remember of the graph to be restored into another one."""
-    vertices: dict[str, Any] = {}
+    vertices: dict[str, VertexInfo] = {}
     for v in g.vertices:
         outs = [e for e in g.edges if e.source == v.id]
         ins = sorted(g.inputs_of(v.id), key=lambda e: e.input_index)
-        vertices[v.uid] = {
-            "parallelism": v.parallelism,
-            "nodes": [n.uid for n in v.nodes],
-            "inputs": [
-                {
-                    "source": g.vertices[e.source].uid,
-                    "kind": e.kind.value,
-                    "input_index": e.input_index,
-                    "key_field": e.key_field,
-                    "key_offset": (
+        vertices[v.uid] = VertexInfo(
+            parallelism=v.parallelism,
+            nodes=tuple(n.uid for n in v.nodes),
+            inputs=tuple(
+                InputInfo(
+                    source=g.vertices[e.source].uid,
+                    kind=e.kind.value,
+                    input_index=e.input_index,
+                    key_field=e.key_field,
+                    key_offset=(
                         int(np.dtype(e.dtype).fields[e.key_field][1]) if e.key_field else None
                     ),
                     # the edge's result partition among the source's partitions
-                    "partition": [x for x in g.edges if x.source == e.source].index(e),
+                    partition=[x for x in g.edges if x.source == e.source].index(e),
                     # a loop's feedback edge: not a predecessor for checkpoint roots
-                    **({"feedback": True} if e.feedback else {}),
-                }
+                    feedback=e.feedback,
+                )
                 for e in ins
-            ],
-            "outputs": [g.vertices[e.target].uid for e in outs],
-            **({"loop": v.loop} if v.loop is not None else {}),
-            **({"iteration_head": True} if v.is_iteration_head else {}),
-        }
-    return {"vertices": vertices}
+            ),
+            outputs=tuple(g.vertices[e.target].uid for e in outs),
+            loop=v.loop,
+            iteration_head=v.is_iteration_head,
+        )
+    return vertices
 
 
-def _find(handles: list[dict[str, Any]], gate: int) -> dict[str, Any] | None:
-    return next((h for h in handles if h["gate_id"] == gate), None)
+def graph_info(g: JobGraph) -> dict[str, Any]:
+    """:func:`vertex_infos` as the checkpoint metadata holds it (the coordinator's)."""
+    return {"vertices": {uid: v.to_json() for uid, v in vertex_infos(g).items()}}
 
 
 def plan_restore(
-    meta: dict[str, Any],
+    meta: CheckpointMetadata,
     g: JobGraph,
     *,
     allow_non_restored_state: bool = False,
@@ -111,19 +115,18 @@ def plan_restore(
 ) -> dict[tuple[str, int], TaskRestore]:
     """Per new subtask ``(vertex uid, index)``, what it restores; raises when the
     checkpoint does not fit the job (and nothing is started)."""
-    cid = int(meta["checkpoint_id"])
-    settings = meta.get("settings", {})
-    if settings.get("max-parallelism") != g.max_parallelism:
+    cid = meta.checkpoint_id
+    if meta.max_parallelism != g.max_parallelism:
         raise ConfigError(
             "max parallelism changed",
-            detail=f"checkpoint {cid} was taken with {settings.get('max-parallelism')}, "
+            detail=f"checkpoint {cid} was taken with {meta.max_parallelism}, "
             f"the job has {g.max_parallelism}",
             hint="keep pipeline.max-parallelism unchanged across restores: it fixes key groups",
         )
-    old = meta.get("graph", {}).get("vertices")
+    old = meta.graph
     if old is None:
         raise ConfigError(f"checkpoint {cid} does not describe its job graph")
-    new = graph_info(g)["vertices"]
+    new = vertex_infos(g)
     gone = sorted(set(old) - set(new))
     if gone and not allow_non_restored_state:
         raise ConfigError(
@@ -136,17 +139,14 @@ def plan_restore(
         ov = old.get(uid)
         if ov is None:
             continue
-        if ov["nodes"] != nv["nodes"]:
+        if ov.nodes != nv.nodes:
             raise ConfigError(
                 f"the chain of {uid!r} changed",
-                detail=f"checkpoint {ov['nodes']}, job {nv['nodes']}",
+                detail=f"checkpoint {list(ov.nodes)}, job {list(nv.nodes)}",
                 hint="keep the operators between network edges as they were",
             )
-        sig = [(i["source"], i["kind"], i["input_index"], i["key_field"]) for i in nv["inputs"]]
-        if sig != [
-            (i["source"], i["kind"], i["input_index"], i["key_field"]) for i in ov["inputs"]
-        ]:
-            if meta.get("tasks", {}).get(uid, {}).get("finished") == "fully":
+        if [i.signature for i in nv.inputs] != [i.signature for i in ov.inputs]:
+            if meta.operator(uid).finished == "fully":
                 raise ConfigError(
                     f"operator {uid!r} finished in checkpoint {cid}, and the job gives it "
                     "other inputs",
@@ -159,121 +159,111 @@ def plan_restore(
                 f"the inputs of {uid!r} changed since the checkpoint",
                 hint="restore into the same topology (parallelism may change)",
             )
-    tasks = meta["tasks"]
     edges = {v.uid: sorted(g.inputs_of(v.id), key=lambda e: e.input_index) for v in g.vertices}
 
-    def entry(uid: str, j: int) -> dict[str, Any]:
-        return tasks.get(uid, {}).get("subtasks", {}).get(str(j), {})  # type: ignore[no-any-return]
+    def entry(uid: str, j: int) -> SubtaskMeta:
+        return meta.operator(uid).subtask(j)
 
-    def channel(uid: str, j: int, side: str) -> list[dict[str, Any]]:
-        return list((entry(uid, j).get("channel_state") or {}).get(side, []))
+    def references(uid: str, j: int) -> tuple[Reference, ...]:
+        return entry(uid, j).references
+
+    def handle(uid: str, j: int, side: str, gate: int) -> GateStateHandle | None:
+        cs = entry(uid, j).channel_state
+        return cs.gate(side, gate) if cs is not None else None
 
     plans: dict[tuple[str, int], TaskRestore] = {}
-    to_check: list[dict[str, Any]] = []
+    to_check: list[GateStateHandle] = []
     for uid, nv in new.items():
         ov = old.get(uid)
-        p_new = nv["parallelism"]
+        p_new = nv.parallelism
         if ov is None:
             continue  # a new operator starts empty
-        p_old = ov["parallelism"]
-        was_finished = [bool(entry(uid, j).get("finished")) for j in range(p_old)]
+        p_old = ov.parallelism
+        was_finished = [entry(uid, j).finished for j in range(p_old)]
         fully = p_old > 0 and all(was_finished)
         for i in range(p_new):
-            r = TaskRestore(cid, finished=fully or (p_old == p_new and was_finished[i]))
-            for node in nv["nodes"]:
-                states = [entry(uid, j).get("operators", {}).get(node) for j in range(p_old)]
+            own: dict[str, Any] = {}
+            rescaled_state: dict[str, list[Any]] = {}
+            keyed_handles: dict[str, list[dict[str, Any]]] = {}
+            for node in nv.nodes:
+                states = [entry(uid, j).operators.get(node) for j in range(p_old)]
                 if p_old == p_new:
                     if states[i] is not None:
-                        r.operator_state[node] = states[i]
+                        own[node] = states[i]
                 else:
-                    r.rescaled_state[node] = states
-                keyed = [entry(uid, j).get("keyed", {}).get(node) for j in range(p_old)]
+                    rescaled_state[node] = states
+                keyed = [entry(uid, j).keyed.get(node) for j in range(p_old)]
                 if any(k is not None for k in keyed):
-                    r.keyed_handles[node] = [k for k in keyed if k is not None]
-            plan: dict[str, Any] = {"outputs": [], "inputs": [], "rescaled": []}
+                    keyed_handles[node] = [k for k in keyed if k is not None]
+            outputs: list[GateStateHandle] = []
+            inputs: list[GateStateHandle] = []
+            refs: list[Reference] = []
+            rescaled: list[RescaledInput] = []
             if not ignore_inflight:
-                for part, target in enumerate(nv["outputs"]):
+                for part, target in enumerate(nv.outputs):
                     tv, to = new[target], old.get(target)
-                    if to is not None and p_old == p_new and to["parallelism"] == tv["parallelism"]:
-                        h = _find(channel(uid, i, "output"), part)
+                    if to is not None and p_old == p_new and to.parallelism == tv.parallelism:
+                        h = handle(uid, i, "output", part)
                         if h is not None:
-                            plan["outputs"].append(h)
-                for k, spec in enumerate(nv["inputs"]):
-                    src = spec["source"]
+                            outputs.append(h)
+                for k, spec in enumerate(nv.inputs):
+                    src = spec.source
                     so, sn = old.get(src), new[src]
                     if so is None:
                         continue
-                    if p_old == p_new and so["parallelism"] == sn["parallelism"]:
-                        h = _find(channel(uid, i, "input"), k)
+                    if p_old == p_new and so.parallelism == sn.parallelism:
+                        h = handle(uid, i, "input", k)
                         if h is not None:
-                            plan["inputs"].append(h)
-                        refs = [
-                            r
-                            for r in (entry(uid, i).get("channel_state") or {}).get(
-                                "references", []
-                            )
-                            if int(r["gate"]) == k
-                        ]
-                        plan.setdefault("references", []).extend(refs)
-                        to_check += [p["handle"] for r in refs for p in r["pieces"]]
-                        _check_partitioner(
-                            cid, uid, k, edges[uid][k], [r["filter"] for r in refs if "filter" in r]
-                        )
+                            inputs.append(h)
+                        mine = [r for r in references(uid, i) if r.gate == k]
+                        refs += mine
+                        _check_partitioner(cid, uid, k, edges[uid][k], mine)
                         continue
                     mapping = map_edge(
-                        _edge_type(spec["kind"], force_forward),
-                        old_upstream=so["parallelism"],
+                        _edge_type(spec.kind, force_forward),
+                        old_upstream=so.parallelism,
                         old_downstream=p_old,
-                        new_upstream=sn["parallelism"],
+                        new_upstream=sn.parallelism,
                         new_downstream=p_new,
                         max_parallelism=g.max_parallelism,
                         force=force_forward,
                     )
-                    ins = {d: _find(channel(uid, d, "input"), k) for d in range(p_old)}
-                    outs = {
-                        u: _find(channel(src, u, "output"), spec["partition"])
-                        for u in range(so["parallelism"])
-                    }
-                    to_check += [h for h in [*ins.values(), *outs.values()] if h is not None]
-                    in_refs = {
-                        d: references_of(entry(uid, d).get("channel_state"), k)
-                        for d in range(p_old)
-                    }
                     # Streams the old subtasks referenced with a filter, replayed first: an
                     # old subtask's go where its input state goes (the mapping), then
                     # the new subtask's own filter applies on top.
-                    in_filtered = [
-                        f
+                    in_filtered = tuple(
+                        r
                         for d in mapping.side(Side.INPUT).old_subtasks(i)
-                        for f in filtered_references_of(entry(uid, d).get("channel_state"), k)
-                    ]
-                    to_check += [
-                        p.handle.to_dict()
-                        for r in in_refs.values()
-                        for ps in r.values()
-                        for p in ps
-                    ] + [p.handle.to_dict() for ps, _ in in_filtered for p in ps]
-                    _check_partitioner(cid, uid, k, edges[uid][k], [f for _, f in in_filtered])
-                    plan["rescaled"].append(
-                        {
-                            "edge": k,
-                            "mapping": mapping,
-                            "input_handles": {
-                                d: GateStateHandle.from_dict(h) if h else None
-                                for d, h in ins.items()
-                            },
-                            "output_handles": {
-                                u: GateStateHandle.from_dict(h) if h else None
-                                for u, h in outs.items()
-                            },
-                            "key_offset": spec["key_offset"],
-                            "input_references": in_refs,
-                            "filtered_references": in_filtered,
-                        }
+                        for r in references(uid, d)
+                        if r.gate == k and r.filter is not None
                     )
-            to_check += plan["outputs"] + plan["inputs"]
-            r.channel_state = plan
-            plans[(uid, i)] = r
+                    _check_partitioner(cid, uid, k, edges[uid][k], in_filtered)
+                    rescaled.append(
+                        RescaledInput(
+                            gate=k,
+                            mapping=mapping,
+                            input_handles={d: handle(uid, d, "input", k) for d in range(p_old)},
+                            output_handles={
+                                u: handle(src, u, "output", spec.partition)
+                                for u in range(so.parallelism)
+                            },
+                            key_offset=spec.key_offset,
+                            input_references={
+                                d: _unfiltered(references(uid, d), k) for d in range(p_old)
+                            },
+                            filtered_references=in_filtered,
+                        )
+                    )
+            replay = ReplayPlan(tuple(outputs), tuple(inputs), tuple(refs), tuple(rescaled))
+            to_check += replay.handles
+            plans[(uid, i)] = TaskRestore(
+                cid,
+                operator_state=own,
+                keyed_handles=keyed_handles,
+                channel_state=replay,
+                rescaled_state=rescaled_state,
+                finished=fully or (p_old == p_new and was_finished[i]),
+            )
     if validate:
         _validate(
             cid, to_check, [h for r in plans.values() for v in r.keyed_handles.values() for h in v]
@@ -281,12 +271,21 @@ def plan_restore(
     return plans
 
 
+def _unfiltered(refs: Sequence[Reference], gate: int) -> dict[int, tuple[Piece, ...]]:
+    """``{input channel: pieces}`` of the unfiltered references of one gate."""
+    out: dict[int, tuple[Piece, ...]] = {}
+    for ref in refs:
+        if ref.gate == gate and ref.filter is None:
+            out[ref.channel] = out.get(ref.channel, ()) + ref.pieces
+    return out
+
+
 def _check_partitioner(
-    cid: int, uid: str, gate: int, edge: JobEdge, filters: list[dict[str, Any]]
+    cid: int, uid: str, gate: int, edge: JobEdge, refs: Sequence[Reference]
 ) -> None:
     """Refuses, before anything starts, references filtered by a custom partitioner
     other than the one the edge has now: replay could not tell which records to keep."""
-    names = set().union(*map(filter_partitioners, filters))
+    names = {n for r in refs if isinstance(r.filter, PartitionerFilter) for n in r.filter.names}
     have = partitioner_name(edge.partitioner) if edge.partitioner is not None else None
     if names and names != {have}:
         raise ConfigError(
@@ -298,17 +297,18 @@ def _check_partitioner(
         )
 
 
-def _validate(cid: int, channel_handles: list[dict[str, Any]], keyed: list[dict[str, Any]]) -> None:
+def _validate(
+    cid: int, channel_handles: list[GateStateHandle], keyed: list[dict[str, Any]]
+) -> None:
     """Opens every file the restore will read; refuses the checkpoint on the first bad one."""
     seen: set[tuple[str, int]] = set()
     for h in channel_handles:
         # Gates of several subtasks may share a file: each section is checked once.
-        key = (h["uri"], h.get("offset") or 0)
-        if key in seen:
+        if h.key in seen:
             continue
-        seen.add(key)
+        seen.add(h.key)
         try:
-            open_retriever(GateStateHandle.from_dict(h)).close()
+            open_retriever(h).close()
         except SpilloverError as e:
             raise type(e)(
                 f"checkpoint {cid} cannot be restored: {e.message}",
@@ -317,8 +317,8 @@ def _validate(cid: int, channel_handles: list[dict[str, Any]], keyed: list[dict[
                 detail=e.detail,
                 hint="restore an older checkpoint, or restore without in-flight data",
             ) from e
-    for h in keyed:
-        for st in h.get("states", []):
+    for k in keyed:
+        for st in k.get("states", []):
             uri = st["uri"]
             if "://" not in uri and not os.path.exists(uri):
                 raise StorageError(

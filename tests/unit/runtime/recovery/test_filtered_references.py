@@ -25,13 +25,20 @@ import spillover.runtime.recovery.replay as rec
 from spillover.errors import FormatError
 from spillover.keygroups import key_groups
 from spillover.records import RecordReader, RecordWriter, partitioner_name
-from spillover.runtime.checkpointing.metadata import referenced_checkpoints
-from spillover.runtime.recovery.replay import (
-    StreamRecovery,
-    compose_filters,
-    filtered_references_of,
-    filtered_retriever,
+from spillover.rescale import (
+    Filter,
+    KeepAll,
+    KeyGroupFilter,
+    PartitionerChoice,
+    PartitionerFilter,
+    Piece,
+    RecordStream,
+    Reference,
+    compose,
+    filter_retriever,
 )
+from spillover.runtime.checkpointing.metadata import referenced_checkpoints
+from spillover.runtime.recovery.replay import StreamRecovery
 
 MAX_P = 128
 
@@ -43,7 +50,7 @@ def modulo(keys: Any, n: int) -> Any:
 
 def _write_streams(
     root: Path, streams: int, records: int, cut: int, seed: int
-) -> tuple[list[list[rec.Piece]], list[np.ndarray]]:
+) -> tuple[list[list[Piece]], list[np.ndarray]]:
     """Per stream: two pieces (in two files) holding records ``(key, stream, seq)``
     framed in ``cut``-byte buffers, split at a random buffer; and the keys."""
     rng = np.random.default_rng(seed)
@@ -67,7 +74,7 @@ def _write_streams(
         split.append(at)
         all_keys.append(keys)
     h1, h2 = first.close(), second.close()
-    return [[rec.Piece(h1, s), rec.Piece(h2, s)] for s in range(streams)], all_keys
+    return [[Piece(h1, s), Piece(h2, s)] for s in range(streams)], all_keys
 
 
 class _Sink:
@@ -85,16 +92,20 @@ class _Sink:
                 self.got.setdefault(s, []).append(i)
 
 
+def _retriever(pieces: Any, flt: Filter) -> Any:
+    stream = RecordStream.of(pieces, 0, 0, 0)
+    return filter_retriever([stream], flt, partitioner=modulo, buffer_size=4096)
+
+
 def _replay(
-    refs: list[tuple[list[rec.Piece], dict[str, Any]]], new: dict[str, Any] | None, steps: int
-) -> tuple[_Sink, list[dict[str, Any]]]:
+    refs: list[tuple[Any, Filter]], new: Filter | None, steps: int
+) -> tuple[_Sink, list[Reference]]:
     sink = _Sink()
     parts = []
     for pieces, flt in refs:  # one retriever per stream: the tests name them apart
-        both = compose_filters(flt, new)
+        both = compose(flt, new)
         if both is not None:
-            r = filtered_retriever([(pieces, 0)], both, partitioner=modulo, buffer_size=4096)
-            parts.append((0, r, both))
+            parts.append((0, _retriever(pieces, both), both))
     sr = StreamRecovery(parts, sink.process)
     for _ in range(steps):
         if not sr.step():
@@ -104,37 +115,35 @@ def _replay(
     return sink, out
 
 
-def _keep(flt: dict[str, Any] | None, keys: np.ndarray) -> np.ndarray:
-    if flt is None or flt["kind"] == "none":
+def _keep(flt: Filter | None, keys: np.ndarray) -> np.ndarray:
+    if flt is None or isinstance(flt, KeepAll):
         return np.ones(len(keys), bool)
-    if flt["kind"] == "key_groups":
+    if isinstance(flt, KeyGroupFilter):
         kg = key_groups(keys, MAX_P)
-        return (kg >= flt["start"]) & (kg <= flt["end"])
+        return (kg >= flt.start) & (kg <= flt.end)
     ok = np.ones(len(keys), bool)
-    for p in flt.get("all", [flt]):
-        ok &= modulo(keys, p["parallelism"]) == p["index"]
+    for p in flt.choices:
+        ok &= modulo(keys, p.parallelism) == p.index
     return ok
 
 
-def _filter(kind: str, index: int, n: int) -> dict[str, Any]:
+def _filter(kind: str, index: int, n: int) -> Filter:
     if kind == "none":
-        return {"kind": "none"}
+        return KeepAll()
     if kind == "key_groups":
         start = index * MAX_P // n
-        return {
-            "kind": "key_groups",
-            "start": start,
-            "end": (index + 1) * MAX_P // n - 1,
-            "max_parallelism": MAX_P,
-            "key_offset": 0,
-        }
-    return {
-        "kind": "partitioner",
-        "name": partitioner_name(modulo),
-        "index": index,
-        "parallelism": n,
-        "key_offset": 0,
-    }
+        return KeyGroupFilter(start, (index + 1) * MAX_P // n - 1, MAX_P, 0)
+    return PartitionerFilter((PartitionerChoice(partitioner_name(modulo), index, n, 0),))
+
+
+def _filtered(refs: list[Reference]) -> list[tuple[Any, Filter]]:
+    """What a restore reads of references written to the metadata and read back."""
+    out = []
+    for ref in refs:
+        back = Reference.from_dict(ref.to_dict())
+        assert back == ref and back.filter is not None
+        out.append((back.pieces, back.filter))
+    return out
 
 
 @settings(
@@ -174,11 +183,11 @@ def test_filtered_references_replay_every_kept_record_once(
         a, refs_a = _replay([(ps, f1) for ps in pieces], None, first)
         # Every piece points into the old files; nothing is rewritten.
         uris = {ps[0].handle.uri for ps in pieces} | {ps[1].handle.uri for ps in pieces}
-        assert all(p["handle"]["uri"] in uris for r in refs_a for p in r["pieces"])
-        assert all(r["filter"] == f1 for r in refs_a)
-        b, refs_b = _replay(filtered_references_of({"references": refs_a}, 0), f2, second)
-        assert all(p["handle"]["uri"] in uris for r in refs_b for p in r["pieces"])
-        c, refs_c = _replay(filtered_references_of({"references": refs_b}, 0), None, 10**6)
+        assert all(p.handle.uri in uris for r in refs_a for p in r.pieces)
+        assert all(r.filter == f1 for r in refs_a)
+        b, refs_b = _replay(_filtered(refs_a), f2, second)
+        assert all(p.handle.uri in uris for r in refs_b for p in r.pieces)
+        c, refs_c = _replay(_filtered(refs_b), None, 10**6)
         assert refs_c == []
         # Streams are numbered apart only in the first replay: collect by record.
         for s in range(streams):
@@ -193,20 +202,21 @@ def test_filtered_references_replay_every_kept_record_once(
 
 def test_composing_filters() -> None:
     kg = _filter("key_groups", 0, 2)  # 0..63
-    assert compose_filters(kg, _filter("key_groups", 1, 3))["start"] == 42  # type: ignore[index]
-    assert compose_filters(kg, _filter("key_groups", 2, 3)) is None
-    assert compose_filters(kg, {"kind": "none"}) == kg
-    both = compose_filters(_filter("partitioner", 0, 2), _filter("partitioner", 1, 3))
-    assert both is not None and len(both["all"]) == 2
+    assert compose(kg, _filter("key_groups", 1, 3)) == KeyGroupFilter(42, 63, MAX_P, 0)
+    assert compose(kg, _filter("key_groups", 2, 3)) is None
+    assert compose(kg, KeepAll()) == kg
+    both = compose(_filter("partitioner", 0, 2), _filter("partitioner", 1, 3))
+    assert isinstance(both, PartitionerFilter) and len(both.choices) == 2
+    assert len(both.to_dict()["all"]) == 2
     with pytest.raises(FormatError):
-        compose_filters(kg, _filter("partitioner", 0, 2))
+        compose(kg, _filter("partitioner", 0, 2))
 
 
 def test_a_reference_to_another_partitioner_is_refused(tmp_path: Path) -> None:
     pieces, _ = _write_streams(tmp_path, 1, 10, 64, 0)
-    flt = {**_filter("partitioner", 0, 2), "name": "elsewhere.other"}
+    flt = PartitionerFilter((PartitionerChoice("elsewhere.other", 0, 2, 0),))
     with pytest.raises(FormatError, match="partitioner"):
-        filtered_retriever([(pieces[0], 0)], flt, partitioner=modulo, buffer_size=4096)
+        _retriever(pieces[0], flt)
 
 
 def test_filtered_references_keep_their_checkpoints() -> None:

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from spillover.errors import ConfigError
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
+from spillover.runtime.checkpointing.metadata import METADATA_FORMAT
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.graph import JobGraph, StreamEnvironment
@@ -24,7 +26,7 @@ def _graph(second_source: bool, parallelism: int = 2) -> JobGraph:
     return env.build()
 
 
-def _meta(g: JobGraph, finished: dict[str, list[bool]]) -> dict[str, Any]:
+def _meta(g: JobGraph, finished: dict[str, list[bool]]) -> CheckpointMetadata:
     info = graph_info(g)
     tasks = {}
     for uid, v in info["vertices"].items():
@@ -37,7 +39,16 @@ def _meta(g: JobGraph, finished: dict[str, list[bool]]) -> dict[str, Any]:
                 for i, f in enumerate(flags)
             },
         }
-    return {"checkpoint_id": 7, "settings": {"max-parallelism": 128}, "graph": info, "tasks": tasks}
+    return CheckpointMetadata.from_json(
+        {
+            "format": METADATA_FORMAT,
+            "version": 1,
+            "checkpoint_id": 7,
+            "settings": {"max-parallelism": 128},
+            "graph": info,
+            "tasks": tasks,
+        }
+    )
 
 
 def test_a_fully_finished_operator_is_restored_finished_at_any_parallelism() -> None:

@@ -21,9 +21,9 @@ import spillover.runtime.recovery.replay as rec
 from spillover.errors import CorruptHeaderError, ForeignFileError
 from spillover.keygroups import KeyGroupRange
 from spillover.records import RecordReader, RecordWriter
-from spillover.rescale import FilteringRetriever, RecordStream
+from spillover.rescale import FilteringRetriever, Piece, RecordStream, Reference
 from spillover.runtime.checkpointing.metadata import referenced_checkpoints
-from spillover.runtime.recovery.replay import InputRecovery, Piece
+from spillover.runtime.recovery.replay import InputRecovery
 
 
 def _write_gate(root: Path, channels: int, records: int, cut: int, seed: int) -> tuple[Any, Any]:
@@ -68,7 +68,7 @@ class _Sink:
         return r.pending_bytes if r is not None else 0
 
 
-def _replay_partly(gates: Any, steps: int) -> tuple[_Sink, list[dict[str, Any]]]:
+def _replay_partly(gates: Any, steps: int) -> tuple[_Sink, list[Reference]]:
     sink = _Sink()
     r = InputRecovery(gates, sink.process)
     for _ in range(steps):
@@ -80,11 +80,12 @@ def _replay_partly(gates: Any, steps: int) -> tuple[_Sink, list[dict[str, Any]]]
     return sink, refs
 
 
-def _gates_from(refs: list[dict[str, Any]]) -> dict[int, Any]:
+def _gates_from(refs: list[Reference]) -> dict[int, Any]:
     gates: dict[int, Any] = {}
     for ref in refs:
-        _, chans = gates.setdefault(ref["gate"], (None, {}))
-        chans.setdefault(ref["channel"], []).extend(Piece.from_dict(p) for p in ref["pieces"])
+        assert ref.filter is None and Reference.from_dict(ref.to_dict()) == ref
+        _, chans = gates.setdefault(ref.gate, (None, {}))
+        chans.setdefault(ref.channel, []).extend(ref.pieces)
     return gates
 
 
@@ -115,7 +116,7 @@ def test_a_chain_of_references_replays_every_record_once(
         handle, n = _write_gate(root, channels, 300, cut, seed)
         a, refs_a = _replay_partly({0: (handle, {})}, first)
         # Every referenced piece points into the old file; nothing is rewritten.
-        assert all(p["handle"]["uri"] == handle.uri for r in refs_a for p in r["pieces"])
+        assert all(p.handle.uri == handle.uri for r in refs_a for p in r.pieces)
         b, refs_b = _replay_partly(_gates_from(refs_a), second)
         c, refs_c = _replay_partly(_gates_from(refs_b), 10**6)
         assert refs_c == []
@@ -162,9 +163,7 @@ def test_a_rescaled_stream_skips_referenced_bytes(tmp_path: Path) -> None:
         r.flush()
         refs = r.references(part.pending)
     (ref,) = refs
-    (p,) = [Piece.from_dict(x) for x in ref["pieces"]]
-    pieces = ((p.handle, p.channel, p.skip),)
-    stream = RecordStream(pieces, 0, 0, channel=0)
+    stream = RecordStream.of(ref.pieces, 0, 0, channel=0)
     fr = FilteringRetriever(
         [stream], max_parallelism=128, key_group_table=KeyGroupRange(0, 127), buffer_size=4096
     )

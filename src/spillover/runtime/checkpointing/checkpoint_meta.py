@@ -1,0 +1,354 @@
+"""A checkpoint's metadata as one typed value, and its one JSON boundary.
+
+``CheckpointStorage`` (``metadata.py``) reads and writes the metadata file as JSON;
+everything that reads what a checkpoint holds (``plan_restore``, the job master's
+recovery, ``spillover inspect``, verify) goes through :meth:`CheckpointMetadata.from_json`
+instead of indexing dicts. The parts read by a restore are typed (subtasks' operator
+state, keyed and channel-state handles, references, finished flags, the graph, the
+restore-critical settings); keys this version does not model are kept as written
+(``extra``), so :meth:`CheckpointMetadata.to_json` gives back the same JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spillover.errors import FormatError
+from spillover.rescale import Reference
+from spillover.runtime.checkpointing.metadata import check_metadata
+from spillover.storage import GateStateHandle
+
+__all__ = [
+    "ChannelStateMeta",
+    "CheckpointMetadata",
+    "InputInfo",
+    "OperatorMeta",
+    "SubtaskMeta",
+    "VertexInfo",
+]
+
+
+def _extra(d: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in known}
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStateMeta:
+    """A subtask's in-flight data: its gates' files, what it referenced in older
+    checkpoints' files instead of writing it again, and the bytes it wrote."""
+
+    input: tuple[GateStateHandle, ...] = ()
+    output: tuple[GateStateHandle, ...] = ()
+    references: tuple[Reference, ...] = ()
+    bytes: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _KEYS = ("input", "output", "references", "bytes")
+
+    def gate(self, side: str, gate: int) -> GateStateHandle | None:
+        """The handle of input or output gate ``gate`` (None: nothing stored there)."""
+        handles = self.input if side == "input" else self.output
+        return next((h for h in handles if h.gate_id == gate), None)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            **self.extra,
+            "input": [h.to_dict() for h in self.input],
+            "output": [h.to_dict() for h in self.output],
+            "bytes": self.bytes,
+        }
+        if self.references:
+            d["references"] = [r.to_dict() for r in self.references]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ChannelStateMeta:
+        return cls(
+            tuple(GateStateHandle.from_dict(h) for h in d.get("input", [])),
+            tuple(GateStateHandle.from_dict(h) for h in d.get("output", [])),
+            tuple(Reference.from_dict(r) for r in d.get("references", [])),
+            int(d.get("bytes", 0)),
+            _extra(d, cls._KEYS),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskMeta:
+    """What one subtask acknowledged. ``operators``: per operator uid its snapshot
+    (the operator's own, opaque here); ``keyed``: per operator uid its keyed-state
+    handle (the keyed backend's own record, checked by it); ``handles``: other state
+    handles; ``channel_state`` None when it wrote none (it had exited)."""
+
+    operators: Mapping[str, Any] = field(default_factory=dict)
+    keyed: Mapping[str, Any] = field(default_factory=dict)
+    handles: Mapping[str, Any] = field(default_factory=dict)
+    channel_state: ChannelStateMeta | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    finished: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _KEYS = ("operators", "keyed", "handles", "channel_state", "metrics", "finished")
+
+    @property
+    def references(self) -> tuple[Reference, ...]:
+        return self.channel_state.references if self.channel_state is not None else ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "operators": dict(self.operators),
+            "handles": dict(self.handles),
+            "keyed": dict(self.keyed),
+            # none written (an exited subtask, an aligned checkpoint): an empty dict
+            "channel_state": self.channel_state.to_json() if self.channel_state else {},
+            "metrics": dict(self.metrics),
+            "finished": self.finished,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SubtaskMeta:
+        cs = d.get("channel_state")
+        return cls(
+            dict(d.get("operators") or {}),
+            dict(d.get("keyed") or {}),
+            dict(d.get("handles") or {}),
+            ChannelStateMeta.from_json(cs) if cs else None,  # None or {}: none written
+            dict(d.get("metrics") or {}),
+            bool(d.get("finished")),
+            _extra(d, cls._KEYS),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorMeta:
+    """One vertex's subtasks in the checkpoint, and whether it had finished
+    (``"fully"``, ``"partially"`` or ``"running"``, FLIP-147)."""
+
+    subtasks: Mapping[int, SubtaskMeta] = field(default_factory=dict)
+    parallelism: int | None = None
+    finished: str = "running"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _KEYS = ("subtasks", "parallelism", "finished")
+
+    def subtask(self, index: int) -> SubtaskMeta:
+        """Subtask ``index``'s entry; an empty one when it stored nothing."""
+        return self.subtasks.get(index) or SubtaskMeta()
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            **self.extra,
+            "subtasks": {str(i): s.to_json() for i, s in self.subtasks.items()},
+            "finished": self.finished,
+        }
+        if self.parallelism is not None:
+            d["parallelism"] = self.parallelism
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OperatorMeta:
+        subs = d.get("subtasks") or {}
+        p = d.get("parallelism")
+        return cls(
+            {int(i): SubtaskMeta.from_json(s) for i, s in subs.items()},
+            int(p) if p is not None else None,
+            str(d.get("finished", "running")),
+            _extra(d, cls._KEYS),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InputInfo:
+    """One input edge of a vertex as the checkpoint's graph records it."""
+
+    source: str
+    kind: str
+    input_index: int
+    key_field: str | None
+    key_offset: int | None
+    partition: int
+    feedback: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "source": self.source,
+            "kind": self.kind,
+            "input_index": self.input_index,
+            "key_field": self.key_field,
+            "key_offset": self.key_offset,
+            "partition": self.partition,
+        }
+        if self.feedback:
+            d["feedback"] = True
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> InputInfo:
+        off = d.get("key_offset")
+        return cls(
+            str(d["source"]),
+            str(d["kind"]),
+            int(d["input_index"]),
+            d.get("key_field"),
+            int(off) if off is not None else None,
+            int(d.get("partition", 0)),
+            bool(d.get("feedback", False)),
+        )
+
+    @property
+    def signature(self) -> tuple[str, str, int, str | None]:
+        """What must not change across a restore."""
+        return (self.source, self.kind, self.input_index, self.key_field)
+
+
+@dataclass(frozen=True, slots=True)
+class VertexInfo:
+    """What a checkpoint remembers of one vertex, to be restored into another graph."""
+
+    parallelism: int
+    nodes: tuple[str, ...]
+    inputs: tuple[InputInfo, ...]
+    outputs: tuple[str, ...]
+    loop: Any = None
+    iteration_head: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "parallelism": self.parallelism,
+            "nodes": list(self.nodes),
+            "inputs": [i.to_json() for i in self.inputs],
+            "outputs": list(self.outputs),
+        }
+        if self.loop is not None:
+            d["loop"] = self.loop
+        if self.iteration_head:
+            d["iteration_head"] = True
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> VertexInfo:
+        return cls(
+            int(d["parallelism"]),
+            tuple(d["nodes"]),
+            tuple(InputInfo.from_json(i) for i in d["inputs"]),
+            tuple(d["outputs"]),
+            d.get("loop"),
+            bool(d.get("iteration_head", False)),
+        )
+
+
+def graph_from_json(d: Mapping[str, Any] | None) -> dict[str, VertexInfo] | None:
+    """Per vertex uid its :class:`VertexInfo` (None: the metadata has no graph)."""
+    vertices = (d or {}).get("vertices")
+    if vertices is None:
+        return None
+    return {uid: VertexInfo.from_json(v) for uid, v in vertices.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointMetadata:
+    """One completed checkpoint's metadata (docs/runtime.md, docs/format.md)."""
+
+    version: int
+    job: str
+    checkpoint_id: int
+    trigger_ms: int
+    completed_ms: int
+    graph_fingerprint: str
+    settings: Mapping[str, Any]
+    final: bool
+    tasks: Mapping[str, OperatorMeta]
+    graph: Mapping[str, VertexInfo] | None = None
+    references: tuple[int, ...] = ()
+    savepoint_from: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _KEYS = (
+        "format",
+        "version",
+        "job",
+        "checkpoint_id",
+        "trigger_ms",
+        "completed_ms",
+        "graph_fingerprint",
+        "settings",
+        "final",
+        "tasks",
+        "graph",
+        "references",
+        "savepoint",
+    )
+
+    @property
+    def max_parallelism(self) -> int | None:
+        """The max parallelism the checkpoint was taken with (it fixes key groups)."""
+        mp = self.settings.get("max-parallelism")
+        return int(mp) if mp is not None else None
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.savepoint_from is not None
+
+    def operator(self, uid: str) -> OperatorMeta:
+        """Vertex ``uid``'s entry; an empty one when the checkpoint holds none."""
+        return self.tasks.get(uid) or OperatorMeta()
+
+    def to_json(self) -> dict[str, Any]:
+        """The metadata file's JSON (as :func:`new_metadata` and the coordinator
+        write it)."""
+        from spillover.runtime.checkpointing.metadata import METADATA_FORMAT
+
+        d: dict[str, Any] = {
+            **self.extra,
+            "format": METADATA_FORMAT,
+            "version": self.version,
+            "job": self.job,
+            "checkpoint_id": self.checkpoint_id,
+            "trigger_ms": self.trigger_ms,
+            "completed_ms": self.completed_ms,
+            "graph_fingerprint": self.graph_fingerprint,
+            "settings": dict(self.settings),
+            "final": self.final,
+            "tasks": {uid: t.to_json() for uid, t in self.tasks.items()},
+            "references": list(self.references),
+        }
+        if self.graph is not None:
+            d["graph"] = {"vertices": {uid: v.to_json() for uid, v in self.graph.items()}}
+        if self.savepoint_from is not None:
+            d["savepoint"] = {"from": self.savepoint_from}
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any, path: str = "<metadata>") -> CheckpointMetadata:
+        """The metadata a checkpoint's file holds; :class:`FormatError` naming ``path``
+        when it is not spillover metadata, of a newer version, or malformed."""
+        check_metadata(d, path)
+        try:
+            sp = d.get("savepoint")
+            graph = graph_from_json(d.get("graph"))
+            extra = _extra(d, cls._KEYS)
+            if graph is None and "graph" in d:
+                extra["graph"] = d["graph"]  # no vertices: kept as written
+            return cls(
+                int(d["version"]),
+                str(d.get("job", "")),
+                int(d["checkpoint_id"]),
+                int(d.get("trigger_ms", 0)),
+                int(d.get("completed_ms", 0)),
+                str(d.get("graph_fingerprint", "")),
+                dict(d.get("settings") or {}),
+                bool(d.get("final", False)),
+                {uid: OperatorMeta.from_json(t) for uid, t in (d.get("tasks") or {}).items()},
+                graph,
+                tuple(int(c) for c in d.get("references", [])),
+                str(sp["from"]) if sp else None,
+                extra,
+            )
+        except FormatError as e:
+            raise FormatError(e.message, path=path, detail=e.detail, hint=e.hint) from e
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            raise FormatError(
+                "malformed checkpoint metadata", path=path, detail=f"{type(e).__name__}: {e}"
+            ) from e

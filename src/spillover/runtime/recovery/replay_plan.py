@@ -1,0 +1,79 @@
+"""What one restored subtask replays of its channel state: the typed replay plan.
+
+``plan_restore`` (``plan.py``) builds a :class:`ReplayPlan` per new subtask from the
+checkpoint's metadata; ``ChannelStateReplay`` (``channels.py``) replays it. The plan
+holds state handles, :class:`~spillover.rescale.pieces.Reference`\\ s and edge
+mappings, never JSON: the metadata file is the only place they are dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from spillover.rescale import EdgeMapping, Piece, Reference
+from spillover.storage import GateStateHandle
+
+__all__ = ["ReplayPlan", "RescaledInput"]
+
+
+@dataclass(frozen=True, slots=True)
+class RescaledInput:
+    """One input edge whose parallelism changed on either side: what the filtering
+    retriever of this subtask reads from the old subtasks (docs/rescaling.md).
+
+    ``input_handles``/``output_handles``: per old downstream/upstream subtask its
+    gate's handle for this edge (None: it stored nothing). ``input_references``: per
+    old downstream, ``{channel: pieces}`` it had referenced instead of storing, read
+    ahead of that channel's input piece. ``filtered_references``: old channels'
+    streams the old subtasks referenced with a filter, replayed first, kept by both
+    their filter and this subtask's."""
+
+    gate: int
+    mapping: EdgeMapping
+    input_handles: Mapping[int, GateStateHandle | None]
+    output_handles: Mapping[int, GateStateHandle | None]
+    key_offset: int | None
+    input_references: Mapping[int, Mapping[int, tuple[Piece, ...]]] = field(default_factory=dict)
+    filtered_references: tuple[Reference, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPlan:
+    """One restored subtask's recovered channel state.
+
+    ``outputs``/``inputs``: its own gates' files, of edges whose parallelism did not
+    change. ``references``: what its own checkpoint referenced (unfiltered ones go
+    ahead of their channel's own file; filtered ones are old channels' streams).
+    ``rescaled``: per rescaled input edge, what it reads of the old subtasks (the
+    upstreams of a rescaled edge replay nothing: the new downstream reads both parts
+    of each old channel)."""
+
+    outputs: tuple[GateStateHandle, ...] = ()
+    inputs: tuple[GateStateHandle, ...] = ()
+    references: tuple[Reference, ...] = ()
+    rescaled: tuple[RescaledInput, ...] = ()
+
+    def unfiltered(self, gate: int) -> dict[int, list[Piece]]:
+        """``{input channel: pieces}`` the subtask's own references hold for ``gate``."""
+        out: dict[int, list[Piece]] = {}
+        for ref in self.references:
+            if ref.gate == gate and ref.filter is None:
+                out.setdefault(ref.channel, []).extend(ref.pieces)
+        return out
+
+    def filtered(self, gate: int) -> tuple[Reference, ...]:
+        """The old channels' streams the subtask's references hold for ``gate``, in order."""
+        return tuple(r for r in self.references if r.gate == gate and r.filter is not None)
+
+    @property
+    def handles(self) -> list[GateStateHandle]:
+        """Every state file section the plan reads (to check them before any task starts)."""
+        out = [*self.outputs, *self.inputs, *(p.handle for r in self.references for p in r.pieces)]
+        for e in self.rescaled:
+            out += [h for h in (*e.input_handles.values(), *e.output_handles.values()) if h]
+            out += [
+                p.handle for refs in e.input_references.values() for ps in refs.values() for p in ps
+            ]
+            out += [p.handle for r in e.filtered_references for p in r.pieces]
+        return out
