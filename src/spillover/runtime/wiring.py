@@ -214,6 +214,7 @@ def make_coordinator(
         on_complete=ex.checkpoint_completed,
         retained=ex.retained_ids,
         subsumed=ex.subsumed_ids,
+        stats_listener=ex.stats,
     )
 
 
