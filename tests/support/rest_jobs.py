@@ -1,6 +1,7 @@
 """A backpressured streaming job for the operating tests (REST API, CLI, dashboard):
 an endless paced source and a slower sink, so in-flight data builds up in the
-channels. ``spillover run tests/support/rest_jobs.py:backpressured`` runs it."""
+channels. ``spillover run tests/support/rest_jobs.py:backpressured`` runs it (its
+sink keeps nothing, so a savepoint restores in another process)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Any
 import httpx
 
 from spillover.config import Config
-from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
@@ -26,7 +26,7 @@ def backpressured(parallelism: int = 2) -> StreamEnvironment:
             partitions=2, records_per_partition=10**9, payload_bytes=16, rate_per_subtask=3_000
         ),
         uid="source",
-    ).rebalance().sink(ThrottledSink(2_000, inner=CollectingSink("backpressured")), uid="sink")
+    ).rebalance().sink(ThrottledSink(2_000), uid="sink")
     return env
 
 
