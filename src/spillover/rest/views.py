@@ -74,6 +74,9 @@ def checkpoint_json(c: CheckpointRecord, *, tasks: bool = False) -> dict[str, An
         "num_subtasks": c.num_subtasks,
         "num_acknowledged_subtasks": c.num_acknowledged,
         "checkpoint_type": c.checkpoint_type,
+        # Not in Flink's: the slowest subtask's start delay and alignment, for charts.
+        "start_delay": round(max((s.metric("start_delay_ms") for s in c.subtasks), default=0)),
+        "alignment_duration": round(max((s.metric("alignment_ms") for s in c.subtasks), default=0)),
     }
     if c.status == "COMPLETED":
         out["external_path"] = c.external_path
@@ -300,6 +303,7 @@ def job_json(job: ServedJob) -> dict[str, Any]:
                 },
                 # Not in Flink's JobDetailsInfo: what the dashboard draws.
                 "records-in-per-second": _sum(subs, "records_in_per_s"),
+                "records-out-per-second": _sum(subs, "records_out_per_s"),
                 "backpressured-ms-per-second": max(
                     (s.get("backpressured_ms_per_s", 0.0) for s in subs), default=0.0
                 ),
