@@ -9,6 +9,7 @@ writes back: the coordinator's own ``history`` stays the source of ``JobResult``
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from spillover.runtime.checkpointing.coordinator import CheckpointStats
+
+logger = logging.getLogger(__name__)
 
 # Flink's ``web.checkpoints.history``, larger: a chart wants more than ten points.
 HISTORY_SIZE = 100
@@ -202,7 +205,10 @@ class CheckpointStatsTracker:
             del self._ended[:-HISTORY_SIZE]
             listeners = list(self._listeners)
         for f in listeners:
-            f(record)
+            try:
+                f(record)
+            except Exception as e:  # a reader's failure must not fail the checkpoint
+                logger.warning("checkpoint statistics listener failed: %s", e)
 
     # -- the job master's side -------------------------------------------------------------
 
