@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(wildcard csrc/*.c csrc/*.h src/spillover/_native/*.pyx src/spillover/_native/*.pxi src/spillover/_native/*.pxd src/spillover/_native/includes/*.pxd)
 
-.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak clean profile
+.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak clean profile browser
 
 install: $(STAMP)
 
@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# Headless chromium and its driver for the dashboard's browser test (Debian's packages;
+# needs root, as CI has). A no-op where chromium is installed.
+browser:
+	(command -v chromium && command -v chromedriver) >/dev/null || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver)
 
 # The main job: checkpoints under backpressure, one run per policy (a few minutes);
 # tables, CSV and plots go to results/. Flags and their SPILLOVER_BENCH_CLI_* twins:

@@ -148,3 +148,11 @@ class BatchTypeError(SpilloverError, TypeError):
 
 class KeyGroupRangeError(SpilloverError, ValueError):
     """Keyed state got a key whose key group lies outside the subtask's range (a routing bug)."""
+
+
+class JobNotFoundError(ConfigError):
+    """No registered job has the id given (``spillover savepoint|stop|cancel ...``)."""
+
+
+class JobNotRunningError(ConfigError):
+    """The job asked to take a savepoint, stop, cancel or rescale has ended already."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from spillover import __version__
-from spillover.cli import bench, demo, inspect, verify
+from spillover.cli import bench, demo, inspect, jobs, verify
 from spillover.cli.options import EXIT_RUN_FAILED, EXIT_USAGE, BadEnvValue
 from spillover.errors import ConfigError, SpilloverError
 
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (inspect, demo, verify, bench):
         command.add_parser(sub)
+    jobs.add_parsers(sub)
     return parser
 
 

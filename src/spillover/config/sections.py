@@ -381,6 +381,12 @@ class DeploymentConfig:
     spark_master: str | None = field(
         default=None, metadata=_key("spillover.spark.master", _SparkMaster())
     )
+    # Where the job master serves its REST API, metrics and dashboard (Flink's keys);
+    # port 0 takes a free port, which ``spillover list`` shows.
+    rest_bind_address: str = field(
+        default="127.0.0.1", metadata=_key("rest.bind-address", _Text("a host name or address"))
+    )
+    rest_port: int = field(default=0, metadata=_key("rest.port", _Int(0, 65535)))
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -22,10 +22,13 @@ from spillover.runtime.batch.launch import Launcher, LocalLauncher
 from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import read_checkpoint
+from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
+from spillover.runtime.checkpointing.stats import CheckpointStatsTracker
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobevents import LeaseError
 from spillover.runtime.jobrecovery import JobRecovery
+from spillover.runtime.jobstatus import JobStatusTracker
 from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
@@ -39,12 +42,16 @@ class JobFailedError(RuntimeError):
     """The job failed and the restart strategy allows no more attempts."""
 
 
+class JobCancelledError(RuntimeError):
+    """The running attempt ends because the job was cancelled (:meth:`Executor.cancel`)."""
+
+
 @dataclass
 class JobResult:
     """How a run went: status, attempts, per-checkpoint and per-task metrics."""
 
     job_name: str
-    status: str  # finished | stopped | failed
+    status: str  # finished | stopped | failed | cancelled
     attempts: int
     duration_s: float
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
@@ -196,6 +203,14 @@ class Executor:
         self._stop_unaligned = False  # ... with an unaligned savepoint
         self._savepoint_dir = ""  # ... under this directory
         self.recovery: JobRecovery | None = None  # the lease and event log, while running
+        # What operators read while it runs (the REST API): checkpoint statistics over
+        # every attempt, the job's state, its exceptions and restarts.
+        storage = self.storage
+        self.stats = CheckpointStatsTracker(
+            None if storage is None else lambda cid: str(storage.checkpoint_dir(cid))
+        )
+        self.status = JobStatusTracker()
+        self._cancelled = False
 
     def _attempt(
         self,
@@ -258,12 +273,54 @@ class Executor:
         if run is not None:
             self._ask_stop(run)
 
+    def trigger_savepoint(
+        self, savepoint_dir: str | None = None, unaligned: bool = False
+    ) -> SavepointRequest:
+        """Takes a savepoint without stopping the job, from any thread: a checkpoint
+        triggered now (aligned, or ``unaligned``) and exported as
+        :meth:`stop_with_savepoint` exports its own; ``wait()`` on the answer gives
+        its path. Refused (ConfigError) without checkpoint storage or a running attempt."""
+        storage, run = self.storage, self._current
+        if self.batch or storage is None:
+            raise ConfigError(
+                "a savepoint needs checkpoint storage",
+                hint="set state.checkpoints.dir and execution.checkpointing.interval",
+            )
+        if run is None:
+            raise ConfigError("the job is not running", hint="wait for it to start")
+        where = Location.parse(
+            savepoint_dir
+            or self.config.state.savepoints_dir
+            or Location.parse(storage.uri).child("savepoints").uri
+        )
+
+        def export(cid: int) -> str:
+            path = storage.export(cid, where.child(f"savepoint-{self.job_id[:6]}-{cid}").uri)
+            self.stats.exported(cid, path)
+            if self.recovery is not None:
+                self.recovery.savepoint_completed(cid, path)
+            return path
+
+        request = SavepointRequest(1 if unaligned else 0, export)  # events.BarrierKind
+        run.coordinator.trigger_savepoint(request)
+        return request
+
     def _ask_stop(self, run: Any) -> None:
         if self._stop:
             run.stop_sources(True)  # drain: the data ends, then the final checkpoint
         else:
             # A savepoint the tasks suspend at: aborted, the job goes on as it was.
             run.coordinator.request_stop(self._stop_unaligned)
+
+    def cancel(self) -> None:
+        """Cancels the job from any thread, as Flink's cancel: no savepoint; ``run``
+        returns with status ``cancelled`` and the event log records the job cancelled
+        (a later start resumes it from its latest checkpoint)."""
+        self._cancelled = True
+        self.status.cancel_requested()
+        run = self._current
+        if run is not None:
+            run.coordinator.on_failure(JobCancelledError("the job was cancelled"))
 
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         """The coordinator wrote a checkpoint's metadata: recorded in the job's event
@@ -326,6 +383,12 @@ class Executor:
         return float(
             sum(m.get(metric, 0.0) for k, m in run.task_metrics().items() if k.startswith(prefix))
         )
+
+    def task_metrics(self) -> dict[str, dict[str, float]]:
+        """Each subtask's live metrics (``uid#i``) in the running attempt ({} before it
+        starts); safe to call from any thread (on Spark, as the workers last reported)."""
+        run = self._current
+        return {} if run is None else dict(run.task_metrics())
 
     def _restore_point(self) -> CheckpointMetadata | None:
         """The metadata of the checkpoint to restore: the one asked for (an id in this
@@ -408,10 +471,12 @@ class Executor:
         try:
             if self.batch:
                 self.start_cluster()  # meanwhile: the log's replay, the reuse check
+                self.status.attempt_started(0)
                 self._run_batch(result, recovery, started, timeout)
             else:
                 self._run(result, recovery, started, timeout, stop_after, stop_when)
         finally:
+            self.status.ended(result.status)
             self.recovery = None
             if recovery is not None:
                 recovery.close()
@@ -512,6 +577,11 @@ class Executor:
             restored_id = meta.checkpoint_id if meta is not None else None
             if restored_id is not None:
                 result.restored_from.append(restored_id)
+                self.stats.restored(
+                    restored_id,
+                    _restore_path(self.restore_checkpoint, restored_id, self.storage),
+                    isinstance(self.restore_checkpoint, str),
+                )
             if recovery is not None:
                 assert self.storage is not None
                 first = max(
@@ -530,6 +600,9 @@ class Executor:
             run = self._current = self._attempt(attempt, restore, restored_id)
             if self._stop is not None:  # asked before this attempt started
                 self._ask_stop(run)
+            self.status.attempt_started(attempt)
+            if self._cancelled:  # asked before this attempt started
+                run.coordinator.on_failure(JobCancelledError("the job was cancelled"))
             error = run.run(deadline, stop_at, stop_when)
             if failed_at is not None and run.running_at is not None:
                 result.restart_s.append(round(run.running_at - failed_at, 4))
@@ -542,6 +615,12 @@ class Executor:
             self.next_checkpoint_id = run.coordinator.next_id
             self.retained_ids = run.coordinator.retained_ids
             self.subsumed_ids = run.coordinator.subsumed_ids
+            if self._cancelled and error is not None:
+                result.status = "cancelled"
+                if recovery is not None:
+                    recovery.generation_ended(generation + attempt, "cancelled")
+                    recovery.terminated("cancelled", "cancelled on request")
+                break
             if error is None:
                 result.status = "stopped" if run.stopped else "finished"
                 if self._stop is not None and run.coordinator.completed_ids:
@@ -551,6 +630,7 @@ class Executor:
                         f"savepoint-{self.job_id[:6]}-{cid}"
                     )
                     result.savepoint = self.storage.export(cid, target.uri)
+                    self.stats.exported(cid, result.savepoint)
                     result.status = "finished" if self._stop else "stopped"
                     if recovery is not None:
                         recovery.savepoint_completed(cid, result.savepoint)
@@ -566,6 +646,7 @@ class Executor:
             failure = f"{type(error).__name__}: {error}"
             result.failures.append(f"attempt {attempt}: {failure}")
             result.tracebacks.append("".join(traceback.format_exception(error)))
+            self.status.attempt_failed(attempt, error, result.tracebacks[-1])
             if recovery is not None:
                 recovery.generation_ended(generation + attempt, f"failed: {failure}"[:500])
             if strategy is RestartStrategy.NONE or isinstance(

@@ -42,6 +42,7 @@ from spillover.runtime.jobevents import (
     JobSubmitted,
     LeaseError,
     LeaseLostError,
+    OperatorCommand,
     RescaleDecided,
     SavepointCompleted,
     SplitsAssigned,
@@ -258,6 +259,10 @@ class JobRecovery:
 
     def savepoint_completed(self, savepoint_id: int, path: str) -> None:
         self._note(SavepointCompleted(savepoint_id, path))
+
+    def operator_command(self, command: str, detail: str) -> None:
+        """An operator's command (the REST API's savepoint, stop, cancel) reached the job."""
+        self._note(OperatorCommand(command, detail))
 
     def rescale_decided(self, old: int, new: int, cause: str) -> None:
         self._note(RescaleDecided(old, new, cause))

@@ -14,6 +14,7 @@ from spillover.keygroups import key_group_range_for_operator
 from spillover.runtime.checkpointing.channel_state import channel_state_groups
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.checkpointing.stats import CheckpointStatsListener
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.iteration import feedback
@@ -197,6 +198,8 @@ class CoordinatedJob(Protocol):
     def retained_ids(self) -> list[int]: ...
     @property
     def subsumed_ids(self) -> list[int]: ...
+    @property
+    def stats(self) -> CheckpointStatsListener: ...
     def checkpoint_completed(self, checkpoint_id: int) -> None: ...
 
 
@@ -235,6 +238,7 @@ def make_coordinator(
         on_complete=ex.checkpoint_completed,
         retained=ex.retained_ids,
         subsumed=ex.subsumed_ids,
+        stats_listener=ex.stats,
     )
 
 

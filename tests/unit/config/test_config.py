@@ -186,6 +186,8 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.deployment.spark_master,
         {},
     ),
+    "rest.bind-address": ("0.0.0.0", "0.0.0.0", lambda c: c.deployment.rest_bind_address, {}),
+    "rest.port": ("8081", 8081, lambda c: c.deployment.rest_port, {}),
     "execution.state-recovery.path": (
         "/ckpt/job/chk-7",
         "/ckpt/job/chk-7",
@@ -447,6 +449,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("restart-strategy.failure-rate.delay", [1]),
     ("spillover.executor", "yarn"),
     ("spillover.spark.master", "head:7077"),
+    ("rest.bind-address", 8081),
+    ("rest.port", 70000),
     ("execution.state-recovery.path", 7),
     ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
     (CP + "recover-without-channel-state.checkpoint-id", -2),
@@ -810,6 +814,7 @@ def valid_options(draw: st.DrawFn) -> dict[str, Any]:
     maybe("restart-strategy.fixed-delay.attempts", st.integers(0, 2**31 - 1))
     maybe("spillover.executor", st.sampled_from(["local", "spark"]))
     maybe("spillover.spark.master", st.sampled_from(["local[4]", "spark://h:7077", "yarn"]))
+    maybe("rest.port", st.integers(0, 65535))
     return options
 
 

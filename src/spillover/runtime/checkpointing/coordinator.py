@@ -49,6 +49,8 @@ from spillover.runtime.checkpointing.metadata import (
     new_metadata,
     referenced_checkpoints,
 )
+from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
+from spillover.runtime.checkpointing.stats import CheckpointStatsListener
 from spillover.runtime.iteration.termination import LoopTermination
 from spillover.runtime.jobevents.lease import LeaseError
 
@@ -141,8 +143,14 @@ class CheckpointCoordinator:
         on_complete: Callable[[int], None] | None = None,
         retained: Sequence[int] = (),
         subsumed: Sequence[int] = (),
+        stats_listener: CheckpointStatsListener | None = None,
     ) -> None:
         self.job_name = job_name
+        # Told of every checkpoint triggered and ended (the job's statistics tracker).
+        self.stats_listener = stats_listener
+        # Savepoints without a stop: asked from any thread, triggered on this one.
+        self._savepoint_requests: queue.SimpleQueue[SavepointRequest] = queue.SimpleQueue()
+        self._savepoints: dict[int, SavepointRequest] = {}  # by their checkpoint's id
         # Called once a checkpoint's metadata is written, before anything is subsumed
         # or any task told: the job master records it durably (its event log).
         self.on_complete = on_complete
@@ -242,6 +250,14 @@ class CheckpointCoordinator:
     def trigger_now(self) -> None:
         self._events.put(TriggerNow())
 
+    def trigger_savepoint(self, request: SavepointRequest) -> None:
+        """A savepoint without stopping: the next checkpoint a free slot allows, with
+        the request's barrier kind, exported on this thread once it completes (before
+        anything can subsume it). The request fails if it is aborted or the job
+        stops or finishes first."""
+        self._savepoint_requests.put(request)
+        self._events.put(TriggerNow())  # wakes the loop
+
     def request_stop(self, unaligned: bool = True) -> None:
         """Stop-with-savepoint without drain: the next checkpoint (at once if none is
         pending) is a savepoint, unaligned or aligned; every task is told beforehand
@@ -273,11 +289,14 @@ class CheckpointCoordinator:
                 self._check_timeouts()
                 self._maybe_stop()
                 self._maybe_final()
+                self._maybe_savepoint()
         except BaseException as e:  # a coordinator failure fails the attempt
             self.on_failure(e)
         finally:
             for cid in list(self._pending):
                 self._abort(cid, "job attempt ended")
+            while not self._savepoint_requests.empty():
+                self._savepoint_requests.get().failed("the job attempt ended")
 
     def _can_trigger(self, now: float) -> bool:
         return (
@@ -385,6 +404,24 @@ class CheckpointCoordinator:
         if len(self._pending) < self.max_concurrent:
             self.stop_id = self._trigger(final=False, savepoint=True)
 
+    def _maybe_savepoint(self) -> None:
+        """Triggers the oldest savepoint request once a checkpoint slot is free."""
+        while not self._savepoint_requests.empty():
+            if self._stopping or self._final_id is not None or self._final_done:
+                self._savepoint_requests.get().failed("the job is stopping or finishing")
+                continue
+            if self.storage is None or len(self._pending) >= self.max_concurrent:
+                return
+            request = self._savepoint_requests.get()
+            cid = self._trigger(final=False, kind=request.kind)
+            if cid is None:
+                request.failed("no task runs any more")
+                continue
+            request.triggered(cid)
+            self._savepoints[cid] = request
+            if self.stats_listener is not None:
+                self.stats_listener.savepoint_triggered(cid)
+
     def _maybe_final(self) -> None:
         """FLIP-147's final checkpoint: once every task processed all its input, one
         aligned checkpoint (no data is in flight any more) commits the last output."""
@@ -403,7 +440,7 @@ class CheckpointCoordinator:
                     self._final_done = True
                     self.on_final()
 
-    def _trigger(self, final: bool, savepoint: bool = False) -> int | None:
+    def _trigger(self, final: bool, savepoint: bool = False, kind: int | None = None) -> int | None:
         """Triggers a checkpoint at its roots; None when no task runs any more. A
         savepoint (unaligned) first tells every running task it is one."""
         running = self.running()
@@ -415,7 +452,7 @@ class CheckpointCoordinator:
         trigger_ms = int(time.time() * 1000)
         stats = CheckpointStats(cid, trigger_ms, final=final, savepoint=savepoint)
         p = self._pending[cid] = _Pending(stats, time.monotonic(), running)
-        kind = 0 if final else self.barrier_kind  # the final one is aligned
+        kind = 0 if final else self.barrier_kind if kind is None else kind  # final: aligned
         if savepoint:
             kind = UNALIGNED if self._stop_unaligned else 0
             for key in sorted(running):  # before any barrier can reach them
@@ -426,6 +463,8 @@ class CheckpointCoordinator:
         p.triggered = set(roots)
         for key in roots:
             self.tasks[key].post(p.trigger)
+        if self.stats_listener is not None:
+            self.stats_listener.checkpoint_triggered(stats, kind, len(running))
         return cid
 
     def _on_ack(self, ack: Ack) -> None:
@@ -499,6 +538,9 @@ class CheckpointCoordinator:
             self._abort(cid, f"completing it failed: {type(e).__name__}: {e}")
             self._count_failure(cid)
             return
+        request = self._savepoints.pop(cid, None)
+        if request is not None:  # exported now: retention below may subsume it
+            request.completed(cid)
         p.stats.status = "completed"
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
         p.stats.finalize_ms = (time.monotonic() - finalizing) * 1000
@@ -587,6 +629,9 @@ class CheckpointCoordinator:
             return
         p.stats.status = "aborted"
         p.stats.reason = reason
+        request = self._savepoints.pop(cid, None)
+        if request is not None:
+            request.failed(f"checkpoint {cid} was aborted: {reason}")
         self._aborted = True  # the next completion sweeps what late writes left
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
         self._record(p.stats)
@@ -627,6 +672,8 @@ class CheckpointCoordinator:
 
     def _record(self, stats: CheckpointStats) -> None:
         self.history.append(stats)
+        if self.stats_listener is not None:
+            self.stats_listener.checkpoint_ended(stats)
         if self.metrics_path:
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps({"type": "checkpoint", **stats.summary()}) + "\n")

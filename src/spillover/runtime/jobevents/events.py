@@ -133,6 +133,16 @@ class SplitsAssigned(Event):
 
 
 @dataclass(frozen=True)
+class OperatorCommand(Event):
+    """An operator's command reached the job master (``spillover savepoint``, ``stop``,
+    ``cancel``, ... through its REST API): recorded for the audit, not replayed."""
+
+    KIND: ClassVar[str] = "operator-command"
+    command: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class JobTerminated(Event):
     """The job ended for good; ``STATUS`` says how."""
 
@@ -169,6 +179,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SavepointCompleted,
         RescaleDecided,
         SplitsAssigned,
+        OperatorCommand,
         JobFinished,
         JobFailed,
         JobCancelled,
