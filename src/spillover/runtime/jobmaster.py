@@ -236,16 +236,15 @@ class Executor:
         ``state.savepoints.dir``, else ``savepoints`` in the job's checkpoint
         directory): no retention deletes it; restore it with ``restore_checkpoint=``.
 
-        The sources emit nothing more. Without ``drain`` no operator finishes: the
-        tasks take one more checkpoint (aligned, as Flink does) once the end of data
-        reached them, so everything in flight is processed first, two-phase-commit
-        sinks commit up to it, and the job ends ``stopped``; restoring the savepoint
-        resumes exactly where it stopped. ``unaligned`` (without drain only) takes the
-        savepoint at once as an unaligned checkpoint instead: what is in flight goes
-        into it rather than through the job, so a backpressured job stops without
-        waiting for its buffers to drain. With ``drain`` every operator's
-        ``end_input`` and ``finish()`` run and the job ``finished`` for good (its
-        last checkpoint records every operator finished)."""
+        Without ``drain`` no operator finishes: the sources emit nothing more, what
+        is in flight is processed and an aligned checkpoint is the savepoint; with
+        ``unaligned`` every task is told the next checkpoint is the savepoint and,
+        once it took it, holds what reaches it (an aborted attempt leaves the job
+        running as before and the next checkpoint tries again). Either way
+        two-phase-commit sinks commit up to it and the job ends ``stopped``;
+        restoring it resumes exactly where it stopped. With ``drain`` the sources
+        end, every operator's ``end_input`` and ``finish()`` run and the job
+        ``finished`` for good (its last checkpoint records every operator finished)."""
         if self.batch:
             raise ConfigError(
                 "a batch job takes no savepoints",
@@ -306,11 +305,11 @@ class Executor:
         return request
 
     def _ask_stop(self, run: Any) -> None:
-        if self._stop:
-            run.stop_sources(True)  # drain: the data ends, then the final checkpoint
-        else:
+        if self._stop_unaligned:
             # A savepoint the tasks suspend at: aborted, the job goes on as it was.
-            run.coordinator.request_stop(self._stop_unaligned)
+            run.coordinator.request_stop(True)
+        else:
+            run.stop_sources(bool(self._stop))
 
     def cancel(self) -> None:
         """Cancels the job from any thread, as Flink's cancel: no savepoint; ``run``
