@@ -125,9 +125,10 @@ class FailAtFinalCommit(FailureInjector):
 
 
 class DecliningSnapshots(Operator):
-    """Forwards its input; once armed (``arm(job, n)``) the next ``n`` snapshots it
-    takes fail in their asynchronous part, so the subtask declines them and the
-    coordinator aborts those checkpoints (a savepoint attempt that fails on storage)."""
+    """Forwards its input; once armed (``arm(job, n)``) the next ``n`` checkpoints it
+    takes fail in their asynchronous part on every subtask, so the coordinator
+    aborts them (a savepoint attempt that fails on storage). ``declined[job]``: their
+    ids, in order."""
 
     remaining: dict[str, int] = {}  # noqa: RUF012 (a test's process-wide record)
     declined: dict[str, list[int]] = {}  # noqa: RUF012
@@ -148,15 +149,17 @@ class DecliningSnapshots(Operator):
 
     def snapshot(self, checkpoint_id: int) -> Any:
         with self.lock:
-            fail = self.remaining.get(self.job, 0) > 0
-            if fail:
+            declined = self.declined.setdefault(self.job, [])
+            fail = checkpoint_id in declined
+            if not fail and self.remaining.get(self.job, 0) > 0:
                 self.remaining[self.job] -= 1
-                self.declined.setdefault(self.job, []).append(checkpoint_id)
+                declined.append(checkpoint_id)
+                fail = True
 
         def finalize(_directory: str) -> None:
             if fail:
-                # Slow to fail, as storage that times out: the subtasks downstream
-                # took the savepoint meanwhile and went on taking input.
+                # Slow to fail, as storage that times out: the subtasks that took
+                # the checkpoint meanwhile went on taking input.
                 time.sleep(0.3)
                 raise OSError(f"induced storage failure of checkpoint {checkpoint_id}")
 

@@ -307,7 +307,7 @@ class Executor:
     def _ask_stop(self, run: Any) -> None:
         if self._stop_unaligned:
             # A savepoint the tasks suspend at: aborted, the job goes on as it was.
-            run.coordinator.request_stop(True)
+            run.coordinator.request_stop()
         else:
             run.stop_sources(bool(self._stop))
 

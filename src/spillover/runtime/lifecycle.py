@@ -3,8 +3,8 @@ checkpoint records of it.
 
 A task runs, its input ends (or its source runs out, or a stop ends its data), its
 chain finishes (``finish()``, unless stopped without drain) and it waits for a
-checkpoint taken after that to complete (FLIP-147); a task restored finished starts
-there. A stop-with-savepoint suspends the task once it took the savepoint: it takes
+checkpoint taken after that to complete (FLIP-147), then ends; a task restored
+finished starts there. A stop-with-savepoint suspends the task once it took the savepoint: it takes
 no more input until the savepoint completes (the task ends) or is aborted (it goes
 on exactly where it was). Every transition is a method of :class:`TaskLifecycle`,
 called on the task thread; nothing else writes its fields.
@@ -26,7 +26,6 @@ class Phase(enum.Enum):
     STOPPED = "stopped"
     # Restored from a checkpoint that recorded it finished: nothing of its chain runs.
     RESTORED_FINISHED = "restored-finished"
-    ENDED = "ended"
 
 
 class LifecycleError(RuntimeError):
@@ -39,8 +38,7 @@ class TaskLifecycle:
     phase: a running or stopped task that took a stop's savepoint."""
 
     phase: Phase = Phase.RUNNING
-    data_ended: bool = False  # EndOfData went downstream
-    finish_runs: int = 0  # times finish() ran on this attempt (at most once)
+    data_ended: bool = False  # EndOfData went downstream: it waits for its final checkpoint
     final_checkpoint_id: int | None = None  # the first checkpoint taken after the end
     final_done: bool = False  # ... completed: the task may end
     suspend_at: int | None = None  # a stop's savepoint, announced before its barrier
@@ -66,11 +64,6 @@ class TaskLifecycle:
         return self.phase in (Phase.FINISHED, Phase.RESTORED_FINISHED)
 
     @property
-    def ended_data(self) -> bool:
-        """Whether its data ended (EndOfData sent): it waits for its final checkpoint."""
-        return self.data_ended
-
-    @property
     def takes_input(self) -> bool:
         """Whether it may process input now (not while it holds a stop's savepoint)."""
         return not self.suspended
@@ -93,7 +86,6 @@ class TaskLifecycle:
             self.phase = Phase.STOPPED
             return False
         self.phase = Phase.FINISHED
-        self.finish_runs += 1
         return True
 
     def without_checkpoints(self) -> None:
@@ -132,6 +124,3 @@ class TaskLifecycle:
 
     def terminate(self) -> None:
         self.exit_requested = True
-
-    def end(self) -> None:
-        self.phase = Phase.ENDED

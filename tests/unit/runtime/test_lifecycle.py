@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from spillover.runtime.lifecycle import LifecycleError, Phase, TaskLifecycle
+from spillover.runtime.lifecycle import LifecycleError, TaskLifecycle
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class Taken:
 
 
 class LifecycleMachine(RuleBasedStateMachine):
+    """The real lifecycle beside a model of the stop protocol: the savepoint
+    announced (``announced``), whether the task holds it, whether it must end."""
+
     def __init__(self) -> None:
         super().__init__()
         self.life = TaskLifecycle()
@@ -33,7 +36,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.next_id = 1
         self.taken: dict[int, Taken] = {}
         self.completed: list[int] = []
-        self.processed_while_holding = 0
+        self.newest_here = -1  # the newest checkpoint this incarnation took
+        self.announced: int | None = None
+        self.holding = False
+        self.must_end = False
 
     @rule(drain=st.booleans())
     def data_ends(self, drain: bool) -> None:
@@ -49,42 +55,44 @@ class LifecycleMachine(RuleBasedStateMachine):
         cid, self.next_id = self.next_id, self.next_id + 1
         self.life.snapshot_taken(cid)
         self.taken[cid] = Taken(self.life.finished_in_checkpoint, self.finishes)
+        self.newest_here = cid
+        if cid == self.announced:
+            self.holding = True
 
-    @precondition(lambda self: self.next_id > 1)
+    @precondition(lambda self: bool(self.taken))
     @rule(data=st.data())
     def checkpoint_completes(self, data: st.DataObject) -> None:
         cid = data.draw(st.sampled_from(sorted(self.taken)))
         self.life.checkpoint_completed(cid)
         self.completed.append(cid)
-        if self.life.final_checkpoint_id is not None and cid >= self.life.final_checkpoint_id:
-            assert self.life.may_end
+        if self.holding and self.announced is not None and cid >= self.announced:
+            self.must_end = True  # the stop's savepoint completed: the task ends
 
     @rule(ahead=st.integers(0, 2))
     def a_stop_is_announced(self, ahead: int) -> None:
-        self.life.suspend_announced(self.next_id + ahead - 1)
+        cid = self.next_id + ahead - 1
+        self.life.suspend_announced(cid)
+        self.announced, self.holding = cid, self.newest_here >= cid  # taken already
 
     @rule(ahead=st.integers(-1, 2))
     def a_checkpoint_is_aborted(self, ahead: int) -> None:
         cid = self.next_id + ahead - 1
-        was = self.life.suspend_at
         self.life.checkpoint_aborted(cid)
-        if cid == was:
-            assert not self.life.suspended and self.life.takes_input
+        if cid == self.announced:  # the stop failed: the task goes on as before
+            self.announced, self.holding = None, False
 
     @rule(ahead=st.integers(0, 2))
     def a_barrier_comes(self, ahead: int) -> None:
         cid = self.next_id + ahead
-        held = self.life.suspend_at
         self.life.barrier_seen(cid)
-        if held is not None and cid > held:
-            assert not self.life.suspended  # that savepoint cannot complete any more
+        if self.holding and self.announced is not None and cid > self.announced:
+            # A newer checkpoint: the held savepoint cannot complete any more.
+            self.announced, self.holding = None, False
 
     @rule()
-    def input_comes(self) -> None:
-        if not self.life.takes_input:
-            return  # held, not processed
-        if self.life.suspended:
-            self.processed_while_holding += 1
+    def terminated(self) -> None:
+        self.life.terminate()
+        self.must_end = True
 
     @precondition(lambda self: bool(self.completed))
     @rule(data=st.data())
@@ -93,29 +101,28 @@ class LifecycleMachine(RuleBasedStateMachine):
         point = self.taken[cid]
         self.life = TaskLifecycle.restored(point.finished)
         self.finishes = point.finishes
+        self.announced, self.holding, self.must_end = None, False, False
+        self.newest_here = -1
+        self.completed = [c for c in self.completed if c <= cid]
+        self.taken = {c: t for c, t in self.taken.items() if c <= cid}
 
     @invariant()
     def finish_runs_at_most_once_along_every_lineage(self) -> None:
         assert self.finishes <= 1
 
     @invariant()
-    def a_finished_record_means_nothing_runs_again(self) -> None:
+    def a_checkpoint_after_finish_records_it_finished(self) -> None:
         for point in self.taken.values():
-            if point.finished:
-                assert point.finishes <= 1
-            if point.finishes == 1 and not point.finished:
-                # Finished, but recorded running: only a stop without drain, never.
-                raise AssertionError("a checkpoint after finish() recorded the task running")
+            assert point.finished or point.finishes == 0
 
     @invariant()
-    def holding_a_savepoint_takes_no_input(self) -> None:
-        assert self.processed_while_holding == 0
-        assert self.life.takes_input == (not self.life.suspended)
+    def the_task_holds_a_savepoint_exactly_when_the_model_says(self) -> None:
+        assert self.life.suspended == self.holding
+        assert self.life.takes_input == (not self.holding)
 
     @invariant()
-    def restored_finished_is_finished(self) -> None:
-        if self.life.phase is Phase.RESTORED_FINISHED:
-            assert self.life.finished_in_checkpoint
+    def the_task_ends_when_its_stop_completed_or_it_was_terminated(self) -> None:
+        assert self.life.exit_requested == self.must_end
 
 
 LifecycleMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40)

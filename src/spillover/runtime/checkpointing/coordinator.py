@@ -205,8 +205,7 @@ class CheckpointCoordinator:
         )
         self._final_id: int | None = None
         self._final_done = False
-        self._stopping = False  # a stop's savepoint was asked for
-        self._stop_unaligned = True  # ... unaligned (else aligned)
+        self._stopping = False  # a stop's unaligned savepoint was asked for
         self.stop_id: int | None = None  # ... its checkpoint
         self._savepoint_id: int | None = None  # ... once it completed
         self._consecutive_failures = 0
@@ -258,14 +257,14 @@ class CheckpointCoordinator:
         self._savepoint_requests.put(request)
         self._events.put(TriggerNow())  # wakes the loop
 
-    def request_stop(self, unaligned: bool = True) -> None:
-        """Stop-with-savepoint without drain: the next checkpoint (at once if none is
-        pending) is a savepoint, unaligned or aligned; every task is told beforehand
+    def request_stop(self) -> None:
+        """Stop-with-savepoint, unaligned: the next checkpoint (at once if none is
+        pending) is an unaligned savepoint; every task is told beforehand
         (:class:`Suspend`) to process no more input once it took it and to end when
         it completes. Aborted, the tasks go on exactly as before (nothing they took
         in meanwhile is lost) and the next checkpoint tries again; periodic
         checkpoints stop."""
-        self._events.put(TriggerStop(unaligned))
+        self._events.put(TriggerStop())
 
     # -- the coordinator thread -----------------------------------------------------------
 
@@ -308,9 +307,8 @@ class CheckpointCoordinator:
         match event:
             case StopCoordinator():
                 return False
-            case TriggerStop(unaligned=unaligned):
+            case TriggerStop():
                 self._stopping = True
-                self._stop_unaligned = unaligned
             case TriggerNow():
                 if not self._stopping and self._can_trigger(time.monotonic()):
                     self._trigger(final=False)
@@ -392,14 +390,9 @@ class CheckpointCoordinator:
         if self.stop_id is not None and self.stop_id in self.completed_ids:
             return
         # A pending aligned checkpoint may wait long for its barriers under
-        # backpressure: an unaligned savepoint supersedes it (not counted as a failure).
+        # backpressure: the savepoint supersedes it (not counted as a failure).
         for cid, p in list(self._pending.items()):
-            if (
-                self._stop_unaligned
-                and p.trigger is not None
-                and p.trigger.kind == 0
-                and not p.stats.final
-            ):
+            if p.trigger is not None and p.trigger.kind == 0 and not p.stats.final:
                 self._abort(cid, "superseded by the stop's savepoint")
         if len(self._pending) < self.max_concurrent:
             self.stop_id = self._trigger(final=False, savepoint=True)
@@ -454,7 +447,7 @@ class CheckpointCoordinator:
         p = self._pending[cid] = _Pending(stats, time.monotonic(), running)
         kind = 0 if final else self.barrier_kind if kind is None else kind  # final: aligned
         if savepoint:
-            kind = UNALIGNED if self._stop_unaligned else 0
+            kind = UNALIGNED
             for key in sorted(running):  # before any barrier can reach them
                 self.tasks[key].post(Suspend(cid))
         p.switched = final or savepoint  # aligned, or unaligned from the start

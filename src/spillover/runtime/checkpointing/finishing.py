@@ -79,7 +79,7 @@ def await_final(task: Task) -> None:
     """Every input ended: stays until a checkpoint taken after ``finish()``
     completed (its commit is this task's last work), taking the triggers it is
     the root of meanwhile."""
-    if not task.life.ended_data:  # ended early (terminated)
+    if not task.life.data_ended:  # ended early (terminated)
         return
     while True:
         while task.deferred_triggers:

@@ -60,10 +60,10 @@ class StopSource:
 
 @dataclass(frozen=True, slots=True)
 class Suspend:
-    """Stop-with-savepoint without drain: checkpoint ``checkpoint_id`` is the
-    savepoint. Once the task took it, it processes no more input (what was in flight
-    is in the savepoint) and ends when it completes; aborted, the task goes on with
-    what it held back."""
+    """Stop-with-savepoint, unaligned: checkpoint ``checkpoint_id`` is the savepoint.
+    Once the task took it, it processes no more input (what was in flight is in the
+    savepoint) and ends when it completes; aborted, the task goes on with what it
+    held back."""
 
     checkpoint_id: int
 
@@ -168,9 +168,7 @@ class TriggerNow:
 
 @dataclass(frozen=True, slots=True)
 class TriggerStop:
-    """Stop-with-savepoint without drain: the next checkpoint is the savepoint."""
-
-    unaligned: bool = True
+    """Stop-with-savepoint, unaligned: the next checkpoint is the savepoint."""
 
 
 @dataclass(frozen=True, slots=True)

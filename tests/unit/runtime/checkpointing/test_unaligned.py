@@ -37,6 +37,7 @@ from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import connect
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
+from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.task import InputChannelInfo, Task
 from spillover.storage.handle import DataType
 from spillover.verify import VerifySpec, verify
@@ -126,7 +127,12 @@ class FakeCoordinator:
 class Harness:
     """A map task with two input channels fed by the test, and a drained output."""
 
-    def __init__(self, tmp: Path, max_inflight_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        max_inflight_bytes: int | None = None,
+        restore: TaskRestore | None = None,
+    ) -> None:
         env = StreamEnvironment("h", parallelism=1)
         a = env.from_source(GeneratorSource(partitions=1, payload_bytes=16), uid="a")
         b = env.from_source(GeneratorSource(partitions=1, payload_bytes=16), uid="b")
@@ -170,7 +176,7 @@ class Harness:
             partitions=[self.out],
             outboxes=[box],
             writers=[writer],
-            restore=None,
+            restore=restore,
             coordinator=self.coordinator,
             checkpoint_dir=lambda cid, uid, i: str(tmp / f"chk-{cid}" / f"{uid}-{i}"),
             keyed_backend_factory=None,
@@ -515,6 +521,22 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     assert h.coordinator.ack_for(2).channel_state is not None
     assert h.coordinator.declines == [1]
     assert [a.checkpoint_id for a in h.coordinator.acks] == [2]
+
+
+def test_a_subtask_restored_finished_is_recorded_finished_before_its_end_of_data(
+    tmp_path: Path,
+) -> None:
+    """Restored finished, its upstreams' EndOfData still to come: an unaligned
+    checkpoint taken now records it finished, or a restore of that checkpoint would
+    run its ``finish()`` a second time."""
+    h = Harness(tmp_path, restore=TaskRestore(checkpoint_id=7, finished=True))
+    h.start()
+    h.barrier(0, 8)
+    h.barrier(1, 8)
+    ack = h.coordinator.ack_for(8)
+    assert ack.finished, "a subtask restored finished was recorded running"
+    assert not h.coordinator.ended.is_set(), "the barrier came before any EndOfData"
+    h.stop()
 
 
 def test_barrier_of_the_next_checkpoint_aborts_the_one_in_progress(harness: Any) -> None:
