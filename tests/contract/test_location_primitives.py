@@ -102,6 +102,21 @@ def test_list_and_children_say_names_kinds_and_sizes(store: Store) -> None:
     assert top.child("dir").children()[0].location.read_bytes() == b"x"
 
 
+def test_a_trailing_slash_names_the_same_directory(store: Store) -> None:
+    """``dir/`` and ``dir`` are one location: its children have no empty path
+    component (which pyarrow's object stores refuse), and delete and list work."""
+    top = root(store)
+    slashed = store.location(top.prefix + "/" + (f"?{top.query}" if top.query else ""))
+    assert (slashed.path, slashed.uri) == (top.path, top.uri)
+    staged = slashed.child("_staging", "part-0")
+    assert staged.uri == top.child("_staging", "part-0").uri
+    staged.publish(b"staged")
+    assert slashed.child("_staging").list() == ["part-0"]
+    staged.delete(missing_ok=False)
+    slashed.delete(recursive=True)
+    assert not top.exists()
+
+
 def test_an_exclusive_output_refuses_an_existing_file(store: Store) -> None:
     loc = root(store).child("state.arrow")
     with loc.open_output(exclusive=True) as out:

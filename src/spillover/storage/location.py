@@ -135,10 +135,13 @@ class Location:
     def parse(cls, uri: str | os.PathLike[str], filesystem: Any = None) -> Location:
         """The location of a local path, a ``file://`` URI or any URI ``pyarrow.fs``
         understands; ``filesystem`` forces a pyarrow filesystem with ``uri`` as its
-        path (such a location's URI reopens only with the same filesystem)."""
+        path (such a location's URI reopens only with the same filesystem). A
+        trailing ``/`` names the same directory (its children have no empty path
+        component, which pyarrow's object stores refuse)."""
         text = os.fspath(uri)
         if filesystem is not None:
-            return cls(text, filesystem, text)
+            path = text.rstrip("/") or "/"
+            return cls(path, filesystem, path)
         parsed = urlparse(text)
         if parsed.scheme in _REGISTERED:
             prefix, _, query = text.partition("?")
