@@ -51,9 +51,9 @@ def test_publish_without_overwrite_refuses_an_existing_file_and_keeps_it(store: 
     loc = root(store).child("once")
     loc.publish(b"first", overwrite=False)
     with pytest.raises(StateFileExistsError) as ei:
-        loc.publish(b"second", overwrite=False, what="segment")
+        loc.publish(b"second", overwrite=False, what="segment", hint="one writer per log")
     assert ei.value.path == loc.uri and ei.value.errno == errno.EEXIST
-    assert "segment" in ei.value.message
+    assert "segment" in ei.value.message and ei.value.hint == "one writer per log"
     assert loc.read_bytes() == b"first"
     assert loc.parent.list() == ["once"]  # no temporary file left behind
 
@@ -85,17 +85,15 @@ def test_delete_removes_a_file_or_a_whole_tree(store: Store) -> None:
         top.delete(recursive=True, missing_ok=False)
 
 
-def test_list_and_children_say_names_kinds_and_sizes(store: Store) -> None:
+def test_list_and_children_say_names_and_kinds(store: Store) -> None:
     top = root(store)
     assert top.list() == [] and top.children() == []  # not there yet
     top.child("z.bin").publish(b"12345")
     top.child("a.bin").publish(b"")
     top.child("dir", "inner").publish(b"x")
     assert top.list() == ["a.bin", "dir", "z.bin"]
-    kinds = {e.name: (e.kind, e.size) for e in top.children()}
-    assert kinds["z.bin"] == (FileKind.FILE, 5)
-    assert kinds["a.bin"] == (FileKind.FILE, 0)
-    assert kinds["dir"][0] == FileKind.DIRECTORY
+    kinds = {e.name: e.kind for e in top.children()}
+    assert kinds == {"z.bin": FileKind.FILE, "a.bin": FileKind.FILE, "dir": FileKind.DIRECTORY}
     assert {e.location.uri for e in top.children()} == {
         top.child(n).uri for n in ("a.bin", "dir", "z.bin")
     }
@@ -122,8 +120,9 @@ def test_an_exclusive_output_refuses_an_existing_file(store: Store) -> None:
     with loc.open_output(exclusive=True) as out:
         out.write(b"state")
     loc.sync()
-    with pytest.raises(StateFileExistsError):
-        loc.open_output("keyed-state file", exclusive=True)
+    with pytest.raises(StateFileExistsError) as ei:
+        loc.open_output("keyed-state file", exclusive=True, hint="a directory per checkpoint")
+    assert ei.value.hint == "a directory per checkpoint" and ei.value.path == loc.uri
     assert loc.read_bytes() == b"state"
 
 
@@ -182,3 +181,36 @@ def test_a_failing_local_rename_leaves_the_old_file_and_no_temporary(tmp_path: P
             assert ei.value.path == loc.uri and ei.value.errno == errno.EIO
     assert old.read_bytes() == b"old" and not new.exists()
     assert os.listdir(tmp_path / "dir") == ["_metadata"]
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV])
+def test_without_hard_links_a_new_file_still_never_replaces_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "link", no_links)
+    loc = Location.parse(str(tmp_path)).child("seg-1")
+    loc.publish(b"first", overwrite=False)
+    with pytest.raises(StateFileExistsError):
+        loc.publish(b"second", overwrite=False)
+    assert loc.read_bytes() == b"first" and os.listdir(tmp_path) == ["seg-1"]
+
+
+def test_any_other_failure_of_the_hard_link_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a filesystem without hard links falls back to check-then-rename: a link
+    that failed otherwise (an I/O error, a full directory) publishes nothing."""
+
+    def failing_link(src: object, dst: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "link", failing_link)
+    loc = Location.parse(str(tmp_path)).child("seg-1")
+    with pytest.raises(StorageError) as ei:
+        loc.publish(b"data", overwrite=False)
+    assert type(ei.value) is StorageError and ei.value.errno == errno.EIO
+    assert ei.value.path == loc.uri
+    assert os.listdir(tmp_path) == []

@@ -229,7 +229,13 @@ class Location:
             raise self.error(f"cannot read {what}", e) from e
 
     def publish(
-        self, data: bytes, *, fsync: bool = False, overwrite: bool = True, what: str = "file"
+        self,
+        data: bytes,
+        *,
+        fsync: bool = False,
+        overwrite: bool = True,
+        what: str = "file",
+        hint: str | None = None,
     ) -> None:
         """Writes ``data`` as this file so that a reader sees the old content (or
         none) or all of the new, never a part; its directory is created first.
@@ -241,13 +247,14 @@ class Location:
         other filesystems one output stream to the final name (an object store
         publishes the object whole on close); without ``overwrite`` an existing file
         is refused by a check with a race window. An existing file that must not
-        be replaced raises :class:`StateFileExistsError`.
+        be replaced raises :class:`StateFileExistsError` (with ``hint``, the
+        caller's advice).
         """
         if self.local:
-            self._publish_local(data, fsync=fsync, overwrite=overwrite, what=what)
+            self._publish_local(data, fsync=fsync, overwrite=overwrite, what=what, hint=hint)
             return
         if not overwrite and self.exists():
-            raise self.exists_error(what)
+            raise self.exists_error(what, hint)
         out = self.open_output(what)
         try:
             try:
@@ -257,7 +264,9 @@ class Location:
         except OSError as e:
             raise self.error(f"cannot write {what}", e) from e
 
-    def _publish_local(self, data: bytes, *, fsync: bool, overwrite: bool, what: str) -> None:
+    def _publish_local(
+        self, data: bytes, *, fsync: bool, overwrite: bool, what: str, hint: str | None
+    ) -> None:
         directory = os.path.dirname(self.path)
         tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
         try:
@@ -274,7 +283,7 @@ class Location:
             if fsync:
                 fsync_directory(directory)
         except FileExistsError as e:
-            raise self.exists_error(what) from e
+            raise self.exists_error(what, hint) from e
         except OSError as e:
             raise self.error(f"cannot write {what}", e) from e
         finally:
@@ -308,8 +317,18 @@ class Location:
             raise self.error(f"cannot delete {what}", e) from e
 
     def list(self, what: str = "directory") -> list[str]:
-        """Names of the entries of this directory, sorted; none when it is not there."""
-        return sorted(e.name for e in self.children(what))
+        """Names of the entries of this directory, sorted; none when it is not there.
+        Names only: locally one ``os.listdir``, no call per entry."""
+        try:
+            if self.local:
+                try:
+                    return sorted(os.listdir(self.path))
+                except (FileNotFoundError, NotADirectoryError):
+                    return []
+            selector = _pafs().FileSelector(self.path, allow_not_found=True)
+            return sorted(i.base_name for i in self.filesystem.get_file_info(selector))
+        except OSError as e:
+            raise self.error(f"cannot list {what}", e) from e
 
     def children(self, what: str = "directory") -> builtins.list[Entry]:
         """The entries of this directory (not recursive), in no particular order;
@@ -323,13 +342,12 @@ class Location:
                     return []
                 with scan:
                     for d in scan:
-                        kind, size = _local_kind(d)
-                        out.append(Entry(self.child(d.name), kind, size))
+                        out.append(Entry(self.child(d.name), _local_kind(d)))
                 return out
             pafs = _pafs()
             selector = pafs.FileSelector(self.path, allow_not_found=True)
             return [
-                Entry(self.child(i.base_name), _arrow_kind(i.type), i.size)
+                Entry(self.child(i.base_name), _arrow_kind(i.type))
                 for i in self.filesystem.get_file_info(selector)
             ]
         except OSError as e:
@@ -366,14 +384,17 @@ class Location:
                 raise self.not_found(what) from e
             raise self.error(f"cannot open {what}", e) from e
 
-    def open_output(self, what: str = "file", *, exclusive: bool = False) -> Any:
+    def open_output(
+        self, what: str = "file", *, exclusive: bool = False, hint: str | None = None
+    ) -> Any:
         """A pyarrow output stream, its directory created first. ``exclusive``
-        refuses a file that exists already (:class:`StateFileExistsError`; a check,
-        so two writers racing for one name must be kept apart otherwise)."""
+        refuses a file that exists already (:class:`StateFileExistsError` with
+        ``hint``; a check, so two writers racing for one name must be kept apart
+        otherwise)."""
         fs, path = self.arrow()
         try:
             if exclusive and fs.get_file_info(path).type != _pafs().FileType.NotFound:
-                raise self.exists_error(what)
+                raise self.exists_error(what, hint)
             fs.create_dir(self.parent.path, recursive=True)
             return fs.open_output_stream(path)
         except StateFileExistsError:
@@ -392,8 +413,10 @@ class Location:
     def not_found(self, what: str = "file") -> StateFileNotFoundError:
         return StateFileNotFoundError(f"{what} not found", path=self.uri, errno=errno_mod.ENOENT)
 
-    def exists_error(self, what: str = "file") -> StateFileExistsError:
-        return StateFileExistsError(f"{what} exists already", path=self.uri, errno=errno_mod.EEXIST)
+    def exists_error(self, what: str = "file", hint: str | None = None) -> StateFileExistsError:
+        return StateFileExistsError(
+            f"{what} exists already", path=self.uri, errno=errno_mod.EEXIST, hint=hint
+        )
 
     def error(self, message: str, e: OSError, hint: str = _REACHABLE) -> StorageError:
         return StorageError(
@@ -403,27 +426,26 @@ class Location:
 
 @dataclass(frozen=True)
 class Entry:
-    """One entry of a directory listing: where it is, what it is, and a file's size
-    in bytes (None when the filesystem does not say)."""
+    """One entry of a directory listing: where it is and what it is (no size: a
+    local listing would pay a ``stat`` per file for it)."""
 
     location: Location
     kind: FileKind
-    size: int | None = None
 
     @property
     def name(self) -> str:
         return self.location.name
 
 
-def _local_kind(d: os.DirEntry[str]) -> tuple[FileKind, int | None]:
+def _local_kind(d: os.DirEntry[str]) -> FileKind:
     try:
         if d.is_file():
-            return FileKind.FILE, d.stat().st_size
+            return FileKind.FILE
         if d.is_dir():
-            return FileKind.DIRECTORY, None
+            return FileKind.DIRECTORY
     except FileNotFoundError:
         pass  # gone meanwhile: listed as what it was
-    return FileKind.OTHER, None
+    return FileKind.OTHER
 
 
 def _arrow_kind(t: Any) -> FileKind:
@@ -457,14 +479,22 @@ def _remove_tree(path: str) -> None:
         raise failed[0]
 
 
+# What os.link raises where a filesystem has no hard links (or not across these
+# names): only then does _create fall back to a check and a rename.
+_NO_HARD_LINKS = frozenset(
+    {errno_mod.EPERM, errno_mod.ENOTSUP, errno_mod.EOPNOTSUPP, errno_mod.EXDEV}
+)
+
+
 def _create(tmp: str, path: str) -> None:
     """Gives the local file ``tmp`` the name ``path`` unless ``path`` exists already
-    (a hard link; without hard links a check, then a rename)."""
+    (a hard link; on a filesystem without hard links a check, then a rename). Any
+    other failure of the link is raised."""
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError:
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINKS:
+            raise
         if os.path.lexists(path):
             raise FileExistsError(errno_mod.EEXIST, "file exists", path) from None
         os.rename(tmp, path)

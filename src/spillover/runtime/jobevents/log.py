@@ -12,7 +12,6 @@ is an error. The exact bytes: docs/format.md, "Job event log (format v1)".
 
 from __future__ import annotations
 
-import errno as errno_mod
 import logging
 import os
 import re
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from spillover.errors import (
     CorruptFrameError,
     ForeignFileError,
-    StateFileExistsError,
     StorageError,
 )
 from spillover.runtime.jobevents.events import (
@@ -67,23 +65,17 @@ def segment_name(seq: int) -> str:
 # ---------------------------------------------------------------------- storage
 
 
+_ONE_WRITER = (
+    "another job master writes this log: run one master per job (the lease in the "
+    "log's directory says which)"
+)
+
+
 def publish(location: Location, data: bytes, *, overwrite: bool, fsync: bool, what: str) -> None:
     """:meth:`Location.publish`, with the log's word for a file that exists already:
     without ``overwrite`` a second writer of the same name (another master) fails
     instead of replacing what the first one published."""
-    try:
-        location.publish(data, overwrite=overwrite, fsync=fsync, what=what)
-    except StateFileExistsError as e:
-        raise _exists(location, what) from e
-
-
-def _exists(location: Location, what: str) -> StateFileExistsError:
-    return StateFileExistsError(
-        f"{what} exists already: another job master writes this log",
-        path=location.uri,
-        errno=errno_mod.EEXIST,
-        hint="run one master per job (the lease in the log's directory says which)",
-    )
+    location.publish(data, overwrite=overwrite, fsync=fsync, what=what, hint=_ONE_WRITER)
 
 
 # -------------------------------------------------------------------------- log

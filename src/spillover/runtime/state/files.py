@@ -18,7 +18,6 @@ from spillover.errors import (
     ForeignFileError,
     FormatError,
     RescaleError,
-    StateFileExistsError,
     TruncatedFileError,
     UnsupportedVersionError,
 )
@@ -123,15 +122,12 @@ def _from_arrow(column: pa.ChunkedArray, dtype: np.dtype[Any]) -> Values:
 def _write_file(where: Location, batch: pa.RecordBatch, fsync: bool) -> int:
     """Writes ``batch`` as a new Arrow IPC file at ``where`` (never over one) and
     returns its size; ``fsync``: the file and its directory entry are durable."""
-    try:
-        sink = where.open_output("keyed-state file", exclusive=True)
-    except StateFileExistsError as e:
-        raise StateFileExistsError(
-            "keyed-state file already exists",
-            path=where.uri,
-            hint="each checkpoint needs its own directory, and each keyed operator "
-            "sharing one its own backend name",
-        ) from e
+    sink = where.open_output(
+        "keyed-state file",
+        exclusive=True,
+        hint="each checkpoint needs its own directory, and each keyed operator "
+        "sharing one its own backend name",
+    )
     try:
         with sink:
             with pa.ipc.new_file(sink, batch.schema) as writer:
