@@ -18,6 +18,7 @@ from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.errors import ConfigError
 from spillover.runtime.batch import runs_as_batch
+from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.jobmaster import JobResult
 from spillover.verify.compare import (
@@ -77,14 +78,28 @@ def run_once(
 class _TwoRuns:
     """A run stopped part way and the run that resumes it, in one work directory."""
 
-    def __init__(self, spec: VerifySpec, workdir: str, name: str, failures: FailureInjector):
+    def __init__(
+        self,
+        spec: VerifySpec,
+        workdir: str,
+        name: str,
+        failures: FailureInjector,
+        hold_end_s: float = 0.0,
+    ):
         self.spec, self.failures = spec, failures
         self.out_dir = os.path.join(workdir, name, "output")
         os.makedirs(self.out_dir, exist_ok=True)
         self.cfg = config_for(spec, _checkpoints(spec, workdir, name))
         self.make_job = spec.factory()
         self.name = name
-        self.first = _executor(spec, self.graph(spec.parallelism), self.cfg, failures=failures)
+        first = self.graph(spec.parallelism)
+        # The first run is stopped part way: its sources hold their end, so however
+        # fast the machine, the run cannot finish before the stop comes (bounded).
+        for v in first.vertices:
+            for node in v.nodes:
+                if isinstance(node.prototype, GeneratorSource):
+                    node.prototype.hold_end(hold_end_s)
+        self.first = _executor(spec, first, self.cfg, failures=failures)
 
     def graph(self, parallelism: int) -> Any:
         return self.make_job(self.out_dir, self.name, parallelism).build()
@@ -135,7 +150,7 @@ def run_rescaled(
         return seen[0] and time.monotonic() >= deadline
 
     assert spec.rescale_to is not None
-    runs = _TwoRuns(spec, workdir, name, failures)
+    runs = _TwoRuns(spec, workdir, name, failures, hold_end_s=stop_after)
     r1 = runs.first.run(timeout=600, stop_when=ready)
     completed = r1.completed_checkpoints()
     if r1.status == "finished":
@@ -170,7 +185,7 @@ def run_stopped(
     and runs that to the end. After a drain the restored job has nothing left to
     run: every operator finished."""
     assert spec.stop in STOPS
-    runs = _TwoRuns(spec, workdir, name, failures)
+    runs = _TwoRuns(spec, workdir, name, failures, hold_end_s=stop_after)
     first = runs.first
     stopping = threading.Event()
 

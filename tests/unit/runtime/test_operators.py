@@ -533,6 +533,25 @@ def test_generator_unpaced_never_sleeps() -> None:
     assert len(got) == 20_000 and not clock.sleeps
 
 
+def test_a_generator_holding_its_end_idles_then_ends_with_the_same_records() -> None:
+    """A run a test stops part way holds its end: after its last record the source
+    sleeps (never spins) for the hold, emits nothing more, then ends."""
+    clock = FakeClock()
+    src = GeneratorSource(2, 1_000, batch_size=400, clock=clock.monotonic, sleep=clock.sleep)
+    src.hold_end(2.0)
+    out = opened(src)
+    calls = 0
+    while src.on_timer():
+        calls += 1
+        assert calls < 10_000, "it never ended"
+    got = np.concatenate(out.batches)
+    assert len(got) == 2_000  # the same records as without the hold
+    assert sum(clock.sleeps) == pytest.approx(2.0)
+    assert max(clock.sleeps) <= 0.005 + 1e-9
+    with pytest.raises(ConfigError):
+        src.hold_end(-1)
+
+
 # ---- ParquetSource ----
 
 

@@ -17,6 +17,7 @@ from spillover.runtime.api import Batch, Operator, OperatorContext, OperatorSnap
 _U64 = np.uint64
 _PACE_INTERVAL = 0.01  # rate-limited sources emit at most ~1/_PACE_INTERVAL batches a second
 _MASK64 = (1 << 64) - 1
+_HOLD_POLL_S = 0.005  # an exhausted source holding its end sleeps this long per call
 
 
 def _splitmix64(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -72,6 +73,11 @@ class GeneratorSource(Operator):
     ``on_timer``, never spinning; after a stall (backpressure) it catches up by
     at most one batch. ``clock`` and ``sleep`` exist for tests.
 
+    ``hold_end(s)``: once a subtask emitted its last record it stays idle ``s`` seconds
+    before its data ends, so a run that a test stops part way (``spillover verify``'s
+    rescaled and stopped runs) cannot end first however fast the machine is; 0 ends at
+    once. The records are the same either way.
+
     Operator state: ``{"next_seq": {"<partition>": seq}}``; ``restore`` takes the
     entries of the partitions this subtask owns (missing ones start at 0), so
     the union of every subtask's state also restores at another parallelism.
@@ -122,6 +128,7 @@ class GeneratorSource(Operator):
         self.clock = clock
         self.sleep = sleep
         self.event_time = event_time
+        self.hold_end_s = 0.0  # hold_end()
         self.out_dtype = self.dtype(payload_bytes, event_time)
         self._zipf_cdf: npt.NDArray[np.float64] | None = None
 
@@ -152,6 +159,7 @@ class GeneratorSource(Operator):
         self._turn = 0  # rotates which partitions get the remainder of a batch
         self._share_cache: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
         self._ref: float | None = None  # pacing: the time up to which records are "paid"
+        self._exhausted_at: float | None = None  # when it emitted its last record (hold_end_s)
         self._chunk = 1.0
         if self.rate is not None:
             self._chunk = min(max(self.rate * _PACE_INTERVAL, 1.0), float(self.batch_size))
@@ -248,7 +256,7 @@ class GeneratorSource(Operator):
             left = np.flatnonzero(self._next < limit)
             active, m = left, len(left)
         if not m:
-            return False
+            return self._holding()
         n = self.batch_size if self.rate is None else self._allowance()
         if n == 0:
             return True
@@ -262,7 +270,28 @@ class GeneratorSource(Operator):
             self._ref += total / self.rate
         if total:
             self.ctx.output.emit(self._batch(active, counts, total))
-        return limit is None or bool((self._next < limit).any())
+        return limit is None or bool((self._next < limit).any()) or self._holding()
+
+    def hold_end(self, seconds: float) -> None:
+        """Before it is opened: stay idle ``seconds`` after the last record before the
+        data ends (see the class docstring)."""
+        if not seconds >= 0:
+            raise ConfigError(f"hold_end seconds must be >= 0, got {seconds}")
+        self.hold_end_s = float(seconds)
+
+    def _holding(self) -> bool:
+        """Exhausted: whether the data has yet to end (``hold_end_s``); idles a little
+        per call rather than spinning, staying responsive to the task's mailbox."""
+        if not self.hold_end_s:
+            return False
+        now = self.clock()
+        if self._exhausted_at is None:
+            self._exhausted_at = now
+        left = self._exhausted_at + self.hold_end_s - now
+        if left <= 0:
+            return False
+        self.sleep(min(left, _HOLD_POLL_S))
+        return True
 
     def _shares(self, n: int, m: int) -> npt.NDArray[np.int64]:
         """How ``n`` records are shared by ``m`` partitions: ``n // m`` each, the
