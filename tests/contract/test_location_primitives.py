@@ -9,6 +9,7 @@ import errno
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -214,3 +215,137 @@ def test_any_other_failure_of_the_hard_link_is_a_storage_error(
     assert type(ei.value) is StorageError and ei.value.errno == errno.EIO
     assert ei.value.path == loc.uri
     assert os.listdir(tmp_path) == []
+
+
+# ---- local durability and local failures (native I/O, patched where it calls os)
+
+
+def _inode(path: str | Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (device, inode) of every descriptor ``os.fsync`` is called with."""
+    synced: list[tuple[int, int]] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append((st.st_dev, st.st_ino))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_synced_publish_syncs_the_file_and_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overwrite: bool
+) -> None:
+    synced = _record_fsyncs(monkeypatch)
+    loc = Location.parse(str(tmp_path)).child("dir", "_metadata")
+    loc.publish(b"unsynced", overwrite=overwrite)
+    assert synced == []
+    loc.delete()
+    loc.publish(b"durable", fsync=True, overwrite=overwrite)
+    assert _inode(loc.path) in synced  # the file's content, before its name
+    assert _inode(tmp_path / "dir") in synced  # its name in the directory
+    assert synced.index(_inode(loc.path)) < synced.index(_inode(tmp_path / "dir"))
+
+
+def test_sync_makes_a_written_file_and_its_directory_entry_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = _record_fsyncs(monkeypatch)
+    loc = Location.parse(str(tmp_path)).child("state", "keyed.arrow")
+    with loc.open_output(exclusive=True) as out:
+        out.write(b"state")
+    assert synced == []
+    loc.sync()
+    assert synced == [_inode(loc.path), _inode(tmp_path / "state")]
+
+
+def _fail_os(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    where: str,
+    errors: list[OSError],
+    error: Any = None,
+) -> None:
+    """Makes ``os.<name>`` (``open`` as the location module calls it) raise
+    ``error()`` (an EIO by default) for a path ending in ``where``, recording what
+    it raised in ``errors``; other calls go through (a descriptor too)."""
+    import builtins
+
+    from spillover.storage import location as location_module
+
+    real = builtins.open if name == "open" else getattr(os, name)
+
+    def failing(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(path, str | bytes | os.PathLike) and os.fsdecode(path).endswith(where):
+            e = (error or _eio)()
+            errors.append(e)
+            raise e
+        return real(path, *args, **kwargs)
+
+    if name == "open":
+        monkeypatch.setattr(location_module, "open", failing, raising=False)
+    else:
+        monkeypatch.setattr(os, name, failing)
+
+
+LOCAL_STEPS = {  # step: (os function, failing path's end, run, error names the file)
+    "read": ("open", "file", lambda loc: loc.read_bytes(), True),
+    "delete": ("remove", "file", lambda loc: loc.delete(), True),
+    "list": ("listdir", "dir", lambda loc: loc.parent.list(), False),
+    "children": ("scandir", "dir", lambda loc: loc.parent.children(), False),
+    "delete-tree": ("unlink", "file", lambda loc: loc.parent.delete(recursive=True), False),
+}
+
+
+@pytest.mark.parametrize("step", sorted(LOCAL_STEPS))
+def test_a_failing_local_step_gives_a_storage_error_naming_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    name, where, run, names_file = LOCAL_STEPS[step]
+    loc = Location.parse(str(tmp_path)).child("dir", "file")
+    loc.publish(b"before")
+    raised: list[OSError] = []
+    _fail_os(monkeypatch, name, where, raised)
+    with pytest.raises(StorageError) as ei:
+        run(loc)
+    assert raised, f"os.{name} was not called"
+    assert type(ei.value) is StorageError and ei.value.errno == errno.EIO
+    assert ei.value.path == (loc.uri if names_file else loc.parent.uri)
+    monkeypatch.undo()
+    assert loc.read_bytes() == b"before"  # a failed step changed nothing
+
+
+def test_a_tree_delete_removes_what_it_can_and_raises_the_first_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    top = Location.parse(str(tmp_path)).child("chk-3")
+    for name in ("a/keep-1", "a/gone", "b/keep-2", "b/x", "c/y", "z"):
+        top.child(*name.split("/")).publish(b"x")
+    raised: list[OSError] = []
+    _fail_os(monkeypatch, "unlink", "keep-1", raised)
+    _fail_os(
+        monkeypatch, "unlink", "keep-2", raised, lambda: PermissionError(errno.EACCES, "denied")
+    )
+    real_unlink = os.unlink
+
+    def removed_meanwhile(path: Any, *args: Any, **kwargs: Any) -> None:
+        real_unlink(path, *args, **kwargs)
+        if os.fsdecode(path).endswith("gone"):  # as if another deleter came first
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+
+    monkeypatch.setattr(os, "unlink", removed_meanwhile)
+    with pytest.raises(StorageError) as ei:
+        top.delete(recursive=True, what="checkpoint directory")
+    assert len(raised) == 2
+    assert ei.value.errno == raised[0].errno  # the first failure, after all attempts
+    assert ei.value.path == top.uri and "checkpoint directory" in ei.value.message
+    monkeypatch.undo()
+    left = sorted(str(p.relative_to(tmp_path / "chk-3")) for p in (tmp_path / "chk-3").rglob("*"))
+    assert left == ["a", "a/keep-1", "b", "b/keep-2"]  # all else is gone
