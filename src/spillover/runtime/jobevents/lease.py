@@ -34,7 +34,12 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from spillover.errors import SpilloverError, StateFileExistsError, UnsupportedVersionError
+from spillover.errors import (
+    SpilloverError,
+    StateFileExistsError,
+    StateFileNotFoundError,
+    UnsupportedVersionError,
+)
 from spillover.runtime.jobevents.log import publish
 from spillover.storage.location import Location
 
@@ -198,12 +203,11 @@ class JobLease:
         self.held: Lease | None = None
 
     def read(self) -> Lease | None:
-        """The lease as stored, or None when there is none."""
-        if not self.location.exists():
-            return None
+        """The lease as stored, or None when there is none (one request: a missing
+        file is told by the read)."""
         try:
             data = self.location.read_bytes("job lease")
-        except FileNotFoundError:
+        except StateFileNotFoundError:
             return None
         return Lease.from_bytes(data, self.location.uri)
 
