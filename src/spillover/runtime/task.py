@@ -449,8 +449,7 @@ class Task:
                         # follow an exited upstream's EndOfData).
                         self.deferred_triggers.append(message)
                 case SwitchToUnaligned(checkpoint_id=cid):
-                    if self._held and not self.life.suspended:
-                        self._release_held()
+                    self._release_held()  # before the checkpoint it may start
                     self.unaligned.on_timeout(cid)
                 case NotifyComplete(checkpoint_id=cid):
                     self.failures.check(
@@ -598,7 +597,7 @@ class Task:
                 self.take_priority(min(pause, self._poll))
                 self._maybe_flush()
                 continue
-            if self._held and not self.life.suspended:
+            if self._held:  # (the check inline: this runs once per buffer)
                 self._release_held()
             if self.replay is not None and self.replay.active and not self.life.suspended:
                 self._replay_step()
@@ -648,8 +647,7 @@ class Task:
         assert self.barriers is not None
         if isinstance(event, ev.CheckpointBarrier):
             self.life.barrier_seen(event.checkpoint_id)
-        if self._held and not self.life.suspended:
-            self._release_held()  # it came before this event: a barrier must follow it
+        self._release_held()  # it came before this event: a barrier must follow it
         if self.life.suspended and not isinstance(event, _WHILE_SUSPENDED):
             self._held.append((ch, event))
             return
@@ -688,8 +686,11 @@ class Task:
                 self.probes.channel_ended(ch)
 
     def _release_held(self) -> None:
-        """A stop's savepoint was aborted: what the task took in while it held the
-        savepoint is processed now, in the order it came, as if it had never stopped."""
+        """Once a stop's savepoint it held was aborted (or superseded): what the task
+        took in meanwhile is processed now, in the order it came, as if it had never
+        stopped. Called before anything that could start a checkpoint."""
+        if not self._held or self.life.suspended:
+            return
         held, self._held = self._held, []
         for ch, item in held:
             if isinstance(item, bytes):
