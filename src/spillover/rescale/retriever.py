@@ -126,7 +126,8 @@ class FilteringRetriever:
     Memory stays bounded: one open retriever's read-ahead, one partly filled
     buffer per output, one partial record per stream and the buffers one
     input buffer produced. ``poll_next()`` never waits for data (opening the
-    next state file reads its header and trailer).
+    next state file reads its header and trailer) and, filtering, takes at most
+    one read-ahead block per call (``blocks_read`` counts them).
     """
 
     def __init__(
@@ -252,6 +253,9 @@ class FilteringRetriever:
         # checkpoint taken meanwhile cuts each stream (remainder).
         self._fed = [[0] * len(st.pieces) for st in self.streams]
         self._range = key_group_table if isinstance(key_group_table, KeyGroupRange) else None
+        # Read-ahead blocks taken so far (filtering mode): ``poll_next`` takes at most
+        # one per call, so a caller can bound its work per step.
+        self.blocks_read = 0
 
     # -- consumer side -------------------------------------------------------
 
@@ -294,6 +298,11 @@ class FilteringRetriever:
         except BaseException as e:
             self._fail(e)
             raise
+
+    @property
+    def ready(self) -> bool:
+        """Whether ``poll_next()`` has a buffer without reading anything."""
+        return bool(self._ready)
 
     @property
     def finished(self) -> bool:
@@ -458,12 +467,17 @@ class FilteringRetriever:
                 self._file += 1
                 continue
             self._take_frames(frames, channels, phase)
+            self.blocks_read += 1
             if self._file_left is not None and self._file_left <= 0:
                 # the rest of the file holds other channels only
                 self._close_retriever()
                 self._file += 1
+            if not self._ready:
+                break  # one block per call: a caller's step stays bounded
         if not self._files_ended:
             self._stream = 0  # not finished while files remain
+        if not self._ready:
+            return None
         return self._ready.popleft()
 
     def _take_frames(self, frames: FrameArrays, channels: dict[int, int], phase: int) -> None:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spillover.rescale.pieces import Piece
+from spillover.rescale.pieces import Reference
 from spillover.runtime.checkpointing.aligned import AlignmentStats
 from spillover.runtime.checkpointing.channel_state import ChannelState, open_channel_state
 from spillover.runtime.checkpointing.messages import Ack
@@ -82,7 +82,7 @@ class InFlightCheckpoint:
     _halves_left: int = 2
     _halves_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Recovered input state not yet replayed, referenced in old files (recovery/).
-    references: list[dict[str, Any]] = field(default_factory=list)
+    references: list[Reference] = field(default_factory=list)
     recovering: bool = False  # taken while recovered input state was being replayed
 
     @property
@@ -538,8 +538,8 @@ class UnalignedCheckpoints:
         # tests and operators can tell such checkpoints apart).
         ack.metrics["recovering"] = 1.0 if inf.recovering else 0.0
         if inf.references:
-            channel_state["references"] = inf.references
-            pieces = [Piece.from_dict(p) for r in inf.references for p in r["pieces"]]
+            channel_state["references"] = [r.to_dict() for r in inf.references]
+            pieces = [p for r in inf.references for p in r.pieces]
             ack.metrics["referenced_bytes"] = float(sum(max(0, p.nbytes - p.skip) for p in pieces))
         ack.channel_state = channel_state
         ack.metrics["inflight_bytes"] = float(channel_state["bytes"])

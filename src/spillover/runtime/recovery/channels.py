@@ -86,6 +86,9 @@ class ChannelStateReplay:
                     both,
                     partitioner=input_edges[gate].partitioner,
                     buffer_size=replay.JOIN_BYTES,
+                    # a step reads one block
+                    read_block_bytes=replay.STEP_BYTES,
+                    read_ahead_bytes=4 * replay.STEP_BYTES,
                 )
                 parts.append((gate, r, both))
 
@@ -109,6 +112,8 @@ class ChannelStateReplay:
                 input_references=item.input_references,
                 # custom edges route recovered records with the job's partitioner
                 partitioner=input_edges[k].partitioner,
+                read_block_bytes=replay.STEP_BYTES,
+                read_ahead_bytes=4 * replay.STEP_BYTES,
             )
             # What the old subtasks referenced with a filter comes first, kept by
             # both their filter and this subtask's.
@@ -144,7 +149,7 @@ class ChannelStateReplay:
             else:
                 self.inputs = None
 
-    def references(self, readers: Sequence[RecordReader]) -> list[dict[str, Any]]:
+    def references(self, readers: Sequence[RecordReader]) -> list[Reference]:
         """For a checkpoint taken now: what is left to replay, as references into the
         old files (the kept records of old streams are processed first; each own
         channel's rest is cut at the start of the record its reader has begun)."""
@@ -155,7 +160,7 @@ class ChannelStateReplay:
         if rec is not None:
             rec.flush()
             out += rec.references(lambda g, c: readers[self.offsets[g] + c].pending_bytes)
-        return [r.to_dict() for r in out]  # the acknowledgement's JSON
+        return out
 
     def recovering_channels(self) -> set[int]:
         """Task input channels whose own recovered input state is still replaying

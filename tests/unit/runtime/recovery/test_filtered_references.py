@@ -275,3 +275,27 @@ def test_inspect_says_which_records_a_filtered_reference_keeps() -> None:
     assert "channel 1 from byte 10, keeping key groups 0-42" in text
     assert "keeping partition 1 of 3 by partitioner mod, keeping partition 0 of 3" in text
     assert "references files of checkpoints [7]" in text
+
+
+def test_a_step_reads_at_most_one_block(tmp_path: Path) -> None:
+    """A barrier waits for at most one step: a step takes one read block, even while
+    the retriever's large output buffers fill over many blocks."""
+    pieces, _ = _write_streams(tmp_path, 4, 300, 64, 1)
+    streams = [RecordStream.of(ps, s, 0, s) for s, ps in enumerate(pieces)]
+    r = filter_retriever(
+        streams,
+        KeepAll(),
+        partitioner=None,
+        buffer_size=1 << 20,
+        read_block_bytes=4096,
+        read_ahead_bytes=4096,
+    )
+    sink = _Sink()
+    sr = StreamRecovery([(0, r, KeepAll())], sink.process)
+    more = True
+    while more:
+        before = r.blocks_read
+        more = sr.step()
+        assert r.blocks_read - before <= 1
+    assert r.blocks_read > 4
+    assert sink.got == {s: list(range(300)) for s in range(4)}

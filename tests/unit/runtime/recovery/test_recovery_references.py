@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import spillover
 import spillover.runtime.recovery.replay as rec
-from spillover.errors import CorruptHeaderError, ForeignFileError
+from spillover.errors import CorruptFrameError, CorruptHeaderError, ForeignFileError
 from spillover.keygroups import KeyGroupRange
 from spillover.records import RecordReader, RecordWriter
 from spillover.rescale import FilteringRetriever, Piece, RecordStream, Reference
@@ -149,6 +149,44 @@ def test_a_record_cut_between_reference_and_own_file_joins(tmp_path: Path) -> No
     # 50-byte framed records: skipping 100 bytes skips two; the record cut at the end
     # of the referenced piece ends in the own file.
     assert sink.got[0] == list(range(2, 50))
+
+
+def test_an_own_file_may_end_inside_a_record(tmp_path: Path) -> None:
+    """At unchanged parallelism a channel's own input file may end inside a record:
+    its tail is in the upstream's output state and comes over the network. The replay
+    hands the head on to the task's reader, which joins the tail that follows."""
+    w = RecordWriter(64)
+    bufs = []
+    for i in range(50):
+        bufs += w.write(np.array([0, i], "<i8").tobytes() + b"x" * 30)
+    last = w.flush()
+    bufs += [last] if last is not None else []
+    own = spillover.open_storage(tmp_path).create_storer(0)
+    for b in bufs[:21]:  # 21 * 64 bytes: the file ends inside record 26
+        own.append(0, b)
+    sink = _Sink()
+    r = InputRecovery({0: (own.close(), {})}, sink.process)
+    while r.step():
+        pass
+    r.close()
+    assert sink.got[0] == list(range(26))
+    assert sink.pending(0, 0) == 21 * 64 - 26 * 50
+    for b in bufs[21:]:  # the upstream's output state, over the network
+        sink.process(0, 0, b)
+    assert sink.got[0] == list(range(50))
+
+
+def test_an_event_in_own_input_state_is_named(tmp_path: Path) -> None:
+    """Input state holds data buffers only: an event buffer there is a corrupt file."""
+    storer = spillover.open_storage(tmp_path).create_storer(0)
+    storer.append(0, np.array([0, 0], "<i8").tobytes())
+    storer.append(0, b"barrier", spillover.DataType.EVENT)
+    handle = storer.close()
+    r = InputRecovery({0: (handle, {})}, lambda *a: None)
+    with pytest.raises(CorruptFrameError, match="input state holds an event buffer") as e:
+        while r.step():
+            pass
+    assert e.value.path == handle.uri
 
 
 def test_a_rescaled_stream_skips_referenced_bytes(tmp_path: Path) -> None:
