@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
-from spillover.storage.location import FileKind, Location
+from spillover.storage.location import FileKind, Location, delete_tree
 from support.faults import Faults, enospc, fail, failing_renames, faulty_dir
 from support.stores import Store
 
@@ -349,3 +349,37 @@ def test_a_tree_delete_removes_what_it_can_and_raises_the_first_failure(
     monkeypatch.undo()
     left = sorted(str(p.relative_to(tmp_path / "chk-3")) for p in (tmp_path / "chk-3").rglob("*"))
     assert left == ["a", "a/keep-1", "b", "b/keep-2"]  # all else is gone
+
+
+@pytest.mark.parametrize("caller", ["delete_tree", "checkpoint", "batch"])
+def test_a_tree_nobody_reads_is_deleted_or_a_warning_says_why(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    caller: str,
+) -> None:
+    """Retention's checkpoint deletes and a batch run's clean-up share one helper: a
+    failure costs space, so it is logged (naming the directory), never raised."""
+    from spillover.runtime.batch import scheduler
+    from spillover.runtime.checkpointing.metadata import CheckpointStorage
+
+    storage = CheckpointStorage(str(tmp_path), "job")
+    tree = storage.location.child("chk-7")
+    tree.child("op-0", "state").publish(b"x")
+    delete: dict[str, Any] = {
+        "delete_tree": lambda: delete_tree(tree),
+        "checkpoint": lambda: storage.delete(7),
+        "batch": lambda: scheduler.delete_tree(tree),
+    }
+    raised: list[OSError] = []
+    _fail_os(monkeypatch, "unlink", "state", raised)
+    with caplog.at_level("WARNING"):
+        delete[caller]()
+    assert raised and tree.child("op-0", "state").exists()
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert tree.uri in caplog.text and "Input/output error" in caplog.text
+    monkeypatch.undo()
+    caplog.clear()
+    delete[caller]()
+    delete[caller]()  # gone already: nothing to say
+    assert not tree.exists() and caplog.records == []

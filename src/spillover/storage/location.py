@@ -23,6 +23,7 @@ import builtins
 import contextlib
 import enum
 import errno as errno_mod
+import logging
 import os
 import re
 import shutil
@@ -37,7 +38,16 @@ from spillover.errors import StateFileExistsError, StateFileNotFoundError, Stora
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-__all__ = ["Entry", "FileKind", "Location", "fsync_directory", "register_filesystem"]
+__all__ = [
+    "Entry",
+    "FileKind",
+    "Location",
+    "delete_tree",
+    "fsync_directory",
+    "register_filesystem",
+]
+
+logger = logging.getLogger(__name__)
 
 _REACHABLE = "check that the storage is reachable and writable"
 
@@ -72,6 +82,16 @@ def fsync_directory(path: str) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def delete_tree(location: Location, what: str = "directory") -> None:
+    """Deletes a directory nobody reads any more (a subsumed checkpoint, a finished
+    run's results) and what it holds; a missing one is fine. A failure is logged,
+    not raised: what is left costs space, never correctness."""
+    try:
+        location.delete(recursive=True, what=what)
+    except StorageError as e:
+        logger.warning("could not delete %s %s: %s", what, location.uri, e)
 
 
 class FileKind(enum.Enum):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from spillover.config import Config, RestartStrategy
-from spillover.errors import ConfigError, StorageError
+from spillover.errors import ConfigError
 from spillover.runtime.batch.launch import (
     BatchTaskSpec,
     Launcher,
@@ -36,6 +36,7 @@ from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
 from spillover.runtime.restarts import RestartBudget
 from spillover.storage.location import Location
+from spillover.storage.location import delete_tree as delete_tree  # the job's clean-up too
 
 logger = logging.getLogger("spillover.runtime.jobmaster")
 
@@ -51,14 +52,6 @@ class BatchOutcome:
     failures: list[str] = field(default_factory=list)
     errors: list[TaskFailedError] = field(default_factory=list)
     runs: dict[TaskKey, int] = field(default_factory=dict)
-
-
-def delete_tree(location: Location) -> None:
-    """Deletes a directory and what it holds; a missing one is fine."""
-    try:
-        location.delete(recursive=True, what="directory")
-    except StorageError as e:
-        logger.warning("could not delete %s: %s", location.uri, e)
 
 
 class BatchScheduler:

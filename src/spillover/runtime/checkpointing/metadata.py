@@ -12,7 +12,6 @@ parallelism, each with a message that says why.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.errors import ConfigError, FormatError, StorageError
-from spillover.storage.location import Location
+from spillover.storage.location import Location, delete_tree
 
 METADATA_FORMAT = "spillover-checkpoint"
 METADATA_VERSION = 1
@@ -114,11 +113,9 @@ class CheckpointStorage:
         return CompletedCheckpoint(cid, self._path(cid), self.read_metadata(cid))
 
     def delete(self, checkpoint_id: int) -> None:
-        """Removes a checkpoint directory (subsumed or aborted); missing is fine."""
-        with contextlib.suppress(StorageError):
-            self.location.child(f"chk-{checkpoint_id}").delete(
-                recursive=True, what="checkpoint directory"
-            )
+        """Removes a checkpoint directory (subsumed or aborted); missing is fine, a
+        failure is logged (see :func:`delete_tree`)."""
+        delete_tree(self.location.child(f"chk-{checkpoint_id}"), "checkpoint directory")
 
     def export(self, checkpoint_id: int, target: str) -> str:
         """Copies checkpoint ``checkpoint_id`` into ``target`` (a new directory) as a
