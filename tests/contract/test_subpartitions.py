@@ -25,7 +25,8 @@ from spillover.runtime.network.events import (
     Watermark,
     WatermarkStatus,
 )
-from support.channels import JOIN, SEGMENT, Link, Links, Worker, eventually, item
+from support.channels import SEGMENT, Link, Links, item
+from support.threads import JOIN, Worker, eventually
 
 CONTRACT = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -3,11 +3,7 @@ implementation (in memory or TCP on loopback), for the subpartition contract."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from spillover.runtime.network.buffers import BufferPool, NetworkBuffer
 from spillover.runtime.network.events import Event, deserialize
@@ -15,42 +11,10 @@ from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import connect
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.tcp import TcpReceiver, TcpSubpartition, connect_tcp
+from support.threads import JOIN, eventually, transport_threads
 
-JOIN = 10.0  # seconds a thread or a condition may take before the test fails, not hangs
 SECRET = b"subpartition contract secret"
 SEGMENT = 64  # bytes per network buffer: the largest payload a channel carries
-
-
-class Worker(threading.Thread):
-    """A daemon thread that keeps its function's result or exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as e:
-            self.error = e
-
-    def finish(self) -> Any:
-        self.join(JOIN)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def eventually(cond: Callable[[], bool]) -> None:
-    """Waits until ``cond()`` holds (a hang fails after :data:`JOIN` seconds)."""
-    deadline = time.monotonic() + JOIN
-    while not cond():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.001)
 
 
 def item(buf: NetworkBuffer) -> bytes | Event:
@@ -92,7 +56,7 @@ class Links:
         self.links: list[Link] = []
         self.receiver: TcpReceiver | None = None
         self._names = 0
-        self._threads_before = _transport_threads()
+        self._threads_before = transport_threads()
 
     def __call__(self, subpartitions: int = 1, exclusive: int = 2) -> Link:
         """A new link with ``exclusive`` credits per channel and no floating ones
@@ -131,8 +95,4 @@ class Links:
             link.close()
         if self.receiver is not None:
             self.receiver.close()
-        eventually(lambda: not _transport_threads() - self._threads_before)
-
-
-def _transport_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("spillover-tcp")}
+        eventually(lambda: not transport_threads() - self._threads_before)

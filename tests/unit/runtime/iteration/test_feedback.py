@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import struct
 import sys
-import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,34 +32,9 @@ from spillover.runtime.network.events import (
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import connect
 from spillover.runtime.network.partition import ResultPartition
-
-JOIN = 10.0  # seconds a test may wait for something before it fails instead of hanging
+from support.threads import JOIN, Worker
 
 Item = bytes | Event
-
-
-class Worker(threading.Thread):
-    """A daemon thread that keeps its function's result or exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as e:
-            self.error = e
-
-    def finish(self) -> Any:
-        self.join(JOIN)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def feedback_edge(

@@ -5,11 +5,8 @@ from __future__ import annotations
 import functools
 import pickle
 import struct
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -52,39 +49,7 @@ from spillover.runtime.network.events import (
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import connect, wire
 from spillover.runtime.network.partition import ResultPartition
-
-JOIN = 10.0  # seconds a test thread may take before the test fails instead of hanging
-
-
-class Worker(threading.Thread):
-    """A daemon thread that keeps its function's result or exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as e:
-            self.error = e
-
-    def finish(self) -> Any:
-        self.join(JOIN)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def eventually(cond: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + JOIN
-    while not cond():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.001)
+from support.threads import JOIN, Worker, eventually
 
 
 def waiting(worker: Worker) -> None:

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -51,42 +50,11 @@ from spillover.runtime.network.tcp import (
     connect_tcp,
 )
 from spillover.runtime.network.writers import PartitionWriter
+from support.threads import JOIN, Worker, eventually, transport_threads
 
-JOIN = 10.0  # seconds a test thread may take before the test fails instead of hanging
 SECRET = b"job-7f3a secret 01"
 POLL = 0.05
 LOOPBACK = "127.0.0.1"
-
-
-class Worker(threading.Thread):
-    """A daemon thread that keeps its function's result or exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as e:
-            self.error = e
-
-    def finish(self, timeout: float = JOIN) -> Any:
-        self.join(timeout)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def eventually(cond: Callable[[], bool], timeout: float = JOIN) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.002)
 
 
 def waiting(worker: Worker) -> None:
@@ -94,16 +62,12 @@ def waiting(worker: Worker) -> None:
     assert worker.is_alive()
 
 
-def transport_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("spillover-tcp")]
-
-
 @pytest.fixture(autouse=True)
 def no_thread_survives() -> Iterator[None]:
     """Every transport thread a test started ends once its ends are closed."""
-    before = set(transport_threads())
+    before = transport_threads()
     yield
-    eventually(lambda: not set(transport_threads()) - before, timeout=5.0)
+    eventually(lambda: not transport_threads() - before, timeout=5.0)
 
 
 @pytest.fixture
