@@ -5,7 +5,7 @@ See ``docs/rescaling.md`` for the rules per edge type, with worked examples.
 
 from __future__ import annotations
 
-from spillover.rescale.build import filter_retriever, rescaled_retriever
+from spillover.rescale.build import check_partitioner, filter_retriever, rescaled_retriever
 from spillover.rescale.filters import (
     Filter,
     KeepAll,
@@ -56,6 +56,7 @@ __all__ = [
     "Side",
     "Target",
     "broadcast_source",
+    "check_partitioner",
     "compose",
     "filter_from_dict",
     "filter_retriever",

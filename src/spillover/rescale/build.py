@@ -6,13 +6,13 @@ checkpoint taken during a replay references them (docs/rescaling.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from spillover.errors import ConfigError, FormatError, RescaleError
+from spillover.errors import ConfigError, RescaleError
 from spillover.keygroups import KeyGroupRange, key_group_range_for_operator
 from spillover.records import (
     DEFAULT_BUFFER_SIZE,
@@ -22,14 +22,22 @@ from spillover.records import (
     partitioner_name,
     partitions_of,
 )
-from spillover.rescale.filters import Filter, KeepAll, KeyGroupFilter
+from spillover.rescale.filters import (
+    Filter,
+    KeepAll,
+    KeyGroupFilter,
+    PartitionerChoice,
+    PartitionerFilter,
+)
 from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
 from spillover.rescale.pieces import Piece
 from spillover.rescale.retriever import FilteringRetriever
 from spillover.rescale.streams import DEFAULT_KEY, OnEvent, RecordStream
 from spillover.storage import GateKind, GateStateHandle
 
-__all__ = ["filter_retriever", "rescaled_retriever"]
+__all__ = ["check_partitioner", "filter_retriever", "rescaled_retriever"]
+
+Partitioner = Callable[[npt.NDArray[np.int64], int], npt.ArrayLike]
 
 
 def _handle(
@@ -114,52 +122,56 @@ def rescaled_retriever(
     streams = [
         _stream_of(mapping, s, input_handles, output_handles, input_references) for s in sources
     ]
-    common: dict[str, Any] = {
-        "n_outputs": rm.new_channels,
-        "on_event": on_event,
-        "filesystem": filesystem,
-        **retriever_options,
-    }
+    flt: Filter
     if all(s.filtering is Filtering.NONE for s in sources):
-        return FilteringRetriever(
-            streams, pass_through=True, coalesce=coalesce, buffer_size=buffer_size, **common
+        flt = KeepAll()
+    elif any(s.filtering is Filtering.PARTITIONER for s in sources):
+        check_partitioner((), partitioner)
+        assert partitioner is not None
+        offset = key.offset if isinstance(key, FieldKey) else 0
+        name = partitioner_name(partitioner)
+        flt = PartitionerFilter((PartitionerChoice(name, new_subtask, rm.new_parallelism, offset),))
+    else:
+        # Key-group sources keep the intersection of their old range and this
+        # subtask's; whole ones lie inside it: one filter, this subtask's range.
+        mine = key_group_range_for_operator(
+            mapping.max_parallelism, rm.new_parallelism, new_subtask
         )
-    if any(s.filtering is Filtering.PARTITIONER for s in sources):
-        if partitioner is None:
-            raise RescaleError(
-                "channel state of a custom-partitioned edge needs its partitioner to be rescaled",
-                detail=f"new subtask {new_subtask} of {rm.new_parallelism}",
-                hint="pass partitioner=, the edge's partitioner",
-            )
-        return FilteringRetriever(
-            streams,
-            key=key,
-            buffer_size=buffer_size,
-            max_record_size=max_record_size,
-            partitioner=partitioner,
-            partition=new_subtask,
-            n_partitions=rm.new_parallelism,
-            **common,
-        )
-    # Key-group sources keep the intersection of their old range and this
-    # subtask's; whole ones lie inside it: one filter, this subtask's range.
-    mine = key_group_range_for_operator(mapping.max_parallelism, rm.new_parallelism, new_subtask)
-    for s in sources:
-        kgs = s.targets[0].key_groups
-        if kgs is not None and len(kgs) and not (mine.start <= kgs[0] and kgs[-1] <= mine.end):
-            raise RescaleError(f"mapping keeps key groups {kgs} outside {mine!r}")
-    return FilteringRetriever(
+        for s in sources:
+            kgs = s.targets[0].key_groups
+            if kgs is not None and len(kgs) and not (mine.start <= kgs[0] and kgs[-1] <= mine.end):
+                raise RescaleError(f"mapping keeps key groups {kgs} outside {mine!r}")
+        offset = key.offset if isinstance(key, FieldKey) else 0
+        flt = KeyGroupFilter(mine.start, mine.end, mapping.max_parallelism, offset)
+    return filter_retriever(
         streams,
-        max_parallelism=mapping.max_parallelism,
-        key_group_table=mine,
+        flt,
+        partitioner=partitioner,
         key=key,
+        coalesce=coalesce,
         buffer_size=buffer_size,
         max_record_size=max_record_size,
-        **common,
+        n_outputs=rm.new_channels,
+        on_event=on_event,
+        filesystem=filesystem,
+        **retriever_options,
     )
 
 
-Partitioner = Callable[[npt.NDArray[np.int64], int], npt.ArrayLike]
+def check_partitioner(names: Collection[str], partitioner: Partitioner | None) -> None:
+    """Refuses (:class:`RescaleError`) to filter by custom partitioners ``names``
+    (empty: the edge's own, whichever it is) with ``partitioner``, the edge's:
+    without it, or with another one, a replay could not tell which records to keep."""
+    have = partitioner_name(partitioner) if partitioner is not None else None
+    if have is not None and (not names or set(names) == {have}):
+        return
+    wanted = sorted(names) if names else "the edge's custom partitioner"
+    raise RescaleError(
+        "in-flight data is filtered by another partitioner than the edge's",
+        detail=f"filtered by: {wanted}, edge: {have}",
+        hint="restore with the partitioner the checkpoint was taken with, or restore "
+        "without in-flight data",
+    )
 
 
 def filter_retriever(
@@ -167,41 +179,41 @@ def filter_retriever(
     flt: Filter,
     *,
     partitioner: Partitioner | None,
+    key: Key | None = None,
+    coalesce: bool = True,
     buffer_size: int = DEFAULT_BUFFER_SIZE,
     **retriever_options: Any,
 ) -> FilteringRetriever:
     """A filtering retriever replaying ``streams`` (each with its new channel), keeping
     what ``flt`` keeps; ``partitioner`` is the edge's, which a partitioner filter must
-    name (:class:`FormatError` otherwise: it could not tell which records to keep)."""
+    name (:func:`check_partitioner`). ``key`` reads the key (default: the filter's
+    int64 at its offset); ``coalesce=False`` with :class:`KeepAll` passes buffers
+    through unparsed. The retriever keeps ``flt`` (``FilteringRetriever.filter``)."""
     common: dict[str, Any] = {
         "buffer_size": buffer_size,
         "n_outputs": 1 + max((s.channel or 0 for s in streams), default=0),
+        "keeps": flt,
         **retriever_options,
     }
     if isinstance(flt, KeepAll):
-        return FilteringRetriever(streams, pass_through=True, coalesce=True, **common)
+        return FilteringRetriever(streams, pass_through=True, coalesce=coalesce, **common)
     if isinstance(flt, KeyGroupFilter):
         return FilteringRetriever(
             streams,
             max_parallelism=flt.max_parallelism,
             key_group_table=KeyGroupRange(flt.start, flt.end),
-            key=FieldKey(flt.key_offset, "int64"),
+            key=key or FieldKey(flt.key_offset, "int64"),
             **common,
         )
-    have = partitioner_name(partitioner) if partitioner is not None else None
-    if partitioner is None or flt.names != {have}:
-        raise FormatError(
-            "a reference's partitioner is not the edge's",
-            detail=f"reference: {sorted(flt.names)}, edge: {have}",
-            hint="restore with the partitioner the checkpoint was taken with",
-        )
+    check_partitioner(flt.names, partitioner)
+    assert partitioner is not None
     if len(flt.choices) == 1:
         fn, index, n = partitioner, flt.choices[0].index, flt.choices[0].parallelism
     else:
         fn, index, n = _all_of(partitioner, [(c.index, c.parallelism) for c in flt.choices]), 0, 2
     return FilteringRetriever(
         streams,
-        key=FieldKey(flt.choices[0].key_offset, "int64"),
+        key=key or FieldKey(flt.choices[0].key_offset, "int64"),
         partitioner=fn,
         partition=index,
         n_partitions=n,

@@ -39,14 +39,9 @@ from spillover.records import (
     Key,
     KeyGroupDemux,
     PartitionerDemux,
-    partitioner_name,
 )
 from spillover.rescale.filters import (
     Filter,
-    KeepAll,
-    KeyGroupFilter,
-    PartitionerChoice,
-    PartitionerFilter,
 )
 from spillover.rescale.pieces import Piece, missing_frames
 from spillover.rescale.streams import (
@@ -123,6 +118,9 @@ class FilteringRetriever:
     records before it are flushed first, then it goes out on the stream's
     channel (or on every output the table routes to).
 
+    ``keeps`` is the :class:`~spillover.rescale.filters.Filter` the retriever was
+    built from (``build.filter_retriever``), which a reference to its rest records.
+
     Memory stays bounded: one open retriever's read-ahead, one partly filled
     buffer per output, one partial record per stream and the buffers one
     input buffer produced. ``poll_next()`` never waits for data (opening the
@@ -147,6 +145,7 @@ class FilteringRetriever:
         partition: int | None = None,
         n_partitions: int | None = None,
         coalesce: bool = False,
+        keeps: Filter | None = None,
         **retriever_options: Any,
     ) -> None:
         self.streams = tuple(streams)
@@ -252,7 +251,7 @@ class FilteringRetriever:
         # Bytes fed to the demux per stream and piece (after its skip): where a
         # checkpoint taken meanwhile cuts each stream (remainder).
         self._fed = [[0] * len(st.pieces) for st in self.streams]
-        self._range = key_group_table if isinstance(key_group_table, KeyGroupRange) else None
+        self._keeps = keeps
         # Read-ahead blocks taken so far (filtering mode): ``poll_next`` takes at most
         # one per call, so a caller can bound its work per step.
         self.blocks_read = 0
@@ -332,18 +331,10 @@ class FilteringRetriever:
     @property
     def filter(self) -> Filter:
         """What this retriever keeps, as a channel-state reference records it
-        (docs/format.md)."""
-        key = self._demux_args.get("key")
-        if self._keep_all:
-            return KeepAll()
-        if self._partitioner is not None and isinstance(key, FieldKey):
-            index, n = self._partition
-            name = partitioner_name(self._partitioner)
-            return PartitionerFilter((PartitionerChoice(name, index, n, key.offset),))
-        if self._range is not None and isinstance(key, FieldKey) and key.type == "int64":
-            max_p = int(self._demux_args["max_parallelism"])
-            return KeyGroupFilter(self._range.start, self._range.end, max_p, key.offset)
-        raise ConfigError("only a key-group range, a partitioner or coalesce can be referenced")
+        (docs/format.md): the filter it was built from (``keeps``)."""
+        if self._keeps is None:
+            raise ConfigError("a retriever built without a filter cannot be referenced")
+        return self._keeps
 
     def cut(self) -> list[ReplayBuffer]:
         """Every buffer ready and every whole record kept so far, partly filled buffers

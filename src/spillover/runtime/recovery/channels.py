@@ -11,7 +11,7 @@ what they reference (``replay.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ class ChannelStateReplay:
                     self.replayed_bytes += len(buf)
                     box.send(buf.channel_id, np.frombuffer(memoryview(buf), np.uint8).copy())
 
-        gates: dict[int, tuple[GateStateHandle | None, dict[int, list[Piece]]]] = {
+        gates: dict[int, tuple[GateStateHandle | None, Mapping[int, Sequence[Piece]]]] = {
             h.gate_id: (h, {}) for h in plan.inputs
         }
         # Unfiltered references join their gate; filtered ones are old channels'

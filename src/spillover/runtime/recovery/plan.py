@@ -31,9 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from spillover.errors import ConfigError, SpilloverError, StorageError
-from spillover.records import partitioner_name
-from spillover.rescale import EdgeType, PartitionerFilter, Piece, Reference, Side, map_edge
+from spillover.errors import ConfigError, RescaleError, SpilloverError, StorageError
+from spillover.rescale import (
+    EdgeType,
+    PartitionerFilter,
+    Reference,
+    Side,
+    check_partitioner,
+    map_edge,
+)
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.checkpointing.checkpoint_meta import (
     CheckpointMetadata,
@@ -42,7 +48,7 @@ from spillover.runtime.checkpointing.checkpoint_meta import (
     VertexInfo,
 )
 from spillover.runtime.graph import JobEdge, JobGraph
-from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
+from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput, unfiltered
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
 
@@ -249,7 +255,7 @@ def plan_restore(
                             },
                             key_offset=spec.key_offset,
                             input_references={
-                                d: _unfiltered(references(uid, d), k) for d in range(p_old)
+                                d: unfiltered(references(uid, d), k) for d in range(p_old)
                             },
                             filtered_references=in_filtered,
                         )
@@ -271,30 +277,22 @@ def plan_restore(
     return plans
 
 
-def _unfiltered(refs: Sequence[Reference], gate: int) -> dict[int, tuple[Piece, ...]]:
-    """``{input channel: pieces}`` of the unfiltered references of one gate."""
-    out: dict[int, tuple[Piece, ...]] = {}
-    for ref in refs:
-        if ref.gate == gate and ref.filter is None:
-            out[ref.channel] = out.get(ref.channel, ()) + ref.pieces
-    return out
-
-
 def _check_partitioner(
     cid: int, uid: str, gate: int, edge: JobEdge, refs: Sequence[Reference]
 ) -> None:
     """Refuses, before anything starts, references filtered by a custom partitioner
-    other than the one the edge has now: replay could not tell which records to keep."""
-    names = {n for r in refs if isinstance(r.filter, PartitionerFilter) for n in r.filter.names}
-    have = partitioner_name(edge.partitioner) if edge.partitioner is not None else None
-    if names and names != {have}:
-        raise ConfigError(
-            f"checkpoint {cid} cannot be restored: input {gate} of {uid!r} references "
-            "in-flight data filtered by another partitioner",
-            detail=f"checkpoint: {sorted(names)}, job: {have}",
-            hint="restore with the partitioner the checkpoint was taken with, or restore "
-            "without in-flight data",
-        )
+    other than the one the edge has now (``check_partitioner``)."""
+    for r in refs:
+        if isinstance(r.filter, PartitionerFilter):
+            try:
+                check_partitioner(r.filter.names, edge.partitioner)
+            except RescaleError as e:  # refused as the restore's configuration
+                raise ConfigError(
+                    f"checkpoint {cid} cannot be restored: input {gate} of {uid!r} "
+                    "references in-flight data filtered by another partitioner",
+                    detail=e.detail,
+                    hint=e.hint,
+                ) from e
 
 
 def _validate(

@@ -8,13 +8,23 @@ mappings, never JSON: the metadata file is the only place they are dicts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from spillover.rescale import EdgeMapping, Piece, Reference
 from spillover.storage import GateStateHandle
 
-__all__ = ["ReplayPlan", "RescaledInput"]
+__all__ = ["ReplayPlan", "RescaledInput", "unfiltered"]
+
+
+def unfiltered(refs: Iterable[Reference], gate: int) -> dict[int, tuple[Piece, ...]]:
+    """``{input channel: pieces}`` of the unfiltered references of ``gate``, in order:
+    a channel's own recovered state, read ahead of its file."""
+    out: dict[int, tuple[Piece, ...]] = {}
+    for ref in refs:
+        if ref.gate == gate and ref.filter is None:
+            out[ref.channel] = out.get(ref.channel, ()) + ref.pieces
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +64,9 @@ class ReplayPlan:
     references: tuple[Reference, ...] = ()
     rescaled: tuple[RescaledInput, ...] = ()
 
-    def unfiltered(self, gate: int) -> dict[int, list[Piece]]:
+    def unfiltered(self, gate: int) -> dict[int, tuple[Piece, ...]]:
         """``{input channel: pieces}`` the subtask's own references hold for ``gate``."""
-        out: dict[int, list[Piece]] = {}
-        for ref in self.references:
-            if ref.gate == gate and ref.filter is None:
-                out.setdefault(ref.channel, []).extend(ref.pieces)
-        return out
+        return unfiltered(self.references, gate)
 
     def filtered(self, gate: int) -> tuple[Reference, ...]:
         """The old channels' streams the subtask's references hold for ``gate``, in order."""

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import spillover
 import spillover.runtime.recovery.replay as rec
-from spillover.errors import FormatError
+from spillover.errors import RescaleError
 from spillover.keygroups import key_groups
 from spillover.records import RecordReader, RecordWriter, partitioner_name
 from spillover.rescale import (
@@ -200,22 +200,10 @@ def test_filtered_references_replay_every_kept_record_once(
             assert rest == [i for i in np.flatnonzero(k12).tolist() if i > last], f"stream {s}"
 
 
-def test_composing_filters() -> None:
-    kg = _filter("key_groups", 0, 2)  # 0..63
-    assert compose(kg, _filter("key_groups", 1, 3)) == KeyGroupFilter(42, 63, MAX_P, 0)
-    assert compose(kg, _filter("key_groups", 2, 3)) is None
-    assert compose(kg, KeepAll()) == kg
-    both = compose(_filter("partitioner", 0, 2), _filter("partitioner", 1, 3))
-    assert isinstance(both, PartitionerFilter) and len(both.choices) == 2
-    assert len(both.to_dict()["all"]) == 2
-    with pytest.raises(FormatError):
-        compose(kg, _filter("partitioner", 0, 2))
-
-
 def test_a_reference_to_another_partitioner_is_refused(tmp_path: Path) -> None:
     pieces, _ = _write_streams(tmp_path, 1, 10, 64, 0)
     flt = PartitionerFilter((PartitionerChoice("elsewhere.other", 0, 2, 0),))
-    with pytest.raises(FormatError, match="partitioner"):
+    with pytest.raises(RescaleError, match="another partitioner"):
         _retriever(pieces[0], flt)
 
 
