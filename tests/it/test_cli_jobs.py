@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from spillover.cli import main
-from spillover.rest import registry
-from support.rest_jobs import PATH
+from spillover.cli.jobs import _run_with_progress
+from spillover.deploy.local import LocalExecutor
+from spillover.errors import SpilloverError
+from spillover.rest import ServedJob, registry
+from support.rest_jobs import PATH, backpressured, config
 
 JOB = f"{PATH}:backpressured"
 
@@ -135,3 +138,11 @@ def test_bad_inputs_are_one_line_and_leave_the_job_alone(
     assert code == 0 and out.strip() == f"job {job_id} CANCELED"
     code, _, err = _cli(capsys, "savepoint", job_id)
     assert code == 2 and f"job {job_id} has ended (CANCELED)" in err
+
+
+def test_a_run_with_progress_raises_the_jobs_own_error(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-savepoint")
+    job = ServedJob(LocalExecutor(backpressured(), config(tmp_path), restore_checkpoint=missing))
+    with pytest.raises(SpilloverError) as raised:
+        _run_with_progress(job)
+    assert raised.value is job.error and missing in str(raised.value)

@@ -8,6 +8,7 @@ left alone."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -25,15 +26,17 @@ from typing import Any
 
 from rich.live import Live
 
-from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, check_folder, env_flag, env_option
+from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, env_flag, env_option
 from spillover.config import Config
 from spillover.deploy import EXECUTORS, create_executor
 from spillover.errors import ConfigError, JobNotRunningError, SpilloverError
-from spillover.rest import registry, serve
+from spillover.rest import ServedJob, registry, serve
 from spillover.rest.registry import JobEntry
 from spillover.rest.views import vertex_metrics
 from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.graph import JobGraph, StreamEnvironment
+from spillover.runtime.jobmaster import JobResult
+from spillover.storage.folders import check_folder
 
 # A detached run's child gets its job id here, so the parent knows what to wait for.
 JOB_ID_ENV = "SPILLOVER_JOB_ID"
@@ -122,10 +125,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_with_progress(job: Any) -> Any:
-    """Runs the job with a live line: its state, checkpoints and records per second."""
-    box: dict[str, Any] = {}
-    runner = threading.Thread(target=lambda: box.update(result=job.run()), daemon=True)
+def _run_with_progress(job: ServedJob) -> JobResult:
+    """Runs the job with a live line: its state, checkpoints and records per second;
+    raises what the run raised."""
+
+    def run() -> None:
+        with contextlib.suppress(BaseException):  # job.error keeps it, raised below
+            job.run()
+
+    runner = threading.Thread(target=run, daemon=True)
     runner.start()
     with Live(refresh_per_second=4, transient=True) as live:
         while runner.is_alive():
@@ -143,9 +151,10 @@ def _run_with_progress(job: Any) -> Any:
                 + f" · {rate:,.0f} records/s in"
             )
             runner.join(0.25)
-    if "result" not in box:
-        raise RuntimeError("the job ended without a result")
-    return box["result"]
+    if job.error is not None:
+        raise job.error
+    assert job.result is not None
+    return job.result
 
 
 def _run_detached(args: argparse.Namespace) -> int:

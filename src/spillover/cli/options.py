@@ -4,12 +4,10 @@ formatting."""
 from __future__ import annotations
 
 import argparse
-import errno
 import os
-import tempfile
 from typing import Any
 
-from spillover.errors import ConfigError
+from spillover.storage.folders import check_folder as check_folder  # the commands' import
 
 # The exit codes of every command (docs/getting-started.md).
 EXIT_OK = 0  # done, and every check passed (verify: exact)
@@ -85,33 +83,6 @@ def env_flag(p: argparse.ArgumentParser, name: str, *, env: str, help: str) -> N
         default=False,
         help=help,
     )
-
-
-def check_folder(named: str, folder: str, *, create: bool = True) -> None:
-    """Checks ``folder`` takes a file, creating it (unless ``create`` is false: then
-    the nearest folder that exists must let it be made): a ConfigError (bad usage,
-    exit 2) naming the option ``named`` now, not a failure after minutes of runs."""
-    try:
-        if create:
-            os.makedirs(folder, exist_ok=True)
-        existing = os.path.abspath(folder)
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
-        if not os.path.isdir(existing):
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", existing)
-        if existing != os.path.abspath(folder):
-            if not os.access(existing, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "cannot create folders in", existing)
-            return
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".spillover-")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigError(
-            f"cannot write the folder of {named}",
-            detail=f"{folder!r}: {type(e).__name__}: {e.strerror or e}",
-            hint="give a folder you can write",
-        ) from None
 
 
 def fmt_bytes(n: float) -> str:
