@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import threading
 import time
 import traceback
 import uuid
@@ -29,6 +30,7 @@ from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobevents import LeaseError
 from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.jobstatus import JobStatusTracker
+from spillover.runtime.network.events import BarrierKind
 from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
@@ -211,6 +213,13 @@ class Executor:
         )
         self.status = JobStatusTracker()
         self._cancelled = False
+        # Savepoints asked for without a stop: those between attempts wait for the
+        # next one; every one not yet done is kept so that a later attempt keeps the
+        # checkpoint an export still reads.
+        self._savepoint_lock = threading.Lock()
+        self._savepoints_waiting: list[SavepointRequest] = []
+        self._savepoints: list[SavepointRequest] = []
+        self._savepoints_closed = False  # the run ended: requests fail at once
 
     def _attempt(
         self,
@@ -261,11 +270,7 @@ class Executor:
                 detail="drain processes everything in flight before the savepoint",
                 hint="stop without drain, or with an aligned savepoint",
             )
-        self._savepoint_dir = (
-            savepoint_dir
-            or self.config.state.savepoints_dir
-            or Location.parse(self.storage.uri).child("savepoints").uri
-        )
+        self._savepoint_dir = savepoint_dir or self._default_savepoint_dir()
         self._stop = drain
         self._stop_unaligned = unaligned
         run = self._current
@@ -278,31 +283,76 @@ class Executor:
         """Takes a savepoint without stopping the job, from any thread: a checkpoint
         triggered now (aligned, or ``unaligned``) and exported as
         :meth:`stop_with_savepoint` exports its own; ``wait()`` on the answer gives
-        its path. Refused (ConfigError) without checkpoint storage or a running attempt."""
-        storage, run = self.storage, self._current
+        its path. Asked while the job restarts, the next attempt takes it; the
+        request fails if the run ends first. Refused (ConfigError) without
+        checkpoint storage or before the job started."""
+        storage = self.storage
         if self.batch or storage is None:
             raise ConfigError(
                 "a savepoint needs checkpoint storage",
                 hint="set state.checkpoints.dir and execution.checkpointing.interval",
             )
-        if run is None:
+        if self._current is None:
             raise ConfigError("the job is not running", hint="wait for it to start")
-        where = Location.parse(
-            savepoint_dir
-            or self.config.state.savepoints_dir
-            or Location.parse(storage.uri).child("savepoints").uri
+        where = savepoint_dir or self._default_savepoint_dir()
+        kind = BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED
+        request = SavepointRequest(kind, lambda cid: self._export_savepoint(cid, where))
+        with self._savepoint_lock:
+            if self._savepoints_closed:
+                request.failed("the job has ended")
+                return request
+            self._savepoints = [r for r in self._savepoints if not r.done] + [request]
+            if not self._current.coordinator.trigger_savepoint(request):
+                self._savepoints_waiting.append(request)  # between attempts
+        return request
+
+    def _default_savepoint_dir(self) -> str:
+        assert self.storage is not None
+        return (
+            self.config.state.savepoints_dir
+            or Location.parse(self.storage.uri).child("savepoints").uri
         )
 
-        def export(cid: int) -> str:
-            path = storage.export(cid, where.child(f"savepoint-{self.job_id[:6]}-{cid}").uri)
-            self.stats.exported(cid, path)
-            if self.recovery is not None:
-                self.recovery.savepoint_completed(cid, path)
-            return path
+    def _export_savepoint(self, cid: int, savepoint_dir: str) -> str:
+        """Copies completed checkpoint ``cid`` as a savepoint ``savepoint-<job>-<cid>``
+        under ``savepoint_dir``; recorded in the statistics and the event log."""
+        assert self.storage is not None
+        target = Location.parse(savepoint_dir).child(f"savepoint-{self.job_id[:6]}-{cid}")
+        path = self.storage.export(cid, target.uri)
+        self.stats.exported(cid, path)
+        recovery = self.recovery
+        if recovery is not None:
+            recovery.savepoint_completed(cid, path)
+        return path
 
-        request = SavepointRequest(1 if unaligned else 0, export)  # events.BarrierKind
-        run.coordinator.trigger_savepoint(request)
-        return request
+    def _attempt_takes_savepoints(self, run: Any) -> None:
+        """``run`` is the running attempt now: it keeps the checkpoints of exports an
+        earlier one started, and takes the requests asked for between attempts."""
+        with self._savepoint_lock:
+            previous, self._current = self._current, run
+            waiting, self._savepoints_waiting = self._savepoints_waiting, []
+            run.coordinator.keep_exporting([r for r in self._savepoints if r.exporting is not None])
+            for request in waiting:
+                if not run.coordinator.trigger_savepoint(request):
+                    request.failed("the job attempt ended")
+        if previous is not None and previous is not run:
+            previous.coordinator.close_savepoints()
+
+    def _close_savepoints(self) -> None:
+        """The run ended: requests not yet triggered fail, later ones at once, and
+        exports under way finish before the run returns (and its event log closes)."""
+        with self._savepoint_lock:
+            self._savepoints_closed = True
+            waiting, self._savepoints_waiting = self._savepoints_waiting, []
+            exporting, self._savepoints = self._savepoints, []
+            run = self._current
+        for request in waiting:
+            request.failed("the job ended before its savepoint was triggered")
+        if run is not None:
+            run.coordinator.close_savepoints("the job ended")
+        for request in exporting:
+            if request.exporting is not None:
+                request.wait_done()
 
     def _ask_stop(self, run: Any) -> None:
         if self._stop_unaligned:
@@ -464,6 +514,8 @@ class Executor:
                 hint="run it on the local executor, or set execution.runtime-mode: streaming",
             )
         recovery = self._begin_recovery()  # the lease first: a refused master starts nothing
+        with self._savepoint_lock:
+            self._savepoints_closed = False
         # The run every subtask and attempt belongs to: the log's when it resumes one.
         resume = recovery.resume if recovery is not None else None
         self.run_id = resume.run_id if resume is not None else uuid.uuid4().hex
@@ -475,6 +527,7 @@ class Executor:
             else:
                 self._run(result, recovery, started, timeout, stop_after, stop_when)
         finally:
+            self._close_savepoints()
             self.status.ended(result.status)
             self.recovery = None
             if recovery is not None:
@@ -596,7 +649,8 @@ class Executor:
                     _restore_path(self.restore_checkpoint, restored_id, self.storage),
                     first,
                 )
-            run = self._current = self._attempt(attempt, restore, restored_id)
+            run = self._attempt(attempt, restore, restored_id)
+            self._attempt_takes_savepoints(run)
             if self._stop is not None:  # asked before this attempt started
                 self._ask_stop(run)
             self.status.attempt_started(attempt)
@@ -625,14 +679,8 @@ class Executor:
                 if self._stop is not None and run.coordinator.completed_ids:
                     assert self.storage is not None
                     cid = run.coordinator.stop_id or run.coordinator.completed_ids[-1]
-                    target = Location.parse(self._savepoint_dir).child(
-                        f"savepoint-{self.job_id[:6]}-{cid}"
-                    )
-                    result.savepoint = self.storage.export(cid, target.uri)
-                    self.stats.exported(cid, result.savepoint)
+                    result.savepoint = self._export_savepoint(cid, self._savepoint_dir)
                     result.status = "finished" if self._stop else "stopped"
-                    if recovery is not None:
-                        recovery.savepoint_completed(cid, result.savepoint)
                 if recovery is not None:
                     recovery.generation_ended(generation + attempt, result.status)
                     recovery.terminated(

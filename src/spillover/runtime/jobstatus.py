@@ -35,7 +35,6 @@ class JobStatusSnapshot:
     timestamps: tuple[tuple[str, int], ...]  # (state, first entered, ms), in order
     exceptions: tuple[JobException, ...]  # oldest first
     num_restarts: int
-    cancel_requested: bool
 
     def entered(self, state: str) -> int | None:
         return next((t for s, t in self.timestamps if s == state), None)
@@ -102,5 +101,4 @@ class JobStatusTracker:
                 timestamps=tuple(self._timestamps.items()),
                 exceptions=tuple(self._exceptions),
                 num_restarts=self._restarts,
-                cancel_requested=self._cancel,
             )

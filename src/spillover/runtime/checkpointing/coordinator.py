@@ -151,6 +151,10 @@ class CheckpointCoordinator:
         # Savepoints without a stop: asked from any thread, triggered on this one.
         self._savepoint_requests: queue.SimpleQueue[SavepointRequest] = queue.SimpleQueue()
         self._savepoints: dict[int, SavepointRequest] = {}  # by their checkpoint's id
+        # Completed savepoints whose export runs: kept, with what they reference.
+        self._exporting: list[SavepointRequest] = []
+        self._requests_lock = threading.Lock()
+        self._requests_closed = False  # the loop ended: requests are refused
         # Called once a checkpoint's metadata is written, before anything is subsumed
         # or any task told: the job master records it durably (its event log).
         self.on_complete = on_complete
@@ -249,13 +253,37 @@ class CheckpointCoordinator:
     def trigger_now(self) -> None:
         self._events.put(TriggerNow())
 
-    def trigger_savepoint(self, request: SavepointRequest) -> None:
+    def trigger_savepoint(self, request: SavepointRequest) -> bool:
         """A savepoint without stopping: the next checkpoint a free slot allows, with
-        the request's barrier kind, exported on this thread once it completes (before
-        anything can subsume it). The request fails if it is aborted or the job
-        stops or finishes first."""
-        self._savepoint_requests.put(request)
+        the request's barrier kind; once it completes the request exports it (not on
+        this thread) and nothing deletes it until that ended. The request fails if
+        it is aborted, the job stops or finishes first, or the attempt ends. False,
+        the request untouched, once this attempt's loop ended: the caller gives it
+        to the next attempt or fails it."""
+        with self._requests_lock:
+            if self._requests_closed:
+                return False
+            self._savepoint_requests.put(request)
         self._events.put(TriggerNow())  # wakes the loop
+        return True
+
+    def keep_exporting(self, requests: Sequence[SavepointRequest]) -> None:
+        """Savepoints an earlier attempt completed whose export still runs: their
+        checkpoints are not deleted until it ended (called before :meth:`start`)."""
+        with self._requests_lock:
+            self._exporting.extend(requests)
+
+    def close_savepoints(self, reason: str = "the job attempt ended") -> None:
+        """Refuses further savepoint requests and fails those queued (the loop ended,
+        or never started); idempotent."""
+        with self._requests_lock:
+            self._requests_closed = True
+        while True:
+            try:
+                request = self._savepoint_requests.get_nowait()
+            except queue.Empty:
+                return
+            request.failed(reason)
 
     def request_stop(self) -> None:
         """Stop-with-savepoint, unaligned: the next checkpoint (at once if none is
@@ -294,8 +322,7 @@ class CheckpointCoordinator:
         finally:
             for cid in list(self._pending):
                 self._abort(cid, "job attempt ended")
-            while not self._savepoint_requests.empty():
-                self._savepoint_requests.get().failed("the job attempt ended")
+            self.close_savepoints()
 
     def _can_trigger(self, now: float) -> bool:
         return (
@@ -410,7 +437,6 @@ class CheckpointCoordinator:
             if cid is None:
                 request.failed("no task runs any more")
                 continue
-            request.triggered(cid)
             self._savepoints[cid] = request
             if self.stats_listener is not None:
                 self.stats_listener.savepoint_triggered(cid)
@@ -532,7 +558,9 @@ class CheckpointCoordinator:
             self._count_failure(cid)
             return
         request = self._savepoints.pop(cid, None)
-        if request is not None:  # exported now: retention below may subsume it
+        if request is not None:  # its export starts; retention below keeps it meanwhile
+            with self._requests_lock:
+                self._exporting.append(request)
             request.completed(cid)
         p.stats.status = "completed"
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
@@ -564,6 +592,7 @@ class CheckpointCoordinator:
         keep = set(self._retained)
         if self._savepoint_id is not None:
             keep.add(self._savepoint_id)
+        keep.update(self._exported_ids())
         needed = set().union(*(self._references_of(c) for c in keep))
         needed.update(keep)
         for old in list(self._subsumed):
@@ -578,6 +607,12 @@ class CheckpointCoordinator:
         if p.stats.final:
             self._final_done = True
             self.on_final()
+
+    def _exported_ids(self) -> set[int]:
+        """The checkpoints of savepoints whose export runs (finished ones dropped)."""
+        with self._requests_lock:
+            self._exporting = [r for r in self._exporting if r.exporting is not None]
+            return {cid for r in self._exporting if (cid := r.exporting) is not None}
 
     def _sweep(self, completed: int) -> None:
         """Deletes what aborted checkpoints below ``completed`` left (a write that

@@ -7,43 +7,74 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from spillover.runtime.network.events import BarrierKind
+
 
 class SavepointFailedError(RuntimeError):
     """The savepoint's checkpoint was aborted, or exporting it failed."""
 
 
 class SavepointRequest:
-    """Asks the coordinator for one checkpoint of barrier ``kind`` (events.BarrierKind)
-    and calls ``export(checkpoint_id)`` on the coordinator's thread once its metadata
-    is written, before retention may delete it; ``export`` returns the savepoint's
-    path. :meth:`wait` gives that path or raises :class:`SavepointFailedError`."""
+    """Asks the coordinator for one checkpoint of barrier ``kind``. Once it completes
+    the coordinator calls :meth:`completed` and keeps the checkpoint (and what it
+    references) while the request is :attr:`exporting`; ``export(checkpoint_id)``
+    then copies it on a thread of its own, not the coordinator's (a copy to an
+    object store takes long), and returns the savepoint's path. Without ``export``
+    the owner ends the request with :meth:`succeeded` or :meth:`failed` (a stop's
+    savepoint, exported by the job master). :meth:`wait` gives the path or raises
+    :class:`SavepointFailedError`."""
 
-    def __init__(self, kind: int, export: Callable[[int], str]) -> None:
+    def __init__(self, kind: BarrierKind, export: Callable[[int], str] | None = None) -> None:
         self.kind = kind
         self._export = export
+        self._lock = threading.Lock()
         self._done = threading.Event()
-        self.checkpoint_id: int | None = None
+        self._checkpoint_id: int | None = None
         self.path: str | None = None
         self.error: str | None = None
-
-    def triggered(self, checkpoint_id: int) -> None:
-        self.checkpoint_id = checkpoint_id
-
-    def completed(self, checkpoint_id: int) -> None:
-        try:
-            self.path = self._export(checkpoint_id)
-        except Exception as e:  # the checkpoint stands; only its export failed
-            self.error = f"exporting checkpoint {checkpoint_id} failed: {type(e).__name__}: {e}"
-        self._done.set()
-
-    def failed(self, reason: str) -> None:
-        if not self._done.is_set():
-            self.error = reason
-            self._done.set()
 
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def exporting(self) -> int | None:
+        """The completed checkpoint being exported, None before it completed or once
+        the export ended: what must not be deleted meanwhile."""
+        return None if self.done else self._checkpoint_id
+
+    def completed(self, checkpoint_id: int) -> None:
+        """The checkpoint completed (the coordinator's thread): starts its export."""
+        self._checkpoint_id = checkpoint_id
+        export = self._export
+        if export is None:
+            return
+
+        def run() -> None:
+            try:
+                path = export(checkpoint_id)
+            except Exception as e:  # the checkpoint stands; only its export failed
+                self.failed(f"exporting checkpoint {checkpoint_id} failed: {type(e).__name__}: {e}")
+            else:
+                self.succeeded(path)
+
+        threading.Thread(target=run, name=f"savepoint-export-{checkpoint_id}", daemon=True).start()
+
+    def succeeded(self, path: str) -> None:
+        with self._lock:
+            if not self.done:
+                self.path = path
+                self._done.set()
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            if not self.done:
+                self.error = reason
+                self._done.set()
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Waits until it succeeded or failed; whether it did in time."""
+        return self._done.wait(timeout)
 
     def wait(self, timeout: float | None = None) -> str:
         if not self._done.wait(timeout):

@@ -13,8 +13,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
+
+from spillover.runtime.network.events import BarrierKind
 
 if TYPE_CHECKING:
     from spillover.runtime.checkpointing.coordinator import CheckpointStats
@@ -23,9 +25,6 @@ logger = logging.getLogger(__name__)
 
 # Flink's ``web.checkpoints.history``, larger: a chart wants more than ten points.
 HISTORY_SIZE = 100
-
-# events.BarrierKind values, as the coordinator triggers them.
-_UNALIGNED = 1
 
 
 class CheckpointStatsListener(Protocol):
@@ -123,7 +122,6 @@ class CheckpointStatsSnapshot:
     latest_savepoint: CheckpointRecord | None = None
     latest_failed: CheckpointRecord | None = None
     restored: RestoredRecord | None = None
-    vertex_parallelism: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def total_count(self) -> int:
@@ -144,7 +142,7 @@ class _Live:
 def _checkpoint_type(kind: int, savepoint: bool) -> str:
     if savepoint:
         return "SAVEPOINT"
-    return "UNALIGNED_CHECKPOINT" if kind == _UNALIGNED else "CHECKPOINT"
+    return "UNALIGNED_CHECKPOINT" if kind == BarrierKind.UNALIGNED else "CHECKPOINT"
 
 
 class CheckpointStatsTracker:
