@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spillover.deploy.local import LocalExecutor
-from spillover.rest import JobServer, serve
-from support.rest_jobs import backpressured, config
+from spillover.rest import JobServer
+from support import rest_jobs
+
+served = rest_jobs.served  # the fixture: the backpressured job, served
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -32,18 +31,43 @@ if not (CHROMIUM and DRIVER) and not os.environ.get("SPILLOVER_REQUIRE_BROWSER")
     )
 
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
+
+# What the page shows, read in one script: the page redraws every second
+# (replaceChildren), so elements found in one call may be gone by the next.
+_READ = """
+const text = id => (document.getElementById(id) || {}).textContent || "";
+const newest = chart => Math.max(-1, ...[...document.querySelectorAll(`#${chart} .point title`)]
+    .map(t => parseInt(t.textContent.split(" ")[1], 10)));
+return {
+  state: text("state"),
+  vertices: [...document.querySelectorAll("#graph .vertex")].map(v => v.getAttribute("data-id")),
+  rates: [...document.querySelectorAll("#graph .rate")].map(r => r.textContent),
+  newest: Object.fromEntries(["chart-duration", "chart-persisted", "chart-start-delay",
+      "chart-alignment"].map(c => [c, newest(c)])),
+  subtasks: [...document.querySelectorAll("#subtasks tbody tr")]
+      .map(r => r.querySelector("td").textContent),
+  restarts: text("restarts"),
+  exceptions: text("exceptions"),
+};
+"""
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+def _until(
+    what: str, browser: Any, check: Callable[[dict[str, Any]], Any], timeout: float = 60.0
+) -> dict[str, Any]:
+    """The page's values (``_READ``) once ``check`` holds for them."""
     deadline = time.monotonic() + timeout
     while True:
-        got = check()
-        if got:
-            return got
+        try:
+            page: dict[str, Any] = browser.execute_script(_READ)
+        except StaleElementReferenceException:  # a redraw in between: read again
+            page = {}
+        if page and check(page):
+            return page
         if time.monotonic() > deadline:
-            raise AssertionError(f"the dashboard never showed {what}")
+            raise AssertionError(f"the dashboard never showed {what}; last read {page}")
         time.sleep(0.1)
 
 
@@ -61,44 +85,26 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-@pytest.fixture
-def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobServer]:
-    monkeypatch.setenv("SPILLOVER_HOME", str(tmp_path / "home"))
-    server = serve(LocalExecutor(backpressured(), config(tmp_path)))
-    runner = threading.Thread(target=lambda: server.job.run(timeout=180), daemon=True)
-    runner.start()
-    yield server
-    if not server.job.ended:
-        server.job.executor.cancel()
-    runner.join(timeout=60)
-    server.close()
-
-
 def test_the_dashboard_shows_the_running_job(browser: Any, served: JobServer) -> None:
     browser.get(served.url + "/")
-    find = browser.find_elements
-    _until("the job running", lambda: browser.find_element(By.ID, "state").text == "RUNNING")
-    vertices = _until("the job graph", lambda: find(By.CSS_SELECTOR, "#graph .vertex"))
-    assert [v.get_attribute("data-id") for v in vertices] == ["source", "sink"]
-    _until(
-        "records/s on the source",
-        lambda: "out/s" in browser.find_element(By.CSS_SELECTOR, "#graph .rate").text,
-    )
-    points = len(_until("checkpoints", lambda: find(By.CSS_SELECTOR, "#chart-duration .point")))
-    # It updates while the job runs: more checkpoints appear without a reload.
-    _until("new checkpoints", lambda: len(find(By.CSS_SELECTOR, "#chart-duration .point")) > points)
+    _until("the job running", browser, lambda p: p["state"] == "RUNNING")
+    page = _until("the job graph", browser, lambda p: p["vertices"])
+    assert page["vertices"] == ["source", "sink"]
+    _until("records/s on the source", browser, lambda p: p["rates"] and "out/s" in p["rates"][0])
+    first = _until("checkpoints", browser, lambda p: p["newest"]["chart-duration"] >= 0)
+    seen = first["newest"]["chart-duration"]
+    # It updates while the job runs: newer checkpoints appear without a reload (the
+    # chart keeps the last 100, so their number stops growing; their ids do not).
+    page = _until("new checkpoints", browser, lambda p: p["newest"]["chart-duration"] > seen)
     for chart in ("chart-persisted", "chart-start-delay", "chart-alignment"):
-        assert find(By.CSS_SELECTOR, f"#{chart} .point"), chart
-    rows = _until(
-        "the latest checkpoint's subtasks", lambda: find(By.CSS_SELECTOR, "#subtasks tbody tr")
-    )
-    names = sorted(r.find_elements(By.TAG_NAME, "td")[0].text for r in rows)
-    assert names == ["sink#0", "sink#1", "source#0", "source#1"]
-    assert "restarts: 0" in browser.find_element(By.ID, "restarts").text
-    assert "no exceptions" in browser.find_element(By.ID, "exceptions").text
+        assert page["newest"][chart] >= 0, chart
+    page = _until("the latest checkpoint's subtasks", browser, lambda p: p["subtasks"])
+    assert sorted(page["subtasks"]) == ["sink#0", "sink#1", "source#0", "source#1"]
+    assert "restarts: 0" in page["restarts"]
+    assert "no exceptions" in page["exceptions"]
     shot = os.environ.get("SPILLOVER_DASHBOARD_SCREENSHOT")
     if shot:
         browser.save_screenshot(shot)
 
     served.job.executor.cancel()
-    _until("the job cancelled", lambda: browser.find_element(By.ID, "state").text == "CANCELED")
+    _until("the job cancelled", browser, lambda p: p["state"] == "CANCELED")

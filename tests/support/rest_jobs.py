@@ -5,13 +5,18 @@ sink keeps nothing, so a savepoint restores in another process)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from spillover.config import Config
+from spillover.deploy.local import LocalExecutor
+from spillover.rest import JobServer, serve
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
@@ -52,3 +57,18 @@ def poll(client: httpx.Client, path: str, until: Any, timeout: float = 60.0, wha
         if time.monotonic() > deadline:
             raise AssertionError(f"{what or path} never held; last answer {body}")
         time.sleep(0.05)
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobServer]:
+    """The backpressured job on the local executor, served and running on a thread
+    (import it into a test module to use it); cancelled afterwards if it still runs."""
+    monkeypatch.setenv("SPILLOVER_HOME", str(tmp_path / "home"))
+    server = serve(LocalExecutor(backpressured(), config(tmp_path)))
+    runner = threading.Thread(target=lambda: server.job.run(timeout=180), daemon=True)
+    runner.start()
+    yield server
+    if not server.job.ended:
+        server.job.executor.cancel()
+    runner.join(timeout=60)
+    server.close()

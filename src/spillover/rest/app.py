@@ -35,9 +35,9 @@ def _static(name: str) -> bytes:
     return (resources.files("spillover.rest") / "static" / name).read_bytes()
 
 
-def create_app(job: ServedJob, token: str, on_command: Callable[[str, str], None]) -> Starlette:
-    """The API of one job. ``on_command(command, detail)`` is told of every accepted
-    mutating call (the job event log records it)."""
+def create_app(job: ServedJob, token: str, on_command: Callable[[], None]) -> Starlette:
+    """The API of one job. ``on_command()`` is called after every accepted mutating
+    call (which ``job.commands`` records), on a worker thread."""
     registry = registry_for(job)
 
     def for_job(handler: Callable[[Request], Any], mutating: bool = False) -> Handler:
@@ -154,7 +154,7 @@ def create_app(job: ServedJob, token: str, on_command: Callable[[str, str], None
         target = b.get("target-directory")
         unaligned = bool(b.get("unaligned", False))
         tid = await run_in_threadpool(job.trigger_savepoint, target, unaligned)
-        on_command("savepoint", f"target={target} unaligned={unaligned} trigger={tid}")
+        await run_in_threadpool(on_command)
         return JSONResponse({"request-id": tid}, status_code=202)
 
     async def stop(request: Request) -> Any:
@@ -162,15 +162,15 @@ def create_app(job: ServedJob, token: str, on_command: Callable[[str, str], None
         target = b.get("targetDirectory")
         drain, unaligned = bool(b.get("drain", False)), bool(b.get("unaligned", False))
         tid = await run_in_threadpool(job.trigger_stop, target, drain, unaligned)
-        on_command("stop", f"target={target} drain={drain} unaligned={unaligned} trigger={tid}")
+        await run_in_threadpool(on_command)
         return JSONResponse({"request-id": tid}, status_code=202)
 
     async def patch(request: Request) -> Any:
         mode = request.query_params.get("mode", "cancel")
         if mode != "cancel":
             raise ConfigError(f"unknown mode {mode!r}", hint="mode=cancel")
-        job.cancel()
-        on_command("cancel", "")
+        await run_in_threadpool(job.cancel)
+        await run_in_threadpool(on_command)
         return JSONResponse({}, status_code=202)
 
     async def rescale(request: Request) -> Any:

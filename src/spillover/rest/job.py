@@ -1,22 +1,29 @@
 """A running job as its REST API sees it: the executor, its asynchronous operations
-(savepoint and stop triggers, polled by id as in Flink), and rates of its counters."""
+(savepoint and stop triggers, polled by id as in Flink), the operators' commands
+that reached it, and rates of its counters."""
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from spillover.errors import ConfigError, JobNotRunningError
+from spillover.rest.registry import Command
+from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.jobmaster import Executor, JobResult
+from spillover.runtime.network.events import BarrierKind
+from spillover.storage.folders import check_folder
 from spillover.storage.location import Location
 
 logger = logging.getLogger(__name__)
+
+COMMANDS_KEPT = 100  # the latest operator commands a job keeps (the registry shows them)
 
 
 @dataclass(frozen=True)
@@ -27,38 +34,19 @@ class Operation:
     location: str | None = None
     failure: str | None = None
 
-
-class _Trigger:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.location: str | None = None
-        self.failure: str | None = None
-
-    def finish(self, location: str | None, failure: str | None) -> None:
-        self.location, self.failure = location, failure
-        self.done.set()
-
-    def operation(self) -> Operation:
-        if not self.done.is_set():
-            return Operation("IN_PROGRESS")
-        return Operation("COMPLETED", self.location, self.failure)
+    @classmethod
+    def of(cls, request: SavepointRequest) -> Operation:
+        if not request.done:
+            return cls("IN_PROGRESS")
+        return cls("COMPLETED", request.path, request.error)
 
 
 def check_savepoint_dir(target: str) -> None:
     """A local savepoint directory must be one the job can create and write: refused
     now (ConfigError) rather than after the savepoint's checkpoint."""
     loc = Location.parse(target)
-    if not loc.local:
-        return
-    existing = os.path.abspath(loc.path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(
-            "cannot write the savepoint directory",
-            detail=f"{target!r}: {existing!r} is not a folder this job can write",
-            hint="give a folder the job can write",
-        )
+    if loc.local:
+        check_folder("target-directory", loc.path, create=False)
 
 
 class RateMeter:
@@ -93,8 +81,9 @@ class ServedJob:
         self.result: JobResult | None = None
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self._triggers: dict[str, _Trigger] = {}
-        self._stop: _Trigger | None = None
+        self._triggers: dict[str, SavepointRequest] = {}
+        self._stop: SavepointRequest | None = None
+        self._commands: deque[Command] = deque(maxlen=COMMANDS_KEPT)
         self._ended = threading.Event()
         self._on_end: list[Callable[[ServedJob], None]] = []
 
@@ -106,12 +95,20 @@ class ServedJob:
     def name(self) -> str:
         return self.executor.graph.name
 
+    @property
+    def commands(self) -> tuple[Command, ...]:
+        """The latest operator commands that reached the job, oldest first."""
+        with self._lock:
+            return tuple(self._commands)
+
     def on_end(self, f: Callable[[ServedJob], None]) -> None:
         self._on_end.append(f)
 
     def run(self, **options: Any) -> JobResult:
-        """Runs the job to its end (``Executor.run``'s options); a stop trigger
-        completes with the savepoint's path."""
+        """Runs the job to its end (``Executor.run``'s options). Then the end
+        listeners run (the registry says it ended), :meth:`wait` returns, and only
+        then a stop trigger completes with the savepoint's path (whoever polls it
+        finds the job ended everywhere) and any other trigger still open fails."""
         try:
             self.result = self.executor.run(**options)
             return self.result
@@ -119,20 +116,27 @@ class ServedJob:
             self.error = e
             raise
         finally:
-            stop = self._stop
-            if stop is not None:
-                r = self.result
-                if r is not None and r.savepoint:
-                    stop.finish(r.savepoint, None)
-                else:
-                    why = f"the job ended {r.status} without a savepoint" if r else "the job failed"
-                    stop.finish(None, why)
-            self._ended.set()
             for f in self._on_end:
                 try:
                     f(self)
                 except Exception as e:  # a listener's failure must not hide the job's
                     logger.warning("job end listener failed: %s", e)
+            self._ended.set()
+            self._finish_triggers()
+
+    def _finish_triggers(self) -> None:
+        r = self.result
+        with self._lock:
+            stop, triggers = self._stop, list(self._triggers.values())
+        if stop is not None:
+            if r is not None and r.savepoint:
+                stop.succeeded(r.savepoint)
+            else:
+                stop.failed(
+                    f"the job ended {r.status} without a savepoint" if r else "the job failed"
+                )
+        for t in triggers:
+            t.failed(f"the job ended ({r.status if r else 'failed'}) before the savepoint")
 
     @property
     def ended(self) -> bool:
@@ -141,13 +145,6 @@ class ServedJob:
     def wait(self, timeout: float | None = None) -> bool:
         return self._ended.wait(timeout)
 
-    def _new_trigger(self) -> tuple[str, _Trigger]:
-        tid = uuid.uuid4().hex
-        t = _Trigger()
-        with self._lock:
-            self._triggers[tid] = t
-        return tid, t
-
     def _check_running(self) -> None:
         if self.ended:
             state = self.executor.status.snapshot().state
@@ -155,21 +152,22 @@ class ServedJob:
                 f"the job has ended ({state})", hint="`spillover list` shows its state"
             )
 
+    def _command(self, command: str, detail: str) -> None:
+        """Records an accepted command: the log, and the job's bounded list."""
+        logger.info("job %s: %s %s", self.job_id, command, detail)
+        with self._lock:
+            self._commands.append(Command(time.time(), command, detail))
+
     def trigger_savepoint(self, target: str | None, unaligned: bool) -> str:
         """Starts a savepoint without stopping; returns the trigger id to poll."""
         self._check_running()
         if target:
             check_savepoint_dir(target)
+        tid = uuid.uuid4().hex
+        self._command("savepoint", f"target={target} unaligned={unaligned} trigger={tid}")
         request = self.executor.trigger_savepoint(target, unaligned=unaligned)
-        tid, trigger = self._new_trigger()
-
-        def wait() -> None:
-            try:
-                trigger.finish(request.wait(), None)
-            except Exception as e:
-                trigger.finish(None, str(e))
-
-        threading.Thread(target=wait, name=f"savepoint-{tid[:8]}", daemon=True).start()
+        with self._lock:
+            self._triggers[tid] = request
         return tid
 
     def trigger_stop(self, target: str | None, drain: bool, unaligned: bool) -> str:
@@ -177,25 +175,32 @@ class ServedJob:
         self._check_running()
         if target:
             check_savepoint_dir(target)
-        tid, trigger = self._new_trigger()
+        tid = uuid.uuid4().hex
+        kind = BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED
+        stop = SavepointRequest(kind)  # the job master exports it; run() ends it
         with self._lock:
             if self._stop is not None:
                 raise ConfigError("the job is stopping already")
-            self._stop = trigger
+            self._stop = stop
+        self._command("stop", f"target={target} drain={drain} unaligned={unaligned} trigger={tid}")
         try:
             self.executor.stop_with_savepoint(
                 drain=drain, savepoint_dir=target, unaligned=unaligned
             )
         except BaseException:
-            self._stop = None
+            with self._lock:
+                self._stop = None
             raise
+        with self._lock:
+            self._triggers[tid] = stop
         return tid
 
     def operation(self, trigger_id: str) -> Operation | None:
         with self._lock:
             t = self._triggers.get(trigger_id)
-        return None if t is None else t.operation()
+        return None if t is None else Operation.of(t)
 
     def cancel(self) -> None:
         self._check_running()
+        self._command("cancel", "")
         self.executor.cancel()

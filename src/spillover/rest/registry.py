@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from spillover.errors import ConfigError, JobNotFoundError
+from spillover.storage.location import Location
 
 HOME_ENV = "SPILLOVER_HOME"
 
@@ -29,6 +29,15 @@ def home() -> Path:
 
 def jobs_dir() -> Path:
     return home() / "jobs"
+
+
+@dataclass(frozen=True)
+class Command:
+    """An operator's command that reached the job through its REST API."""
+
+    at: float  # seconds since the epoch
+    command: str  # savepoint | stop | cancel
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class JobEntry:
     last_checkpoint: int | None = None
     ended: float | None = None
     savepoint: str | None = None  # where the job's stop left its savepoint
+    commands: tuple[Command, ...] = ()  # the latest ones, oldest first
 
     def with_changes(self, **changes: Any) -> JobEntry:
         return replace(self, **changes)
@@ -70,21 +80,6 @@ class JobEntry:
         return Path(self.token_file).read_text().strip()
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def new_token(job_id: str) -> Path:
     """A fresh random token for ``job_id``, written readable by its owner only."""
     d = jobs_dir()
@@ -98,9 +93,10 @@ def new_token(job_id: str) -> Path:
 
 
 def write(entry: JobEntry) -> None:
-    d = jobs_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    _write_atomic(d / f"{entry.id}.json", json.dumps(asdict(entry), indent=1) + "\n")
+    """Replaces the entry of ``entry.id`` atomically (a reader sees old or new)."""
+    text = json.dumps(asdict(entry), indent=1) + "\n"
+    path = jobs_dir() / f"{entry.id}.json"
+    Location.parse(str(path)).publish(text.encode(), fsync=False, what="job registry entry")
 
 
 def read(job_id: str) -> JobEntry:
@@ -134,7 +130,8 @@ def entries() -> list[JobEntry]:
 def _load(path: Path) -> JobEntry:
     try:
         data = json.loads(path.read_text())
-        return JobEntry(**data)
+        commands = tuple(Command(**c) for c in data.pop("commands", ()))
+        return JobEntry(**data, commands=commands)
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError("cannot read the job's registry entry", detail=f"{path}: {e}") from None
 

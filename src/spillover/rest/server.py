@@ -1,6 +1,7 @@
 """Serving a job: uvicorn on a daemon thread of the driver process, at
 ``rest.bind-address``/``rest.port`` (port 0: a free one), with the job's registry
-entry and token under ``SPILLOVER_HOME`` kept up to date."""
+entry (its state, latest checkpoint and the operators' commands) and token under
+``SPILLOVER_HOME`` kept up to date."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class JobServer:
         bound = sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{bound}"
-        app = create_app(job, self.token, self._command)
+        app = create_app(job, self.token, self.update)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -81,17 +82,12 @@ class JobServer:
                 last_checkpoint=last.checkpoint_id if last else self._entry.last_checkpoint,
                 ended=None if st.end_ms is None else st.end_ms / 1000,
                 savepoint=result.savepoint if result is not None else None,
+                commands=self.job.commands,
             )
             try:
                 registry.write(self._entry)
             except OSError as e:  # the registry is a convenience: the job goes on
                 logger.warning("cannot write the job registry entry: %s", e)
-
-    def _command(self, command: str, detail: str) -> None:
-        logger.info("job %s: %s %s", self.job.job_id, command, detail)
-        recovery = self.job.executor.recovery
-        if recovery is not None:
-            recovery.operator_command(command, detail)
 
     def close(self) -> None:
         self._server.should_exit = True

@@ -42,7 +42,6 @@ from spillover.runtime.jobevents import (
     JobSubmitted,
     LeaseError,
     LeaseLostError,
-    OperatorCommand,
     RescaleDecided,
     SavepointCompleted,
     SplitsAssigned,
@@ -99,6 +98,10 @@ class JobRecovery:
         self.lost: LeaseError | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        # One writer at a time: a savepoint's export records it from its own thread
+        # while the coordinator's records checkpoints, and a failed flush discards
+        # every pending event, another writer's too.
+        self._write = threading.Lock()
 
     # -- start ----------------------------------------------------------------------
 
@@ -260,10 +263,6 @@ class JobRecovery:
     def savepoint_completed(self, savepoint_id: int, path: str) -> None:
         self._note(SavepointCompleted(savepoint_id, path))
 
-    def operator_command(self, command: str, detail: str) -> None:
-        """An operator's command (the REST API's savepoint, stop, cancel) reached the job."""
-        self._note(OperatorCommand(command, detail))
-
     def rescale_decided(self, old: int, new: int, cause: str) -> None:
         self._note(RescaleDecided(old, new, cause))
 
@@ -286,14 +285,15 @@ class JobRecovery:
     def _record(self, event: Event) -> None:
         """Appends and flushes ``event``; when the flush fails it is forgotten (a
         checkpoint whose record failed is aborted: no later flush may name it)."""
-        if self.log is None or self.lost is not None:
-            return
-        self.log.append(event)
-        try:
-            self.log.flush()
-        except BaseException:
-            self.log.discard_pending()
-            raise
+        with self._write:
+            if self.log is None or self.lost is not None:
+                return
+            self.log.append(event)
+            try:
+                self.log.flush()
+            except BaseException:
+                self.log.discard_pending()
+                raise
 
     # -- lease -----------------------------------------------------------------------
 

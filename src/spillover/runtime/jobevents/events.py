@@ -133,16 +133,6 @@ class SplitsAssigned(Event):
 
 
 @dataclass(frozen=True)
-class OperatorCommand(Event):
-    """An operator's command reached the job master (``spillover savepoint``, ``stop``,
-    ``cancel``, ... through its REST API): recorded for the audit, not replayed."""
-
-    KIND: ClassVar[str] = "operator-command"
-    command: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
 class JobTerminated(Event):
     """The job ended for good; ``STATUS`` says how."""
 
@@ -179,7 +169,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SavepointCompleted,
         RescaleDecided,
         SplitsAssigned,
-        OperatorCommand,
         JobFinished,
         JobFailed,
         JobCancelled,
