@@ -10,6 +10,9 @@ first round). Per round, in the same process, alternating:
   them: the floor.
 - ``own replay``: :class:`~spillover.runtime.recovery.replay.InputRecovery`, as a
   restored task runs it, step by step (one native frame join per block).
+- ``pure python``: the same work in Python over the pure-Python reader of format v1
+  (``storage/reference.py``): every frame appended to its channel's buffer, handed
+  on by ``JOIN_BYTES``: the reference the native path is measured against.
 - ``filtering``: the same channels as keep-all streams through a
   :class:`~spillover.rescale.FilteringRetriever` and ``StreamRecovery`` (the
   per-channel demultiplexing path a rescaled edge takes).
@@ -32,6 +35,7 @@ from spillover.records import RecordWriter
 from spillover.rescale import KeepAll, Piece, RecordStream, filter_retriever
 from spillover.runtime.recovery import replay
 from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage.reference import iter_frames
 
 CHANNELS = 64
 FRAME = 32 * 1024
@@ -89,6 +93,27 @@ def own(handle: GateStateHandle) -> tuple[int, float]:
     return got[0], worst
 
 
+def pure(handle: GateStateHandle) -> tuple[int, float]:
+    """The own replay's work in Python: frames read by the reference reader, joined
+    per channel and handed on in ``JOIN_BYTES`` chunks (its longest step: one frame)."""
+    got, worst = 0, 0.0
+    joined: dict[int, bytearray] = {}
+    with open(handle.uri.removeprefix("file://"), "rb") as f:
+        frames = iter_frames(f)
+        while True:
+            t = time.perf_counter()
+            frame = next(frames, None)
+            if frame is None:
+                break
+            buf = joined.setdefault(frame.channel_id, bytearray())
+            buf += frame.data
+            if len(buf) >= replay.JOIN_BYTES:
+                got += len(buf)
+                joined[frame.channel_id] = bytearray()
+            worst = max(worst, time.perf_counter() - t)
+    return got + sum(len(b) for b in joined.values()), worst
+
+
 def filtering(handle: GateStateHandle) -> tuple[int, float]:
     streams = [RecordStream.of([Piece(handle, c)], c, 0, c) for c in range(CHANNELS)]
     r = filter_retriever(
@@ -112,7 +137,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         handle = write_gate(Path(d))
         size = sum(n for _, n in handle.channels.values())
-        variants = {"raw read": raw, "own replay": own, "filtering": filtering}
+        variants = {"raw read": raw, "own replay": own, "pure python": pure, "filtering": filtering}
         best = dict.fromkeys(variants, 0.0)
         worst = dict.fromkeys(variants, 0.0)
         for _ in range(ROUNDS):
