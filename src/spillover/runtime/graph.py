@@ -526,6 +526,20 @@ class JobGraph:
     def outputs_of(self, vertex_id: int) -> list[JobEdge]:
         return [e for e in self.edges if e.source == vertex_id]
 
+    def loop_outputs(self, vertex: Vertex) -> list[int]:
+        """``vertex``'s outputs (partition indexes) that lead into its loop."""
+        return [
+            i
+            for i, e in enumerate(self.outputs_of(vertex.id))
+            if self.vertices[e.target].loop == vertex.loop
+        ]
+
+    def loop_channels(self, vertex: Vertex, edges: list[JobEdge]) -> frozenset[int]:
+        """The input channels (one edge each, in order) that come from inside the loop."""
+        return frozenset(
+            ch for ch, e in enumerate(edges) if self.vertices[e.source].loop == vertex.loop
+        )
+
     def fingerprint(self) -> str:
         """Changes when the topology, uids, parallelism or record types change."""
         desc = {

@@ -18,7 +18,6 @@ from spillover.runtime.checkpointing.stats import CheckpointStatsListener
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobEdge, JobGraph, Vertex
 from spillover.runtime.iteration import feedback
-from spillover.runtime.iteration.head import IterationHeadTask
 from spillover.runtime.network.buffers import BufferPool
 from spillover.runtime.network.debloat import BufferDebloater, Debloat
 from spillover.runtime.network.events import BarrierKind
@@ -131,8 +130,7 @@ def build_tasks(
         for i in range(v.parallelism):
             if not here(i):
                 continue
-            task_class = IterationHeadTask if v.is_iteration_head else Task
-            tasks[(v.uid, i)] = task_class(
+            tasks[(v.uid, i)] = Task(
                 graph=g,
                 vertex=v,
                 subtask=i,
@@ -153,7 +151,7 @@ def build_tasks(
                 max_inflight_bytes=cfg.checkpointing.max_inflight_bytes,
                 checkpointing=storage is not None,
             )
-            tasks[(v.uid, i)].job_run = run_id
+            tasks[(v.uid, i)].chain.job_run = run_id
     if storage is not None:  # the subtasks hosted here share channel-state files
         groups = channel_state_groups(
             list(tasks),
@@ -162,7 +160,7 @@ def build_tasks(
             net.tmp_dir,
         )
         for key, task in tasks.items():
-            task.channel_group = groups[key]
+            task.cp.channel_group = groups[key]
     return tasks
 
 
@@ -175,7 +173,7 @@ def settle(tasks: Any, timeout: float = 30.0) -> None:
         if t.thread.ident is not None:  # started
             t.thread.join(timeout=timeout)
     for t in tasks:
-        t.snapshots.shutdown(wait=True, cancel_futures=True)
+        t.cp.snapshots.shutdown(wait=True, cancel_futures=True)
 
 
 class CoordinatedJob(Protocol):

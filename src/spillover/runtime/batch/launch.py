@@ -86,7 +86,7 @@ def build(spec: BatchTaskSpec, on_done: Callable[[Task, BaseException | None], N
     )
     if spec.results_dir is not None:
         bt.location = Location.parse(spec.results_dir)
-    bt.task.batch_run = bt.task.job_run = spec.run_id
+    bt.task.chain.batch_run = bt.task.chain.job_run = spec.run_id
     bt.task.splits = spec.splits
     return bt
 

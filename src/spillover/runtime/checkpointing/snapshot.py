@@ -17,16 +17,14 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from spillover.runtime.api import OperatorSnapshot
-from spillover.runtime.checkpointing.aligned import AlignmentStats
+from spillover.runtime.checkpointing.barriers.alignment import AlignmentStats
+from spillover.runtime.checkpointing.inflight import InflightAcks, InFlightCheckpoint
 from spillover.runtime.checkpointing.messages import Ack
-from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint, forward_unaligned
 from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
-
-if TYPE_CHECKING:
-    from spillover.runtime.task import Task
 
 
 class SnapshotThreads:
@@ -86,82 +84,107 @@ class SnapshotThreads:
         self._channels.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
+@dataclass
+class Captured:
+    """A task's synchronous snapshot: its operators' snapshots, its keyed state's
+    (written on the snapshot thread), and whether it was finished."""
+
+    operators: dict[str, OperatorSnapshot]
+    keyed_write: Callable[[str], Any] | None
+    keyed_uid: str | None
+    state_bytes: float
+    finished: bool
+
+
+class SnapshotHost(Protocol):
+    """The task, as its snapshot acts on it."""
+
+    vertex_uid: str
+    subtask: int
+    snapshots: SnapshotThreads
+    acks: InflightAcks
+
+    def state_directory(self, cid: int) -> str | None:
+        """Where checkpoint ``cid``'s state files go (None: checkpointing is off)."""
+        ...
+
+    def check_failure(self, cid: int) -> None:
+        """An induced snapshot failure, if one is due."""
+        ...
+
+    def capture(self, cid: int) -> Captured: ...
+    def flush_writers(self) -> None: ...
+    def forward_unaligned(self, barrier: CheckpointBarrier, inf: InFlightCheckpoint) -> None: ...
+    def forward_aligned(self, barrier: CheckpointBarrier) -> None:
+        """Sends ``barrier`` in line, behind every record before it."""
+        ...
+
+    def drain_unless_switched(self, cid: int) -> bool:
+        """Drains the output; True when ``cid``'s alignment timed out first."""
+        ...
+
+    def open_inflight(
+        self, barrier: CheckpointBarrier, pending: set[int]
+    ) -> InFlightCheckpoint: ...
+
+
 def take_snapshot(
-    task: Task,
-    cid: int,
-    trigger_ms: int,
+    task: SnapshotHost,
+    barrier: CheckpointBarrier,
     stats: AlignmentStats | None,
-    barrier: CheckpointBarrier | None = None,
     inflight: InFlightCheckpoint | None = None,
 ) -> None:
-    """Snapshots ``task`` for checkpoint ``cid`` and forwards its barrier; with
+    """Snapshots ``task`` for checkpoint ``barrier`` and forwards the barrier; with
     ``inflight`` (an unaligned checkpoint) the acknowledgement waits for the
     checkpoint's channel state to be complete."""
-    if task.checkpoint_dir is None:  # no storage: nothing could hold the checkpoint
-        task.coordinator.decline(cid, task.vertex.uid, task.subtask, "checkpointing is off")
+    cid, trigger_ms = barrier.checkpoint_id, barrier.timestamp_ms
+    gateway = task.acks.gateway
+    directory = task.state_directory(cid)
+    if directory is None:  # no storage: nothing could hold the checkpoint
+        gateway.decline(cid, "checkpointing is off")
         return
     now = time.monotonic()
     # The checkpoint's start on this task: an unaligned barrier may have left before.
     t0 = inflight.started if inflight is not None else now
     first = stats.first_barrier_at if stats is not None else t0
     start_delay_ms = max(0.0, (time.time() - (now - first)) * 1000 - trigger_ms)
-    task.failures.check("snapshot", task.attempt, task.vertex.uid, task.subtask, checkpoint=cid)
-    if barrier is None:
-        barrier = CheckpointBarrier(cid, trigger_ms)
+    task.check_failure(cid)
     # An unaligned barrier leaves before the operators are snapshot, as Flink's does
-    # (usually it left already, before the input state: UnalignedCheckpoints.start).
+    # (usually it left already, before the input state: BarrierHandler.open_checkpoint).
     if inflight is not None and barrier.kind == BarrierKind.UNALIGNED:
-        forward_unaligned(task, barrier, inflight)  # flushes the writers first
+        task.forward_unaligned(barrier, inflight)  # flushes the writers first
     else:
-        for w in task.writers:
-            w.flush()
-    # Restored finished, it is finished whether or not its EndOfData went out yet:
-    # nothing of it may run again after a restore of this checkpoint.
-    finished = task.life.finished_in_checkpoint
-    snaps: dict[str, OperatorSnapshot]
-    if task.life.restored_finished:
-        # Never opened: the state it was restored with is its state, as it was (its
-        # keyed state was restored and is written again below, FLIP-147 keeps it).
-        assert task.restore_state is not None
-        snaps = {
-            uid: OperatorSnapshot(state) for uid, state in task.restore_state.operator_state.items()
-        }
-    else:
-        snaps = {n.uid: op.snapshot(cid) for n, op in zip(task.vertex.nodes, task.ops, strict=True)}
-    keyed_write = task.keyed.snapshot() if task.keyed is not None else None
-    state_bytes = float(task.keyed.state_bytes()) if task.keyed is not None else 0.0
-    unaligned = task.unaligned
+        task.flush_writers()
+    captured = task.capture(cid)
     switched = False
     if (
         inflight is None
         and barrier.kind == BarrierKind.ALIGNED_WITH_TIMEOUT
-        and unaligned.drain_unless_switched(cid)
+        and task.drain_unless_switched(cid)
     ):
-        inflight = unaligned.switched_output_state(barrier)
+        # Switched while draining: the inputs are aligned already, only the output
+        # state is left to persist.
+        inflight = task.open_inflight(barrier, set())
         barrier = barrier.as_unaligned()
         switched = True
     if inflight is None or barrier.kind != BarrierKind.UNALIGNED:
         # An aligned barrier follows every record before it (an iteration head's
         # aligned checkpoint has an ``inflight`` part too: the feedback it logs).
-        task.drain_blocking()
-        for p in task.partitions:
-            p.broadcast_event(barrier)
-        unaligned.done_checkpoints.add(cid)
+        task.forward_aligned(barrier)
     else:  # switched to unaligned while draining (a no-op if it left already)
-        forward_unaligned(task, barrier, inflight)
+        task.forward_unaligned(barrier, inflight)
     metrics = {
         "start_delay_ms": start_delay_ms,
         "alignment_ms": stats.alignment_seconds * 1000 if stats else 0.0,
         "bytes_during_alignment": float(stats.bytes_during_alignment) if stats else 0.0,
         "sync_ms": (time.monotonic() - t0) * 1000,
-        "state_bytes": state_bytes,
+        "state_bytes": captured.state_bytes,
         "inflight_bytes": 0.0,
     }
-    directory = task.checkpoint_dir(cid, task.vertex.uid, task.subtask)
-    vertex_uid, subtask, coordinator = task.vertex.uid, task.subtask, task.coordinator
-    key_uid = next((n.uid for n in task.vertex.nodes if n.keyed), None)
+    vertex_uid, subtask = task.vertex_uid, task.subtask
     pending = inflight
-    snapshots = task.snapshots
+    snapshots, acks = task.snapshots, task.acks
+    snaps, keyed_write, key_uid = captured.operators, captured.keyed_write, captured.keyed_uid
 
     def finish_async() -> None:
         t1 = time.monotonic()
@@ -173,9 +196,9 @@ def take_snapshot(
         except BaseException as e:
             reason = f"snapshot failed: {e!r}"
             if pending is None:
-                coordinator.decline(cid, vertex_uid, subtask, reason)
+                gateway.decline(cid, reason)
             else:  # declined at once; the channel state's half drops its files
-                unaligned.operator_part_done(pending, None, reason)
+                acks.operator_part_done(pending, None, reason)
             return
         metrics["async_ms"] = (time.monotonic() - t1) * 1000
         ack = Ack(
@@ -186,13 +209,14 @@ def take_snapshot(
             handles,
             keyed,
             metrics,
-            finished=finished,
+            finished=captured.finished,
         )
         if pending is None:
-            snapshots.after_channels(coordinator.acknowledge, ack)  # in checkpoint order
+            snapshots.after_channels(gateway.acknowledge, ack)  # in checkpoint order
         else:
-            unaligned.operator_part_done(pending, ack)  # acked with the channel state
+            acks.operator_part_done(pending, ack)  # acked with the channel state
 
     snapshots.submit(finish_async)
     if switched:
-        unaligned.complete()  # its inputs were aligned: nothing more to wait for
+        assert inflight is not None
+        acks.complete(inflight)  # its inputs were aligned: nothing more to wait for

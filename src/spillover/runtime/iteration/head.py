@@ -1,5 +1,6 @@
-"""The iteration head's task (FLIP-15): where a loop's barriers start and where it
-learns that it is done.
+"""The iteration head (FLIP-15): where a loop's barriers start and where it learns
+that it is done. A task whose vertex is an iteration head composes a
+:class:`LoopHead`; the head acts on its task only through :class:`HeadTask`.
 
 Its input gate has the loop's regular channels (input 0) and its feedback channels
 (input 1, from the loop's tail). Checkpoints:
@@ -7,12 +8,12 @@ Its input gate has the loop's regular channels (input 0) and its feedback channe
 - **aligned**: the barrier is aligned over the regular channels only (a feedback
   barrier comes after the head forwarded it; one that comes early, sent round by
   another head subtask, blocks its channel like any aligned barrier). Then the
-  head snapshots, forwards the barrier in line and goes into *logging mode*: what
-  comes back on each feedback channel until that channel's barrier returns is
-  processed as usual and also persisted as the channel's input state. The log is
-  exactly the data that was in transit around the loop; it is the feedback edge's
-  channel state, written and replayed by the engine like any other, so a restore
-  replays it lazily, filtered by key group when rescaled.
+  head snapshots, forwards the barrier in line and logs (:class:`FeedbackLog`):
+  what comes back on each feedback channel until that channel's barrier returns
+  is processed as usual and also persisted as the channel's input state. The log
+  is exactly the data that was in transit around the loop; it is the feedback
+  edge's channel state, written and replayed by the engine like any other. Each
+  checkpoint has its own log, so concurrent checkpoints each log in full.
 - **unaligned** (and timeout, and bounded in-flight data): as for any task, the
   first barrier starts the checkpoint and every channel whose barrier has not come,
   feedback ones included, is persisted until it comes; the tail's barrier
@@ -32,17 +33,14 @@ finishing an operator. An unaligned stop persists the loop's content instead.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Protocol
 
 from spillover.errors import SpilloverError
-from spillover.runtime.checkpointing.aligned import AlignmentStats
-from spillover.runtime.checkpointing.finishing import end_of_inputs
-from spillover.runtime.checkpointing.messages import TriggerCheckpoint
-from spillover.runtime.iteration.operator import IterationHead
-from spillover.runtime.iteration.probes import loop_outputs, send_probe
+from spillover.runtime.checkpointing.barriers.alignment import AlignmentStats
+from spillover.runtime.checkpointing.barriers.handler import BarrierHandler
+from spillover.runtime.checkpointing.inflight import InFlightCheckpoint
 from spillover.runtime.network import events as ev
 from spillover.runtime.network.buffers import NetworkBuffer
-from spillover.runtime.task import Task
 
 # After a quiet round the next probe waits this long: an idle loop's head does not
 # spin while the other heads still work (termination is a round or two later).
@@ -53,155 +51,172 @@ class IterationError(SpilloverError, RuntimeError):
     """A loop was used in a way its protocol cannot keep exact."""
 
 
-class IterationHeadTask(Task):
-    """The task of an iteration head (``IterationHead``) subtask."""
+class HeadTask(Protocol):
+    """The task of a head subtask, as the head acts on it."""
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.feedback = frozenset(ch for ch, c in enumerate(self.channels) if c.edge.feedback)
-        self.regular = frozenset(range(len(self.channels))) - self.feedback
-        assert self.barriers is not None
-        self.barriers.exempt = self.feedback
-        if self.clock.valve is not None:
-            for ch in self.feedback:  # its own output coming back holds no watermark back
-                self.clock.valve.on_end(ch)
-        self.loop_outputs = loop_outputs(self)
+    name: str
+
+    @property
+    def records_in(self) -> int: ...
+    def send_probe(self, round: int) -> None:
+        """``LoopProbe(round)`` on the loop's outputs, behind everything before it."""
+        ...
+
+    def loop_quiet(self, round: int) -> None:
+        """Tells the coordinator that round ``round`` brought nothing back."""
+        ...
+
+    def end_feedback(self) -> None:
+        """The loop is empty: the feedback input ends (EndOfData round the loop)."""
+        ...
+
+
+class FeedbackLog:
+    """The head's logging policy: after an aligned snapshot, the feedback of each
+    channel whose barrier has not come back is that checkpoint's input state."""
+
+    def __init__(self, feedback: frozenset[int]) -> None:
+        self.feedback = feedback
+        self.logs: dict[int, InFlightCheckpoint] = {}
+        self._handler: BarrierHandler | None = None
+
+    def bind(self, handler: BarrierHandler) -> None:
+        self._handler = handler
+
+    @property
+    def handler(self) -> BarrierHandler:
+        assert self._handler is not None
+        return self._handler
+
+    def aligned(
+        self, barrier: ev.CheckpointBarrier, stats: AlignmentStats | None, seen: frozenset[int]
+    ) -> None:
+        """The regular channels aligned (or a root trigger): snapshot, and log the
+        feedback channels whose barrier has yet to come back."""
+        h = self.handler
+        pending = set(self.feedback - seen - h.ended)
+        if not pending:
+            h.ctrl.snapshot(barrier, stats, None)
+            return
+        inf = h.open_checkpoint(barrier, pending, stats)
+        # The log must be whole: a bound on in-flight data would block the channels
+        # its own barrier has to come back on.
+        inf.max_inflight_bytes = None
+        self.logs[barrier.checkpoint_id] = inf
+
+    def on_data(self, ch: int, buf: NetworkBuffer) -> None:
+        for inf in self.logs.values():
+            if ch in inf.pending:
+                inf.add_input(ch, buf)
+
+    def on_barrier(self, ch: int, barrier: ev.CheckpointBarrier) -> bool:
+        """True if ``barrier`` closed a log on ``ch`` (the handler does not see it)."""
+        inf = self.logs.get(barrier.checkpoint_id)
+        if inf is None or ch not in inf.pending:
+            return False
+        self._channel_done(inf, ch)
+        return True
+
+    def on_end_of_partition(self, ch: int) -> None:
+        for inf in list(self.logs.values()):
+            self._channel_done(inf, ch)
+
+    def on_cancel(self, checkpoint_id: int) -> None:
+        inf = self.logs.pop(checkpoint_id, None)
+        if inf is not None:
+            self.handler.acks.abort(inf)
+
+    def reap(self) -> None:
+        for inf in self.logs.values():
+            inf.writer.reap()
+
+    def release(self) -> None:
+        logs, self.logs = self.logs, {}
+        for inf in logs.values():
+            inf.writer.discard()
+
+    def _channel_done(self, inf: InFlightCheckpoint, ch: int) -> None:
+        if ch not in inf.pending:
+            return
+        inf.pending.discard(ch)
+        if inf.done:
+            del self.logs[inf.checkpoint_id]
+            self.handler.acks.complete(inf)
+
+
+class LoopHead:
+    """One head subtask: its feedback log and the loop's termination rounds."""
+
+    def __init__(self, task: HeadTask, feedback: frozenset[int], regular: frozenset[int]) -> None:
+        self.task = task
+        self.feedback = feedback
+        self.regular = regular
+        self.log = FeedbackLog(feedback)
         self.round = 0  # the probe round running (0: none yet)
         self._round_records = 0  # records_in when the round's probe left
         self._round_back: set[int] = set()  # feedback channels its probe came back on
         self._next_probe_at: float | None = None
+        self.regular_ended = False
         self.loop_ended = False
         self.loop_ended_at = 0.0  # time.time() when it ended (a benchmark's figure)
         self.rounds_quiet = 0
 
-    # -- checkpoints -----------------------------------------------------------------------
-
-    def can_be_root(self) -> bool:
-        assert self.barriers is not None
-        return self.regular <= self.barriers.ended
-
-    def _on_aligned(self, barrier: ev.CheckpointBarrier, stats: AlignmentStats) -> None:
-        assert self.barriers is not None
-        pending = set(self.feedback - self.barriers.last_seen - self.barriers.ended)
-        self._snapshot_logging(barrier, pending, stats)
-
-    def trigger_root(self, trigger: TriggerCheckpoint) -> None:
-        if trigger.checkpoint_id <= self.life.last_snapshot_id:
-            return
-        assert self.barriers is not None
-        barrier = ev.CheckpointBarrier(
-            trigger.checkpoint_id,
-            trigger.trigger_ms,
-            ev.BarrierKind(trigger.kind),
-            trigger.timeout_ms,
-        )
-        self._snapshot_logging(barrier, set(self.feedback - self.barriers.ended), None)
-
-    def _snapshot_logging(
-        self, barrier: ev.CheckpointBarrier, pending: set[int], stats: AlignmentStats | None
-    ) -> None:
-        """Snapshots and forwards ``barrier``, then logs the ``pending`` feedback
-        channels until it comes back on each."""
-        if not pending:
-            self.snapshot(barrier.checkpoint_id, barrier.timestamp_ms, stats, barrier)
-            return
-        inf = self.unaligned.start(barrier, pending, stats)
-        # The log must be whole: a bound on in-flight data would block the channels
-        # its own barrier has to come back on. Unaligned barriers overtake; the
-        # bound holds for them.
-        if barrier.kind != ev.BarrierKind.UNALIGNED:
-            inf.max_inflight_bytes = None
-
-    # -- input -----------------------------------------------------------------------------
-
-    def _on_data(self, ch: int, buf: NetworkBuffer) -> None:
+    def check_data(self, ch: int) -> None:
         if ch in self.feedback and self.loop_ended:
             raise IterationError(
-                f"{self.name}: records came back into the loop after it ended",
+                f"{self.task.name}: records came back into the loop after it ended",
                 hint="a loop body emits in response to its input only: not from "
                 "finish(), timers or threads of its own",
             )
-        super()._on_data(ch, buf)
 
-    def _on_event(self, ch: int, event: ev.Event) -> None:
-        if ch in self.feedback:
-            if isinstance(event, ev.Watermark | ev.WatermarkStatus):
-                return  # derived from the head's own output: no event-time progress
-            if isinstance(event, ev.LoopProbe):
-                self._probe_back(ch, event.round)
-                return
-            if isinstance(event, ev.EndOfData):
-                # The loop ended it (LoopDone): nothing more to decide.
-                self.readers[ch].finish()
-                self._data_ended.add(ch)
-                return
-        super()._on_event(ch, event)
-        if ch in self.feedback:
-            return
-        if isinstance(event, ev.EndOfData) and IterationHead.REGULAR in self._inputs_ended:
-            # Stopped without drain too (an aligned stop processes what is in flight
-            # first): the loop runs empty, then ends without finishing an operator.
-            if self.round == 0 and not self.loop_ended:
-                self._next_round()
-        elif isinstance(event, ev.EndOfPartition) and self.can_be_root():
-            while self.deferred_triggers:  # the regular upstream exited: a root now
-                self.trigger_root(self.deferred_triggers.pop(0))
+    def regular_input_ended(self) -> None:
+        """Stopped without drain too (an aligned stop processes what is in flight
+        first): the loop runs empty, then ends without finishing an operator."""
+        self.regular_ended = True
+        if self.round == 0 and not self.loop_ended:
+            self._next_round()
 
-    def inputs_done(self) -> bool:
-        # Once the loop ended and its final checkpoint completed, the feedback brings
-        # nothing but its EndOfPartition, which comes only after the head's own (the
-        # tail waits for it): the head does not wait for it.
-        assert self.barriers is not None
-        return self.gate.finished or (
-            self.loop_ended and self.life.final_done and self.regular <= self.barriers.ended
-        )
-
-    def _maybe_flush(self) -> None:
-        super()._maybe_flush()
+    def tick(self) -> None:
+        """Called often: starts the next probe round when its pause is over."""
         at = self._next_probe_at
         if at is not None and time.monotonic() >= at:
             self._next_probe_at = None
             self._next_round()
 
-    # -- termination -----------------------------------------------------------------------
-
     def _next_round(self) -> None:
         if self.loop_ended:
             return
         self.round += 1
-        self._round_records = self.records_in
+        self._round_records = self.task.records_in
         self._round_back = set()
-        send_probe(self, self.loop_outputs, self.round)
+        self.task.send_probe(self.round)
 
-    def _probe_back(self, ch: int, round: int) -> None:
+    def probe_back(self, ch: int, round: int, ended: set[int]) -> None:
+        """Round ``round``'s probe came back on feedback channel ``ch``."""
         if round != self.round or self.loop_ended:
             return
         self._round_back.add(ch)
-        assert self.barriers is not None
-        if not (self.feedback - self.barriers.ended) <= self._round_back:
+        if not (self.feedback - ended) <= self._round_back:
             return
-        if self.records_in == self._round_records:  # nothing came back this round
+        if self.task.records_in == self._round_records:  # nothing came back this round
             self.rounds_quiet += 1
-            self.coordinator.loop_quiet(self.vertex.uid, self.subtask, round)
+            self.task.loop_quiet(round)
             self._next_probe_at = time.monotonic() + QUIET_ROUND_PAUSE_S
         else:
             self._next_round()
 
-    def loop_done(self, round: int) -> None:
-        """Every head reported round ``round`` quiet: no record is left in the loop."""
-        if not self.loop_ended and IterationHead.REGULAR in self._inputs_ended:
-            self._end_loop()
-
-    def _end_loop(self) -> None:
+    def loop_done(self) -> None:
+        """Every head reported the same round quiet: no record is left in the loop."""
+        if self.loop_ended or not self.regular_ended:
+            return
         self.loop_ended = True
         self.loop_ended_at = time.time()
         self._next_probe_at = None
-        self._inputs_ended.add(IterationHead.FEEDBACK)
-        end_of_inputs(self)
+        self.task.end_feedback()
 
     def metrics(self) -> dict[str, float]:
-        out = super().metrics()
-        out["loop_rounds"] = float(self.round)
-        out["loop_rounds_quiet"] = float(self.rounds_quiet)
-        out["loop_ended_at"] = self.loop_ended_at
-        return out
+        return {
+            "loop_rounds": float(self.round),
+            "loop_rounds_quiet": float(self.rounds_quiet),
+            "loop_ended_at": self.loop_ended_at,
+        }

@@ -9,45 +9,16 @@ protocol stays safe and no task waits for another.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from spillover.runtime.network import events as ev
-
-if TYPE_CHECKING:
-    from spillover.runtime.task import Task
-
-
-def loop_channels(task: Task) -> frozenset[int]:
-    """The task's input channels that come from inside its loop."""
-    g, loop = task.graph, task.vertex.loop
-    return frozenset(
-        ch for ch, c in enumerate(task.channels) if g.vertices[c.edge.source].loop == loop
-    )
-
-
-def loop_outputs(task: Task) -> list[int]:
-    """The task's outputs (partition indexes) that lead into its loop."""
-    g, loop = task.graph, task.vertex.loop
-    return [
-        i for i, e in enumerate(g.outputs_of(task.vertex.id)) if g.vertices[e.target].loop == loop
-    ]
-
-
-def send_probe(task: Task, outputs: list[int], round: int) -> None:
-    """``LoopProbe(round)`` in line behind everything ``task`` emitted on ``outputs``."""
-    probe = ev.LoopProbe(round)
-    for i in outputs:
-        task.writers[i].flush()  # partly filled buffers first: the probe follows them
-        task.outboxes[i].send_event(probe)
+from collections.abc import Callable
 
 
 class ProbeRelay:
-    """A loop body task's probes: passed on once per round, in round order."""
+    """A loop body task's probes: passed on once per round, in round order, through
+    ``send(round)`` (``LoopProbe(round)`` in line on the loop's outputs)."""
 
-    def __init__(self, task: Task) -> None:
-        self.task = task
-        self.channels = set(loop_channels(task))
-        self.outputs = loop_outputs(task)
+    def __init__(self, channels: frozenset[int], send: Callable[[int], None]) -> None:
+        self.channels = set(channels)
+        self.send = send
         self.arrived: dict[int, set[int]] = {}
 
     def on_probe(self, ch: int, round: int) -> None:
@@ -64,4 +35,4 @@ class ProbeRelay:
             if not self.channels <= self.arrived[r]:
                 return
             del self.arrived[r]
-            send_probe(self.task, self.outputs, r)
+            self.send(r)

@@ -17,8 +17,8 @@ import pytest
 
 import spillover
 from spillover.records import RecordWriter
+from spillover.runtime.checkpointing.inflight import InflightAcks, InFlightCheckpoint
 from spillover.runtime.checkpointing.messages import NotifyComplete, TriggerCheckpoint
-from spillover.runtime.checkpointing.unaligned import InFlightCheckpoint, UnalignedCheckpoints
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector
@@ -314,7 +314,7 @@ def persisted_input(ack: Any, task: Any) -> dict[int, list[bytes]]:
     for h in ack.channel_state.get("input", []):
         handle = spillover.GateStateHandle.from_dict(h)
         for buf in spillover.open_retriever(handle):
-            ch = task.offsets[handle.gate_id] + buf.channel_id
+            ch = task.cp.offsets[handle.gate_id] + buf.channel_id
             out.setdefault(ch, []).append(bytes(buf))
     return out
 
@@ -368,7 +368,7 @@ def test_an_unaligned_barrier_leaves_before_the_task_persists_or_snapshots_anyth
         out.setdefault("input state", barrier_downstream())
         real_add(self, channel, buffer)
 
-    op = h.task.ops[0]
+    op = h.task.chain.ops[0]
     real_snapshot = op.snapshot
 
     def snapshot(cid: int) -> Any:
@@ -404,7 +404,7 @@ def test_output_a_checkpoint_makes_from_recovered_state_goes_out_before_its_barr
         active = False
 
         def references(self, readers: Any) -> list[dict[str, Any]]:
-            h.task.writers[0].emit(rows)  # what processing them emits
+            h.task.output.writers[0].emit(rows)  # what processing them emits
             return []
 
         def recovering_channels(self) -> set[int]:
@@ -451,16 +451,16 @@ def test_channel_state_is_finished_while_the_operator_part_still_runs(
     the acknowledgement waits for both and carries both, in checkpoint order."""
     h = harness
     release = threading.Event()
-    real = UnalignedCheckpoints.operator_part_done
+    real = InflightAcks.operator_part_done
     slowed: list[Any] = []
 
-    def slow(self: UnalignedCheckpoints, inf: Any, ack: Any, error: str | None = None) -> None:
+    def slow(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
         if inf.checkpoint_id == 1:
             slowed.append(inf)
             assert release.wait(10)
         real(self, inf, ack, error)
 
-    monkeypatch.setattr(UnalignedCheckpoints, "operator_part_done", slow)
+    monkeypatch.setattr(InflightAcks, "operator_part_done", slow)
     h.barrier(0, 1)
     h.settle()
     b = h.data(1)
@@ -492,10 +492,10 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     from spillover.runtime.checkpointing.channel_state import ChannelStateWriter
 
     h = harness
-    real_part = UnalignedCheckpoints.operator_part_done
+    real_part = InflightAcks.operator_part_done
     real_close = ChannelStateWriter.close
 
-    def part(self: UnalignedCheckpoints, inf: Any, ack: Any, error: str | None = None) -> None:
+    def part(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
         if inf.checkpoint_id == 1 and failing in ("operator", "both"):
             if failing == "both":  # fails after the close failed: both halves fail
                 _wait_for(lambda: inf.channel_error is not None, "the close never failed")
@@ -507,7 +507,7 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
             raise OSError("disk gone")
         return real_close(self, quick)
 
-    monkeypatch.setattr(UnalignedCheckpoints, "operator_part_done", part)
+    monkeypatch.setattr(InflightAcks, "operator_part_done", part)
     monkeypatch.setattr(ChannelStateWriter, "close", close)
     h.barrier(0, 1)
     h.settle()
@@ -664,18 +664,18 @@ def test_a_failure_while_completing_an_unaligned_checkpoint_declines_it(
     """Completing an unaligned checkpoint runs on the snapshot thread; an error there
     must decline the checkpoint (aborted, the next one goes on), not leave it pending
     until its timeout."""
-    real = UnalignedCheckpoints._acknowledge_parts
+    real = InflightAcks._acknowledge_parts
     calls: list[int] = []
     failed: list[Any] = []
 
-    def flaky(self: UnalignedCheckpoints, inf: Any) -> None:
+    def flaky(self: InflightAcks, inf: Any) -> None:
         calls.append(inf.checkpoint_id)
         if len(calls) == 1:
             failed.append(inf)
             raise KeyError("boom")
         real(self, inf)
 
-    monkeypatch.setattr(UnalignedCheckpoints, "_acknowledge_parts", flaky)
+    monkeypatch.setattr(InflightAcks, "_acknowledge_parts", flaky)
     from spillover.verify import run_once
 
     spec = VerifySpec(topology="pipeline", records=20_000, failures=0, policy="unaligned")
@@ -701,7 +701,7 @@ def test_a_task_that_fails_mid_checkpoint_lets_go_of_its_channel_state(tmp_path:
     h.settle()
     h.data(1)
     h.settle()
-    inf = h.task.unaligned.inflight
+    inf = h.task.cp.barriers.inflight
     assert inf is not None and inf.writer.input_bytes > 0
     h.task.cancel()
     assert h.done.wait(10)
@@ -785,7 +785,7 @@ def test_small_local_channel_state_is_finished_on_the_task_thread(
     if case != "own files":
         directory = lambda cid: str(tmp_path / f"chk-{cid}")  # noqa: E731
         group = ChannelStateGroup("map-0", [("map", 0), ("other", 0)], directory, str(tmp_path))
-        h.task.channel_group = group
+        h.task.cp.channel_group = group
     if case == "large":
         monkeypatch.setattr(channel_state, "QUICK_CLOSE_BYTES", 0)
     real_close = ChannelStateWriter._close
@@ -798,7 +798,7 @@ def test_small_local_channel_state_is_finished_on_the_task_thread(
     monkeypatch.setattr(ChannelStateWriter, "_close", close)
     earlier = threading.Event()
     if case == "behind an earlier close":
-        h.task.snapshots.submit_channels(earlier.wait, 10)
+        h.task.cp.snapshots.submit_channels(earlier.wait, 10)
     if case == "file busy":  # another subtask of the group appends (from this thread)
         assert group.file(1) is not None and group.file(1).hold()  # type: ignore[union-attr]
     h.barrier(0, 1)
@@ -817,3 +817,26 @@ def test_small_local_channel_state_is_finished_on_the_task_thread(
     assert persisted_input(ack, h.task) == {1: [b]}
     expected = "task " if case == "small" else "channel state "
     assert len(closed_on) == 1 and closed_on[0].startswith(expected), closed_on
+
+
+def test_a_finished_task_closes_its_operators_before_it_sends_end_of_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Flink ends a task: ``close()`` runs while downstream still waits for this
+    task, so what close flushes or fails on is never behind an EndOfPartition that
+    told downstream everything had come."""
+    h = Harness(tmp_path)
+    op = h.task.chain.ops[0]
+    real_close = op.close
+    at_close: list[bool] = []
+
+    def close() -> None:
+        at_close.append(h.out.finished)
+        real_close()
+
+    monkeypatch.setattr(op, "close", close)
+    h.start()
+    h.data(0)
+    h.stop()
+    assert at_close == [False], "EndOfPartition went out before the operators closed"
+    _wait_for(lambda: "EndOfPartition" in h.arrived, "no EndOfPartition downstream")

@@ -1,0 +1,251 @@
+"""A task's side of its checkpoints: its barrier handling, snapshot threads and
+acknowledgements, and what the barrier states and the snapshot may do to the task
+(the ``Controller``, ``SnapshotHost`` and ``AckGateway`` Protocols of
+``checkpointing/``), done on the task's chain and output."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from spillover.runtime.chain import OperatorChain
+from spillover.runtime.checkpointing.barriers.alignment import AlignmentStats
+from spillover.runtime.checkpointing.barriers.controller import Channels, RecoveredCut
+from spillover.runtime.checkpointing.barriers.handler import BarrierHandler
+from spillover.runtime.checkpointing.channel_state import (
+    ChannelStateGroup,
+    CheckpointDir,
+    open_channel_state,
+)
+from spillover.runtime.checkpointing.inflight import InflightAcks, InFlightCheckpoint
+from spillover.runtime.checkpointing.messages import Ack, CoordinatorGateway, TriggerCheckpoint
+from spillover.runtime.checkpointing.snapshot import Captured, SnapshotThreads, take_snapshot
+from spillover.runtime.failures import FailureInjector
+from spillover.runtime.graph import JobEdge, Vertex
+from spillover.runtime.iteration.head import FeedbackLog
+from spillover.runtime.lifecycle import TaskLifecycle
+from spillover.runtime.network import events as ev
+from spillover.runtime.network.buffers import NetworkBuffer
+from spillover.runtime.recovery.restore import TaskRestore
+from spillover.runtime.taskoutput import TaskOutput
+
+
+class CheckpointedTask(Protocol):
+    """The task, as its checkpoints read it."""
+
+    name: str
+    vertex: Vertex
+    subtask: int
+    attempt: int
+    failures: FailureInjector
+    life: TaskLifecycle
+    chain: OperatorChain
+    output: TaskOutput
+    readers: list[Any]
+    replay: Any
+    restore_state: TaskRestore | None
+    channels: list[Any]
+
+    @property
+    def coordinator(self) -> CoordinatorGateway: ...
+    @property
+    def has_input(self) -> bool: ...
+    @property
+    def gate(self) -> Any: ...
+    def drain_unless_switched(self, cid: int) -> bool: ...
+
+
+class _NoChannels:
+    """A source's (empty) input, for its barrier handling."""
+
+    def block(self, channel: int) -> None: ...
+    def unblock(self, channel: int) -> None: ...
+    def unblock_all(self) -> None: ...
+    def is_blocked(self, channel: int) -> bool:
+        return False
+
+    def has_ended(self, channel: int) -> bool:
+        return True
+
+    def overtake(self, channel: int, match: Any) -> list[NetworkBuffer] | None:
+        return None
+
+
+class TaskCheckpoints:
+    """The checkpoints of one task (``task``), on its thread and its snapshot threads."""
+
+    def __init__(
+        self,
+        task: CheckpointedTask,
+        checkpoint_dir: CheckpointDir | None,
+        compression: str | None,
+        max_inflight_bytes: int | None,
+        feedback: FeedbackLog | None = None,
+    ) -> None:
+        self.task = task
+        self.checkpoint_dir = checkpoint_dir
+        self.compression = compression
+        self.max_inflight_bytes = max_inflight_bytes
+        # The subtasks whose channel state shares files with this one (set by wiring).
+        self.channel_group: ChannelStateGroup | None = None
+        self.vertex_uid = task.vertex.uid
+        self.subtask = task.subtask
+        # In-flight state lives per input edge: input gate k, channel = upstream subtask.
+        edges: list[JobEdge] = []
+        for c in task.channels:
+            if c.edge not in edges:
+                edges.append(c.edge)
+        self.input_edges = edges
+        self.gate_of = [(edges.index(c.edge), c.upstream_subtask) for c in task.channels]
+        self.offsets = [next(i for i, c in enumerate(task.channels) if c.edge == e) for e in edges]
+        self.snapshots = SnapshotThreads(task.name)
+        self.acks = InflightAcks(self.snapshots, self)
+        channels: Channels = task.gate if task.has_input else _NoChannels()
+        self.feedback = feedback
+        self.barriers = BarrierHandler(
+            self,
+            channels,
+            self.acks,
+            len(task.channels),
+            exempt=feedback.feedback if feedback is not None else frozenset(),
+            after=feedback,
+        )
+        if feedback is not None:
+            feedback.bind(self.barriers)
+
+    # -- events, from the task loop ------------------------------------------------------
+
+    def on_data(self, ch: int, buf: NetworkBuffer) -> None:
+        if self.feedback is not None:
+            self.feedback.on_data(ch, buf)
+        self.barriers.on_data(ch, buf)
+
+    def on_barrier(self, ch: int, barrier: ev.CheckpointBarrier) -> None:
+        if self.feedback is None or not self.feedback.on_barrier(ch, barrier):
+            self.barriers.on_barrier(ch, barrier)
+
+    def on_cancel(self, cid: int) -> None:
+        """A cancel marker: aborted upstream; passed on downstream."""
+        self.aborted(cid)
+        self.cancel_downstream(cid)
+
+    def aborted(self, cid: int) -> None:
+        """Checkpoint ``cid`` was cancelled upstream or aborted by the coordinator."""
+        if self.feedback is not None:
+            self.feedback.on_cancel(cid)
+        self.barriers.on_cancel(cid)
+
+    def on_end_of_partition(self, ch: int) -> None:
+        if self.feedback is not None:
+            self.feedback.on_end_of_partition(ch)
+        self.barriers.on_end_of_partition(ch)
+
+    def trigger_root(self, trigger: TriggerCheckpoint) -> None:
+        if trigger.checkpoint_id <= self.task.life.last_snapshot_id:
+            # The checkpoint reached it from upstream before that one exited, and the
+            # coordinator, seeing the exit, triggered it again (FLIP-147's race).
+            return
+        self.barriers.trigger(
+            ev.CheckpointBarrier(
+                trigger.checkpoint_id,
+                trigger.trigger_ms,
+                ev.BarrierKind(trigger.kind),
+                trigger.timeout_ms,
+            )
+        )
+
+    def reap(self) -> None:
+        self.barriers.reap()
+        if self.feedback is not None:
+            self.feedback.reap()
+
+    def release(self) -> None:
+        """The task ends: what unfinished checkpoints hold is let go."""
+        self.barriers.release()
+        if self.feedback is not None:
+            self.feedback.release()
+
+    # -- Controller ----------------------------------------------------------------------
+
+    def open_inflight(self, barrier: ev.CheckpointBarrier, pending: set[int]) -> InFlightCheckpoint:
+        writer = open_channel_state(
+            self.checkpoint_dir,
+            barrier.checkpoint_id,
+            self.vertex_uid,
+            self.subtask,
+            self.compression,
+            self.channel_group,
+        )
+        return InFlightCheckpoint(
+            barrier.checkpoint_id,
+            writer,
+            set(pending),
+            barrier.timestamp_ms,
+            time.monotonic(),
+            self.gate_of,
+            self.max_inflight_bytes,
+        )
+
+    def cut_recovered(self) -> RecoveredCut:
+        replay = self.task.replay
+        if replay is None:
+            return RecoveredCut([], frozenset(), False)
+        references = replay.references(self.task.readers)
+        return RecoveredCut(references, frozenset(replay.recovering_channels()), replay.active)
+
+    def forward_unaligned(self, barrier: ev.CheckpointBarrier, inf: InFlightCheckpoint) -> None:
+        if self.checkpoint_dir is not None:
+            self.task.output.forward_unaligned(barrier, inf)
+
+    def begun_records(self, skip: frozenset[int]) -> list[tuple[int, bytes]]:
+        out = []
+        for ch, reader in enumerate(self.task.readers):
+            raw = reader.pending_raw() if ch not in skip else b""
+            if raw:
+                out.append((ch, raw))
+        return out
+
+    def snapshot(
+        self,
+        barrier: ev.CheckpointBarrier,
+        stats: AlignmentStats | None,
+        inf: InFlightCheckpoint | None,
+    ) -> None:
+        self.task.life.snapshot_taken(barrier.checkpoint_id)
+        take_snapshot(self, barrier, stats, inf)
+
+    def decline(self, checkpoint_id: int, reason: str) -> None:
+        self.task.coordinator.decline(checkpoint_id, self.vertex_uid, self.subtask, reason)
+
+    def acknowledge(self, ack: Ack) -> None:
+        self.task.coordinator.acknowledge(ack)
+
+    def cancel_downstream(self, checkpoint_id: int) -> None:
+        self.task.output.cancel_downstream(checkpoint_id)
+
+    # -- SnapshotHost --------------------------------------------------------------------
+
+    def state_directory(self, cid: int) -> str | None:
+        if self.checkpoint_dir is None:
+            return None
+        return self.checkpoint_dir(cid, self.vertex_uid, self.subtask)
+
+    def check_failure(self, cid: int) -> None:
+        t = self.task
+        t.failures.check("snapshot", t.attempt, self.vertex_uid, self.subtask, checkpoint=cid)
+
+    def capture(self, cid: int) -> Captured:
+        life = self.task.life
+        # Restored finished, it is finished whether or not its EndOfData went out yet:
+        # nothing of it may run again after a restore of this checkpoint.
+        restored = self.task.restore_state if life.restored_finished else None
+        return self.task.chain.capture(cid, life.finished_in_checkpoint, restored)
+
+    def flush_writers(self) -> None:
+        self.task.output.flush()
+
+    def forward_aligned(self, barrier: ev.CheckpointBarrier) -> None:
+        self.task.output.forward_aligned(barrier)
+
+    def drain_unless_switched(self, cid: int) -> bool:
+        return self.task.drain_unless_switched(cid)
