@@ -127,7 +127,12 @@ def test_bad_inputs_are_one_line_and_leave_the_job_alone(
             str(blocker / "sp"),
         ): "spillover stop: error: cannot write the folder of --savepoint-dir",
         ("savepoint", "--dispose", str(tmp_path)): "spillover savepoint: error: not a savepoint",
-        ("rescale", job_id, "--parallelism", "3"): "spillover rescale: error: a live rescale",
+        ("rescale", job_id, "--parallelism", "2"): "spillover rescale: error: job "
+        "'backpressured' runs at that parallelism already",
+        ("rescale", job_id, "--parallelism", "0"): "spillover rescale: error: --parallelism "
+        "must be at least 1",
+        ("rescale", job_id, "--parallelism", "129"): "spillover rescale: error: parallelism "
+        "129 of source exceeds the job's max parallelism 128",
     }
     for argv, expected in cases.items():
         code, out, err = _cli(capsys, *argv)
