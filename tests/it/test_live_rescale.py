@@ -5,82 +5,22 @@ and the refusals leave the job alone."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
-from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.errors import ConfigError
 from spillover.rest import JobServer
 from spillover.runtime.connectors.collecting import CollectingSink
-from spillover.runtime.connectors.generator import GeneratorSource
-from spillover.runtime.connectors.throttled import ThrottledSink
-from spillover.runtime.graph import StreamEnvironment
-from spillover.runtime.jobmaster import JobResult
 from support import rest_jobs
+from support.keyed_jobs import assert_exact, keyed_config, keyed_job, start
 from support.operators import DecliningSnapshots
 from support.rest_jobs import poll
 
 served = rest_jobs.served
-
-PARTITIONS, RECORDS = 4, 5_000  # per partition: about 5 s at the sinks' pace at 2
-
-
-def _job(name: str, parallelism: int = 2, declining: bool = False) -> StreamEnvironment:
-    """Four paced source partitions, key_by, an exactly-once sink slower than them."""
-    env = StreamEnvironment(name, parallelism=parallelism, max_parallelism=128)
-    gen = GeneratorSource(
-        partitions=PARTITIONS,
-        records_per_partition=RECORDS,
-        payload_bytes=16,
-        rate_per_subtask=3_000,
-        keys=200,
-    )
-    keyed = env.from_source(gen, uid="source").key_by("key")
-    if declining:
-        keyed = keyed.process(DecliningSnapshots(name, GeneratorSource.dtype(16)), uid="declining")
-    keyed.sink(ThrottledSink(2_000, inner=CollectingSink(name)), uid="sink")
-    return env
-
-
-def _config(tmp: Path, **extra: Any) -> Config:
-    return Config.from_dict(
-        {
-            "execution.checkpointing.interval": "100 ms",
-            "execution.checkpointing.unaligned.enabled": True,
-            "state.checkpoints.dir": str(tmp / "ckpt"),
-            "state.checkpoints.num-retained": 2,
-            **extra,
-        }
-    )
-
-
-def _start(ex: LocalExecutor, keyed: str = "sink") -> tuple[threading.Thread, list[JobResult]]:
-    """Runs the job on a thread; returns once its keyed vertex took 2,000 records."""
-    out: list[JobResult] = []
-    runner = threading.Thread(target=lambda: out.append(ex.run(timeout=180)), daemon=True)
-    runner.start()
-    while ex.live_metric(keyed) < 2_000:  # under way, and backpressured by now
-        assert runner.is_alive(), out
-        threading.Event().wait(0.01)
-    return runner, out
-
-
-def _assert_exact(name: str) -> None:
-    """Every generated record committed once, in order per key and source partition."""
-    rows = CollectingSink.records(name)
-    ids = rows["partition"].astype(np.int64) * 1_000_000 + rows["seq"]
-    assert len(np.unique(ids)) == len(ids), f"{len(ids) - len(np.unique(ids))} duplicates"
-    assert len(ids) == PARTITIONS * RECORDS, f"{PARTITIONS * RECORDS - len(ids)} lost"
-    order = np.lexsort((np.arange(len(rows)), rows["partition"], rows["key"]))
-    k, p, s = rows["key"][order], rows["partition"][order], rows["seq"][order]
-    same = (k[1:] == k[:-1]) & (p[1:] == p[:-1])
-    assert (s[1:][same] > s[:-1][same]).all(), "order per key and partition broken"
 
 
 def test_a_backpressured_keyed_job_rescaled_live_from_2_to_3_loses_nothing(
@@ -88,9 +28,9 @@ def test_a_backpressured_keyed_job_rescaled_live_from_2_to_3_loses_nothing(
 ) -> None:
     name = f"live-rescale-{tmp_path.name}"
     CollectingSink.clear(name)
-    ex = LocalExecutor(_job(name), _config(tmp_path))
+    ex = LocalExecutor(keyed_job(name), keyed_config(tmp_path))
     job_id = ex.job_id
-    runner, out = _start(ex)
+    runner, out = start(ex)
     request = ex.rescale_live(3)
     status = request.wait(120)
     runner.join(180)
@@ -106,7 +46,7 @@ def test_a_backpressured_keyed_job_rescaled_live_from_2_to_3_loses_nothing(
     assert savepoint[0]["savepoint"] and savepoint[0]["inflight_bytes"] > 0, "nothing in flight"
     assert result.restored_from == [status.savepoint_id]
     assert result.replayed_bytes > 0
-    _assert_exact(name)
+    assert_exact(name)
     CollectingSink.clear(name)
 
 
@@ -115,9 +55,9 @@ def test_a_rescale_whose_savepoint_fails_leaves_the_job_at_its_parallelism(
 ) -> None:
     name = f"live-rescale-failed-{tmp_path.name}"
     CollectingSink.clear(name)
-    cfg = _config(tmp_path, **{"restart-strategy.type": "none"})
-    ex = LocalExecutor(_job(name, declining=True), cfg)
-    runner, out = _start(ex, "declining")
+    cfg = keyed_config(tmp_path, **{"restart-strategy.type": "none"})
+    ex = LocalExecutor(keyed_job(name, declining=True), cfg)
+    runner, out = start(ex, "declining")
     DecliningSnapshots.arm(name, 1)
     status = ex.rescale_live(3).wait(120)
     runner.join(180)
@@ -125,7 +65,7 @@ def test_a_rescale_whose_savepoint_fails_leaves_the_job_at_its_parallelism(
     assert status.status == "FAILED" and "the savepoint failed" in str(status.failure), status
     assert result.status == "finished", result.failures
     assert {v.parallelism for v in ex.graph.vertices} == {2}
-    _assert_exact(name)
+    assert_exact(name)
     CollectingSink.clear(name)
 
 

@@ -89,12 +89,10 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.claim_mode == "claim":
-        raise ConfigError(
-            "--claim-mode claim is not supported yet",
-            hint="restore with no-claim (the default): the savepoint is never deleted",
-        )
-    config = Config.load(args.config, overrides=_options(args.define))
+    overrides = _options(args.define)
+    if args.claim_mode:
+        overrides["execution.state-recovery.claim-mode"] = args.claim_mode
+    config = Config.load(args.config, overrides=overrides)
     job = load_job(args.job)
     if args.detached:
         return _run_detached(args)
@@ -171,6 +169,7 @@ def _run_detached(args: argparse.Namespace) -> int:
     for d in args.define:
         argv += ["-D", d]
     argv += ["--from-savepoint", args.from_savepoint] if args.from_savepoint else []
+    argv += ["--claim-mode", args.claim_mode] if args.claim_mode else []
     env = {**os.environ, JOB_ID_ENV: job_id}
     with open(log_path, "wb") as log:
         child = subprocess.Popen(
@@ -400,8 +399,8 @@ def add_parsers(sub: Any) -> None:
         "--claim-mode",
         env="SPILLOVER_RUN_CLAIM_MODE",
         choices=("claim", "no-claim"),
-        default="no-claim",
-        help="whether the job owns the restored savepoint",
+        help="whether the job owns the restored savepoint: claim lets retention delete "
+        "it (default: execution.state-recovery.claim-mode, no-claim)",
     )
     env_flag(p, "--detached", env="SPILLOVER_RUN_DETACHED", help="return once the job runs")
     p.set_defaults(func=cmd_run)

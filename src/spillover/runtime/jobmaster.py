@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillover.config import Config, RestartStrategy
+from spillover.config import ClaimMode, Config, RestartStrategy
 from spillover.errors import ConfigError, SpilloverError
 from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.batch.job import log_storage, run_batch
@@ -39,7 +39,7 @@ from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
 from spillover.runtime.wiring import checkpoint_storage
-from spillover.storage.location import Location
+from spillover.storage.location import Location, delete_tree
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +224,10 @@ class Executor:
         self._savepoints_waiting: list[SavepointRequest] = []
         self._savepoints: list[SavepointRequest] = []
         self._savepoints_closed = False  # the run ended: requests fail at once
+        # A claimed checkpoint outside the job's folder, deleted once unreferenced, and
+        # how many completed checkpoints in a row have not referenced it.
+        self._claimed: Location | None = None
+        self._claimed_unreferenced = 0
         # A live rescale under way (``rescale_live``), and the latest one asked for.
         self._rescaling: RescaleRequest | None = None
         self.last_rescale: RescaleRequest | None = None
@@ -493,6 +497,57 @@ class Executor:
         log before any task hears of it (a restarted master restores it)."""
         if self.recovery is not None:
             self.recovery.checkpoint_completed(checkpoint_id)
+        if self._claimed is not None:
+            self._release_claimed(checkpoint_id)
+
+    def _claim(self, meta: CheckpointMetadata) -> None:
+        """What the job owns of the checkpoint it restores
+        (``execution.state-recovery.claim-mode``). NO_CLAIM: nothing; a checkpoint
+        outside the job's checkpoint folder (a savepoint) is never deleted, and
+        every checkpoint copies the files it references there, so none depends on
+        it; one in the job's folder is never deleted either, and checkpoints
+        reference its files as after a failover. CLAIM: retention deletes it, as
+        one of the job's own checkpoints (in the job's folder), or, elsewhere, once
+        as many newer checkpoints as are retained completed without referencing it."""
+        storage = self.storage
+        if storage is None:
+            return
+        rc = self.restore_checkpoint
+        chk = (
+            Location.parse(rc)
+            if isinstance(rc, str)
+            else Location.parse(storage.checkpoint_dir(meta.checkpoint_id))
+        )
+        own = chk.parent.prefix == storage.location.prefix
+        # A savepoint's folder holds the chk-<id> of its references beside its own.
+        folder = chk.parent if not own and chk.parent.name.startswith("savepoint-") else chk
+        if self.config.recovery.claim_mode is ClaimMode.NO_CLAIM:
+            if not own:
+                storage.copy_referenced_from = (folder,)
+        elif own:
+            self.retained_ids = [meta.checkpoint_id]
+        else:
+            self._claimed, self._claimed_unreferenced = folder, 0
+
+    def _release_claimed(self, checkpoint_id: int) -> None:
+        """Deletes a claimed checkpoint outside the job's folder once the retained
+        checkpoints no longer reference it; a failure is logged, never raised (the
+        checkpoint that just completed must not fail for it)."""
+        claimed, storage = self._claimed, self.storage
+        assert claimed is not None and storage is not None
+        try:
+            meta = storage.read_metadata(checkpoint_id)
+            prefix = claimed.prefix + "/"
+            if prefix in json.dumps(meta.get("tasks")):
+                self._claimed_unreferenced = 0
+                return
+            self._claimed_unreferenced += 1
+            if self._claimed_unreferenced >= self.config.state.num_retained:
+                self._claimed = None
+                delete_tree(claimed, "claimed checkpoint")
+                logger.info("deleted the claimed checkpoint %s", claimed.uri)
+        except (OSError, SpilloverError) as e:
+            logger.warning("cannot release the claimed checkpoint %s: %s", claimed.uri, e)
 
     def _begin_recovery(self) -> JobRecovery | None:
         """With checkpoint storage: the job's lease and event log, and the decision
@@ -742,6 +797,8 @@ class Executor:
                     )
                     self.retained_ids = [resume.checkpoint.checkpoint_id]  # the run's own
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
+        if meta is not None and meta is first_meta and self.restore_checkpoint is not None:
+            self._claim(meta)
         rescaled = False  # the attempt to start is a live rescale's, not a restart
         while True:
             restored_id = meta.checkpoint_id if meta is not None else None
