@@ -1,7 +1,8 @@
 """The operating script of issue 32 (``tools/operate.py``): run detached, watch over
 REST and Prometheus, savepoint, live rescale 2 -> 3, stop with drain, move the
-savepoint and resume from it, on the local executor; its output is committed and
-must come out exactly (``tools/operate.expected``)."""
+savepoint and resume from it, on the local executor and on Spark's embedded local
+master; its output is committed and must come out exactly, the same on both
+(``tools/operate.expected``)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
 @pytest.mark.slow
-def test_the_operating_script_prints_what_is_committed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("executor", ["local", "spark"])
+def test_the_operating_script_prints_what_is_committed(tmp_path: Path, executor: str) -> None:
+    if executor == "spark":
+        pytest.importorskip("pyspark")
+    script = [sys.executable, str(TOOLS / "operate.py"), "--executor", executor]
     out = subprocess.run(
-        [sys.executable, str(TOOLS / "operate.py"), "--workdir", str(tmp_path)],
+        [*script, "--workdir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
