@@ -10,11 +10,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
     new_metadata,
     read_checkpoint,
+    relativize,
+    resolve_relative,
 )
+from spillover.storage.location import Location
 
 
 def _file(path: Path, data: bytes) -> str:
@@ -111,3 +117,38 @@ def test_references_into_a_savepoint_beside_the_checkpoints_are_exported(tmp_pat
     shutil.rmtree(tmp_path / "ckpt")
     uris = _uris(read_checkpoint(saved))
     assert [Path(u).read_bytes() for u in uris] == [b"own", b"restored"]
+
+
+paths = st.lists(st.text("abc-_.0123456789", min_size=1, max_size=5), min_size=1, max_size=4)
+json_values = st.recursive(
+    st.none() | st.integers() | st.text(max_size=8) | paths.map(lambda p: "@/" + "/".join(p)),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(
+    json_values,
+    st.sampled_from(["/a/sp", "/b/c/savepoint-x-1", "/tmp"]),
+    st.sampled_from(["/moved", "/x/y"]),
+)
+def test_relative_paths_resolve_wherever_the_folder_went(value: Any, old: str, new: str) -> None:
+    """Every string inside the folder becomes relative and resolves under the new
+    folder; every other value comes back as it was."""
+    meta = {"tasks": value, "other": "/elsewhere/chk-1/f"}
+    written = _with_folder(meta, old)
+    rel = relativize(written, Location.parse(old))
+    assert old + "/" not in json.dumps(rel)
+    assert resolve_relative(rel, Location.parse(new)) == _with_folder(meta, new)
+
+
+def _with_folder(value: Any, folder: str) -> Any:
+    if isinstance(value, str):
+        return folder + value[1:] if value.startswith("@/") else value
+    if isinstance(value, dict):
+        return {k: _with_folder(v, folder) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_folder(v, folder) for v in value]
+    return value
