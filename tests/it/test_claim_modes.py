@@ -2,10 +2,12 @@
 moved to another folder (a tmpfs where there is one) restores exactly at another
 parallelism; under NO_CLAIM the restored savepoint is never deleted and no checkpoint
 after it points into it, so a savepoint taken from the restored job restores with the
-first one gone; under CLAIM retention deletes it."""
+first one gone; under CLAIM retention deletes it; a savepoint naming its files
+absolutely (written before relative paths) still restores."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from spillover.deploy.local import LocalExecutor
-from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.checkpointing.metadata import CheckpointStorage, read_checkpoint
 from spillover.runtime.connectors.collecting import CollectingSink
 from support.keyed_jobs import assert_exact, keyed_config, keyed_job, start
 
@@ -114,4 +116,23 @@ def test_claim_lets_retention_delete_the_restored_checkpoint(tmp_path: Path, whe
     resumed = LocalExecutor(keyed_job(name), cfg, restore_checkpoint=kept).run(timeout=180)
     assert resumed.status == "finished"
     assert Path(kept, "_metadata").exists()
+    CollectingSink.clear(name)
+
+
+def test_a_savepoint_naming_its_files_absolutely_still_restores(tmp_path: Path) -> None:
+    """Savepoints written before relative paths: the same metadata with absolute
+    paths and no ``relative_paths`` restores as before."""
+    name = f"absolute-{tmp_path.name}"
+    CollectingSink.clear(name)
+    cfg = keyed_config(tmp_path)
+    saved = _stopped_savepoint(LocalExecutor(keyed_job(name), cfg), tmp_path / "sp")
+    meta_file = Path(saved, "_metadata")
+    assert json.loads(meta_file.read_text())["relative_paths"] is True
+    absolute = read_checkpoint(saved)  # resolved where it is
+    meta_file.write_text(json.dumps(absolute))
+    assert str(tmp_path / "sp") in meta_file.read_text()
+    cfg = keyed_config(tmp_path / "again")
+    resumed = LocalExecutor(keyed_job(name, 3), cfg, restore_checkpoint=saved).run(timeout=180)
+    assert resumed.status == "finished" and resumed.replayed_bytes > 0, resumed.failures
+    assert_exact(name)
     CollectingSink.clear(name)
