@@ -700,6 +700,9 @@ class Executor:
                 self._run(result, recovery, started, timeout, stop_after, stop_when)
         finally:
             self._close_savepoints()
+            rescale, self._rescaling = self._rescaling, None
+            if rescale is not None:  # the run ended, or raised, with one under way
+                rescale.failed(f"the job ended ({result.status}) before the rescale did")
             self.status.ended(result.status)
             self.recovery = None
             if recovery is not None:
