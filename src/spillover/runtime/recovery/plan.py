@@ -33,6 +33,7 @@ import numpy as np
 
 from spillover.errors import ConfigError, RescaleError, SpilloverError, StorageError
 from spillover.rescale import (
+    EdgeMapping,
     EdgeType,
     PartitionerFilter,
     Reference,
@@ -179,6 +180,7 @@ def plan_restore(
 
     plans: dict[tuple[str, int], TaskRestore] = {}
     to_check: list[GateStateHandle] = []
+    mappings: dict[tuple[str, int], EdgeMapping] = {}
     for uid, nv in new.items():
         ov = old.get(uid)
         p_new = nv.parallelism
@@ -225,15 +227,19 @@ def plan_restore(
                         refs += mine
                         _check_partitioner(cid, uid, k, edges[uid][k], mine)
                         continue
-                    mapping = map_edge(
-                        _edge_type(spec.kind, force_forward),
-                        old_upstream=so.parallelism,
-                        old_downstream=p_old,
-                        new_upstream=sn.parallelism,
-                        new_downstream=p_new,
-                        max_parallelism=g.max_parallelism,
-                        force=force_forward,
-                    )
+                    # One mapping per edge, shared by its new subtasks (it is the
+                    # whole edge's, and costs O(old x new channels) to work out).
+                    mapping = mappings.get((uid, k))
+                    if mapping is None:
+                        mapping = mappings[(uid, k)] = map_edge(
+                            _edge_type(spec.kind, force_forward),
+                            old_upstream=so.parallelism,
+                            old_downstream=p_old,
+                            new_upstream=sn.parallelism,
+                            new_downstream=p_new,
+                            max_parallelism=g.max_parallelism,
+                            force=force_forward,
+                        )
                     # Streams the old subtasks referenced with a filter, replayed first: an
                     # old subtask's go where its input state goes (the mapping), then
                     # the new subtask's own filter applies on top.
