@@ -32,6 +32,7 @@ local filesystem; elsewhere each subtask keeps its own files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from operator import methodcaller
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 from spillover.errors import SpilloverError
 from spillover.storage import OnRelease, Storage, StorageOptions, Storer
 from spillover.storage.backends import backend_for
+from spillover.storage.channel_index import INDEX_ENTRY, encode_entry
 from spillover.storage.handle import GateStateHandle, state_file_name
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend, on_local_disk
@@ -272,8 +274,15 @@ class ChannelStateWriter:
 
 def gate_entry(handle: GateStateHandle) -> dict[str, Any]:
     """What a subtask's acknowledgement carries for one closed gate (the one place
-    a handle becomes part of an ``Ack``)."""
-    return handle.to_dict()
+    a handle becomes part of an ``Ack``): the handle without its per-channel maps,
+    and under ``index_entry`` those maps as one encoded channel index entry
+    (``spillover.storage.channel_index``). The coordinator moves the entries into
+    the checkpoint's channel index, so the metadata grows with gates, not channels,
+    and the task, not the driver, pays for encoding them."""
+    d = dataclasses.replace(handle, channels={}, channel_ranges={}).to_dict()
+    del d["channels"]
+    d[INDEX_ENTRY] = encode_entry(handle)
+    return d
 
 
 class NoChannelState:

@@ -187,22 +187,28 @@ def plan_restore(
         if ov is None:
             continue  # a new operator starts empty
         p_old = ov.parallelism
-        was_finished = [entry(uid, j).finished for j in range(p_old)]
+        olds = [entry(uid, j) for j in range(p_old)]
+        was_finished = [e.finished for e in olds]
         fully = p_old > 0 and all(was_finished)
+        # Per node, every old subtask's operator state and keyed handles: the same
+        # for every new subtask (each gets its own list of them).
+        all_states = {node: [e.operators.get(node) for e in olds] for node in nv.nodes}
+        all_keyed = {
+            node: [k for e in olds if (k := e.keyed.get(node)) is not None] for node in nv.nodes
+        }
         for i in range(p_new):
             own: dict[str, Any] = {}
             rescaled_state: dict[str, list[Any]] = {}
             keyed_handles: dict[str, list[dict[str, Any]]] = {}
             for node in nv.nodes:
-                states = [entry(uid, j).operators.get(node) for j in range(p_old)]
+                states = all_states[node]
                 if p_old == p_new:
                     if states[i] is not None:
                         own[node] = states[i]
                 else:
-                    rescaled_state[node] = states
-                keyed = [entry(uid, j).keyed.get(node) for j in range(p_old)]
-                if any(k is not None for k in keyed):
-                    keyed_handles[node] = [k for k in keyed if k is not None]
+                    rescaled_state[node] = list(states)
+                if all_keyed[node]:
+                    keyed_handles[node] = list(all_keyed[node])
             outputs: list[GateStateHandle] = []
             inputs: list[GateStateHandle] = []
             refs: list[Reference] = []
