@@ -227,8 +227,8 @@ def check_metadata(meta: Any, path: str) -> None:
     if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
         raise FormatError("not spillover checkpoint metadata", path=path)
     version = meta.get("version")
+    # Version 1 (every gate's channel maps inline) is read as ever.
     if not isinstance(version, int) or version > METADATA_VERSION or version < 1:
-        # Version 1 (every gate's channel maps inline) is read as ever.
         raise FormatError(
             "unsupported checkpoint metadata version",
             path=path,
