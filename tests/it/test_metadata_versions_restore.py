@@ -12,6 +12,7 @@ import pytest
 
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
+from spillover.errors import StateFileNotFoundError
 from spillover.storage.channel_index import INDEX_FILE
 from spillover.verify import VerifySpec, build
 from support.checkpoint_golden import as_version_1
@@ -54,3 +55,14 @@ def test_a_version_1_checkpoint_restores_like_version_2(tmp_path: Path, new: int
         assert result.status == "finished", result.failures
         replayed.append(result.replayed_bytes)
     assert replayed[0] == replayed[1] > 0
+
+
+def test_a_missing_channel_index_refuses_the_whole_restore(tmp_path: Path) -> None:
+    spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
+    cfg, cid = _checkpointed(tmp_path, spec)
+    index = tmp_path / "ckpt" / "job" / f"chk-{cid}" / INDEX_FILE
+    index.unlink()
+    env = build(spec, str(tmp_path / "out"), "job", 3)
+    with pytest.raises(StateFileNotFoundError) as e:
+        LocalExecutor(env, cfg, restore_checkpoint=cid).run(timeout=60)
+    assert e.value.path is not None and INDEX_FILE in e.value.path

@@ -33,6 +33,7 @@ __all__ = [
     "INDEX_FILE",
     "INDEX_MAGIC",
     "INDEX_VERSION",
+    "check_index",
     "decode_entry",
     "encode_entry",
     "resolve",
@@ -158,6 +159,33 @@ def _resolved(handle: GateStateHandle, data: bytes | memoryview, ref: IndexRef) 
             f"{handle.uri} holds {handle.frame_count}",
         )
     return dataclasses.replace(handle, channels=channels, channel_ranges=ranges, index=None)
+
+
+def check_index(handles: Iterable[GateStateHandle]) -> None:
+    """Every channel index these handles name exists and holds their entries'
+    bytes (a restore's check before any task starts: one size per index, no entry
+    read); :class:`StateFileNotFoundError` or :class:`CorruptIndexError` else."""
+    ends: dict[str, tuple[int, int]] = {}
+    for h in handles:
+        ref = h.index
+        if ref is not None and ref.offset + ref.length > ends.get(ref.uri, (-1, 0))[0]:
+            ends[ref.uri] = (ref.offset + ref.length, ref.offset)
+    for uri, (end, offset) in ends.items():
+        where = Location.parse(uri)
+        f = where.open_input("channel index")
+        try:
+            size = f.size()
+        except OSError as e:
+            raise where.error("cannot read channel index", e) from e
+        finally:
+            f.close()
+        if size < end:
+            raise CorruptIndexError(
+                "channel index entry beyond the end of the index",
+                path=uri,
+                offset=offset,
+                detail=f"entries up to byte {end}, the index has {size}",
+            )
 
 
 def resolve(handle: GateStateHandle) -> GateStateHandle:

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spillover.errors import CorruptIndexError, UnsupportedVersionError
+from spillover.errors import CorruptIndexError, StateFileNotFoundError, UnsupportedVersionError
 from spillover.storage.channel_index import (
     INDEX_MAGIC,
+    check_index,
     decode_entry,
     encode_entry,
     resolve,
@@ -153,3 +154,17 @@ def test_an_entry_of_another_gate_or_beyond_the_index_is_refused(tmp_path: Path)
     with pytest.raises(CorruptIndexError) as e:
         resolve(beyond)
     assert e.value.path == str(index) and e.value.offset == 4
+
+
+def test_a_restore_checks_the_index_is_there_and_long_enough(tmp_path: Path) -> None:
+    a = dataclasses.replace(_handle(), channels={0: (1, 5)}, frame_count=1)
+    entry = encode_entry(a)
+    index = tmp_path / "_channel_index"
+    named = dataclasses.replace(a, channels={}, index=IndexRef(str(index), 0, len(entry)))
+    with pytest.raises(StateFileNotFoundError):
+        check_index([named])
+    index.write_bytes(entry[:-1])
+    with pytest.raises(CorruptIndexError):
+        check_index([named, a])
+    index.write_bytes(entry)
+    check_index([named, a])  # a's maps are in it: nothing to check

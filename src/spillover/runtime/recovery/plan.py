@@ -52,6 +52,7 @@ from spillover.runtime.graph import JobEdge, JobGraph
 from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput, unfiltered
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage.channel_index import check_index
 
 _EDGE_TYPES = {
     EdgeKind.KEY_BY.value: EdgeType.KEY_BY,
@@ -310,23 +311,27 @@ def _check_partitioner(
 def _validate(
     cid: int, channel_handles: list[GateStateHandle], keyed: list[dict[str, Any]]
 ) -> None:
-    """Opens every file the restore will read; refuses the checkpoint on the first bad one."""
+    """Opens every file the restore will read; refuses the checkpoint on the first bad one.
+    A channel index is checked to be there and long enough for every entry the
+    handles name; its entries are read (and their checksums checked) only by the
+    subtasks that replay their gates."""
     seen: set[tuple[str, int]] = set()
-    for h in channel_handles:
-        # Gates of several subtasks may share a file: each section is checked once.
-        if h.key in seen:
-            continue
-        seen.add(h.key)
-        try:
+    try:
+        check_index(channel_handles)
+        for h in channel_handles:
+            # Gates of several subtasks may share a file: each section is checked once.
+            if h.key in seen:
+                continue
+            seen.add(h.key)
             open_retriever(h).close()
-        except SpilloverError as e:
-            raise type(e)(
-                f"checkpoint {cid} cannot be restored: {e.message}",
-                path=e.path,
-                offset=e.offset,
-                detail=e.detail,
-                hint="restore an older checkpoint, or restore without in-flight data",
-            ) from e
+    except SpilloverError as e:
+        raise type(e)(
+            f"checkpoint {cid} cannot be restored: {e.message}",
+            path=e.path,
+            offset=e.offset,
+            detail=e.detail,
+            hint="restore an older checkpoint, or restore without in-flight data",
+        ) from e
     for k in keyed:
         for st in k.get("states", []):
             uri = st["uri"]
