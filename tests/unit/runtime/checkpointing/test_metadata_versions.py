@@ -6,23 +6,29 @@ and plan a restore alike, and what a writer writes now must be the version 2 gol
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spillover.errors import CorruptIndexError, FormatError
+from spillover.runtime.checkpointing.channel_state import gate_entry
 from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
 from spillover.runtime.checkpointing.metadata import (
     METADATA_VERSION,
     CheckpointStorage,
     check_metadata,
+    split_channel_index,
 )
 from spillover.runtime.checkpointing.simulated import MAP, SOURCE, SimulatedJob, Simulation
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.recovery.plan import graph_info, plan_restore
-from spillover.storage.channel_index import INDEX_FILE
+from spillover.storage.channel_index import INDEX_FILE, resolve_all
+from spillover.storage.handle import GateKind, GateStateHandle
 from support.checkpoint_golden import CHECKPOINT_ID, GOLDEN_CHECKPOINTS, golden_files
 
 CHK = f"chk-{CHECKPOINT_ID}"
@@ -129,3 +135,64 @@ def test_the_coordinator_writes_version_2_and_an_export_carries_its_index(tmp_pa
     (gate,) = replay.inputs
     assert gate.channels == job.gate(str(chk), MAP, 1, 0).channels
     assert CheckpointStorage(str(tmp_path / "ckpt"), "sim").read_metadata(cid)["version"] == 2
+
+
+@st.composite
+def _gates(draw: st.DrawFn) -> list[GateStateHandle]:
+    out = []
+    for gate in range(draw(st.integers(0, 3))):
+        chans = draw(st.lists(st.integers(0, 2**20), unique=True, max_size=12))
+        channels = {c: (draw(st.integers(0, 9)), draw(st.integers(0, 2**40))) for c in chans}
+        ranges = {c: (64 + c, 64 + 2 * c) for c in chans} if draw(st.booleans()) else {}
+        out.append(
+            GateStateHandle(
+                f"/x/chk-1/channels/g-{gate}.spill",
+                gate,
+                GateKind.INPUT,
+                1,
+                0,
+                f"{gate:032x}",
+                128,
+                sum(f for f, _ in channels.values()),
+                0,
+                0,
+                channels=channels,
+                channel_ranges=ranges,
+                offset=draw(st.none() | st.integers(0, 2**40)),
+            )
+        )
+    return out
+
+
+@settings(max_examples=50, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_gates(), max_size=5), st.lists(st.booleans(), min_size=5, max_size=5))
+def test_moving_maps_into_the_index_and_back_loses_nothing(
+    tmp_path: Path, subtasks: list[list[GateStateHandle]], encoded: list[bool]
+) -> None:
+    """Whatever gates the acks hold, encoded (as tasks send them) or inline, the
+    metadata and its index give every handle back exactly."""
+    tasks = {
+        "op": {
+            "subtasks": {
+                str(i): {
+                    "channel_state": {
+                        "input": [gate_entry(h) if encoded[i] else h.to_dict() for h in gates],
+                        "output": [],
+                        "bytes": 0,
+                    }
+                }
+                for i, gates in enumerate(subtasks)
+            }
+        }
+    }
+    meta = {"format": "spillover-checkpoint", "version": 2, "checkpoint_id": 1, "tasks": tasks}
+    written, entries = split_channel_index(meta)
+    assert "index_entry" not in _keys(written)
+    index = tmp_path / f"index-{uuid.uuid4().hex}"
+    index.write_bytes(b"".join(entries))
+    written["channel_index"] = {"uri": str(index), "size": index.stat().st_size}
+    back = CheckpointMetadata.from_json(json.loads(json.dumps(written)))
+    for i, gates in enumerate(subtasks):
+        cs = back.operator("op").subtask(i).channel_state
+        assert cs is not None
+        assert resolve_all(cs.input) == gates
