@@ -10,6 +10,7 @@ from spillover.errors import FormatError, SpilloverError, StorageError
 from spillover.rescale import KeepAll, KeyGroupFilter, PartitionerFilter, filter_from_dict
 from spillover.runtime.checkpointing.checkpoint_meta import ChannelStateMeta, CheckpointMetadata
 from spillover.runtime.checkpointing.metadata import METADATA_FILE, resolve_relative
+from spillover.storage.channel_index import resolve
 from spillover.storage.inspection import inspect_state_file
 from spillover.storage.location import Location
 
@@ -64,6 +65,10 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
             gates = []
             for side, handles in (("input", cs.input), ("output", cs.output)):
                 for h in handles:
+                    try:  # its channel maps (metadata version 2 keeps them in the index)
+                        h = resolve(h)
+                    except SpilloverError as e:
+                        problems.append(f"{uid}#{idx} {side} gate {h.gate_id}: {e}")
                     g = {
                         "kind": side,
                         "gate": h.gate_id,

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.errors import ConfigError, FormatError, StorageError
+from spillover.storage.channel_index import INDEX_ENTRY, INDEX_FILE
+from spillover.storage.handle import GateStateHandle
 from spillover.storage.location import Location, delete_tree
 
 METADATA_FORMAT = "spillover-checkpoint"
-METADATA_VERSION = 1
+METADATA_VERSION = 2  # 2: per-channel maps in the channel index (docs/format.md)
 METADATA_FILE = "_metadata"
 
 
@@ -69,16 +71,23 @@ class CheckpointStorage:
     copy_referenced_from: tuple[Location, ...] = ()
 
     def write_metadata(self, checkpoint_id: int, metadata: dict[str, Any]) -> str:
+        """Publishes the checkpoint's metadata (its presence completes it); gates'
+        channel maps the tasks encoded go first into the checkpoint's channel index
+        beside it (:func:`split_channel_index`). After a NO_CLAIM restore, the files
+        it references in the restored checkpoint are copied into it first."""
         if self.copy_referenced_from:
             into = self.location.child(f"chk-{checkpoint_id}")
             moved = copy_foreign_files(metadata, self.location, into, self.copy_referenced_from)
             if moved:
                 metadata = _map_strings(metadata, lambda v: moved.get(v, v))
                 metadata["references"] = referenced_checkpoints(metadata, self.location.prefix)
-        # Compact: an indented dump goes through the pure-Python encoder (8x slower),
-        # and this write is on the critical path of every checkpoint. `spillover
-        # inspect --json` prints a readable summary.
-        data = json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
+        metadata, entries = split_channel_index(metadata)
+        if entries:
+            index = self.location.child(f"chk-{checkpoint_id}", INDEX_FILE)
+            data = b"".join(entries)
+            index.publish(data, fsync=self.fsync, what="channel index")
+            metadata["channel_index"] = {"uri": index.uri, "size": len(data)}
+        data = encode_metadata(metadata)
         target = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
         target.publish(data, fsync=self.fsync, what="checkpoint metadata")
         return target.path
@@ -199,6 +208,13 @@ class CheckpointStorage:
         return dst.child(f"chk-{checkpoint_id}").uri
 
 
+def encode_metadata(metadata: dict[str, Any]) -> bytes:
+    """The bytes of a metadata file. Compact: an indented dump goes through the
+    pure-Python encoder (8x slower), and this write is on the critical path of every
+    checkpoint. `spillover inspect --json` prints a readable summary."""
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     """Checkpoint files are never written again: a hard link is a copy, unless the
     filesystem has none."""
@@ -226,6 +242,7 @@ def check_metadata(meta: Any, path: str) -> None:
     if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
         raise FormatError("not spillover checkpoint metadata", path=path)
     version = meta.get("version")
+    # Version 1 (every gate's channel maps inline) is read as ever.
     if not isinstance(version, int) or version > METADATA_VERSION or version < 1:
         raise FormatError(
             "unsupported checkpoint metadata version",
@@ -275,6 +292,50 @@ def new_metadata(
         "final": final,
         "tasks": tasks,
     }
+
+
+def split_channel_index(meta: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    """The metadata with every gate's encoded channel maps (``index_entry``, as
+    ``channel_state.gate_entry`` gives them) replaced by ``"index": [offset, length]``
+    into the concatenation of those entries, and the entries in that order. Only the
+    dicts on the way to such a gate are copied; the input is left as it was."""
+    entries: list[bytes] = []
+    at = 0
+    tasks: dict[str, Any] = {}
+    for uid, entry in (meta.get("tasks") or {}).items():
+        subtasks: dict[str, Any] = {}
+        for sub, st in (entry.get("subtasks") or {}).items():
+            cs = st.get("channel_state") or {}
+            sides: dict[str, Any] = {}
+            for side in ("input", "output"):
+                gates = cs.get(side) or []
+                if any(INDEX_ENTRY in g for g in gates):
+                    moved = []
+                    for g in gates:
+                        if INDEX_ENTRY in g:
+                            g = dict(g)
+                            raw = g.pop(INDEX_ENTRY)
+                            g["index"] = [at, len(raw)]
+                            entries.append(raw)
+                            at += len(raw)
+                        moved.append(g)
+                    sides[side] = moved
+            refs = cs.get("references") or []
+            if any(INDEX_ENTRY in p["handle"] for r in refs for p in r["pieces"]):
+                # A reference names a whole handle, maps inline, as ever.
+                sides["references"] = [
+                    {**r, "pieces": [{**p, "handle": _inline(p["handle"])} for p in r["pieces"]]}
+                    for r in refs
+                ]
+            subtasks[sub] = {**st, "channel_state": {**cs, **sides}} if sides else st
+        tasks[uid] = {**entry, "subtasks": subtasks}
+    if not entries:
+        return meta, []
+    return {**meta, "tasks": tasks}, entries
+
+
+def _inline(handle: dict[str, Any]) -> dict[str, Any]:
+    return GateStateHandle.from_dict(handle).to_dict() if INDEX_ENTRY in handle else handle
 
 
 def referenced_checkpoints(meta: dict[str, Any], root: str | None = None) -> list[int]:
