@@ -21,6 +21,7 @@ from spillover.runtime.checkpointing.metadata import (
     METADATA_VERSION,
     CheckpointStorage,
     check_metadata,
+    read_checkpoint,
     split_channel_index,
 )
 from spillover.runtime.checkpointing.simulated import MAP, SOURCE, SimulatedJob, Simulation
@@ -128,7 +129,7 @@ def test_the_coordinator_writes_version_2_and_an_export_carries_its_index(tmp_pa
     assert raw["channel_index"]["size"] == (chk / INDEX_FILE).stat().st_size
     saved = Path(storage.export(cid, str(tmp_path / "sp")))
     (chk / INDEX_FILE).unlink()  # the savepoint holds its own copy
-    meta = CheckpointMetadata.from_json(json.loads((saved / "_metadata").read_bytes()))
+    meta = CheckpointMetadata.from_json(read_checkpoint(str(saved)))  # relative paths resolved
     assert meta.channel_index is not None and meta.channel_index.uri.startswith(str(saved))
     plans = plan_restore(meta, _graph(3), validate=False)
     replay = plans[(MAP, 1)].channel_state.resolved()
