@@ -52,7 +52,8 @@ def check_read(path: str) -> None:
         return
     if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
         raise h.OracleError("read_checkpoint returned what is not checkpoint metadata")
-    if meta.get("version") != METADATA_VERSION:
+    version = meta.get("version")
+    if not isinstance(version, int) or not 1 <= version <= METADATA_VERSION:
         raise h.OracleError(f"read_checkpoint accepted version {meta.get('version')!r}")
     if not os.path.isfile(os.path.join(path, METADATA_FILE)):
         raise h.OracleError(f"read_checkpoint({path!r}) read the metadata of another directory")

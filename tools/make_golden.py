@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from spillover.storage.reference import ReferenceWriter, read_state_file  # noqa: E402
+from support.checkpoint_golden import GOLDEN_CHECKPOINTS, golden_files  # noqa: E402
 from support.format_fuzz import GOLDEN_DIR, payload_from_recipe  # noqa: E402
 
 DATA, EVENT = 0, 1
@@ -156,6 +157,16 @@ def main(argv: list[str] | None = None) -> int:
                 stale.append(case["name"])
         else:
             args.out.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    # Checkpoint metadata of every version (written with the state files' --out).
+    checkpoints = args.out / GOLDEN_CHECKPOINTS.name
+    for name, data in golden_files().items():
+        target = checkpoints / name
+        if args.check:
+            if not target.exists() or target.read_bytes() != data:
+                stale.append(f"{checkpoints.name}/{name}")
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
     manifest = json.dumps({"format_version": 1, "files": entries}, indent=2) + "\n"
     manifest_path = args.out / "manifest.json"

@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "CorruptFrameError",
     "CorruptHeaderError",
+    "CorruptIndexError",
     "CorruptRecordError",
     "ForeignFileError",
     "FormatError",
@@ -103,6 +104,11 @@ class CorruptHeaderError(FormatError):
 
 class CorruptFrameError(FormatError):
     """A frame's payload does not match its checksum, or does not decode."""
+
+
+class CorruptIndexError(FormatError):
+    """A channel index entry (docs/format.md, "Channel index") is truncated, fails its
+    checksum or its sanity checks, or does not match the gate that names it."""
 
 
 class ForeignFileError(FormatError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,6 +86,17 @@ def test_run_detached_savepoint_stop_and_resume(
     assert savepoint.startswith(str(tmp_path / "sp"))
     assert registry.read(job_id).effective_state == "RUNNING"
 
+    code, out, err = _cli(capsys, "rescale", job_id[:8], "--parallelism", "3")
+    assert code == 0, err
+    assert re.fullmatch(
+        f"job {job_id} rescaled from 2 to 3: the first record at the new parallelism came "
+        r"\d+ ms after the request\n",
+        out,
+    ), out
+    entry = registry.read(job_id)
+    assert entry.effective_state == "RUNNING" and entry.rest_url == listed["rest_url"]
+    assert [c.command for c in entry.commands] == ["savepoint", "rescale"]
+
     code, out, _ = _cli(capsys, "stop", job_id, "--drain")
     final = out.strip()
     assert code == 0 and Path(final, "_metadata").exists(), out
@@ -94,7 +106,9 @@ def test_run_detached_savepoint_stop_and_resume(
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(f"spillover stop: error: job {job_id} has ended (FINISHED)")
 
-    resumed = _detach(*_options(tmp_path), "--from-savepoint", savepoint)
+    resumed = _detach(
+        *_options(tmp_path), "--from-savepoint", savepoint, "--claim-mode", "no-claim"
+    )
     assert resumed != job_id
     code, out, err = _cli(capsys, "cancel", resumed)
     assert code == 0 and out.strip() == f"job {resumed} CANCELED", err
@@ -127,7 +141,12 @@ def test_bad_inputs_are_one_line_and_leave_the_job_alone(
             str(blocker / "sp"),
         ): "spillover stop: error: cannot write the folder of --savepoint-dir",
         ("savepoint", "--dispose", str(tmp_path)): "spillover savepoint: error: not a savepoint",
-        ("rescale", job_id, "--parallelism", "3"): "spillover rescale: error: a live rescale",
+        ("rescale", job_id, "--parallelism", "2"): "spillover rescale: error: job "
+        "'backpressured' runs at that parallelism already",
+        ("rescale", job_id, "--parallelism", "0"): "spillover rescale: error: --parallelism "
+        "must be at least 1",
+        ("rescale", job_id, "--parallelism", "129"): "spillover rescale: error: parallelism "
+        "129 of source exceeds the job's max parallelism 128",
     }
     for argv, expected in cases.items():
         code, out, err = _cli(capsys, *argv)

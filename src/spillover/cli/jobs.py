@@ -89,12 +89,10 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.claim_mode == "claim":
-        raise ConfigError(
-            "--claim-mode claim is not supported yet",
-            hint="restore with no-claim (the default): the savepoint is never deleted",
-        )
-    config = Config.load(args.config, overrides=_options(args.define))
+    overrides = _options(args.define)
+    if args.claim_mode:
+        overrides["execution.state-recovery.claim-mode"] = args.claim_mode
+    config = Config.load(args.config, overrides=overrides)
     job = load_job(args.job)
     if args.detached:
         return _run_detached(args)
@@ -171,6 +169,7 @@ def _run_detached(args: argparse.Namespace) -> int:
     for d in args.define:
         argv += ["-D", d]
     argv += ["--from-savepoint", args.from_savepoint] if args.from_savepoint else []
+    argv += ["--claim-mode", args.claim_mode] if args.claim_mode else []
     env = {**os.environ, JOB_ID_ENV: job_id}
     with open(log_path, "wb") as log:
         child = subprocess.Popen(
@@ -330,15 +329,31 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:
+    """A live rescale of every vertex to ``--parallelism``; waits until the job
+    processed its first record at it and prints how long that took."""
     if args.parallelism < 1:
-        raise ConfigError("--parallelism must be at least 1")
+        raise ConfigError(f"--parallelism must be at least 1, not {args.parallelism}")
     entry = running_job(args.job_id)
     current = request(entry, "GET", f"/jobs/{entry.id}/resource-requirements")
     wanted = {
         vid: {"parallelism": {"lowerBound": 1, "upperBound": args.parallelism}} for vid in current
     }
-    request(entry, "PUT", f"/jobs/{entry.id}/resource-requirements", wanted)
-    print(f"job {entry.id} rescales to {args.parallelism}")
+    rid = request(entry, "PUT", f"/jobs/{entry.id}/resource-requirements", wanted)["request-id"]
+    deadline = time.monotonic() + args.timeout
+    while True:
+        r = request(entry, "GET", f"/jobs/{entry.id}").get("rescale") or {}
+        if r.get("request-id") == rid and r["status"] != "IN_PROGRESS":
+            break
+        if time.monotonic() > deadline:
+            raise JobRequestError(f"the rescale did not end in {args.timeout:g} s")
+        time.sleep(0.05)
+    if r["status"] == "FAILED":
+        raise JobRequestError("the rescale failed", detail=str(r["failure"]))
+    print(
+        f"job {entry.id} rescaled from {r['from-parallelism']} to {r['to-parallelism']}: "
+        f"the first record at the new parallelism came "
+        f"{r['request-to-first-record-ms']:.0f} ms after the request"
+    )
     return EXIT_OK
 
 
@@ -384,8 +399,8 @@ def add_parsers(sub: Any) -> None:
         "--claim-mode",
         env="SPILLOVER_RUN_CLAIM_MODE",
         choices=("claim", "no-claim"),
-        default="no-claim",
-        help="whether the job owns the restored savepoint",
+        help="whether the job owns the restored savepoint: claim lets retention delete "
+        "it (default: execution.state-recovery.claim-mode, no-claim)",
     )
     env_flag(p, "--detached", env="SPILLOVER_RUN_DETACHED", help="return once the job runs")
     p.set_defaults(func=cmd_run)
@@ -424,4 +439,5 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("rescale", help="rescale a running job")
     p.add_argument("job_id", help="the job (a unique prefix of its id will do)")
     p.add_argument("--parallelism", type=int, required=True, help="the new parallelism")
+    timeout(p)
     p.set_defaults(func=cmd_rescale)

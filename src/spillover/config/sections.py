@@ -62,6 +62,14 @@ class RuntimeMode(enum.Enum):
     AUTOMATIC = "automatic"  # batch when every source is bounded
 
 
+class ClaimMode(enum.Enum):
+    """``execution.state-recovery.claim-mode`` (Flink's): who owns the restored
+    checkpoint or savepoint."""
+
+    NO_CLAIM = "NO_CLAIM"  # never deleted; the first checkpoint after it copies what it needs
+    CLAIM = "CLAIM"  # the job's own from now on: retention may delete it
+
+
 class Executor(enum.Enum):
     """``spillover.executor``: where subtasks run."""
 
@@ -399,6 +407,13 @@ class RecoveryConfig:
     path: str | None = field(default=None, metadata=_key("execution.state-recovery.path", _Text()))
     ignore_unclaimed_state: bool = field(
         default=False, metadata=_key("execution.state-recovery.ignore-unclaimed-state", _Bool())
+    )
+    claim_mode: ClaimMode = field(
+        default=ClaimMode.NO_CLAIM,
+        metadata=_key(
+            "execution.state-recovery.claim-mode",
+            _enum_choice(ClaimMode, **{"no-claim": ClaimMode.NO_CLAIM, "claim": ClaimMode.CLAIM}),
+        ),
     )
     without_channel_state_checkpoint: int = field(
         default=-1,

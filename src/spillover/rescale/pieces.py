@@ -35,10 +35,12 @@ class Piece:
         return {"handle": self.handle.to_dict(), "channel": self.channel, "skip": self.skip}
 
     @classmethod
-    def from_dict(cls, d: Any) -> Piece:
-        """A piece as :meth:`to_dict` wrote it; :class:`FormatError` when malformed."""
+    def from_dict(cls, d: Any, index_uri: str | None = None) -> Piece:
+        """A piece as :meth:`to_dict` wrote it; :class:`FormatError` when malformed.
+        ``index_uri``: the channel index of the checkpoint whose metadata holds it."""
         try:
-            return cls(GateStateHandle.from_dict(d["handle"]), int(d["channel"]), int(d["skip"]))
+            handle = GateStateHandle.from_dict(d["handle"], index_uri)
+            return cls(handle, int(d["channel"]), int(d["skip"]))
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:
             raise FormatError("malformed channel-state reference", detail=str(e)) from e
 
@@ -67,14 +69,15 @@ class Reference:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> Reference:
-        """A reference as :meth:`to_dict` wrote it; :class:`FormatError` when malformed."""
+    def from_dict(cls, d: Any, index_uri: str | None = None) -> Reference:
+        """A reference as :meth:`to_dict` wrote it; :class:`FormatError` when malformed.
+        ``index_uri``: the channel index of the checkpoint whose metadata holds it."""
         try:
             flt = d.get("filter")
             return cls(
                 int(d["gate"]),
                 int(d["channel"]),
-                tuple(Piece.from_dict(p) for p in d["pieces"]),
+                tuple(Piece.from_dict(p, index_uri) for p in d["pieces"]),
                 filter_from_dict(flt) if flt is not None else None,
             )
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:

@@ -174,10 +174,10 @@ def create_app(job: ServedJob, token: str, on_command: Callable[[], None]) -> St
         return JSONResponse({}, status_code=202)
 
     async def rescale(request: Request) -> Any:
-        raise ConfigError(
-            "a live rescale is not supported yet",
-            hint="stop with a savepoint and run again from it at the new parallelism",
-        )
+        wanted = views.parse_resource_requirements(await body(request))
+        rid = await run_in_threadpool(job.rescale, wanted)
+        await run_in_threadpool(on_command)
+        return JSONResponse({"request-id": rid})
 
     r = Route
     routes = [

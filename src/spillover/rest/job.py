@@ -17,6 +17,7 @@ from spillover.errors import ConfigError, JobNotRunningError
 from spillover.rest.registry import Command
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.jobmaster import Executor, JobResult
+from spillover.runtime.live_rescale import RescaleStatus
 from spillover.runtime.network.events import BarrierKind
 from spillover.storage.folders import check_folder
 from spillover.storage.location import Location
@@ -194,6 +195,20 @@ class ServedJob:
         with self._lock:
             self._triggers[tid] = stop
         return tid
+
+    def rescale(self, wanted: dict[str, int]) -> str:
+        """A live rescale to ``wanted`` (a parallelism per vertex uid); returns its
+        request id. Refused (ConfigError) before the job is touched."""
+        self._check_running()
+        request = self.executor.rescale_live(wanted)
+        detail = " ".join(f"{uid}={p}" for uid, p in sorted(wanted.items()))
+        self._command("rescale", f"{detail} request={request.request_id}")
+        return request.request_id
+
+    def rescale_status(self) -> RescaleStatus | None:
+        """The latest live rescale's status (None before any)."""
+        request = self.executor.last_rescale
+        return None if request is None else request.status()
 
     def operation(self, trigger_id: str) -> Operation | None:
         with self._lock:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from spillover.errors import ConfigError
 from spillover.rest.job import Operation, ServedJob
 from spillover.runtime.checkpointing.stats import (
     CheckpointRecord,
@@ -18,6 +19,7 @@ from spillover.runtime.checkpointing.stats import (
     SubtaskRecord,
 )
 from spillover.runtime.jobstatus import TERMINAL
+from spillover.runtime.live_rescale import RescaleStatus
 
 _PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999))
 
@@ -343,7 +345,51 @@ def job_json(job: ServedJob) -> dict[str, Any]:
         "status-counts": {st.state: len(vertices)},
         "plan": {"jid": job.job_id, "name": job.name, "type": "STREAMING", "nodes": nodes},
         "numRestarts": st.num_restarts,
+        # Not in Flink's JobDetailsInfo: the latest live rescale.
+        "rescale": rescale_json(job.rescale_status()),
     }
+
+
+def rescale_json(r: RescaleStatus | None) -> dict[str, Any] | None:
+    """The latest live rescale: ``status`` (``IN_PROGRESS``, ``COMPLETED``, ``FAILED``),
+    the parallelisms, the savepoint's checkpoint and the milliseconds from the
+    request to the first record at the new parallelism."""
+    if r is None:
+        return None
+    return {
+        "request-id": r.request_id,
+        "status": r.status,
+        "from-parallelism": r.from_parallelism,
+        "to-parallelism": r.to_parallelism,
+        "savepoint-checkpoint": r.savepoint_id,
+        "request-to-first-record-ms": r.first_record_ms,
+        "failure": r.failure,
+    }
+
+
+def parse_resource_requirements(body: dict[str, Any]) -> dict[str, int]:
+    """Flink's ``JobResourceRequirements`` body, ``{vertex: {"parallelism":
+    {"lowerBound": n, "upperBound": n}}}``, as the parallelism per vertex uid (the
+    upper bound; the lower bound may not exceed it). ConfigError if malformed."""
+    if not body:
+        raise ConfigError(
+            "the body names no vertex",
+            hint='{"<vertex id>": {"parallelism": {"lowerBound": 1, "upperBound": 3}}}',
+        )
+    wanted = {}
+    for uid, req in body.items():
+        bounds = req.get("parallelism") if isinstance(req, dict) else None
+        upper = bounds.get("upperBound") if isinstance(bounds, dict) else None
+        lower = bounds.get("lowerBound", 1) if isinstance(bounds, dict) else None
+        if not isinstance(upper, int) or not isinstance(lower, int) or isinstance(upper, bool):
+            raise ConfigError(
+                f"vertex {uid!r}: parallelism needs integer lowerBound and upperBound",
+                detail=str(req),
+            )
+        if lower > upper:
+            raise ConfigError(f"vertex {uid!r}: lowerBound {lower} exceeds upperBound {upper}")
+        wanted[str(uid)] = upper
+    return wanted
 
 
 def _sum(rows: Iterable[dict[str, float]], name: str) -> float:

@@ -11,17 +11,20 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillover.config import Config, RestartStrategy
-from spillover.errors import ConfigError
+from spillover.config import ClaimMode, Config, RestartStrategy
+from spillover.errors import ConfigError, SpilloverError
 from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.batch.job import log_storage, run_batch
 from spillover.runtime.batch.launch import Launcher, LocalLauncher
 from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
-from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
+from spillover.runtime.checkpointing.coordinator import (
+    CheckpointCoordinator,
+    CheckpointFailuresExceeded,
+)
 from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.checkpointing.stats import CheckpointStatsTracker
@@ -30,12 +33,13 @@ from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobevents import LeaseError
 from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.jobstatus import JobStatusTracker
+from spillover.runtime.live_rescale import RescaleRequest, job_parallelism, rescaled_graph
 from spillover.runtime.network.events import BarrierKind
 from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
 from spillover.runtime.wiring import checkpoint_storage
-from spillover.storage.location import Location
+from spillover.storage.location import Location, delete_tree
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +224,13 @@ class Executor:
         self._savepoints_waiting: list[SavepointRequest] = []
         self._savepoints: list[SavepointRequest] = []
         self._savepoints_closed = False  # the run ended: requests fail at once
+        # A claimed checkpoint outside the job's folder, deleted once unreferenced, and
+        # how many completed checkpoints in a row have not referenced it.
+        self._claimed: Location | None = None
+        self._claimed_unreferenced = 0
+        # A live rescale under way (``rescale_live``), and the latest one asked for.
+        self._rescaling: RescaleRequest | None = None
+        self.last_rescale: RescaleRequest | None = None
 
     def _attempt(
         self,
@@ -270,6 +281,8 @@ class Executor:
                 detail="drain processes everything in flight before the savepoint",
                 hint="stop without drain, or with an aligned savepoint",
             )
+        if self._rescaling is not None:
+            raise ConfigError("the job is rescaling", hint="stop it once the rescale ended")
         self._savepoint_dir = savepoint_dir or self._default_savepoint_dir()
         self._stop = drain
         self._stop_unaligned = unaligned
@@ -305,6 +318,114 @@ class Executor:
             if not self._current.coordinator.trigger_savepoint(request):
                 self._savepoints_waiting.append(request)  # between attempts
         return request
+
+    def rescale_live(self, wanted: Mapping[str, int] | int) -> RescaleRequest:
+        """Rescales the running job, from any thread: ``wanted`` is a parallelism per
+        vertex uid (the others keep theirs) or one for every vertex.
+
+        The job takes the stop's unaligned savepoint (nothing drains; what is in
+        flight goes into it), its tasks end once it completed, and the job restarts
+        from it at the new parallelism in this process, its in-flight data
+        redistributed by key group: the same job id, statistics and event log
+        (which records the rescale). The answer completes with the time from the
+        request to the first record at the new parallelism. A savepoint attempt the
+        coordinator aborts is tried again, within
+        ``execution.checkpointing.tolerable-failed-checkpoints``; beyond them the
+        rescale fails and the job restarts from its latest checkpoint at the
+        parallelism it had (not charged to the restart strategy). Refused
+        (ConfigError) before anything is touched: no checkpoint storage, a job not
+        running, a stop or another rescale under way, and a parallelism below 1,
+        above the max parallelism or the one the job has."""
+        if self.batch or self.storage is None:
+            raise ConfigError(
+                "a live rescale needs checkpoint storage",
+                hint="set state.checkpoints.dir and execution.checkpointing.interval",
+            )
+        graph = self.graph
+        if isinstance(wanted, int):
+            wanted = {v.uid: wanted for v in graph.vertices}
+        new = rescaled_graph(graph, wanted)
+        run = self._current
+        if run is None:
+            raise ConfigError("the job is not running", hint="wait for it to start")
+        self._check_restorable(new)
+        with self._savepoint_lock:
+            if self._stop is not None:
+                raise ConfigError("the job is stopping", hint="let the stop end")
+            if self._rescaling is not None:
+                raise ConfigError(
+                    "the job is rescaling already", hint="wait for that rescale to end"
+                )
+            request = RescaleRequest(uuid.uuid4().hex, graph, new)
+            self._rescaling = self.last_rescale = request
+            self._current.coordinator.request_stop()
+        return request
+
+    def _check_restorable(self, graph: JobGraph) -> None:
+        """Refuses (ConfigError, RescaleError) a rescale that no checkpoint of the job
+        could restore, before its savepoint: the latest completed checkpoint planned
+        at ``graph`` (a forward edge that does not rescale, say)."""
+        assert self.storage is not None
+        latest = self.storage.latest()
+        if latest is None:
+            return
+        meta = CheckpointMetadata.from_json(latest.metadata, latest.path)
+        plan_restore(
+            meta,
+            graph,
+            allow_non_restored_state=self.allow_non_restored_state,
+            ignore_inflight=self.ignore_inflight,
+            force_forward=self.force_forward_rescale,
+        )
+
+    def _rescale_from(
+        self, savepoint_id: int, request: RescaleRequest, recovery: JobRecovery | None
+    ) -> tuple[CheckpointMetadata, dict[tuple[str, int], TaskRestore] | None]:
+        """The next attempt of a live rescale: the job at the new parallelism,
+        restoring the savepoint the last one ended with. A plan the savepoint does
+        not allow fails the rescale and keeps the parallelism the job had."""
+        assert self.storage is not None
+        meta = CheckpointMetadata.from_json(
+            self.storage.read_metadata(savepoint_id), f"chk-{savepoint_id}"
+        )
+        self.restore_checkpoint = None  # from now on: this run's own checkpoints
+        old_graph, old = self.graph, self._parallelism()
+        try:
+            self._use_graph(request.graph)
+            restore = self._plan(meta)
+        except SpilloverError as e:
+            self._rescaling = None
+            request.failed(f"the savepoint does not restore at the new parallelism: {e}")
+            self.graph = old_graph
+            return meta, self._plan(meta)
+        new = self._parallelism()
+        if recovery is not None:
+            recovery.rescale_decided(old, new, "live rescale")
+        logger.info("job %s: rescaled from %d to %d", self.graph.name, old, new)
+        request.restarted(savepoint_id)
+        return meta, restore
+
+    def _watch_first_record(self, run: Any, request: RescaleRequest) -> threading.Event:
+        """Completes ``request`` once the attempt ``run`` (the job at the new
+        parallelism) processed its first record, by its subtasks' live counters,
+        polled every few milliseconds; set the answer when the attempt ended."""
+        ended = threading.Event()
+
+        def watch() -> None:
+            while not ended.is_set() and not request.done:
+                metrics = run.task_metrics() if run.running_at is not None else {}
+                if any(
+                    m.get("records_in", 0) + m.get("records_out", 0) > 0 for m in metrics.values()
+                ):
+                    with self._savepoint_lock:
+                        if self._rescaling is request:
+                            self._rescaling = None
+                    request.first_record(time.monotonic())
+                    return
+                ended.wait(0.002)
+
+        threading.Thread(target=watch, name="rescale-first-record", daemon=True).start()
+        return ended
 
     def _default_savepoint_dir(self) -> str:
         assert self.storage is not None
@@ -376,6 +497,57 @@ class Executor:
         log before any task hears of it (a restarted master restores it)."""
         if self.recovery is not None:
             self.recovery.checkpoint_completed(checkpoint_id)
+        if self._claimed is not None:
+            self._release_claimed(checkpoint_id)
+
+    def _claim(self, meta: CheckpointMetadata) -> None:
+        """What the job owns of the checkpoint it restores
+        (``execution.state-recovery.claim-mode``). NO_CLAIM: nothing; a checkpoint
+        outside the job's checkpoint folder (a savepoint) is never deleted, and
+        every checkpoint copies the files it references there, so none depends on
+        it; one in the job's folder is never deleted either, and checkpoints
+        reference its files as after a failover. CLAIM: retention deletes it, as
+        one of the job's own checkpoints (in the job's folder), or, elsewhere, once
+        as many newer checkpoints as are retained completed without referencing it."""
+        storage = self.storage
+        if storage is None:
+            return
+        rc = self.restore_checkpoint
+        chk = (
+            Location.parse(rc)
+            if isinstance(rc, str)
+            else Location.parse(storage.checkpoint_dir(meta.checkpoint_id))
+        )
+        own = chk.parent.prefix == storage.location.prefix
+        # A savepoint's folder holds the chk-<id> of its references beside its own.
+        folder = chk.parent if not own and chk.parent.name.startswith("savepoint-") else chk
+        if self.config.recovery.claim_mode is ClaimMode.NO_CLAIM:
+            if not own:
+                storage.copy_referenced_from = (folder,)
+        elif own:
+            self.retained_ids = [meta.checkpoint_id]
+        else:
+            self._claimed, self._claimed_unreferenced = folder, 0
+
+    def _release_claimed(self, checkpoint_id: int) -> None:
+        """Deletes a claimed checkpoint outside the job's folder once the retained
+        checkpoints no longer reference it; a failure is logged, never raised (the
+        checkpoint that just completed must not fail for it)."""
+        claimed, storage = self._claimed, self.storage
+        assert claimed is not None and storage is not None
+        try:
+            meta = storage.read_metadata(checkpoint_id)
+            prefix = claimed.prefix + "/"
+            if prefix in json.dumps(meta.get("tasks")):
+                self._claimed_unreferenced = 0
+                return
+            self._claimed_unreferenced += 1
+            if self._claimed_unreferenced >= self.config.state.num_retained:
+                self._claimed = None
+                delete_tree(claimed, "claimed checkpoint")
+                logger.info("deleted the claimed checkpoint %s", claimed.uri)
+        except (OSError, SpilloverError) as e:
+            logger.warning("cannot release the claimed checkpoint %s: %s", claimed.uri, e)
 
     def _begin_recovery(self) -> JobRecovery | None:
         """With checkpoint storage: the job's lease and event log, and the decision
@@ -404,7 +576,7 @@ class Executor:
 
     def _parallelism(self) -> int:
         """The job's parallelism as the event log records it: its largest vertex's."""
-        return max(v.parallelism for v in self.graph.vertices)
+        return job_parallelism(self.graph)
 
     def _lease_lost(self, error: LeaseError) -> None:
         """Another master took the job: this one fails its attempt and stops."""
@@ -528,6 +700,9 @@ class Executor:
                 self._run(result, recovery, started, timeout, stop_after, stop_when)
         finally:
             self._close_savepoints()
+            rescale, self._rescaling = self._rescaling, None
+            if rescale is not None:  # the run ended, or raised, with one under way
+                rescale.failed(f"the job ended ({result.status}) before the rescale did")
             self.status.ended(result.status)
             self.recovery = None
             if recovery is not None:
@@ -625,6 +800,9 @@ class Executor:
                     )
                     self.retained_ids = [resume.checkpoint.checkpoint_id]  # the run's own
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
+        if meta is not None and meta is first_meta and self.restore_checkpoint is not None:
+            self._claim(meta)
+        rescaled = False  # the attempt to start is a live rescale's, not a restart
         while True:
             restored_id = meta.checkpoint_id if meta is not None else None
             if restored_id is not None:
@@ -653,10 +831,20 @@ class Executor:
             self._attempt_takes_savepoints(run)
             if self._stop is not None:  # asked before this attempt started
                 self._ask_stop(run)
-            self.status.attempt_started(attempt)
+            rescale = self._rescaling
+            watch: threading.Event | None = None
+            if rescale is not None and rescale.status().savepoint_id is None:
+                run.coordinator.request_stop()  # asked before this attempt started
+            elif rescale is not None:  # this attempt is the rescaled job
+                watch = self._watch_first_record(run, rescale)
+            self.status.attempt_started(attempt, restart=not rescaled)
             if self._cancelled:  # asked before this attempt started
                 run.coordinator.on_failure(JobCancelledError("the job was cancelled"))
-            error = run.run(deadline, stop_at, stop_when)
+            try:
+                error = run.run(deadline, stop_at, stop_when)
+            finally:
+                if watch is not None:
+                    watch.set()
             if failed_at is not None and run.running_at is not None:
                 result.restart_s.append(round(run.running_at - failed_at, 4))
             failed_at = run.failed_at or time.monotonic()
@@ -668,6 +856,43 @@ class Executor:
             self.next_checkpoint_id = run.coordinator.next_id
             self.retained_ids = run.coordinator.retained_ids
             self.subsumed_ids = run.coordinator.subsumed_ids
+            rescaled = free_restart = False
+            rescale = self._rescaling  # asked for before or while the attempt ran
+            if rescale is not None and not rescale.done:
+                stop_id = run.coordinator.stop_id
+                took_savepoint = stop_id is not None and stop_id in run.coordinator.completed_ids
+                if rescale.status().savepoint_id is not None:
+                    self._rescaling = None
+                    rescale.failed(
+                        "the job ended at the new parallelism before its first record"
+                        if error is None
+                        else f"the job failed at the new parallelism: {error}"
+                    )
+                elif error is None and took_savepoint and not self._cancelled and not run.stopped:
+                    assert stop_id is not None
+                    rescaled = True
+                else:
+                    self._rescaling = None
+                    rescale.failed(
+                        "the job ended before its savepoint"
+                        if error is None
+                        else f"the savepoint failed: {type(error).__name__}: {error}"
+                    )
+                    # Savepoint attempts failed beyond the tolerated: the job goes on
+                    # at its parallelism, from its latest checkpoint, at no cost to
+                    # the restart strategy.
+                    free_restart = isinstance(error, CheckpointFailuresExceeded)
+            if rescaled:
+                assert rescale is not None and stop_id is not None
+                if recovery is not None:
+                    recovery.generation_ended(
+                        generation + attempt, f"rescaled from savepoint {stop_id}"
+                    )
+                attempt += 1
+                meta, restore = self._rescale_from(stop_id, rescale, recovery)
+                cause = f"live rescale to {self._parallelism()}"
+                failed_at = None
+                continue
             if self._cancelled and error is not None:
                 result.status = "cancelled"
                 if recovery is not None:
@@ -696,15 +921,16 @@ class Executor:
             self.status.attempt_failed(attempt, error, result.tracebacks[-1])
             if recovery is not None:
                 recovery.generation_ended(generation + attempt, f"failed: {failure}"[:500])
-            if strategy is RestartStrategy.NONE or isinstance(
-                error, TimeoutError | ConfigError | LeaseError
+            if not free_restart and (
+                strategy is RestartStrategy.NONE
+                or isinstance(error, TimeoutError | ConfigError | LeaseError)
             ):
                 # A configuration error does not heal on a restart; a master that lost
                 # its lease must leave the job to the one that took it.
                 if recovery is not None:
                     recovery.terminated("failed", failure[:500])
                 break
-            delay = budget.after_failure()
+            delay = 0.0 if free_restart else budget.after_failure()
             if delay is None:
                 if recovery is not None:
                     recovery.terminated("failed", f"restart strategy exhausted: {failure}"[:500])

@@ -67,9 +67,11 @@ class JobStatusTracker:
         self._state = state
         self._timestamps.setdefault(state, _now_ms())
 
-    def attempt_started(self, attempt: int) -> None:
+    def attempt_started(self, attempt: int, restart: bool = True) -> None:
+        """An attempt runs; a later one counts as a restart unless it is a live
+        rescale's (``restart=False``)."""
         with self._lock:
-            if attempt > 0:
+            if attempt > 0 and restart:
                 self._restarts += 1
             self._enter(RUNNING)
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spillover.errors import FormatError
+from spillover.storage.channel_index import INDEX_ENTRY, decode_entry
 
 HANDLE_SCHEMA = 1
 
@@ -63,6 +64,17 @@ def state_file_name(gate_id: int, kind: GateKind) -> str:
     return f"{kind.prefix}-{gate_id:05d}.spill"
 
 
+@dataclass(frozen=True, slots=True)
+class IndexRef:
+    """Where a gate's channel maps live when the handle does not hold them: ``length``
+    bytes at ``offset`` of the channel index object ``uri`` (docs/format.md,
+    "Channel index"; ``spillover.storage.channel_index`` reads them)."""
+
+    uri: str
+    offset: int
+    length: int
+
+
 @dataclass(frozen=True)
 class GateStateHandle:
     """Where one gate's in-flight state lives and what it holds.
@@ -78,6 +90,10 @@ class GateStateHandle:
     whole format-v1 gate file (header, frames, trailer) starting at byte ``offset``
     and ``size`` bytes long; ``channel_ranges`` and every other offset stay relative
     to the section's start.
+
+    ``index`` is set, and ``channels`` and ``channel_ranges`` are empty, for a handle
+    read from checkpoint metadata of version 2, which keeps the per-channel maps in
+    the checkpoint's channel index instead (``channel_index.resolve`` fills them in).
     """
 
     uri: str
@@ -95,6 +111,7 @@ class GateStateHandle:
     channels: dict[int, tuple[int, int]] = field(default_factory=dict)
     channel_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     offset: int | None = None
+    index: IndexRef | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -112,7 +129,10 @@ class GateStateHandle:
             return (64, 64)  # none of them has a frame: an empty range after the header
         return min(s for s, _ in spans), max(e for _, e in spans)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, index_uri: str | None = None) -> dict[str, Any]:
+        """Plain JSON types. A handle whose maps are in a channel index names its entry:
+        ``[offset, length]`` when the index is ``index_uri`` (the checkpoint's own, in
+        its metadata), else ``{"uri", "offset", "length"}``."""
         d = asdict(self)
         d["schema"] = HANDLE_SCHEMA
         d["gate_kind"] = self.gate_kind.name.lower()
@@ -123,10 +143,22 @@ class GateStateHandle:
             del d["channel_ranges"]
         if self.offset is None:  # a file of its own: the handle reads as before
             del d["offset"]
+        ref = self.index
+        if ref is None:
+            del d["index"]
+        else:
+            del d["channels"]
+            d["index"] = (
+                [ref.offset, ref.length]
+                if ref.uri == index_uri
+                else {"uri": ref.uri, "offset": ref.offset, "length": ref.length}
+            )
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GateStateHandle:
+    def from_dict(cls, d: dict[str, Any], index_uri: str | None = None) -> GateStateHandle:
+        """A handle as :meth:`to_dict` wrote it; ``index_uri`` is the checkpoint's
+        channel index, which ``"index": [offset, length]`` names."""
         if not isinstance(d, dict):
             raise FormatError("malformed state handle", detail=f"a {type(d).__name__}, not a dict")
         if d.get("schema") != HANDLE_SCHEMA:
@@ -134,6 +166,12 @@ class GateStateHandle:
                 "unsupported state-handle schema",
                 detail=f"found {d.get('schema')!r}, this version reads {HANDLE_SCHEMA}",
             )
+        if INDEX_ENTRY in d:  # an acknowledgement's: its maps as one encoded entry
+            entry = d[INDEX_ENTRY]
+            if not isinstance(entry, bytes | bytearray | memoryview):
+                raise FormatError("malformed state handle", detail=f"{INDEX_ENTRY} is not bytes")
+            channels, ranges = decode_entry(entry, str(d.get("uri")))
+            d = {**d, "channels": channels, "channel_ranges": ranges}
         try:
             return cls(
                 uri=str(d["uri"]),
@@ -148,11 +186,15 @@ class GateStateHandle:
                 stored_bytes=int(d["stored_bytes"]),
                 codec=Codec.parse(d["codec"]),
                 format_version=int(d["format_version"]),
-                channels={int(k): (int(v[0]), int(v[1])) for k, v in d["channels"].items()},
+                channels={
+                    int(k): (int(v[0]), int(v[1]))
+                    for k, v in (d["channels"] if "index" not in d else {}).items()
+                },
                 channel_ranges={
                     int(k): (int(v[0]), int(v[1])) for k, v in d.get("channel_ranges", {}).items()
                 },
                 offset=_offset(d.get("offset")),
+                index=_index(d.get("index"), index_uri),
             )
         except (AttributeError, KeyError, IndexError, TypeError, ValueError, OverflowError) as e:
             raise FormatError("malformed state handle", detail=str(e)) from e
@@ -165,3 +207,17 @@ def _offset(value: Any) -> int | None:
     if offset < 0:
         raise ValueError(f"offset {offset} is negative")
     return offset
+
+
+def _index(value: Any, index_uri: str | None) -> IndexRef | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        uri, offset, length = str(value["uri"]), int(value["offset"]), int(value["length"])
+    elif index_uri is None:
+        raise ValueError("the gate names a channel index entry, the metadata no channel index")
+    else:
+        uri, (offset, length) = index_uri, (int(value[0]), int(value[1]))
+    if offset < 0 or length < 0:
+        raise ValueError(f"channel index entry {offset}+{length} is negative")
+    return IndexRef(uri, offset, length)

@@ -18,6 +18,7 @@ from spillover.config import (
     Alignment,
     CheckpointingConfig,
     CheckpointingMode,
+    ClaimMode,
     Config,
     Executor,
     NetworkConfig,
@@ -192,6 +193,12 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         "/ckpt/job/chk-7",
         "/ckpt/job/chk-7",
         lambda c: c.recovery.path,
+        {},
+    ),
+    "execution.state-recovery.claim-mode": (
+        "CLAIM",
+        ClaimMode.CLAIM,
+        lambda c: c.recovery.claim_mode,
         {},
     ),
     "execution.state-recovery.ignore-unclaimed-state": (
@@ -453,6 +460,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("rest.port", 70000),
     ("execution.state-recovery.path", 7),
     ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
+    ("execution.state-recovery.claim-mode", "LEGACY"),
     (CP + "recover-without-channel-state.checkpoint-id", -2),
     (CP + "unaligned.forward-rescale.forced", "yes please"),
     ("execution.job-recovery.enabled", "sometimes"),

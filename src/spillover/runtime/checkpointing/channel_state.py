@@ -32,6 +32,7 @@ local filesystem; elsewhere each subtask keeps its own files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from operator import methodcaller
@@ -40,7 +41,8 @@ from typing import Any, Protocol
 from spillover.errors import SpilloverError
 from spillover.storage import OnRelease, Storage, StorageOptions, Storer
 from spillover.storage.backends import backend_for
-from spillover.storage.handle import state_file_name
+from spillover.storage.channel_index import INDEX_ENTRY, encode_entry
+from spillover.storage.handle import GateStateHandle, state_file_name
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend, on_local_disk
 
@@ -250,7 +252,7 @@ class ChannelStateWriter:
         """Closes a gate; a staged one joins the group's shared file."""
         handle = storer.close()
         if self._shared is None or self._staging is None:
-            return handle.to_dict()
+            return gate_entry(handle)
         staged = self._staging.take(state_file_name(handle.gate_id, handle.gate_kind))
         try:
             section = self._shared[0].append(staged, handle, empty=True)
@@ -258,7 +260,7 @@ class ChannelStateWriter:
             staged.close()
             raise
         self._staging.recycle(staged)  # emptied: it stages another gate next time
-        return section.to_dict()
+        return gate_entry(section)
 
     def discard(self) -> None:
         """Drops everything (the checkpoint was aborted); buffers go back to their pools."""
@@ -268,6 +270,19 @@ class ChannelStateWriter:
         if self._staging is not None:  # gates closed but not yet appended
             for name in self._staging.list():
                 self._staging.delete(name)
+
+
+def gate_entry(handle: GateStateHandle) -> dict[str, Any]:
+    """What a subtask's acknowledgement carries for one closed gate (the one place
+    a handle becomes part of an ``Ack``): the handle without its per-channel maps,
+    and under ``index_entry`` those maps as one encoded channel index entry
+    (``spillover.storage.channel_index``). The coordinator moves the entries into
+    the checkpoint's channel index, so the metadata grows with gates, not channels,
+    and the task, not the driver, pays for encoding them."""
+    d = dataclasses.replace(handle, channels={}, channel_ranges={}).to_dict()
+    del d["channels"]
+    d[INDEX_ENTRY] = encode_entry(handle)
+    return d
 
 
 class NoChannelState:

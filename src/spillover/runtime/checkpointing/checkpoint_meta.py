@@ -21,6 +21,7 @@ from spillover.runtime.checkpointing.metadata import check_metadata
 from spillover.storage import GateStateHandle
 
 __all__ = [
+    "ChannelIndexMeta",
     "ChannelStateMeta",
     "CheckpointMetadata",
     "InputInfo",
@@ -52,11 +53,11 @@ class ChannelStateMeta:
         handles = self.input if side == "input" else self.output
         return next((h for h in handles if h.gate_id == gate), None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
             **self.extra,
-            "input": [h.to_dict() for h in self.input],
-            "output": [h.to_dict() for h in self.output],
+            "input": [h.to_dict(index_uri) for h in self.input],
+            "output": [h.to_dict(index_uri) for h in self.output],
             "bytes": self.bytes,
         }
         if self.references:
@@ -64,11 +65,12 @@ class ChannelStateMeta:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> ChannelStateMeta:
+    def from_json(cls, d: Mapping[str, Any], index_uri: str | None = None) -> ChannelStateMeta:
+        """``index_uri``: the checkpoint's channel index, which its gates name."""
         return cls(
-            tuple(GateStateHandle.from_dict(h) for h in d.get("input", [])),
-            tuple(GateStateHandle.from_dict(h) for h in d.get("output", [])),
-            tuple(Reference.from_dict(r) for r in d.get("references", [])),
+            tuple(GateStateHandle.from_dict(h, index_uri) for h in d.get("input", [])),
+            tuple(GateStateHandle.from_dict(h, index_uri) for h in d.get("output", [])),
+            tuple(Reference.from_dict(r, index_uri) for r in d.get("references", [])),
             int(d.get("bytes", 0)),
             _extra(d, cls._KEYS),
         )
@@ -95,26 +97,28 @@ class SubtaskMeta:
     def references(self) -> tuple[Reference, ...]:
         return self.channel_state.references if self.channel_state is not None else ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
+        cs = self.channel_state
         return {
             **self.extra,
             "operators": dict(self.operators),
             "handles": dict(self.handles),
             "keyed": dict(self.keyed),
             # none written (an exited subtask, an aligned checkpoint): an empty dict
-            "channel_state": self.channel_state.to_json() if self.channel_state else {},
+            "channel_state": cs.to_json(index_uri) if cs else {},
             "metrics": dict(self.metrics),
             "finished": self.finished,
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> SubtaskMeta:
+    def from_json(cls, d: Mapping[str, Any], index_uri: str | None = None) -> SubtaskMeta:
         cs = d.get("channel_state")
         return cls(
             dict(d.get("operators") or {}),
             dict(d.get("keyed") or {}),
             dict(d.get("handles") or {}),
-            ChannelStateMeta.from_json(cs) if cs else None,  # None or {}: none written
+            # None or {}: none written
+            ChannelStateMeta.from_json(cs, index_uri) if cs else None,
             dict(d.get("metrics") or {}),
             bool(d.get("finished")),
             _extra(d, cls._KEYS),
@@ -137,10 +141,10 @@ class OperatorMeta:
         """Subtask ``index``'s entry; an empty one when it stored nothing."""
         return self.subtasks.get(index) or SubtaskMeta()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
             **self.extra,
-            "subtasks": {str(i): s.to_json() for i, s in self.subtasks.items()},
+            "subtasks": {str(i): s.to_json(index_uri) for i, s in self.subtasks.items()},
             "finished": self.finished,
         }
         if self.parallelism is not None:
@@ -148,11 +152,11 @@ class OperatorMeta:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> OperatorMeta:
+    def from_json(cls, d: Mapping[str, Any], index_uri: str | None = None) -> OperatorMeta:
         subs = d.get("subtasks") or {}
         p = d.get("parallelism")
         return cls(
-            {int(i): SubtaskMeta.from_json(s) for i, s in subs.items()},
+            {int(i): SubtaskMeta.from_json(s, index_uri) for i, s in subs.items()},
             int(p) if p is not None else None,
             str(d.get("finished", "running")),
             _extra(d, cls._KEYS),
@@ -248,6 +252,22 @@ def graph_from_json(d: Mapping[str, Any] | None) -> dict[str, VertexInfo] | None
 
 
 @dataclass(frozen=True, slots=True)
+class ChannelIndexMeta:
+    """Metadata version 2: the object beside ``_metadata`` that holds every gate's
+    per-channel maps (``chk-<id>/_channel_index``, docs/format.md "Channel index")."""
+
+    uri: str
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uri": self.uri, "size": self.size}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ChannelIndexMeta:
+        return cls(str(d["uri"]), int(d["size"]))
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointMetadata:
     """One completed checkpoint's metadata (docs/runtime.md, docs/format.md)."""
 
@@ -264,8 +284,11 @@ class CheckpointMetadata:
     references: tuple[int, ...] = ()
     savepoint_from: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Version 2: the channel index object its gates' per-channel maps are in.
+    channel_index: ChannelIndexMeta | None = None
 
     _KEYS = (
+        "channel_index",
         "format",
         "version",
         "job",
@@ -300,6 +323,7 @@ class CheckpointMetadata:
         write it)."""
         from spillover.runtime.checkpointing.metadata import METADATA_FORMAT
 
+        index_uri = self.channel_index.uri if self.channel_index is not None else None
         d: dict[str, Any] = {
             **self.extra,
             "format": METADATA_FORMAT,
@@ -311,9 +335,11 @@ class CheckpointMetadata:
             "graph_fingerprint": self.graph_fingerprint,
             "settings": dict(self.settings),
             "final": self.final,
-            "tasks": {uid: t.to_json() for uid, t in self.tasks.items()},
+            "tasks": {uid: t.to_json(index_uri) for uid, t in self.tasks.items()},
             "references": list(self.references),
         }
+        if self.channel_index is not None:
+            d["channel_index"] = self.channel_index.to_json()
         if self.graph is not None:
             d["graph"] = {"vertices": {uid: v.to_json() for uid, v in self.graph.items()}}
         if self.savepoint_from is not None:
@@ -331,6 +357,9 @@ class CheckpointMetadata:
             extra = _extra(d, cls._KEYS)
             if graph is None and "graph" in d:
                 extra["graph"] = d["graph"]  # no vertices: kept as written
+            ci = d.get("channel_index")
+            index = ChannelIndexMeta.from_json(ci) if ci is not None else None
+            index_uri = index.uri if index is not None else None
             return cls(
                 int(d["version"]),
                 str(d.get("job", "")),
@@ -340,11 +369,15 @@ class CheckpointMetadata:
                 str(d.get("graph_fingerprint", "")),
                 dict(d.get("settings") or {}),
                 bool(d.get("final", False)),
-                {uid: OperatorMeta.from_json(t) for uid, t in (d.get("tasks") or {}).items()},
+                {
+                    uid: OperatorMeta.from_json(t, index_uri)
+                    for uid, t in (d.get("tasks") or {}).items()
+                },
                 graph,
                 tuple(int(c) for c in d.get("references", [])),
                 str(sp["from"]) if sp else None,
                 extra,
+                index,
             )
         except FormatError as e:
             raise FormatError(e.message, path=path, detail=e.detail, hint=e.hint) from e

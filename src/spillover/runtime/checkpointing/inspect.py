@@ -9,8 +9,10 @@ from typing import Any
 from spillover.errors import FormatError, SpilloverError, StorageError
 from spillover.rescale import KeepAll, KeyGroupFilter, PartitionerFilter, filter_from_dict
 from spillover.runtime.checkpointing.checkpoint_meta import ChannelStateMeta, CheckpointMetadata
-from spillover.runtime.checkpointing.metadata import METADATA_FILE
+from spillover.runtime.checkpointing.metadata import METADATA_FILE, resolve_relative
+from spillover.storage.channel_index import resolve
 from spillover.storage.inspection import inspect_state_file
+from spillover.storage.location import Location
 
 
 def is_checkpoint_dir(path: str) -> bool:
@@ -51,6 +53,8 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
         raise StorageError("cannot read checkpoint metadata", path=meta_path, errno=e.errno) from e
     except ValueError as e:  # not JSON, or not UTF-8
         raise FormatError("checkpoint metadata is not valid JSON", path=meta_path) from e
+    if isinstance(raw, dict):  # a savepoint names its files relative to its folder
+        raw = resolve_relative(raw, Location.parse(os.path.dirname(os.path.abspath(path))))
     meta = CheckpointMetadata.from_json(raw, meta_path)
     subtasks = []
     total_inflight = total_state = 0
@@ -61,6 +65,10 @@ def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
             gates = []
             for side, handles in (("input", cs.input), ("output", cs.output)):
                 for h in handles:
+                    try:  # its channel maps (metadata version 2 keeps them in the index)
+                        h = resolve(h)
+                    except SpilloverError as e:
+                        problems.append(f"{uid}#{idx} {side} gate {h.gate_id}: {e}")
                     g = {
                         "kind": side,
                         "gate": h.gate_id,

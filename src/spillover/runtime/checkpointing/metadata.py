@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.errors import ConfigError, FormatError, StorageError
+from spillover.storage.channel_index import INDEX_ENTRY, INDEX_FILE
+from spillover.storage.handle import GateStateHandle
 from spillover.storage.location import Location, delete_tree
 
 METADATA_FORMAT = "spillover-checkpoint"
-METADATA_VERSION = 1
+METADATA_VERSION = 2  # 2: per-channel maps in the channel index (docs/format.md)
 METADATA_FILE = "_metadata"
 
 
@@ -63,11 +65,29 @@ class CheckpointStorage:
         p = f"{self.root}/chk-{checkpoint_id}"
         return f"{p}/{name}" if name else p
 
+    # NO_CLAIM restores (execution.state-recovery.claim-mode): the folders of the
+    # restored checkpoint, whose files a checkpoint references are copied into it
+    # before its metadata is written, so that it is self-contained.
+    copy_referenced_from: tuple[Location, ...] = ()
+
     def write_metadata(self, checkpoint_id: int, metadata: dict[str, Any]) -> str:
-        # Compact: an indented dump goes through the pure-Python encoder (8x slower),
-        # and this write is on the critical path of every checkpoint. `spillover
-        # inspect --json` prints a readable summary.
-        data = json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
+        """Publishes the checkpoint's metadata (its presence completes it); gates'
+        channel maps the tasks encoded go first into the checkpoint's channel index
+        beside it (:func:`split_channel_index`). After a NO_CLAIM restore, the files
+        it references in the restored checkpoint are copied into it first."""
+        if self.copy_referenced_from:
+            into = self.location.child(f"chk-{checkpoint_id}")
+            moved = copy_foreign_files(metadata, self.location, into, self.copy_referenced_from)
+            if moved:
+                metadata = _map_strings(metadata, lambda v: moved.get(v, v))
+                metadata["references"] = referenced_checkpoints(metadata, self.location.prefix)
+        metadata, entries = split_channel_index(metadata)
+        if entries:
+            index = self.location.child(f"chk-{checkpoint_id}", INDEX_FILE)
+            data = b"".join(entries)
+            index.publish(data, fsync=self.fsync, what="channel index")
+            metadata["channel_index"] = {"uri": index.uri, "size": len(data)}
+        data = encode_metadata(metadata)
         target = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
         target.publish(data, fsync=self.fsync, what="checkpoint metadata")
         return target.path
@@ -81,7 +101,7 @@ class CheckpointStorage:
         except ValueError as e:
             raise FormatError("checkpoint metadata is not valid JSON", path=target) from e
         check_metadata(meta, target)
-        return meta  # type: ignore[no-any-return]
+        return resolve_relative(meta, self.location)
 
     def completed_ids(self) -> list[int]:
         """Ids of checkpoints whose metadata exists, oldest first."""
@@ -137,7 +157,8 @@ class CheckpointStorage:
                 path=dst.uri,
                 hint="name a new directory (a savepoint is never written over)",
             )
-        for cid in [checkpoint_id, *referenced_checkpoints(meta)]:
+        own_refs = referenced_checkpoints(meta, root=self.location.prefix)
+        for cid in [checkpoint_id, *own_refs]:
             into = dst.child(f"chk-{cid}")
             src_dir, dst_dir = self._path(cid), into.path
             try:
@@ -167,22 +188,31 @@ class CheckpointStorage:
                     errno=e.errno,
                     detail=str(e),
                 ) from e
+        # Files in checkpoints elsewhere (a savepoint the job restored, still being
+        # replayed): copied into this one's folder, not mapped by their id.
+        moved = copy_foreign_files(meta, self.location, dst.child(f"chk-{checkpoint_id}"))
         old_prefix, new_prefix = self.location.prefix + "/chk-", dst.prefix + "/chk-"
 
-        def rewrite(value: Any) -> Any:
-            if isinstance(value, str) and value.startswith(old_prefix):
+        def rewrite(value: str) -> str:
+            if value in moved:
+                return moved[value]
+            if value.startswith(old_prefix):
                 path = value[len(old_prefix) :].partition("?")[0]
                 return new_prefix + path + (f"?{dst.query}" if dst.query else "")
-            if isinstance(value, dict):
-                return {k: rewrite(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [rewrite(v) for v in value]
             return value
 
-        saved = rewrite(meta)
+        saved = relativize(_map_strings(meta, rewrite), dst)
+        saved["references"] = own_refs
         saved["savepoint"] = {"from": self._path(checkpoint_id)}
         CheckpointStorage(dst.parent.uri, dst.name, fsync=True).write_metadata(checkpoint_id, saved)
         return dst.child(f"chk-{checkpoint_id}").uri
+
+
+def encode_metadata(metadata: dict[str, Any]) -> bytes:
+    """The bytes of a metadata file. Compact: an indented dump goes through the
+    pure-Python encoder (8x slower), and this write is on the critical path of every
+    checkpoint. `spillover inspect --json` prints a readable summary."""
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -212,6 +242,7 @@ def check_metadata(meta: Any, path: str) -> None:
     if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
         raise FormatError("not spillover checkpoint metadata", path=path)
     version = meta.get("version")
+    # Version 1 (every gate's channel maps inline) is read as ever.
     if not isinstance(version, int) or version > METADATA_VERSION or version < 1:
         raise FormatError(
             "unsupported checkpoint metadata version",
@@ -263,15 +294,63 @@ def new_metadata(
     }
 
 
-def referenced_checkpoints(meta: dict[str, Any]) -> list[int]:
+def split_channel_index(meta: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    """The metadata with every gate's encoded channel maps (``index_entry``, as
+    ``channel_state.gate_entry`` gives them) replaced by ``"index": [offset, length]``
+    into the concatenation of those entries, and the entries in that order. Only the
+    dicts on the way to such a gate are copied; the input is left as it was."""
+    entries: list[bytes] = []
+    at = 0
+    tasks: dict[str, Any] = {}
+    for uid, entry in (meta.get("tasks") or {}).items():
+        subtasks: dict[str, Any] = {}
+        for sub, st in (entry.get("subtasks") or {}).items():
+            cs = st.get("channel_state") or {}
+            sides: dict[str, Any] = {}
+            for side in ("input", "output"):
+                gates = cs.get(side) or []
+                if any(INDEX_ENTRY in g for g in gates):
+                    moved = []
+                    for g in gates:
+                        if INDEX_ENTRY in g:
+                            g = dict(g)
+                            raw = g.pop(INDEX_ENTRY)
+                            g["index"] = [at, len(raw)]
+                            entries.append(raw)
+                            at += len(raw)
+                        moved.append(g)
+                    sides[side] = moved
+            refs = cs.get("references") or []
+            if any(INDEX_ENTRY in p["handle"] for r in refs for p in r["pieces"]):
+                # A reference names a whole handle, maps inline, as ever.
+                sides["references"] = [
+                    {**r, "pieces": [{**p, "handle": _inline(p["handle"])} for p in r["pieces"]]}
+                    for r in refs
+                ]
+            subtasks[sub] = {**st, "channel_state": {**cs, **sides}} if sides else st
+        tasks[uid] = {**entry, "subtasks": subtasks}
+    if not entries:
+        return meta, []
+    return {**meta, "tasks": tasks}, entries
+
+
+def _inline(handle: dict[str, Any]) -> dict[str, Any]:
+    return GateStateHandle.from_dict(handle).to_dict() if INDEX_ENTRY in handle else handle
+
+
+def referenced_checkpoints(meta: dict[str, Any], root: str | None = None) -> list[int]:
     """Ids of the other checkpoints whose state files this one points into: its
     channel-state references (recovered data it had not replayed when it was taken)
-    and the state of subtasks that had exited before it (FLIP-147)."""
+    and the state of subtasks that had exited before it (FLIP-147). With ``root``
+    (a job's checkpoint folder, its ``Location.prefix``) only those in it: a file of
+    a restored savepoint elsewhere is no checkpoint of the job's."""
     own = int(meta.get("checkpoint_id", -1))
     found: set[int] = set()
 
     def add(uri: str) -> None:
-        m = _CHK_PART.search(uri)
+        if root is not None and not uri.startswith(root + "/chk-"):
+            return
+        m = _CHK_PART.search(uri, len(root) if root is not None else 0)
         if m is not None and int(m.group(1)) != own:
             found.add(int(m.group(1)))
 
@@ -292,3 +371,122 @@ def referenced_checkpoints(meta: dict[str, Any]) -> list[int]:
                     add(piece["handle"]["uri"])
             walk([st.get("keyed"), st.get("handles")])  # exited subtasks' state
     return sorted(found)
+
+
+def _referenced_uris(meta: dict[str, Any]) -> list[str]:
+    """Every file URI a checkpoint's references and exited subtasks' state name
+    (those :func:`referenced_checkpoints` reads), in order, once each."""
+    found: dict[str, None] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            if _CHK_PART.search(value):
+                found.setdefault(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for entry in (meta.get("tasks") or {}).values():
+        for st in (entry.get("subtasks") or {}).values():
+            for ref in (st.get("channel_state") or {}).get("references", []):
+                for piece in ref["pieces"]:
+                    walk(piece["handle"]["uri"])
+            walk([st.get("keyed"), st.get("handles")])
+    return list(found)
+
+
+def copy_foreign_files(
+    meta: dict[str, Any], root: Location, into: Location, also: tuple[Location, ...] = ()
+) -> dict[str, str]:
+    """Copies the files checkpoint ``meta`` references outside the job's checkpoint
+    folder ``root`` (in a savepoint it was restored from), or inside any folder of
+    ``also``, into ``into``'s ``restored/`` folder; returns each old URI's new one."""
+    moved: dict[str, str] = {}
+    uris = [
+        u
+        for u in _referenced_uris(meta)
+        if not _under(u, root, "chk-") or any(_under(u, folder) for folder in also)
+    ]
+    for n, uri in enumerate(uris):
+        src = Location.parse(uri)
+        dst = into.child("restored", str(n), src.name)
+        try:
+            if src.local and dst.local:
+                os.makedirs(os.path.dirname(dst.path), exist_ok=True)
+                _link_or_copy(src.path, dst.path)
+            else:
+                import pyarrow.fs as pafs
+
+                dst.filesystem.create_dir(dst.parent.path, recursive=True)
+                pafs.copy_files(
+                    src.path,
+                    dst.path,
+                    source_filesystem=src.filesystem,
+                    destination_filesystem=dst.filesystem,
+                )
+        except OSError as e:
+            raise StorageError(
+                "cannot copy a referenced file of a restored checkpoint",
+                path=uri,
+                errno=e.errno,
+                detail=str(e),
+            ) from e
+        moved[uri] = dst.uri
+    return moved
+
+
+def _under(uri: str, folder: Location, child: str = "") -> bool:
+    """Whether ``uri`` is inside ``folder`` (in a child whose name starts ``child``):
+    a job's own checkpoints are its folder's ``chk-*``, not its ``savepoints``."""
+    return uri.partition("?")[0].startswith(f"{folder.prefix}/{child}")
+
+
+# In a savepoint's metadata, a file inside the savepoint's folder is named relative to
+# it, so that the folder restores wherever it is copied or moved; the metadata says
+# so with RELATIVE_PATHS. Metadata without it names files absolutely (and reads so).
+RELATIVE = "relative:"
+RELATIVE_PATHS = "relative_paths"
+
+
+def relativize(meta: dict[str, Any], folder: Location) -> dict[str, Any]:
+    """``meta`` with every URI inside ``folder`` (the savepoint's, the one holding its
+    ``chk-<id>``) relative to it."""
+    prefix = folder.prefix + "/"
+
+    def rel(value: str) -> str:
+        if value.startswith(prefix):
+            return RELATIVE + value[len(prefix) :].partition("?")[0]
+        return value
+
+    out: dict[str, Any] = _map_strings(meta, rel)
+    out[RELATIVE_PATHS] = True
+    return out
+
+
+def resolve_relative(meta: dict[str, Any], folder: Location) -> dict[str, Any]:
+    """``meta`` as read from ``folder`` (the one holding its ``chk-<id>``): relative
+    URIs made absolute there. Metadata with absolute URIs is returned as it is."""
+    if not meta.pop(RELATIVE_PATHS, False):
+        return meta
+
+    def resolve(value: str) -> str:
+        if value.startswith(RELATIVE):
+            return folder.child(*value[len(RELATIVE) :].split("/")).uri
+        return value
+
+    out: dict[str, Any] = _map_strings(meta, resolve)
+    return out
+
+
+def _map_strings(value: Any, f: Any) -> Any:
+    """``value`` (JSON) with ``f`` applied to every string in it, keys aside."""
+    if isinstance(value, str):
+        return f(value)
+    if isinstance(value, dict):
+        return {k: _map_strings(v, f) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, f) for v in value]
+    return value

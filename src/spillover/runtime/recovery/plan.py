@@ -33,6 +33,7 @@ import numpy as np
 
 from spillover.errors import ConfigError, RescaleError, SpilloverError, StorageError
 from spillover.rescale import (
+    EdgeMapping,
     EdgeType,
     PartitionerFilter,
     Reference,
@@ -51,6 +52,7 @@ from spillover.runtime.graph import JobEdge, JobGraph
 from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput, unfiltered
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage.channel_index import check_index
 
 _EDGE_TYPES = {
     EdgeKind.KEY_BY.value: EdgeType.KEY_BY,
@@ -179,28 +181,35 @@ def plan_restore(
 
     plans: dict[tuple[str, int], TaskRestore] = {}
     to_check: list[GateStateHandle] = []
+    mappings: dict[tuple[str, int], EdgeMapping] = {}
     for uid, nv in new.items():
         ov = old.get(uid)
         p_new = nv.parallelism
         if ov is None:
             continue  # a new operator starts empty
         p_old = ov.parallelism
-        was_finished = [entry(uid, j).finished for j in range(p_old)]
+        olds = [entry(uid, j) for j in range(p_old)]
+        was_finished = [e.finished for e in olds]
         fully = p_old > 0 and all(was_finished)
+        # Per node, every old subtask's operator state and keyed handles: the same
+        # for every new subtask (each gets its own list of them).
+        all_states = {node: [e.operators.get(node) for e in olds] for node in nv.nodes}
+        all_keyed = {
+            node: [k for e in olds if (k := e.keyed.get(node)) is not None] for node in nv.nodes
+        }
         for i in range(p_new):
             own: dict[str, Any] = {}
             rescaled_state: dict[str, list[Any]] = {}
             keyed_handles: dict[str, list[dict[str, Any]]] = {}
             for node in nv.nodes:
-                states = [entry(uid, j).operators.get(node) for j in range(p_old)]
+                states = all_states[node]
                 if p_old == p_new:
                     if states[i] is not None:
                         own[node] = states[i]
                 else:
-                    rescaled_state[node] = states
-                keyed = [entry(uid, j).keyed.get(node) for j in range(p_old)]
-                if any(k is not None for k in keyed):
-                    keyed_handles[node] = [k for k in keyed if k is not None]
+                    rescaled_state[node] = list(states)
+                if all_keyed[node]:
+                    keyed_handles[node] = list(all_keyed[node])
             outputs: list[GateStateHandle] = []
             inputs: list[GateStateHandle] = []
             refs: list[Reference] = []
@@ -225,15 +234,19 @@ def plan_restore(
                         refs += mine
                         _check_partitioner(cid, uid, k, edges[uid][k], mine)
                         continue
-                    mapping = map_edge(
-                        _edge_type(spec.kind, force_forward),
-                        old_upstream=so.parallelism,
-                        old_downstream=p_old,
-                        new_upstream=sn.parallelism,
-                        new_downstream=p_new,
-                        max_parallelism=g.max_parallelism,
-                        force=force_forward,
-                    )
+                    # One mapping per edge, shared by its new subtasks (it is the
+                    # whole edge's, and costs O(old x new channels) to work out).
+                    mapping = mappings.get((uid, k))
+                    if mapping is None:
+                        mapping = mappings[(uid, k)] = map_edge(
+                            _edge_type(spec.kind, force_forward),
+                            old_upstream=so.parallelism,
+                            old_downstream=p_old,
+                            new_upstream=sn.parallelism,
+                            new_downstream=p_new,
+                            max_parallelism=g.max_parallelism,
+                            force=force_forward,
+                        )
                     # Streams the old subtasks referenced with a filter, replayed first: an
                     # old subtask's go where its input state goes (the mapping), then
                     # the new subtask's own filter applies on top.
@@ -298,23 +311,27 @@ def _check_partitioner(
 def _validate(
     cid: int, channel_handles: list[GateStateHandle], keyed: list[dict[str, Any]]
 ) -> None:
-    """Opens every file the restore will read; refuses the checkpoint on the first bad one."""
+    """Opens every file the restore will read; refuses the checkpoint on the first bad one.
+    A channel index is checked to be there and long enough for every entry the
+    handles name; its entries are read (and their checksums checked) only by the
+    subtasks that replay their gates."""
     seen: set[tuple[str, int]] = set()
-    for h in channel_handles:
-        # Gates of several subtasks may share a file: each section is checked once.
-        if h.key in seen:
-            continue
-        seen.add(h.key)
-        try:
+    try:
+        check_index(channel_handles)
+        for h in channel_handles:
+            # Gates of several subtasks may share a file: each section is checked once.
+            if h.key in seen:
+                continue
+            seen.add(h.key)
             open_retriever(h).close()
-        except SpilloverError as e:
-            raise type(e)(
-                f"checkpoint {cid} cannot be restored: {e.message}",
-                path=e.path,
-                offset=e.offset,
-                detail=e.detail,
-                hint="restore an older checkpoint, or restore without in-flight data",
-            ) from e
+    except SpilloverError as e:
+        raise type(e)(
+            f"checkpoint {cid} cannot be restored: {e.message}",
+            path=e.path,
+            offset=e.offset,
+            detail=e.detail,
+            hint="restore an older checkpoint, or restore without in-flight data",
+        ) from e
     for k in keyed:
         for st in k.get("states", []):
             uri = st["uri"]

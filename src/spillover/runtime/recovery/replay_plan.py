@@ -9,10 +9,11 @@ mappings, never JSON: the metadata file is the only place they are dicts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spillover.rescale import EdgeMapping, Piece, Reference
 from spillover.storage import GateStateHandle
+from spillover.storage.channel_index import resolve_all
 
 __all__ = ["ReplayPlan", "RescaledInput", "unfiltered"]
 
@@ -83,3 +84,45 @@ class ReplayPlan:
             ]
             out += [p.handle for r in e.filtered_references for p in r.pieces]
         return out
+
+    def resolved(self) -> ReplayPlan:
+        """The plan with every handle's per-channel maps read from its checkpoint's
+        channel index (metadata version 2 keeps them there), each index object
+        opened once and only the entries of this subtask's gates read; the plan
+        itself when every handle holds its maps (version 1)."""
+        handles = self.handles
+        pending = [h for h in handles if h.index is not None]
+        if not pending:
+            return self
+        by_key = dict(zip([id(h) for h in pending], resolve_all(pending), strict=True))
+
+        def one(h: GateStateHandle) -> GateStateHandle:
+            return by_key.get(id(h), h)
+
+        def maybe(h: GateStateHandle | None) -> GateStateHandle | None:
+            return one(h) if h is not None else None
+
+        def piece(p: Piece) -> Piece:
+            return replace(p, handle=one(p.handle))
+
+        def ref(r: Reference) -> Reference:
+            return replace(r, pieces=tuple(piece(p) for p in r.pieces))
+
+        return ReplayPlan(
+            tuple(one(h) for h in self.outputs),
+            tuple(one(h) for h in self.inputs),
+            tuple(ref(r) for r in self.references),
+            tuple(
+                replace(
+                    e,
+                    input_handles={d: maybe(h) for d, h in e.input_handles.items()},
+                    output_handles={u: maybe(h) for u, h in e.output_handles.items()},
+                    input_references={
+                        d: {c: tuple(piece(p) for p in ps) for c, ps in refs.items()}
+                        for d, refs in e.input_references.items()
+                    },
+                    filtered_references=tuple(ref(r) for r in e.filtered_references),
+                )
+                for e in self.rescaled
+            ),
+        )

@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from spillover.runtime.checkpointing.channel_state import channel_state_groups, open_channel_state
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
     new_metadata,
     read_checkpoint,
     referenced_checkpoints,
 )
-from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage import open_retriever
+from spillover.storage.channel_index import resolve
 
 
 def _checkpoint(storage: CheckpointStorage, cid: int, references: list[dict]) -> dict:  # type: ignore[type-arg]
@@ -53,12 +55,12 @@ def test_a_savepoint_copies_shared_files_and_its_handles_read(tmp_path: Path) ->
     storage = CheckpointStorage(str(tmp_path / "ckpt"), "j")
     _checkpoint(storage, 3, [])
     saved = storage.export(3, str(tmp_path / "sp"))
-    meta = read_checkpoint(saved)
+    meta = CheckpointMetadata.from_json(read_checkpoint(saved))
     storage.delete(3)  # self-contained: the checkpoint's files are gone
     for i in range(2):
-        h = GateStateHandle.from_dict(
-            meta["tasks"]["a"]["subtasks"][str(i)]["channel_state"]["input"][0]
-        )
+        cs = meta.operator("a").subtask(i).channel_state
+        assert cs is not None
+        h = resolve(cs.input[0])  # its channel maps from the savepoint's own index
         assert str(tmp_path / "sp") in h.uri and h.offset is not None
         with open_retriever(h) as r:
             assert [bytes(b) for b in r] == [b"chk-3-subtask-%d" % i]

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""The checkpoint coordinator at scale, simulated: T subtasks (two operators at
+p = T/2, key_by between them) that speak the real messages to the real
+coordinator (``spillover.runtime.checkpointing.simulated``), and what a checkpoint
+costs the driver as T grows.
+
+Per T: three checkpoints timed (medians), then the metadata of the last one read
+back and a restore planned from it at half the parallelism (the real planner), then
+one checkpoint under tracemalloc, one declined, one after the sources finished and
+one after they exited. Columns:
+
+- ``wall``: ``trigger_now()`` to the last subtask's completion notice;
+- ``coord cpu``: the coordinator thread's CPU time, trigger to metadata written;
+- ``relay cpu``: unpickling the acknowledgements (the driver's control endpoint);
+- ``write``: ``CheckpointStorage.write_metadata``; ``_metadata``: its size;
+- ``index``: the channel index beside it (metadata version 2), its size;
+- ``read``: reading the metadata back into ``CheckpointMetadata``;
+- ``plan T->T/2``: ``plan_restore`` at half the parallelism;
+- ``resolve``: one restored map subtask reads the channel maps of every gate
+  it replays (the index, lazily);
+- ``peak``: tracemalloc's peak over one checkpoint, every thread.
+
+    PYTHONPATH=src .venv/bin/python bench/sim_coordinator.py            # T = 100 500 1000 2000
+    PYTHONPATH=src .venv/bin/python bench/sim_coordinator.py 100 1000 --fill 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
+from spillover.runtime.checkpointing.simulated import MAP, SOURCE, SimulatedJob, Simulation
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.graph import JobGraph, StreamEnvironment
+from spillover.runtime.recovery.plan import graph_info, plan_restore
+
+
+def job_graph(parallelism: int, max_parallelism: int) -> JobGraph:
+    """The simulated job as a real graph: source -> key_by -> map."""
+    env = StreamEnvironment("sim", parallelism=parallelism, max_parallelism=max_parallelism)
+    source = GeneratorSource(partitions=parallelism, records_per_partition=1)
+    env.from_source(source, uid=SOURCE).key_by("key").map(lambda b: b, uid=MAP)
+    return env.build()
+
+
+def _index_bytes(sim: Simulation, cid: int) -> int:
+    path = sim.storage.location.child(f"chk-{cid}", "_channel_index").path
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def measure(subtasks: int, fill: float, directory: str) -> dict[str, Any]:
+    p = subtasks // 2
+    job = SimulatedJob(p, fill=fill)
+    graph = graph_info(job_graph(p, job.max_parallelism))
+    half = job_graph(max(1, p // 2), job.max_parallelism)
+    row: dict[str, Any] = {"T": subtasks, "p": p}
+    with Simulation(job, directory, graph=graph, num_retained=2) as sim:
+        runs = [sim.checkpoint() for _ in range(3)]
+        assert all(r.status == "completed" for r in runs), runs
+        cid = runs[-1].checkpoint_id
+        gc.collect()
+        t = time.perf_counter()
+        raw = sim.storage.read_metadata(cid)
+        meta = CheckpointMetadata.from_json(raw, f"chk-{cid}")
+        row["read_ms"] = (time.perf_counter() - t) * 1000
+        del raw
+        t = time.perf_counter()
+        plans = plan_restore(meta, half, validate=False)
+        row["plan_ms"] = (time.perf_counter() - t) * 1000
+        restore = plans[(MAP, 0)].channel_state
+        t = time.perf_counter()
+        resolve = getattr(restore, "resolved", None)
+        if resolve is not None:
+            resolve()
+        row["resolve_ms"] = (time.perf_counter() - t) * 1000 if resolve is not None else None
+        del plans, meta, restore
+        row["index_bytes"] = _index_bytes(sim, cid)
+        traced = sim.checkpoint(trace=True)
+        declined = sim.checkpoint(decline=True)
+        sim.finish_sources()
+        finishing = sim.checkpoint()
+        sim.exit_finished()
+        after_exit = sim.checkpoint()
+    assert declined.status == "aborted" and finishing.status == after_exit.status == "completed"
+    for name in ("wall_s", "coordinator_cpu_s", "relay_cpu_s", "write_s"):
+        row[name.replace("_s", "_ms")] = statistics.median(getattr(r, name) for r in runs) * 1000
+    row["metadata_bytes"] = runs[-1].metadata_bytes
+    row["peak_bytes"] = traced.peak_bytes
+    row["after_exit_metadata_bytes"] = after_exit.metadata_bytes
+    return row
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.0f} KB"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| T | p | wall | coord cpu | relay cpu | write | `_metadata` | index | read "
+        "| plan T->T/2 | resolve | peak |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        resolve = f"{r['resolve_ms']:.0f} ms" if r["resolve_ms"] is not None else "-"
+        lines.append(
+            f"| {r['T']:,} | {r['p']} | {r['wall_ms']:.0f} ms | {r['coordinator_cpu_ms']:.0f} ms "
+            f"| {r['relay_cpu_ms']:.0f} ms | {r['write_ms']:.0f} ms | {_size(r['metadata_bytes'])} "
+            f"| {_size(r['index_bytes']) if r['index_bytes'] else '-'} | {r['read_ms']:.0f} ms "
+            f"| {r['plan_ms']:.0f} ms | {resolve} | {_size(r['peak_bytes'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("subtasks", nargs="*", type=int, default=[100, 500, 1000, 2000])
+    ap.add_argument("--fill", type=float, default=1.0, help="share of channels holding data")
+    args = ap.parse_args()
+    rows = []
+    for t in args.subtasks:
+        with tempfile.TemporaryDirectory(prefix="sim-coordinator-") as d:
+            rows.append(measure(t, args.fill, d))
+        print(f"T = {t}: done", flush=True)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

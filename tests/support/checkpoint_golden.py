@@ -1,0 +1,103 @@
+"""The golden checkpoint metadata of every metadata version (tests/golden/checkpoint/):
+the simulated two-operator job at parallelism 2, as version 1 wrote it (every gate's
+per-channel maps inline) and as version 2 writes it (the maps in ``_channel_index``
+beside ``_metadata``). ``tools/make_golden.py`` writes them; the tests read them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from spillover.runtime.checkpointing.channel_state import gate_entry
+from spillover.runtime.checkpointing.checkpoint_meta import ChannelStateMeta, CheckpointMetadata
+from spillover.runtime.checkpointing.metadata import (
+    CheckpointStorage,
+    encode_metadata,
+    new_metadata,
+    split_channel_index,
+)
+from spillover.runtime.checkpointing.simulated import SimulatedJob
+from spillover.storage.channel_index import INDEX_FILE, resolve_all
+from spillover.storage.handle import GateStateHandle
+
+GOLDEN_CHECKPOINTS = Path(__file__).resolve().parent.parent / "golden" / "checkpoint"
+ROOT = "/golden/ckpt"  # where the golden checkpoint's files were (they are not)
+CHECKPOINT_ID = 7
+JOB = SimulatedJob(2, max_parallelism=128, fill=0.5, frames=1)
+
+
+def _metadata(gate: Callable[[GateStateHandle], dict[str, Any]], version: int) -> dict[str, Any]:
+    storage = CheckpointStorage(ROOT, "sim")
+    tasks: dict[str, Any] = {}
+    for key in JOB.subtask_keys():
+        ack = JOB.ack(storage, CHECKPOINT_ID, key)
+        cs = ack.channel_state
+        for side in ("input", "output"):
+            cs[side] = [
+                gate(JOB.gate(storage.checkpoint_dir(CHECKPOINT_ID), key[0], key[1], 0))
+                for _ in cs[side]
+            ]
+        entry = tasks.setdefault(key[0], {"subtasks": {}, "parallelism": 2, "finished": "running"})
+        entry["subtasks"][str(key[1])] = {
+            "operators": ack.operator_state,
+            "handles": ack.handles,
+            "keyed": ack.keyed,
+            "channel_state": cs,
+            "metrics": ack.metrics,
+            "finished": False,
+        }
+    meta = new_metadata(
+        job_name="sim",
+        checkpoint_id=CHECKPOINT_ID,
+        trigger_ms=1_700_000_000_000,
+        fingerprint="sim",
+        settings={"max-parallelism": JOB.max_parallelism},
+        tasks=tasks,
+        final=False,
+    )
+    meta.update(version=version, completed_ms=1_700_000_000_123, graph=JOB.graph(), references=[])
+    return meta
+
+
+def golden_files() -> dict[str, bytes]:
+    """``{path under tests/golden/checkpoint: bytes}``."""
+    v1 = _metadata(GateStateHandle.to_dict, 1)
+    v2, entries = split_channel_index(_metadata(gate_entry, 2))
+    index = b"".join(entries)
+    v2["channel_index"] = {
+        "uri": f"{ROOT}/sim/chk-{CHECKPOINT_ID}/{INDEX_FILE}",
+        "size": len(index),
+    }
+    chk = f"chk-{CHECKPOINT_ID}"
+    return {
+        f"v1/{chk}/_metadata": encode_metadata(v1),
+        f"v2/{chk}/_metadata": encode_metadata(v2),
+        f"v2/{chk}/{INDEX_FILE}": index,
+    }
+
+
+def as_version_1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 metadata as version 1 wrote it: every gate's channel maps inline
+    (read from the channel index), no channel index."""
+    meta = CheckpointMetadata.from_json(raw)
+
+    def inline(cs: ChannelStateMeta | None) -> ChannelStateMeta | None:
+        if cs is None:
+            return None
+        return dataclasses.replace(
+            cs, input=tuple(resolve_all(cs.input)), output=tuple(resolve_all(cs.output))
+        )
+
+    tasks = {
+        uid: dataclasses.replace(
+            op,
+            subtasks={
+                i: dataclasses.replace(st, channel_state=inline(st.channel_state))
+                for i, st in op.subtasks.items()
+            },
+        )
+        for uid, op in meta.tasks.items()
+    }
+    return dataclasses.replace(meta, version=1, channel_index=None, tasks=tasks).to_json()
