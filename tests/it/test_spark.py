@@ -560,7 +560,8 @@ def test_stop_with_savepoint_on_spark_resumes_exactly(
     result = ex.run(timeout=300)
     stopper.join()
     assert result.status == "stopped" and result.savepoint is not None, result
-    assert any(c["savepoint"] for c in result.checkpoints) == unaligned
+    stops = [c for c in result.checkpoints if c["savepoint"]]
+    assert stops and stops[-1]["status"] == "completed", result.checkpoints
     first = read_output(str(out))
     assert 0 < len(first) < 40_000, "stopped while the job ran"
     resumed = LocalExecutor(job(), cfg, restore_checkpoint=result.savepoint).run(timeout=120)

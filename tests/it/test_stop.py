@@ -215,6 +215,48 @@ def test_a_stop_whose_savepoint_attempts_are_aborted_loses_nothing(
     assert len(ids) == 2 * RECORDS, f"{2 * RECORDS - len(ids)} records lost"
 
 
+@pytest.mark.parametrize("unaligned", [True, False])
+def test_a_stop_whose_savepoint_fails_leaves_the_job_running_as_before(
+    unaligned: bool, tmp_path: Path
+) -> None:
+    """As Flink: a stop whose savepoint fails (here beyond the tolerated failures,
+    which are none) is answered with the reason, and the job goes on exactly as it
+    was, to its normal end: every record committed once, no restart, no failure."""
+    name = f"stop-fails-{unaligned}"
+    cfg = _config(
+        tmp_path,
+        **{
+            "execution.checkpointing.interval": "1 h",
+            "execution.checkpointing.unaligned.enabled": True,
+            "execution.checkpointing.tolerable-failed-checkpoints": 0,
+        },
+    )
+    answer: list[Any] = []
+
+    def stop() -> None:
+        while ex.live_metric("declining") < 2_000:
+            threading.Event().wait(0.01)
+        DecliningSnapshots.arm(name, 1)
+        answer.append(ex.stop_with_savepoint(drain=False, unaligned=unaligned))
+
+    ex = LocalExecutor(_declining_job(name), cfg)
+    stopper = threading.Thread(target=stop, daemon=True)
+    stopper.start()
+    result = ex.run(timeout=120)
+    stopper.join()
+    assert result.status == "finished" and result.savepoint is None, result
+    assert result.attempts == 1 and not result.failures, result
+    (request,) = answer
+    assert request.done and request.error and "savepoint failed" in request.error
+    assert DecliningSnapshots.declined[name] == [
+        c["checkpoint_id"] for c in result.checkpoints if c["status"] != "completed"
+    ]
+    rows = CollectingSink.records(name)
+    ids = rows["partition"].astype(np.int64) * 1_000_000 + rows["seq"]
+    assert len(np.unique(ids)) == len(ids), "duplicates"
+    assert len(ids) == 2 * RECORDS, f"{2 * RECORDS - len(ids)} records lost"
+
+
 def test_a_drained_stop_refuses_an_unaligned_savepoint(tmp_path: Path) -> None:
     ex = LocalExecutor(_job("drain-unaligned"), _config(tmp_path))
     with pytest.raises(ConfigError, match="unaligned savepoint"):

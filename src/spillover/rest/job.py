@@ -18,7 +18,6 @@ from spillover.rest.registry import Command
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.jobmaster import Executor, JobResult
 from spillover.runtime.live_rescale import RescaleStatus
-from spillover.runtime.network.events import BarrierKind
 from spillover.storage.folders import check_folder
 from spillover.storage.location import Location
 
@@ -177,22 +176,17 @@ class ServedJob:
         if target:
             check_savepoint_dir(target)
         tid = uuid.uuid4().hex
-        kind = BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED
-        stop = SavepointRequest(kind)  # the job master exports it; run() ends it
         with self._lock:
-            if self._stop is not None:
+            if self._stop is not None and not self._stop.done:
                 raise ConfigError("the job is stopping already")
-            self._stop = stop
         self._command("stop", f"target={target} drain={drain} unaligned={unaligned} trigger={tid}")
-        try:
-            self.executor.stop_with_savepoint(
-                drain=drain, savepoint_dir=target, unaligned=unaligned
-            )
-        except BaseException:
-            with self._lock:
-                self._stop = None
-            raise
+        # Answered by the job master: the savepoint's path once the job ended, or why
+        # the stop failed (the job then goes on as it was).
+        stop = self.executor.stop_with_savepoint(
+            drain=drain, savepoint_dir=target, unaligned=unaligned
+        )
         with self._lock:
+            self._stop = stop
             self._triggers[tid] = stop
         return tid
 

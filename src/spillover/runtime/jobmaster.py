@@ -207,6 +207,7 @@ class Executor:
         self._current: Any = None  # the running attempt
         self._stop: bool | None = None  # stop-with-savepoint asked for: its drain
         self._stop_unaligned = False  # ... with an unaligned savepoint
+        self._stop_request: SavepointRequest | None = None  # ... answered with its path
         self._savepoint_dir = ""  # ... under this directory
         self.recovery: JobRecovery | None = None  # the lease and event log, while running
         # What operators read while it runs (the REST API): checkpoint statistics over
@@ -247,7 +248,7 @@ class Executor:
 
     def stop_with_savepoint(
         self, drain: bool = False, savepoint_dir: str | None = None, unaligned: bool = False
-    ) -> None:
+    ) -> SavepointRequest:
         """Stops the running job with a savepoint, from any thread; ``run`` then returns
         with ``JobResult.savepoint`` set (FLIP-147, as Flink's stop-with-savepoint).
 
@@ -256,15 +257,20 @@ class Executor:
         ``state.savepoints.dir``, else ``savepoints`` in the job's checkpoint
         directory): no retention deletes it; restore it with ``restore_checkpoint=``.
 
-        Without ``drain`` no operator finishes: the sources emit nothing more, what
-        is in flight is processed and an aligned checkpoint is the savepoint; with
-        ``unaligned`` every task is told the next checkpoint is the savepoint and,
-        once it took it, holds what reaches it (an aborted attempt leaves the job
-        running as before and the next checkpoint tries again). Either way
+        Without ``drain`` no operator finishes: every task is told the next
+        checkpoint (aligned, or ``unaligned``) is the savepoint and, once it took it,
+        holds what reaches it; once it completed, the tasks end. An aborted attempt
+        leaves the job running exactly as before and the next checkpoint tries again,
+        up to ``execution.checkpointing.tolerable-failed-checkpoints`` times; then the
+        stop fails (the answer says why) and the job goes on as it was. Either way
         two-phase-commit sinks commit up to it and the job ends ``stopped``;
         restoring it resumes exactly where it stopped. With ``drain`` the sources
         end, every operator's ``end_input`` and ``finish()`` run and the job
-        ``finished`` for good (its last checkpoint records every operator finished)."""
+        ``finished`` for good (its last checkpoint records every operator finished,
+        as Flink's drained savepoint): a drained stop cannot be taken back.
+
+        The answer (``wait()``) gives the savepoint's path once the job ended, or
+        the reason the stop failed."""
         if self.batch:
             raise ConfigError(
                 "a batch job takes no savepoints",
@@ -283,12 +289,26 @@ class Executor:
             )
         if self._rescaling is not None:
             raise ConfigError("the job is rescaling", hint="stop it once the rescale ended")
-        self._savepoint_dir = savepoint_dir or self._default_savepoint_dir()
-        self._stop = drain
-        self._stop_unaligned = unaligned
+        kind = BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED
+        request = SavepointRequest(kind)
+        with self._savepoint_lock:
+            if self._stop is not None:
+                raise ConfigError("the job is stopping already", hint="wait for that stop")
+            self._savepoint_dir = savepoint_dir or self._default_savepoint_dir()
+            self._stop = drain
+            self._stop_unaligned = unaligned
+            self._stop_request = request
         run = self._current
         if run is not None:
             self._ask_stop(run)
+        return request
+
+    def _stop_failed(self, reason: str) -> None:
+        """From the coordinator: the stop gave up; the job goes on as it was."""
+        with self._savepoint_lock:
+            request, self._stop_request, self._stop = self._stop_request, None, None
+        if request is not None:
+            request.failed(reason)
 
     def trigger_savepoint(
         self, savepoint_dir: str | None = None, unaligned: bool = False
@@ -358,8 +378,16 @@ class Executor:
                 )
             request = RescaleRequest(uuid.uuid4().hex, graph, new)
             self._rescaling = self.last_rescale = request
-            self._current.coordinator.request_stop()
+            self._current.coordinator.request_stop(on_failed=self._rescale_failed)
         return request
+
+    def _rescale_failed(self, reason: str) -> None:
+        """From the coordinator: the rescale's savepoint failed beyond the tolerated
+        attempts; the job goes on as it was, at its parallelism, without a restart."""
+        with self._savepoint_lock:
+            request, self._rescaling = self._rescaling, None
+        if request is not None:
+            request.failed(reason)
 
     def _check_restorable(self, graph: JobGraph) -> None:
         """Refuses (ConfigError, RescaleError) a rescale that no checkpoint of the job
@@ -476,11 +504,12 @@ class Executor:
                 request.wait_done()
 
     def _ask_stop(self, run: Any) -> None:
-        if self._stop_unaligned:
+        if not self._stop:
             # A savepoint the tasks suspend at: aborted, the job goes on as it was.
-            run.coordinator.request_stop()
-        else:
-            run.stop_sources(bool(self._stop))
+            kind = BarrierKind.UNALIGNED if self._stop_unaligned else BarrierKind.ALIGNED
+            run.coordinator.request_stop(int(kind), on_failed=self._stop_failed)
+        else:  # drained: the sources end, the final checkpoint is the savepoint
+            run.stop_sources(True)
 
     def cancel(self) -> None:
         """Cancels the job from any thread, as Flink's cancel: no savepoint; ``run``
@@ -703,6 +732,9 @@ class Executor:
             rescale, self._rescaling = self._rescaling, None
             if rescale is not None:  # the run ended, or raised, with one under way
                 rescale.failed(f"the job ended ({result.status}) before the rescale did")
+            stop = self._stop_request
+            if stop is not None:  # answered already if it had a savepoint
+                stop.failed(f"the job ended {result.status} without a savepoint")
             self.status.ended(result.status)
             self.recovery = None
             if recovery is not None:
@@ -834,7 +866,8 @@ class Executor:
             rescale = self._rescaling
             watch: threading.Event | None = None
             if rescale is not None and rescale.status().savepoint_id is None:
-                run.coordinator.request_stop()  # asked before this attempt started
+                # asked before this attempt started
+                run.coordinator.request_stop(on_failed=self._rescale_failed)
             elif rescale is not None:  # this attempt is the rescaled job
                 watch = self._watch_first_record(run, rescale)
             self.status.attempt_started(attempt, restart=not rescaled)
@@ -906,6 +939,8 @@ class Executor:
                     cid = run.coordinator.stop_id or run.coordinator.completed_ids[-1]
                     result.savepoint = self._export_savepoint(cid, self._savepoint_dir)
                     result.status = "finished" if self._stop else "stopped"
+                    if self._stop_request is not None:
+                        self._stop_request.succeeded(result.savepoint)
                 if recovery is not None:
                     recovery.generation_ended(generation + attempt, result.status)
                     recovery.terminated(

@@ -209,8 +209,10 @@ class CheckpointCoordinator:
         )
         self._final_id: int | None = None
         self._final_done = False
-        self._stopping = False  # a stop's unaligned savepoint was asked for
+        self._stopping = False  # a stop's savepoint was asked for
         self.stop_id: int | None = None  # ... its checkpoint
+        self._stop = TriggerStop()  # ... its kind, and whom to tell if it gives up
+        self._stop_failures = 0  # ... its attempts that failed
         self._savepoint_id: int | None = None  # ... once it completed
         self._consecutive_failures = 0
         self._last_completed_at = 0.0
@@ -285,14 +287,18 @@ class CheckpointCoordinator:
                 return
             request.failed(reason)
 
-    def request_stop(self) -> None:
-        """Stop-with-savepoint, unaligned: the next checkpoint (at once if none is
-        pending) is an unaligned savepoint; every task is told beforehand
+    def request_stop(
+        self, kind: int = UNALIGNED, on_failed: Callable[[str], None] | None = None
+    ) -> None:
+        """Stop-with-savepoint: the next checkpoint (at once if none is pending) is a
+        savepoint of barrier ``kind``; every task is told beforehand
         (:class:`Suspend`) to process no more input once it took it and to end when
         it completes. Aborted, the tasks go on exactly as before (nothing they took
-        in meanwhile is lost) and the next checkpoint tries again; periodic
-        checkpoints stop."""
-        self._events.put(TriggerStop())
+        in meanwhile is lost) and the next checkpoint tries again, up to
+        ``tolerable_failures`` times (as Flink, a savepoint's failure never fails the
+        job); then the stop gives up (``on_failed``) and the job goes on as it was,
+        periodic checkpoints included. Periodic checkpoints pause meanwhile."""
+        self._events.put(TriggerStop(kind, on_failed))
 
     # -- the coordinator thread -----------------------------------------------------------
 
@@ -335,7 +341,7 @@ class CheckpointCoordinator:
             case StopCoordinator():
                 return False
             case TriggerStop():
-                self._stopping = True
+                self._stopping, self._stop, self._stop_failures = True, event, 0
             case TriggerNow():
                 if not self._stopping and self._can_trigger(time.monotonic()):
                     self._trigger(final=False)
@@ -343,8 +349,9 @@ class CheckpointCoordinator:
                 self._on_ack(event)
             case Declined(checkpoint_id=cid, vertex_uid=uid, subtask=subtask, reason=reason):
                 if cid in self._pending:
-                    self._abort(cid, f"declined by {uid}#{subtask}: {reason}")
-                    self._count_failure(cid)
+                    why = f"declined by {uid}#{subtask}: {reason}"
+                    self._abort(cid, why)
+                    self._count_failure(cid, why)
             case TaskEndedData(vertex_uid=uid, subtask=subtask):
                 self._finished_tasks.add((uid, subtask))
             case TaskExited(vertex_uid=uid, subtask=subtask):
@@ -417,12 +424,14 @@ class CheckpointCoordinator:
         if self.stop_id is not None and self.stop_id in self.completed_ids:
             return
         # A pending aligned checkpoint may wait long for its barriers under
-        # backpressure: the savepoint supersedes it (not counted as a failure).
-        for cid, p in list(self._pending.items()):
-            if p.trigger is not None and p.trigger.kind == 0 and not p.stats.final:
-                self._abort(cid, "superseded by the stop's savepoint")
+        # backpressure: an unaligned savepoint supersedes it (not counted as a
+        # failure); an aligned one waits its turn.
+        if self._stop.kind == UNALIGNED:
+            for cid, p in list(self._pending.items()):
+                if p.trigger is not None and p.trigger.kind == 0 and not p.stats.final:
+                    self._abort(cid, "superseded by the stop's savepoint")
         if len(self._pending) < self.max_concurrent:
-            self.stop_id = self._trigger(final=False, savepoint=True)
+            self.stop_id = self._trigger(final=False, savepoint=True, kind=self._stop.kind)
 
     def _maybe_savepoint(self) -> None:
         """Triggers the oldest savepoint request once a checkpoint slot is free."""
@@ -473,7 +482,6 @@ class CheckpointCoordinator:
         p = self._pending[cid] = _Pending(stats, time.monotonic(), running)
         kind = 0 if final else self.barrier_kind if kind is None else kind  # final: aligned
         if savepoint:
-            kind = UNALIGNED
             for key in sorted(running):  # before any barrier can reach them
                 self.tasks[key].post(Suspend(cid))
         p.switched = final or savepoint  # aligned, or unaligned from the start
@@ -554,8 +562,9 @@ class CheckpointCoordinator:
             # Storage failed the checkpoint's last step: it never completed (no task
             # heard of it, its directory goes); the job goes on, as tolerated.
             self._pending[cid] = p
-            self._abort(cid, f"completing it failed: {type(e).__name__}: {e}")
-            self._count_failure(cid)
+            why = f"completing it failed: {type(e).__name__}: {e}"
+            self._abort(cid, why)
+            self._count_failure(cid, why)
             return
         request = self._savepoints.pop(cid, None)
         if request is not None:  # its export starts; retention below keeps it meanwhile
@@ -668,8 +677,19 @@ class CheckpointCoordinator:
         for task in self.tasks.values():
             task.post(NotifyAborted(cid))
 
-    def _count_failure(self, cid: int) -> None:
-        """Flink's rule: more than tolerable-failed-checkpoints failures in a row fail the job."""
+    def _count_failure(self, cid: int, reason: str) -> None:
+        """Flink's rule: more than tolerable-failed-checkpoints failures in a row fail
+        the job. A stop's savepoint never does: beyond as many attempts the stop
+        gives up and the job goes on."""
+        if self._stopping and cid == self.stop_id:
+            self._stop_failures += 1
+            if self._stop_failures > self.tolerable_failures:
+                on_failed = self._stop.on_failed
+                self._stopping, self.stop_id = False, None
+                logger.warning("stop-with-savepoint gave up, the job goes on: %s", reason)
+                if on_failed is not None:
+                    on_failed(f"the savepoint failed: {reason}")
+            return
         self._consecutive_failures += 1
         if self._consecutive_failures > self.tolerable_failures:
             self.on_failure(
@@ -695,8 +715,9 @@ class CheckpointCoordinator:
                     if key not in p.acks:
                         task.request_unaligned(cid)
             if now - p.started > self.timeout_s:
-                self._abort(cid, f"timed out after {self.timeout_s:g} s")
-                self._count_failure(cid)
+                why = f"timed out after {self.timeout_s:g} s"
+                self._abort(cid, why)
+                self._count_failure(cid, why)
 
     def _record(self, stats: CheckpointStats) -> None:
         self.history.append(stats)

@@ -12,6 +12,7 @@ connection, which is why every message here pickles.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -168,7 +169,12 @@ class TriggerNow:
 
 @dataclass(frozen=True, slots=True)
 class TriggerStop:
-    """Stop-with-savepoint, unaligned: the next checkpoint is the savepoint."""
+    """Stop-with-savepoint: the next checkpoint is the savepoint, of barrier ``kind``
+    (``events.BarrierKind``); ``on_failed(reason)`` when the stop gives up (its
+    attempts failed beyond the tolerated number): the job goes on as it was."""
+
+    kind: int = 1
+    on_failed: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

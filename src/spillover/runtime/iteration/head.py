@@ -25,9 +25,9 @@ Termination (``termination.py``): once the regular input ended, the head runs
 probe rounds and reports the quiet ones; when every head of the loop reported
 the same round quiet the coordinator posts ``LoopDone`` and the head ends its
 input, so EndOfData flows round the loop and the final checkpoint commits.
-Stopped without drain (an aligned stop-with-savepoint) the loop runs empty the
-same way, as an aligned stop processes everything in flight, and ends without
-finishing an operator. An unaligned stop persists the loop's content instead.
+A stop-with-savepoint without drain, aligned or unaligned, persists the loop's
+content (the aligned one through the feedback log) and ends without running the
+loop empty.
 """
 
 from __future__ import annotations
