@@ -1,0 +1,74 @@
+"""Real chaos scenarios, replayed by id: each pair of features below runs as a whole
+job with its faults and is compared exactly with a failure-free run; and the
+``spillover chaos`` command replays one, writes its report and exits by it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spillover.chaos import run_scenario, scenario_for
+from spillover.cli import main
+
+# Shrunk ids: a drawn scenario with every other feature removed, so each runs the
+# named pair alone (docs/chaos.md, "Replaying and shrinking").
+PAIRS = {
+    "stop+aborted-savepoint": "1-3~-event-time,-failure",
+    "rescale+storage-fault": "1-8~-finishing,-concurrent-checkpoints,-failure,-stop-drain",
+    "loop+failure": "1-33~-storage-fault",
+    "finishing+stop-drain": "1-8~-concurrent-checkpoints,-failure,-rescale,-storage-fault",
+    "event-time+concurrent-checkpoints": "1-6~-stop-drain,-storage-fault",
+    "batch+failure": "1-0~-event-time",
+}
+FAST = ("stop+aborted-savepoint", "batch+failure", "finishing+stop-drain")
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [p if p in FAST else pytest.param(p, marks=pytest.mark.slow) for p in PAIRS],
+)
+def test_a_pair_of_features_survives_exactly(pair: str, tmp_path: Path) -> None:
+    s = scenario_for(PAIRS[pair])
+    assert set(s.features) == set(pair.split("+"))
+    outcome = run_scenario(s, str(tmp_path))
+    assert outcome.exact, outcome.report or outcome.error
+    if s.has("failure"):
+        assert outcome.failures_fired
+    if s.has("aborted-savepoint") or s.has("storage-fault"):
+        assert outcome.storage_faults > 0, "the faults struck"
+
+
+def test_chaos_replays_a_scenario_and_reports_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "chaos.json"
+    code = main(
+        ["chaos", "--replay", "1-0~-event-time", "--replays", "1", "--json", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "0 of 1 replays failed" in printed
+    got = json.loads(out.read_text())
+    assert got["all_exact"] is True and got["seed"] == 1
+    (only,) = got["scenarios"]
+    assert only["id"] == "1-0~-event-time" and only["features"] == ["batch", "failure"]
+    assert got["coverage"]["batch"] == 1 and got["coverage"]["loop"] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--replay", "7-x"], "not a chaos scenario id"),
+        (["--minutes", "0"], "--minutes must be positive"),
+        (["--replay", "1-2~-rescale"], "no feature 'rescale'"),
+        (["--replays", "0", "--replay", "1-2"], "--replays must be at least 1"),
+    ],
+)
+def test_bad_chaos_flags_are_one_line_and_exit_2(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["chaos", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
