@@ -70,12 +70,14 @@ class Ran:
 
 @dataclass(frozen=True)
 class Shrunk:
-    """What shrinking a failing scenario found: the smallest still failing, the
-    ids tried on the way, and how often the smallest failed when replayed."""
+    """What shrinking a failing scenario found: the smallest still failing the same
+    way, the ids tried on the way, and how often the smallest failed so when
+    replayed."""
 
     original: Scenario
     smallest: Scenario
-    tried: tuple[tuple[str, bool], ...]  # (id, failed)
+    kind: str  # how they fail (Outcome.kind)
+    tried: tuple[tuple[str, bool], ...]  # (id, failed the same way)
     replays: int
     failed_replays: int
 
@@ -84,6 +86,7 @@ class Shrunk:
             "id": self.original.id,
             "smallest": self.smallest.id,
             "smallest_features": list(self.smallest.features),
+            "kind": self.kind,
             "tried": [{"id": i, "failed": f} for i, f in self.tried],
             "replays": self.replays,
             "failed_replays": self.failed_replays,
@@ -187,19 +190,24 @@ def shrink(
     replays: int = 3,
     budget_s: float = 600.0,
     on_try: Callable[[Scenario, bool], None] | None = None,
+    kind: str | None = None,
 ) -> Shrunk:
-    """The smallest scenario found from ``failing`` by edits that keep it failing:
-    each round tries the scenarios one edit smaller in turn and takes the first that
-    fails; it ends when none does (or ``budget_s`` is spent). Then the smallest is
-    replayed ``replays`` times."""
+    """The smallest scenario found from ``failing`` by edits that keep it failing the
+    same way (:attr:`Outcome.kind`: a smaller scenario that fails otherwise, say one
+    too short to be stopped, is another problem): each round tries the scenarios one
+    edit smaller in turn and takes the first that fails so; it ends when none does
+    (or ``budget_s`` is spent). Then the smallest is replayed ``replays`` times.
+    ``kind`` is how ``failing`` failed (default: it is run once to see)."""
     started = time.monotonic()
+    if kind is None:
+        kind = run_one(failing, runner, workdir).outcome.kind
     current = failing
     tried: list[tuple[str, bool]] = []
     progress = True
-    while progress and time.monotonic() - started < budget_s:
+    while progress and time.monotonic() - started < budget_s and kind != "exact":
         progress = False
         for smaller in shrink_steps(current):
-            failed = not run_one(smaller, runner, workdir).outcome.exact
+            failed = run_one(smaller, runner, workdir).outcome.kind == kind
             tried.append((smaller.id, failed))
             if on_try is not None:
                 on_try(smaller, failed)
@@ -209,9 +217,9 @@ def shrink(
             if time.monotonic() - started >= budget_s:
                 break
     failed_replays = sum(
-        not run_one(current, runner, workdir).outcome.exact for _ in range(replays)
+        run_one(current, runner, workdir).outcome.kind == kind != "exact" for _ in range(replays)
     )
-    return Shrunk(failing, current, tuple(tried), replays, failed_replays)
+    return Shrunk(failing, current, kind, tuple(tried), replays, failed_replays)
 
 
 def replay_command(s: Scenario) -> str:

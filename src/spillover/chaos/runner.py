@@ -46,6 +46,7 @@ from typing import Any
 from spillover.chaos.faults import Faults, failing_renames, faulty_dir
 from spillover.chaos.scenario import Scenario
 from spillover.errors import ConfigError
+from spillover.verify.chaos import run_killing_a_worker
 from spillover.verify.compare import Report
 from spillover.verify.run import verify
 from spillover.verify.spec import VerifySpec
@@ -71,6 +72,16 @@ class Outcome:
     attempts: int = 0
     checkpoints_completed: int = 0
     report: str = ""
+
+    @property
+    def kind(self) -> str:
+        """How it failed, for shrinking to keep: ``exact``, the error's type (say
+        ``StorageError``), or ``not exact`` (output or state differ)."""
+        if self.exact:
+            return "exact"
+        if self.error:
+            return self.error.split(":")[0]
+        return "not exact"
 
 
 Runner = Callable[[Scenario, str], Outcome]
@@ -106,7 +117,8 @@ def spec_of(s: Scenario, checkpoint_dir: str | None = None) -> VerifySpec:
         topology=s.topology,
         parallelism=st.parallelism,
         records=st.records,
-        rate_per_subtask=40_000.0,
+        # A worker is killed once a checkpoint completed: on Spark that takes longer.
+        rate_per_subtask=15_000.0 if s.has("worker-kill") else 40_000.0,
         failures=failures,
         seed=s.seed * 1_000_003 + s.index,
         interval_ms=100 if batch else st.interval_ms,
@@ -198,10 +210,12 @@ class _AbortSavepoints:
 
 
 @contextlib.contextmanager
-def _storage(s: Scenario, workdir: str) -> Iterator[tuple[str | None, Faults, Callable[[], None]]]:
-    """``(checkpoint directory, faults, on_stop)`` of ``s``: its storage faults and
-    aborted savepoints armed on a fault-injecting filesystem (or local renames)."""
-    faults = Faults()
+def _storage(
+    s: Scenario, workdir: str, faults: Faults
+) -> Iterator[tuple[str | None, Callable[[], None]]]:
+    """``(checkpoint directory, on_stop)`` of ``s``: its storage faults and aborted
+    savepoints armed in ``faults``, on a fault-injecting filesystem (or local
+    renames)."""
     windows = []
     for a in s.actions_of("storage-fault"):
         m = _STORAGE.match(a.detail)
@@ -212,16 +226,16 @@ def _storage(s: Scenario, workdir: str) -> Iterator[tuple[str | None, Faults, Ca
     faults.rules = [*windows, *([abort] if abort else [])]
     on_stop = abort.arm if abort is not None else (lambda: None)
     if not faults.rules:
-        yield None, faults, on_stop
+        yield None, on_stop
         return
     base = os.path.join(workdir, "checkpoints")
     if any(w.op == "rename" for w in windows):
         # Checkpoint storage renames only on a local disk: faults there go through os.
         with failing_renames(faults):
-            yield base, faults, on_stop
+            yield base, on_stop
         return
     with faulty_dir(base, scheme="chaos", faults=faults) as (uri, _):
-        yield uri, faults, on_stop
+        yield uri, on_stop
 
 
 def run_scenario(s: Scenario, workdir: str | None = None) -> Outcome:
@@ -230,8 +244,11 @@ def run_scenario(s: Scenario, workdir: str | None = None) -> Outcome:
     started = time.monotonic()
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="spillover-chaos-")
+    faults = Faults()
     try:
-        with _storage(s, workdir) as (ckpt, faults, on_stop):
+        if s.has("worker-kill"):
+            return _killing_a_worker(s, workdir, started)
+        with _storage(s, workdir, faults) as (ckpt, on_stop):
             spec = spec_of(s, ckpt)
             report: Report = verify(spec, os.path.join(workdir, "verify"), on_stop=on_stop)
         injected = sum(faults.counts.values())
@@ -250,18 +267,40 @@ def run_scenario(s: Scenario, workdir: str | None = None) -> Outcome:
             report=report.text(),
         )
     except ConfigError as e:
-        return Outcome(False, time.monotonic() - started, error=f"ConfigError: {e}")
+        return Outcome(
+            False,
+            time.monotonic() - started,
+            error=f"ConfigError: {e}",
+            storage_faults=sum(faults.counts.values()),
+        )
     except Exception as e:  # the run could not complete: that is what chaos looks for
         first = (str(e).strip().splitlines() or [""])[0]
         return Outcome(
             False,
             time.monotonic() - started,
             error=f"{type(e).__name__}: {first}",
+            storage_faults=sum(faults.counts.values()),
             report=traceback.format_exc(),
         )
     finally:
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _killing_a_worker(s: Scenario, workdir: str, started: float) -> Outcome:
+    """``worker-kill``: the run on Spark whose worker is SIGKILLed once a checkpoint
+    completed (a kill that never came, the job having ended first, proves nothing)."""
+    worker = int(s.actions_of("worker-kill")[0].detail.split()[1])
+    got = run_killing_a_worker(os.path.join(workdir, "verify"), spec=spec_of(s), kill_worker=worker)
+    error = None if got["killed"] else "the job ended before the worker could be killed"
+    return Outcome(
+        exact=bool(got["exact"]) and error is None,
+        seconds=time.monotonic() - started,
+        summary=f"{got['rows']:,} records, {got['attempts']} attempts, worker {worker} killed",
+        error=error,
+        attempts=int(got["attempts"]),
+        report=str(got["report"]),
+    )
 
 
 def _summary(r: Report) -> str:

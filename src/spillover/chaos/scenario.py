@@ -50,6 +50,10 @@ STORAGE_OPS = ("open", "write", "close", "rename", "list", "read", "mkdir")
 # What goes wrong: an I/O error, a full disk, or no error but slow storage.
 STORAGE_ERRORS = ("EIO", "ENOSPC", "latency")
 
+# Shrinking halves the records down to this many per source, no further: a shorter
+# run ends before a stop or a rescale can come, which is not what failed.
+MIN_SHRUNK_RECORDS = 4_000
+
 # The plain topologies a scenario without a job feature draws from.
 PLAIN_TOPOLOGIES = ("pipeline", "union", "multi-input", *RESCALE_TOPOLOGIES)
 # Those a batch run draws from (bounded, no loop), and those a rescale may restore.
@@ -206,7 +210,8 @@ FEATURES: dict[str, Feature] = {
         ),
         Feature(
             "worker-kill",
-            excludes=("failure", "rescale", "driver-kill", *_STOPS),
+            # A worker is killed once a checkpoint completed: a batch job takes none.
+            excludes=("batch", "failure", "rescale", "driver-kill", *_STOPS),
             executors=("spark",),
             actions=_worker_kill,
         ),
@@ -406,7 +411,7 @@ def shrink_steps(s: Scenario) -> list[Scenario]:
     edits: list[str] = [f"-{f}" for f in s.features]
     edits += [f"x{k}" for k, a in enumerate(s.actions) if len(s.actions_of(a.name)) > 1]
     edits += [f"p{p}" for p in range(1, s.settings.parallelism)]
-    if s.settings.records >= 2000:
+    if s.settings.records // 2 >= MIN_SHRUNK_RECORDS:
         edits.append(f"r{s.settings.records // 2}")
     if s.topology in PLAIN_TOPOLOGIES and s.topology != "pipeline":
         edits.append("tpipeline")

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spillover.chaos import (
+    FEATURES,
     VOCABULARY,
     ChaosReport,
     Ran,
@@ -71,24 +72,24 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                 on_ran=progress,
             )
         out.print(_coverage_table(report))
-        out.print(_pairs_table(report))
         for ran in report.failed[: args.shrink]:
             _shrink(out, ran.scenario, args)
             report.shrunk.append(
                 shrink(
                     ran.scenario,
+                    kind=ran.outcome.kind,
                     workdir=args.workdir or None,
                     replays=args.replays,
                     budget_s=args.shrink_minutes * 60,
                     on_try=lambda s, failed: out.print(
-                        f"  shrink: {s.id} {'still fails' if failed else 'exact'}"
+                        f"  shrink: {s.id} {'still fails so' if failed else 'does not'}"
                     ),
                 )
             )
             found = report.shrunk[-1]
             out.print(
-                f"  smallest failing scenario: {found.smallest.describe()}\n"
-                f"  it failed {found.failed_replays} of {found.replays} replays; "
+                f"  smallest scenario failing so ({found.kind}): {found.smallest.describe()}\n"
+                f"  it failed so in {found.failed_replays} of {found.replays} replays; "
                 f"replay it with: {replay_command(found.smallest)}\n"
                 "  as a regression test:\n"
                 + "\n".join("    " + line for line in regression_test(found.smallest).splitlines())
@@ -119,33 +120,28 @@ def _shrink(out: Console, s: Scenario, args: argparse.Namespace) -> None:
 
 
 def _coverage_table(report: ChaosReport) -> Table:
+    """Per feature this executor draws: scenarios that used it, how many of those
+    were exact, and the features it was combined with (scenarios with both)."""
     t = Table(title="features combined and survived")
     t.add_column("feature")
     t.add_column("scenarios", justify="right")
     t.add_column("exact", justify="right")
-    survived = report.survived()
+    t.add_column("combined with (scenarios)")
+    survived, pairs = report.survived(), report.pairs()
     for name, n in report.coverage().items():
-        t.add_row(name, str(n), str(survived[name]))
-    return t
-
-
-def _pairs_table(report: ChaosReport) -> Table:
-    """Scenarios per pair of features, as a triangle over the vocabulary."""
-    pairs = report.pairs()
-    t = Table(title="scenarios per pair of features")
-    t.add_column("")
-    short = [n[:6] for n in VOCABULARY]
-    for s in short:
-        t.add_column(s, justify="right")
-    for i, a in enumerate(VOCABULARY):
-        row = []
-        for j, b in enumerate(VOCABULARY):
-            if j <= i:
-                row.append("")
-                continue
-            n = pairs.get(f"{a}+{b}", 0) + pairs.get(f"{b}+{a}", 0)
-            row.append(str(n) if n else ".")
-        t.add_row(a, *row)
+        if report.executor not in FEATURES[name].executors:
+            continue
+        together = {
+            other: pairs.get(f"{name}+{other}", 0) + pairs.get(f"{other}+{name}", 0)
+            for other in VOCABULARY
+            if other != name
+        }
+        t.add_row(
+            name,
+            str(n),
+            str(survived[name]),
+            ", ".join(f"{other} {k}" for other, k in together.items() if k) or "-",
+        )
     return t
 
 

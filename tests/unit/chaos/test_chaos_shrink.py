@@ -115,3 +115,21 @@ def test_explore_draws_scenarios_in_order_from_the_seed(seed: int) -> None:
     report = explore(0.0, seed=seed, runner=fails_when("loop", "batch"), min_scenarios=5)
     assert [r.scenario for r in report.ran] == [draw(seed, i) for i in range(5)]
     assert report.all_exact
+
+
+def test_shrinking_keeps_the_way_a_scenario_fails() -> None:
+    """A smaller scenario that fails otherwise (here: one too small to be stopped)
+    is another problem, not a smaller one of this."""
+    s = scenario_for("1-8~-rescale")
+
+    def run(t: Scenario, workdir: str) -> Outcome:
+        if t.settings.parallelism < s.settings.parallelism:
+            return Outcome(False, 0.0, error="ConfigError: the run ended before it was stopped")
+        bad = t.has("storage-fault") and t.has("stop-drain")
+        return Outcome(not bad, 0.0, error="StorageError: induced" if bad else None)
+
+    found = shrink(s, runner=run, replays=1)
+    assert found.kind == "StorageError"
+    assert set(found.smallest.features) == {"storage-fault", "stop-drain"}
+    assert found.smallest.settings.parallelism == s.settings.parallelism
+    assert found.failed_replays == 1
