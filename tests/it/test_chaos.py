@@ -5,11 +5,12 @@ job with its faults and is compared exactly with a failure-free run; and the
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
-from spillover.chaos import run_scenario, scenario_for
+from spillover.chaos import explore, run_scenario, scenario_for
 from spillover.cli import main
 
 # Shrunk ids: a drawn scenario with every other feature removed, so each runs the
@@ -90,3 +91,24 @@ def test_a_storage_fault_in_a_stops_savepoint_export_is_survived(tmp_path: Path)
     assert set(s.features) == {"stop", "storage-fault"}
     outcome = run_scenario(s, str(tmp_path))
     assert outcome.exact, outcome.error
+
+
+# Failures known and kept as strict xfails above, until their fix lands.
+KNOWN = ("StorageError: cannot copy the checkpoint into the savepoint",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, None], ids=["seed-1", "seed-drawn"])
+def test_half_a_minute_of_chaos_is_exact(seed: int | None, tmp_path: Path) -> None:
+    """CI's minute of chaos on the local executor: a fixed seed and one drawn at random
+    (printed, so that a failure replays with ``spillover chaos --replay ID``)."""
+    seed = random.randrange(1, 2**31) if seed is None else seed
+    print(f"spillover chaos --seed {seed}")
+    report = explore(30.0, seed=seed, workdir=str(tmp_path))
+    assert report.ran
+    failed = [
+        f"{r.scenario.id}: {r.outcome.error or r.outcome.summary}"
+        for r in report.failed
+        if not (r.outcome.error or "").startswith(KNOWN)
+    ]
+    assert not failed, failed

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import multiprocessing
 import os
 import re
 import shutil
@@ -41,6 +42,8 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from spillover.chaos.faults import Faults, failing_renames, faulty_dir
@@ -51,7 +54,7 @@ from spillover.verify.compare import Report
 from spillover.verify.run import verify
 from spillover.verify.spec import VerifySpec
 
-__all__ = ["Outcome", "Runner", "run_scenario", "spec_of"]
+__all__ = ["IsolatedRunner", "Outcome", "Runner", "run_scenario", "spec_of"]
 
 # What a run with faults is called in the work directory (verify/run.py), and so
 # in every path of its checkpoints: the faults match these.
@@ -315,3 +318,75 @@ def _summary(r: Report) -> str:
     }
     parts += [f"{n} {k}" for k, n in wrong.items() if n]
     return ", ".join(parts)
+
+
+def _serve(conn: Connection) -> None:
+    """A child's loop: scenarios in, outcomes out, until told to end (None)."""
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        scenario, workdir = job
+        conn.send(run_scenario(scenario, workdir))
+
+
+class IsolatedRunner:
+    """Runs each scenario in a child process (kept from one scenario to the next), and
+    ends the child when a scenario has not ended after ``timeout_s``: a job that hangs
+    is a finding (``Hang``), not the end of a chaos run, and leaves no threads
+    behind in the runs that follow. Use it as a context manager."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._child: BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> Connection:
+        if self._child is None or not self._child.is_alive() or self._conn is None:
+            ctx = multiprocessing.get_context("spawn")
+            ours, theirs = ctx.Pipe()
+            self._child = ctx.Process(target=_serve, args=(theirs,), name="spillover-chaos")
+            self._child.start()
+            theirs.close()
+            self._conn = ours
+        return self._conn
+
+    def __call__(self, s: Scenario, workdir: str) -> Outcome:
+        started = time.monotonic()
+        conn = self._start()
+        conn.send((s, workdir))
+        if conn.poll(self.timeout_s):
+            try:
+                got: Outcome = conn.recv()
+                return got
+            except EOFError:  # the child died (a crash in native code, say)
+                self.close(kill=True)
+                return Outcome(
+                    False, time.monotonic() - started, error="Crash: the run's process died"
+                )
+        self.close(kill=True)
+        return Outcome(
+            False,
+            time.monotonic() - started,
+            error=f"Hang: the scenario had not ended after {self.timeout_s:.0f} s",
+        )
+
+    def close(self, kill: bool = False) -> None:
+        """Ends the child: asked to (it finishes its scenario), or SIGKILLed."""
+        child, conn = self._child, self._conn
+        self._child = self._conn = None
+        if child is None or conn is None:
+            return
+        if kill:
+            child.kill()
+        else:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        child.join(timeout=30)
+        conn.close()
+
+    def __enter__(self) -> IsolatedRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(kill=exc[0] is not None)

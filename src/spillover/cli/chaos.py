@@ -24,6 +24,7 @@ from spillover.chaos import (
     scenario_for,
     shrink,
 )
+from spillover.chaos.runner import IsolatedRunner
 from spillover.chaos.scenario import EXECUTORS, Scenario
 from spillover.cli.options import EXIT_CHECK_FAILED, EXIT_OK, check_folder, env_option
 from spillover.errors import ConfigError
@@ -37,6 +38,14 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         raise ConfigError("--replays must be at least 1", detail=f"got {args.replays}")
     if args.workdir:
         check_folder("--workdir (env SPILLOVER_CHAOS_WORKDIR)", args.workdir, create=False)
+    timeout = args.scenario_timeout or (180.0 if args.executor == "local" else 900.0)
+    if timeout <= 0:
+        raise ConfigError("--scenario-timeout must be positive", detail=f"got {timeout:g}")
+    with IsolatedRunner(timeout) as runner:
+        return _chaos(args, runner)
+
+
+def _chaos(args: argparse.Namespace, runner: IsolatedRunner) -> int:
     console = Console(stderr=True)
     out = Console(highlight=False)
     if args.replay:
@@ -45,7 +54,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         out.print(f"replaying {s.describe()}")
         report = ChaosReport(seed, args.executor)
         for _ in range(args.replays):
-            report.ran.append(run_one(s, workdir=args.workdir or None))
+            report.ran.append(run_one(s, runner, args.workdir or None))
             _line(out, report.ran[-1])
         failed = sum(not r.outcome.exact for r in report.ran)
         out.print(f"{failed} of {len(report.ran)} replays failed")
@@ -68,6 +77,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                 args.minutes * 60,
                 seed=seed,
                 executor=args.executor,
+                runner=runner,
                 workdir=args.workdir or None,
                 on_ran=progress,
             )
@@ -78,6 +88,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                 shrink(
                     ran.scenario,
                     kind=ran.outcome.kind,
+                    runner=runner,
                     workdir=args.workdir or None,
                     replays=args.replays,
                     budget_s=args.shrink_minutes * 60,
@@ -215,6 +226,15 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=10.0,
         help="time bound of one shrink",
+    )
+    env_option(
+        p,
+        "--scenario-timeout",
+        env="SPILLOVER_CHAOS_SCENARIO_TIMEOUT",
+        type=float,
+        default=None,
+        help="seconds a scenario may take before it counts as a hang and its process is "
+        "killed (default 180 on local, 900 on spark)",
     )
     env_option(
         p,
