@@ -65,6 +65,8 @@ class Ran:
             "summary": self.outcome.summary,
             "failures_fired": list(self.outcome.failures_fired),
             "storage_faults": self.outcome.storage_faults,
+            # What went wrong in full (the comparison's report, or the traceback).
+            "report": None if self.outcome.exact else self.outcome.report,
         }
 
 
