@@ -34,6 +34,10 @@ class Faults:
     counts: dict[str, int] = field(default_factory=dict)  # errors raised per operation
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def disarm(self) -> None:
+        """No more faults (the counts stay)."""
+        self.rules, self.latency_s = [], 0.0
+
     def check(self, op: str, path: str) -> None:
         if self.latency_s and op != "info":
             time.sleep(self.latency_s)

@@ -25,7 +25,8 @@ How each action is played:
   completed (:mod:`spillover.verify.chaos`).
 
 The failure-free run uses the same storage with no fault armed for it: every rule
-matches only the paths of the run with faults.
+matches only the paths of the run with faults, and the rules are disarmed once
+that run ended, before the comparison reads its output and final state.
 """
 
 from __future__ import annotations
@@ -253,7 +254,9 @@ def run_scenario(s: Scenario, workdir: str | None = None) -> Outcome:
             return _killing_a_worker(s, workdir, started)
         with _storage(s, workdir, faults) as (ckpt, on_stop):
             spec = spec_of(s, ckpt)
-            report: Report = verify(spec, os.path.join(workdir, "verify"), on_stop=on_stop)
+            report: Report = verify(
+                spec, os.path.join(workdir, "verify"), on_stop=on_stop, on_ended=faults.disarm
+            )
         injected = sum(faults.counts.values())
         errors = list(report.errors)
         if report.records == 0:

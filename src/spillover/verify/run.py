@@ -281,10 +281,16 @@ def check_runs_as_batch(spec: VerifySpec) -> None:
 
 
 def verify(
-    spec: VerifySpec, workdir: str | None = None, on_stop: Callable[[], None] | None = None
+    spec: VerifySpec,
+    workdir: str | None = None,
+    on_stop: Callable[[], None] | None = None,
+    on_ended: Callable[[], None] | None = None,
 ) -> Report:
     """Runs the job without and with ``spec.failures`` induced failures; ``on_stop``
-    is called just before a stop with a savepoint (``spec.stop``) is asked."""
+    is called just before a stop with a savepoint (``spec.stop``) is asked, and
+    ``on_ended`` once the run with failures ended, before its output and final state
+    are read (``spillover chaos`` disarms its storage faults there)."""
+    ended = on_ended or (lambda: None)
     spec.check()
     if spec.order not in ("per-key", None):
         raise ConfigError(f"order must be 'per-key' or None, got {spec.order!r}")
@@ -338,6 +344,7 @@ def verify(
             # Half way through (at the latest), so the stop comes while the job runs.
             half = 0.5 * baseline.result.duration_s + (30.0 if spec.executor != "local" else 0)
             actual = run_stopped(spec, workdir, "with-stop", injector, half, on_stop)
+            ended()
             if spec.stop == "drain":
                 rows = actual.rows
                 actual.state = {}
@@ -359,6 +366,7 @@ def verify(
             actual, starts = run_killing_the_driver(
                 spec, workdir, "killed-driver", spec.kill_driver, seed=spec.seed
             )
+            ended()
             report = compare(spec, baseline, actual)
             report.driver_starts = [k.describe() for k in starts]
             report.checks.append(
@@ -376,6 +384,7 @@ def verify(
             actual = run_once(spec, workdir, "with-failures", injector)
         else:
             actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after)
+        ended()
         report = compare(spec, baseline, actual)
         report.duration_s = time.monotonic() - started
         return report
