@@ -263,7 +263,7 @@ def _topology(rng: random.Random, features: tuple[str, ...]) -> str:
     return rng.choice(pool)
 
 
-def _settings(rng: random.Random, features: tuple[str, ...], topology: str) -> Settings:
+def _settings(rng: random.Random, features: tuple[str, ...]) -> Settings:
     if "batch" in features:  # a batch run takes no checkpoints: its settings stay default
         return Settings(
             policy="aligned",
@@ -307,7 +307,7 @@ def draw(seed: int, index: int, executor: str = "local") -> Scenario:
         features += (name,)
     features = tuple(n for n in FEATURES if n in features)  # the registry's order
     topology = _topology(rng, features)
-    settings = _settings(rng, features, topology)
+    settings = _settings(rng, features)
     actions: tuple[Action, ...] = ()
     for name in features:
         actions += FEATURES[name].actions(rng, settings)
