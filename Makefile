@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(wildcard csrc/*.c csrc/*.h src/spillover/_native/*.pyx src/spillover/_native/*.pxi src/spillover/_native/*.pxd src/spillover/_native/includes/*.pxd)
 
-.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak clean profile browser
+.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak chaos clean profile browser
 
 install: $(STAMP)
 
@@ -79,6 +79,17 @@ benchmarks: $(STAMP)
 SOAK_MINUTES ?= 10
 soak: $(STAMP)
 	$(BIN)/python -m spillover.verify.soak --minutes $(SOAK_MINUTES) --executor local --executor spark
+
+# Chaos (docs/chaos.md): CHAOS_MINUTES per executor of whole-job scenarios drawn from
+# CHAOS_SEED, every feature against every fault, each checked exactly; a failing one
+# is shrunk and printed with its replay command. Reports: chaos-<executor>-<seed>.json.
+CHAOS_MINUTES ?= 30
+CHAOS_SEED ?= 1
+chaos: $(STAMP)
+	$(BIN)/spillover chaos --minutes $(CHAOS_MINUTES) --seed $(CHAOS_SEED) --executor local --json chaos-local-$(CHAOS_SEED).json; \
+	local=$$?; \
+	$(BIN)/spillover chaos --minutes $(CHAOS_MINUTES) --seed $(CHAOS_SEED) --executor spark --json chaos-spark-$(CHAOS_SEED).json \
+	&& exit $$local
 
 # Coverage-guided fuzzing (atheris) of the state-file readers, state handles, checkpoint
 # metadata, the job event log and its lease: a million inputs over the six targets,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from spillover import __version__
-from spillover.cli import bench, demo, inspect, jobs, verify
+from spillover.cli import bench, chaos, demo, inspect, jobs, verify
 from spillover.cli.options import EXIT_RUN_FAILED, EXIT_USAGE, BadEnvValue
 from spillover.errors import ConfigError, SpilloverError
 
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (inspect, demo, verify, bench):
+    for command in (inspect, demo, verify, chaos, bench):
         command.add_parser(sub)
     jobs.add_parsers(sub)
     return parser

@@ -374,7 +374,7 @@ def check_promises(
             (name, k, e.get(k), a.get(k)) for k in sorted(set(e) | set(a)) if e.get(k) != a.get(k)
         ][:1000]
         report.checks.append(f"final {name} per key equal")
-    if spec.topology == "finishing" and spec.stop != "drain":
+    if (spec.topology == "finishing" or spec.event_time) and spec.stop != "drain":
         e_w, a_w = (_windows(run) for run in (expected, actual))
         report.windows_wrong = [
             (k, end, e_w.get((k, end)), a_w.get((k, end)))

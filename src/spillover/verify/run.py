@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -177,13 +178,19 @@ DRAIN_TOPOLOGIES = tuple(t for t in TOPOLOGIES if t not in KEYED_CHECKS and t !=
 
 
 def run_stopped(
-    spec: VerifySpec, workdir: str, name: str, failures: FailureInjector, stop_after: float
+    spec: VerifySpec,
+    workdir: str,
+    name: str,
+    failures: FailureInjector,
+    stop_after: float,
+    on_stop: Callable[[], None] | None = None,
 ) -> RunOutput:
-    """Runs at ``spec.parallelism`` until every induced failure happened and a
-    checkpoint completed (or ``stop_after`` seconds), stops it with a savepoint
+    """Runs at ``spec.parallelism`` until a checkpoint completed and every induced
+    failure happened (or ``stop_after`` seconds passed), stops it with a savepoint
     (``spec.stop``), then restores the savepoint (at ``spec.rescale_to`` if given)
     and runs that to the end. After a drain the restored job has nothing left to
-    run: every operator finished."""
+    run: every operator finished. ``on_stop`` is called just before the stop is
+    asked (``spillover chaos`` arms its faults there)."""
     assert spec.stop in STOPS
     runs = _TwoRuns(spec, workdir, name, failures, hold_end_s=stop_after)
     first = runs.first
@@ -192,7 +199,11 @@ def run_stopped(
     def stop() -> None:
         deadline = time.monotonic() + stop_after
         while not stopping.wait(0.01):
-            if time.monotonic() >= deadline or (failures.pending == 0 and first.completed_ids()):
+            # Not before a checkpoint completed: a job slow to start (storage far
+            # away) would be stopped before its sources emitted anything.
+            if first.completed_ids() and (time.monotonic() >= deadline or failures.pending == 0):
+                if on_stop is not None:
+                    on_stop()
                 first.stop_with_savepoint(
                     drain=spec.stop == "drain", unaligned=spec.stop == "unaligned-savepoint"
                 )
@@ -269,8 +280,17 @@ def check_runs_as_batch(spec: VerifySpec) -> None:
             ) from None
 
 
-def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
-    """Runs the job without and with ``spec.failures`` induced failures."""
+def verify(
+    spec: VerifySpec,
+    workdir: str | None = None,
+    on_stop: Callable[[], None] | None = None,
+    on_ended: Callable[[], None] | None = None,
+) -> Report:
+    """Runs the job without and with ``spec.failures`` induced failures; ``on_stop``
+    is called just before a stop with a savepoint (``spec.stop``) is asked, and
+    ``on_ended`` once the run with failures ended, before its output and final state
+    are read (``spillover chaos`` disarms its storage faults there)."""
+    ended = on_ended or (lambda: None)
     spec.check()
     if spec.order not in ("per-key", None):
         raise ConfigError(f"order must be 'per-key' or None, got {spec.order!r}")
@@ -323,7 +343,8 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
         if spec.stop is not None:
             # Half way through (at the latest), so the stop comes while the job runs.
             half = 0.5 * baseline.result.duration_s + (30.0 if spec.executor != "local" else 0)
-            actual = run_stopped(spec, workdir, "with-stop", injector, half)
+            actual = run_stopped(spec, workdir, "with-stop", injector, half, on_stop)
+            ended()
             if spec.stop == "drain":
                 rows = actual.rows
                 actual.state = {}
@@ -345,6 +366,7 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
             actual, starts = run_killing_the_driver(
                 spec, workdir, "killed-driver", spec.kill_driver, seed=spec.seed
             )
+            ended()
             report = compare(spec, baseline, actual)
             report.driver_starts = [k.describe() for k in starts]
             report.checks.append(
@@ -362,6 +384,7 @@ def verify(spec: VerifySpec, workdir: str | None = None) -> Report:
             actual = run_once(spec, workdir, "with-failures", injector)
         else:
             actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after)
+        ended()
         report = compare(spec, baseline, actual)
         report.duration_s = time.monotonic() - started
         return report

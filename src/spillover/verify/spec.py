@@ -20,6 +20,8 @@ from spillover.verify.topologies import (
 )
 
 RUNTIME_MODES = ("streaming", "batch", "automatic")
+# The built-ins that take ``event_time`` (``finishing`` has it always).
+EVENT_TIME_TOPOLOGIES = ("pipeline", "union", "multi-input", "finishing")
 
 
 @dataclass
@@ -79,6 +81,10 @@ class VerifySpec:
     # blocking results; failures are task failures, a killed driver's successor
     # reuses what finished) or "automatic".
     runtime_mode: str = "streaming"
+    # Give the built-in topologies pipeline, union and multi-input event time: their
+    # records carry timestamps, watermarks follow them, and the first source's
+    # records are also counted in event-time windows, checked like ``finishing``'s.
+    event_time: bool = False
     # More configuration of every run, in Flink's option names (say
     # "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"); they
     # go over what the fields above set.
@@ -103,6 +109,11 @@ class VerifySpec:
             raise ConfigError(
                 f"unknown runtime mode {self.runtime_mode!r}",
                 hint=f"choose one of {', '.join(RUNTIME_MODES)}",
+            )
+        if self.event_time and (self.job is not None or self.topology not in EVENT_TIME_TOPOLOGIES):
+            raise ConfigError(
+                f"{self.describe()} has no event-time variant",
+                hint="event time is for the built-in " + ", ".join(EVENT_TIME_TOPOLOGIES),
             )
         if self.batch:
             self._check_batch()

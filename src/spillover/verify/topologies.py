@@ -307,9 +307,10 @@ def build(
         build_rescale_topology(spec, env, out_dir, p)
         return env
 
-    # finishing: event time, each partition's records 1 ms apart, up to 50 ms out
-    # of order, and watermarks that allow for it (no record is ever late).
-    timed = spec.topology == "finishing"
+    # finishing (and any with ``spec.event_time``): event time, each partition's
+    # records 1 ms apart, up to 50 ms out of order, and watermarks that allow for it
+    # (no record is ever late).
+    timed = spec.topology == "finishing" or spec.event_time
     event_time = GeneratedEventTime(step_ms=1, max_disorder_ms=50) if timed else None
     watermarks = WatermarkStrategy.bounded_out_of_orderness("ts", 50) if timed else None
 
@@ -371,6 +372,11 @@ def build(
         keyed = merged.key_by("key")
     else:
         raise ValueError(f"unknown topology {spec.topology!r}; choose from {TOPOLOGIES}")
+    if spec.event_time and spec.topology != "finishing":
+        first = s if spec.topology == "pipeline" else a
+        first.key_by("key").window_count(WINDOW_MS, timestamp_field="ts", uid="windows").sink(
+            ParquetSink(os.path.join(out_dir, WINDOW_VIEW_DIR)), uid="window-sink"
+        )
     totals = keyed.process(RunningTotal(), uid="running-total")
     sink: Operator = ParquetSink(out_dir)
     if spec.rate_per_subtask and spec.sink_share < 1:
