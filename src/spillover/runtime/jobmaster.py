@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.config import ClaimMode, Config, RestartStrategy
-from spillover.errors import ConfigError, SpilloverError
+from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.batch.job import log_storage, run_batch
 from spillover.runtime.batch.launch import Launcher, LocalLauncher
@@ -42,6 +42,17 @@ from spillover.runtime.wiring import checkpoint_storage
 from spillover.storage.location import Location, delete_tree
 
 logger = logging.getLogger(__name__)
+
+# A savepoint's copy that storage fails is tried this many times, waiting 0.1 s,
+# then twice as long each time (about 3 s in all).
+EXPORT_ATTEMPTS = 5
+EXPORT_BACKOFF_S = 0.1
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether a failed copy may succeed when tried again: storage errors, not a
+    refused target (another filesystem, a folder that exists)."""
+    return not isinstance(e, ConfigError) and "exists already" not in str(e)
 
 
 class JobFailedError(RuntimeError):
@@ -466,8 +477,22 @@ class Executor:
         """Copies completed checkpoint ``cid`` as a savepoint ``savepoint-<job>-<cid>``
         under ``savepoint_dir``; recorded in the statistics and the event log."""
         assert self.storage is not None
-        target = Location.parse(savepoint_dir).child(f"savepoint-{self.job_id[:6]}-{cid}")
-        path = self.storage.export(cid, target.uri)
+        name = f"savepoint-{self.job_id[:6]}-{cid}"
+        for attempt in range(EXPORT_ATTEMPTS):
+            target = Location.parse(savepoint_dir).child(name)
+            try:
+                path = self.storage.export(cid, target.uri)
+                break
+            except (OSError, StorageError) as e:
+                # The checkpoint is complete and kept: a storage fault costs the copy,
+                # which is tried again (into a new folder if the old one stays).
+                if attempt + 1 == EXPORT_ATTEMPTS or not _transient(e):
+                    raise
+                logger.warning("exporting savepoint %s failed, trying again: %s", name, e)
+                delete_tree(target, "partial savepoint")
+                time.sleep(EXPORT_BACKOFF_S * 2**attempt)
+                if target.exists():
+                    name = f"savepoint-{self.job_id[:6]}-{cid}-{attempt + 1}"
         self.stats.exported(cid, path)
         recovery = self.recovery
         if recovery is not None:
