@@ -961,7 +961,8 @@ class Executor:
                 result.status = "stopped" if run.stopped else "finished"
                 if self._stop is not None and run.coordinator.completed_ids:
                     assert self.storage is not None
-                    cid = run.coordinator.stop_id or run.coordinator.completed_ids[-1]
+                    # The stop's savepoint; if the data ended first, the final checkpoint.
+                    cid = run.coordinator.stop_savepoint_id or run.coordinator.completed_ids[-1]
                     result.savepoint = self._export_savepoint(cid, self._savepoint_dir)
                     result.status = "finished" if self._stop else "stopped"
                     if self._stop_request is not None:

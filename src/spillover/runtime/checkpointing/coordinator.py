@@ -641,6 +641,12 @@ class CheckpointCoordinator:
                 self.storage.delete(old)
 
     @property
+    def stop_savepoint_id(self) -> int | None:
+        """The stop's savepoint, once it completed (``stop_id`` is the latest attempt
+        at it, which may have been aborted while the data ended)."""
+        return self._savepoint_id
+
+    @property
     def retained_ids(self) -> list[int]:
         """The run's retained checkpoints, oldest first: the next attempt's ``retained``."""
         return list(self._retained)
