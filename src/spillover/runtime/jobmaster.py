@@ -4,7 +4,6 @@ parallelism); deployments (``spillover.deploy``) say where its subtasks run."""
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -12,11 +11,10 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from spillover.config import ClaimMode, Config, RestartStrategy
-from spillover.errors import ConfigError, SpilloverError, StorageError
+from spillover.config import Config, RestartStrategy
+from spillover.errors import ConfigError
 from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.batch.job import log_storage, run_batch
 from spillover.runtime.batch.launch import Launcher, LocalLauncher
@@ -28,31 +26,37 @@ from spillover.runtime.checkpointing.coordinator import (
 from spillover.runtime.checkpointing.metadata import read_checkpoint
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.checkpointing.stats import CheckpointStatsTracker
+from spillover.runtime.claim import CheckpointClaim
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobevents import LeaseError
 from spillover.runtime.jobrecovery import JobRecovery
+from spillover.runtime.jobresult import JobResult
 from spillover.runtime.jobstatus import JobStatusTracker
-from spillover.runtime.live_rescale import RescaleRequest, job_parallelism, rescaled_graph
+from spillover.runtime.live_rescale import (
+    LiveRescale,
+    RescaleRequest,
+    job_parallelism,
+    rescaled_graph,
+)
 from spillover.runtime.network.events import BarrierKind
 from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
+from spillover.runtime.savepoints import Savepoints
 from spillover.runtime.wiring import checkpoint_storage
-from spillover.storage.location import Location, delete_tree
+
+__all__ = [
+    "Executor",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobResult",  # its home is ``jobresult``; imported from here as ever
+    "RescalePolicy",
+    "StopWhen",
+    "next_event",
+]
 
 logger = logging.getLogger(__name__)
-
-# A savepoint's copy that storage fails is tried this many times, waiting 0.1 s,
-# then twice as long each time (about 3 s in all).
-EXPORT_ATTEMPTS = 5
-EXPORT_BACKOFF_S = 0.1
-
-
-def _transient(e: BaseException) -> bool:
-    """Whether a failed copy may succeed when tried again: storage errors, not a
-    refused target (another filesystem, a folder that exists)."""
-    return not isinstance(e, ConfigError) and "exists already" not in str(e)
 
 
 class JobFailedError(RuntimeError):
@@ -61,48 +65,6 @@ class JobFailedError(RuntimeError):
 
 class JobCancelledError(RuntimeError):
     """The running attempt ends because the job was cancelled (:meth:`Executor.cancel`)."""
-
-
-@dataclass
-class JobResult:
-    """How a run went: status, attempts, per-checkpoint and per-task metrics."""
-
-    job_name: str
-    status: str  # finished | stopped | failed | cancelled
-    attempts: int
-    duration_s: float
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    tracebacks: list[str] = field(default_factory=list, repr=False)
-    restored_from: list[int] = field(default_factory=list)
-    replayed_bytes: int = 0  # in-flight bytes replayed by restores, over every attempt
-    checkpoint_dir: str | None = None
-    # Per restart: seconds from the failure's detection to the next attempt's subtasks
-    # running (restore included; the restart strategy's delay too).
-    restart_s: list[float] = field(default_factory=list)
-    # Stop-with-savepoint: the savepoint's directory (restore it with
-    # ``restore_checkpoint=``); ``status`` is ``stopped`` without drain.
-    savepoint: str | None = None
-    # With checkpoint storage, the run this is (kept when a later start resumes
-    # it), and what the master decided from the job's event log, said for people.
-    run_id: str | None = None
-    recovery: str | None = None
-    # The event log said the job had finished already: nothing ran.
-    already_finished: bool = False
-    # A batch job: the tasks whose results an earlier master left and this run reused.
-    reused_tasks: list[str] = field(default_factory=list)
-
-    def completed_checkpoints(self) -> list[dict[str, Any]]:
-        return [c for c in self.checkpoints if c["status"] == "completed"]
-
-    @property
-    def persisted_inflight_bytes(self) -> int:
-        """In-flight bytes persisted by completed checkpoints, over every attempt."""
-        return sum(int(c["inflight_bytes"]) for c in self.completed_checkpoints())
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, default=str, indent=1)
 
 
 StopWhen = Callable[[list[dict[str, Any]]], bool]
@@ -219,6 +181,7 @@ class Executor:
         self._stop: bool | None = None  # stop-with-savepoint asked for: its drain
         self._stop_unaligned = False  # ... with an unaligned savepoint
         self._stop_request: SavepointRequest | None = None  # ... answered with its path
+        self._stop_lock = threading.Lock()
         self._savepoint_dir = ""  # ... under this directory
         self.recovery: JobRecovery | None = None  # the lease and event log, while running
         # What operators read while it runs (the REST API): checkpoint statistics over
@@ -229,20 +192,22 @@ class Executor:
         )
         self.status = JobStatusTracker()
         self._cancelled = False
-        # Savepoints asked for without a stop: those between attempts wait for the
-        # next one; every one not yet done is kept so that a later attempt keeps the
-        # checkpoint an export still reads.
-        self._savepoint_lock = threading.Lock()
-        self._savepoints_waiting: list[SavepointRequest] = []
-        self._savepoints: list[SavepointRequest] = []
-        self._savepoints_closed = False  # the run ended: requests fail at once
-        # A claimed checkpoint outside the job's folder, deleted once unreferenced, and
-        # how many completed checkpoints in a row have not referenced it.
-        self._claimed: Location | None = None
-        self._claimed_unreferenced = 0
-        # A live rescale under way (``rescale_live``), and the latest one asked for.
-        self._rescaling: RescaleRequest | None = None
-        self.last_rescale: RescaleRequest | None = None
+        # Savepoints without a stop, and every savepoint's export.
+        self._savepoints = Savepoints(
+            storage, self.stats, self.job_id, self.config.state.savepoints_dir
+        )
+        self._claim = CheckpointClaim(storage, self.config)  # the restored checkpoint's
+        self._rescales = LiveRescale(storage)  # ``rescale_live``
+
+    @property
+    def last_rescale(self) -> RescaleRequest | None:
+        """The latest live rescale asked for (None before any)."""
+        return self._rescales.last
+
+    @property
+    def _rescaling(self) -> RescaleRequest | None:
+        """The live rescale under way, if any."""
+        return self._rescales.under_way
 
     def _attempt(
         self,
@@ -260,28 +225,20 @@ class Executor:
     def stop_with_savepoint(
         self, drain: bool = False, savepoint_dir: str | None = None, unaligned: bool = False
     ) -> SavepointRequest:
-        """Stops the running job with a savepoint, from any thread; ``run`` then returns
-        with ``JobResult.savepoint`` set (FLIP-147, as Flink's stop-with-savepoint).
+        """Stops the running job with a savepoint, from any thread (FLIP-147, as Flink's
+        stop-with-savepoint); the answer gives its path once ``run`` returned (with
+        ``JobResult.savepoint``), or why the stop failed. The savepoint is a
+        self-contained copy of the stop's checkpoint, ``savepoint-<job>-<id>`` under
+        ``savepoint_dir`` (default ``state.savepoints.dir``, else ``savepoints`` in the
+        job's checkpoint directory); restore it with ``restore_checkpoint=``.
 
-        The savepoint is a self-contained copy of the stop's checkpoint in a new
-        directory ``savepoint-<job>-<id>`` under ``savepoint_dir`` (default
-        ``state.savepoints.dir``, else ``savepoints`` in the job's checkpoint
-        directory): no retention deletes it; restore it with ``restore_checkpoint=``.
-
-        Without ``drain`` no operator finishes: every task is told the next
-        checkpoint (aligned, or ``unaligned``) is the savepoint and, once it took it,
-        holds what reaches it; once it completed, the tasks end. An aborted attempt
-        leaves the job running exactly as before and the next checkpoint tries again,
-        up to ``execution.checkpointing.tolerable-failed-checkpoints`` times; then the
-        stop fails (the answer says why) and the job goes on as it was. Either way
-        two-phase-commit sinks commit up to it and the job ends ``stopped``;
-        restoring it resumes exactly where it stopped. With ``drain`` the sources
-        end, every operator's ``end_input`` and ``finish()`` run and the job
-        ``finished`` for good (its last checkpoint records every operator finished,
-        as Flink's drained savepoint): a drained stop cannot be taken back.
-
-        The answer (``wait()``) gives the savepoint's path once the job ended, or
-        the reason the stop failed."""
+        Without ``drain``, every task is told the next checkpoint (aligned, or
+        ``unaligned``) is the savepoint, holds what reaches it once it took it, and
+        ends when it completed (job ``stopped``). An aborted attempt leaves the job
+        running exactly as before and is tried again, up to
+        ``tolerable-failed-checkpoints`` times; then the stop fails and the job goes
+        on. With ``drain`` the sources end, every ``finish()`` runs and the final
+        checkpoint is the savepoint (job ``finished``, for good: docs/runtime.md)."""
         if self.batch:
             raise ConfigError(
                 "a batch job takes no savepoints",
@@ -300,15 +257,12 @@ class Executor:
             )
         if self._rescaling is not None:
             raise ConfigError("the job is rescaling", hint="stop it once the rescale ended")
-        kind = BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED
-        request = SavepointRequest(kind)
-        with self._savepoint_lock:
+        request = SavepointRequest(BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED)
+        with self._stop_lock:
             if self._stop is not None:
                 raise ConfigError("the job is stopping already", hint="wait for that stop")
             self._savepoint_dir = savepoint_dir or self._default_savepoint_dir()
-            self._stop = drain
-            self._stop_unaligned = unaligned
-            self._stop_request = request
+            self._stop, self._stop_unaligned, self._stop_request = drain, unaligned, request
         run = self._current
         if run is not None:
             self._ask_stop(run)
@@ -316,7 +270,7 @@ class Executor:
 
     def _stop_failed(self, reason: str) -> None:
         """From the coordinator: the stop gave up; the job goes on as it was."""
-        with self._savepoint_lock:
+        with self._stop_lock:
             request, self._stop_request, self._stop = self._stop_request, None, None
         if request is not None:
             request.failed(reason)
@@ -338,17 +292,7 @@ class Executor:
             )
         if self._current is None:
             raise ConfigError("the job is not running", hint="wait for it to start")
-        where = savepoint_dir or self._default_savepoint_dir()
-        kind = BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED
-        request = SavepointRequest(kind, lambda cid: self._export_savepoint(cid, where))
-        with self._savepoint_lock:
-            if self._savepoints_closed:
-                request.failed("the job has ended")
-                return request
-            self._savepoints = [r for r in self._savepoints if not r.done] + [request]
-            if not self._current.coordinator.trigger_savepoint(request):
-                self._savepoints_waiting.append(request)  # between attempts
-        return request
+        return self._savepoints.trigger(savepoint_dir, unaligned)
 
     def rescale_live(self, wanted: Mapping[str, int] | int) -> RescaleRequest:
         """Rescales the running job, from any thread: ``wanted`` is a parallelism per
@@ -379,158 +323,24 @@ class Executor:
         run = self._current
         if run is None:
             raise ConfigError("the job is not running", hint="wait for it to start")
-        self._check_restorable(new)
-        with self._savepoint_lock:
-            if self._stop is not None:
-                raise ConfigError("the job is stopping", hint="let the stop end")
-            if self._rescaling is not None:
-                raise ConfigError(
-                    "the job is rescaling already", hint="wait for that rescale to end"
-                )
-            request = RescaleRequest(uuid.uuid4().hex, graph, new)
-            self._rescaling = self.last_rescale = request
-            self._current.coordinator.request_stop(on_failed=self._rescale_failed)
-        return request
-
-    def _rescale_failed(self, reason: str) -> None:
-        """From the coordinator: the rescale's savepoint failed beyond the tolerated
-        attempts; the job goes on as it was, at its parallelism, without a restart."""
-        with self._savepoint_lock:
-            request, self._rescaling = self._rescaling, None
-        if request is not None:
-            request.failed(reason)
-
-    def _check_restorable(self, graph: JobGraph) -> None:
-        """Refuses (ConfigError, RescaleError) a rescale that no checkpoint of the job
-        could restore, before its savepoint: the latest completed checkpoint planned
-        at ``graph`` (a forward edge that does not rescale, say)."""
-        assert self.storage is not None
-        latest = self.storage.latest()
-        if latest is None:
-            return
-        meta = CheckpointMetadata.from_json(latest.metadata, latest.path)
-        plan_restore(
-            meta,
-            graph,
-            allow_non_restored_state=self.allow_non_restored_state,
-            ignore_inflight=self.ignore_inflight,
-            force_forward=self.force_forward_rescale,
+        # Refused before the savepoint when no checkpoint of the job restores at ``new``.
+        self._rescales.check_restorable(
+            lambda meta: self._plan(meta, new, ignore_inflight=self.ignore_inflight)
         )
+        if self._stop is not None:
+            raise ConfigError("the job is stopping", hint="let the stop end")
+        return self._rescales.start(graph, new, self._current.coordinator)
 
-    def _rescale_from(
-        self, savepoint_id: int, request: RescaleRequest, recovery: JobRecovery | None
-    ) -> tuple[CheckpointMetadata, dict[tuple[str, int], TaskRestore] | None]:
-        """The next attempt of a live rescale: the job at the new parallelism,
-        restoring the savepoint the last one ended with. A plan the savepoint does
-        not allow fails the rescale and keeps the parallelism the job had."""
-        assert self.storage is not None
-        meta = CheckpointMetadata.from_json(
-            self.storage.read_metadata(savepoint_id), f"chk-{savepoint_id}"
-        )
-        self.restore_checkpoint = None  # from now on: this run's own checkpoints
-        old_graph, old = self.graph, self._parallelism()
-        try:
-            self._use_graph(request.graph)
-            restore = self._plan(meta)
-        except SpilloverError as e:
-            self._rescaling = None
-            request.failed(f"the savepoint does not restore at the new parallelism: {e}")
-            self.graph = old_graph
-            return meta, self._plan(meta)
-        new = self._parallelism()
-        if recovery is not None:
-            recovery.rescale_decided(old, new, "live rescale")
-        logger.info("job %s: rescaled from %d to %d", self.graph.name, old, new)
-        request.restarted(savepoint_id)
-        return meta, restore
-
-    def _watch_first_record(self, run: Any, request: RescaleRequest) -> threading.Event:
-        """Completes ``request`` once the attempt ``run`` (the job at the new
-        parallelism) processed its first record, by its subtasks' live counters,
-        polled every few milliseconds; set the answer when the attempt ended."""
-        ended = threading.Event()
-
-        def watch() -> None:
-            while not ended.is_set() and not request.done:
-                metrics = run.task_metrics() if run.running_at is not None else {}
-                if any(
-                    m.get("records_in", 0) + m.get("records_out", 0) > 0 for m in metrics.values()
-                ):
-                    with self._savepoint_lock:
-                        if self._rescaling is request:
-                            self._rescaling = None
-                    request.first_record(time.monotonic())
-                    return
-                ended.wait(0.002)
-
-        threading.Thread(target=watch, name="rescale-first-record", daemon=True).start()
-        return ended
-
+    # The stop's savepoint (``stop_with_savepoint`` and the end of an attempt) goes
+    # where, and is exported as, every other savepoint.
     def _default_savepoint_dir(self) -> str:
-        assert self.storage is not None
-        return (
-            self.config.state.savepoints_dir
-            or Location.parse(self.storage.uri).child("savepoints").uri
-        )
+        return self._savepoints.default_dir()
 
     def _export_savepoint(self, cid: int, savepoint_dir: str) -> str:
-        """Copies completed checkpoint ``cid`` as a savepoint ``savepoint-<job>-<cid>``
-        under ``savepoint_dir``; recorded in the statistics and the event log."""
-        assert self.storage is not None
-        name = f"savepoint-{self.job_id[:6]}-{cid}"
-        for attempt in range(EXPORT_ATTEMPTS):
-            target = Location.parse(savepoint_dir).child(name)
-            try:
-                path = self.storage.export(cid, target.uri)
-                break
-            except (OSError, StorageError) as e:
-                # The checkpoint is complete and kept: a storage fault costs the copy,
-                # which is tried again (into a new folder if the old one stays).
-                if attempt + 1 == EXPORT_ATTEMPTS or not _transient(e):
-                    raise
-                logger.warning("exporting savepoint %s failed, trying again: %s", name, e)
-                delete_tree(target, "partial savepoint")
-                time.sleep(EXPORT_BACKOFF_S * 2**attempt)
-                if target.exists():
-                    name = f"savepoint-{self.job_id[:6]}-{cid}-{attempt + 1}"
-        self.stats.exported(cid, path)
-        recovery = self.recovery
-        if recovery is not None:
-            recovery.savepoint_completed(cid, path)
-        return path
-
-    def _attempt_takes_savepoints(self, run: Any) -> None:
-        """``run`` is the running attempt now: it keeps the checkpoints of exports an
-        earlier one started, and takes the requests asked for between attempts."""
-        with self._savepoint_lock:
-            previous, self._current = self._current, run
-            waiting, self._savepoints_waiting = self._savepoints_waiting, []
-            run.coordinator.keep_exporting([r for r in self._savepoints if r.exporting is not None])
-            for request in waiting:
-                if not run.coordinator.trigger_savepoint(request):
-                    request.failed("the job attempt ended")
-        if previous is not None and previous is not run:
-            previous.coordinator.close_savepoints()
-
-    def _close_savepoints(self) -> None:
-        """The run ended: requests not yet triggered fail, later ones at once, and
-        exports under way finish before the run returns (and its event log closes)."""
-        with self._savepoint_lock:
-            self._savepoints_closed = True
-            waiting, self._savepoints_waiting = self._savepoints_waiting, []
-            exporting, self._savepoints = self._savepoints, []
-            run = self._current
-        for request in waiting:
-            request.failed("the job ended before its savepoint was triggered")
-        if run is not None:
-            run.coordinator.close_savepoints("the job ended")
-        for request in exporting:
-            if request.exporting is not None:
-                request.wait_done()
+        return self._savepoints.export(cid, savepoint_dir)
 
     def _ask_stop(self, run: Any) -> None:
-        if not self._stop:
-            # A savepoint the tasks suspend at: aborted, the job goes on as it was.
+        if not self._stop:  # a savepoint the tasks suspend at: aborted, they go on
             kind = BarrierKind.UNALIGNED if self._stop_unaligned else BarrierKind.ALIGNED
             run.coordinator.request_stop(int(kind), on_failed=self._stop_failed)
         else:  # drained: the sources end, the final checkpoint is the savepoint
@@ -551,57 +361,7 @@ class Executor:
         log before any task hears of it (a restarted master restores it)."""
         if self.recovery is not None:
             self.recovery.checkpoint_completed(checkpoint_id)
-        if self._claimed is not None:
-            self._release_claimed(checkpoint_id)
-
-    def _claim(self, meta: CheckpointMetadata) -> None:
-        """What the job owns of the checkpoint it restores
-        (``execution.state-recovery.claim-mode``). NO_CLAIM: nothing; a checkpoint
-        outside the job's checkpoint folder (a savepoint) is never deleted, and
-        every checkpoint copies the files it references there, so none depends on
-        it; one in the job's folder is never deleted either, and checkpoints
-        reference its files as after a failover. CLAIM: retention deletes it, as
-        one of the job's own checkpoints (in the job's folder), or, elsewhere, once
-        as many newer checkpoints as are retained completed without referencing it."""
-        storage = self.storage
-        if storage is None:
-            return
-        rc = self.restore_checkpoint
-        chk = (
-            Location.parse(rc)
-            if isinstance(rc, str)
-            else Location.parse(storage.checkpoint_dir(meta.checkpoint_id))
-        )
-        own = chk.parent.prefix == storage.location.prefix
-        # A savepoint's folder holds the chk-<id> of its references beside its own.
-        folder = chk.parent if not own and chk.parent.name.startswith("savepoint-") else chk
-        if self.config.recovery.claim_mode is ClaimMode.NO_CLAIM:
-            if not own:
-                storage.copy_referenced_from = (folder,)
-        elif own:
-            self.retained_ids = [meta.checkpoint_id]
-        else:
-            self._claimed, self._claimed_unreferenced = folder, 0
-
-    def _release_claimed(self, checkpoint_id: int) -> None:
-        """Deletes a claimed checkpoint outside the job's folder once the retained
-        checkpoints no longer reference it; a failure is logged, never raised (the
-        checkpoint that just completed must not fail for it)."""
-        claimed, storage = self._claimed, self.storage
-        assert claimed is not None and storage is not None
-        try:
-            meta = storage.read_metadata(checkpoint_id)
-            prefix = claimed.prefix + "/"
-            if prefix in json.dumps(meta.get("tasks")):
-                self._claimed_unreferenced = 0
-                return
-            self._claimed_unreferenced += 1
-            if self._claimed_unreferenced >= self.config.state.num_retained:
-                self._claimed = None
-                delete_tree(claimed, "claimed checkpoint")
-                logger.info("deleted the claimed checkpoint %s", claimed.uri)
-        except (OSError, SpilloverError) as e:
-            logger.warning("cannot release the claimed checkpoint %s: %s", claimed.uri, e)
+        self._claim.checkpoint_completed(checkpoint_id)
 
     def _begin_recovery(self) -> JobRecovery | None:
         """With checkpoint storage: the job's lease and event log, and the decision
@@ -693,16 +453,29 @@ class Executor:
             )
         self.graph = graph
 
-    def _plan(self, meta: CheckpointMetadata | None) -> dict[tuple[str, int], TaskRestore] | None:
+    def _plan(
+        self,
+        meta: CheckpointMetadata | None,
+        graph: JobGraph | None = None,
+        *,
+        ignore_inflight: bool | None = None,
+    ) -> dict[tuple[str, int], TaskRestore] | None:
+        """What each subtask of ``graph`` (default: the job's) restores of ``meta``;
+        raises when it does not fit. In-flight data is dropped as ``ignore_inflight``
+        says (default: as asked, and for the checkpoint
+        ``execution.checkpointing.recover-without-channel-state.checkpoint-id``)."""
         if meta is None:
             return None
-        cid = meta.checkpoint_id
+        if ignore_inflight is None:
+            ignore_inflight = (
+                self.ignore_inflight
+                or meta.checkpoint_id == self.config.recovery.without_channel_state_checkpoint
+            )
         return plan_restore(
             meta,
-            self.graph,
+            self.graph if graph is None else graph,
             allow_non_restored_state=self.allow_non_restored_state,
-            ignore_inflight=self.ignore_inflight
-            or cid == self.config.recovery.without_channel_state_checkpoint,
+            ignore_inflight=ignore_inflight,
             force_forward=self.force_forward_rescale,
         )
 
@@ -740,8 +513,7 @@ class Executor:
                 hint="run it on the local executor, or set execution.runtime-mode: streaming",
             )
         recovery = self._begin_recovery()  # the lease first: a refused master starts nothing
-        with self._savepoint_lock:
-            self._savepoints_closed = False
+        self._savepoints.open(recovery)
         # The run every subtask and attempt belongs to: the log's when it resumes one.
         resume = recovery.resume if recovery is not None else None
         self.run_id = resume.run_id if resume is not None else uuid.uuid4().hex
@@ -753,10 +525,9 @@ class Executor:
             else:
                 self._run(result, recovery, started, timeout, stop_after, stop_when)
         finally:
-            self._close_savepoints()
-            rescale, self._rescaling = self._rescaling, None
-            if rescale is not None:  # the run ended, or raised, with one under way
-                rescale.failed(f"the job ended ({result.status}) before the rescale did")
+            self._savepoints.close()
+            # The run ended, or raised, with a rescale under way: it failed.
+            self._rescales.fail(f"the job ended ({result.status}) before the rescale did")
             stop = self._stop_request
             if stop is not None:  # answered already if it had a savepoint
                 stop.failed(f"the job ended {result.status} without a savepoint")
@@ -858,7 +629,9 @@ class Executor:
                     self.retained_ids = [resume.checkpoint.checkpoint_id]  # the run's own
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         if meta is not None and meta is first_meta and self.restore_checkpoint is not None:
-            self._claim(meta)
+            owned = self._claim.claim(meta, self.restore_checkpoint)
+            if owned is not None:  # claimed in the job's folder: retention counts it
+                self.retained_ids = [owned]
         rescaled = False  # the attempt to start is a live rescale's, not a restart
         while True:
             restored_id = meta.checkpoint_id if meta is not None else None
@@ -885,16 +658,16 @@ class Executor:
                     first,
                 )
             run = self._attempt(attempt, restore, restored_id)
-            self._attempt_takes_savepoints(run)
+            self._current = run
+            self._savepoints.attempt_started(run.coordinator)
             if self._stop is not None:  # asked before this attempt started
                 self._ask_stop(run)
             rescale = self._rescaling
             watch: threading.Event | None = None
             if rescale is not None and rescale.status().savepoint_id is None:
-                # asked before this attempt started
-                run.coordinator.request_stop(on_failed=self._rescale_failed)
+                self._rescales.ask_stop(run.coordinator)  # asked before this attempt started
             elif rescale is not None:  # this attempt is the rescaled job
-                watch = self._watch_first_record(run, rescale)
+                watch = self._rescales.watch_first_record(run, rescale)
             self.status.attempt_started(attempt, restart=not rescaled)
             if self._cancelled:  # asked before this attempt started
                 run.coordinator.on_failure(JobCancelledError("the job was cancelled"))
@@ -920,21 +693,21 @@ class Executor:
                 stop_id = run.coordinator.stop_id
                 took_savepoint = stop_id is not None and stop_id in run.coordinator.completed_ids
                 if rescale.status().savepoint_id is not None:
-                    self._rescaling = None
-                    rescale.failed(
+                    self._rescales.fail(
                         "the job ended at the new parallelism before its first record"
                         if error is None
-                        else f"the job failed at the new parallelism: {error}"
+                        else f"the job failed at the new parallelism: {error}",
+                        rescale,
                     )
                 elif error is None and took_savepoint and not self._cancelled and not run.stopped:
                     assert stop_id is not None
                     rescaled = True
                 else:
-                    self._rescaling = None
-                    rescale.failed(
+                    self._rescales.fail(
                         "the job ended before its savepoint"
                         if error is None
-                        else f"the savepoint failed: {type(error).__name__}: {error}"
+                        else f"the savepoint failed: {type(error).__name__}: {error}",
+                        rescale,
                     )
                     # Savepoint attempts failed beyond the tolerated: the job goes on
                     # at its parallelism, from its latest checkpoint, at no cost to
@@ -947,7 +720,12 @@ class Executor:
                         generation + attempt, f"rescaled from savepoint {stop_id}"
                     )
                 attempt += 1
-                meta, restore = self._rescale_from(stop_id, rescale, recovery)
+                self.restore_checkpoint = None  # from now on: this run's own checkpoints
+                step = self._rescales.restart_from(
+                    rescale, stop_id, self.graph, self._plan, recovery
+                )
+                self._use_graph(step.graph)
+                meta, restore = step.meta, step.restore
                 cause = f"live rescale to {self._parallelism()}"
                 failed_at = None
                 continue

@@ -1,20 +1,29 @@
 """A live rescale (Flink's ``PUT /jobs/:id/resource-requirements``): the job graph at
 the parallelisms asked for, checked before anything is touched, and the request as a
-small future any thread can wait on. The job master takes the stop's unaligned
-savepoint, then restarts the job from it at the new parallelism in the same process
+small future any thread can wait on; and :class:`LiveRescale`, the rescales of one
+job, which the job master composes: it takes the stop's unaligned savepoint, then
+restarts the job from it at the new parallelism in the same process
 (``Executor.rescale_live``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from spillover.errors import ConfigError
+from spillover.errors import ConfigError, SpilloverError
 from spillover.runtime.api import EdgeKind
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.graph import JobGraph
+from spillover.runtime.recovery.restore import TaskRestore
+
+logger = logging.getLogger(__name__)
 
 
 def rescaled_graph(graph: JobGraph, wanted: Mapping[str, int]) -> JobGraph:
@@ -131,3 +140,157 @@ class RescaleRequest:
         """The final status (COMPLETED or FAILED); the current one if ``timeout`` passed."""
         self._done.wait(timeout)
         return self.status()
+
+
+Restore = dict[tuple[str, int], TaskRestore] | None
+"""What each subtask of an attempt restores (None: nothing)."""
+
+Planner = Callable[[CheckpointMetadata, JobGraph], Restore]
+"""The job master's restore plan of a checkpoint at a job graph; raises when the
+checkpoint does not fit."""
+
+
+class StoppingCoordinator(Protocol):
+    """What a rescale needs of the running attempt's coordinator: the stop's
+    unaligned savepoint, and word if it gives up."""
+
+    def request_stop(
+        self, kind: int = ..., on_failed: Callable[[str], None] | None = None
+    ) -> None: ...
+
+
+class RunningAttempt(Protocol):
+    """What the first-record watch reads of the attempt at the new parallelism."""
+
+    @property
+    def running_at(self) -> float | None: ...
+
+    def task_metrics(self) -> Mapping[str, Mapping[str, float]]: ...
+
+
+class RescaleLog(Protocol):
+    """Where a rescale is recorded for a later master (the job event log)."""
+
+    def rescale_decided(self, old: int, new: int, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RescaleRestart:
+    """The attempt after a live rescale's savepoint: the savepoint it restores, the
+    job graph it runs (the old one when the savepoint does not restore at the new
+    parallelism) and what each subtask restores."""
+
+    meta: CheckpointMetadata
+    graph: JobGraph
+    restore: Restore
+
+
+class LiveRescale:
+    """The live rescales of one job: at most one under way, from its request (which
+    asks the running attempt for the stop's savepoint), through the restart from
+    that savepoint at the new parallelism, to the first record the job processed
+    there (or its failure)."""
+
+    def __init__(self, storage: CheckpointStorage | None) -> None:
+        self._storage = storage
+        self._lock = threading.Lock()
+        self._request: RescaleRequest | None = None  # the one under way
+        self._last: RescaleRequest | None = None
+
+    @property
+    def under_way(self) -> RescaleRequest | None:
+        return self._request
+
+    @property
+    def last(self) -> RescaleRequest | None:
+        """The latest rescale asked for (None before any)."""
+        return self._last
+
+    def check_restorable(self, plan: Callable[[CheckpointMetadata], object]) -> None:
+        """Refuses (what ``plan`` raises) a rescale that no checkpoint of the job could
+        restore, before its savepoint: ``plan`` of the latest completed checkpoint at
+        the new graph (a forward edge that does not rescale, say)."""
+        assert self._storage is not None
+        latest = self._storage.latest()
+        if latest is None:
+            return
+        plan(CheckpointMetadata.from_json(latest.metadata, latest.path))
+
+    def start(
+        self, old: JobGraph, new: JobGraph, coordinator: StoppingCoordinator
+    ) -> RescaleRequest:
+        """A rescale from ``old`` to ``new``: the running attempt (``coordinator``'s)
+        takes the stop's savepoint. Refused (ConfigError) while one is under way."""
+        with self._lock:
+            if self._request is not None:
+                raise ConfigError(
+                    "the job is rescaling already", hint="wait for that rescale to end"
+                )
+            request = RescaleRequest(uuid.uuid4().hex, old, new)
+            self._request = self._last = request
+            self.ask_stop(coordinator)
+        return request
+
+    def ask_stop(self, coordinator: StoppingCoordinator) -> None:
+        """Asks ``coordinator`` for the rescale's savepoint. If its attempts fail
+        beyond the tolerated ones, the rescale fails and the job goes on as it was,
+        at its parallelism, without a restart."""
+        coordinator.request_stop(on_failed=self.fail)
+
+    def fail(self, reason: str, request: RescaleRequest | None = None) -> None:
+        """``request`` (default: the one under way, if any) failed for ``reason``; no
+        rescale is under way now."""
+        with self._lock:
+            under_way, self._request = self._request, None
+        request = request or under_way
+        if request is not None:
+            request.failed(reason)
+
+    def restart_from(
+        self,
+        request: RescaleRequest,
+        savepoint_id: int,
+        current: JobGraph,
+        plan: Planner,
+        log: RescaleLog | None,
+    ) -> RescaleRestart:
+        """The next attempt of ``request``: the job at the new parallelism, restoring
+        the savepoint the last one ended with, recorded in ``log``. A plan the
+        savepoint does not allow fails the rescale and keeps ``current``."""
+        assert self._storage is not None
+        meta = CheckpointMetadata.from_json(
+            self._storage.read_metadata(savepoint_id), f"chk-{savepoint_id}"
+        )
+        try:
+            restore = plan(meta, request.graph)
+        except SpilloverError as e:
+            self.fail(f"the savepoint does not restore at the new parallelism: {e}", request)
+            return RescaleRestart(meta, current, plan(meta, current))
+        old, new = job_parallelism(current), job_parallelism(request.graph)
+        if log is not None:
+            log.rescale_decided(old, new, "live rescale")
+        logger.info("job %s: rescaled from %d to %d", current.name, old, new)
+        request.restarted(savepoint_id)
+        return RescaleRestart(meta, request.graph, restore)
+
+    def watch_first_record(self, run: RunningAttempt, request: RescaleRequest) -> threading.Event:
+        """Completes ``request`` once the attempt ``run`` (the job at the new
+        parallelism) processed its first record, by its subtasks' live counters,
+        polled every few milliseconds; set the answer when the attempt ended."""
+        ended = threading.Event()
+
+        def watch() -> None:
+            while not ended.is_set() and not request.done:
+                metrics = run.task_metrics() if run.running_at is not None else {}
+                if any(
+                    m.get("records_in", 0) + m.get("records_out", 0) > 0 for m in metrics.values()
+                ):
+                    with self._lock:
+                        if self._request is request:
+                            self._request = None
+                    request.first_record(time.monotonic())
+                    return
+                ended.wait(0.002)
+
+        threading.Thread(target=watch, name="rescale-first-record", daemon=True).start()
+        return ended

@@ -1,0 +1,145 @@
+"""The parts the job master composes, against recording coordinators: savepoint
+requests reach the attempt that can take them (or fail, never hang), and at most one
+live rescale is under way, completed by the first record at the new parallelism."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from spillover.errors import ConfigError
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
+from spillover.runtime.connectors.collecting import CollectingSink
+from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.graph import JobGraph, StreamEnvironment
+from spillover.runtime.live_rescale import LiveRescale, rescaled_graph
+from spillover.runtime.savepoints import Savepoints
+
+
+class RecordingCoordinator:
+    """Takes savepoint requests while ``accepting``; records what it was told."""
+
+    def __init__(self, accepting: bool = True) -> None:
+        self.accepting = accepting
+        self.triggered: list[SavepointRequest] = []
+        self.kept: list[SavepointRequest] = []
+        self.closed: list[str] = []
+        self.stops = 0
+
+    def trigger_savepoint(self, request: SavepointRequest) -> bool:
+        if self.accepting:
+            self.triggered.append(request)
+        return self.accepting
+
+    def keep_exporting(self, requests: Sequence[SavepointRequest]) -> None:
+        self.kept += requests
+
+    def close_savepoints(self, reason: str = "the job attempt ended") -> None:
+        self.closed.append(reason)
+
+    def request_stop(self, kind: int = 1, on_failed: object = None) -> None:
+        self.stops += 1
+
+
+class NoStats:
+    def exported(self, checkpoint_id: int, path: str) -> None:
+        raise AssertionError("nothing is exported here")
+
+
+def _savepoints(tmp_path: Path, savepoints_dir: str | None = None) -> Savepoints:
+    storage = CheckpointStorage(str(tmp_path), "job")
+    sp = Savepoints(storage, NoStats(), "0123456789", savepoints_dir)
+    sp.open(None)
+    return sp
+
+
+def test_a_savepoint_asked_between_attempts_is_triggered_by_the_next(tmp_path: Path) -> None:
+    sp = _savepoints(tmp_path)
+    asked = sp.trigger(None, unaligned=True)
+    first = RecordingCoordinator()
+    sp.attempt_started(first)
+    assert first.triggered == [asked] and not asked.done
+    assert sp.trigger("/elsewhere", unaligned=False) is first.triggered[-1]
+    second = RecordingCoordinator()
+    sp.attempt_started(second)
+    assert first.closed, "the previous attempt takes no more savepoints"
+
+
+def test_a_savepoint_no_attempt_takes_fails_and_one_asked_after_the_run_fails_at_once(
+    tmp_path: Path,
+) -> None:
+    sp = _savepoints(tmp_path)
+    refused = sp.trigger(None, unaligned=False)
+    sp.attempt_started(RecordingCoordinator(accepting=False))
+    assert refused.done and refused.error == "the job attempt ended"
+    waiting = sp.trigger(None, unaligned=False)  # the attempt refuses it: it waits
+    sp.close()
+    assert waiting.done and "before its savepoint was triggered" in str(waiting.error)
+    late = sp.trigger(None, unaligned=False)
+    assert late.done and late.error == "the job has ended"
+    sp.open(None)
+    coordinator = RecordingCoordinator()
+    sp.attempt_started(coordinator)
+    assert not sp.trigger(None, unaligned=False).done and len(coordinator.triggered) == 1
+
+
+def test_savepoints_go_to_the_configured_directory_else_beside_the_checkpoints(
+    tmp_path: Path,
+) -> None:
+    assert _savepoints(tmp_path, "/savepoints").default_dir() == "/savepoints"
+    assert Path(_savepoints(tmp_path).default_dir()) == tmp_path / "job" / "savepoints"
+
+
+class CountingAttempt:
+    """An attempt whose subtasks processed ``records`` so far."""
+
+    def __init__(self) -> None:
+        self.running_at: float | None = None
+        self.records = 0.0
+
+    def task_metrics(self) -> Mapping[str, Mapping[str, float]]:
+        return {"m#0": {"records_in": self.records}}
+
+
+def _graph() -> JobGraph:
+    env = StreamEnvironment("g", parallelism=2, max_parallelism=16)
+    env.from_source(GeneratorSource(partitions=2), uid="src").key_by("key").sink(
+        CollectingSink("g"), uid="sink"
+    )
+    return env.build()
+
+
+def test_one_rescale_at_a_time_completed_by_the_first_record() -> None:
+    old = _graph()
+    new = rescaled_graph(old, {"src": 3, "sink": 3})
+    rescales = LiveRescale(None)
+    coordinator = RecordingCoordinator()
+    request = rescales.start(old, new, coordinator)
+    assert coordinator.stops == 1, "the running attempt takes the stop's savepoint"
+    assert rescales.under_way is request and rescales.last is request
+    with pytest.raises(ConfigError, match="rescaling already"):
+        rescales.start(old, new, coordinator)
+    request.restarted(7)
+    attempt = CountingAttempt()
+    ended = rescales.watch_first_record(attempt, request)
+    attempt.running_at, attempt.records = 1.0, 1.0
+    status = request.wait(30)
+    ended.set()
+    assert status.status == "COMPLETED" and status.savepoint_id == 7
+    assert (status.from_parallelism, status.to_parallelism) == (2, 3)
+    assert rescales.under_way is None and rescales.last is request
+
+
+def test_a_failed_rescale_leaves_room_for_the_next() -> None:
+    old = _graph()
+    new = rescaled_graph(old, {"src": 3, "sink": 3})
+    rescales = LiveRescale(None)
+    rescales.fail("nothing under way")  # no rescale: nothing happens
+    first = rescales.start(old, new, RecordingCoordinator())
+    rescales.fail("the savepoint failed", first)
+    assert first.status().status == "FAILED" and first.status().failure == "the savepoint failed"
+    second = rescales.start(old, new, RecordingCoordinator())
+    assert rescales.under_way is second and rescales.last is second
