@@ -268,8 +268,7 @@ class Executor:
             self._ask_stop(run)
         return request
 
-    def _stop_failed(self, reason: str) -> None:
-        """From the coordinator: the stop gave up; the job goes on as it was."""
+    def _stop_failed(self, reason: str) -> None:  # from the coordinator: the job goes on
         with self._stop_lock:
             request, self._stop_request, self._stop = self._stop_request, None, None
         if request is not None:
@@ -332,12 +331,9 @@ class Executor:
         return self._rescales.start(graph, new, self._current.coordinator)
 
     # The stop's savepoint (``stop_with_savepoint`` and the end of an attempt) goes
-    # where, and is exported as, every other savepoint.
+    # where, and is exported as, every other savepoint (``Savepoints.export_stop``).
     def _default_savepoint_dir(self) -> str:
         return self._savepoints.default_dir()
-
-    def _export_savepoint(self, cid: int, savepoint_dir: str) -> str:
-        return self._savepoints.export(cid, savepoint_dir)
 
     def _ask_stop(self, run: Any) -> None:
         if not self._stop:  # a savepoint the tasks suspend at: aborted, they go on
@@ -741,7 +737,10 @@ class Executor:
                     assert self.storage is not None
                     # The stop's savepoint; if the data ended first, the final checkpoint.
                     cid = run.coordinator.stop_savepoint_id or run.coordinator.completed_ids[-1]
-                    result.savepoint = self._export_savepoint(cid, self._savepoint_dir)
+                    result.savepoint, copy_failed = self._savepoints.export_stop(
+                        cid, self._savepoint_dir
+                    )
+                    result.failures += [copy_failed] if copy_failed else []
                     result.status = "finished" if self._stop else "stopped"
                     if self._stop_request is not None:
                         self._stop_request.succeeded(result.savepoint)

@@ -102,6 +102,18 @@ class Savepoints:
             log.savepoint_completed(cid, path)
         return path
 
+    def export_stop(self, cid: int, savepoint_dir: str) -> tuple[str, str | None]:
+        """The stop's savepoint, exported as any other. If storage fails every copy,
+        the stop's own checkpoint is the restore point (it is complete, and nothing
+        deletes it once the run ended): its path, and a note saying why."""
+        try:
+            return self.export(cid, savepoint_dir), None
+        except (OSError, StorageError) as e:
+            assert self._storage is not None
+            path = self._storage.location.child(f"chk-{cid}").uri
+            logger.warning("the stop's savepoint could not be copied; restore %s: %s", path, e)
+            return path, f"the savepoint could not be copied ({e}): restore its checkpoint {path}"
+
     def trigger(self, savepoint_dir: str | None, unaligned: bool) -> SavepointRequest:
         """A savepoint of the running job, exported under ``savepoint_dir`` (default
         :meth:`default_dir`): triggered now, or by the next attempt when none runs."""

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from spillover.errors import ConfigError
+from spillover.errors import ConfigError, StorageError
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.live_rescale import LiveRescale, rescaled_graph
-from spillover.runtime.savepoints import Savepoints
+from spillover.runtime.savepoints import EXPORT_ATTEMPTS, Savepoints
 
 
 class RecordingCoordinator:
@@ -66,6 +66,27 @@ def test_a_savepoint_asked_between_attempts_is_triggered_by_the_next(tmp_path: P
     second = RecordingCoordinator()
     sp.attempt_started(second)
     assert first.closed, "the previous attempt takes no more savepoints"
+
+
+def test_a_stop_whose_savepoint_storage_never_copies_names_its_own_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by chaos (1-8): storage failing every copy of a stop's savepoint ended
+    the run with nothing to restore. The checkpoint is complete: it is the restore
+    point, and the note says why; every copy was tried first."""
+    sp = _savepoints(tmp_path)
+    tries: list[str] = []
+
+    def export(cid: int, target: str) -> str:
+        tries.append(target)
+        raise StorageError("cannot copy the checkpoint into the savepoint", path=target)
+
+    monkeypatch.setattr(sp._storage, "export", export)  # type: ignore[union-attr]
+    monkeypatch.setattr("spillover.runtime.savepoints.EXPORT_BACKOFF_S", 0.0)
+    path, note = sp.export_stop(7, str(tmp_path / "sp"))
+    assert path == str(tmp_path / "job" / "chk-7")
+    assert note is not None and "restore its checkpoint" in note and path in note
+    assert len(tries) == EXPORT_ATTEMPTS
 
 
 def test_a_savepoint_no_attempt_takes_fails_and_one_asked_after_the_run_fails_at_once(
