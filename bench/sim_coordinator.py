@@ -14,7 +14,11 @@ one after they exited. Columns:
 - ``relay cpu``: unpickling the acknowledgements (the driver's control endpoint);
 - ``write``: ``CheckpointStorage.write_metadata``; ``_metadata``: its size;
 - ``index``: the channel index beside it (metadata version 2), its size;
-- ``read``: reading the metadata back into ``CheckpointMetadata``;
+- ``raw write``: the machine's limit for the same bytes, measured in the same run:
+  ``_metadata`` and the index written to new files and renamed into place, as
+  ``Location.publish`` does (no fsync, the storage's default), no encoding;
+- ``read``: reading the metadata back into ``CheckpointMetadata``; ``raw read``:
+  the same files' bytes read, nothing decoded (the limit of ``read``);
 - ``plan T->T/2``: ``plan_restore`` at half the parallelism;
 - ``resolve``: one restored map subtask reads the channel maps of every gate
   it replays (the index, lazily);
@@ -54,6 +58,27 @@ def _index_bytes(sim: Simulation, cid: int) -> int:
     return os.path.getsize(path) if os.path.exists(path) else 0
 
 
+def _raw_io_ms(files: list[str], directory: str) -> tuple[float, float]:
+    """The machine's limit for the metadata's I/O: ``files``' bytes written to new
+    files renamed into place (as ``Location.publish`` does), then read back."""
+    blobs = []
+    for f in files:
+        with open(f, "rb") as src:
+            blobs.append(src.read())
+    t = time.perf_counter()
+    for i, data in enumerate(blobs):
+        tmp, final = os.path.join(directory, f"raw-{i}.tmp"), os.path.join(directory, f"raw-{i}")
+        with open(tmp, "wb") as out:
+            out.write(data)
+        os.replace(tmp, final)
+    write_ms = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    for i in range(len(blobs)):
+        with open(os.path.join(directory, f"raw-{i}"), "rb") as src:
+            src.read()
+    return write_ms, (time.perf_counter() - t) * 1000
+
+
 def measure(subtasks: int, fill: float, directory: str) -> dict[str, Any]:
     p = subtasks // 2
     job = SimulatedJob(p, fill=fill)
@@ -81,6 +106,11 @@ def measure(subtasks: int, fill: float, directory: str) -> dict[str, Any]:
         row["resolve_ms"] = (time.perf_counter() - t) * 1000 if resolve is not None else None
         del plans, meta, restore
         row["index_bytes"] = _index_bytes(sim, cid)
+        chk = sim.storage.location.child(f"chk-{cid}")
+        files = [chk.child(n).path for n in ("_metadata", "_channel_index")]
+        row["raw_write_ms"], row["raw_read_ms"] = _raw_io_ms(
+            [f for f in files if os.path.exists(f)], directory
+        )
         traced = sim.checkpoint(trace=True)
         declined = sim.checkpoint(decline=True)
         sim.finish_sources()
@@ -102,17 +132,19 @@ def _size(n: int) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| T | p | wall | coord cpu | relay cpu | write | `_metadata` | index | read "
-        "| plan T->T/2 | resolve | peak |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| T | p | wall | coord cpu | relay cpu | write | raw write | `_metadata` | index "
+        "| read | raw read | plan T->T/2 | resolve | peak |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for r in rows:
         resolve = f"{r['resolve_ms']:.0f} ms" if r["resolve_ms"] is not None else "-"
         lines.append(
             f"| {r['T']:,} | {r['p']} | {r['wall_ms']:.0f} ms | {r['coordinator_cpu_ms']:.0f} ms "
-            f"| {r['relay_cpu_ms']:.0f} ms | {r['write_ms']:.0f} ms | {_size(r['metadata_bytes'])} "
+            f"| {r['relay_cpu_ms']:.0f} ms | {r['write_ms']:.0f} ms | {r['raw_write_ms']:.1f} ms "
+            f"| {_size(r['metadata_bytes'])} "
             f"| {_size(r['index_bytes']) if r['index_bytes'] else '-'} | {r['read_ms']:.0f} ms "
+            f"| {r['raw_read_ms']:.1f} ms "
             f"| {r['plan_ms']:.0f} ms | {resolve} | {_size(r['peak_bytes'])} |"
         )
     return "\n".join(lines)
