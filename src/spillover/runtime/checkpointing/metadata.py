@@ -354,22 +354,8 @@ def referenced_checkpoints(meta: dict[str, Any], root: str | None = None) -> lis
         if m is not None and int(m.group(1)) != own:
             found.add(int(m.group(1)))
 
-    def walk(value: Any) -> None:
-        if isinstance(value, str):
-            add(value)
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
-
-    for entry in (meta.get("tasks") or {}).values():
-        for st in (entry.get("subtasks") or {}).values():
-            for ref in (st.get("channel_state") or {}).get("references", []):
-                for piece in ref["pieces"]:
-                    add(piece["handle"]["uri"])
-            walk([st.get("keyed"), st.get("handles")])  # exited subtasks' state
+    for uri in _referenced_uris(meta):
+        add(uri)
     return sorted(found)
 
 

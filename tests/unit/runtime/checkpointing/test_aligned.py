@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spillover.runtime.checkpointing.barriers.controller import RecoveredCut
+from tests.support.barrier_task import StillChannels, recording_handler
+
 from spillover.runtime.checkpointing.barriers.handler import BarrierHandler
 from spillover.runtime.checkpointing.barriers.states import (
     WAITING,
@@ -17,81 +18,9 @@ from spillover.runtime.checkpointing.barriers.states import (
 from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
 
 
-class FakeChannels:
-    def __init__(self) -> None:
-        self.blocked: set[int] = set()
-
-    def block(self, channel: int) -> None:
-        self.blocked.add(channel)
-
-    def unblock(self, channel: int) -> None:
-        self.blocked.discard(channel)
-
-    def unblock_all(self) -> None:
-        self.blocked.clear()
-
-    def is_blocked(self, channel: int) -> bool:
-        return channel in self.blocked
-
-    def has_ended(self, channel: int) -> bool:
-        return False
-
-    def overtake(self, channel: int, match: Any) -> None:
-        return None
-
-
-class FakeWriter:
-    input_bytes = 0
-
-    def add_input(self, *args: Any) -> None: ...
-
-
-class FakeController:
-    """Records what the handler does to its task."""
-
-    def __init__(self, log: list[Any]) -> None:
-        self.log = log
-
-    def open_inflight(self, barrier: CheckpointBarrier, pending: set[int]) -> Any:
-        from spillover.runtime.checkpointing.inflight import InFlightCheckpoint
-
-        return InFlightCheckpoint(barrier.checkpoint_id, FakeWriter(), set(pending), 0, 0.0)  # type: ignore[arg-type]
-
-    def cut_recovered(self) -> RecoveredCut:
-        return RecoveredCut([], frozenset(), False)
-
-    def forward_unaligned(self, barrier: CheckpointBarrier, inf: Any) -> None:
-        self.log.append(("forwarded", barrier.checkpoint_id))
-
-    def begun_records(self, skip: frozenset[int]) -> list[tuple[int, bytes]]:
-        return []
-
-    def snapshot(self, barrier: CheckpointBarrier, stats: Any, inf: Any) -> None:
-        kind = "unaligned" if inf is not None else "aligned"
-        self.log.append((kind, barrier.checkpoint_id))
-
-    def decline(self, checkpoint_id: int, reason: str) -> None:
-        self.log.append(("aborted", checkpoint_id))
-
-    def cancel_downstream(self, checkpoint_id: int) -> None: ...
-
-
-class FakeAcks:
-    def __init__(self, log: list[Any]) -> None:
-        self.log = log
-
-    def complete(self, inf: Any) -> None:
-        self.log.append(("completed", inf.checkpoint_id))
-
-    def abort(self, inf: Any) -> None:
-        self.log.append(("aborted", inf.checkpoint_id))
-
-
-def _handler(n: int) -> tuple[BarrierHandler, FakeChannels, list[Any]]:
-    channels = FakeChannels()
-    log: list[Any] = []
-    h = BarrierHandler(FakeController(log), channels, FakeAcks(log), n)  # type: ignore[arg-type]
-    return h, channels, log
+def _handler(n: int) -> tuple[BarrierHandler, StillChannels, list[Any]]:
+    h, channels, task = recording_handler(n)
+    return h, channels, task.log
 
 
 def test_alignment_blocks_each_channel_until_all_delivered() -> None:
@@ -103,27 +32,27 @@ def test_alignment_blocks_each_channel_until_all_delivered() -> None:
     state = h.state
     assert isinstance(state, CollectingAligned) and state.stats.bytes_during_alignment == 100
     h.on_barrier(1, CheckpointBarrier(1, 0))
-    assert log == [("aligned", 1)] and gate.blocked == set() and h.state is WAITING
+    assert log == [("snapshot", 1)] and gate.blocked == set() and h.state is WAITING
 
 
 def test_newer_barrier_aborts_the_alignment_in_progress() -> None:
     h, gate, log = _handler(2)
     h.on_barrier(0, CheckpointBarrier(1, 0))
     h.on_barrier(1, CheckpointBarrier(2, 0))  # n+1 overtook n on another channel
-    assert log == [("aborted", 1)] and gate.blocked == {1}
+    assert log == [("declined", 1)] and gate.blocked == {1}
     h.on_barrier(1, CheckpointBarrier(1, 0))  # the straggler of the aborted one
-    assert log == [("aborted", 1)]
+    assert log == [("declined", 1)]
     h.on_barrier(0, CheckpointBarrier(2, 0))
-    assert log == [("aborted", 1), ("aligned", 2)]
+    assert log == [("declined", 1), ("snapshot", 2)]
 
 
 def test_cancel_marker_aborts_and_late_barriers_are_ignored() -> None:
     h, gate, log = _handler(2)
     h.on_barrier(0, CheckpointBarrier(5, 0))
     h.on_cancel(5)
-    assert log == [("aborted", 5)] and gate.blocked == set()
+    assert log == [("declined", 5)] and gate.blocked == set()
     h.on_barrier(1, CheckpointBarrier(5, 0))
-    assert log == [("aborted", 5)] and h.state is WAITING
+    assert log == [("declined", 5)] and h.state is WAITING
 
 
 def test_ended_channels_no_longer_hold_up_alignment() -> None:
@@ -131,11 +60,11 @@ def test_ended_channels_no_longer_hold_up_alignment() -> None:
     h.on_end_of_partition(2)
     h.on_barrier(0, CheckpointBarrier(1, 0))
     h.on_barrier(1, CheckpointBarrier(1, 0))
-    assert log == [("aligned", 1)]
+    assert log == [("snapshot", 1)]
     h2, _, log2 = _handler(2)
     h2.on_barrier(0, CheckpointBarrier(1, 0))
     h2.on_end_of_partition(1)  # the last missing channel ends while aligning
-    assert log2 == [("aligned", 1)]
+    assert log2 == [("snapshot", 1)]
 
 
 def test_only_an_aligned_with_timeout_checkpoint_goes_unaligned_when_it_times_out() -> None:
@@ -148,6 +77,6 @@ def test_only_an_aligned_with_timeout_checkpoint_goes_unaligned_when_it_times_ou
     h.on_timeout(2)
     assert isinstance(h.state, CollectingUnaligned) and gate.blocked == set()
     assert h.state.inf.pending == {1}  # channel 0 delivered its barrier already
-    assert log == [("aligned", 1), ("forwarded", 2), ("unaligned", 2)]
+    assert log == [("snapshot", 1), ("forwarded", 2), ("snapshot+inflight", 2)]
     h.on_barrier(1, CheckpointBarrier(2, 0, BarrierKind.ALIGNED_WITH_TIMEOUT))
     assert h.state is WAITING and log[-1] == ("completed", 2)

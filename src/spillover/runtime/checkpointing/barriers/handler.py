@@ -206,7 +206,7 @@ class BarrierHandler:
             if ahead is None:
                 continue
             try:
-                state = state.abort(self, state.checkpoint_id)  # it cannot complete now
+                state.give_up(self)  # the checkpoint in progress cannot complete now
                 return self.start_unaligned(found[0], frozenset({ch}), None, (ch, ahead))
             finally:
                 for b in ahead:

@@ -59,12 +59,37 @@ class BarrierState:
         return self
 
     def timeout(self, h: BarrierHandler, cid: int) -> BarrierState:
-        """The coordinator's word that checkpoint ``cid``'s alignment timed out."""
+        """The coordinator's word that checkpoint ``cid``'s alignment timed out: its
+        own checkpoint's is none of a state's business unless it alternates; another
+        one's barrier may be queued (``timed_out_before_barrier``)."""
+        if cid == self.checkpoint_id:
+            return self
         return h.timed_out_before_barrier(self, cid)
 
     def abort(self, h: BarrierHandler, cid: int) -> BarrierState:
-        """Checkpoint ``cid`` was cancelled upstream or aborted."""
-        return self
+        """Checkpoint ``cid`` was cancelled upstream or aborted: ends this state's
+        checkpoint if it is that one."""
+        if cid != self.checkpoint_id:
+            return self
+        self.give_up(h)
+        return WAITING
+
+    def give_up(self, h: BarrierHandler) -> None:
+        """This state's checkpoint cannot complete: declined, its channels freed."""
+
+    def newer(
+        self,
+        h: BarrierHandler,
+        ch: int,
+        barrier: ev.CheckpointBarrier,
+        overtaken: list[NetworkBuffer],
+    ) -> BarrierState:
+        """A barrier of another checkpoint than this state's: a straggler, or a newer
+        one that ends this one (Flink subsumes it) and starts afresh."""
+        if h.stale(barrier.checkpoint_id):
+            return self
+        self.give_up(h)
+        return WAITING.barrier(h, ch, barrier, overtaken)
 
     def end(self, h: BarrierHandler) -> None:
         """The task ends: let go of what this state holds."""
@@ -124,11 +149,7 @@ class CollectingAligned(BarrierState):
             self.seen.add(ch)
             h.channels.block(ch)
             return self._maybe_complete(h)
-        if h.stale(cid):
-            return self  # a straggler
-        # A newer checkpoint's barrier: this one cannot complete.
-        self._give_up(h)
-        return WAITING.barrier(h, ch, barrier, overtaken)
+        return self.newer(h, ch, barrier, overtaken)
 
     def data(self, h: BarrierHandler, ch: int, buf: NetworkBuffer) -> BarrierState:
         self.stats.bytes_during_alignment += len(buf)
@@ -136,17 +157,6 @@ class CollectingAligned(BarrierState):
 
     def end_of_partition(self, h: BarrierHandler, ch: int) -> BarrierState:
         return self._maybe_complete(h)
-
-    def abort(self, h: BarrierHandler, cid: int) -> BarrierState:
-        if cid != self.checkpoint_id:
-            return self
-        self._give_up(h)
-        return WAITING
-
-    def timeout(self, h: BarrierHandler, cid: int) -> BarrierState:
-        if cid == self.checkpoint_id:
-            return self  # an aligned checkpoint does not time out
-        return h.timed_out_before_barrier(self, cid)
 
     def end(self, h: BarrierHandler) -> None:
         h.channels.unblock_all()
@@ -168,7 +178,7 @@ class CollectingAligned(BarrierState):
         h.then(lambda: h.after.aligned(first, stats, seen))
         return WAITING
 
-    def _give_up(self, h: BarrierHandler) -> None:
+    def give_up(self, h: BarrierHandler) -> None:
         h.channels.unblock_all()
         h.ctrl.decline(self.checkpoint_id, "alignment aborted")
         h.ctrl.cancel_downstream(self.checkpoint_id)
@@ -203,11 +213,7 @@ class CollectingUnaligned(BarrierState):
                 for b in overtaken:
                     self.inf.add_input(ch, b)
             return self.channel_done(h, ch)
-        if h.stale(cid):
-            return self  # a straggler
-        # A newer checkpoint's barrier: this one cannot complete (Flink subsumes it).
-        self._give_up(h)
-        return WAITING.barrier(h, ch, barrier, overtaken)
+        return self.newer(h, ch, barrier, overtaken)
 
     def data(self, h: BarrierHandler, ch: int, buf: NetworkBuffer) -> BarrierState:
         inf = self.inf
@@ -225,17 +231,6 @@ class CollectingUnaligned(BarrierState):
 
     def end_of_partition(self, h: BarrierHandler, ch: int) -> BarrierState:
         return self.channel_done(h, ch)
-
-    def abort(self, h: BarrierHandler, cid: int) -> BarrierState:
-        if cid != self.checkpoint_id:
-            return self
-        self._give_up(h)
-        return WAITING
-
-    def timeout(self, h: BarrierHandler, cid: int) -> BarrierState:
-        if cid == self.checkpoint_id:
-            return self
-        return h.timed_out_before_barrier(self, cid)
 
     def end(self, h: BarrierHandler) -> None:
         self.inf.writer.discard()
@@ -261,7 +256,7 @@ class CollectingUnaligned(BarrierState):
         h.acks.complete(inf)
         return WAITING
 
-    def _give_up(self, h: BarrierHandler) -> None:
+    def give_up(self, h: BarrierHandler) -> None:
         if self.inf.limited:
             h.channels.unblock_all()
         h.acks.abort(self.inf)
