@@ -10,32 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.errors import StateFileNotFoundError
 from spillover.storage.channel_index import INDEX_FILE
 from spillover.verify import VerifySpec, build
 from support.checkpoint_golden import as_version_1
-
-
-def _checkpointed(tmp_path: Path, spec: VerifySpec) -> tuple[Config, int]:
-    cfg = Config.from_dict(
-        {
-            "execution.checkpointing.interval": "50 ms",
-            "state.checkpoints.dir": str(tmp_path / "ckpt"),
-            **spec.checkpoint_options(),
-        }
-    )
-    r = LocalExecutor(build(spec, str(tmp_path / "out"), "job"), cfg).run(stop_after=1.0)
-    done = r.completed_checkpoints()
-    assert done and done[-1]["inflight_bytes"] > 0
-    return cfg, done[-1]["checkpoint_id"]
+from support.checkpointed import checkpointed
 
 
 @pytest.mark.parametrize("new", [2, 3])
 def test_a_version_1_checkpoint_restores_like_version_2(tmp_path: Path, new: int) -> None:
     spec = VerifySpec(policy="unaligned", parallelism=2, records=40_000, rate_per_subtask=20_000)
-    cfg, cid = _checkpointed(tmp_path / "a", spec)
+    cfg, cid = checkpointed(tmp_path / "a", spec)
     chk = tmp_path / "a" / "ckpt" / "job" / f"chk-{cid}"
     raw = json.loads((chk / "_metadata").read_bytes())
     assert raw["version"] == 2 and (chk / INDEX_FILE).exists()
@@ -59,7 +45,7 @@ def test_a_version_1_checkpoint_restores_like_version_2(tmp_path: Path, new: int
 
 def test_a_missing_channel_index_refuses_the_whole_restore(tmp_path: Path) -> None:
     spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
-    cfg, cid = _checkpointed(tmp_path, spec)
+    cfg, cid = checkpointed(tmp_path, spec)
     index = tmp_path / "ckpt" / "job" / f"chk-{cid}" / INDEX_FILE
     index.unlink()
     env = build(spec, str(tmp_path / "out"), "job", 3)

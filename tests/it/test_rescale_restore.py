@@ -25,6 +25,7 @@ from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.operators import KeyedCount
 from spillover.streaming import StreamEnvironment
 from spillover.verify import VerifySpec, build, compare, config_for, output_of, run_once
+from support.checkpointed import checkpointed
 
 PAIRS = [(1, 2), (2, 3), (3, 7), (4, 8), (5, 2), (3, 5), (7, 2)]
 PAIRS += [(b, a) for a, b in PAIRS]
@@ -59,20 +60,6 @@ def test_rescale_wide(old: int, new: int, rescale_exact: Callable[..., None]) ->
 
 
 # --- refusals ---------------------------------------------------------------------------------
-
-
-def _checkpointed(tmp_path: Path, spec: VerifySpec) -> tuple[Config, int]:
-    cfg = Config.from_dict(
-        {
-            "execution.checkpointing.interval": "50 ms",
-            "state.checkpoints.dir": str(tmp_path / "ckpt"),
-            **spec.checkpoint_options(),
-        }
-    )
-    r = LocalExecutor(build(spec, str(tmp_path / "out"), "job"), cfg).run(stop_after=1.0)
-    done = r.completed_checkpoints()
-    assert done and done[-1]["inflight_bytes"] > 0
-    return cfg, done[-1]["checkpoint_id"]
 
 
 def test_forward_edge_refuses_to_rescale_unless_forced(tmp_path: Path) -> None:
@@ -156,7 +143,7 @@ def test_a_forced_forward_rescale_replays_every_upstreams_inflight_output(
 
 def test_missing_inflight_file_refuses_the_whole_restore(tmp_path: Path) -> None:
     spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
-    cfg, cid = _checkpointed(tmp_path, spec)
+    cfg, cid = checkpointed(tmp_path, spec)
     files = sorted((tmp_path / "ckpt" / "job" / f"chk-{cid}").rglob("*.spill"))
     assert files
     files[0].unlink()
@@ -168,7 +155,7 @@ def test_missing_inflight_file_refuses_the_whole_restore(tmp_path: Path) -> None
 
 def test_escape_hatch_restores_without_inflight_data(tmp_path: Path) -> None:
     spec = VerifySpec(policy="unaligned", parallelism=2, records=40_000, rate_per_subtask=20_000)
-    cfg, cid = _checkpointed(tmp_path, spec)
+    cfg, cid = checkpointed(tmp_path, spec)
     for f in (tmp_path / "ckpt" / "job" / f"chk-{cid}").rglob("*.spill"):
         f.unlink()  # in-flight data unreadable
     hatch = cfg.with_options(
@@ -186,7 +173,7 @@ def test_changed_max_parallelism_is_refused(tmp_path: Path) -> None:
     from spillover.runtime.graph import StreamEnvironment
 
     spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
-    cfg, cid = _checkpointed(tmp_path, spec)
+    cfg, cid = checkpointed(tmp_path, spec)
     env = StreamEnvironment("job", parallelism=2, max_parallelism=256)
     env.from_source(GeneratorSource(partitions=4), uid="source").sink(CollectingSink("x"), uid="s")
     with pytest.raises(ConfigError, match="max parallelism"):
@@ -269,7 +256,7 @@ def test_references_filtered_by_another_partitioner_are_refused_up_front(
         records=10**9,
         rate_per_subtask=20_000,
     )
-    cfg, cid = _checkpointed(tmp_path, spec)
+    cfg, cid = checkpointed(tmp_path, spec)
     meta_path = tmp_path / "ckpt" / "job" / f"chk-{cid}" / "_metadata"
     meta = json.loads(meta_path.read_text())
     st = meta["tasks"]["custom-routed"]["subtasks"]["0"]
@@ -302,7 +289,7 @@ def test_pass_through_references_go_where_their_old_subtask_goes(tmp_path: Path,
     from spillover.runtime.recovery.plan import plan_restore
 
     spec = VerifySpec(policy="unaligned", parallelism=2, records=10**9, rate_per_subtask=20_000)
-    _cfg, cid = _checkpointed(tmp_path, spec)
+    _cfg, cid = checkpointed(tmp_path, spec)
     meta = json.loads((tmp_path / "ckpt" / "job" / f"chk-{cid}" / "_metadata").read_text())
     sink = meta["tasks"]["parquet-sink"]["subtasks"]
     handle = next(  # any stored handle, as the shape of the pieces' handles

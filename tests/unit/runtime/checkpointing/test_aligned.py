@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.barrier_task import StillChannels, recording_handler
-
 from spillover.runtime.checkpointing.barriers.handler import BarrierHandler
 from spillover.runtime.checkpointing.barriers.states import (
     WAITING,
@@ -16,6 +14,7 @@ from spillover.runtime.checkpointing.barriers.states import (
     CollectingUnaligned,
 )
 from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
+from support.barrier_task import StillChannels, recording_handler
 
 
 def _handler(n: int) -> tuple[BarrierHandler, StillChannels, list[Any]]:

@@ -24,6 +24,7 @@ from spillover.runtime.checkpointing.barriers.controller import RecoveredCut
 from spillover.runtime.checkpointing.barriers.handler import BarrierHandler
 from spillover.runtime.checkpointing.inflight import InFlightCheckpoint
 from spillover.runtime.network.events import BarrierKind, CheckpointBarrier, to_buffer
+from support.barrier_task import StillChannels
 
 CHANNELS = 3
 
@@ -49,26 +50,14 @@ class Item:
     barrier: CheckpointBarrier | None = None
 
 
-class ModelChannels:
+class ModelChannels(StillChannels):
     """The input channels: one FIFO queue each; an unaligned barrier jumps the data
     queued ahead of it (never an earlier event)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.queues: list[list[Item]] = [[] for _ in range(CHANNELS)]
-        self.blocked: set[int] = set()
         self.ended: set[int] = set()  # EndOfPartition queued or delivered
-
-    def block(self, channel: int) -> None:
-        self.blocked.add(channel)
-
-    def unblock(self, channel: int) -> None:
-        self.blocked.discard(channel)
-
-    def unblock_all(self) -> None:
-        self.blocked.clear()
-
-    def is_blocked(self, channel: int) -> bool:
-        return channel in self.blocked
 
     def has_ended(self, channel: int) -> bool:
         return channel in self.ended

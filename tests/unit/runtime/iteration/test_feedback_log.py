@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.support.barrier_task import RecordingTask, recording_handler
-
 from spillover.runtime.checkpointing.barriers.handler import BarrierHandler
 from spillover.runtime.iteration.head import FeedbackLog
 from spillover.runtime.network.events import CheckpointBarrier
+from support.barrier_task import RecordingTask, recording_handler
 
 REGULAR, FEEDBACK = 0, 1
 
