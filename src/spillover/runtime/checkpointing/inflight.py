@@ -136,10 +136,10 @@ class InflightAcks:
         if not (self.threads.channels_idle() and self._close_channels(inf, quick=True)):
             self.threads.submit_channels(self._close_channels, inf)
 
-    def abort(self, inf: InFlightCheckpoint, reason: str = "unaligned checkpoint aborted") -> None:
+    def abort(self, inf: InFlightCheckpoint) -> None:
         """Drops ``inf``'s files and declines it."""
         self.threads.submit_channels(inf.writer.discard)
-        self.gateway.decline(inf.checkpoint_id, reason)
+        self.gateway.decline(inf.checkpoint_id, "unaligned checkpoint aborted")
 
     def operator_part_done(
         self, inf: InFlightCheckpoint, ack: Ack | None, error: str | None = None
