@@ -100,11 +100,13 @@ def test_restores_replay_the_feedback_the_head_logged(policy: str, tmp_path: Pat
     )
     per_subtask = spec.records // spec.parallelism
     # The commit failure comes once a checkpoint completed, whatever the machine's
-    # speed: at least one restore is from a checkpoint.
+    # speed: at least one restore is from a checkpoint. It waits for the third, so
+    # that feedback circulates when the checkpoint is taken (the first can come
+    # before any record went round the loop).
     failures = FailureInjector(
         [
             FailureSpec("operator", "loop-head", 0, after_records=per_subtask // 2),
-            FailureSpec("commit", "loop-head", 0),
+            FailureSpec("commit", "loop-head", 0, after_checkpoint=3),
             FailureSpec("operator", "loop-body", 1, after_records=per_subtask),
         ]
     )

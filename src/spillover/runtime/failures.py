@@ -32,6 +32,7 @@ class FailureSpec:
     vertex_uid: str | None = None  # None: any vertex
     subtask: int | None = None  # None: any subtask
     after_records: int = 0  # operator point: records handled by the subtask in this attempt
+    after_checkpoint: int = 0  # commit point: the completed checkpoint's id is at least this
     fired_in: int | None = None  # the attempt it fired in
 
     def __post_init__(self) -> None:
@@ -41,6 +42,8 @@ class FailureSpec:
     def describe(self) -> str:
         where = f"{self.vertex_uid or '*'}#{'*' if self.subtask is None else self.subtask}"
         extra = f" after {self.after_records} records" if self.point == "operator" else ""
+        if self.point == "commit" and self.after_checkpoint:
+            extra = f" of checkpoint {self.after_checkpoint} or later"
         return f"{self.point} at {where}{extra}"
 
 
@@ -97,6 +100,8 @@ class FailureInjector:
             if s.subtask is not None and s.subtask != subtask:
                 return
             if point == "operator" and records < s.after_records:
+                return
+            if point == "commit" and (checkpoint or 0) < s.after_checkpoint:
                 return
             s.fired_in = attempt
             self.fired.append(s)

@@ -28,3 +28,16 @@ def test_a_copy_of_the_failure_script_reports_what_fires_and_it_plays_once() -> 
     original.check("restore", 1, "sink", 0)  # never twice in one attempt
     with pytest.raises(InducedFailure):
         original.check("restore", 2, "sink", 0)
+
+
+def test_a_commit_failure_can_wait_for_a_later_checkpoint() -> None:
+    """``after_checkpoint`` lets the completions before it pass, so a test can restore
+    from a checkpoint taken once the job is under way."""
+    from spillover.runtime.failures import FailureInjector, FailureSpec, InducedFailure
+
+    script = FailureInjector([FailureSpec("commit", "sink", 0, after_checkpoint=3)])
+    script.check("commit", 0, "sink", 0, checkpoint=1)
+    script.check("commit", 0, "sink", 0, checkpoint=2)
+    assert script.pending == 1
+    with pytest.raises(InducedFailure, match="checkpoint 3 or later"):
+        script.check("commit", 0, "sink", 0, checkpoint=4)
