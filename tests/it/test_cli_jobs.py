@@ -101,6 +101,13 @@ def test_run_detached_savepoint_stop_and_resume(
     final = out.strip()
     assert code == 0 and Path(final, "_metadata").exists(), out
     assert registry.read(job_id).state == "FINISHED"
+    # The job's event log has every command its master accepted, in order.
+    from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog
+
+    (events,) = (tmp_path / "ckpt").glob(f"*/{EVENTS_DIR}")
+    logged = JobEventLog.open(events).replay()
+    assert [c.command for c in logged.commands] == ["savepoint", "rescale", "stop"]
+    assert logged.stop is None and logged.status == "finished"
 
     code, _, err = _cli(capsys, "stop", job_id)
     assert code == 2 and err.count("\n") == 1

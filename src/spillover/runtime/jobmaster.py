@@ -39,11 +39,11 @@ from spillover.runtime.live_rescale import (
     job_parallelism,
     rescaled_graph,
 )
-from spillover.runtime.network.events import BarrierKind
 from spillover.runtime.recovery.plan import plan_restore
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
 from spillover.runtime.savepoints import Savepoints
+from spillover.runtime.stopping import Stop
 from spillover.runtime.wiring import checkpoint_storage
 
 __all__ = [
@@ -178,11 +178,7 @@ class Executor:
         self.subsumed_ids: list[int] = []
         self.job_id = uuid.uuid4().hex
         self._current: Any = None  # the running attempt
-        self._stop: bool | None = None  # stop-with-savepoint asked for: its drain
-        self._stop_unaligned = False  # ... with an unaligned savepoint
-        self._stop_request: SavepointRequest | None = None  # ... answered with its path
-        self._stop_lock = threading.Lock()
-        self._savepoint_dir = ""  # ... under this directory
+        self._stop = Stop()  # stop-with-savepoint
         self.recovery: JobRecovery | None = None  # the lease and event log, while running
         # What operators read while it runs (the REST API): checkpoint statistics over
         # every attempt, the job's state, its exceptions and restarts.
@@ -257,22 +253,20 @@ class Executor:
             )
         if self._rescaling is not None:
             raise ConfigError("the job is rescaling", hint="stop it once the rescale ended")
-        request = SavepointRequest(BarrierKind.UNALIGNED if unaligned else BarrierKind.ALIGNED)
-        with self._stop_lock:
-            if self._stop is not None:
-                raise ConfigError("the job is stopping already", hint="wait for that stop")
-            self._savepoint_dir = savepoint_dir or self._default_savepoint_dir()
-            self._stop, self._stop_unaligned, self._stop_request = drain, unaligned, request
+        where = savepoint_dir or self._savepoints.default_dir()
+        request = self._stop.accept(drain, unaligned, where)
         run = self._current
         if run is not None:
             self._ask_stop(run)
         return request
 
     def _stop_failed(self, reason: str) -> None:  # from the coordinator: the job goes on
-        with self._stop_lock:
-            request, self._stop_request, self._stop = self._stop_request, None, None
-        if request is not None:
-            request.failed(reason)
+        self._stop.give_up(reason, self.recovery)
+
+    def _log_command(self, command: str, detail: str) -> None:
+        recovery = self.recovery
+        if recovery is not None:
+            recovery.command_received(command, detail)
 
     def trigger_savepoint(
         self, savepoint_dir: str | None = None, unaligned: bool = False
@@ -291,7 +285,9 @@ class Executor:
             )
         if self._current is None:
             raise ConfigError("the job is not running", hint="wait for it to start")
-        return self._savepoints.trigger(savepoint_dir, unaligned)
+        request = self._savepoints.trigger(savepoint_dir, unaligned)
+        self._log_command("savepoint", f"dir={savepoint_dir} unaligned={unaligned}")
+        return request
 
     def rescale_live(self, wanted: Mapping[str, int] | int) -> RescaleRequest:
         """Rescales the running job, from any thread: ``wanted`` is a parallelism per
@@ -326,19 +322,20 @@ class Executor:
         self._rescales.check_restorable(
             lambda meta: self._plan(meta, new, ignore_inflight=self.ignore_inflight)
         )
-        if self._stop is not None:
+        if self._stop.asked is not None:
             raise ConfigError("the job is stopping", hint="let the stop end")
-        return self._rescales.start(graph, new, self._current.coordinator)
-
-    # The stop's savepoint (``stop_with_savepoint`` and the end of an attempt) goes
-    # where, and is exported as, every other savepoint (``Savepoints.export_stop``).
-    def _default_savepoint_dir(self) -> str:
-        return self._savepoints.default_dir()
+        request = self._rescales.start(graph, new, self._current.coordinator)
+        self._log_command("rescale", " ".join(f"{u}={p}" for u, p in sorted(wanted.items())))
+        return request
 
     def _ask_stop(self, run: Any) -> None:
-        if not self._stop:  # a savepoint the tasks suspend at: aborted, they go on
-            kind = BarrierKind.UNALIGNED if self._stop_unaligned else BarrierKind.ALIGNED
-            run.coordinator.request_stop(int(kind), on_failed=self._stop_failed)
+        """Asks the stop under way of ``run``'s attempt (recorded in the log once)."""
+        self._stop.record(self.recovery)
+        asked = self._stop.asked
+        if asked is None:
+            return
+        if not asked.drain:  # a savepoint the tasks suspend at: aborted, they go on
+            run.coordinator.request_stop(int(asked.kind), on_failed=self._stop_failed)
         else:  # drained: the sources end, the final checkpoint is the savepoint
             run.stop_sources(True)
 
@@ -347,6 +344,7 @@ class Executor:
         returns with status ``cancelled`` and the event log records the job cancelled
         (a later start resumes it from its latest checkpoint)."""
         self._cancelled = True
+        self._log_command("cancel", "")
         self.status.cancel_requested()
         run = self._current
         if run is not None:
@@ -524,9 +522,7 @@ class Executor:
             self._savepoints.close()
             # The run ended, or raised, with a rescale under way: it failed.
             self._rescales.fail(f"the job ended ({result.status}) before the rescale did")
-            stop = self._stop_request
-            if stop is not None:  # answered already if it had a savepoint
-                stop.failed(f"the job ended {result.status} without a savepoint")
+            self._stop.ended(result.status)  # answered already if it had a savepoint
             self.status.ended(result.status)
             self.recovery = None
             if recovery is not None:
@@ -614,6 +610,8 @@ class Executor:
                 return
             generation = resume.generation
             self.next_checkpoint_id = max(self.next_checkpoint_id, resume.first_checkpoint_id)
+            if resume.stop is not None:
+                self._stop.resume(resume.stop)
             if not resume.fresh:
                 cause = "resumed after its previous master ended"
                 if resume.checkpoint is not None:
@@ -656,7 +654,7 @@ class Executor:
             run = self._attempt(attempt, restore, restored_id)
             self._current = run
             self._savepoints.attempt_started(run.coordinator)
-            if self._stop is not None:  # asked before this attempt started
+            if self._stop.asked is not None:  # asked before this attempt started
                 self._ask_stop(run)
             rescale = self._rescaling
             watch: threading.Event | None = None
@@ -733,17 +731,17 @@ class Executor:
                 break
             if error is None:
                 result.status = "stopped" if run.stopped else "finished"
-                if self._stop is not None and run.coordinator.completed_ids:
+                asked = self._stop.asked
+                if asked is not None and run.coordinator.completed_ids:
                     assert self.storage is not None
                     # The stop's savepoint; if the data ended first, the final checkpoint.
                     cid = run.coordinator.stop_savepoint_id or run.coordinator.completed_ids[-1]
                     result.savepoint, copy_failed = self._savepoints.export_stop(
-                        cid, self._savepoint_dir
+                        cid, asked.savepoint_dir
                     )
                     result.failures += [copy_failed] if copy_failed else []
-                    result.status = "finished" if self._stop else "stopped"
-                    if self._stop_request is not None:
-                        self._stop_request.succeeded(result.savepoint)
+                    result.status = "finished" if asked.drain else "stopped"
+                    asked.request.succeeded(result.savepoint)
                 if recovery is not None:
                     recovery.generation_ended(generation + attempt, result.status)
                     recovery.terminated(

@@ -30,6 +30,7 @@ from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.jobevents import (
     EVENTS_DIR,
     CheckpointCompleted,
+    CommandReceived,
     Event,
     GenerationEnded,
     GenerationStarted,
@@ -45,6 +46,8 @@ from spillover.runtime.jobevents import (
     RescaleDecided,
     SavepointCompleted,
     SplitsAssigned,
+    StopAbandoned,
+    StopRequested,
     TaskFinished,
 )
 
@@ -62,7 +65,9 @@ class Resume:
 
     ``fresh``: a new run (the log records it); ``finished``: the log says the run
     finished, nothing is run; otherwise the run goes on from ``checkpoint`` (None:
-    from the start, no checkpoint had completed). ``reason`` is for people.
+    from the start, no checkpoint had completed). ``stop``: the stop the previous
+    master accepted and did not end, which this one carries out. ``reason`` is for
+    people.
     """
 
     run_id: str
@@ -72,6 +77,7 @@ class Resume:
     first_checkpoint_id: int
     generation: int
     reason: str
+    stop: StopRequested | None = None
 
 
 class JobRecovery:
@@ -174,9 +180,11 @@ class JobRecovery:
         if cp is not None:
             self._check_present(cp)
         where = f"checkpoint {cp.checkpoint_id} ({cp.metadata_path})" if cp else "the start"
+        stop = state.stop
+        then = "" if stop is None else f"; then it stops, as asked before ({_stop(stop)})"
         return Resume(
             run_id, False, False, cp, first, generation,
-            f"resuming run {run_id[:12]} from {where}: {_why(state)}",
+            f"resuming run {run_id[:12]} from {where}: {_why(state)}{then}", stop,
         )  # fmt: skip
 
     def _check_present(self, cp: CheckpointCompleted) -> None:
@@ -266,6 +274,18 @@ class JobRecovery:
     def rescale_decided(self, old: int, new: int, cause: str) -> None:
         self._note(RescaleDecided(old, new, cause))
 
+    def command_received(self, command: str, detail: str) -> None:
+        """An operator's command the master accepted."""
+        self._note(CommandReceived(command, detail))
+
+    def stop_requested(self, drain: bool, unaligned: bool, savepoint_dir: str) -> None:
+        """A stop the master accepted: a master resuming the run carries it out."""
+        self._note(StopRequested(drain, unaligned, savepoint_dir))
+
+    def stop_abandoned(self, reason: str) -> None:
+        """The stop failed and the job goes on: a master resuming the run runs it on."""
+        self._note(StopAbandoned(reason[:500]))
+
     def terminated(self, status: str, cause: str) -> None:
         """The run ended: ``finished`` for good, else ``failed`` or ``cancelled`` (a
         later start resumes those)."""
@@ -326,6 +346,11 @@ class JobRecovery:
 
 def _status(state: JobLogState) -> str:
     return {"running": "unfinished"}.get(state.status, state.status)
+
+
+def _stop(stop: StopRequested) -> str:
+    how = "drained" if stop.drain else "unaligned" if stop.unaligned else "aligned"
+    return f"{how}, savepoint under {stop.savepoint_dir}"
 
 
 def _why(state: JobLogState) -> str:

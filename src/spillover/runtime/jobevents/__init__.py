@@ -14,6 +14,7 @@ and renews the lease well within its time to live (``lease.renew()``).
 
 from spillover.runtime.jobevents.events import (
     CheckpointCompleted,
+    CommandReceived,
     Event,
     GenerationEnded,
     GenerationStarted,
@@ -27,6 +28,8 @@ from spillover.runtime.jobevents.events import (
     RescaleDecided,
     SavepointCompleted,
     SplitsAssigned,
+    StopAbandoned,
+    StopRequested,
     TaskFinished,
 )
 from spillover.runtime.jobevents.lease import (
@@ -42,6 +45,7 @@ from spillover.runtime.jobevents.log import EVENTS_DIR, JobEventLog, is_event_lo
 __all__ = [
     "EVENTS_DIR",
     "CheckpointCompleted",
+    "CommandReceived",
     "Event",
     "GenerationEnded",
     "GenerationStarted",
@@ -62,6 +66,8 @@ __all__ = [
     "RescaleDecided",
     "SavepointCompleted",
     "SplitsAssigned",
+    "StopAbandoned",
+    "StopRequested",
     "TaskFinished",
     "is_event_log",
 ]

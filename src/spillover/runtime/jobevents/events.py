@@ -133,6 +133,36 @@ class SplitsAssigned(Event):
 
 
 @dataclass(frozen=True)
+class CommandReceived(Event):
+    """An operator's command the job master accepted (``savepoint``, ``stop``,
+    ``cancel``, ``rescale``), for people reading the log; replay keeps the latest
+    :data:`COMMANDS_KEPT`."""
+
+    KIND: ClassVar[str] = "command-received"
+    command: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StopRequested(Event):
+    """A stop-with-savepoint the master accepted. Until the run ends or the stop is
+    given up (:class:`StopAbandoned`), a master that resumes the run carries it out."""
+
+    KIND: ClassVar[str] = "stop-requested"
+    drain: bool
+    unaligned: bool
+    savepoint_dir: str
+
+
+@dataclass(frozen=True)
+class StopAbandoned(Event):
+    """The stop's savepoint attempts failed beyond the tolerated: the job went on."""
+
+    KIND: ClassVar[str] = "stop-abandoned"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class JobTerminated(Event):
     """The job ended for good; ``STATUS`` says how."""
 
@@ -169,6 +199,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SavepointCompleted,
         RescaleDecided,
         SplitsAssigned,
+        CommandReceived,
+        StopRequested,
+        StopAbandoned,
         JobFinished,
         JobFailed,
         JobCancelled,
@@ -242,6 +275,7 @@ def decode_event(payload: bytes, where: str, offset: int) -> tuple[float, Event]
 # What a scalar field's annotation allows in a decoded event (other fields are
 # rebuilt by their ``from_payload``).
 _SCALARS: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
     "str": (str,),
     "int": (int,),
     "str | None": (str, type(None)),
@@ -254,11 +288,15 @@ def _check_types(event: Event) -> None:
     for f in dataclasses.fields(event):
         allowed = _SCALARS.get(str(f.type))
         value = getattr(event, f.name)
-        if allowed is not None and (not isinstance(value, allowed) or isinstance(value, bool)):
+        if allowed is None:
+            continue
+        if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
             raise TypeError(f"{f.name} is {type(value).__name__}, not {f.type}")
 
 
 # ---------------------------------------------------------------------- summary
+
+COMMANDS_KEPT = 100  # the operator commands a replay (and a snapshot) keeps
 
 
 @dataclass(frozen=True)
@@ -277,6 +315,8 @@ class JobLogState:
     finished_tasks: Mapping[tuple[str, int], TaskFinished] = field(default_factory=dict)
     splits: Mapping[str, SplitsAssigned] = field(default_factory=dict)
     rescale: RescaleDecided | None = None
+    stop: StopRequested | None = None  # a stop under way, not given up
+    commands: tuple[CommandReceived, ...] = ()  # the latest, oldest first
     terminal: JobTerminated | None = None
 
     @property
@@ -292,10 +332,11 @@ class JobLogState:
         tasks: dict[tuple[str, int], TaskFinished] = {}
         splits: dict[str, SplitsAssigned] = {}
         savepoints: list[SavepointCompleted] = []
+        commands: list[CommandReceived] = []
         for e in events:
             if isinstance(e, JobSubmitted):
                 s = {"submitted": e}
-                tasks, splits = {}, {}
+                tasks, splits, commands = {}, {}, []
             elif isinstance(e, GenerationStarted):
                 s["generation"], s["generation_end"] = e, None
             elif isinstance(e, GenerationEnded):
@@ -310,9 +351,21 @@ class JobLogState:
                 s["rescale"] = e
             elif isinstance(e, SplitsAssigned):
                 splits[e.source_uid] = e
+            elif isinstance(e, CommandReceived):
+                commands = [*commands[1 - COMMANDS_KEPT :], e]
+            elif isinstance(e, StopRequested):
+                s["stop"] = e
+            elif isinstance(e, StopAbandoned):
+                s["stop"] = None
             elif isinstance(e, JobTerminated):
-                s["terminal"] = e
-        return cls(**s, savepoints=tuple(savepoints), finished_tasks=tasks, splits=splits)
+                s["terminal"], s["stop"] = e, None  # the run's end ends its stop
+        return cls(
+            **s,
+            savepoints=tuple(savepoints),
+            finished_tasks=tasks,
+            splits=splits,
+            commands=tuple(commands),
+        )
 
     def to_events(self) -> list[Event]:
         """Events whose replay is this state: what a snapshot stores."""
@@ -321,7 +374,9 @@ class JobLogState:
         out += self.savepoints
         out += [e for e in (self.generation, self.generation_end, self.checkpoint) if e]
         out += [self.rescale] if self.rescale else []
+        out += self.commands
         out += self.finished_tasks.values()
         out += self.splits.values()
         out += [self.terminal] if self.terminal else []
+        out += [self.stop] if self.stop else []  # after the end it would clear
         return out

@@ -27,7 +27,10 @@ __all__ = [
     "valid_record_after",
 ]
 
-LOG_FORMAT_VERSION = 1
+# v2 added the kinds command-received, stop-requested and stop-abandoned; a v2
+# reader reads v1 segments as they are (docs/format.md).
+LOG_FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 SEGMENT_MAGIC = b"\x89SPJ\r\n\x1a\n"
 RECORD_MAGIC = b"\x8aEVR"
@@ -142,7 +145,7 @@ def parse_segment(seq: int, location: Location, data: bytes) -> Segment:
 
     if len(data) >= 10 and data[:8] == SEGMENT_MAGIC:
         (version,) = struct.unpack_from("<H", data, 8)
-        if version != LOG_FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise UnsupportedVersionError(
                 "the job event log was written in a newer format",
                 path=location.uri,

@@ -27,6 +27,7 @@ from spillover.errors import (
 )
 from spillover.runtime.jobevents import (
     CheckpointCompleted,
+    CommandReceived,
     Event,
     GenerationEnded,
     GenerationStarted,
@@ -39,13 +40,15 @@ from spillover.runtime.jobevents import (
     RescaleDecided,
     SavepointCompleted,
     SplitsAssigned,
+    StopAbandoned,
+    StopRequested,
     TaskFinished,
     is_event_log,
 )
 from spillover.storage.location import Location
 from support.s3 import s3_uri
 
-SEGMENT_HEADER, RECORD_HEADER = 64, 28  # docs/format.md, "Job event log (format v1)"
+SEGMENT_HEADER, RECORD_HEADER = 64, 28  # docs/format.md, "Job event log (format v2)"
 
 # ------------------------------------------------------------------- strategies
 
@@ -76,6 +79,9 @@ events: st.SearchStrategy[Event] = st.one_of(
         names,
         st.dictionaries(small, st.lists(names, max_size=3).map(tuple), max_size=3),
     ),
+    st.builds(CommandReceived, names, names),
+    st.builds(StopRequested, st.booleans(), st.booleans(), names),
+    st.builds(StopAbandoned, names),
     st.builds(JobFinished, names),
     st.builds(JobFailed, names),
     st.builds(JobCancelled, names),
@@ -317,10 +323,30 @@ def test_a_newer_format_version_is_refused(tmp_path: Path) -> None:
     torn_log(path)
     tail = segments(path)[-1]
     raw = bytearray(tail.read_bytes())
-    raw[8:10] = struct.pack("<H", 2)
+    raw[8:10] = struct.pack("<H", 3)
     tail.write_bytes(bytes(raw))
-    with pytest.raises(UnsupportedVersionError, match="v2"):
+    with pytest.raises(UnsupportedVersionError, match="v3"):
         JobEventLog.open(path)
+
+
+def test_a_log_of_the_first_format_is_read_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose log an older version wrote (format v1) resumes: its segments are
+    read as they are, and the new ones (v2) may hold a stop."""
+    from spillover.runtime.jobevents import segments as fmt
+
+    path = str(tmp_path / "ev")
+    with monkeypatch.context() as m:
+        m.setattr(fmt, "LOG_FORMAT_VERSION", 1)
+        write(at(path, False), [[JobSubmitted("job", "fp", 2)], [CheckpointCompleted(1, "m1")]])
+    assert all(p.read_bytes()[8:10] == struct.pack("<H", 1) for p in segments(path))
+    log = JobEventLog.open(path, clock=clock(), compact_after=None)
+    log.append(StopRequested(drain=False, unaligned=True, savepoint_dir="/sp"))
+    log.flush()
+    assert segments(path)[-1].read_bytes()[8:10] == struct.pack("<H", 2)
+    state = JobEventLog.open(path).replay()
+    assert state.checkpoint == CheckpointCompleted(1, "m1") and state.stop is not None
 
 
 def test_foreign_files_are_ignored(tmp_path: Path) -> None:
@@ -466,6 +492,25 @@ def test_replay_summarises_the_current_run() -> None:
     assert s.splits["src"].assignment == {0: ("a", "b")}
     assert s.rescale == RescaleDecided(4, 2, "lost a worker")
     assert s.status == "failed" and JobLogState().status == "empty"
+    assert JobLogState.replay(s.to_events()) == s
+
+
+def test_a_stop_is_pending_until_given_up_or_the_run_ends() -> None:
+    """What a resuming master reads: the stop it must carry out, if any."""
+    submitted = JobSubmitted("job", "fp", 2)
+    stop = StopRequested(drain=False, unaligned=True, savepoint_dir="/sp")
+    assert JobLogState.replay([submitted, stop]).stop == stop
+    assert JobLogState.replay([submitted, stop, StopAbandoned("aborted")]).stop is None
+    assert JobLogState.replay([submitted, stop, JobCancelled("stopped")]).stop is None
+    assert JobLogState.replay([stop, submitted]).stop is None  # an earlier run's
+    again = StopRequested(drain=True, unaligned=False, savepoint_dir="/sp2")
+    assert JobLogState.replay([submitted, stop, StopAbandoned(), again]).stop == again
+
+
+def test_replay_keeps_the_latest_operator_commands() -> None:
+    commands = [CommandReceived("savepoint", f"#{i}") for i in range(150)]
+    s = JobLogState.replay([JobSubmitted("job", "fp", 2), *commands])
+    assert s.commands == tuple(commands[-100:])
     assert JobLogState.replay(s.to_events()) == s
 
 
