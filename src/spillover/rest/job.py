@@ -153,7 +153,8 @@ class ServedJob:
             )
 
     def _command(self, command: str, detail: str) -> None:
-        """Records an accepted command: the log, and the job's bounded list."""
+        """Records a command the job accepted: the log, and the job's bounded list (the
+        job master records it in the job event log too)."""
         logger.info("job %s: %s %s", self.job_id, command, detail)
         with self._lock:
             self._commands.append(Command(time.time(), command, detail))
@@ -164,8 +165,8 @@ class ServedJob:
         if target:
             check_savepoint_dir(target)
         tid = uuid.uuid4().hex
-        self._command("savepoint", f"target={target} unaligned={unaligned} trigger={tid}")
         request = self.executor.trigger_savepoint(target, unaligned=unaligned)
+        self._command("savepoint", f"target={target} unaligned={unaligned} trigger={tid}")
         with self._lock:
             self._triggers[tid] = request
         return tid
@@ -179,12 +180,12 @@ class ServedJob:
         with self._lock:
             if self._stop is not None and not self._stop.done:
                 raise ConfigError("the job is stopping already")
-        self._command("stop", f"target={target} drain={drain} unaligned={unaligned} trigger={tid}")
         # Answered by the job master: the savepoint's path once the job ended, or why
         # the stop failed (the job then goes on as it was).
         stop = self.executor.stop_with_savepoint(
             drain=drain, savepoint_dir=target, unaligned=unaligned
         )
+        self._command("stop", f"target={target} drain={drain} unaligned={unaligned} trigger={tid}")
         with self._lock:
             self._stop = stop
             self._triggers[tid] = stop
