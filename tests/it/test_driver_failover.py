@@ -264,22 +264,39 @@ def test_an_unreadable_log_refuses_to_resume(tmp_path: Path) -> None:
 # --- a driver that dies during a stop-with-savepoint ----------------------------------
 
 
-def _start(ctx: Any, tmp_path: Path, *args: Any, **kw: Any) -> tuple[int, Any]:
+def _start(tmp_path: Path, *args: Any, **kw: Any) -> tuple[int, Any]:
     """One start of the child driver: its exit code and its result (None if killed)."""
+    import multiprocessing
+    import pickle
+
     from support.stop_driver import drive
 
     result_path = tmp_path / "result.pickle"
     result_path.unlink(missing_ok=True)
+    ctx = multiprocessing.get_context("spawn")
     child = ctx.Process(target=drive, args=(*args, str(result_path)), kwargs=kw)
     child.start()
     child.join(timeout=300)
     assert not child.is_alive(), "the driver hung"
     if not result_path.exists():
         return child.exitcode, None
-    import pickle
-
     with open(result_path, "rb") as f:
         return child.exitcode, pickle.load(f)
+
+
+def _killed_in_a_stop(
+    tmp_path: Path, name: str, stop: str, kill_at: str
+) -> tuple[VerifySpec, Any, tuple[Any, ...]]:
+    """The failure-free run's output, and the job's first start killed during its
+    ``stop`` at ``kill_at``; returns the spec, that output and the job's arguments."""
+    spec = _spec("unaligned", records=_outlasting(1))
+    base = run_once(spec, str(tmp_path), "baseline", FailureInjector(), executor="local")
+    out, ckpt = tmp_path / name / "output", tmp_path / name / "checkpoints"
+    out.mkdir(parents=True)
+    job = (spec, str(out), name, str(ckpt))
+    code, killed = _start(tmp_path, *job, stop=stop, kill_at=kill_at)
+    assert killed is None and code == -signal.SIGKILL
+    return spec, base, job
 
 
 @pytest.mark.parametrize(
@@ -296,21 +313,15 @@ def test_a_stop_survives_its_drivers_death(stop: str, kill_at: str, tmp_path: Pa
     start, asked nothing, resumes the run and carries the stop out (the job ends
     ``stopped`` with a savepoint, and its log says the stop ended), and the job
     resumed from that savepoint ends exactly as a run without any of it."""
-    import multiprocessing
+    from spillover.verify.output import output_of
 
-    spec = _spec("unaligned", records=_outlasting(1))
-    base = run_once(spec, str(tmp_path), "baseline", FailureInjector(), executor="local")
-    ctx = multiprocessing.get_context("spawn")
-    out, ckpt = tmp_path / "stopped" / "output", tmp_path / "stopped" / "checkpoints"
-    out.mkdir(parents=True)
-    job = (spec, str(out), "stopped", str(ckpt))
-    code, killed = _start(ctx, tmp_path, *job, stop=stop, kill_at=kill_at)
-    assert killed is None and code == -signal.SIGKILL
+    spec, base, job = _killed_in_a_stop(tmp_path, "stopped", stop, kill_at)
+    out, ckpt = Path(job[1]), Path(job[3])
     log = JobEventLog.open(ckpt / "stopped" / EVENTS_DIR)
     pending = log.replay().stop
     assert pending is not None and pending.unaligned == (stop == "unaligned-savepoint")
     # Started again with the same command, but nobody asks it to stop.
-    code, resumed = _start(ctx, tmp_path, *job, stop=None, kill_at=None)
+    code, resumed = _start(tmp_path, *job, stop=None, kill_at=None)
     assert code == 0 and resumed is not None
     assert resumed.status == "stopped" and resumed.savepoint, resumed
     assert resumed.recovery is not None and "then it stops, as asked before" in resumed.recovery
@@ -318,10 +329,8 @@ def test_a_stop_survives_its_drivers_death(stop: str, kill_at: str, tmp_path: Pa
     assert state.stop is None and state.status == "cancelled"
     assert [c.command for c in state.commands] == ["stop"]
     # The savepoint resumes the job to its end, exactly.
-    code, last = _start(ctx, tmp_path, *job, stop=None, kill_at=None, restore=resumed.savepoint)
+    code, last = _start(tmp_path, *job, stop=None, kill_at=None, restore=resumed.savepoint)
     assert code == 0 and last is not None and last.status == "finished", last
-    from spillover.verify.output import output_of
-
     report = compare(spec, base, output_of(spec, last, str(out), base.max_parallelism))
     assert report.exact, report.text()
 
@@ -329,20 +338,12 @@ def test_a_stop_survives_its_drivers_death(stop: str, kill_at: str, tmp_path: Pa
 def test_a_drained_stop_survives_its_drivers_death(tmp_path: Path) -> None:
     """Killed once the drained stop is logged: the next start drains and finishes
     the job for good, every record its sources emitted committed once."""
-    import multiprocessing
-
     from spillover.verify.output import output_of
     from spillover.verify.run import drained_part
 
-    spec = _spec("unaligned", records=_outlasting(1))
-    base = run_once(spec, str(tmp_path), "baseline", FailureInjector(), executor="local")
-    ctx = multiprocessing.get_context("spawn")
-    out, ckpt = tmp_path / "drained" / "output", tmp_path / "drained" / "checkpoints"
-    out.mkdir(parents=True)
-    job = (spec, str(out), "drained", str(ckpt))
-    code, killed = _start(ctx, tmp_path, *job, stop="drain", kill_at="requested")
-    assert killed is None and code == -signal.SIGKILL
-    code, resumed = _start(ctx, tmp_path, *job, stop=None, kill_at=None)
+    spec, base, job = _killed_in_a_stop(tmp_path, "drained", "drain", "requested")
+    out = Path(job[1])
+    code, resumed = _start(tmp_path, *job, stop=None, kill_at=None)
     assert code == 0 and resumed is not None
     assert resumed.status == "finished" and resumed.savepoint, resumed
     actual = output_of(spec, resumed, str(out), base.max_parallelism)
@@ -351,5 +352,5 @@ def test_a_drained_stop_survives_its_drivers_death(tmp_path: Path) -> None:
     report = compare(spec, drained_part(base, actual), actual)
     assert report.exact, report.text()
     # Started again, the job has nothing left to run.
-    code, again = _start(ctx, tmp_path, *job, stop=None, kill_at=None)
+    code, again = _start(tmp_path, *job, stop=None, kill_at=None)
     assert code == 0 and again is not None and again.already_finished, again
