@@ -15,32 +15,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-import spillover
-from spillover.records import RecordWriter
 from spillover.runtime.checkpointing.inflight import InflightAcks, InFlightCheckpoint
-from spillover.runtime.checkpointing.messages import NotifyComplete, TriggerCheckpoint
-from spillover.runtime.connectors.collecting import CollectingSink
-from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector
-from spillover.runtime.graph import StreamEnvironment
-from spillover.runtime.network.buffers import BufferPool
-from spillover.runtime.network.errors import ChannelCancelledError
 from spillover.runtime.network.events import (
     BarrierKind,
     CancelCheckpointMarker,
     CheckpointBarrier,
-    EndOfData,
-    deserialize,
     to_buffer,
 )
-from spillover.runtime.network.gate import InputGate
-from spillover.runtime.network.local import connect
-from spillover.runtime.network.partition import ResultPartition
-from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.recovery.restore import TaskRestore
-from spillover.runtime.task import InputChannelInfo, Task
 from spillover.storage.handle import DataType
 from spillover.verify import VerifySpec, verify
+from support.task_harness import (
+    DTYPE,
+    Harness,
+    eventually,
+    output_state,
+    persisted_input,
+    wait_for,
+)
 
 CASES = [
     ("pipeline", "unaligned", 0),
@@ -84,240 +77,6 @@ def test_exactly_once_with_inflight_data(
 
 # --- one task, driven barrier by barrier --------------------------------------------------------
 
-DTYPE = GeneratorSource.dtype(16)
-
-
-class FakeCoordinator:
-    """Records what a task tells the coordinator."""
-
-    def __init__(self, root: Path) -> None:
-        self.storage = object()  # checkpointing is on
-        self.acks: list[Any] = []
-        self.declines: list[int] = []
-        self.root = root
-        self.lock = threading.Lock()
-        self.ended = threading.Event()
-        self.exited = threading.Event()
-
-    def acknowledge(self, ack: Any) -> None:
-        with self.lock:
-            self.acks.append(ack)
-
-    def decline(self, cid: int, uid: str, subtask: int, reason: str) -> None:
-        with self.lock:
-            self.declines.append(cid)
-
-    def end_of_data(self, uid: str, subtask: int) -> None:
-        self.ended.set()
-
-    def task_exited(self, uid: str, subtask: int) -> None:
-        self.exited.set()
-
-    def ack_for(self, cid: int, timeout: float = 10.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                for a in self.acks:
-                    if a.checkpoint_id == cid:
-                        return a
-            time.sleep(0.005)
-        raise AssertionError(f"no acknowledgement of checkpoint {cid}")
-
-
-class Harness:
-    """A map task with two input channels fed by the test, and a drained output."""
-
-    def __init__(
-        self,
-        tmp: Path,
-        max_inflight_bytes: int | None = None,
-        restore: TaskRestore | None = None,
-    ) -> None:
-        env = StreamEnvironment("h", parallelism=1)
-        a = env.from_source(GeneratorSource(partitions=1, payload_bytes=16), uid="a")
-        b = env.from_source(GeneratorSource(partitions=1, payload_bytes=16), uid="b")
-        a.union(b).map(lambda x: x, uid="map").sink(CollectingSink("h"), uid="sink")
-        graph = env.build()
-        vertex = next(v for v in graph.vertices if v.uid == "map")
-        edges = graph.inputs_of(vertex.id)
-        self.gate = InputGate(2, floating_buffers=64, name="map", buffers_per_channel=32)
-        self.inputs = []
-        for ch in range(2):
-            pool = BufferPool(1024, 256, f"up{ch}")
-            part = ResultPartition(1, pool, name=f"up{ch}")
-            connect(part, 0, self.gate, ch)
-            self.inputs.append((part, pool))
-        out_pool = BufferPool(1024, 64, "out")
-        self.out = ResultPartition(1, out_pool, name="out")
-        self.out_gate = InputGate(1, name="down")
-        connect(self.out, 0, self.out_gate, 0)
-        box = Outbox(self.out, out_pool)
-        writer = PartitionWriter(
-            edges[0].kind.__class__.FORWARD,
-            DTYPE,
-            1,
-            0,
-            1024,
-            graph.max_parallelism,
-            None,
-            send=box.send,
-            send_all=box.send_all,
-        )
-        self.coordinator = FakeCoordinator(tmp)
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.task = Task(
-            graph=graph,
-            vertex=vertex,
-            subtask=0,
-            attempt=0,
-            gate=self.gate,
-            channels=[InputChannelInfo(0, e, 0, DTYPE) for e in edges],
-            partitions=[self.out],
-            outboxes=[box],
-            writers=[writer],
-            restore=restore,
-            coordinator=self.coordinator,
-            checkpoint_dir=lambda cid, uid, i: str(tmp / f"chk-{cid}" / f"{uid}-{i}"),
-            keyed_backend_factory=None,
-            failures=FailureInjector(),
-            on_done=self._on_done,
-            max_inflight_bytes=max_inflight_bytes,
-        )
-        self.seq = [0, 0]
-        self.ended: set[int] = set()  # channels ended with end()
-        self.sent: list[list[bytes]] = [[], []]
-        self.events: list[Any] = []
-        self.arrived: list[str] = []  # downstream, in order: "data" or an event's name
-        self.drainer = threading.Thread(target=self._drain, daemon=True)
-
-    def _on_done(self, task: Any, err: BaseException | None) -> None:
-        self.error = err
-        self.done.set()
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                item = self.out_gate.poll(0.05)
-            except ChannelCancelledError:  # the harness closed down
-                return
-            if item is None:
-                if self.out_gate.finished:
-                    return
-                continue
-            _, buf = item
-            if buf.data_type == DataType.EVENT:
-                self.events.append(deserialize(buf))
-                self.arrived.append(type(self.events[-1]).__name__)
-            else:
-                self.arrived.append("data")
-            buf.release()
-
-    def start(self) -> None:
-        self.drainer.start()
-        self.task.start()
-
-    def data(self, ch: int, n: int = 10) -> bytes:
-        """Sends one buffer of ``n`` whole records on channel ``ch``; returns its bytes."""
-        rows = np.zeros(n, DTYPE)
-        rows["partition"] = ch
-        rows["seq"] = np.arange(self.seq[ch], self.seq[ch] + n)
-        self.seq[ch] += n
-        w = RecordWriter(1024)
-        offs = np.arange(n + 1, dtype=np.int64) * DTYPE.itemsize
-        bufs = w.write_batch(rows.view(np.uint8), offs)
-        last = w.flush()
-        assert not bufs and last is not None  # one buffer
-        part, pool = self.inputs[ch]
-        part.emit(0, pool.wrap(last, DataType.DATA))
-        self.sent[ch].append(bytes(last))
-        return bytes(last)
-
-    def split_record(self, ch: int) -> tuple[bytes, bytes]:
-        """One record cut in two buffers: sends the head now (the task reads it and
-        waits for the rest); returns both parts, the tail for :meth:`send`."""
-        rows = np.zeros(1, DTYPE)
-        rows["partition"] = ch
-        rows["seq"] = self.seq[ch]
-        self.seq[ch] += 1
-        w = RecordWriter(DTYPE.itemsize // 2)
-        head, *rest = w.write_batch(rows.view(np.uint8), np.array([0, DTYPE.itemsize]))
-        last = w.flush()
-        tail = b"".join(bytes(b) for b in [*rest, *([last] if last is not None else [])])
-        self.send(ch, bytes(head))
-        return bytes(head), tail
-
-    def send(self, ch: int, data: bytes) -> None:
-        part, pool = self.inputs[ch]
-        part.emit(0, pool.wrap(np.frombuffer(data, np.uint8).copy(), DataType.DATA))
-        self.sent[ch].append(data)
-
-    def barrier(self, ch: int, cid: int, kind: BarrierKind = BarrierKind.UNALIGNED) -> None:
-        part, _ = self.inputs[ch]
-        part.broadcast_event(
-            CheckpointBarrier(cid, int(time.time() * 1000), kind),
-            priority=kind == BarrierKind.UNALIGNED,
-        )
-
-    def end(self, ch: int) -> None:
-        """Ends channel ``ch`` as an upstream that finished does (EndOfData, then
-        EndOfPartition), with no barrier first."""
-        part = self.inputs[ch][0]
-        part.broadcast_event(EndOfData())
-        part.finish()
-        self.ended.add(ch)
-
-    def cancel(self, ch: int, cid: int) -> None:
-        self.inputs[ch][0].broadcast_event(CancelCheckpointMarker(cid))
-
-    def settle(self) -> None:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if all(ch.queued_buffers == 0 for ch in self.gate.channels):
-                time.sleep(0.05)
-                return
-            time.sleep(0.005)
-
-    def stop(self) -> None:
-        """Ends the inputs as an upstream does (EndOfData, then EndOfPartition). When
-        every channel ended its data, completes the checkpoint that lets the task end
-        (FLIP-147; its inputs all ended, so it is the checkpoint's root); a channel
-        the test cut without EndOfData ends the task without finishing it."""
-        data_ends = all(
-            not part.finished or ch in self.ended for ch, (part, _) in enumerate(self.inputs)
-        )
-        for part, _ in self.inputs:
-            if not part.finished:
-                part.broadcast_event(EndOfData())
-                part.finish()
-        if not data_ends:
-            assert self.done.wait(10)
-            self.task.thread.join(5)
-            assert self.error is None, repr(self.error)
-            return
-        assert self.coordinator.ended.wait(10)
-        final = 1_000
-        self.task.post(TriggerCheckpoint(final, int(time.time() * 1000)))
-        assert self.coordinator.ack_for(final).finished
-        assert not self.done.is_set(), "the task ended before its final checkpoint completed"
-        self.task.post(NotifyComplete(final))
-        assert self.done.wait(10)
-        assert self.coordinator.exited.is_set()
-        self.task.thread.join(5)
-        assert self.error is None, repr(self.error)
-
-
-def persisted_input(ack: Any, task: Any) -> dict[int, list[bytes]]:
-    """The persisted input buffers per task channel (gate = input edge, channel =
-    upstream subtask in the files)."""
-    out: dict[int, list[bytes]] = {}
-    for h in ack.channel_state.get("input", []):
-        handle = spillover.GateStateHandle.from_dict(h)
-        for buf in spillover.open_retriever(handle):
-            ch = task.cp.offsets[handle.gate_id] + buf.channel_id
-            out.setdefault(ch, []).append(bytes(buf))
-    return out
-
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Any:
@@ -360,7 +119,7 @@ def test_an_unaligned_barrier_leaves_before_the_task_persists_or_snapshots_anyth
     out: dict[str, bool] = {}
 
     def barrier_downstream() -> bool:
-        return _eventually(lambda: any(isinstance(e, CheckpointBarrier) for e in h.events))
+        return eventually(lambda: any(isinstance(e, CheckpointBarrier) for e in h.events))
 
     real_add = InFlightCheckpoint.add_input
 
@@ -415,32 +174,9 @@ def test_output_a_checkpoint_makes_from_recovered_state_goes_out_before_its_barr
     h.barrier(1, 1)
     ack = h.coordinator.ack_for(1)
     h.task.replay = None
-    _wait_for(lambda: "CheckpointBarrier" in h.arrived, "no barrier downstream")
+    wait_for(lambda: "CheckpointBarrier" in h.arrived, "no barrier downstream")
     ahead = h.arrived[: h.arrived.index("CheckpointBarrier")]
-    assert "data" in ahead or sum(len(bytes(b)) for b in _output_state(ack)) > 0
-
-
-def _output_state(ack: Any) -> list[Any]:
-    return [
-        buf
-        for h in ack.channel_state.get("output", [])
-        for buf in spillover.open_retriever(spillover.GateStateHandle.from_dict(h))
-    ]
-
-
-def _eventually(cond: Any, timeout: float = 10.0) -> bool:
-    """Whether ``cond()`` holds within ``timeout`` seconds (a bound on a hang, not a
-    speed: what is waited for has happened already or is on its way)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.002)
-    return True
-
-
-def _wait_for(cond: Any, what: str, timeout: float = 10.0) -> None:
-    assert _eventually(cond, timeout), what
+    assert "data" in ahead or sum(len(bytes(b)) for b in output_state(ack)) > 0
 
 
 def test_channel_state_is_finished_while_the_operator_part_still_runs(
@@ -466,9 +202,9 @@ def test_channel_state_is_finished_while_the_operator_part_still_runs(
     b = h.data(1)
     h.settle()
     h.barrier(1, 1)
-    _wait_for(lambda: slowed, "the operator part never ran")
+    wait_for(lambda: slowed, "the operator part never ran")
     inf = slowed[0]
-    _wait_for(lambda: inf.channel_state is not None, "the channel state waited for it")
+    wait_for(lambda: inf.channel_state is not None, "the channel state waited for it")
     assert inf.writer.closed
     assert h.coordinator.acks == []  # not without the operator part
     h.barrier(0, 2)  # the next checkpoint queues behind it on both threads
@@ -498,7 +234,7 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     def part(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
         if inf.checkpoint_id == 1 and failing in ("operator", "both"):
             if failing == "both":  # fails after the close failed: both halves fail
-                _wait_for(lambda: inf.channel_error is not None, "the close never failed")
+                wait_for(lambda: inf.channel_error is not None, "the close never failed")
             ack, error = None, "snapshot failed: OSError('disk gone')"
         real_part(self, inf, ack, error)
 
@@ -514,7 +250,7 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     h.data(1)
     h.settle()
     if failing == "operator":
-        _wait_for(lambda: h.coordinator.declines == [1], "not declined before the barriers")
+        wait_for(lambda: h.coordinator.declines == [1], "not declined before the barriers")
     h.barrier(1, 1)
     h.barrier(0, 2)
     h.barrier(1, 2)
@@ -735,7 +471,7 @@ def test_an_acknowledgement_held_behind_a_close_keeps_the_channel_thread_busy() 
         assert close.result(10)  # the close is done; the held acknowledgement waits
         assert not threads.channels_idle()
         held.set()
-        _wait_for(threads.channels_idle, "the channel-state thread never became idle")
+        wait_for(threads.channels_idle, "the channel-state thread never became idle")
     finally:
         closing.set()
         held.set()
@@ -759,7 +495,7 @@ def test_an_acknowledgement_without_channel_state_waits_behind_an_earlier_close(
         acked.result(10)
         assert order == ["ack 1"]  # held behind checkpoint 2's close
         closing.set()
-        _wait_for(lambda: len(order) == 3, "the held acknowledgement never went out")
+        wait_for(lambda: len(order) == 3, "the held acknowledgement never went out")
         assert order == ["ack 1", "ack 2", "ack 3"]
     finally:
         closing.set()
@@ -839,4 +575,4 @@ def test_a_finished_task_closes_its_operators_before_it_sends_end_of_partition(
     h.data(0)
     h.stop()
     assert at_close == [False], "EndOfPartition went out before the operators closed"
-    _wait_for(lambda: "EndOfPartition" in h.arrived, "no EndOfPartition downstream")
+    wait_for(lambda: "EndOfPartition" in h.arrived, "no EndOfPartition downstream")
