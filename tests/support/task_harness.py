@@ -144,14 +144,23 @@ class Harness:
         self.events: list[Any] = []
         self.arrived: list[str] = []  # downstream, in order: "data" or an event's name
         self.stream: list[Any] = []  # downstream, in order: data buffers' bytes and events
+        self._stalled_until = 0.0
         self.drainer = threading.Thread(target=self._drain, daemon=True)
 
     def _on_done(self, task: Any, err: BaseException | None) -> None:
         self.error = err
         self.done.set()
 
+    def stall(self, seconds: float) -> None:
+        """Downstream stops taking buffers for ``seconds``: they queue up in its
+        channel, where an unaligned barrier overtakes them."""
+        self._stalled_until = time.monotonic() + seconds
+
     def _drain(self) -> None:
         while True:
+            pause = self._stalled_until - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
             try:
                 item = self.out_gate.poll(0.05)
             except ChannelCancelledError:  # the harness closed down
@@ -209,9 +218,7 @@ class Harness:
         part.emit(0, pool.wrap(np.frombuffer(data, np.uint8).copy(), DataType.DATA))
         self.sent[ch].append(data)
 
-    def barrier(
-        self, ch: int, cid: int, kind: BarrierKind = BarrierKind.UNALIGNED
-    ) -> list[bytes]:
+    def barrier(self, ch: int, cid: int, kind: BarrierKind = BarrierKind.UNALIGNED) -> list[bytes]:
         """Sends a barrier on channel ``ch``; returns the data buffers an unaligned one
         overtook there, which the upstream persists (its output state)."""
         part, _ = self.inputs[ch]

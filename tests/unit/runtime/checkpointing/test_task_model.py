@@ -1,6 +1,6 @@
 """A whole task against a model of its checkpoints: the real ``Task`` (barrier
 handling, in-flight data, snapshots, the end of its input) fed random interleavings
-of data (records split across buffers too), aligned, unaligned and timing-out
+of data (records split across buffers too), backpressure, aligned, unaligned and timing-out
 barriers, newer barriers that overtake an older checkpoint, cancellation markers,
 ended channels, and completed or aborted notifications, while it runs on its own
 thread at its own pace.
@@ -74,6 +74,11 @@ class TaskMachine(RuleBasedStateMachine):
         if ch not in self.ended:
             self.h.data(ch, n)
             self.sent[ch] += n
+
+    @rule(ms=st.integers(1, 50))
+    def stall_downstream(self, ms: int) -> None:
+        """Backpressure: the task's output queues up downstream for a while."""
+        self.h.stall(ms / 1000)
 
     @rule(ch=st.sampled_from(CHANNELS))
     def send_split_record(self, ch: int) -> None:
@@ -256,7 +261,7 @@ def _record_ends(records: list[bytes]) -> list[int]:
 
 test_a_task_keeps_every_record_once_per_checkpoint = TaskMachine.TestCase
 test_a_task_keeps_every_record_once_per_checkpoint.settings = settings(
-    max_examples=30, stateful_step_count=25, deadline=None
+    max_examples=100, stateful_step_count=25, deadline=None
 )
 
 
