@@ -120,7 +120,7 @@ class Closing:
 
 def settled(group: ChannelStateGroup, cid: int, n: int) -> Callable[[], bool]:
     f = group.file(cid)
-    return lambda: getattr(f, "_settled", 0) >= n
+    return lambda: len(getattr(f, "_settled", ())) >= n
 
 
 def wait_until(cond: Callable[[], bool]) -> None:
@@ -263,6 +263,23 @@ def test_a_subtask_that_dies_before_closing_its_part(s3_faults: FaultyMotoServer
         assert isinstance(c.join().error, StorageError)
     assert job.keys(2) == []
     complete_checkpoint(job, 3)
+
+
+def test_a_member_whose_task_ended_is_not_waited_for(s3_faults: FaultyMotoServer) -> None:
+    """A finished task leaves its group: the others publish one object as soon as
+    they closed, in this checkpoint and the next, without the group's wait."""
+    job = Job(s3_faults, 3)  # a 30 s wait: the test would time out on it
+    parts = [gates_of(i, [50]) for i in range(2)]
+    waiting = [Closing(job.writer(1, i, parts[i])) for i in range(2)]
+    wait_until(settled(job.groups[("op", 0)], 1, 2))
+    job.groups[("op", 2)].leave(("op", 2))
+    for cid in (1, 2):
+        if cid == 2:
+            waiting = [Closing(job.writer(2, i, parts[i])) for i in range(2)]
+        for i, c in enumerate(waiting):
+            c.join()
+            assert c.state is not None and restored(c.state) == parts[i]
+        assert len(job.keys(cid)) == 1
 
 
 FATES = st.sampled_from(["close", "close", "close", "discard", "die"])

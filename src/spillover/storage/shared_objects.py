@@ -40,7 +40,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
@@ -94,14 +94,16 @@ class SharedObjects:
         self.members = members
         self.wait = wait
         self._cond = threading.Condition()
-        self._settled = 0  # parts closed into an object
+        self._settled: set[Hashable] = set()  # members whose part closed, or who left
         self._objects: list[_Object] = []
         self._current: _Object | None = None
         self.aborted: BaseException | None = None
 
     # -- what members call ------------------------------------------------------------
 
-    def close(self, sections: Sequence[tuple[IO[bytes], GateStateHandle]]) -> list[GateStateHandle]:
+    def close(
+        self, sections: Sequence[tuple[IO[bytes], GateStateHandle]], member: Hashable = None
+    ) -> list[GateStateHandle]:
         """A member's part of the checkpoint is closed: adds its gates (staged file
         and its own handle each, in order) to the group's pending object and waits
         until that object is
@@ -128,8 +130,8 @@ class SharedObjects:
                 obj.sections.append((staged, handle.size))
                 obj.end += handle.size
             obj.parts += 1
-            self._settled += 1
-            mine = self._settled >= self.members  # the last member: it publishes
+            self._settled.add(member if member is not None else object())
+            mine = self._complete  # the last member: it publishes
             if mine:
                 self._start_publish(obj)
             else:
@@ -138,6 +140,18 @@ class SharedObjects:
                     return []
         self._wait_published(obj, mine)
         return handles
+
+    def leave(self, member: Hashable) -> None:
+        """``member`` takes part in this checkpoint no more (its task ended): the
+        object waits for it no longer. A waiting part publishes it, not this caller
+        (a task thread that ends)."""
+        with self._cond:
+            self._settled.add(member)
+            self._cond.notify_all()
+
+    @property
+    def _complete(self) -> bool:
+        return len(self._settled) >= self.members
 
     def fail(self, error: BaseException | None = None) -> None:
         """A part failed or was discarded: the checkpoint is declined for the whole
@@ -176,13 +190,14 @@ class SharedObjects:
 
     def _wait_published(self, obj: _Object, mine: bool) -> None:
         """Waits until ``obj`` is published, or publishes it: ``mine`` (the last member
-        closed into it) or when its wait ran out first for this caller."""
+        closed into it), or when every other member left or its wait ran out first
+        for this caller."""
         with self._cond:
             while not mine and not obj.publishing:
                 if self.aborted is not None:
                     raise self._aborted_error()
                 left = obj.first_closed + self.wait - time.monotonic()
-                if left <= 0:  # late members go into the next object
+                if left <= 0 or self._complete:  # late members go into the next object
                     self._start_publish(obj)
                     mine = True
                     break

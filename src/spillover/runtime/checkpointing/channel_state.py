@@ -25,8 +25,13 @@ lock (:class:`~spillover.storage.shared.SharedFile`). Staging rather than a
 writer thread per group that interleaves buffers (Flink's choice) keeps each
 gate's frames contiguous, so the channel index and ranged reads work unchanged
 and a failed gate never leaves half a section where others follow. A failure of
-one subtask's part still declines only that checkpoint. Shared files need a
-local filesystem; elsewhere each subtask keeps its own files.
+one subtask's part still declines only that checkpoint.
+
+On an object store (``s3://``, ``gs://``: no appends) the group's gates are staged
+the same way, and the group publishes one object per checkpoint once its parts
+are settled; a part's ``close`` (and so its acknowledgement) waits for that
+publish, and a part that fails or is discarded declines the checkpoint for the
+whole group (:class:`~spillover.storage.shared_objects.SharedObjects`).
 """
 
 from __future__ import annotations
@@ -106,6 +111,7 @@ class ChannelStateWriter:
         subtask: int,
         compression: str | None,
         shared: tuple[SharedFile | SharedObjects, str | None] | None = None,
+        member: tuple[str, int] | None = None,
     ) -> None:
         # A Location is used as it is: parsing a remote URI again may ask the network.
         self._where = uri if isinstance(uri, Location) else None
@@ -119,6 +125,7 @@ class ChannelStateWriter:
         self._inputs: dict[int, Storer] = {}
         self._outputs: dict[int, Storer] = {}
         self._part_closed = False  # handed to the group's object (SharedObjects)
+        self._member = member  # (uid, subtask): who this part is, in its group
         self.input_bytes = 0
         self.output_bytes = 0
         self.closed = False
@@ -271,7 +278,7 @@ class ChannelStateWriter:
             objects.fail(e)  # the group publishes nothing of this checkpoint
             raise
         self._part_closed = True  # the object owns the staged files now
-        handles = [gate_entry(h) for h in objects.close(sections)]
+        handles = [gate_entry(h) for h in objects.close(sections, self._member)]
         return handles[: len(self._inputs)], handles[len(self._inputs) :]
 
     def _finish(self, storer: Storer) -> dict[str, Any]:
@@ -382,6 +389,7 @@ class ChannelStateGroup:
         self.staging = staging
         self.publish_wait = publish_wait
         self._files: dict[int, SharedFile | SharedObjects] = {}
+        self._left: set[tuple[str, int]] = set()  # members whose task ended
         self._lock = threading.Lock()
         # Whether the checkpoints' directories are on a local disk: asked once, as
         # every checkpoint's directory lies under the same root.
@@ -403,6 +411,8 @@ class ChannelStateGroup:
                 where = Location.parse(self.directory(checkpoint_id)).child("channels")
                 if not where.local:
                     f = SharedObjects(where, self.name, len(self.members), self.publish_wait)
+                    for member in self._left:
+                        f.leave(member)
                 else:
                     if self._local is None:
                         self._local = on_local_disk(where.path)
@@ -411,6 +421,15 @@ class ChannelStateGroup:
                 for old in sorted(self._files)[: -self.KEPT]:
                     del self._files[old]
             return f
+
+    def leave(self, member: tuple[str, int]) -> None:
+        """``member``'s task ended: on an object store the group's objects, of this
+        checkpoint and later ones, stop waiting for its parts."""
+        with self._lock:
+            self._left.add(member)
+            objects = [f for f in self._files.values() if isinstance(f, SharedObjects)]
+        for f in objects:
+            f.leave(member)
 
 
 def channel_state_groups(
@@ -454,6 +473,6 @@ def open_channel_state(
     shared = group.file(checkpoint_id) if group is not None else None
     if shared is not None and group is not None:
         return ChannelStateWriter(
-            where.uri, checkpoint_id, subtask, compression, (shared, group.staging)
+            where.uri, checkpoint_id, subtask, compression, (shared, group.staging), (uid, subtask)
         )
     return ChannelStateWriter(where, checkpoint_id, subtask, compression)
