@@ -61,6 +61,7 @@ def _pafs() -> Any:
     return pyarrow.fs
 
 
+_OBJECT_STORES = frozenset({"s3", "gcs"})  # pyarrow filesystems that need no directories
 _CHUNK = 1 << 20  # bytes read from a staged section per write to the upload
 
 
@@ -104,14 +105,13 @@ class SharedObjects:
     def close(
         self, sections: Sequence[tuple[IO[bytes], GateStateHandle]], member: Hashable = None
     ) -> list[GateStateHandle]:
-        """A member's part of the checkpoint is closed: adds its gates (staged file
+        """``member``'s part of the checkpoint is closed: adds its gates (staged file
         and its own handle each, in order) to the group's pending object and waits
-        until that object is
-        published; returns the gates' handles in it (a part without gates returns at
-        once, unless it is the last and publishes the others). The staged files are the
-        object's from here on (closed once uploaded or dropped). Raises
-        :class:`StorageError` when the upload failed or the checkpoint was aborted
-        (the caller declines)."""
+        until that object is published; returns the gates' handles in it (a part
+        without gates returns at once, unless it is the last and publishes the
+        others). The staged files are the object's from here on (closed once
+        uploaded or dropped). Raises :class:`StorageError` when the upload failed or
+        the checkpoint was aborted (the caller declines)."""
         with self._cond:
             if self.aborted is not None:
                 _close_all(s for s, _ in sections)
@@ -266,12 +266,12 @@ class SharedObjects:
             self._delete(obj)
 
     def _open(self, target: Location) -> Any:
-        """An output stream to ``target``, refused if the object exists. No directory
-        markers are made (an object store needs none: one request per object less
-        than :meth:`Location.open_output`)."""
-        if target.local:  # a local filesystem seen through pyarrow: the usual way
-            return target.open_output("shared state object", exclusive=True)
+        """An output stream to ``target``, refused if the object exists. On S3 and GCS
+        no directory markers are made (an object store needs none: fewer requests
+        than :meth:`Location.open_output`); any other filesystem gets its directory."""
         fs = target.filesystem
+        if target.local or fs.type_name not in _OBJECT_STORES:
+            return target.open_output("shared state object", exclusive=True)
         try:
             if fs.get_file_info(target.path).type != _pafs().FileType.NotFound:
                 raise target.exists_error(
