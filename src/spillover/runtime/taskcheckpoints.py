@@ -160,10 +160,13 @@ class TaskCheckpoints:
             self.feedback.reap()
 
     def release(self) -> None:
-        """The task ends: what unfinished checkpoints hold is let go."""
+        """The task ends: what unfinished checkpoints hold is let go, and its
+        channel-state group waits for it no more."""
         self.barriers.release()
         if self.feedback is not None:
             self.feedback.release()
+        if self.channel_group is not None:
+            self.channel_group.leave((self.vertex_uid, self.subtask))
 
     # -- Controller ----------------------------------------------------------------------
 

@@ -19,8 +19,9 @@ file is kept for the next gate. The staging costs one in-kernel copy per byte
 for another's gate, a failed or discarded gate leaves nothing in the shared file,
 and every section in it is whole.
 
-Shared files need a local filesystem (one that can append at an offset); on any
-other filesystem each subtask keeps its own files (docs/scaling.md).
+A shared file needs a local filesystem (one that can append at an offset); on an
+object store the group's sections are published as one object instead
+(:mod:`spillover.storage.shared_objects`).
 """
 
 from __future__ import annotations

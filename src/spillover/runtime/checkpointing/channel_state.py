@@ -25,8 +25,13 @@ lock (:class:`~spillover.storage.shared.SharedFile`). Staging rather than a
 writer thread per group that interleaves buffers (Flink's choice) keeps each
 gate's frames contiguous, so the channel index and ranged reads work unchanged
 and a failed gate never leaves half a section where others follow. A failure of
-one subtask's part still declines only that checkpoint. Shared files need a
-local filesystem; elsewhere each subtask keeps its own files.
+one subtask's part still declines only that checkpoint.
+
+On an object store (``s3://``, ``gs://``: no appends) the group's gates are staged
+the same way, and the group publishes one object per checkpoint once its parts
+are settled; a part's ``close`` (and so its acknowledgement) waits for that
+publish, and a part that fails or is discarded declines the checkpoint for the
+whole group (:class:`~spillover.storage.shared_objects.SharedObjects`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from spillover.storage.channel_index import INDEX_ENTRY, encode_entry
 from spillover.storage.handle import GateStateHandle, state_file_name
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend, on_local_disk
+from spillover.storage.shared_objects import PUBLISH_WAIT, SharedObjects
 
 
 class ChannelState(Protocol):
@@ -104,7 +110,8 @@ class ChannelStateWriter:
         checkpoint_id: int,
         subtask: int,
         compression: str | None,
-        shared: tuple[SharedFile, str | None] | None = None,
+        shared: tuple[SharedFile | SharedObjects, str | None] | None = None,
+        member: tuple[str, int] | None = None,
     ) -> None:
         # A Location is used as it is: parsing a remote URI again may ask the network.
         self._where = uri if isinstance(uri, Location) else None
@@ -117,6 +124,8 @@ class ChannelStateWriter:
         self._staging: StagingBackend | None = None
         self._inputs: dict[int, Storer] = {}
         self._outputs: dict[int, Storer] = {}
+        self._part_closed = False  # handed to the group's object (SharedObjects)
+        self._member = member  # (uid, subtask): who this part is, in its group
         self.input_bytes = 0
         self.output_bytes = 0
         self.closed = False
@@ -223,8 +232,8 @@ class ChannelStateWriter:
         if not quick or self.failed is not None:
             return self._close()
         shared = self._shared[0] if self._shared is not None else None
-        if shared is None or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
-            return None
+        if not isinstance(shared, SharedFile) or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
+            return None  # an object store's part waits for the group's publish
         if not shared.hold(QUICK_CLOSE_WAIT):  # another subtask's append takes long
             return None
         try:
@@ -237,8 +246,11 @@ class ChannelStateWriter:
         if self.failed is not None:
             raise self.failed
         try:
-            inputs = [self._finish(s) for _, s in sorted(self._inputs.items())]
-            outputs = [self._finish(s) for _, s in sorted(self._outputs.items())]
+            if self._shared is not None and isinstance(self._shared[0], SharedObjects):
+                inputs, outputs = self._publish(self._shared[0])
+            else:
+                inputs = [self._finish(s) for _, s in sorted(self._inputs.items())]
+                outputs = [self._finish(s) for _, s in sorted(self._outputs.items())]
         except BaseException:
             # The gates after the one that failed were never closed: their writers
             # still hold descriptors, staged files and network buffers (credit).
@@ -248,14 +260,37 @@ class ChannelStateWriter:
             raise
         return {"input": inputs, "output": outputs, "bytes": self.bytes}
 
+    def _publish(self, objects: SharedObjects) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Closes every gate, hands the staged sections to the group's object and waits
+        until it is published (an object store: docs/scaling.md)."""
+        gates = [*sorted(self._inputs.items()), *sorted(self._outputs.items())]
+        sections = []
+        try:
+            for _, storer in gates:
+                handle = storer.close()
+                assert self._staging is not None
+                name = state_file_name(handle.gate_id, handle.gate_kind)
+                sections.append((self._staging.take(name), handle))
+        except BaseException as e:
+            for staged, _ in sections:
+                staged.close()
+            self._part_closed = True
+            objects.fail(e)  # the group publishes nothing of this checkpoint
+            raise
+        self._part_closed = True  # the object owns the staged files now
+        handles = [gate_entry(h) for h in objects.close(sections, self._member)]
+        return handles[: len(self._inputs)], handles[len(self._inputs) :]
+
     def _finish(self, storer: Storer) -> dict[str, Any]:
         """Closes a gate; a staged one joins the group's shared file."""
         handle = storer.close()
         if self._shared is None or self._staging is None:
             return gate_entry(handle)
+        shared = self._shared[0]
+        assert isinstance(shared, SharedFile)
         staged = self._staging.take(state_file_name(handle.gate_id, handle.gate_kind))
         try:
-            section = self._shared[0].append(staged, handle, empty=True)
+            section = shared.append(staged, handle, empty=True)
         except BaseException:
             staged.close()
             raise
@@ -263,8 +298,14 @@ class ChannelStateWriter:
         return gate_entry(section)
 
     def discard(self) -> None:
-        """Drops everything (the checkpoint was aborted); buffers go back to their pools."""
+        """Drops everything (the checkpoint was aborted); buffers go back to their pools.
+        A part of an object store's group object that had not closed declines the
+        checkpoint for the whole group (:meth:`SharedObjects.fail`)."""
         self.closed = True
+        objects = self._shared[0] if self._shared is not None else None
+        if isinstance(objects, SharedObjects) and not self._part_closed:
+            self._part_closed = True
+            objects.fail(self.failed)
         for s in [*self._inputs.values(), *self._outputs.values()]:
             s.discard()
         if self._staging is not None:  # gates closed but not yet appended
@@ -340,12 +381,15 @@ class ChannelStateGroup:
         members: Sequence[tuple[str, int]],
         directory: Callable[[int], str],
         staging: str | None = None,
+        publish_wait: float = PUBLISH_WAIT,
     ) -> None:
         self.name = name
         self.members = tuple(members)
         self.directory = directory
         self.staging = staging
-        self._files: dict[int, SharedFile] = {}
+        self.publish_wait = publish_wait
+        self._files: dict[int, SharedFile | SharedObjects] = {}
+        self._left: set[tuple[str, int]] = set()  # members whose task ended
         self._lock = threading.Lock()
         # Whether the checkpoints' directories are on a local disk: asked once, as
         # every checkpoint's directory lies under the same root.
@@ -355,9 +399,10 @@ class ChannelStateGroup:
     def shared(self) -> bool:
         return len(self.members) > 1
 
-    def file(self, checkpoint_id: int) -> SharedFile | None:
-        """The group's file of one checkpoint; None where files cannot be shared (a
-        group of one, or storage that is not a local filesystem)."""
+    def file(self, checkpoint_id: int) -> SharedFile | SharedObjects | None:
+        """The group's file of one checkpoint: a :class:`SharedFile` on a local
+        filesystem, :class:`SharedObjects` on any other (an object store, published
+        once its parts are settled); None for a group of one."""
         if not self.shared:
             return None
         with self._lock:
@@ -365,14 +410,26 @@ class ChannelStateGroup:
             if f is None:
                 where = Location.parse(self.directory(checkpoint_id)).child("channels")
                 if not where.local:
-                    return None
-                if self._local is None:
-                    self._local = on_local_disk(where.path)
-                f = SharedFile(where, f"{self.name}.spill", local=self._local)
+                    f = SharedObjects(where, self.name, len(self.members), self.publish_wait)
+                    for member in self._left:
+                        f.leave(member)
+                else:
+                    if self._local is None:
+                        self._local = on_local_disk(where.path)
+                    f = SharedFile(where, f"{self.name}.spill", local=self._local)
                 self._files[checkpoint_id] = f
                 for old in sorted(self._files)[: -self.KEPT]:
                     del self._files[old]
             return f
+
+    def leave(self, member: tuple[str, int]) -> None:
+        """``member``'s task ended: on an object store the group's objects, of this
+        checkpoint and later ones, stop waiting for its parts."""
+        with self._lock:
+            self._left.add(member)
+            objects = [f for f in self._files.values() if isinstance(f, SharedObjects)]
+        for f in objects:
+            f.leave(member)
 
 
 def channel_state_groups(
@@ -380,16 +437,19 @@ def channel_state_groups(
     per_file: int,
     directory: Callable[[int], str],
     staging: str | None = None,
+    publish_wait: float = PUBLISH_WAIT,
 ) -> dict[tuple[str, int], ChannelStateGroup]:
     """Groups the subtasks one process hosts, in the order given, ``per_file`` at a
-    time: ``{(uid, subtask): its group}``. ``per_file`` 1 shares nothing."""
+    time: ``{(uid, subtask): its group}``. ``per_file`` 1 shares nothing.
+    ``publish_wait``: on an object store, how long a group's object waits for late
+    members (:data:`~spillover.storage.shared_objects.PUBLISH_WAIT`)."""
     if per_file < 1:
         raise ValueError(f"per_file must be at least 1, not {per_file}")
     groups: dict[tuple[str, int], ChannelStateGroup] = {}
     for start in range(0, len(tasks), per_file):
         members = tasks[start : start + per_file]
         uid, subtask = members[0]
-        group = ChannelStateGroup(f"{uid}-{subtask}", members, directory, staging)
+        group = ChannelStateGroup(f"{uid}-{subtask}", members, directory, staging, publish_wait)
         for m in members:
             groups[m] = group
     return groups
@@ -413,6 +473,6 @@ def open_channel_state(
     shared = group.file(checkpoint_id) if group is not None else None
     if shared is not None and group is not None:
         return ChannelStateWriter(
-            where.uri, checkpoint_id, subtask, compression, (shared, group.staging)
+            where.uri, checkpoint_id, subtask, compression, (shared, group.staging), (uid, subtask)
         )
     return ChannelStateWriter(where, checkpoint_id, subtask, compression)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
 
 import spillover.storage.shared as shared_mod
@@ -17,6 +20,8 @@ from spillover.runtime.checkpointing.channel_state import (
     open_channel_state,
 )
 from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage.location import Location, register_filesystem
+from spillover.storage.shared_objects import SharedObjects
 
 TASKS = [(uid, i) for uid in ("src", "map", "sink") for i in range(4)]
 
@@ -160,3 +165,45 @@ def test_a_failed_close_lets_go_of_every_gate(
         w.close()
     assert _open_in(staging) == []
     assert [b.held for b in buffers] == [0, 0, 0]
+
+
+def test_a_group_on_a_filesystem_without_appends_publishes_one_object() -> None:
+    """Any pyarrow filesystem (here pyarrow's in-memory one, which needs its
+    directories made): the group's gates become sections of one object, published
+    when the last member closed, each read back exactly."""
+    register_filesystem("memgroup", pafs._MockFileSystem())
+    try:
+        root = Location.parse("memgroup:///root")
+        groups = channel_state_groups(TASKS[:3], 5, lambda cid: root.child(f"chk-{cid}").uri)
+        assert isinstance(groups[TASKS[0]].file(1), SharedObjects)
+        writers = [
+            open_channel_state(
+                lambda cid, uid, i: root.child(f"chk-{cid}", f"{uid}-{i}").uri,
+                1,
+                uid,
+                i,
+                None,
+                groups[(uid, i)],
+            )
+            for uid, i in TASKS[:3]
+        ]
+        for k, w in enumerate(writers):
+            w.add_input(0, k, b"in-%d" % k)
+        # Each close waits for the group's publish: one thread per member.
+        results: dict[int, Any] = {}
+        threads = [
+            threading.Thread(target=lambda k=k, w=w: results.__setitem__(k, w.close()))
+            for k, w in enumerate(writers)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        handles = [GateStateHandle.from_dict(results[k]["input"][0]) for k in range(3)]
+        assert {h.uri for h in handles} == {root.child("chk-1", "channels", "src-0.spill").uri}
+        assert root.child("chk-1", "channels").list() == ["src-0.spill"]
+        for k, h in enumerate(handles):
+            with open_retriever(h) as rd:
+                assert [(b.channel_id, bytes(b)) for b in rd] == [(k, b"in-%d" % k)]
+    finally:
+        register_filesystem("memgroup", None)
