@@ -162,9 +162,10 @@ def rescaled_retrievers(
 ) -> dict[int, FilteringRetriever | SharedReplayPart]:
     """What each of ``new_subtasks`` replays, as :func:`rescaled_retriever` gives it
     (``coalesce=True``), with each old channel read once for all of them where they
-    filter by key group: a :class:`~spillover.rescale.shared.SharedReplay`'s parts,
-    to be drained at once (one thread each, or in turn; ``max_queued_bytes`` bounds
-    what waits for each). Edges whose old channels are taken whole or split by a
+    filter by key group: the parts of one :class:`~spillover.rescale.shared.SharedReplay`
+    per group of subtasks sharing old channels (2→4: two groups of two), to be drained
+    at once (one thread each, or in turn; ``max_queued_bytes`` bounds what waits for
+    each). Edges whose old channels are taken whole or split by a
     custom partitioner get one retriever per subtask."""
     subtasks = sorted(set(new_subtasks))
     common: dict[str, Any] = {
@@ -182,9 +183,15 @@ def rescaled_retrievers(
     }
     keyed = {i: (s, f) for i, (s, f, _) in plans.items() if isinstance(f, KeyGroupFilter) and s}
     out: dict[int, FilteringRetriever | SharedReplayPart] = {}
-    if len(keyed) > 1:
-        shared = SharedReplay(keyed, key=key, max_queued_bytes=max_queued_bytes, **common)
-        out.update(shared.parts)
+    for group in _sharing(keyed):
+        if len(group) > 1:
+            shared = SharedReplay(
+                {i: keyed[i] for i in group},
+                key=key,
+                max_queued_bytes=max_queued_bytes,
+                **common,
+            )
+            out.update(shared.parts)
     for i, (streams, flt, n_channels) in plans.items():
         if i not in out:
             out[i] = filter_retriever(
@@ -197,6 +204,28 @@ def rescaled_retrievers(
                 **common,
             )
     return {i: out[i] for i in subtasks}
+
+
+def _sharing(plans: Mapping[int, tuple[Sequence[RecordStream], Filter]]) -> list[list[int]]:
+    """The subtasks in groups that share old channels, transitively: each group is read
+    once, and groups that share nothing read at once, each on its subtasks' threads."""
+    group = {i: i for i in plans}
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    reader: dict[tuple[int, int], int] = {}
+    for i, (streams, _) in plans.items():
+        for s in streams:
+            j = reader.setdefault((s.old_upstream, s.old_downstream), i)
+            group[root(i)] = root(j)
+    out: dict[int, list[int]] = {}
+    for i in plans:
+        out.setdefault(root(i), []).append(i)
+    return list(out.values())
 
 
 def _subtask_plan(
