@@ -375,7 +375,13 @@ static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const 
         }
         if (len > n - p - SPL_REC_PREFIX) break;
         int32_t kg;
-        if (kgs) {
+        if (d->keep_all) {
+            rc = spl_packer_put_framed(&d->packer, 0, buf + p, len);
+            if (rc) break;
+            k++;
+            p += SPL_REC_PREFIX + (size_t)len;
+            continue;
+        } else if (kgs) {
             kg = kgs[k];
         } else {
             int32_t h;
@@ -402,69 +408,10 @@ static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const 
 
 #define SPL_DEMUX_CHUNK 1024
 
-/* Keep-all (a channel taken whole): the records are copied as they lie, so the loop
- * only walks their length prefixes to find how many whole records fit in the current
- * output buffer, then copies that run with one memcpy. A record that does not fit
- * takes the per-record path (which retires the buffer or splits the record as
- * spl_packer_put_framed would): the output is byte for byte the per-record loop's. */
-static int keep_all_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos,
-                        size_t max_records, size_t *count) {
-    spl_packer *pk = &d->packer;
-    spl_out *out = &pk->outs[0];
-    const uint32_t max_len = d->max_len;
-    size_t p = *pos, k = 0;
-    int rc = SPL_REC_OK;
-    while (k < max_records && p + SPL_REC_PREFIX <= n) {
-        size_t room = out->buf ? pk->size - out->pos : 0;
-        size_t q = p, m = 0;
-        uint32_t len = 0;
-        int whole = 1; /* the record at q is complete */
-        while (k + m < max_records && q + SPL_REC_PREFIX <= n) {
-            __builtin_prefetch(buf + q + SPL_REC_PREFETCH);
-            len = spl_le32(buf + q);
-            if (len > max_len) {
-                rc = SPL_REC_E_TOO_LARGE;
-                break;
-            }
-            if (len > n - q - SPL_REC_PREFIX) {
-                whole = 0;
-                break;
-            }
-            if (q - p + SPL_REC_PREFIX + len > room) break;
-            q += SPL_REC_PREFIX + (size_t)len;
-            m++;
-        }
-        if (q > p) {
-            memcpy(out->buf + out->pos, buf + p, q - p);
-            out->pos += (uint32_t)(q - p);
-            k += m;
-            p = q;
-            if (out->pos == pk->size) {
-                int r2 = spl_packer_retire(pk, 0);
-                if (r2) {
-                    rc = r2;
-                    break;
-                }
-            }
-        }
-        if (rc || !whole || k >= max_records || p + SPL_REC_PREFIX > n) break;
-        /* the record at p is whole and does not fit the room left */
-        rc = spl_packer_put_framed(pk, 0, buf + p, len);
-        if (rc) break;
-        k++;
-        p += SPL_REC_PREFIX + (size_t)len;
-    }
-    d->routed += k;
-    *pos = p;
-    *count = k;
-    return rc;
-}
-
 int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const int32_t *kgs,
                   size_t max_records, size_t *count) {
-    if (d->keep_all) return keep_all_run(d, buf, n, pos, max_records, count);
     if (kgs) return demux_loop(d, buf, n, pos, kgs, max_records, count, d->key.kind);
-    if (d->drops) {
+    if (d->drops && !d->keep_all) {
         /* Where some records are dropped: two passes a chunk at a time, key groups
          * first, then routing. Hashing has no branch to mispredict, so the hashes
          * of many records overlap; routing keeps or drops each record on a branch
