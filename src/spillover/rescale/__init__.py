@@ -5,7 +5,12 @@ See ``docs/rescaling.md`` for the rules per edge type, with worked examples.
 
 from __future__ import annotations
 
-from spillover.rescale.build import check_partitioner, filter_retriever, rescaled_retriever
+from spillover.rescale.build import (
+    check_partitioner,
+    filter_retriever,
+    rescaled_retriever,
+    rescaled_retrievers,
+)
 from spillover.rescale.filters import (
     Filter,
     KeepAll,
@@ -32,6 +37,7 @@ from spillover.rescale.mappings import (
 )
 from spillover.rescale.pieces import Piece, Reference
 from spillover.rescale.retriever import FilteringRetriever
+from spillover.rescale.shared import SharedReplay, SharedReplayPart
 from spillover.rescale.streams import OnEvent, RecordStream, ReplayBuffer
 
 __all__ = [
@@ -53,6 +59,8 @@ __all__ = [
     "Reference",
     "ReplayBuffer",
     "RescaleMapping",
+    "SharedReplay",
+    "SharedReplayPart",
     "Side",
     "Target",
     "broadcast_source",
@@ -64,4 +72,5 @@ __all__ = [
     "map_edge",
     "replay_owner",
     "rescaled_retriever",
+    "rescaled_retrievers",
 ]

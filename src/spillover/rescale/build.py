@@ -6,7 +6,7 @@ checkpoint taken during a replay references them (docs/rescaling.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,10 +32,16 @@ from spillover.rescale.filters import (
 from spillover.rescale.mappings import ChannelSource, EdgeMapping, Filtering, Side
 from spillover.rescale.pieces import Piece
 from spillover.rescale.retriever import FilteringRetriever
+from spillover.rescale.shared import SharedReplay, SharedReplayPart
 from spillover.rescale.streams import DEFAULT_KEY, OnEvent, RecordStream
 from spillover.storage import GateKind, GateStateHandle
 
-__all__ = ["check_partitioner", "filter_retriever", "rescaled_retriever"]
+__all__ = [
+    "check_partitioner",
+    "filter_retriever",
+    "rescaled_retriever",
+    "rescaled_retrievers",
+]
 
 Partitioner = Callable[[npt.NDArray[np.int64], int], npt.ArrayLike]
 
@@ -112,6 +118,127 @@ def rescaled_retriever(
     before that channel's input piece. ``coalesce`` repacks whole channels into
     ``buffer_size`` buffers (needed with references when nothing is filtered).
     """
+    streams, flt, n_channels = _subtask_plan(
+        mapping,
+        side,
+        new_subtask,
+        input_handles,
+        output_handles,
+        key,
+        partitioner,
+        input_references,
+    )
+    return filter_retriever(
+        streams,
+        flt,
+        partitioner=partitioner,
+        key=key,
+        coalesce=coalesce,
+        buffer_size=buffer_size,
+        max_record_size=max_record_size,
+        n_outputs=n_channels,
+        on_event=on_event,
+        filesystem=filesystem,
+        **retriever_options,
+    )
+
+
+def rescaled_retrievers(
+    mapping: EdgeMapping,
+    side: Side | str,
+    new_subtasks: Iterable[int],
+    *,
+    input_handles: Mapping[int, GateStateHandle | None],
+    output_handles: Mapping[int, GateStateHandle | None],
+    key: Key = DEFAULT_KEY,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+    on_event: OnEvent = "refuse",
+    max_record_size: int = MAX_RECORD_SIZE,
+    filesystem: Any = None,
+    partitioner: Callable[[npt.NDArray[np.int64], int], npt.ArrayLike] | None = None,
+    input_references: Mapping[int, Mapping[int, Sequence[Piece]]] | None = None,
+    max_queued_bytes: int | None = None,
+    **retriever_options: Any,
+) -> dict[int, FilteringRetriever | SharedReplayPart]:
+    """What each of ``new_subtasks`` replays, as :func:`rescaled_retriever` gives it
+    (``coalesce=True``), with each old channel read once for all of them where they
+    filter by key group: the parts of one :class:`~spillover.rescale.shared.SharedReplay`
+    per group of subtasks sharing old channels (2→4: two groups of two), to be drained
+    at once (one thread each, or in turn; ``max_queued_bytes`` bounds what waits for
+    each). Edges whose old channels are taken whole or split by a
+    custom partitioner get one retriever per subtask."""
+    subtasks = sorted(set(new_subtasks))
+    common: dict[str, Any] = {
+        "buffer_size": buffer_size,
+        "on_event": on_event,
+        "max_record_size": max_record_size,
+        "filesystem": filesystem,
+        **retriever_options,
+    }
+    plans = {
+        i: _subtask_plan(
+            mapping, side, i, input_handles, output_handles, key, partitioner, input_references
+        )
+        for i in subtasks
+    }
+    keyed = {i: (s, f) for i, (s, f, _) in plans.items() if isinstance(f, KeyGroupFilter) and s}
+    out: dict[int, FilteringRetriever | SharedReplayPart] = {}
+    for group in _sharing(keyed):
+        if len(group) > 1:
+            shared = SharedReplay(
+                {i: keyed[i] for i in group},
+                key=key,
+                max_queued_bytes=max_queued_bytes,
+                **common,
+            )
+            out.update(shared.parts)
+    for i, (streams, flt, n_channels) in plans.items():
+        if i not in out:
+            out[i] = filter_retriever(
+                streams,
+                flt,
+                partitioner=partitioner,
+                key=key,
+                coalesce=True,
+                n_outputs=n_channels,
+                **common,
+            )
+    return {i: out[i] for i in subtasks}
+
+
+def _sharing(plans: Mapping[int, tuple[Sequence[RecordStream], Filter]]) -> list[list[int]]:
+    """The subtasks in groups that share old channels, transitively: each group is read
+    once, and groups that share nothing read at once, each on its subtasks' threads."""
+    group = {i: i for i in plans}
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    reader: dict[tuple[int, int], int] = {}
+    for i, (streams, _) in plans.items():
+        for s in streams:
+            j = reader.setdefault((s.old_upstream, s.old_downstream), i)
+            group[root(i)] = root(j)
+    out: dict[int, list[int]] = {}
+    for i in plans:
+        out.setdefault(root(i), []).append(i)
+    return list(out.values())
+
+
+def _subtask_plan(
+    mapping: EdgeMapping,
+    side: Side | str,
+    new_subtask: int,
+    input_handles: Mapping[int, GateStateHandle | None],
+    output_handles: Mapping[int, GateStateHandle | None],
+    key: Key,
+    partitioner: Partitioner | None,
+    input_references: Mapping[int, Mapping[int, Sequence[Piece]]] | None,
+) -> tuple[list[RecordStream], Filter, int]:
+    """One new subtask's streams, the filter of what it keeps and its new channels."""
     side = Side(side.strip().lower()) if isinstance(side, str) else side
     rm = mapping.side(side)
     if not 0 <= new_subtask < rm.new_parallelism:
@@ -143,19 +270,7 @@ def rescaled_retriever(
                 raise RescaleError(f"mapping keeps key groups {kgs} outside {mine!r}")
         offset = key.offset if isinstance(key, FieldKey) else 0
         flt = KeyGroupFilter(mine.start, mine.end, mapping.max_parallelism, offset)
-    return filter_retriever(
-        streams,
-        flt,
-        partitioner=partitioner,
-        key=key,
-        coalesce=coalesce,
-        buffer_size=buffer_size,
-        max_record_size=max_record_size,
-        n_outputs=rm.new_channels,
-        on_event=on_event,
-        filesystem=filesystem,
-        **retriever_options,
-    )
+    return streams, flt, rm.new_channels
 
 
 def check_partitioner(names: Collection[str], partitioner: Partitioner | None) -> None:

@@ -19,7 +19,8 @@ together.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,17 @@ from spillover.storage import (
 )
 
 __all__ = ["FilteringRetriever"]
+
+
+@dataclass(frozen=True, slots=True)
+class _TableRoute:
+    """A route of streams given their own key-group table (``stream_tables``)."""
+
+    index: int
+
+
+Route = int | None | _TableRoute
+"""Where a stream's records go: its new channel, the common table (None) or its own table."""
 
 
 def _table(
@@ -121,6 +133,12 @@ class FilteringRetriever:
     ``keeps`` is the :class:`~spillover.rescale.filters.Filter` the retriever was
     built from (``build.filter_retriever``), which a reference to its rest records.
 
+    ``stream_tables`` (filtering by key group, streams without a channel) gives each
+    stream its own table, one int32 output or -1 per key group, instead of the
+    common ``key_group_table``: streams with equal tables share a demultiplexer.
+    A :class:`~spillover.rescale.shared.SharedReplay` reads once for several new
+    subtasks this way, each output being one new subtask's new channel.
+
     Memory stays bounded: one open retriever's read-ahead, one partly filled
     buffer per output, one partial record per stream and the buffers one
     input buffer produced. ``poll_next()`` never waits for data (opening the
@@ -146,6 +164,7 @@ class FilteringRetriever:
         n_partitions: int | None = None,
         coalesce: bool = False,
         keeps: Filter | None = None,
+        stream_tables: Sequence[npt.ArrayLike] | None = None,
         **retriever_options: Any,
     ) -> None:
         self.streams = tuple(streams)
@@ -221,18 +240,49 @@ class FilteringRetriever:
                 "max_record_size": max_record_size,
             }
             KeyGroupDemux(kg_to_output=self._table, n_outputs=n_outputs, **self._demux_args)
+        # A route is what a stream's records go through: its channel (None: the table
+        # picks), or with stream_tables the index of its table among the distinct ones.
+        self._routes: list[Route] = [s.channel for s in self.streams]
+        self._route_tables: list[npt.NDArray[np.int32]] = []
+        if stream_tables is not None:
+            if (
+                pass_through
+                or partitioner is not None
+                or max_parallelism is None
+                or len(stream_tables) != len(self.streams)
+                or any(s.channel is not None for s in self.streams)
+            ):
+                raise ConfigError(
+                    "stream_tables needs key-group filtering, one table per stream "
+                    "and no stream channel"
+                )
+            assert max_parallelism is not None
+            distinct: dict[bytes, int] = {}
+            for i, t in enumerate(stream_tables):
+                table = _table(t, max_parallelism, n_outputs)
+                k = distinct.setdefault(table.tobytes(), len(distinct))
+                if k == len(self._route_tables):
+                    self._route_tables.append(table)
+                self._routes[i] = _TableRoute(k)
+            outs = [set(np.unique(t[t >= 0]).tolist()) for t in self._route_tables]
+            if sum(map(len, outs)) != len(set().union(*outs)):
+                # Two demultiplexers writing one output could cut each other's records.
+                raise ConfigError("stream tables that differ must route to different outputs")
         self._stream_keys: list[object] = [self._key(st) for st in self.streams]
-        self._single_route = len({st.channel for st in self.streams}) <= 1
+        self._single_route = len(set(self._routes)) <= 1
         self._in_route = {
-            r: np.array([st.channel == r for st in self.streams] + [False])
-            for r in {st.channel for st in self.streams}
+            r: np.array([route == r for route in self._routes] + [False]) for r in set(self._routes)
         }
         # Outputs a stream's records can reach: where a forwarded event goes.
         self._table_outputs = sorted({int(o) for o in np.unique(self._table) if o >= 0})
+        for t in self._route_tables:
+            self._table_outputs = sorted(
+                {*self._table_outputs, *(int(o) for o in np.unique(t) if o >= 0)}
+            )
         # A route is a stream's channel (None: the table picks); its demux is
         # created at its first data and finished after its last stream.
-        self._last_of_route = {s.channel: i for i, s in enumerate(self.streams)}
-        self._demuxes: dict[int | None, KeyGroupDemux | PartitionerDemux] = {}
+        self._last_of_route = {r: i for i, r in enumerate(self._routes)}
+        self._demuxes: dict[Route, KeyGroupDemux | PartitionerDemux] = {}
         self._counts = [0, 0]  # routed, dropped by retired demuxes
         self._ready: collections.deque[ReplayBuffer] = collections.deque()
         self._stream = 0
@@ -359,8 +409,8 @@ class FilteringRetriever:
         was handed out or dropped). ``held(stream)``: bytes of it the consumer holds in
         a record it has begun and not finished (0 for this retriever's whole records)."""
         out = []
-        for stream, fed in zip(self.streams, self._fed, strict=True):
-            demux = self._demuxes.get(stream.channel)
+        for stream, fed, route in zip(self.streams, self._fed, self._routes, strict=True):
+            demux = self._demuxes.get(route)
             pos = sum(fed) - (demux.pending().get(self._key(stream), 0) if demux else 0)
             pos -= held(stream) if held is not None else 0
             skips = stream.skips or (0,) * len(stream.pieces)
@@ -501,10 +551,10 @@ class FilteringRetriever:
             self._fed[i][phase] += int(fed[i])
         self._piece = phase
         if self._single_route:
-            routes = {self.streams[0].channel}
+            routes = {self._routes[0]}
         else:
             present = np.bincount(slots[wanted], minlength=len(self.streams))
-            routes = {self.streams[i].channel for i in np.flatnonzero(present).tolist()}
+            routes = {self._routes[i] for i in np.flatnonzero(present).tolist()}
         if (frames.data_types[wanted] != 0).any() or self._partitioner is not None:
             view = frames.data
             for i in np.flatnonzero(wanted).tolist():
@@ -574,7 +624,8 @@ class FilteringRetriever:
 
     def _end_stream(self) -> None:
         index, stream = self._stream, self.streams[self._stream]
-        demux = self._demuxes.get(stream.channel)
+        route = self._routes[index]
+        demux = self._demuxes.get(route)
         if demux is not None:
             pending = demux.pending().get(self._key(stream), 0)
             if pending:
@@ -585,18 +636,18 @@ class FilteringRetriever:
                     f"read {stream.describe()}",
                     hint="a buffer of this channel was lost when the checkpoint was taken",
                 )
-            if self._last_of_route[stream.channel] == index:
-                self._emit(stream.channel, demux.finish())
+            if self._last_of_route[route] == index:
+                self._emit(route, demux.finish())
                 self._counts[0] += demux.routed
                 self._counts[1] += demux.dropped
-                del self._demuxes[stream.channel]
+                del self._demuxes[route]
         self._stream, self._piece = index + 1, 0
 
     @staticmethod
     def _key(stream: RecordStream) -> tuple[int, int]:
         return stream.old_upstream, stream.old_downstream
 
-    def _demux(self, route: int | None) -> KeyGroupDemux | PartitionerDemux:
+    def _demux(self, route: Route) -> KeyGroupDemux | PartitionerDemux:
         demux = self._demuxes.get(route)
         if demux is None and self._partitioner is not None:
             keep, n = self._partition
@@ -607,19 +658,23 @@ class FilteringRetriever:
             )
         if demux is None:
             table, n = self._table, self.n_outputs
-            if route is not None:
+            if isinstance(route, _TableRoute):
+                table = self._route_tables[route.index]
+            elif route is not None:
                 table, n = np.where(table >= 0, 0, -1).astype(np.int32), 1
             if self._keep_all:
-                table, n = np.zeros(1, np.int32), max(n, 1 + (route or 0))
+                channel = route if isinstance(route, int) else 0
+                table, n = np.zeros(1, np.int32), max(n, 1 + channel)
             demux = KeyGroupDemux(kg_to_output=table, n_outputs=n, **self._demux_args)
             if self._keep_all:
                 demux.keep_all()
             self._demuxes[route] = demux
         return demux
 
-    def _emit(self, route: int | None, buffers: list[tuple[int, npt.NDArray[np.uint8]]]) -> None:
+    def _emit(self, route: Route, buffers: list[tuple[int, npt.NDArray[np.uint8]]]) -> None:
+        fixed = route if isinstance(route, int) else None
         for out, buf in buffers:
-            self._ready.append(replay_buffer(buf, out if route is None else route, DataType.DATA))
+            self._ready.append(replay_buffer(buf, out if fixed is None else fixed, DataType.DATA))
 
     def _take(self, buf: RetrievedBuffer) -> None:
         self._take_frame(buf, buf.is_event, buf.offset)
@@ -635,8 +690,9 @@ class FilteringRetriever:
         elif self.pass_through:
             self._ready.append(replay_buffer(buf, stream.channel or 0, DataType.DATA))
         else:
+            route = self._routes[self._stream]
             try:
-                pairs = self._demux(stream.channel).push(buf, self._key(stream))
+                pairs = self._demux(route).push(buf, self._key(stream))
             except CorruptRecordError as e:
                 raise CorruptRecordError(
                     e.message,
@@ -645,7 +701,7 @@ class FilteringRetriever:
                     detail=f"{e.detail or 'bad records'}; in {stream.describe()}",
                     hint=e.hint,
                 ) from e
-            self._emit(stream.channel, pairs)
+            self._emit(route, pairs)
 
     def _event(self, stream: RecordStream, buf: Any, offset: int) -> None:
         uri = stream.pieces[self._piece][0].uri
@@ -658,7 +714,8 @@ class FilteringRetriever:
                 hint="events describe the old channel; pass on_event='forward' to replay "
                 "them in place if the consumer expects that",
             )
-        demux = self._demuxes.get(stream.channel)
+        route = self._routes[self._stream]
+        demux = self._demuxes.get(route)
         if demux is not None:
             if demux.pending().get(self._key(stream), 0):
                 raise CorruptRecordError(
@@ -667,9 +724,12 @@ class FilteringRetriever:
                     offset=offset,
                     detail=f"in {stream.describe()}",
                 )
-            self._emit(stream.channel, demux.flush())
+            self._emit(route, demux.flush())
         if self.pass_through or stream.channel is not None:
             channels = [stream.channel or 0]
+        elif isinstance(route, _TableRoute):
+            t = self._route_tables[route.index]
+            channels = sorted({int(o) for o in np.unique(t) if o >= 0})
         else:
             channels = self._table_outputs
         self._ready.extend(replay_buffer(buf, c, DataType.EVENT) for c in channels)

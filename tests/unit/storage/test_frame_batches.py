@@ -233,6 +233,43 @@ def test_push_frames_is_push_one_by_one(
     assert many.routed == one.routed and many.dropped == one.dropped
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(8, 700), max_size=200),
+    cut=st.integers(5, 900),
+    buffer_size=st.integers(16, 1024),
+    per_call=st.integers(1, 8),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_keep_all_packs_the_same_buffers_as_routing_every_record_to_one_output(
+    sizes: list[int], cut: int, buffer_size: int, per_call: int, rnd: Any
+) -> None:
+    """Keep-all copies runs of whole records at once; its buffers are byte for byte
+    those of the per-record loop (a table sending every key group to output 0),
+    records larger than a buffer and records cut between input buffers included."""
+    w = RecordWriter(cut)
+    bufs = [bytes(b) for n in sizes for b in w.write(rnd.randbytes(n))]
+    last = w.flush()
+    bufs += [bytes(last)] if last is not None else []
+
+    def run(keep_all: bool) -> list[tuple[int, bytes]]:
+        d = KeyGroupDemux(1, np.zeros(1), 1, FieldKey(0, "int32"), buffer_size=buffer_size)
+        if keep_all:
+            d.keep_all()
+        out = []
+        for i in range(0, len(bufs), per_call):
+            group = bufs[i : i + per_call]
+            lengths = np.array([len(b) for b in group], np.int64)
+            offsets = (np.cumsum(lengths) - lengths).astype(np.int64)
+            data = np.frombuffer(b"".join(group), np.uint8)
+            out += d.push_frames(data, offsets, lengths, np.zeros(len(group), np.int32), ["c"])
+        out += d.finish()
+        assert d.routed == len(sizes) and d.dropped == 0
+        return [(o, bytes(b)) for o, b in out]
+
+    assert run(keep_all=True) == run(keep_all=False)
+
+
 def test_coalesced_pass_through_keeps_every_record(tmp_path: Path) -> None:
     """pass_through + coalesce: the same records, per stream in order, in large buffers
     (the runtime's replay path), also when a record is cut between two pieces."""
