@@ -1,35 +1,61 @@
 #!/usr/bin/env python3
 """Where a checkpoint's time goes: the `spillover bench` job (paced sink, one
-policy) runs once, then per subtask the medians and maxima over its completed
-checkpoints of what each acknowledged: start delay (trigger to snapshot), sync
-(the task thread's part), async (the snapshot thread's operator part) and persist
-(an unaligned checkpoint's in-flight data, from its start to the acknowledgement,
-of which inputs is the wait for the last input's barrier, and close the channel
-state's files finished, on the task thread when closed_on_task_thread is 1,
-else on the channel-state thread),
-acked (when the acknowledgement reached the coordinator, from the trigger), and the
-coordinator's part after the last acknowledgement.
+policy) runs once, then two tables over its completed checkpoints.
+
+Phases, each beside its physical floor on this machine measured in the same run:
+trigger (the coordinator triggers, a source's task takes it), barrier hop per edge
+(an upstream subtask forwards the barrier, a downstream one takes it: from the
+earliest upstream forward), snapshot (the operators' state: the task's
+synchronous part and the snapshot thread's write), inputs (an unaligned
+checkpoint's wait for the last input barrier; no floor: it is the hops behind),
+channel-state close (the in-flight files finished), acknowledgement (the task
+sends it, the coordinator takes it) and metadata (after the last acknowledgement:
+the metadata and the job event log written). The floors: a thread hand-off (one
+way of a ``queue.SimpleQueue`` ping-pong between two threads), a loopback TCP
+message (one way of a ping-pong), and a write without fsync of the same bytes
+(the median subtask's state or in-flight bytes, the last checkpoint's metadata
+files) into a new file. On Spark the trigger and the acknowledgement cross the
+control connection: their floor is a TCP message and a hand-off; a barrier's
+first arrival comes over an in-process channel: a hand-off.
+
+Per subtask, the medians and maxima of what each acknowledged: start delay
+(trigger to snapshot), sync (the task thread's part), async (the snapshot
+thread's operator part) and persist (an unaligned checkpoint's in-flight data,
+from its start to the acknowledgement, of which inputs is the wait for the last
+input's barrier, and close the channel state's files finished, on the task thread
+when closed_on_task_thread is 1, else on the channel-state thread), acked (when
+the acknowledgement reached the coordinator, from the trigger).
 
     PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --executor local
+    PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --executor spark
     PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --no-spares   # A/B
 
 ``--no-spares`` makes every staging file of shared channel-state files on the task
-thread at the barrier, as before they were made ahead (docs/runtime.md). Run the
-two alternately: single runs on a shared machine move by several milliseconds.
-See docs/benchmarks.md, "Side by side with Flink 2.3".
+thread at the barrier, as before they were made ahead (docs/runtime.md). Run
+alternately: single runs on a shared machine move by several milliseconds. See
+docs/benchmarks.md, "Checkpoint phases and the task loop, issue 34".
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import os
+import queue
+import socket
 import statistics
 import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.runtime.checkpointing import coordinator
+from spillover.runtime.checkpointing.metadata import METADATA_FILE
 from spillover.storage import shared
+from spillover.storage.channel_index import INDEX_FILE
 
 METRICS = (
     "start_delay_ms",
@@ -41,6 +67,171 @@ METRICS = (
     "persist_ms",
     "acked_ms",
 )
+
+
+def _median_p90(values: Sequence[float]) -> tuple[float, float]:
+    v = sorted(values)
+    return statistics.median(v), v[min(len(v) - 1, int(0.9 * len(v)))]
+
+
+def handoff_ms(rounds: int = 2000) -> float:
+    """One way of a ping-pong between two threads over ``queue.SimpleQueue``s: what a
+    hand-off from one thread to another costs on this machine now."""
+    there: queue.SimpleQueue[int] = queue.SimpleQueue()
+    back: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def echo() -> None:
+        while (n := there.get()) >= 0:
+            back.put(n)
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    times = []
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        there.put(i)
+        back.get()
+        times.append(time.perf_counter() - t0)
+    there.put(-1)
+    t.join()
+    return statistics.median(times) / 2 * 1000
+
+
+def tcp_ms(rounds: int = 2000, size: int = 64) -> float:
+    """One way of a ping-pong of ``size``-byte messages over loopback TCP, each end
+    on its own thread (blocking receives, as a control connection's reader)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            while data := conn.recv(size, socket.MSG_WAITALL):
+                conn.sendall(data)
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    msg, times = b"x" * size, []
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            c.sendall(msg)
+            c.recv(size, socket.MSG_WAITALL)
+            times.append(time.perf_counter() - t0)
+    t.join()
+    server.close()
+    return statistics.median(times) / 2 * 1000
+
+
+def write_ms(nbytes: int, directory: str, rounds: int = 30) -> float:
+    """Writing ``nbytes`` into a new file and closing it, without fsync (median);
+    nothing to write costs nothing (no file is made for it)."""
+    if nbytes <= 0:
+        return 0.0
+    data, times = os.urandom(max(0, nbytes)), []
+    for i in range(rounds):
+        path = os.path.join(directory, f"floor-{i}")
+        t0 = time.perf_counter()
+        with open(path, "wb", buffering=0) as f:
+            f.write(data)
+        times.append(time.perf_counter() - t0)
+        os.unlink(path)
+    return statistics.median(times) * 1000
+
+
+ORDER = (
+    "trigger",
+    "barrier hop",
+    "snapshot",
+    "inputs",
+    "channel-state close",
+    "ack",
+    "meta",
+    "chec",
+)
+
+
+def phases(
+    done: list[dict[str, Any]],
+    triggered_at: dict[int, float],
+    predecessors: dict[str, list[str]],
+) -> dict[str, list[float]]:
+    """Per phase, its durations in ms over every completed checkpoint (and subtask of
+    the vertex a phase names), in the order a checkpoint goes through them."""
+    out: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        out.setdefault(name, []).append(value)
+
+    vertices = list(predecessors)  # the graph's order: sources first
+    for c in done:
+        subs: dict[str, dict[str, float]] = c["subtasks"]
+        at = triggered_at.get(c["checkpoint_id"])
+        by_vertex: dict[str, list[dict[str, float]]] = {}
+        for key, m in subs.items():
+            by_vertex.setdefault(key.rsplit("#", 1)[0], []).append(m)
+        for vertex in sorted(by_vertex, key=lambda v: vertices.index(v) if v in vertices else 0):
+            ups = predecessors.get(vertex, [])
+            for m in by_vertex[vertex]:
+                if "taken_at" not in m:
+                    continue
+                if not ups and at is not None:
+                    add("trigger", (m["taken_at"] - at) * 1000)
+                for up in ups:
+                    fwd = [u["forwarded_at"] for u in by_vertex.get(up, []) if "forwarded_at" in u]
+                    if fwd:
+                        add(f"barrier hop {up} -> {vertex}", (m["taken_at"] - min(fwd)) * 1000)
+                add(f"snapshot {vertex}", m.get("sync_ms", 0.0) + m.get("async_ms", 0.0))
+                if "inputs_ms" in m and ups:
+                    add(f"inputs {vertex} (last barrier in)", m["inputs_ms"])
+                if "close_ms" in m:
+                    add(f"channel-state close {vertex}", m["close_ms"])
+                if "ack_sent_at" in m and "received_at" in m:
+                    add("acknowledgement", (m["received_at"] - m["ack_sent_at"]) * 1000)
+        add("metadata (after the last ack)", float(c["finalize_ms"]))
+        add("checkpoint (trigger to completion)", float(c["duration_ms"]))
+    rank = {name: next(i for i, p in enumerate(ORDER) if name.startswith(p)) for name in out}
+    return {name: out[name] for name in sorted(out, key=lambda n: rank[n])}
+
+
+def record_coordinator(triggered_at: dict[int, float], graph: dict[str, Any]) -> Callable[[], None]:
+    """Makes the coordinator keep, for this run, each checkpoint's per-subtask metrics
+    and finalize time in its summary, the wall-clock time it triggered each
+    checkpoint and took each acknowledgement, and its job graph. Returns the undo."""
+    cls = coordinator.CheckpointCoordinator
+    plain_summary, plain_trigger, plain_ack = (
+        coordinator.CheckpointStats.summary,
+        cls._trigger,
+        cls._on_ack,
+    )
+
+    def summary(self: coordinator.CheckpointStats) -> dict[str, Any]:
+        return {**plain_summary(self), "subtasks": self.subtasks, "finalize_ms": self.finalize_ms}
+
+    def trigger(self: Any, *args: Any, **kw: Any) -> int | None:
+        graph.update(self.graph)
+        t = time.time()
+        cid: int | None = plain_trigger(self, *args, **kw)
+        if cid is not None:
+            triggered_at[cid] = t
+        return cid
+
+    def on_ack(self: Any, ack: Any) -> None:
+        ack.metrics["received_at"] = time.time()
+        plain_ack(self, ack)
+
+    coordinator.CheckpointStats.summary = summary  # type: ignore[method-assign]
+    cls._trigger = trigger  # type: ignore[method-assign]
+    cls._on_ack = on_ack  # type: ignore[method-assign]
+
+    def undo() -> None:
+        coordinator.CheckpointStats.summary = plain_summary  # type: ignore[method-assign]
+        cls._trigger = plain_trigger  # type: ignore[method-assign]
+        cls._on_ack = plain_ack  # type: ignore[method-assign]
+
+    return undo
 
 
 def main() -> None:
@@ -59,14 +250,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_spares:
         shared._Spares.AHEAD = 0
-    # The job's result keeps each checkpoint's summary; the per-subtask metrics the
-    # coordinator collected go into it too, for this run only.
-    plain = coordinator.CheckpointStats.summary
-
-    def with_subtasks(self: coordinator.CheckpointStats) -> dict[str, Any]:
-        return {**plain(self), "subtasks": self.subtasks, "finalize_ms": self.finalize_ms}
-
-    coordinator.CheckpointStats.summary = with_subtasks  # type: ignore[method-assign]
+    triggered_at: dict[int, float] = {}
+    graph: dict[str, Any] = {}
+    record_coordinator(triggered_at, graph)
     spec = BenchSpec(executor=args.executor, duration_s=args.duration, warmup_s=args.warmup)
     with tempfile.TemporaryDirectory(prefix="spillover-breakdown-") as tmp:
         config = spec.config(args.policy, tmp)
@@ -82,21 +268,72 @@ def main() -> None:
             spec.run_s,
             spec.duration_s,
         )
-    done = [c for c in result.checkpoints if c["status"] == "completed" and not c.get("final")]
-    if not done:
-        raise SystemExit("no checkpoint completed")
+        newest = max(
+            glob.glob(os.path.join(tmp, "**", METADATA_FILE), recursive=True),
+            key=os.path.getmtime,
+            default=None,
+        )
+        meta_bytes = 0
+        if newest is not None:
+            for name in (METADATA_FILE, INDEX_FILE):
+                path = os.path.join(os.path.dirname(newest), name)
+                meta_bytes += os.path.getsize(path) if os.path.exists(path) else 0
+        done = [c for c in result.checkpoints if c["status"] == "completed" and not c.get("final")]
+        if not done:
+            raise SystemExit("no checkpoint completed")
+        per_vertex: dict[str, dict[str, list[float]]] = {}
+        for c in done:
+            for key, m in c["subtasks"].items():
+                v = per_vertex.setdefault(key.rsplit("#", 1)[0], {"state": [], "inflight": []})
+                v["state"].append(m.get("state_bytes", 0.0))
+                v["inflight"].append(m.get("inflight_bytes", 0.0))
+        floor_dir = os.path.join(tmp, "floors")
+        os.makedirs(floor_dir)
+        handoff, tcp = handoff_ms(), tcp_ms()
+        floors: dict[str, float] = {
+            "metadata (after the last ack)": write_ms(meta_bytes, floor_dir)
+        }
+        sizes = []
+        for vertex, b in per_vertex.items():
+            state, inflight = (
+                int(statistics.median(b["state"])),
+                int(statistics.median(b["inflight"])),
+            )
+            floors[f"snapshot {vertex}"] = write_ms(state, floor_dir)
+            floors[f"channel-state close {vertex}"] = write_ms(inflight, floor_dir)
+            sizes.append(f"{vertex} {state} / {inflight}")
+    remote = args.executor != "local"
+    predecessors = {
+        uid: [i["source"] for i in v.get("inputs", []) if not i.get("feedback")]
+        for uid, v in graph.get("vertices", {}).items()
+    }
+    floors["trigger"] = floors["acknowledgement"] = handoff + (tcp if remote else 0.0)
+    found = phases(done, triggered_at, predecessors)
+    durations = [float(c["duration_ms"]) for c in done]
+    print(
+        f"{len(done)} checkpoints on the {args.executor} executor, median "
+        f"{statistics.median(durations):.2f} ms; floors measured after the job: thread "
+        f"hand-off {handoff:.3f} ms, loopback TCP one way {tcp:.3f} ms, writes without "
+        f"fsync of a subtask's median state / in-flight bytes ({', '.join(sizes)}) and "
+        f"of the metadata ({meta_bytes} B)"
+    )
+    print("phase".ljust(44) + "median ms".rjust(11) + "p90 ms".rjust(11) + "floor ms".rjust(11))
+    for name, values in found.items():
+        med, p90 = _median_p90(values)
+        floor = floors.get(name, handoff if name.startswith("barrier hop") else None)
+        cell = f"{floor:.3f}" if floor is not None else "-"
+        print(name.ljust(44) + f"{med:.3f}".rjust(11) + f"{p90:.3f}".rjust(11) + cell.rjust(11))
+    print()
     rows: dict[str, dict[str, list[float]]] = {}
     for c in done:
         for subtask, m in c["subtasks"].items():
             for k in METRICS:
                 if k in m:
                     rows.setdefault(subtask, {}).setdefault(k, []).append(float(m[k]))
-    durations = [float(c["duration_ms"]) for c in done]
     finalize = [float(c["finalize_ms"]) for c in done]
     print(
-        f"{len(done)} checkpoints, duration median {statistics.median(durations):.1f} ms, "
-        f"max {max(durations):.1f} ms; of it after the last acknowledgement (metadata, "
-        f"event log) median {statistics.median(finalize):.2f} ms "
+        f"after the last acknowledgement (metadata, event log) median "
+        f"{statistics.median(finalize):.2f} ms "
         "(median / max per subtask, ms; closed_on_task_thread: the share of checkpoints)"
     )
     print("subtask".ljust(12) + "".join(k.removesuffix("_ms").rjust(22) for k in METRICS))

@@ -115,3 +115,31 @@ int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, i
         *emptied = ftruncate(src, 0) == 0 && lseek(src, 0, SEEK_SET) == 0;
     return rc;
 }
+
+int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step) {
+    int rc;
+    *step = SPL_STEP_MKDIR;
+    if ((rc = make_parents(path))) return rc;
+    *step = SPL_STEP_OPEN;
+    int fd;
+    do fd = open(path, O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0644);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return errno;
+    *step = SPL_STEP_COPY;
+    rc = 0;
+    for (size_t done = 0; done < len && rc == 0;) {
+        ssize_t w = write(fd, (const char *)data + done, len - done);
+        if (w > 0) done += (size_t)w;
+        else if (w == 0) rc = EIO;
+        else if (errno != EINTR) rc = errno;
+    }
+    if (rc == 0 && (flags & SPL_SECTION_FSYNC)) {
+        *step = SPL_STEP_FSYNC;
+        if (fsync(fd) != 0) rc = errno;
+    }
+    if (close(fd) != 0 && rc == 0 && errno != EINTR) {
+        *step = SPL_STEP_CLOSE;
+        rc = errno;
+    }
+    return rc;
+}

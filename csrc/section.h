@@ -1,9 +1,10 @@
 /* Appending a finished section (a staged gate file) to a shared state file in one
- * call: open, in-kernel copy, optional fsync, close, and emptying the staged file
+ * call, and writing a small new file (a keyed-state file) in one call: open, in-kernel copy, optional fsync, close, and emptying the staged file
  * for reuse, so a caller that holds an interpreter lock releases it once. */
 #ifndef SPL_SECTION_H
 #define SPL_SECTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* flags */
@@ -26,5 +27,12 @@
  * 0; a failure to empty it is not an error. */
 int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
                        int *step, int *opened, int *emptied);
+
+/* Writes `len` bytes of `data` as a new file at `path` in one call: its
+ * directories made, the file created (O_EXCL: an existing one is EEXIST at
+ * SPL_STEP_OPEN), written (SPL_STEP_COPY), fsynced with SPL_SECTION_FSYNC, and
+ * closed. Returns 0, or an errno value with *step the step that failed; a file
+ * left by a failed write is the caller's to remove. */
+int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step);
 
 #endif

@@ -127,6 +127,22 @@ def test_an_exclusive_output_refuses_an_existing_file(store: Store) -> None:
     assert loc.read_bytes() == b"state"
 
 
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=70000))
+def test_write_new_makes_its_directories_writes_the_bytes_and_refuses_a_second(
+    store: Store, data: bytes
+) -> None:
+    loc = root(store).child("chk-1", "count-0", "state.arrow")  # no directory exists yet
+    loc.write_new(data, what="keyed-state file")
+    assert loc.read_bytes() == data
+    with pytest.raises(StateFileExistsError) as ei:
+        loc.write_new(b"other", what="keyed-state file", hint="a directory per checkpoint")
+    assert ei.value.hint == "a directory per checkpoint" and ei.value.path == loc.uri
+    assert loc.read_bytes() == data
+
+
 # ---- failing storage: each step's failure is a StorageError naming the URI
 
 
@@ -264,6 +280,27 @@ def test_sync_makes_a_written_file_and_its_directory_entry_durable(
     assert synced == []
     loc.sync()
     assert synced == [_inode(loc.path), _inode(tmp_path / "state")]
+
+
+def test_a_synced_write_new_syncs_the_file_and_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = _record_fsyncs(monkeypatch)  # the directory's; the file's is the native call's
+    loc = Location.parse(str(tmp_path)).child("state", "keyed.arrow")
+    loc.write_new(b"unsynced")
+    assert synced == []
+    loc.delete()
+    loc.write_new(b"durable", fsync=True)
+    assert synced == [_inode(tmp_path / "state")] and loc.read_bytes() == b"durable"
+
+
+def test_a_write_new_under_a_file_is_a_storage_error_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_bytes(b"a file, not a directory")
+    loc = Location.parse(str(tmp_path)).child("plain", "state.arrow")
+    with pytest.raises(StorageError) as ei:
+        loc.write_new(b"state", what="keyed-state file")
+    assert type(ei.value) is StorageError and ei.value.errno == errno.ENOTDIR
+    assert ei.value.path == loc.uri
 
 
 def _fail_os(

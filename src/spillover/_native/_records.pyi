@@ -13,6 +13,7 @@ _U32 = npt.NDArray[np.uint32]
 
 NOGIL_MIN_BYTES: int
 NOGIL_MIN_SUMS_KEYS: int
+NOGIL_MIN_SCAN_BYTES: int
 KEY_INT32: int
 KEY_INT64: int
 KEY_STR: int

@@ -142,6 +142,9 @@ def append_section(
 ) -> tuple[int, str, bool, bool]:
     """Copies a staged section to offset ``at`` of ``path``: ``(errno, step, opened, emptied)``."""
 
+def write_new_file(path: str, data: Any, flags: int) -> tuple[int, str]:
+    """Writes ``data`` as a new file at ``path`` in one call: ``(errno, step)``."""
+
 def raw_write_baseline(fd: int, buffers: list[Any], batch_bytes: int) -> int: ...
 def raw_read_baseline(fd: int, block: Block) -> int: ...
 def live_handles() -> int:

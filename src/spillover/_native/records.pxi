@@ -321,7 +321,7 @@ cdef class Reassembler:
                 self._len = np.empty(cap, dtype=np.int64)
             o = self._off
             l = self._len
-            ts = _release_if(n >= _NOGIL_MIN)
+            ts = _release_if(n >= _NOGIL_MIN_SCAN)
             rc = spl_rec_scan(p, n, &pos, self.max_len, &o[0], &l[0], cap, &count)
             _reacquire(ts)
             if rc:

@@ -187,6 +187,7 @@ class TaskCheckpoints:
             time.monotonic(),
             self.gate_of,
             self.max_inflight_bytes,
+            taken_at=time.time(),
         )
 
     def cut_recovered(self) -> RecoveredCut:
@@ -198,6 +199,8 @@ class TaskCheckpoints:
 
     def forward_unaligned(self, barrier: ev.CheckpointBarrier, inf: InFlightCheckpoint) -> None:
         if self.checkpoint_dir is not None:
+            if not inf.forwarded_at:  # when the barrier starts to leave
+                inf.forwarded_at = time.time()
             self.task.output.forward_unaligned(barrier, inf)
 
     def begun_records(self, skip: frozenset[int]) -> list[tuple[int, bytes]]:
@@ -221,6 +224,7 @@ class TaskCheckpoints:
         self.task.coordinator.decline(checkpoint_id, self.vertex_uid, self.subtask, reason)
 
     def acknowledge(self, ack: Ack) -> None:
+        ack.metrics["ack_sent_at"] = time.time()  # the acknowledgement's hop, measured
         self.task.coordinator.acknowledge(ack)
 
     def cancel_downstream(self, checkpoint_id: int) -> None:

@@ -556,3 +556,26 @@ def test_any_contiguous_buffer_is_accepted() -> None:
     assert read_records(out) == [b"hello", np.arange(3, dtype=np.int32).tobytes()]
     with pytest.raises((TypeError, ValueError)):
         RecordReader().feed(np.zeros(16, np.uint8)[::2])  # not contiguous
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_a_scan_with_or_without_the_gil_reads_the_same_records(big: bool) -> None:
+    """Below NOGIL_MIN_SCAN_BYTES the scan keeps the GIL, from it on it lets it go:
+    the records read are the same, a carried record included."""
+    from spillover._native._records import NOGIL_MIN_SCAN_BYTES
+
+    width = 12
+    n = (NOGIL_MIN_SCAN_BYTES if big else 4096) // (width + 4) + 3
+    records = [i.to_bytes(4, "little") * 3 for i in range(n)]
+    stream = b"".join(struct.pack("<I", width) + r for r in records)
+    cut = len(stream) - 6  # the last record spans two buffers
+    reader = RecordReader()
+    got: list[bytes] = []
+    for buf in (stream[:cut], stream[cut:]):
+        carried, start, count = reader.feed_fixed(buf, width)
+        if carried is not None:
+            got.append(bytes(carried))
+        got += [
+            buf[start + i * (width + 4) : start + i * (width + 4) + width] for i in range(count)
+        ]
+    assert got == records

@@ -109,6 +109,7 @@ cdef extern from "section.h" nogil:
         SPL_STEP_CLOSE
     int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
                            int *step, int *opened, int *emptied)
+    int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step)
 
 
 cdef extern from "reader.h" nogil:

@@ -67,6 +67,11 @@ class InFlightCheckpoint:
     # Recovered input state not yet replayed, referenced in old files (recovery/).
     references: list[Reference] = field(default_factory=list)
     recovering: bool = False  # taken while recovered input state was being replayed
+    # Wall-clock times (time.time()) of the task taking the barrier and of the
+    # barrier going out: the per-phase breakdown (bench/checkpoint_breakdown.py)
+    # lines them up across tasks and processes.
+    taken_at: float = 0.0
+    forwarded_at: float = 0.0
 
     @property
     def done(self) -> bool:

@@ -147,7 +147,8 @@ def take_snapshot(
     # The checkpoint's start on this task: an unaligned barrier may have left before.
     t0 = inflight.started if inflight is not None else now
     first = stats.first_barrier_at if stats is not None else t0
-    start_delay_ms = max(0.0, (time.time() - (now - first)) * 1000 - trigger_ms)
+    taken_at = time.time() - (now - first)  # wall clock, for the breakdown
+    start_delay_ms = max(0.0, taken_at * 1000 - trigger_ms)
     task.check_failure(cid)
     # An unaligned barrier leaves before the operators are snapshot, as Flink's does
     # (usually it left already, before the input state: BarrierHandler.open_checkpoint).
@@ -157,6 +158,7 @@ def take_snapshot(
         task.flush_writers()
     captured = task.capture(cid)
     switched = False
+    forwarded_at = 0.0
     if (
         inflight is None
         and barrier.kind == BarrierKind.ALIGNED_WITH_TIMEOUT
@@ -170,10 +172,17 @@ def take_snapshot(
     if inflight is None or barrier.kind != BarrierKind.UNALIGNED:
         # An aligned barrier follows every record before it (an iteration head's
         # aligned checkpoint has an ``inflight`` part too: the feedback it logs).
+        forwarded_at = time.time()
         task.forward_aligned(barrier)
     else:  # switched to unaligned while draining (a no-op if it left already)
         task.forward_unaligned(barrier, inflight)
+    if inflight is not None and inflight.forwarded_at:
+        forwarded_at = inflight.forwarded_at
     metrics = {
+        # Wall-clock times of taking the barrier and forwarding it (the breakdown's
+        # barrier hops, across processes).
+        "taken_at": inflight.taken_at if inflight and inflight.taken_at else taken_at,
+        "forwarded_at": forwarded_at,
         "start_delay_ms": start_delay_ms,
         "alignment_ms": stats.alignment_seconds * 1000 if stats else 0.0,
         "bytes_during_alignment": float(stats.bytes_during_alignment) if stats else 0.0,

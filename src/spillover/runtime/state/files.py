@@ -57,8 +57,9 @@ def _write_snapshot(
     entries = []
     for i, (name, kind, dtype, keys, values) in enumerate(copies):
         kg = key_groups(keys, max_p)
-        # Rows are sorted by key; a stable sort by key group keeps key and append order.
-        order = np.argsort(kg, kind="stable")
+        # Rows are sorted by key; a stable sort by key group keeps key and append order
+        # (key groups fit int16, max parallelism <= 32768: numpy then radix-sorts).
+        order = np.argsort(kg.astype(np.int16, copy=False), kind="stable")
         metadata = {
             _meta("format"): FORMAT_NAME,
             _meta("format_version"): str(FORMAT_VERSION),
@@ -121,27 +122,21 @@ def _from_arrow(column: pa.ChunkedArray, dtype: np.dtype[Any]) -> Values:
 
 def _write_file(where: Location, batch: pa.RecordBatch, fsync: bool) -> int:
     """Writes ``batch`` as a new Arrow IPC file at ``where`` (never over one) and
-    returns its size; ``fsync``: the file and its directory entry are durable."""
-    sink = where.open_output(
-        "keyed-state file",
-        exclusive=True,
+    returns its size; ``fsync``: the file and its directory entry are durable. The
+    file is made in memory first and written in one call (``Location.write_new``):
+    on a busy task process every I/O call that lets the GIL go costs."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    data = sink.getvalue()
+    where.write_new(
+        data,
+        fsync=fsync,
+        what="keyed-state file",
         hint="each checkpoint needs its own directory, and each keyed operator "
         "sharing one its own backend name",
     )
-    try:
-        with sink:
-            with pa.ipc.new_file(sink, batch.schema) as writer:
-                writer.write_batch(batch)
-            size = int(sink.tell())
-    except OSError as e:
-        raise where.error(
-            "cannot write keyed-state file",
-            e,
-            hint="check that the checkpoint directory is reachable and writable",
-        ) from e
-    if fsync:
-        where.sync("keyed-state file")
-    return size
+    return int(data.size)
 
 
 def _check_handle(handle: Any, max_p: int) -> KeyGroupRange:

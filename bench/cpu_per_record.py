@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""CPU time per record of the `spillover bench` job: one policy runs once, and over
+its measured window (warm-up excluded) the CPU time of this process and every
+process below it (the Spark workers and driver JVM with ``--executor spark``) is
+divided by the records the sinks took. On a loaded shared machine the records per
+second of single runs move by tens of percent; CPU time per record moves far less,
+so an A/B of two trees reads better in it (same command, alternating trees).
+
+    PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor local --policy none
+    PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --policy unaligned --sink-rate 5000
+
+See docs/benchmarks.md, "Checkpoint phases and the task loop, issue 34".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+from spillover.benchmark.runner import create_executor, run_sampled
+from spillover.benchmark.spec import BenchSpec, build_job
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """User + system CPU seconds of process ``root`` (this one) and its live
+    descendants, from /proc (a process that already exited is not counted)."""
+    root = os.getpid() if root is None else root
+    kids, todo, total = _children(), [root], 0.0
+    while todo:
+        pid = todo.pop()
+        todo.extend(kids.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--executor", default="local", choices=["local", "spark", "processes"])
+    ap.add_argument("--policy", default="none")
+    ap.add_argument("--sink-rate", type=float, default=1e8)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    args = ap.parse_args()
+    spec = BenchSpec(
+        executor=args.executor,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        sink_rate=args.sink_rate,
+    )
+    samples: list[tuple[float, float, float]] = []  # (wall, cpu, sink records)
+    with tempfile.TemporaryDirectory(prefix="spillover-cpu-") as tmp:
+        ex = create_executor(args.executor, build_job(spec, "cpu"), spec.config(args.policy, tmp))
+        ex.prepare()
+
+        def read() -> float:
+            records = float(ex.live_metric("sink", "records_in"))
+            samples.append((time.monotonic(), tree_cpu_seconds(), records))
+            return records
+
+        run_sampled(ex, read, spec.warmup_s, spec.run_s, spec.duration_s)
+        started = ex.running_since()
+    # The window's ends: the first sample at or after the warm-up, and the last.
+    inside = [s for s in samples if started is None or s[0] - started >= spec.warmup_s - 0.05]
+    (w0, c0, r0), (w1, c1, r1) = inside[0], inside[-1]
+    if r1 <= r0:
+        raise SystemExit("the sinks took no records in the window")
+    print(
+        f"{args.executor} {args.policy}: {(r1 - r0) / (w1 - w0):,.0f} records/s, "
+        f"{(c1 - c0) / (w1 - w0):.2f} cores, CPU {(c1 - c0) / (r1 - r0) * 1e6:.3f} µs per record "
+        f"(load average {os.getloadavg()[0]:.1f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
