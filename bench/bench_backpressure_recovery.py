@@ -23,7 +23,10 @@ One alternation runs every variant once (the executors, then Flink);
 ``extra_info`` and are printed as tables. ``SPILLOVER_BENCH_RECOVERY_EXECUTORS``
 (default ``local,spark``), ``SPILLOVER_BENCH_RECOVERY_WARMUP`` (seconds, default 5),
 ``SPILLOVER_BENCH_FLINK`` (``0`` leaves Flink out; it is left out when java or its
-JARs are missing). Target (issue 34): both recovery times at most 0.5x Flink's.
+JARs are missing), ``SPILLOVER_BENCH_RESCALE_WARM`` (``1``: Spark's Python workers
+for 3 tasks started right before each Spark rescale, so that the rescale does not
+pay for starting the third one; Spark stops a worker idle for a minute).
+Target (issue 34): both recovery times at most 0.5x Flink's.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ EXECUTORS = [
     if e.strip()
 ]
 WARMUP_S = float(os.environ.get("SPILLOVER_BENCH_RECOVERY_WARMUP", "5"))
+RESCALE_WARM = os.environ.get("SPILLOVER_BENCH_RESCALE_WARM", "0") == "1"
 AFTER_S = 5.0  # sampled after the failure
 RUN_PY = Path(__file__).resolve().parent / "flink" / "run.py"
 FLINK_JARS = Path.home() / ".cache" / "spillover" / "flink" / "jars-2.3.0" / ".complete"
@@ -132,6 +136,8 @@ def _run(benchmark: Any, mode: str, tmp_path: Path) -> dict[str, Any]:
                 r: Any = recover_once(spec, executor, after_s=AFTER_S)
                 row = {**r.to_dict(), "variant": f"{executor} recovery"}
             else:
+                if executor == "spark" and RESCALE_WARM:
+                    _spark_workers(3)
                 r = rescale_once(spec, executor, 3)
                 row = {**r.to_dict(), "variant": f"{executor} live rescale"}
             print(f"\n{r.line()}", flush=True)
