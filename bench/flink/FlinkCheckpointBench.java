@@ -11,7 +11,11 @@
 // warm-up and the measured window, the per-checkpoint statistics are read from
 // the MiniCluster's REST API (bound to 127.0.0.1) and one JSON line is printed,
 // prefixed with "FLINK_BENCH_RESULT ". With --stops N, the job is stopped with
-// a savepoint after the warm-up instead, N times (see stopRounds).
+// a savepoint after the warm-up instead, N times (see stopRounds). With
+// --recovery N, the keyed count fails once after the warm-up and the job
+// restarts from its latest checkpoint, N times (see recoveryRounds). With
+// --rescale N, the job is stopped with a savepoint at parallelism 2 and
+// restored from it at 3, N times (see rescaleRounds).
 
 import java.io.IOException;
 import java.lang.management.ManagementFactory;
@@ -33,6 +37,8 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.LongAdder;
 
 import org.apache.flink.api.common.eventtime.WatermarkStrategy;
@@ -50,6 +56,8 @@ import org.apache.flink.configuration.Configuration;
 import org.apache.flink.connector.datagen.source.DataGeneratorSource;
 import org.apache.flink.connector.datagen.source.GeneratorFunction;
 import org.apache.flink.core.execution.JobClient;
+import org.apache.flink.runtime.minicluster.MiniCluster;
+import org.apache.flink.runtime.minicluster.MiniClusterConfiguration;
 import org.apache.flink.runtime.util.EnvironmentInformation;
 import org.apache.flink.shaded.jackson2.com.fasterxml.jackson.databind.JsonNode;
 import org.apache.flink.shaded.jackson2.com.fasterxml.jackson.databind.ObjectMapper;
@@ -67,6 +75,41 @@ public final class FlinkCheckpointBench {
     // application class path, so these counters are shared with the tasks.
     static final LongAdder SOURCE_RECORDS = new LongAdder();
     static final LongAdder SINK_RECORDS = new LongAdder();
+
+    // Recovery and rescale rounds. ARMED: the keyed count's subtask 0 fails on its
+    // next record, once (FIRED), in its first attempt; FAILED_AT is then.
+    // Sink writers of a later attempt (recovery) or at the new parallelism
+    // (rescale) count in LATER_RECORDS and stamp LATER_FIRST at their first record.
+    static volatile boolean ARMED = false;
+    // The round under way: tasks of an earlier round's job, still winding down, do not count.
+    static volatile int ROUND = 0;
+    static final AtomicBoolean FIRED = new AtomicBoolean();
+    static volatile long FAILED_AT = 0;
+    static volatile int LATER_PARALLELISM = -1; // rescale: writers at this parallelism
+    static final LongAdder LATER_RECORDS = new LongAdder();
+    static final AtomicLong LATER_FIRST = new AtomicLong(0);
+    // When the first and the last keyed-count or sink task of the later attempt opened
+    // (state restored; REST's job status is cached for web.refresh-interval, too coarse).
+    static final AtomicLong LATER_OPEN_FIRST = new AtomicLong(0);
+    static final AtomicLong LATER_OPEN_LAST = new AtomicLong(0);
+
+    static void laterOpened() {
+        long now = System.nanoTime();
+        LATER_OPEN_FIRST.compareAndSet(0, now);
+        LATER_OPEN_LAST.accumulateAndGet(now, Math::max);
+    }
+
+    static void resetRound() {
+        ROUND++;
+        ARMED = false;
+        FIRED.set(false);
+        FAILED_AT = 0;
+        LATER_PARALLELISM = -1;
+        LATER_RECORDS.reset();
+        LATER_FIRST.set(0);
+        LATER_OPEN_FIRST.set(0);
+        LATER_OPEN_LAST.set(0);
+    }
 
     // ------------------------------------------------------------------ job
 
@@ -99,15 +142,25 @@ public final class FlinkCheckpointBench {
             extends KeyedProcessFunction<Long, Tuple2<Long, byte[]>, Tuple2<Long, Long>> {
         private static final long serialVersionUID = 1L;
         private transient ValueState<Long> count;
+        private transient boolean mayFail; // subtask 0 in its first attempt
 
         @Override
         public void open(OpenContext ctx) {
             count = getRuntimeContext().getState(new ValueStateDescriptor<>("count", Types.LONG));
+            var info = getRuntimeContext().getTaskInfo();
+            mayFail = info.getIndexOfThisSubtask() == 0 && info.getAttemptNumber() == 0;
+            if (info.getAttemptNumber() > 0 || info.getNumberOfParallelSubtasks() == LATER_PARALLELISM) {
+                laterOpened();
+            }
         }
 
         @Override
         public void processElement(Tuple2<Long, byte[]> rec, Context ctx,
                                    Collector<Tuple2<Long, Long>> out) throws Exception {
+            if (mayFail && ARMED && FIRED.compareAndSet(false, true)) {
+                FAILED_AT = System.nanoTime();
+                throw new RuntimeException("induced failure in keyed-count#0 (recovery benchmark)");
+            }
             Long c = count.value();
             long n = (c == null ? 0L : c) + 1L;
             count.update(n);
@@ -133,18 +186,27 @@ public final class FlinkCheckpointBench {
 
         @Override
         public SinkWriter<Tuple2<Long, Long>> createWriter(WriterInitContext context) {
-            return new PacedWriter(ratePerSubtask, maxBurstMs);
+            var info = context.getTaskInfo();
+            boolean later = info.getAttemptNumber() > 0
+                    || info.getNumberOfParallelSubtasks() == LATER_PARALLELISM;
+            if (later) {
+                laterOpened();
+            }
+            return new PacedWriter(ratePerSubtask, maxBurstMs, later);
         }
     }
 
     static final class PacedWriter implements SinkWriter<Tuple2<Long, Long>> {
         private final long nanosPerRecord;
         private final long maxBurstNanos;
+        private final boolean later; // a restarted attempt, or at the new parallelism
+        private final int round = ROUND;
         private long next = Long.MIN_VALUE; // time the next record is due
 
-        PacedWriter(double rate, long maxBurstMs) {
+        PacedWriter(double rate, long maxBurstMs, boolean later) {
             this.nanosPerRecord = Math.max(1L, Math.round(1e9 / rate));
             this.maxBurstNanos = TimeUnit.MILLISECONDS.toNanos(maxBurstMs);
+            this.later = later;
         }
 
         @Override
@@ -159,6 +221,10 @@ public final class FlinkCheckpointBench {
             }
             next += nanosPerRecord;
             SINK_RECORDS.increment();
+            if (later && round == ROUND) {
+                LATER_FIRST.compareAndSet(0, System.nanoTime());
+                LATER_RECORDS.increment();
+            }
         }
 
         @Override
@@ -236,6 +302,24 @@ public final class FlinkCheckpointBench {
         conf.put("web.refresh-interval", "500");
         conf.putAll(policyConfig(policy));
 
+        int recoveries = Integer.parseInt(args.getOrDefault("recovery", "0"));
+        if (recoveries > 0) {
+            double after = Double.parseDouble(args.getOrDefault("after", "8"));
+            conf.put("restart-strategy.type", "fixed-delay");
+            conf.put("restart-strategy.fixed-delay.attempts", "1");
+            conf.put("restart-strategy.fixed-delay.delay",
+                    args.getOrDefault("restart-delay-ms", "0") + " ms");
+            recoveryRounds(conf, policy, parallelism, sinkRate, warmup, after, recoveries);
+            deleteTree(ckptDir);
+            System.exit(0);
+        }
+        int rescales = Integer.parseInt(args.getOrDefault("rescale", "0"));
+        if (rescales > 0) {
+            int to = Integer.parseInt(args.getOrDefault("to-parallelism", "3"));
+            rescaleRounds(conf, policy, parallelism, to, sinkRate, warmup, rescales);
+            deleteTree(ckptDir);
+            System.exit(0);
+        }
         int stops = Integer.parseInt(args.getOrDefault("stops", "0"));
         if (stops > 0) {
             stopRounds(conf, policy, parallelism, sinkRate, warmup, stops, ckptDir);
@@ -407,6 +491,11 @@ public final class FlinkCheckpointBench {
     static StreamExecutionEnvironment buildJob(Map<String, String> conf, int parallelism, double sinkRate) {
         StreamExecutionEnvironment env =
                 StreamExecutionEnvironment.createLocalEnvironment(parallelism, Configuration.fromMap(conf));
+        return addPipeline(env, sinkRate);
+    }
+
+    /** The reference job's operators, added to {@code env}. */
+    static StreamExecutionEnvironment addPipeline(StreamExecutionEnvironment env, double sinkRate) {
         TypeInformation<Tuple2<Long, byte[]>> recType =
                 Types.TUPLE(Types.LONG, Types.PRIMITIVE_ARRAY(Types.BYTE));
         DataGeneratorSource<Tuple2<Long, byte[]>> source = new DataGeneratorSource<>(
@@ -538,6 +627,285 @@ public final class FlinkCheckpointBench {
         r.put("stops", rounds);
         spread(r, "complete_ms", complete);
         spread(r, "returned_ms", returned);
+        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
+        System.out.flush();
+    }
+
+    // --------------------------------------------------- recovery mode
+
+    /**
+     * Recovery under backpressure, {@code rounds} times (a new job and MiniCluster
+     * each time): after the warm-up and at least two completed checkpoints, the sink's
+     * steady rate is measured over two seconds, then the keyed count's subtask 0 throws
+     * on its next record (once). Flink restarts the job from its latest (unaligned)
+     * checkpoint with the configured restart strategy. Timed from the throw: the first
+     * record a restarted sink writer takes, and the start of the first 500 ms window in
+     * which the restarted sinks take at least 90 % of the steady rate; the in-flight
+     * bytes replayed are the restored checkpoint's {@code persisted_data} (REST).
+     * Prints one result line.
+     */
+    static void recoveryRounds(Map<String, String> baseConf, String policy, int parallelism,
+                               double sinkRate, double warmup, double after, int rounds) throws Exception {
+        ObjectMapper json = new ObjectMapper();
+        HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(5)).build();
+        List<Map<String, Object>> out = new ArrayList<>();
+        List<Double> firsts = new ArrayList<>(), ninety = new ArrayList<>(), running = new ArrayList<>();
+        List<Double> replayed = new ArrayList<>();
+        for (int round = 0; round < rounds; round++) {
+            resetRound();
+            Map<String, String> conf = new LinkedHashMap<>(baseConf);
+            int port = freeLocalPort();
+            for (String k : List.of("rest.bind-port", "rest.port")) {
+                conf.put(k, Integer.toString(port));
+            }
+            StreamExecutionEnvironment env = buildJob(conf, parallelism, sinkRate);
+            JobClient job = env.executeAsync("spillover-reference-recovery-" + policy + "-" + round);
+            String jobId = job.getJobID().toHexString();
+            String base = "http://127.0.0.1:" + port;
+            waitRunning(http, json, base, jobId, 120_000);
+            long runningAt = System.nanoTime();
+            Thread.sleep((long) (warmup * 1000));
+            waitCheckpoints(http, json, base, jobId, 2, runningAt);
+            long s0 = SINK_RECORDS.sum();
+            long t0 = System.nanoTime();
+            Thread.sleep(2000);
+            double steady = (SINK_RECORDS.sum() - s0) / ((System.nanoTime() - t0) / 1e9);
+            ARMED = true;
+            long armedAt = System.nanoTime();
+            while (FAILED_AT == 0 && System.nanoTime() - armedAt < 60_000_000_000L) {
+                Thread.sleep(0, 200_000);
+            }
+            long failed = FAILED_AT;
+            if (failed == 0) {
+                throw new IllegalStateException("the induced failure did not fire within 60 s");
+            }
+            // The restarted sinks' records, every ~5 ms.
+            List<long[]> series = new ArrayList<>();
+            while (System.nanoTime() - failed < (long) (after * 1e9)) {
+                series.add(new long[] {System.nanoTime() - failed, LATER_RECORDS.sum()});
+                Thread.sleep(5);
+            }
+            Double openedMs = LATER_OPEN_FIRST.get() == 0 ? null : round((LATER_OPEN_FIRST.get() - failed) / 1e6, 1);
+            Double runningMs = LATER_OPEN_LAST.get() == 0 ? null : round((LATER_OPEN_LAST.get() - failed) / 1e6, 1);
+            long first = LATER_FIRST.get();
+            Double firstMs = first == 0 ? null : round((first - failed) / 1e6, 1);
+            Double ninetyMs = windowStartMs(series, 0.9 * steady, 500);
+            if (ninetyMs != null && firstMs != null) {
+                ninetyMs = Math.max(ninetyMs, firstMs); // not before the first record
+            }
+            JsonNode ck = getJson(http, json, base + "/jobs/" + jobId + "/checkpoints");
+            long restoredId = ck.path("latest").path("restored").path("id").asLong(-1);
+            Long persisted = null;
+            for (JsonNode h : ck.path("history")) {
+                if (h.path("id").asLong() == restoredId) {
+                    persisted = h.path("persisted_data").asLong();
+                }
+            }
+            if (persisted == null && restoredId >= 0) {
+                persisted = getJson(http, json, base + "/jobs/" + jobId + "/checkpoints/details/" + restoredId)
+                        .path("persisted_data").asLong();
+            }
+            Map<String, Object> r = new LinkedHashMap<>();
+            r.put("round", round);
+            r.put("steady_records_per_s", round(steady, 1));
+            r.put("restored_checkpoint", restoredId);
+            r.put("first_task_opened_ms", openedMs);
+            r.put("running_again_ms", runningMs);
+            r.put("first_record_ms", firstMs);
+            r.put("ninety_percent_ms", ninetyMs);
+            r.put("replayed_bytes", persisted);
+            List<List<Double>> pts = new ArrayList<>();
+            for (int i = 0; i < series.size(); i += 4) { // every ~20 ms is enough for a plot
+                pts.add(List.of(round(series.get(i)[0] / 1e6, 1), (double) series.get(i)[1]));
+            }
+            r.put("series_ms_records", pts);
+            out.add(r);
+            if (firstMs != null) {
+                firsts.add(firstMs);
+            }
+            if (ninetyMs != null) {
+                ninety.add(ninetyMs);
+            }
+            if (runningMs != null) {
+                running.add(runningMs);
+            }
+            if (persisted != null) {
+                replayed.add((double) persisted);
+            }
+            log("recovery %d: tasks opened %s-%s ms, first record %s ms, 90%% %s ms, replayed %s B",
+                    round, openedMs, runningMs, firstMs, ninetyMs, persisted);
+            try {
+                job.cancel().get(60, TimeUnit.SECONDS);
+            } catch (Exception e) {
+                log("cancel: %s", e);
+            }
+        }
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("engine", "flink");
+        r.put("flink_version", EnvironmentInformation.getVersion());
+        r.put("java_version", System.getProperty("java.version"));
+        r.put("mode", "recovery");
+        r.put("policy", policy);
+        r.put("config", baseConf);
+        r.put("parallelism", parallelism);
+        r.put("sink_rate_per_subtask", sinkRate);
+        r.put("warmup_s", warmup);
+        r.put("rounds", out);
+        spread(r, "running_again_ms", running);
+        spread(r, "first_record_ms", firsts);
+        spread(r, "ninety_percent_ms", ninety);
+        spread(r, "replayed_bytes", replayed);
+        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
+        System.out.flush();
+    }
+
+    /**
+     * The start (ms after the failure) of the first window of {@code windowMs} in
+     * which the records of {@code series} ({nanos since the failure, records}) grow
+     * at {@code rate} per second or more; null if none does.
+     */
+    static Double windowStartMs(List<long[]> series, double rate, long windowMs) {
+        long w = windowMs * 1_000_000L;
+        int j = 0;
+        for (int i = 0; i < series.size(); i++) {
+            long[] a = series.get(i);
+            while (j < series.size() && series.get(j)[0] < a[0] + w) {
+                j++;
+            }
+            if (j >= series.size()) {
+                return null;
+            }
+            long[] b = series.get(j);
+            if ((b[1] - a[1]) / ((b[0] - a[0]) / 1e9) >= rate) {
+                return round(a[0] / 1e6, 1);
+            }
+        }
+        return null;
+    }
+
+    static long waitCheckpoints(HttpClient http, ObjectMapper json, String base, String jobId,
+                                long atLeast, long since) throws Exception {
+        while (true) {
+            long n = getJson(http, json, base + "/jobs/" + jobId + "/checkpoints")
+                    .path("counts").path("completed").asLong();
+            if (n >= atLeast || System.nanoTime() - since > 120_000_000_000L) {
+                return n;
+            }
+            Thread.sleep(50);
+        }
+    }
+
+    // ---------------------------------------------------- rescale mode
+
+    /**
+     * Flink's stop-and-restore at a new parallelism, {@code rounds} times, each on a
+     * MiniCluster of its own that stays up for both jobs (as a session cluster would):
+     * the job at {@code from} runs its warm-up and two checkpoints, is stopped with a
+     * savepoint (no drain), and is submitted again at {@code to} with
+     * {@code execution.state-recovery.path} set to the savepoint. Timed from the stop
+     * request: the savepoint returned, the new job running, and its first sink record.
+     * Prints one result line.
+     */
+    static void rescaleRounds(Map<String, String> baseConf, String policy, int from, int to,
+                              double sinkRate, double warmup, int rounds) throws Exception {
+        ObjectMapper json = new ObjectMapper();
+        HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(5)).build();
+        List<Map<String, Object>> out = new ArrayList<>();
+        List<Double> saved = new ArrayList<>(), running = new ArrayList<>(), firsts = new ArrayList<>();
+        for (int round = 0; round < rounds; round++) {
+            resetRound();
+            Map<String, String> conf = new LinkedHashMap<>(baseConf);
+            int port = freeLocalPort();
+            for (String k : List.of("rest.bind-port", "rest.port")) {
+                conf.put(k, Integer.toString(port));
+            }
+            int slots = Math.max(from, to);
+            conf.put("taskmanager.numberOfTaskSlots", Integer.toString(slots));
+            conf.put("classloader.resolve-order", "parent-first"); // the job's classes are on the class path
+            MiniCluster cluster = new MiniCluster(new MiniClusterConfiguration.Builder()
+                    .setConfiguration(Configuration.fromMap(conf))
+                    .setNumTaskManagers(1)
+                    .setNumSlotsPerTaskManager(slots)
+                    .build());
+            cluster.start();
+            Path spDir = Files.createTempDirectory("flink-rescale-savepoint-");
+            try {
+                String base = "http://127.0.0.1:" + port;
+                StreamExecutionEnvironment env = StreamExecutionEnvironment.createRemoteEnvironment(
+                        "127.0.0.1", port, Configuration.fromMap(conf));
+                env.setParallelism(from);
+                JobClient job = addPipeline(env, sinkRate).executeAsync("spillover-reference-rescale-" + round);
+                String jobId = job.getJobID().toHexString();
+                waitRunning(http, json, base, jobId, 120_000);
+                long runningAt = System.nanoTime();
+                Thread.sleep((long) (warmup * 1000));
+                waitCheckpoints(http, json, base, jobId, 2, runningAt);
+                LATER_PARALLELISM = to;
+                long req = System.nanoTime();
+                String path = job.stopWithSavepoint(false, spDir.toUri().toString(),
+                        org.apache.flink.core.execution.SavepointFormatType.CANONICAL).get(10, TimeUnit.MINUTES);
+                long savedAt = System.nanoTime();
+                Map<String, String> conf2 = new LinkedHashMap<>(conf);
+                conf2.put("execution.state-recovery.path", path);
+                StreamExecutionEnvironment env2 = StreamExecutionEnvironment.createRemoteEnvironment(
+                        "127.0.0.1", port, Configuration.fromMap(conf2));
+                env2.setParallelism(to);
+                JobClient job2 = addPipeline(env2, sinkRate).executeAsync("spillover-reference-rescaled-" + round);
+                String jobId2 = job2.getJobID().toHexString();
+                long submittedAt = System.nanoTime();
+                while (LATER_FIRST.get() == 0 && System.nanoTime() - req < 120_000_000_000L) {
+                    Thread.sleep(1);
+                }
+                Thread.sleep(200); // every task of the new job opened by then
+                long last = LATER_OPEN_LAST.get();
+                Double runningMs = last == 0 ? null : round((last - req) / 1e6, 1);
+                long first = LATER_FIRST.get();
+                Double firstMs = first == 0 ? null : round((first - req) / 1e6, 1);
+                JsonNode restored = getJson(http, json, base + "/jobs/" + jobId2 + "/checkpoints")
+                        .path("latest").path("restored");
+                Map<String, Object> r = new LinkedHashMap<>();
+                r.put("round", round);
+                r.put("savepoint_ms", round((savedAt - req) / 1e6, 1));
+                r.put("submitted_ms", round((submittedAt - req) / 1e6, 1));
+                r.put("running_ms", runningMs);
+                r.put("first_record_ms", firstMs);
+                r.put("restored_external_path", restored.path("external_path").asText(null));
+                r.put("restored_is_savepoint", restored.path("is_savepoint").asBoolean(false));
+                out.add(r);
+                saved.add(round((savedAt - req) / 1e6, 1));
+                if (runningMs != null) {
+                    running.add(runningMs);
+                }
+                if (firstMs != null) {
+                    firsts.add(firstMs);
+                }
+                log("rescale %d: savepoint %.1f ms, running %s ms, first record at %d %s ms after the stop request",
+                        round, (savedAt - req) / 1e6, runningMs, to, firstMs);
+                try {
+                    job2.cancel().get(60, TimeUnit.SECONDS);
+                } catch (Exception e) {
+                    log("cancel: %s", e);
+                }
+            } finally {
+                cluster.close();
+                deleteTree(spDir);
+            }
+        }
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("engine", "flink");
+        r.put("flink_version", EnvironmentInformation.getVersion());
+        r.put("java_version", System.getProperty("java.version"));
+        r.put("mode", "rescale");
+        r.put("policy", policy);
+        r.put("config", baseConf);
+        r.put("from_parallelism", from);
+        r.put("to_parallelism", to);
+        r.put("sink_rate_per_subtask", sinkRate);
+        r.put("warmup_s", warmup);
+        r.put("rounds", out);
+        spread(r, "savepoint_ms", saved);
+        spread(r, "running_ms", running);
+        spread(r, "first_record_ms", firsts);
         System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
         System.out.flush();
     }

@@ -13,6 +13,17 @@ With --stops N, each policy's job is stopped with a savepoint after the warm-up
 instead of measured, N times (a new job each time, in one JVM); --duration is
 then unused.
 
+    python bench/flink/run.py --recovery 5 --warmup 5 --policies unaligned --out flink-rec.json
+    python bench/flink/run.py --rescale 5 --warmup 5 --policies unaligned --out flink-rsc.json
+
+With --recovery N, the keyed count fails once after the warm-up and the job
+restarts from its latest checkpoint (fixed-delay, --restart-delay-ms), N times:
+time to the first restored sink record, to 90 % of the steady sink rate, and
+the restored checkpoint's in-flight bytes. With --rescale N, the job is stopped
+with a savepoint at parallelism 2 and submitted again from it at
+--to-parallelism on the same MiniCluster, N times: time from the stop request
+to the first sink record at the new parallelism.
+
 Needs: java and javac 11+ (17 tested), pip, and network access to PyPI the
 first time (about 330 MB). See docs/benchmarks.md, "Flink 2.3 on the same
 machine".
@@ -227,7 +238,16 @@ def run_policy(
     if args.raw_dir:
         Path(args.raw_dir).mkdir(parents=True, exist_ok=True)
         cmd += ["--raw-out", str(Path(args.raw_dir) / f"{policy}.json")]
-    if args.stops:
+    if args.recovery:
+        cmd += ["--recovery", str(args.recovery), "--after", str(args.after)]
+        cmd += ["--restart-delay-ms", str(args.restart_delay_ms)]
+        timeout = args.recovery * (args.warmup + args.after + 240)
+        what = f"{args.recovery} induced failures, each after {args.warmup:g} s"
+    elif args.rescale:
+        cmd += ["--rescale", str(args.rescale), "--to-parallelism", str(args.to_parallelism)]
+        timeout = args.rescale * (args.warmup + 240)
+        what = f"{args.rescale} stop-and-restores at {args.to_parallelism}"
+    elif args.stops:
         cmd += ["--stops", str(args.stops)]
         timeout = args.stops * (args.warmup + 240)
         what = f"{args.stops} stops with a savepoint, each after {args.warmup:g} s"
@@ -309,6 +329,35 @@ def main(argv: list[str] | None = None) -> int:
         help="stop-with-savepoint mode: stop the job after the warm-up, this many times "
         "per policy, and time each stop (default 0: measure checkpoints)",
     )
+    p.add_argument(
+        "--recovery",
+        type=int,
+        default=0,
+        help="recovery mode: fail the keyed count once after the warm-up, this many "
+        "times per policy, and time the restart (default 0)",
+    )
+    p.add_argument(
+        "--after",
+        type=float,
+        default=8.0,
+        help="recovery mode: seconds sampled after each failure (default 8)",
+    )
+    p.add_argument(
+        "--restart-delay-ms",
+        type=int,
+        default=0,
+        help="recovery mode: restart-strategy.fixed-delay.delay (default 0)",
+    )
+    p.add_argument(
+        "--rescale",
+        type=int,
+        default=0,
+        help="rescale mode: stop with a savepoint and restore at --to-parallelism, "
+        "this many times per policy (default 0)",
+    )
+    p.add_argument(
+        "--to-parallelism", type=int, default=3, help="rescale mode: the new parallelism"
+    )
     args = p.parse_args(argv)
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -317,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
     if args.duration <= 0 or args.warmup < 0:
         p.error("--duration must be > 0 and --warmup >= 0")
-    if args.stops < 0:
-        p.error("--stops must be >= 0")
+    if args.stops < 0 or args.recovery < 0 or args.rescale < 0:
+        p.error("--stops, --recovery and --rescale must be >= 0")
+    if sum(1 for x in (args.stops, args.recovery, args.rescale) if x) > 1:
+        p.error("--stops, --recovery and --rescale exclude each other")
+    if args.to_parallelism < 1 or args.after <= 0:
+        p.error("--to-parallelism must be >= 1 and --after > 0")
     if not re.fullmatch(r"[0-9]+(b|kb|mb)", args.segment_size.strip().lower()):
         p.error(f"--segment-size {args.segment_size!r} is not a size like 32kb or 1mb")
 
@@ -342,8 +395,17 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cannot run Flink: {e}")
         return 2
 
+    benchmark = (
+        "flink-recovery"
+        if args.recovery
+        else "flink-rescale"
+        if args.rescale
+        else "flink-stop-with-savepoint"
+        if args.stops
+        else "flink-reference-job"
+    )
     doc = {
-        "benchmark": "flink-stop-with-savepoint" if args.stops else "flink-reference-job",
+        "benchmark": benchmark,
         "flink_version": FLINK_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
@@ -357,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_s": args.warmup,
             "duration_s": None if args.stops else args.duration,
             "stops": args.stops,
+            "recovery": args.recovery,
+            "restart_delay_ms": args.restart_delay_ms if args.recovery else None,
+            "rescale": args.rescale,
+            "to_parallelism": args.to_parallelism if args.rescale else None,
         },
         "runs": results,
         "errors": errors,
@@ -364,6 +430,30 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
 
+    if args.recovery:
+        print(
+            f"{'policy':<12} {'rounds':>6} {'running ms':>11} {'first ms':>9} {'90% ms':>9} "
+            f"{'replayed B':>11}"
+        )
+        for r in results:
+            print(
+                f"{r['policy']:<12} {len(r['rounds']):>6} {fmt(r['running_again_ms_median']):>11} "
+                f"{fmt(r['first_record_ms_median']):>9} {fmt(r['ninety_percent_ms_median']):>9} "
+                f"{fmt(r['replayed_bytes_median']):>11}"
+            )
+        say(f"wrote {out}")
+        return 1 if errors else 0
+    if args.rescale:
+        print(
+            f"{'policy':<12} {'rounds':>6} {'savepoint ms':>13} {'running ms':>11} {'first ms':>9}"
+        )
+        for r in results:
+            print(
+                f"{r['policy']:<12} {len(r['rounds']):>6} {fmt(r['savepoint_ms_median']):>13} "
+                f"{fmt(r['running_ms_median']):>11} {fmt(r['first_record_ms_median']):>9}"
+            )
+        say(f"wrote {out}")
+        return 1 if errors else 0
     if args.stops:
         head = f"{'complete ms median (min-max)':>30} {'returned ms':>24}"
         print(f"{'policy':<16} {'stops':>5} {head}")

@@ -11,6 +11,7 @@ from spillover.config import Config, NetworkConfig
 from spillover.config.policies import POLICIES, policy_options
 from spillover.deploy import EXECUTORS
 from spillover.errors import ConfigError
+from spillover.runtime.api import Operator
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
@@ -189,8 +190,9 @@ def _check(ok: bool, name: str, value: object, rule: str) -> None:
         raise ConfigError(f"bad {name}", detail=f"{value!r} is not {rule}")
 
 
-def build_job(spec: BenchSpec, name: str) -> StreamEnvironment:
-    """The benchmark's job; its sink operator has the uid ``sink``."""
+def build_job(spec: BenchSpec, name: str, sink_inner: Operator | None = None) -> StreamEnvironment:
+    """The benchmark's job; its sink operator has the uid ``sink``, and passes every
+    batch on to ``sink_inner`` (the recovery benchmark's timestamps) when given."""
     p = spec.parallelism
     env = StreamEnvironment(name, parallelism=p)
     source = GeneratorSource(
@@ -205,6 +207,6 @@ def build_job(spec: BenchSpec, name: str) -> StreamEnvironment:
         .key_by("key")
         .process(KeyedCount("key", out="updates"), uid="count")
         .rebalance()
-        .sink(ThrottledSink(spec.sink_rate), uid="sink")
+        .sink(ThrottledSink(spec.sink_rate, sink_inner), uid="sink")
     )
     return env

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from spillover.errors import ConfigError, SpilloverError
+from spillover.errors import ConfigError, SpilloverError, StorageError
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
@@ -211,10 +211,20 @@ class LiveRescale:
         restore, before its savepoint: ``plan`` of the latest completed checkpoint at
         the new graph (a forward edge that does not rescale, say)."""
         assert self._storage is not None
-        latest = self._storage.latest()
-        if latest is None:
-            return
-        plan(CheckpointMetadata.from_json(latest.metadata, latest.path))
+        storage = self._storage
+        while True:
+            latest = storage.latest()
+            if latest is None:
+                return
+            try:
+                plan(CheckpointMetadata.from_json(latest.metadata, latest.path))
+                return
+            except StorageError:
+                # Retention removed its files meanwhile (a newer checkpoint completed
+                # and subsumed it): the newer one is the one to check.
+                newer = storage.latest()
+                if newer is None or newer.checkpoint_id == latest.checkpoint_id:
+                    raise
 
     def start(
         self, old: JobGraph, new: JobGraph, coordinator: StoppingCoordinator

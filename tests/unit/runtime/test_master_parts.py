@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from spillover.errors import ConfigError, StorageError
-from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.errors import ConfigError, StateFileNotFoundError, StorageError
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
+from spillover.runtime.checkpointing.metadata import CheckpointStorage, new_metadata
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
@@ -164,3 +165,51 @@ def test_a_failed_rescale_leaves_room_for_the_next() -> None:
     assert first.status().status == "FAILED" and first.status().failure == "the savepoint failed"
     second = rescales.start(old, new, RecordingCoordinator())
     assert rescales.under_way is second and rescales.last is second
+
+
+def _metadata(storage: CheckpointStorage, cid: int) -> None:
+    storage.write_metadata(
+        cid,
+        new_metadata(
+            job_name="job",
+            checkpoint_id=cid,
+            trigger_ms=1,
+            fingerprint="f",
+            settings={"max-parallelism": 128},
+            tasks={},
+            final=False,
+        ),
+    )
+
+
+def test_a_rescale_checks_the_newer_checkpoint_when_retention_removed_the_latest(
+    tmp_path: Path,
+) -> None:
+    """Found by the rescale benchmark on Spark: the checkpoint being checked was
+    subsumed and deleted meanwhile, and the rescale was refused."""
+    storage = CheckpointStorage(str(tmp_path), "job")
+    _metadata(storage, 2)
+    checked: list[int] = []
+
+    def plan(meta: CheckpointMetadata) -> None:
+        checked.append(meta.checkpoint_id)
+        if meta.checkpoint_id == 2:  # checkpoint 3 completes, retention removes 2
+            _metadata(storage, 3)
+            storage.delete(2)
+            raise StateFileNotFoundError("state file not found", path="chk-2/x.spill")
+
+    LiveRescale(storage).check_restorable(plan)
+    assert checked == [2, 3]
+
+
+def test_a_rescale_no_checkpoint_restores_is_refused_before_its_savepoint(
+    tmp_path: Path,
+) -> None:
+    storage = CheckpointStorage(str(tmp_path), "job")
+    _metadata(storage, 2)
+
+    def plan(meta: CheckpointMetadata) -> None:
+        raise StateFileNotFoundError("state file not found", path="chk-2/x.spill")
+
+    with pytest.raises(StateFileNotFoundError):
+        LiveRescale(storage).check_restorable(plan)
