@@ -114,14 +114,20 @@ def test_half_a_minute_of_chaos_is_exact(seed: int | None, tmp_path: Path) -> No
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario_id", "features"),
-    [("1-48", {"worker-kill"}), ("1-1", {"batch", "finishing", "driver-kill"})],
-    ids=["worker-kill", "batch+driver-kill"],
+    [
+        ("1-48", {"worker-kill"}),
+        ("1-1", {"batch", "finishing", "driver-kill"}),
+        ("1-120", {"loop", "concurrent-checkpoints", "network-fault"}),
+    ],
+    ids=["worker-kill", "batch+driver-kill", "loop+network-fault"],
 )
 def test_a_scenario_on_spark_survives_exactly(
     scenario_id: str, features: set[str], tmp_path: Path
 ) -> None:
-    """On Spark: a worker's Python process SIGKILLed once a checkpoint completed, and a
-    batch job whose driver is SIGKILLed twice and started again."""
+    """On Spark: a worker's Python process SIGKILLed once a checkpoint completed, a
+    batch job whose driver is SIGKILLed twice and started again, and a loop whose
+    worker's control connection stalls (the job master hears nothing, fails the
+    attempt over, and the job restarts from its checkpoint)."""
     pytest.importorskip("pyspark")
     s = scenario_for(scenario_id, "spark")
     assert set(s.features) == features

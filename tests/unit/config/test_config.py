@@ -98,6 +98,8 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.network.buffer_timeout,
         {},
     ),
+    "heartbeat.interval": ("2 s", 2000 * MS, lambda c: c.network.heartbeat_interval, {}),
+    "heartbeat.timeout": ("20 s", 20000 * MS, lambda c: c.network.heartbeat_timeout, {}),
     "taskmanager.network.memory.buffer-debloat.enabled": (
         "false",
         False,
@@ -432,6 +434,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("taskmanager.memory.min-segment-size", "8 b"),
     ("execution.buffer-timeout.interval", "0 ms"),
     ("execution.buffer-timeout.interval", "soon"),
+    ("heartbeat.interval", "5 ms"),
+    ("heartbeat.timeout", "50 ms"),
     ("taskmanager.network.memory.buffer-debloat.enabled", "sometimes"),
     ("taskmanager.network.memory.buffer-debloat.target", "0 ms"),
     ("taskmanager.network.memory.buffer-debloat.period", "soon"),
@@ -898,3 +902,8 @@ def test_flinks_forced_unaligned_key_is_refused_with_why() -> None:
     with pytest.raises(ConfigError, match=r"unaligned\.forced is not needed") as e:
         Config.from_dict({CP + "unaligned.forced": "true"})
     assert "loops included" in str(e.value)
+
+
+def test_a_heartbeat_interval_not_below_its_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"heartbeat\.interval is not below heartbeat\.timeout"):
+        Config.from_dict({"heartbeat.interval": "1 min"})
