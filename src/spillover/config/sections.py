@@ -207,6 +207,12 @@ class StateConfig:
         metadata=_key("state.checkpoints.dir", _Text("a non-empty path or URI", path=True)),
     )
     num_retained: int = field(default=1, metadata=_key("state.checkpoints.num-retained", _Int(1)))
+    # Checkpoint metadata and the job event log beside it (what a restarted master
+    # reads to decide where to resume) are fsynced, so they survive the machine's
+    # loss, not only the process's (docs/recovery.md); false trades that for speed.
+    fsync_metadata: bool = field(
+        default=True, metadata=_key("state.checkpoints.fsync-metadata", _Bool())
+    )
     # Where stop-with-savepoint writes its savepoint when the call names no directory
     # (default: ``savepoints`` beside the job's checkpoints).
     savepoints_dir: str | None = field(

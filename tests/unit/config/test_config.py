@@ -84,6 +84,7 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
     ),
     "state.checkpoints.dir": ("s3://b/cp", "s3://b/cp", lambda c: c.state.checkpoints_dir, {}),
     "state.checkpoints.num-retained": (3, 3, lambda c: c.state.num_retained, {}),
+    "state.checkpoints.fsync-metadata": ("false", False, lambda c: c.state.fsync_metadata, {}),
     "state.savepoints.dir": ("/sp", "/sp", lambda c: c.state.savepoints_dir, {}),
     "taskmanager.memory.segment-size": ("64kb", 64 * KB, lambda c: c.network.segment_size, {}),
     "taskmanager.memory.min-segment-size": (
@@ -427,6 +428,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("state.checkpoints.dir", ""),
     ("state.checkpoints.dir", 42),
     ("state.checkpoints.num-retained", 0),
+    ("state.checkpoints.fsync-metadata", "sometimes"),
     ("state.savepoints.dir", ""),
     ("taskmanager.memory.segment-size", "2 kb"),
     ("taskmanager.memory.segment-size", "48 kb"),

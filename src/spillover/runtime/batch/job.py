@@ -50,7 +50,9 @@ def durable_dir(config: Config) -> str | None:
 def log_storage(config: Config, job_name: str) -> CheckpointStorage | None:
     """Where a batch job keeps its event log and lease (``<dir>/<job>/_events``)."""
     base = durable_dir(config)
-    return None if base is None else CheckpointStorage(base, job_name)
+    if base is None:
+        return None
+    return CheckpointStorage(base, job_name, fsync=config.state.fsync_metadata)
 
 
 def results_dir(config: Config, job_name: str, run_id: str) -> Location:
