@@ -97,8 +97,9 @@ KNOWN: tuple[str, ...] = ()
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, None], ids=["seed-1", "seed-drawn"])
 def test_half_a_minute_of_chaos_is_exact(seed: int | None, tmp_path: Path) -> None:
-    """CI's minute of chaos on the local executor: a fixed seed and one drawn at random
-    (printed, so that a failure replays with ``spillover chaos --replay ID``)."""
+    """CI's minute of chaos on the local executor, in two halves: a fixed seed and one
+    drawn at random (printed, and named by a failure, so that it replays with
+    ``spillover chaos --replay ID``)."""
     seed = random.randrange(1, 2**31) if seed is None else seed
     print(f"spillover chaos --seed {seed}")
     report = explore(30.0, seed=seed, workdir=str(tmp_path))
@@ -108,7 +109,7 @@ def test_half_a_minute_of_chaos_is_exact(seed: int | None, tmp_path: Path) -> No
         for r in report.failed
         if not (r.outcome.error or "").startswith(KNOWN)
     ]
-    assert not failed, failed
+    assert not failed, f"spillover chaos --seed {seed}: {failed}"
 
 
 @pytest.mark.slow
