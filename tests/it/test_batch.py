@@ -19,14 +19,18 @@ from spillover.config import Config
 from spillover.deploy import create_executor
 from spillover.errors import ConfigError, SpilloverError
 from spillover.runtime.batch.results import ResultHandle
+from spillover.runtime.connectors import GeneratorSource
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog
 from spillover.verify import VerifySpec, verify
 from support.batch_jobs import (
+    SplitlessSource,
     batch_config,
     expected,
     finished_in_log,
     job,
+    source,
+    source_kwargs,
     staged_job,
     totals,
 )
@@ -128,6 +132,58 @@ def test_a_failed_run_started_again_re_runs_only_what_had_not_finished(tmp_path:
     # a finished job is not run again
     third = create_executor("local", staged_job(tmp_path / "out"), cfg).run(timeout=120)
     assert third.already_finished and third.status == "finished"
+
+
+class FailsOnceItsPeerFinished(GeneratorSource):
+    """The staged job's source (with or without splits) whose subtask 1 fails once
+    the log says subtask 0 finished: a source stage left part way, whatever the
+    timing."""
+
+    def __init__(self, ckpt: Path, splits: bool) -> None:
+        super().__init__(**source_kwargs(), keys=500)
+        self.ckpt, self.splits = ckpt, splits
+
+    def splits_of(self, subtask: int, parallelism: int) -> tuple[str, ...] | None:
+        return super().splits_of(subtask, parallelism) if self.splits else None
+
+    def on_timer(self) -> bool:
+        if self.ctx.subtask_index == 1:
+            deadline = time.monotonic() + 60
+            while ("src", 0) not in _logged(self.ckpt):
+                assert time.monotonic() < deadline, "src#0 did not finish"
+                time.sleep(0.01)
+            raise RuntimeError("src#1 fails once src#0 finished")
+        return super().on_timer()
+
+
+@pytest.mark.parametrize("splits", [True, False], ids=["source-with-splits", "splitless-source"])
+def test_a_source_left_part_way_is_reused_only_if_it_can_say_its_splits(
+    tmp_path: Path, splits: bool
+) -> None:
+    """Flink's SupportsBatchSnapshot: a restarted master reuses a finished source
+    subtask only if the log holds its source's split assignment (the unfinished
+    subtasks then read exactly theirs); otherwise the source stage runs again whole,
+    and so does whatever read it. Both give the exact output."""
+    cfg = batch_config(tmp_path, **{"restart-strategy.type": "none"})
+    failing = FailsOnceItsPeerFinished(tmp_path / "ckpt", splits)
+    first = create_executor("local", staged_job(tmp_path / "out", gen=failing), cfg).run(
+        timeout=120
+    )
+    assert first.status == "failed"
+    assert ("src", 0) in _logged(tmp_path / "ckpt")
+    gen = source() if splits else SplitlessSource(**source_kwargs(), keys=500)
+    again = create_executor("local", staged_job(tmp_path / "out", gen=gen), cfg).run(timeout=120)
+    assert again.status == "finished", again.failures
+    assert totals(tmp_path / "out") == expected()
+    runs = {name: m["runs"] for name, m in again.tasks.items()}
+    assert again.recovery is not None and "resuming batch run" in again.recovery
+    if splits:
+        assert runs["src#0"] == 0 and "src#0" in again.reused_tasks
+        assert "runs again whole" not in again.recovery
+    else:
+        assert runs["src#0"] == 1 and not again.reused_tasks
+        assert "source 'src' runs again whole: 1 of its 2 subtasks finished" in again.recovery
+    assert runs["src#1"] == 1
 
 
 def _flip_trailer(path: Path) -> None:

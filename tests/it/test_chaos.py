@@ -97,8 +97,9 @@ KNOWN: tuple[str, ...] = ()
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, None], ids=["seed-1", "seed-drawn"])
 def test_half_a_minute_of_chaos_is_exact(seed: int | None, tmp_path: Path) -> None:
-    """CI's minute of chaos on the local executor: a fixed seed and one drawn at random
-    (printed, so that a failure replays with ``spillover chaos --replay ID``)."""
+    """CI's minute of chaos on the local executor, in two halves: a fixed seed and one
+    drawn at random (printed, and named by a failure, so that it replays with
+    ``spillover chaos --replay ID``)."""
     seed = random.randrange(1, 2**31) if seed is None else seed
     print(f"spillover chaos --seed {seed}")
     report = explore(30.0, seed=seed, workdir=str(tmp_path))
@@ -108,20 +109,26 @@ def test_half_a_minute_of_chaos_is_exact(seed: int | None, tmp_path: Path) -> No
         for r in report.failed
         if not (r.outcome.error or "").startswith(KNOWN)
     ]
-    assert not failed, failed
+    assert not failed, f"spillover chaos --seed {seed}: {failed}"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario_id", "features"),
-    [("1-48", {"worker-kill"}), ("1-1", {"batch", "finishing", "driver-kill"})],
-    ids=["worker-kill", "batch+driver-kill"],
+    [
+        ("1-48", {"worker-kill"}),
+        ("1-1", {"batch", "finishing", "driver-kill"}),
+        ("1-120", {"loop", "concurrent-checkpoints", "network-fault"}),
+    ],
+    ids=["worker-kill", "batch+driver-kill", "loop+network-fault"],
 )
 def test_a_scenario_on_spark_survives_exactly(
     scenario_id: str, features: set[str], tmp_path: Path
 ) -> None:
-    """On Spark: a worker's Python process SIGKILLed once a checkpoint completed, and a
-    batch job whose driver is SIGKILLed twice and started again."""
+    """On Spark: a worker's Python process SIGKILLed once a checkpoint completed, a
+    batch job whose driver is SIGKILLed twice and started again, and a loop whose
+    worker's control connection stalls (the job master hears nothing, fails the
+    attempt over, and the job restarts from its checkpoint)."""
     pytest.importorskip("pyspark")
     s = scenario_for(scenario_id, "spark")
     assert set(s.features) == features

@@ -569,3 +569,26 @@ def test_stop_with_savepoint_on_spark_resumes_exactly(
     rows = read_output(str(out))
     ids = rows["partition"] * 1_000_000 + rows["seq"]
     assert len(ids) == len(set(ids.tolist())) == 40_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault",
+    ["data:reset:after=40:worker=1", "data:stall:after=40:worker=0", "control:stall:after=4"],
+)
+def test_a_connection_reset_or_stalled_fails_over_and_output_is_exact(
+    sc: Any, tmp_path: Path, fault: str
+) -> None:
+    """A TCP data connection between workers reset or stalled, or a worker's control
+    connection stalled: the attempt fails (a stall once ``heartbeat.timeout`` passed
+    in silence), the job restarts from its latest checkpoint, and the committed
+    output equals a failure-free local run's: no hang, no gap."""
+    from spillover.runtime.network.tcp.faults import NetworkFault
+    from spillover.verify.chaos import run_with_network_fault
+
+    out = run_with_network_fault(str(tmp_path), NetworkFault.parse(fault))
+    assert out["status"] == "finished" and out["attempts"] == 2, out
+    assert out["exact"], out["report"]
+    # A reset is seen as a peer's end gone; a stall only as its silence.
+    why = ("reset", "closed the connection") if "reset" in fault else ("nothing heard",)
+    assert any(w in out["failures"][0] for w in why), out["failures"]

@@ -19,10 +19,12 @@ from spillover.runtime.operators import KeyedSum
 RECORDS = 20_000
 
 
+def source_kwargs() -> dict[str, Any]:
+    return {"partitions": 4, "records_per_partition": RECORDS // 4, "payload_bytes": 16}
+
+
 def source() -> GeneratorSource:
-    return GeneratorSource(
-        partitions=4, records_per_partition=RECORDS // 4, payload_bytes=16, keys=500
-    )
+    return GeneratorSource(**source_kwargs(), keys=500)
 
 
 def job(out: Path, *, parallelism: int = 2, sum_parallelism: int | None = None) -> Any:
@@ -70,15 +72,29 @@ def batch_config(tmp_path: Path, **extra: Any) -> Config:
     )
 
 
-def staged_job(out: Path, sink_rate: float | None = None, sum_parallelism: int = 2) -> Any:
+class SplitlessSource(GeneratorSource):
+    """The generator as a source that reads its partitions by subtask but cannot say
+    which (no split assignment: what Flink's ``SupportsBatchSnapshot`` would give)."""
+
+    def splits_of(self, subtask: int, parallelism: int) -> tuple[str, ...] | None:
+        return None
+
+
+def staged_job(
+    out: Path,
+    sink_rate: float | None = None,
+    sum_parallelism: int = 2,
+    gen: GeneratorSource | None = None,
+) -> Any:
     """Three stages: source -> key_by -> sum -> rebalance -> Parquet (paced when
-    ``sink_rate``), so the last stage can be slow on purpose."""
+    ``sink_rate``), so the last stage can be slow on purpose; ``gen`` replaces the
+    source (built with :func:`source_kwargs`)."""
     env = StreamEnvironment("staged", parallelism=2, max_parallelism=128)
     sink: Any = ParquetSink(str(out))
     if sink_rate is not None:
         sink = ThrottledSink(sink_rate, sink)
     (
-        env.from_source(source(), uid="src")
+        env.from_source(source() if gen is None else gen, uid="src")
         .key_by("key")
         .process(KeyedSum("key", "seq"), uid="sum", parallelism=sum_parallelism)
         .rebalance()

@@ -22,7 +22,11 @@ How each action is played:
 - ``driver-kill``: the job runs in child driver processes, SIGKILLed and started
   again (:mod:`spillover.verify.driver`);
 - ``worker-kill``: a Spark worker's Python process is SIGKILLed once a checkpoint
-  completed (:mod:`spillover.verify.chaos`).
+  completed (:mod:`spillover.verify.chaos`);
+- ``network-fault``: a Spark worker's data or control connection is reset or
+  stalled after some frames (:mod:`spillover.runtime.network.tcp.faults`); the
+  attempt must fail over (a stall within ``heartbeat.timeout``) and the job end
+  exact.
 
 The failure-free run uses the same storage with no fault armed for it: every rule
 matches only the paths of the run with faults, and the rules are disarmed once
@@ -50,7 +54,8 @@ from typing import Any
 from spillover.chaos.faults import Faults, failing_renames, faulty_dir
 from spillover.chaos.scenario import Scenario
 from spillover.errors import ConfigError
-from spillover.verify.chaos import run_killing_a_worker
+from spillover.runtime.network.tcp.faults import NetworkFault
+from spillover.verify.chaos import run_killing_a_worker, run_with_network_fault
 from spillover.verify.compare import Report
 from spillover.verify.run import verify
 from spillover.verify.spec import VerifySpec
@@ -252,6 +257,8 @@ def run_scenario(s: Scenario, workdir: str | None = None) -> Outcome:
     try:
         if s.has("worker-kill"):
             return _killing_a_worker(s, workdir, started)
+        if s.has("network-fault"):
+            return _with_network_fault(s, workdir, started)
         with _storage(s, workdir, faults) as (ckpt, on_stop):
             spec = spec_of(s, ckpt)
             report: Report = verify(
@@ -303,6 +310,24 @@ def _killing_a_worker(s: Scenario, workdir: str, started: float) -> Outcome:
         exact=bool(got["exact"]) and error is None,
         seconds=time.monotonic() - started,
         summary=f"{got['rows']:,} records, {got['attempts']} attempts, worker {worker} killed",
+        error=error,
+        attempts=int(got["attempts"]),
+        report=str(got["report"]),
+    )
+
+
+def _with_network_fault(s: Scenario, workdir: str, started: float) -> Outcome:
+    """``network-fault``: the run on Spark whose worker resets or stalls a connection
+    (a fault that never struck, the job having ended first, proves nothing)."""
+    # The action's detail is NetworkFault.describe(): "data stall after 40 frames on worker 1".
+    connection, action, _, after, _, _, _, worker = s.actions_of("network-fault")[0].detail.split()
+    fault = NetworkFault(connection, action, int(after), worker=int(worker))
+    got = run_with_network_fault(os.path.join(workdir, "verify"), fault, spec=spec_of(s))
+    error = None if got["attempts"] > 1 else "the job ended before the fault struck"
+    return Outcome(
+        exact=bool(got["exact"]) and error is None,
+        seconds=time.monotonic() - started,
+        summary=f"{got['rows']:,} records, {got['attempts']} attempts, {got['fault']}",
         error=error,
         attempts=int(got["attempts"]),
         report=str(got["report"]),

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from spillover.errors import ConfigError
+from spillover.runtime.network.tcp.faults import CONNECTIONS, FAULT_ACTIONS, NetworkFault
 from spillover.verify.run import DRAIN_TOPOLOGIES
 from spillover.verify.spec import EVENT_TIME_TOPOLOGIES
 from spillover.verify.topologies import POLICIES, RESCALE_TOPOLOGIES
@@ -170,6 +171,15 @@ def _worker_kill(rng: random.Random, s: Settings) -> tuple[Action, ...]:
     return (Action("worker-kill", 0.4, f"worker {rng.randrange(s.parallelism)}"),)
 
 
+def _network_fault(rng: random.Random, s: Settings) -> tuple[Action, ...]:
+    connection, action = rng.choice(CONNECTIONS), rng.choice(FAULT_ACTIONS)
+    # Early enough to strike in any run: a worker sends its hello, its wired, then
+    # metrics twice a second on its control connection; data frames by the hundred.
+    after = rng.randint(3, 6) if connection == "control" else rng.randint(10, 60)
+    fault = NetworkFault(connection, action, after, worker=rng.randrange(s.parallelism))
+    return (Action("network-fault", 0.3, fault.describe()),)
+
+
 def _driver_kill(rng: random.Random, s: Settings) -> tuple[Action, ...]:
     n = rng.randint(1, 2)
     return tuple(Action("driver-kill", round((i + 1) / (n + 1), 2)) for i in range(n))
@@ -220,11 +230,21 @@ FEATURES: dict[str, Feature] = {
             excludes=("failure", "rescale", "worker-kill", "storage-fault", *_STOPS),
             actions=_driver_kill,
         ),
+        Feature(
+            "network-fault",
+            # Like a killed worker: the attempt it breaks fails over once, alone.
+            excludes=("batch", "failure", "rescale", *_KILLS, *_STOPS),
+            executors=("spark",),
+            actions=_network_fault,
+        ),
     )
 }
-# Every name a scenario's features and actions take (``network-fault`` of the issue
-# is not here yet: it needs a hook in the TCP channel layer).
+# Every name a scenario's features and actions take.
 VOCABULARY = tuple(FEATURES)
+# Features drawn after the others, from a random stream of their own, so that adding
+# one left every scenario drawn before it as it was (ids found earlier still replay);
+# with a chance of one in two where they fit, since they exclude much.
+_DRAWN_LATE = ("network-fault",)
 
 
 def _compatible(features: tuple[str, ...], name: str, executor: str) -> bool:
@@ -292,7 +312,7 @@ def draw(seed: int, index: int, executor: str = "local") -> Scenario:
     if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r}", hint=f"choose from {EXECUTORS}")
     rng = random.Random(f"spillover-chaos:{seed}:{index}:{executor}")
-    names = list(FEATURES)
+    names = [n for n in FEATURES if n not in _DRAWN_LATE]
     rng.shuffle(names)
     features: tuple[str, ...] = ()
     for name in names:
@@ -311,6 +331,14 @@ def draw(seed: int, index: int, executor: str = "local") -> Scenario:
     actions: tuple[Action, ...] = ()
     for name in features:
         actions += FEATURES[name].actions(rng, settings)
+    for name in _DRAWN_LATE:
+        late = random.Random(f"spillover-chaos:{seed}:{index}:{executor}:{name}")
+        if late.random() >= 1 / 2 or not _compatible(features, name, executor):
+            continue
+        features = tuple(n for n in FEATURES if n in features or n == name)
+        if name == "network-fault":  # between workers: at least two of them
+            settings = replace(settings, parallelism=max(2, settings.parallelism))
+        actions += FEATURES[name].actions(late, settings)
     actions = tuple(sorted(actions, key=lambda a: a.at))
     return Scenario(seed, index, topology, settings, features, actions, executor)
 

@@ -207,6 +207,12 @@ class StateConfig:
         metadata=_key("state.checkpoints.dir", _Text("a non-empty path or URI", path=True)),
     )
     num_retained: int = field(default=1, metadata=_key("state.checkpoints.num-retained", _Int(1)))
+    # Checkpoint metadata and the job event log beside it (what a restarted master
+    # reads to decide where to resume) are fsynced, so they survive the machine's
+    # loss, not only the process's (docs/recovery.md); false trades that for speed.
+    fsync_metadata: bool = field(
+        default=True, metadata=_key("state.checkpoints.fsync-metadata", _Bool())
+    )
     # Where stop-with-savepoint writes its savepoint when the call names no directory
     # (default: ``savepoints`` beside the job's checkpoints).
     savepoints_dir: str | None = field(
@@ -274,8 +280,28 @@ class NetworkConfig:
         metadata=_key("execution.buffer-timeout.interval", _Duration(timedelta(milliseconds=1))),
     )
 
+    # Heartbeats (Flink's keys): a TCP channel's producer sends one whenever it wrote
+    # nothing for ``heartbeat_interval``; a consumer that heard nothing on a channel,
+    # or a job master that heard nothing from a running worker, for
+    # ``heartbeat_timeout`` fails the attempt (a hung peer or a dead network path).
+    heartbeat_interval: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata=_key("heartbeat.interval", _Duration(timedelta(milliseconds=10))),
+    )
+    heartbeat_timeout: timedelta = field(
+        default=timedelta(seconds=50),
+        metadata=_key("heartbeat.timeout", _Duration(timedelta(milliseconds=100))),
+    )
+
     def __post_init__(self) -> None:
         _check_fields(self)
+        if self.heartbeat_interval >= self.heartbeat_timeout:
+            raise ConfigError(
+                "heartbeat.interval is not below heartbeat.timeout",
+                detail=f"{format_duration(self.heartbeat_interval)} >= "
+                f"{format_duration(self.heartbeat_timeout)}",
+                hint="a peer must have time for a few heartbeats before it counts as hung",
+            )
         if self.min_segment_size > self.segment_size:
             raise ConfigError(
                 "taskmanager.memory.min-segment-size is above taskmanager.memory.segment-size",
@@ -283,6 +309,14 @@ class NetworkConfig:
                 f"{format_memory_size(self.segment_size)}",
                 hint="lower the minimum or raise the segment size",
             )
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return _seconds(self.heartbeat_interval)
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return _seconds(self.heartbeat_timeout)
 
 
 @dataclass(frozen=True)

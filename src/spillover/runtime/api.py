@@ -229,7 +229,9 @@ class Operator:
     def splits_of(self, subtask: int, parallelism: int) -> tuple[str, ...] | None:
         """Sources with splits: the splits subtask ``subtask`` of ``parallelism`` reads
         (the enumerator's assignment, which a batch job's log records); None: the
-        source has no splits to assign."""
+        source has no splits to assign. Saying them is what lets a restarted batch
+        master reuse the finished subtasks of a source stage left part way (Flink's
+        ``SupportsBatchSnapshot``); without them that stage runs again whole."""
         return None
 
     def assign_splits(self, splits: tuple[str, ...]) -> None:

@@ -124,7 +124,9 @@ class JobRecovery:
         recorded at once. Keeps the lease renewed until :meth:`close`."""
         self.lease.acquire()
         try:
-            log = self.log = JobEventLog.open(self.directory, lease=self.lease)
+            log = self.log = JobEventLog.open(
+                self.directory, lease=self.lease, fsync=self.storage.fsync
+            )
             for warning in log.warnings:
                 logger.warning("job %s: %s", job_name, warning)
             resume = self.resume = self._decide(log.replay())

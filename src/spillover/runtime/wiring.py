@@ -247,7 +247,7 @@ def checkpoint_storage(cfg: Config, job_name: str) -> CheckpointStorage | None:
     cdir = cfg.state.checkpoints_dir
     if cdir is None or not cfg.checkpointing.enabled:
         return None
-    return CheckpointStorage(cdir, job_name)
+    return CheckpointStorage(cdir, job_name, fsync=cfg.state.fsync_metadata)
 
 
 def edge_writer(

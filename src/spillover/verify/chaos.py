@@ -1,10 +1,12 @@
-"""Kill a worker's Python process mid-run and check the job's output stays exact.
+"""Kill a worker's Python process, or break one of its connections, mid-run and
+check the job's output stays exact.
 
 :func:`run_killing_a_worker` runs a verify topology (or a job factory) on Spark,
 SIGKILLs one worker process once a checkpoint completed, lets the job master
 restart the job, and compares the committed output with a failure-free run on the
 local executor. The workers must run on this machine (a local master, or a
-cluster on loopback).
+cluster on loopback). :func:`run_with_network_fault` does the same with a data or
+control connection reset or stalled instead (``runtime/network/tcp/faults.py``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ from typing import Any
 
 from spillover.deploy import create_executor
 from spillover.runtime.failures import FailureInjector
+from spillover.runtime.network.tcp.faults import NetworkFault
 from spillover.verify import VerifySpec, compare, config_for, output_of, run_once
 
-__all__ = ["kill_spec", "run_killing_a_worker"]
+__all__ = ["HEARTBEATS", "kill_spec", "run_killing_a_worker", "run_with_network_fault"]
+
+# Heartbeats of a run with a network fault: a stall is told within seconds, and a
+# busy machine still leaves a worker many chances to be heard in time.
+HEARTBEATS = {"heartbeat.interval": "250 ms", "heartbeat.timeout": "5 s"}
 
 
 def kill_spec(parallelism: int = 2, records: int = 60_000) -> VerifySpec:
@@ -92,6 +99,42 @@ def run_killing_a_worker(
         "failures": result.failures,
         "killed": killed,
         "restart_s": result.restart_s,
+        "exact": report.exact,
+        "report": report.text(),
+        "rows": len(actual.rows),
+    }
+
+
+def run_with_network_fault(
+    workdir: str,
+    fault: NetworkFault,
+    *,
+    master: str | None = None,
+    spec: VerifySpec | None = None,
+    executor: str = "spark",
+) -> dict[str, Any]:
+    """Runs ``spec`` on Spark (or the ``processes`` executor) with ``fault`` shipped to
+    its workers and :data:`HEARTBEATS`, and compares the committed output with a
+    failure-free local run. The attempt the fault breaks must fail (a reset at once,
+    a stall once ``heartbeat.timeout`` passed) and the job restart from its latest
+    checkpoint: never a hang, never a gap. Returns what happened (JSON-able);
+    ``attempts`` 1 means the fault never struck (the job ended first)."""
+    spec = spec or kill_spec()
+    baseline = run_once(spec, workdir, "baseline", FailureInjector(), executor="local")
+    out_dir = os.path.join(workdir, "faulted", "output")
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt = os.path.join(workdir, "faulted", "checkpoints")
+    graph = spec.factory()(out_dir, "faulted", spec.parallelism).build()
+    config = config_for(spec, ckpt).with_options(HEARTBEATS)
+    ex: Any = create_executor(executor, graph, config, master=master, network_fault=fault)
+    result = ex.run(timeout=300)
+    actual = output_of(spec, result, out_dir, graph.max_parallelism)
+    report = compare(spec, baseline, actual)
+    return {
+        "status": result.status,
+        "attempts": result.attempts,
+        "failures": result.failures,
+        "fault": fault.describe(),
         "exact": report.exact,
         "report": report.text(),
         "rows": len(actual.rows),

@@ -14,6 +14,7 @@ from spillover.chaos import FEATURES, VOCABULARY, draw, parse_id, scenario_for, 
 from spillover.chaos.runner import spec_of
 from spillover.chaos.scenario import STORAGE_ERRORS, STORAGE_OPS, _valid
 from spillover.errors import ConfigError
+from spillover.runtime.network.tcp.faults import NetworkFault
 
 seeds = st.integers(min_value=0, max_value=2**31)
 indices = st.integers(min_value=0, max_value=10_000)
@@ -83,3 +84,22 @@ def test_an_edit_the_scenario_cannot_take_is_refused() -> None:
         scenario_for(f"{s.id}~-rescale")
     with pytest.raises(ConfigError, match="cannot take topology"):
         scenario_for(f"{s.id}~tbroadcast")
+
+
+def test_a_network_fault_is_drawn_on_spark_between_workers_and_disturbs_no_earlier_draw() -> None:
+    spark = [draw(1, i, "spark") for i in range(300)]
+    faulted = [s for s in spark if s.has("network-fault")]
+    assert len(faulted) >= 10
+    for s in faulted:
+        (action,) = s.actions_of("network-fault")
+        connection, kind, _, after, _, _, _, worker = action.detail.split()
+        fault = NetworkFault(connection, kind, int(after), worker=int(worker))
+        assert fault.describe() == action.detail
+        assert s.settings.parallelism >= 2 and fault.worker < s.settings.parallelism
+    assert {s.actions_of("network-fault")[0].detail.split()[:2][0] for s in faulted} == {
+        "data",
+        "control",
+    }
+    # Drawn from a stream of its own: ids found before it existed replay as they were.
+    assert draw(1, 48, "spark").features == ("worker-kill",)
+    assert draw(1, 98).topology == "union" and draw(1, 98).settings.policy == "timeout"

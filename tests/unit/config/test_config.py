@@ -84,6 +84,7 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
     ),
     "state.checkpoints.dir": ("s3://b/cp", "s3://b/cp", lambda c: c.state.checkpoints_dir, {}),
     "state.checkpoints.num-retained": (3, 3, lambda c: c.state.num_retained, {}),
+    "state.checkpoints.fsync-metadata": ("false", False, lambda c: c.state.fsync_metadata, {}),
     "state.savepoints.dir": ("/sp", "/sp", lambda c: c.state.savepoints_dir, {}),
     "taskmanager.memory.segment-size": ("64kb", 64 * KB, lambda c: c.network.segment_size, {}),
     "taskmanager.memory.min-segment-size": (
@@ -98,6 +99,8 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.network.buffer_timeout,
         {},
     ),
+    "heartbeat.interval": ("2 s", 2000 * MS, lambda c: c.network.heartbeat_interval, {}),
+    "heartbeat.timeout": ("20 s", 20000 * MS, lambda c: c.network.heartbeat_timeout, {}),
     "taskmanager.network.memory.buffer-debloat.enabled": (
         "false",
         False,
@@ -425,6 +428,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("state.checkpoints.dir", ""),
     ("state.checkpoints.dir", 42),
     ("state.checkpoints.num-retained", 0),
+    ("state.checkpoints.fsync-metadata", "sometimes"),
     ("state.savepoints.dir", ""),
     ("taskmanager.memory.segment-size", "2 kb"),
     ("taskmanager.memory.segment-size", "48 kb"),
@@ -432,6 +436,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("taskmanager.memory.min-segment-size", "8 b"),
     ("execution.buffer-timeout.interval", "0 ms"),
     ("execution.buffer-timeout.interval", "soon"),
+    ("heartbeat.interval", "5 ms"),
+    ("heartbeat.timeout", "50 ms"),
     ("taskmanager.network.memory.buffer-debloat.enabled", "sometimes"),
     ("taskmanager.network.memory.buffer-debloat.target", "0 ms"),
     ("taskmanager.network.memory.buffer-debloat.period", "soon"),
@@ -898,3 +904,8 @@ def test_flinks_forced_unaligned_key_is_refused_with_why() -> None:
     with pytest.raises(ConfigError, match=r"unaligned\.forced is not needed") as e:
         Config.from_dict({CP + "unaligned.forced": "true"})
     assert "loops included" in str(e.value)
+
+
+def test_a_heartbeat_interval_not_below_its_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"heartbeat\.interval is not below heartbeat\.timeout"):
+        Config.from_dict({"heartbeat.interval": "1 min"})

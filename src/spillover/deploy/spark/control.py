@@ -9,7 +9,10 @@ then one pickled message (``messages.py``; docs/spark.md lists them). Pickles
 are read only from authenticated peers.
 
 Either side closing the connection ends the worker: the master treats it as a
-lost worker, the worker cancels its subtasks and exits.
+lost worker, the worker cancels its subtasks and exits. A running worker sends
+its metrics every half second; the master counts a worker silent for
+``heartbeat.timeout`` as lost (:meth:`ControlConnection.watch`). The network-fault
+hook (``runtime/network/tcp/faults.py``) resets or stalls a worker's connection.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from typing import Any
 
 from spillover.errors import ConfigError
 from spillover.runtime.network.tcp import auth
+from spillover.runtime.network.tcp.faults import FaultCounter
 
-__all__ = ["ControlConnection", "ControlError", "ControlServer", "connect"]
+__all__ = ["ControlConnection", "ControlError", "ControlServer", "ControlSilence", "connect"]
 
 _TAG = b"spillover-control/1"
 _LEN = struct.Struct("<I")
@@ -39,10 +43,22 @@ class ControlError(ConnectionError):
     """The control connection failed, was refused or closed."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    parts = []
+class ControlSilence(ControlError):
+    """Nothing came for the connection's watch timeout, between two messages: the
+    connection is intact and may be read again, if the silence is expected."""
+
+
+def _recv_exact(sock: socket.socket, n: int, first: bool = False) -> bytes:
+    """``n`` bytes; with ``first``, a timeout before any of them came is a
+    :class:`ControlSilence` (a timeout inside a message breaks the connection)."""
+    parts: list[bytes] = []
     while n:
-        chunk = sock.recv(min(n, 1 << 20))
+        try:
+            chunk = sock.recv(min(n, 1 << 20))
+        except TimeoutError:
+            if first and not parts:
+                raise ControlSilence(f"nothing heard for {sock.gettimeout():g} s") from None
+            raise
         if not chunk:
             raise ControlError("the peer closed the control connection")
         parts.append(chunk)
@@ -59,8 +75,34 @@ class ControlConnection:
         self.peer = peer
         self._send_lock = threading.Lock()
         self.closed = False
+        self._gone = threading.Event()  # closed
+        self.fault: FaultCounter | None = None  # the network-fault hook, counting sends
+        self._stalled = False
+
+    def watch(self, timeout: float | None) -> None:
+        """From now on :meth:`recv` raises :class:`ControlSilence` when no message came
+        for ``timeout`` seconds (None: it waits as long as it takes)."""
+        self.sock.settimeout(timeout)
+
+    def _strike(self) -> None:
+        """The network-fault hook: a reset cuts the connection now; a stall leaves it
+        open and silent, both ways, until it is closed."""
+        assert self.fault is not None
+        action = self.fault.sent()
+        if action == "reset":
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close()
+        elif action == "stall":
+            self._stalled = True
+        if self._stalled:
+            self._gone.wait()
+        if action is not None or self._stalled:
+            raise ControlError(f"control connection to {self.peer}: {action} (network fault)")
 
     def send(self, message: Any) -> None:
+        if self.fault is not None:
+            self._strike()
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
             if self.closed:
@@ -74,10 +116,18 @@ class ControlConnection:
         """The next message; raises :class:`ControlError` once the peer closed, or on a
         message that does not unpickle to a tuple."""
         try:
-            (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
+            (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, first=True))
             if n > _MAX_MESSAGE:
                 raise ControlError(f"a control message of {n} bytes from {self.peer}")
             data = _recv_exact(self.sock, n)
+            if self._stalled:  # what comes is never read
+                self._gone.wait()
+                raise ControlError(f"control connection to {self.peer}: stalled (network fault)")
+        except ControlSilence as e:
+            raise ControlSilence(
+                f"nothing heard from {self.peer} for {self.sock.gettimeout():g} s "
+                "(heartbeat.timeout): the peer hangs or the network path drops packets"
+            ) from e
         except OSError as e:
             raise ControlError(f"control connection to {self.peer}: {e}") from e
         try:
@@ -89,6 +139,7 @@ class ControlConnection:
         return message  # the protocol's side checks it is one of its messages
 
     def close(self) -> None:
+        self._gone.set()
         with self._send_lock:
             self.closed = True
         with contextlib.suppress(OSError):

@@ -30,7 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 from spillover.config import Config
-from spillover.deploy.spark.control import ControlConnection, ControlError, ControlServer
+from spillover.deploy.spark.control import (
+    ControlConnection,
+    ControlError,
+    ControlServer,
+    ControlSilence,
+)
 from spillover.deploy.spark.logs import new_context
 from spillover.deploy.spark.messages import (
     Acknowledge,
@@ -65,6 +70,7 @@ from spillover.runtime.batch.launch import Launcher
 from spillover.runtime.checkpointing.messages import MailboxMessage, StopSource, Terminate
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
+from spillover.runtime.network.tcp.faults import NetworkFault
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.wiring import make_coordinator
 
@@ -271,8 +277,18 @@ class _SparkAttempt:
                 self.conns[index] = conn
                 self.workers[index] = {"address": address, "pid": pid, "host": host}
             self.events.put(WorkerJoined("hello", index))
+            # A running worker sends metrics twice a second: one silent for
+            # heartbeat.timeout hangs, or its connection does (not before the
+            # generation goes, nor once the worker finished).
+            conn.watch(self.ex.config.network.heartbeat_timeout_s)
             while True:
-                self._dispatch(index, conn.recv())
+                try:
+                    m = conn.recv()
+                except ControlSilence:
+                    if self._going and index not in self._finished:
+                        raise
+                    continue
+                self._dispatch(index, m)
         except Exception as e:  # a ControlError, or a message that is not the protocol's
             conn.close()  # the worker sees its master gone and cancels its subtasks
             if not isinstance(e, ControlError):
@@ -419,6 +435,7 @@ class _SparkAttempt:
                 failures=ex.failures,
                 flush_interval=ex.flush_interval,
                 run_id=ex.run_id,
+                network_fault=ex.network_fault,
             )
             if ex._shippable is not ex.graph:  # once per job graph, not every generation
                 _check_shippable(spec)
@@ -610,9 +627,11 @@ class SparkExecutor(Executor):
         spark_context: Any = None,
         register_timeout: float = 120.0,
         cancel_grace_s: float = 2.0,
+        network_fault: NetworkFault | None = None,
         **options: Any,
     ) -> None:
         super().__init__(job, config, **options)
+        self.network_fault = network_fault  # a test hook (runtime/network/tcp/faults.py)
         self.master = master
         self._sc = spark_context
         self.register_timeout = register_timeout

@@ -58,6 +58,7 @@ from spillover.runtime.graph import JobGraph
 from spillover.runtime.network.errors import NetworkError
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.tcp import ProtocolError, TcpReceiver, connect_tcp
+from spillover.runtime.network.tcp.faults import NetworkFault
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.task import Task, TaskCancelled
 from spillover.runtime.wiring import build_tasks, checkpoint_storage, settle
@@ -83,6 +84,7 @@ class WorkerSpec:
     connect_timeout: float = 30.0
     switch_interval: float = float(os.environ.get("SPILLOVER_SWITCH_INTERVAL", "0.0005"))
     run_id: str | None = None  # the job's run (OperatorContext.job_run)
+    network_fault: NetworkFault | None = None  # a test hook: a connection reset or stalled
 
 
 class _Relay:
@@ -134,11 +136,16 @@ def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
     # switch interval would hold a channel to a few hundred buffers a second.
     sys.setswitchinterval(spec.switch_interval)
     conn = connect(spec.control, spec.secret, timeout=spec.connect_timeout)
+    fault = spec.network_fault
+    if fault is not None:
+        conn.fault = fault.counter("control", index, spec.generation)
     receiver: TcpReceiver | None = None
     tasks: dict[tuple[str, int], Task] = {}
     try:
         host = conn.sock.getsockname()[0]
-        receiver = TcpReceiver(spec.secret, host=host, port=0)
+        receiver = TcpReceiver(
+            spec.secret, host=host, port=0, silence_timeout=spec.config.network.heartbeat_timeout_s
+        )
         conn.send(
             Hello(spec.generation, index, receiver.address, os.getpid(), socket.gethostname())
         )
@@ -189,10 +196,15 @@ def _run(
     conn.send(Wired(index))
     if not isinstance(conn.recv(), Go):
         return {"index": index, "status": "cancelled before start"}
+    fault = spec.network_fault
+    counter = None if fault is None else fault.counter("data", index, spec.generation)
     subs = [
-        connect_tcp(part, d, table[d], gate, ch, spec.secret, timeout=spec.connect_timeout)
+        connect_tcp(
+            part, d, table[d], gate, ch, spec.secret, timeout=spec.connect_timeout,
+            heartbeat_interval=spec.config.network.heartbeat_interval_s, fault=counter,
+        )
         for part, d, gate, ch in links
-    ]
+    ]  # fmt: skip
     stop = threading.Event()
     control = threading.Thread(
         target=_control_loop, args=(conn, index, tasks, stop), name="spillover-control", daemon=True

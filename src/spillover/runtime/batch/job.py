@@ -50,7 +50,9 @@ def durable_dir(config: Config) -> str | None:
 def log_storage(config: Config, job_name: str) -> CheckpointStorage | None:
     """Where a batch job keeps its event log and lease (``<dir>/<job>/_events``)."""
     base = durable_dir(config)
-    return None if base is None else CheckpointStorage(base, job_name)
+    if base is None:
+        return None
+    return CheckpointStorage(base, job_name, fsync=config.state.fsync_metadata)
 
 
 def results_dir(config: Config, job_name: str, run_id: str) -> Location:
@@ -76,6 +78,46 @@ def check_result(handle: ResultHandle) -> str | None:
     return None
 
 
+def _stages_to_rerun(graph: JobGraph, state: JobLogState) -> tuple[set[str], list[str]]:
+    """The vertices whose finished tasks cannot be reused however sound their results,
+    and why: a source stage left part way whose source cannot say which splits its
+    subtasks read (no split assignment in the log: the role of Flink's
+    ``SupportsBatchSnapshot``), and everything downstream of it.
+
+    Its unfinished subtasks would read whatever the source gives them now, which
+    need not be what the finished ones left over: the whole stage runs again, and
+    so does every task that read its old results. A source whose assignment the log
+    holds hands the unfinished subtasks exactly their splits, and a source stage
+    that finished whole is complete either way: both are reused."""
+    finished = set(state.finished_tasks)
+    stale: set[int] = set()
+    notes: list[str] = []
+    for v in graph.vertices:
+        if not v.is_source:
+            continue
+        logged = state.splits.get(v.uid)
+        if logged is not None and sorted(logged.assignment) == list(range(v.parallelism)):
+            continue
+        done = sum((v.uid, i) in finished for i in range(v.parallelism))
+        if 0 < done < v.parallelism:
+            stale.add(v.id)
+            notes.append(
+                f"source {v.uid!r} runs again whole: {done} of its {v.parallelism} "
+                "subtasks finished and it cannot say which splits they read"
+            )
+    todo = list(stale)
+    while todo:
+        for e in graph.outputs_of(todo.pop()):
+            if e.target not in stale:
+                stale.add(e.target)
+                todo.append(e.target)
+    uids = {graph.vertices[i].uid for i in stale}
+    after = sorted(uids - {graph.vertices[i].uid for i in stale if graph.vertices[i].is_source})
+    if after:
+        notes.append(f"so does what read it: {', '.join(repr(u) for u in after)}")
+    return uids, notes
+
+
 def reusable(
     graph: JobGraph, state: JobLogState
 ) -> tuple[dict[TaskKey, tuple[ResultHandle, ...]], list[str]]:
@@ -83,10 +125,12 @@ def reusable(
     others run again."""
     vertices = {v.uid: v for v in graph.vertices}
     out: dict[TaskKey, tuple[ResultHandle, ...]] = {}
-    notes: list[str] = []
+    rerun, notes = _stages_to_rerun(graph, state)
     for (uid, i), ev in sorted(state.finished_tasks.items()):
         v = vertices.get(uid)
         name = f"{uid}#{i}"
+        if uid in rerun:
+            continue
         if v is None or i >= v.parallelism or ev.parallelism != v.parallelism:
             notes.append(f"{name} runs again: its operator's parallelism changed")
             continue

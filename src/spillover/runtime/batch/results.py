@@ -34,11 +34,11 @@ from spillover.rescale import FilteringRetriever, RecordStream
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.graph import JobEdge, JobGraph
 from spillover.runtime.network import events as ev
-from spillover.runtime.network.buffers import NetworkBuffer
+from spillover.runtime.network.buffers import NetworkBuffer, append_zero_copy
 from spillover.runtime.network.errors import ChannelCancelledError, ChannelFailedError
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.partition import Subpartition
-from spillover.storage import GateKind, GateStateHandle, OnRelease, Storage, Storer
+from spillover.storage import GateKind, GateStateHandle, Storage, Storer
 
 _HANDLE_SCHEMA = 1
 
@@ -117,11 +117,7 @@ class ResultWriter:
                 buffer.release()
                 raise ChannelCancelledError(f"result partition file failed: {self._cause}")
             self._storer.reap()
-            try:
-                self._storer.append(channel, OnRelease(buffer, buffer.release))
-            except BaseException:
-                buffer.release()
-                raise
+            append_zero_copy(self._storer, channel, buffer)
             # A held buffer holds a pool permit: write it now, not when a batch fills.
             self._storer.submit()
 

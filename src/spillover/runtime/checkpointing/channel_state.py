@@ -44,7 +44,8 @@ from operator import methodcaller
 from typing import Any, Protocol
 
 from spillover.errors import SpilloverError
-from spillover.storage import OnRelease, Storage, StorageOptions, Storer
+from spillover.runtime.network.buffers import NetworkBuffer, append_zero_copy
+from spillover.storage import Storage, StorageOptions, Storer
 from spillover.storage.backends import backend_for
 from spillover.storage.channel_index import INDEX_ENTRY, encode_entry
 from spillover.storage.handle import GateStateHandle, state_file_name
@@ -173,16 +174,10 @@ class ChannelStateWriter:
             self._fail(e)
 
     def _append_now(self, storer: Storer, channel: int, buffer: Any, submit: bool) -> None:
-        release = getattr(buffer, "release", None)
-        if release is None:
+        if not isinstance(buffer, NetworkBuffer):
             storer.append(channel, buffer)
             return
-        buffer.retain()
-        try:
-            storer.append(channel, OnRelease(buffer, release))
-        except BaseException:
-            release()
-            raise
+        append_zero_copy(storer, channel, buffer.retain())
         # A held network buffer holds its channel's credit: write it now, not when a
         # batch fills, and give it back as soon as it is written (see reap). Many
         # buffers appended at once (a snapshot's output state) go as one batch.

@@ -40,10 +40,11 @@ class CompletedCheckpoint:
 class CheckpointStorage:
     """Checkpoint directories of one job on local disk or any pyarrow filesystem."""
 
-    def __init__(self, base: str, job_name: str, *, fsync: bool = False) -> None:
+    def __init__(self, base: str, job_name: str, *, fsync: bool = True) -> None:
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)
         # The metadata is published atomically (Location.publish), so a reader never
-        # sees half of it; fsync also makes it survive a machine crash (slower).
+        # sees half of it; fsync (state.checkpoints.fsync-metadata, on by default) also
+        # makes it survive a machine crash.
         self.fsync = fsync
         self.location = Location.parse(base).child(safe)
         self.local = self.location.local

@@ -227,7 +227,7 @@ class JobEventLog:
         directory: Location,
         *,
         clock: Callable[[], float] = time.time,
-        fsync: bool = False,
+        fsync: bool = True,
         compact_after: int | None = 64,
         lease: JobLease | None = None,
     ) -> None:
@@ -255,14 +255,14 @@ class JobEventLog:
         *,
         filesystem: Any = None,
         clock: Callable[[], float] = time.time,
-        fsync: bool = False,
+        fsync: bool = True,
         compact_after: int | None = 64,
         lease: JobLease | None = None,
     ) -> JobEventLog:
         """The log in ``directory`` (a path, a URI, or a :class:`Location`; it need not
         exist yet). ``compact_after``: compact once that many segments follow the
-        newest snapshot (None: only when asked). ``fsync``: local segments survive a
-        machine crash too (slower)."""
+        newest snapshot (None: only when asked). ``fsync`` (the default): local segments
+        survive a machine crash too."""
         loc = (
             directory if isinstance(directory, Location) else Location.parse(directory, filesystem)
         )

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spillover.errors import ClosedError, ConfigError, SpilloverError
-from spillover.storage import DataType
+from spillover.storage import DataType, OnRelease, Storer
 
 __all__ = [
     "BufferPool",
@@ -31,6 +31,7 @@ __all__ = [
     "PoolClosedError",
     "Recycler",
     "Segment",
+    "append_zero_copy",
 ]
 
 Segment = npt.NDArray[np.uint8]
@@ -377,3 +378,40 @@ class BufferPool:
             f"BufferPool({self.name!r}, {self.segment_size} B x {self.num_segments}, "
             f"in use {self.in_use})"
         )
+
+
+class _ReleaseOnce:
+    """One reference of a buffer, released by whichever comes first: the storer
+    letting go of its view, or the append that failed. Thread-safe (``list.pop``)."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, buffer: NetworkBuffer) -> None:
+        self._held = [buffer]
+
+    def __call__(self) -> None:
+        try:
+            buffer = self._held.pop()
+        except IndexError:
+            return
+        buffer.release()
+
+
+def append_zero_copy(storer: Storer, channel: int, buffer: NetworkBuffer) -> None:
+    """Appends ``buffer`` to ``storer`` without a copy, taking over one of the caller's
+    references: it is released exactly once, when the storer is done with it
+    (written, or copied in non-blocking mode) or at once when ``append`` fails (a
+    failed append keeps nothing of the buffer).
+
+    The :class:`~spillover.storage.OnRelease` wrapper also releases when it is
+    freed, which after a failure may be now or whenever the exception's traceback
+    goes; both paths go through one :class:`_ReleaseOnce`, so the buffer never
+    loses a reference someone else holds (an input queue's: recycled while still
+    queued, it would be released twice when the queue is dropped).
+    """
+    once = _ReleaseOnce(buffer)
+    try:
+        storer.append(channel, OnRelease(buffer, once))
+    except BaseException:
+        once()
+        raise

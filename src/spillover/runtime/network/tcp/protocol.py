@@ -21,7 +21,7 @@ from spillover.runtime.network.events import EndOfPartition, Event, serialize
 from spillover.runtime.network.tcp.auth import MAC_BYTES
 from spillover.storage import DataType
 
-PROTOCOL_VERSION = 2  # 2: BUFFER_SIZE frames
+PROTOCOL_VERSION = 3  # 2: BUFFER_SIZE frames; 3: HEARTBEAT frames
 MAGIC = b"SPLV"
 HEADER = struct.Struct("<BBHII")  # type, flags (0), reserved (0), channel, payload length
 
@@ -35,6 +35,7 @@ class FrameType(enum.IntEnum):
     HELLO = 6  # both: the consumer's challenge, then the producer's identity and MAC
     ERROR = 7  # both: u16 code + UTF-8 message; the sender closes afterwards
     BUFFER_SIZE = 8  # consumer -> producer: u32 bytes to cut data buffers at (debloating)
+    HEARTBEAT = 9  # producer -> consumer: no payload; the connection is alive though idle
 
 
 class ErrorCode(enum.IntEnum):

@@ -90,6 +90,7 @@ class _Inbound(CreditListener):
         self._batch = 1  # credits announced together while the consumer is busy
         self._ended = False
         self._closed = False
+        self._heard = time.monotonic()  # when the last frame header came
         self.thread = threading.Thread(
             target=self._run, name=f"spillover-tcp-recv {peer}", daemon=True
         )
@@ -262,12 +263,20 @@ class _Inbound(CreditListener):
         # Only now: a BUFFER_SIZE frame before the initial CREDIT would break the
         # producer's handshake. The gate's debloater tells it its size next period.
         ch.on_buffer_size = self.announce_buffer_size
+        self._heard = time.monotonic()
         return True
 
     def _idle(self) -> bool:
         """Called when a read waited ``poll_interval`` in vain: announces credit held
         back for batching (so a consumer that holds its buffers never starves),
-        then tells whether to stop."""
+        then tells whether to stop. A producer silent for longer than the receiver's
+        ``silence_timeout`` (no frame, not even a heartbeat) fails the channel."""
+        limit = self.receiver.silence_timeout
+        if limit is not None and not self._ended and time.monotonic() - self._heard > limit:
+            raise TransportError(
+                f"{self.where}: nothing heard for {limit:g} s",
+                hint="the producer hangs or the network path drops packets (heartbeat.timeout)",
+            )
         if self._pending and self._announcing:
             try:
                 with self._send_lock:
@@ -304,6 +313,7 @@ class _Inbound(CreditListener):
         try:
             while True:
                 head = _read_header(sock, hdr, self.channel_id, stop, ahead)
+                self._heard = time.monotonic()
                 ahead = 0
                 if head is None:
                     if not self._ended:
@@ -314,7 +324,10 @@ class _Inbound(CreditListener):
                 ftype, length = head
                 if self._ended:
                     raise ProtocolError(f"a frame of type {ftype} after EndOfPartition")
-                if ftype == FrameType.DATA:
+                if ftype == FrameType.HEARTBEAT:
+                    if length:
+                        raise ProtocolError(f"a HEARTBEAT frame of {length} bytes")
+                elif ftype == FrameType.DATA:
                     if length > self.segment_size:
                         raise ProtocolError(
                             f"a data frame of {length} bytes",
@@ -426,7 +439,9 @@ class TcpReceiver:
     are told. A connection also ends when its channel fails or is finished on the
     consumer side (the producer gets an ERROR frame within ``poll_interval``) and
     when the producer fails or disconnects (the channel fails with
-    :class:`ChannelFailedError`).
+    :class:`ChannelFailedError`), or, with ``silence_timeout``, when nothing came
+    on the connection for that long before EndOfPartition (a hung producer or a
+    dead path: producers send heartbeats while idle, see ``TcpSubpartition``).
     """
 
     def __init__(
@@ -440,8 +455,10 @@ class TcpReceiver:
         io_timeout: float = 10.0,
         linger: float = 1.0,
         max_segment_size: int = 64 << 20,
+        silence_timeout: float | None = None,
     ) -> None:
         self._secret = auth.job_key(secret)
+        self.silence_timeout = silence_timeout
         self.poll_interval = poll_interval
         self.handshake_timeout = handshake_timeout
         self.io_timeout = io_timeout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from spillover.runtime.network.errors import (
 )
 from spillover.runtime.network.partition import ResultPartition, Subpartition
 from spillover.runtime.network.tcp import auth
+from spillover.runtime.network.tcp.faults import FaultCounter
 from spillover.runtime.network.tcp.protocol import (
     _BATCH_BYTES,
     _BATCH_FRAMES,
@@ -51,6 +53,8 @@ from spillover.runtime.network.tcp.protocol import (
     _tune,
 )
 
+_NO_LINGER = struct.pack("ii", 1, 0)
+
 
 class TcpSubpartition(Subpartition):
     """The producer's end of one remote channel; made by :func:`connect_tcp`.
@@ -68,6 +72,14 @@ class TcpSubpartition(Subpartition):
     was full) goes to the sender thread, ahead of everything queued after it.
     ``add_data`` waits until the consumer has announced credit for one more buffer,
     so the send queue never holds more data than the consumer can take.
+
+    Heartbeats: with ``heartbeat_interval`` set, the sender thread writes a
+    HEARTBEAT frame whenever nothing was written for that long (an idle or
+    backpressured channel), so that the consumer can tell a hung producer or a
+    dead path from a quiet one (``TcpReceiver``'s ``silence_timeout``). ``fault``
+    is the test hook of :mod:`~spillover.runtime.network.tcp.faults`: counted per
+    data buffer, it resets the connection or stalls it (nothing more is written,
+    heartbeats included) when it strikes.
 
     Ownership: a queued buffer belongs to the subpartition; the sender releases it
     once written (or ``fail`` releases it unsent). Buffers returned by a priority
@@ -93,8 +105,14 @@ class TcpSubpartition(Subpartition):
         poll_interval: float = 0.2,
         linger: float = 1.0,
         end_timeout: float = 60.0,
+        heartbeat_interval: float | None = None,
+        fault: FaultCounter | None = None,
     ) -> None:
         self.where = where
+        self.heartbeat_interval = heartbeat_interval
+        self._fault = fault
+        self._stalled = False  # the fault hook stalled the connection: nothing is written
+        self._last_sent = time.monotonic()
         self.channel_id = channel
         self.segment_size = segment_size
         self.poll_interval = poll_interval
@@ -158,6 +176,8 @@ class TcpSubpartition(Subpartition):
                 f"{self.where}: a buffer of {len(buffer)} bytes exceeds the announced "
                 f"segment size of {self.segment_size}"
             )
+        if self._fault is not None:
+            self._strike(self._fault.sent())
         waited = 0.0
         with self._lock:
             self._check_open_locked()
@@ -176,7 +196,9 @@ class TcpSubpartition(Subpartition):
                 finally:
                     waited = time.monotonic() - start
             self._credit -= 1
-            direct = not (self._sending or self._queue or self._prio or self._partial)
+            direct = not (
+                self._stalled or self._sending or self._queue or self._prio or self._partial
+            )
             if direct:
                 self._writing = True
             else:
@@ -210,6 +232,7 @@ class TcpSubpartition(Subpartition):
             return
         with self._lock:
             self._writing = False
+            self._last_sent = time.monotonic()
             if n == size:
                 if ftype == FrameType.DATA:
                     self.sent_buffers += 1
@@ -232,7 +255,9 @@ class TcpSubpartition(Subpartition):
             raise ConfigError(f"{self.where}: an event of {len(buffer)} bytes is too large")
         with self._lock:
             self._check_open_locked()
-            idle = not (self._sending or self._writing or self._partial or self._prio)
+            idle = not (
+                self._stalled or self._sending or self._writing or self._partial or self._prio
+            )
             if idle and (priority or not self._queue):
                 self._writing = True  # written below, ahead of what is queued
                 overtaken = [b.retain() for b in self._queue if b.data_type == _DATA]
@@ -293,6 +318,17 @@ class TcpSubpartition(Subpartition):
         return self._end_written_at is not None and self._cause is None
 
     # -- failure --
+
+    def _strike(self, action: str | None) -> None:
+        """The fault hook's action, if it struck on this frame."""
+        if action == "reset":
+            # Linger 0: closing the socket resets the connection instead of ending it.
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+            self._fail(TransportError(f"{self.where}: connection reset (network fault)"), False)
+        elif action == "stall":
+            with self._lock:
+                self._stalled = True
 
     def _fail(self, cause: BaseException, tell_peer: bool) -> None:
         with self._lock:
@@ -355,26 +391,42 @@ class TcpSubpartition(Subpartition):
     def _abort_send(self) -> bool:
         return self._stopping or self._cause is not None
 
+    def _has_work_locked(self) -> bool:
+        return not self._stalled and (
+            self._partial is not None or (not self._writing and bool(self._prio or self._queue))
+        )
+
+    def _beat_due_locked(self) -> bool:
+        hb = self.heartbeat_interval
+        return (
+            hb is not None
+            and not self._stalled
+            and not self._writing
+            and time.monotonic() - self._last_sent >= hb
+        )
+
     def _send_loop(self) -> None:
         at_boundary = True
         try:
             while True:
                 with self._lock:
-                    while not (
-                        self._partial is not None
-                        or (not self._writing and (self._prio or self._queue))
-                        or self._cause is not None
-                        or self._stopping
-                    ):
-                        self._work_cv.wait()
+                    beat = False
+                    while not (self._has_work_locked() or self._abort_send()):
+                        if self._beat_due_locked():
+                            beat = True
+                            break
+                        self._work_cv.wait(self.heartbeat_interval)
                     if self._cause is not None or self._stopping:
                         break
-                    partial, self._partial = self._partial, None
-                    if partial is None:
+                    partial, self._partial = (None, None) if beat else (self._partial, None)
+                    batch: list[tuple[FrameType, NetworkBuffer]] = []
+                    if not beat and partial is None:
                         batch = self._take_batch_locked()
                     self._sending = True
                 views: list[memoryview] = []
-                if partial is not None:  # the rest of the producer's frame, first
+                if beat:
+                    views = _frame(FrameType.HEARTBEAT, self.channel_id, b"")
+                elif partial is not None:  # the rest of the producer's frame, first
                     views, last, ftype = partial
                     batch = [(ftype, last)]
                 else:
@@ -396,12 +448,13 @@ class TcpSubpartition(Subpartition):
                         # In the same step as _sending: once it is clear the producer
                         # may write a frame in place and mark the stream cut itself.
                         if sent:
+                            self._last_sent = time.monotonic()
                             self._mid_frame = False
                             self.sent_buffers += len(data)
                             self.sent_bytes += sum(data)
                         self._work_cv.notify_all()
                 at_boundary = True
-                if batch[-1][0] == FrameType.END:
+                if batch and batch[-1][0] == FrameType.END:
                     with self._lock:
                         self._end_written_at = time.monotonic()
                     self._shutdown(socket.SHUT_WR)
@@ -572,6 +625,8 @@ def connect_tcp(
     *,
     timeout: float = 10.0,
     poll_interval: float = 0.2,
+    heartbeat_interval: float | None = None,
+    fault: FaultCounter | None = None,
 ) -> TcpSubpartition:
     """Links ``partition``'s subpartition to channel ``channel`` of the input gate
     named ``gate`` at a :class:`TcpReceiver`'s ``address``, like
@@ -580,6 +635,7 @@ def connect_tcp(
     Connects, answers the receiver's challenge with an HMAC of ``secret`` and
     waits (at most ``timeout`` seconds) for the initial credit, which is the
     acceptance. Raises :class:`HandshakeError` when refused or unanswered.
+    ``heartbeat_interval`` and ``fault``: see :class:`TcpSubpartition`.
     """
     key = auth.job_key(secret)
     host, port = address
@@ -669,6 +725,8 @@ def connect_tcp(
         segment_size=segment_size,
         initial_credit=initial,
         poll_interval=poll_interval,
+        heartbeat_interval=heartbeat_interval,
+        fault=fault,
     )
     sub._start()
     try:

@@ -1,0 +1,43 @@
+"""Checkpoint metadata and the job event log survive the machine's loss by default
+(they are fsynced, file and directory); ``state.checkpoints.fsync-metadata: false``
+turns that off for both."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spillover.config import Config
+from spillover.runtime.jobrecovery import JobRecovery
+from spillover.runtime.wiring import checkpoint_storage
+
+
+def _synced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real(fd))
+    return calls
+
+
+@pytest.mark.parametrize("fsync", [None, "false"], ids=["default", "off"])
+def test_metadata_and_the_event_log_are_fsynced_unless_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: str | None
+) -> None:
+    options = {"state.checkpoints.dir": str(tmp_path), "execution.checkpointing.interval": "1 s"}
+    if fsync is not None:
+        options["state.checkpoints.fsync-metadata"] = fsync
+    storage = checkpoint_storage(Config.from_dict(options), "job")
+    assert storage is not None
+    calls = _synced(monkeypatch)
+    storage.write_metadata(1, {"checkpoint_id": 1})
+    assert bool(calls) is (fsync is None)
+    calls.clear()
+    rec = JobRecovery(storage, enabled=True, explicit_restore=None, lease_ttl_s=30.0)
+    rec.begin(job_name="job", fingerprint="f", parallelism=1, configuration={})
+    try:
+        assert rec.log is not None and rec.log.fsync is (fsync is None)
+        assert bool(calls) is (fsync is None)  # the run's first event, flushed
+    finally:
+        rec.close()
