@@ -65,14 +65,18 @@ def run_once(
     name: str,
     failures: FailureInjector,
     executor: str | None = None,
+    on_ended: Callable[[], None] | None = None,
 ) -> RunOutput:
-    """One run to the end; ``executor`` overrides ``spec.executor``."""
+    """One run to the end; ``executor`` overrides ``spec.executor``; ``on_ended`` is
+    called once the job ended, before its output and final state are read."""
     out_dir = os.path.join(workdir, name, "output")
     ckpt = _checkpoints(spec, workdir, name)
     os.makedirs(out_dir, exist_ok=True)
     graph = spec.factory()(out_dir, name, spec.parallelism).build()
     cfg = config_for(spec, ckpt)
     result = _executor(spec, graph, cfg, executor, failures=failures).run(timeout=600)
+    if on_ended is not None:
+        on_ended()
     return output_of(spec, result, out_dir, graph.max_parallelism, failures)
 
 
@@ -106,14 +110,22 @@ class _TwoRuns:
         return self.make_job(self.out_dir, self.name, parallelism).build()
 
     def resume(
-        self, r1: JobResult, restore: int | str, parallelism: int, **options: Any
+        self,
+        r1: JobResult,
+        restore: int | str,
+        parallelism: int,
+        on_ended: Callable[[], None] | None = None,
+        **options: Any,
     ) -> RunOutput:
         """Runs the job at ``parallelism`` from ``restore`` to the end; its result
-        carries the first run's attempts, checkpoints, failures and replayed bytes."""
+        carries the first run's attempts, checkpoints, failures and replayed bytes.
+        ``on_ended`` is called before its output and final state are read."""
         graph = self.graph(parallelism)
         r2 = _executor(self.spec, graph, self.cfg, restore_checkpoint=restore, **options).run(
             timeout=600
         )
+        if on_ended is not None:
+            on_ended()
         r2.attempts += r1.attempts
         r2.checkpoints = r1.checkpoints + r2.checkpoints
         r2.failures = r1.failures + r2.failures
@@ -130,7 +142,12 @@ class _TwoRuns:
 
 
 def run_rescaled(
-    spec: VerifySpec, workdir: str, name: str, failures: FailureInjector, stop_after: float
+    spec: VerifySpec,
+    workdir: str,
+    name: str,
+    failures: FailureInjector,
+    stop_after: float,
+    on_ended: Callable[[], None] | None = None,
 ) -> RunOutput:
     """Runs at ``spec.parallelism`` until every induced failure happened and the latest
     completed checkpoint holds in-flight data (or, after ``stop_after`` seconds, once
@@ -165,7 +182,7 @@ def run_rescaled(
         raise ConfigError("no checkpoint completed before the stop: lengthen the run")
     # Only the latest completed checkpoint keeps exactly-once: sinks published up to it.
     restored = completed[-1]
-    out = runs.resume(r1, restored["checkpoint_id"], spec.rescale_to)
+    out = runs.resume(r1, restored["checkpoint_id"], spec.rescale_to, on_ended)
     if r1.status not in ("stopped", "finished"):
         out.result.status = r1.status
     out.restored_inflight = int(restored["inflight_bytes"])
@@ -184,6 +201,7 @@ def run_stopped(
     failures: FailureInjector,
     stop_after: float,
     on_stop: Callable[[], None] | None = None,
+    on_ended: Callable[[], None] | None = None,
 ) -> RunOutput:
     """Runs at ``spec.parallelism`` until a checkpoint completed and every induced
     failure happened (or ``stop_after`` seconds passed), stops it with a savepoint
@@ -223,7 +241,7 @@ def run_stopped(
         )
     # Failures not fired before the stop may fire after the restore.
     p = spec.rescale_to or spec.parallelism
-    out = runs.resume(r1, r1.savepoint, p, failures=failures)
+    out = runs.resume(r1, r1.savepoint, p, on_ended, failures=failures)
     out.result.savepoint = r1.savepoint
     if r1.status != ("finished" if spec.stop == "drain" else "stopped"):
         out.result.status = r1.status
@@ -343,8 +361,7 @@ def verify(
         if spec.stop is not None:
             # Half way through (at the latest), so the stop comes while the job runs.
             half = 0.5 * baseline.result.duration_s + (30.0 if spec.executor != "local" else 0)
-            actual = run_stopped(spec, workdir, "with-stop", injector, half, on_stop)
-            ended()
+            actual = run_stopped(spec, workdir, "with-stop", injector, half, on_stop, ended)
             if spec.stop == "drain":
                 rows = actual.rows
                 actual.state = {}
@@ -381,10 +398,9 @@ def verify(
             report.duration_s = time.monotonic() - started
             return report
         if spec.rescale_to is None:
-            actual = run_once(spec, workdir, "with-failures", injector)
+            actual = run_once(spec, workdir, "with-failures", injector, on_ended=ended)
         else:
-            actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after)
-        ended()
+            actual = run_rescaled(spec, workdir, "with-failures", injector, stop_after, ended)
         report = compare(spec, baseline, actual)
         report.duration_s = time.monotonic() - started
         return report
