@@ -214,7 +214,7 @@ class LiveRescale:
         latest = self._storage.latest()
         if latest is None:
             return
-        plan(CheckpointMetadata.from_json(latest.metadata, latest.path))
+        plan(latest.metadata)
 
     def start(
         self, old: JobGraph, new: JobGraph, coordinator: StoppingCoordinator
@@ -258,9 +258,7 @@ class LiveRescale:
         the savepoint the last one ended with, recorded in ``log``. A plan the
         savepoint does not allow fails the rescale and keeps ``current``."""
         assert self._storage is not None
-        meta = CheckpointMetadata.from_json(
-            self._storage.read_metadata(savepoint_id), f"chk-{savepoint_id}"
-        )
+        meta = self._storage.read(savepoint_id)
         try:
             restore = plan(meta, request.graph)
         except SpilloverError as e:

@@ -11,16 +11,17 @@ restore-critical settings); keys this version does not model are kept as written
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.errors import FormatError
 from spillover.rescale import Reference
-from spillover.runtime.checkpointing.metadata import check_metadata
 from spillover.storage import GateStateHandle
 
 __all__ = [
+    "METADATA_FORMAT",
+    "METADATA_VERSION",
     "ChannelIndexMeta",
     "ChannelStateMeta",
     "CheckpointMetadata",
@@ -28,7 +29,31 @@ __all__ = [
     "OperatorMeta",
     "SubtaskMeta",
     "VertexInfo",
+    "check_metadata",
 ]
+
+METADATA_FORMAT = "spillover-checkpoint"
+METADATA_VERSION = 2  # 2: per-channel maps in the channel index (docs/format.md)
+
+Place = Callable[[bytes], int]
+"""Where the metadata's write puts an acknowledged gate's encoded channel index entry:
+its offset in the checkpoint's channel index (``metadata.py``)."""
+
+
+def check_metadata(meta: Any, path: str) -> None:
+    """:class:`FormatError` naming ``path`` unless ``meta`` is spillover checkpoint
+    metadata of a version this one reads."""
+    if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
+        raise FormatError("not spillover checkpoint metadata", path=path)
+    version = meta.get("version")
+    # Version 1 (every gate's channel maps inline) is read as ever.
+    if not isinstance(version, int) or version > METADATA_VERSION or version < 1:
+        raise FormatError(
+            "unsupported checkpoint metadata version",
+            path=path,
+            detail=f"found {version!r}, this version reads up to {METADATA_VERSION}",
+            hint="restore with the spillover version that wrote it, or newer",
+        )
 
 
 def _extra(d: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
@@ -53,11 +78,13 @@ class ChannelStateMeta:
         handles = self.input if side == "input" else self.output
         return next((h for h in handles if h.gate_id == gate), None)
 
-    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
+        """``index_uri``: the checkpoint's channel index; ``place``: see :data:`Place`
+        (without it, an acknowledged gate's maps are written inline)."""
         d: dict[str, Any] = {
             **self.extra,
-            "input": [h.to_dict(index_uri) for h in self.input],
-            "output": [h.to_dict(index_uri) for h in self.output],
+            "input": [h.to_dict(index_uri, place) for h in self.input],
+            "output": [h.to_dict(index_uri, place) for h in self.output],
             "bytes": self.bytes,
         }
         if self.references:
@@ -67,10 +94,12 @@ class ChannelStateMeta:
     @classmethod
     def from_json(cls, d: Mapping[str, Any], index_uri: str | None = None) -> ChannelStateMeta:
         """``index_uri``: the checkpoint's channel index, which its gates name."""
+        # Once per subtask in every checkpoint's completion: lists, not generators.
+        refs = d.get("references")
         return cls(
-            tuple(GateStateHandle.from_dict(h, index_uri) for h in d.get("input", [])),
-            tuple(GateStateHandle.from_dict(h, index_uri) for h in d.get("output", [])),
-            tuple(Reference.from_dict(r, index_uri) for r in d.get("references", [])),
+            tuple([GateStateHandle.from_dict(h, index_uri) for h in d.get("input", ())]),
+            tuple([GateStateHandle.from_dict(h, index_uri) for h in d.get("output", ())]),
+            tuple([Reference.from_dict(r, index_uri) for r in refs]) if refs else (),
             int(d.get("bytes", 0)),
             _extra(d, cls._KEYS),
         )
@@ -97,7 +126,7 @@ class SubtaskMeta:
     def references(self) -> tuple[Reference, ...]:
         return self.channel_state.references if self.channel_state is not None else ()
 
-    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
         cs = self.channel_state
         return {
             **self.extra,
@@ -105,7 +134,7 @@ class SubtaskMeta:
             "handles": dict(self.handles),
             "keyed": dict(self.keyed),
             # none written (an exited subtask, an aligned checkpoint): an empty dict
-            "channel_state": cs.to_json(index_uri) if cs else {},
+            "channel_state": cs.to_json(index_uri, place) if cs else {},
             "metrics": dict(self.metrics),
             "finished": self.finished,
         }
@@ -141,10 +170,10 @@ class OperatorMeta:
         """Subtask ``index``'s entry; an empty one when it stored nothing."""
         return self.subtasks.get(index) or SubtaskMeta()
 
-    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
             **self.extra,
-            "subtasks": {str(i): s.to_json(index_uri) for i, s in self.subtasks.items()},
+            "subtasks": {str(i): s.to_json(index_uri, place) for i, s in self.subtasks.items()},
             "finished": self.finished,
         }
         if self.parallelism is not None:
@@ -318,12 +347,13 @@ class CheckpointMetadata:
         """Vertex ``uid``'s entry; an empty one when the checkpoint holds none."""
         return self.tasks.get(uid) or OperatorMeta()
 
-    def to_json(self) -> dict[str, Any]:
-        """The metadata file's JSON (as :func:`new_metadata` and the coordinator
-        write it)."""
-        from spillover.runtime.checkpointing.metadata import METADATA_FORMAT
-
-        index_uri = self.channel_index.uri if self.channel_index is not None else None
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
+        """The metadata's JSON. Only ``CheckpointStorage.write_metadata`` writes it to a
+        file: with ``place`` its acknowledged gates' entries go into a new channel
+        index at ``index_uri``, which it names then (``channel_index``). Without, an
+        acknowledged gate's maps are written inline."""
+        if self.channel_index is not None:
+            index_uri = self.channel_index.uri
         d: dict[str, Any] = {
             **self.extra,
             "format": METADATA_FORMAT,
@@ -335,7 +365,7 @@ class CheckpointMetadata:
             "graph_fingerprint": self.graph_fingerprint,
             "settings": dict(self.settings),
             "final": self.final,
-            "tasks": {uid: t.to_json(index_uri) for uid, t in self.tasks.items()},
+            "tasks": {uid: t.to_json(index_uri, place) for uid, t in self.tasks.items()},
             "references": list(self.references),
         }
         if self.channel_index is not None:
