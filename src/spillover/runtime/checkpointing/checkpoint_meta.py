@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from spillover.errors import FormatError
@@ -56,8 +57,16 @@ def check_metadata(meta: Any, path: str) -> None:
         )
 
 
-def _extra(d: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+def _extra(d: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
+    if d.keys() <= known:  # the common case, at every subtask of every checkpoint
+        return {}
     return {k: v for k, v in d.items() if k not in known}
+
+
+def _json(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as a JSON object: itself when it is a dict already (the encoder only
+    reads it; a copy per subtask and field cost the coordinator at 1,000 subtasks)."""
+    return value if type(value) is dict else dict(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,7 @@ class ChannelStateMeta:
     bytes: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("input", "output", "references", "bytes")
+    _KEYS = frozenset(("input", "output", "references", "bytes"))
 
     def gate(self, side: str, gate: int) -> GateStateHandle | None:
         """The handle of input or output gate ``gate`` (None: nothing stored there)."""
@@ -94,11 +103,12 @@ class ChannelStateMeta:
     @classmethod
     def from_json(cls, d: Mapping[str, Any], index_uri: str | None = None) -> ChannelStateMeta:
         """``index_uri``: the checkpoint's channel index, which its gates name."""
-        # Once per subtask in every checkpoint's completion: lists, not generators.
+        # Once per subtask in every checkpoint's completion: no generators.
         refs = d.get("references")
+        parse = partial(GateStateHandle.from_dict, index_uri=index_uri)
         return cls(
-            tuple([GateStateHandle.from_dict(h, index_uri) for h in d.get("input", ())]),
-            tuple([GateStateHandle.from_dict(h, index_uri) for h in d.get("output", ())]),
+            tuple(map(parse, d.get("input", ()))),
+            tuple(map(parse, d.get("output", ()))),
             tuple([Reference.from_dict(r, index_uri) for r in refs]) if refs else (),
             int(d.get("bytes", 0)),
             _extra(d, cls._KEYS),
@@ -120,7 +130,7 @@ class SubtaskMeta:
     finished: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("operators", "keyed", "handles", "channel_state", "metrics", "finished")
+    _KEYS = frozenset(("operators", "keyed", "handles", "channel_state", "metrics", "finished"))
 
     @property
     def references(self) -> tuple[Reference, ...]:
@@ -130,12 +140,12 @@ class SubtaskMeta:
         cs = self.channel_state
         return {
             **self.extra,
-            "operators": dict(self.operators),
-            "handles": dict(self.handles),
-            "keyed": dict(self.keyed),
+            "operators": _json(self.operators),
+            "handles": _json(self.handles),
+            "keyed": _json(self.keyed),
             # none written (an exited subtask, an aligned checkpoint): an empty dict
             "channel_state": cs.to_json(index_uri, place) if cs else {},
-            "metrics": dict(self.metrics),
+            "metrics": _json(self.metrics),
             "finished": self.finished,
         }
 
@@ -164,7 +174,7 @@ class OperatorMeta:
     finished: str = "running"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("subtasks", "parallelism", "finished")
+    _KEYS = frozenset(("subtasks", "parallelism", "finished"))
 
     def subtask(self, index: int) -> SubtaskMeta:
         """Subtask ``index``'s entry; an empty one when it stored nothing."""
@@ -316,21 +326,23 @@ class CheckpointMetadata:
     # Version 2: the channel index object its gates' per-channel maps are in.
     channel_index: ChannelIndexMeta | None = None
 
-    _KEYS = (
-        "channel_index",
-        "format",
-        "version",
-        "job",
-        "checkpoint_id",
-        "trigger_ms",
-        "completed_ms",
-        "graph_fingerprint",
-        "settings",
-        "final",
-        "tasks",
-        "graph",
-        "references",
-        "savepoint",
+    _KEYS = frozenset(
+        (
+            "channel_index",
+            "format",
+            "version",
+            "job",
+            "checkpoint_id",
+            "trigger_ms",
+            "completed_ms",
+            "graph_fingerprint",
+            "settings",
+            "final",
+            "tasks",
+            "graph",
+            "references",
+            "savepoint",
+        )
     )
 
     @property
