@@ -1,4 +1,5 @@
-"""Fuzz target: checkpoint metadata (``check_metadata``, ``read_checkpoint``).
+"""Fuzz target: checkpoint metadata (``check_metadata``, ``read_checkpoint``,
+``load_checkpoint``).
 
 An input is the ``_metadata`` file of a checkpoint directory ``<job>/chk-1``, read
 with ``read_checkpoint``; when it is JSON, ``check_metadata`` also checks the decoded
@@ -6,7 +7,8 @@ value. An input starting with a zero byte is instead a path (the rest, as UTF-8 
 surrogate escapes) below a directory that holds a valid checkpoint, given to
 ``read_checkpoint``. Each call must return or raise a ``SpilloverError``; metadata
 that reads is a dict of the checkpoint format, in a version this reader reads, from
-the ``_metadata`` file of the directory named.
+the ``_metadata`` file of the directory named, and ``load_checkpoint`` gives it as
+one ``CheckpointMetadata`` or raises a ``SpilloverError``.
 
     python fuzz/fuzz_metadata.py [libFuzzer flags] [corpus directories]
 """
@@ -22,11 +24,13 @@ from _fuzzing import FUZZ_DIR, instrumented, main
 with instrumented(__name__):
     import _harness as h
     from spillover.errors import SpilloverError
+    from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
     from spillover.runtime.checkpointing.metadata import (
         METADATA_FILE,
         METADATA_FORMAT,
         METADATA_VERSION,
         check_metadata,
+        load_checkpoint,
         new_metadata,
         read_checkpoint,
     )
@@ -42,7 +46,7 @@ VALID = json.dumps(
         settings={"max-parallelism": 128},
         tasks={},
         final=False,
-    )
+    ).to_json()
 ).encode()
 
 
@@ -57,6 +61,9 @@ def check_read(path: str) -> None:
         raise h.OracleError(f"read_checkpoint accepted version {meta.get('version')!r}")
     if not os.path.isfile(os.path.join(path, METADATA_FILE)):
         raise h.OracleError(f"read_checkpoint({path!r}) read the metadata of another directory")
+    typed = h.outcome(load_checkpoint, path)  # the typed value, or one SpilloverError
+    if not isinstance(typed, SpilloverError | CheckpointMetadata):
+        raise h.OracleError("load_checkpoint returned what is not CheckpointMetadata")
 
 
 def checkpoint_dir() -> Path:

@@ -21,7 +21,12 @@ ROOT = FUZZ_DIR.parent
 GOLDEN = ROOT / "tests" / "golden"
 sys.path.insert(0, str(ROOT / "src"))
 
-from spillover.rescale.pieces import Piece  # noqa: E402
+from spillover.rescale.pieces import Piece, Reference  # noqa: E402
+from spillover.runtime.checkpointing.checkpoint_meta import (  # noqa: E402
+    ChannelStateMeta,
+    OperatorMeta,
+    SubtaskMeta,
+)
 from spillover.runtime.checkpointing.metadata import new_metadata  # noqa: E402
 from spillover.runtime.jobevents import (  # noqa: E402
     CheckpointCompleted,
@@ -122,20 +127,20 @@ def handle_seeds() -> dict[str, bytes]:
 
 
 def metadata_seeds() -> dict[str, bytes]:
-    piece = Piece(handle(), 1, 17).to_dict()
-    subtask = {"channel_state": {"references": [{"gate": 0, "channel": 1, "pieces": [piece]}]}}
+    refs = (Reference(0, 1, (Piece(handle(), 1, 17),)),)
+    subtask = SubtaskMeta(channel_state=ChannelStateMeta(references=refs))
     meta = new_metadata(
         job_name="job",
         checkpoint_id=8,
         trigger_ms=1700000000000,
         fingerprint="0f1e2d3c",
         settings={"max-parallelism": 128},
-        tasks={"map": {"parallelism": 1, "subtasks": {"0": subtask}}},
+        tasks={"map": OperatorMeta({0: subtask}, 1)},
         final=False,
     )
-    meta["completed_ms"] = 1700000000250
+    raw = replace(meta, completed_ms=1700000000250).to_json()
     return {
-        "metadata.json": json.dumps(meta, indent=1, sort_keys=True).encode(),
+        "metadata.json": json.dumps(raw, indent=1, sort_keys=True).encode(),
         "path-checkpoint": b"\0job/chk-1",
         "path-not-a-checkpoint": b"\0job/chk-x",
     }

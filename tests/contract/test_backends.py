@@ -22,7 +22,11 @@ from spillover.errors import (
 )
 from spillover.keygroups import key_groups
 from spillover.runtime.api import StateDescriptor
-from spillover.runtime.checkpointing.metadata import METADATA_FORMAT, CheckpointStorage
+from spillover.runtime.checkpointing.metadata import (
+    METADATA_FORMAT,
+    CheckpointStorage,
+    new_metadata,
+)
 from spillover.runtime.state import HeapKeyedStateBackend
 from support.stores import Store
 
@@ -147,10 +151,19 @@ def test_checkpoint_metadata_round_trips_and_names_the_latest(store: Store) -> N
     cs = CheckpointStorage(store.uri, "job/with odd name")
     assert cs.latest() is None and cs.highest_id() == 0
     for cid in (1, 2):
-        cs.write_metadata(cid, {"format": METADATA_FORMAT, "version": 1, "checkpoint_id": cid})
+        meta = new_metadata(
+            job_name="j",
+            checkpoint_id=cid,
+            trigger_ms=0,
+            fingerprint="f",
+            settings={},
+            tasks={},
+            final=False,
+        )
+        cs.write_metadata(cid, meta)
     latest = cs.latest()
-    assert latest is not None and latest.checkpoint_id == 2
-    assert cs.read_metadata(1)["checkpoint_id"] == 1
+    assert latest is not None and latest.checkpoint_id == 2 and latest.metadata == meta
+    assert cs.read_metadata(1)["format"] == METADATA_FORMAT and cs.read(1).checkpoint_id == 1
     assert cs.completed_ids() == [1, 2]
     assert cs.subtask_dir(3, "op", 0).partition("?")[0].endswith("/chk-3/op-0")
 

@@ -60,9 +60,9 @@ def test_checkpoints_are_retained_described_and_measured(tmp_path: Path) -> None
     assert len(done) >= 3 and done[-1]["final"]
     storage = CheckpointStorage(str(tmp_path / "ckpt"), "meta")
     assert storage.completed_ids() == [c["checkpoint_id"] for c in done[-2:]]
-    meta = storage.latest()
-    assert meta is not None
-    m = meta.metadata
+    latest = storage.latest()
+    assert latest is not None
+    m = storage.read_metadata(latest.checkpoint_id)  # the file's JSON
     assert (m["format"], m["version"], m["final"]) == ("spillover-checkpoint", 2, True)
     assert m["settings"]["max-parallelism"] == 128 and m["settings"]["format-version"] == 1
     assert set(m["tasks"]) == {"src", "sum", "src2"}
@@ -135,7 +135,7 @@ def test_retention_counts_the_checkpoints_of_earlier_attempts(tmp_path: Path) ->
     the older ones whose files they point into (the state of subtasks that had
     finished before them: when a subtask ends before the last checkpoint depends on
     the run's timing)."""
-    from spillover.runtime.checkpointing.metadata import read_checkpoint, referenced_checkpoints
+    from spillover.runtime.checkpointing.metadata import load_checkpoint, referenced_checkpoints
     from spillover.runtime.failures import FailureInjector
     from spillover.verify import VerifySpec, run_once
 
@@ -151,7 +151,7 @@ def test_retention_counts_the_checkpoints_of_earlier_attempts(tmp_path: Path) ->
         done = [c["checkpoint_id"] for c in out.result.completed_checkpoints()]
         kept = set(done[-retained:])
         for c in done[-retained:]:
-            kept.update(referenced_checkpoints(read_checkpoint(str(job / f"chk-{c}"))))
+            kept.update(referenced_checkpoints(load_checkpoint(str(job / f"chk-{c}"))))
         assert left == sorted(kept), (left, done, out.result.restored_from)
 
 

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from spillover.runtime.checkpointing.channel_state import gate_entry
-from spillover.runtime.checkpointing.checkpoint_meta import ChannelStateMeta, CheckpointMetadata
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    CheckpointMetadata,
+    OperatorMeta,
+    SubtaskMeta,
+    graph_from_json,
+)
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
     encode_metadata,
@@ -28,9 +34,11 @@ CHECKPOINT_ID = 7
 JOB = SimulatedJob(2, max_parallelism=128, fill=0.5, frames=1)
 
 
-def _metadata(gate: Callable[[GateStateHandle], dict[str, Any]], version: int) -> dict[str, Any]:
+def _metadata(
+    gate: Callable[[GateStateHandle], dict[str, Any]], version: int
+) -> CheckpointMetadata:
     storage = CheckpointStorage(ROOT, "sim")
-    tasks: dict[str, Any] = {}
+    subtasks: dict[str, dict[int, SubtaskMeta]] = {}
     for key in JOB.subtask_keys():
         ack = JOB.ack(storage, CHECKPOINT_ID, key)
         cs = ack.channel_state
@@ -39,38 +47,31 @@ def _metadata(gate: Callable[[GateStateHandle], dict[str, Any]], version: int) -
                 gate(JOB.gate(storage.checkpoint_dir(CHECKPOINT_ID), key[0], key[1], 0))
                 for _ in cs[side]
             ]
-        entry = tasks.setdefault(key[0], {"subtasks": {}, "parallelism": 2, "finished": "running"})
-        entry["subtasks"][str(key[1])] = {
-            "operators": ack.operator_state,
-            "handles": ack.handles,
-            "keyed": ack.keyed,
-            "channel_state": cs,
-            "metrics": ack.metrics,
-            "finished": False,
-        }
+        subtasks.setdefault(key[0], {})[key[1]] = SubtaskMeta(
+            ack.operator_state,
+            ack.keyed,
+            ack.handles,
+            ChannelStateMeta.from_json(cs),
+            ack.metrics,
+        )
     meta = new_metadata(
         job_name="sim",
         checkpoint_id=CHECKPOINT_ID,
         trigger_ms=1_700_000_000_000,
         fingerprint="sim",
         settings={"max-parallelism": JOB.max_parallelism},
-        tasks=tasks,
+        tasks={uid: OperatorMeta(subs, 2) for uid, subs in subtasks.items()},
         final=False,
+        graph=graph_from_json(JOB.graph()),
     )
-    meta.update(version=version, completed_ms=1_700_000_000_123, graph=JOB.graph(), references=[])
-    return meta
+    return dataclasses.replace(meta, version=version, completed_ms=1_700_000_000_123)
 
 
 def golden_files() -> dict[str, bytes]:
-    """``{path under tests/golden/checkpoint: bytes}``."""
-    v1 = _metadata(GateStateHandle.to_dict, 1)
-    v2, entries = split_channel_index(_metadata(gate_entry, 2))
-    index = b"".join(entries)
-    v2["channel_index"] = {
-        "uri": f"{ROOT}/sim/chk-{CHECKPOINT_ID}/{INDEX_FILE}",
-        "size": len(index),
-    }
+    """``{path under tests/golden/checkpoint: bytes}``: what ``write_metadata`` writes."""
     chk = f"chk-{CHECKPOINT_ID}"
+    v1 = _metadata(GateStateHandle.to_dict, 1).to_json()
+    v2, index = split_channel_index(_metadata(gate_entry, 2), f"{ROOT}/sim/{chk}/{INDEX_FILE}")
     return {
         f"v1/{chk}/_metadata": encode_metadata(v1),
         f"v2/{chk}/_metadata": encode_metadata(v2),

@@ -40,8 +40,9 @@ from spillover.benchmark.stop import _pure_engine, raw_write
 from spillover.config import Config
 from spillover.config.policies import policy_options
 from spillover.deploy import create_executor
-from spillover.errors import ConfigError
+from spillover.errors import ConfigError, SpilloverError
 from spillover.runtime.api import Batch, Operator
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
@@ -279,25 +280,24 @@ def _fmt2(v: float | None) -> str:
     return "-" if v is None else f"{v:,.2f}"
 
 
-def _feedback_gates(meta: dict[str, Any]) -> dict[str, set[int]]:
+def _feedback_gates(meta: CheckpointMetadata) -> dict[str, set[int]]:
     """Per iteration head's uid, the gates (input positions) of its feedback."""
     out = {}
-    for uid, v in meta.get("graph", {}).get("vertices", {}).items():
-        if v.get("iteration_head"):
-            out[uid] = {i for i, e in enumerate(v.get("inputs", [])) if e.get("feedback")}
+    for uid, v in (meta.graph or {}).items():
+        if v.iteration_head:
+            out[uid] = {i for i, e in enumerate(v.inputs) if e.feedback}
     return out
 
 
-def head_bytes(meta: dict[str, Any]) -> tuple[int, list[int]]:
+def head_bytes(meta: CheckpointMetadata) -> tuple[int, list[int]]:
     """A checkpoint's head subtasks: their in-flight bytes in all, and each one's
     feedback channel state (the log), from the checkpoint's metadata."""
     total, logged = 0, []
     for uid, gates in _feedback_gates(meta).items():
-        subs = meta["tasks"].get(uid, {}).get("subtasks", {})
-        for _, st in sorted(subs.items(), key=lambda kv: int(kv[0])):
-            total += int(st.get("metrics", {}).get("inflight_bytes", 0))
-            handles = (st.get("channel_state") or {}).get("input", [])
-            logged.append(sum(int(h["raw_bytes"]) for h in handles if h["gate_id"] in gates))
+        for _, st in sorted(meta.operator(uid).subtasks.items()):
+            total += int(st.metrics.get("inflight_bytes", 0))
+            handles = st.channel_state.input if st.channel_state is not None else ()
+            logged.append(sum(h.raw_bytes for h in handles if h.gate_id in gates))
     return total, logged
 
 
@@ -383,8 +383,8 @@ def _checkpoint_figures(
     heads: list[tuple[int, list[int]]] = []
     for c in done:
         try:
-            heads.append(head_bytes(storage.read_metadata(int(c["checkpoint_id"]))))
-        except (OSError, KeyError, ValueError) as e:
+            heads.append(head_bytes(storage.read(int(c["checkpoint_id"]))))
+        except (OSError, KeyError, ValueError, SpilloverError) as e:
             out.failures.append(f"checkpoint {c['checkpoint_id']}'s metadata: {e!r}")
     if heads:
         out.head_inflight_bytes = float(statistics.median(h[0] for h in heads))

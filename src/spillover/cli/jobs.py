@@ -33,7 +33,7 @@ from spillover.errors import ConfigError, JobNotRunningError, SpilloverError
 from spillover.rest import ServedJob, registry, serve
 from spillover.rest.registry import JobEntry
 from spillover.rest.views import vertex_metrics
-from spillover.runtime.checkpointing.metadata import read_checkpoint
+from spillover.runtime.checkpointing.metadata import load_checkpoint
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
 from spillover.storage.folders import check_folder
@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_detached(args)
     restore = os.path.abspath(args.from_savepoint) if args.from_savepoint else None
     if restore is not None:
-        read_checkpoint(restore)  # refuses a path that holds no checkpoint, now
+        load_checkpoint(restore)  # refuses a path that holds no checkpoint, now
     executor = create_executor(
         args.executor, job, config, master=args.master, restore_checkpoint=restore
     )
@@ -297,7 +297,7 @@ def _dispose(path: str) -> int:
             f"not a savepoint: {path!r}",
             hint="give the path `spillover savepoint` or `stop` printed",
         )
-    read_checkpoint(str(checkpoints[-1].parent))  # a damaged one is named, not removed
+    load_checkpoint(str(checkpoints[-1].parent))  # a damaged one is named, not removed
     shutil.rmtree(folder)
     print(f"disposed {folder}")
     return EXIT_OK

@@ -4,13 +4,12 @@ checkpoint references it. The job master composes one."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 from spillover.config import ClaimMode, Config
 from spillover.errors import SpilloverError
 from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
-from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.checkpointing.metadata import CheckpointStorage, referenced_uris
 from spillover.storage.location import Location, delete_tree
 
 logger = logging.getLogger(__name__)
@@ -67,9 +66,9 @@ class CheckpointClaim:
             return
         assert storage is not None
         try:
-            meta = storage.read_metadata(checkpoint_id)
+            meta = storage.read(checkpoint_id)
             prefix = claimed.prefix + "/"
-            if prefix in json.dumps(meta.get("tasks")):
+            if any(u.partition("?")[0].startswith(prefix) for u in referenced_uris(meta)):
                 self._unreferenced = 0
                 return
             self._unreferenced += 1

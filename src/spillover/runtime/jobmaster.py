@@ -23,7 +23,7 @@ from spillover.runtime.checkpointing.coordinator import (
     CheckpointCoordinator,
     CheckpointFailuresExceeded,
 )
-from spillover.runtime.checkpointing.metadata import read_checkpoint
+from spillover.runtime.checkpointing.metadata import load_checkpoint
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.checkpointing.stats import CheckpointStatsTracker
 from spillover.runtime.claim import CheckpointClaim
@@ -424,15 +424,15 @@ class Executor:
         job's checkpoint directory, or a checkpoint directory's path), else the latest."""
         rc = self.restore_checkpoint
         if isinstance(rc, str):
-            return CheckpointMetadata.from_json(read_checkpoint(rc), rc)
+            return load_checkpoint(rc)
         if self.storage is None:
             return None
         if isinstance(rc, int):
-            return CheckpointMetadata.from_json(self.storage.read_metadata(rc), f"chk-{rc}")
+            return self.storage.read(rc)
         latest = self.storage.latest()
         if latest is None:
             return None
-        return CheckpointMetadata.from_json(latest.metadata, latest.path)
+        return latest.metadata
 
     def _use_graph(self, job: JobGraph | StreamEnvironment) -> None:
         """The job at other parallelisms, for the next attempt (a rescale policy's
@@ -617,9 +617,7 @@ class Executor:
                 if resume.checkpoint is not None:
                     assert self.storage is not None
                     cp = resume.checkpoint
-                    meta = first_meta = CheckpointMetadata.from_json(
-                        self.storage.read_metadata(cp.checkpoint_id), cp.metadata_path
-                    )
+                    meta = first_meta = self.storage.read(cp.checkpoint_id)
                     self.retained_ids = [resume.checkpoint.checkpoint_id]  # the run's own
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         if meta is not None and meta is first_meta and self.restore_checkpoint is not None:

@@ -192,9 +192,7 @@ class JobRecovery:
     def _check_present(self, cp: CheckpointCompleted) -> None:
         try:
             # read whole: a checkpoint whose metadata a restore cannot read is refused now
-            CheckpointMetadata.from_json(
-                self.storage.read_metadata(cp.checkpoint_id), cp.metadata_path
-            )
+            self.storage.read(cp.checkpoint_id)
         except SpilloverError as e:
             raise ConfigError(
                 "the job's event log names a checkpoint that cannot be read",
@@ -225,8 +223,7 @@ class JobRecovery:
         cp = self.log.replay().checkpoint if self.log is not None else None
         if cp is None:
             return None
-        meta = self.storage.read_metadata(cp.checkpoint_id)
-        return CheckpointMetadata.from_json(meta, cp.metadata_path)
+        return self.storage.read(cp.checkpoint_id)
 
     # -- the run's events ----------------------------------------------------------------
 

@@ -217,7 +217,7 @@ class LiveRescale:
             if latest is None:
                 return
             try:
-                plan(CheckpointMetadata.from_json(latest.metadata, latest.path))
+                plan(latest.metadata)
                 return
             except StorageError:
                 # Retention removed its files meanwhile (a newer checkpoint completed
@@ -268,9 +268,7 @@ class LiveRescale:
         the savepoint the last one ended with, recorded in ``log``. A plan the
         savepoint does not allow fails the rescale and keeps ``current``."""
         assert self._storage is not None
-        meta = CheckpointMetadata.from_json(
-            self._storage.read_metadata(savepoint_id), f"chk-{savepoint_id}"
-        )
+        meta = self._storage.read(savepoint_id)
         try:
             restore = plan(meta, request.graph)
         except SpilloverError as e:

@@ -25,8 +25,8 @@ from spillover.errors import CorruptIndexError, UnsupportedVersionError
 from spillover.storage.location import Location
 from spillover.storage.reference import crc32c
 
-if TYPE_CHECKING:  # handle.py decodes entries with this module
-    from spillover.storage.handle import GateStateHandle, IndexRef
+if TYPE_CHECKING:
+    from spillover.storage.handle import GateStateHandle
 
 __all__ = [
     "INDEX_ENTRY",
@@ -148,17 +148,22 @@ def decode_entry(
     return channels, ranges
 
 
-def _resolved(handle: GateStateHandle, data: bytes | memoryview, ref: IndexRef) -> GateStateHandle:
-    channels, ranges = decode_entry(data, ref.uri, ref.offset)
+def _resolved(
+    handle: GateStateHandle, data: bytes | memoryview, where: str, offset: int
+) -> GateStateHandle:
+    """``handle`` with the maps of entry ``data``, read at ``offset`` of ``where``."""
+    channels, ranges = decode_entry(data, where, offset)
     if sum(f for f, _ in channels.values()) != handle.frame_count:
         raise CorruptIndexError(
             "channel index entry does not match its gate",
-            path=ref.uri,
-            offset=ref.offset,
+            path=where,
+            offset=offset,
             detail=f"{sum(f for f, _ in channels.values())} frames listed, the gate "
             f"{handle.uri} holds {handle.frame_count}",
         )
-    return dataclasses.replace(handle, channels=channels, channel_ranges=ranges, index=None)
+    return dataclasses.replace(
+        handle, channels=channels, channel_ranges=ranges, index=None, entry=None
+    )
 
 
 def check_index(handles: Iterable[GateStateHandle]) -> None:
@@ -189,17 +194,21 @@ def check_index(handles: Iterable[GateStateHandle]) -> None:
 
 
 def resolve(handle: GateStateHandle) -> GateStateHandle:
-    """``handle`` with its channel maps read from the index (itself when it has them)."""
+    """``handle`` with its channel maps read from the index, or decoded from the entry
+    it carries (itself when it has them)."""
     return resolve_all([handle])[0]
 
 
 def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
     """Every handle with its channel maps, each index object opened once and only
-    the entries these handles name read."""
+    the entries these handles name read; an acknowledgement's handle decodes the
+    entry it carries."""
     out = list(handles)
     by_uri: dict[str, list[int]] = {}
     for i, h in enumerate(out):
-        if h.index is not None:
+        if h.entry is not None:
+            out[i] = _resolved(h, h.entry, h.uri, 0)
+        elif h.index is not None:
             by_uri.setdefault(h.index.uri, []).append(i)
     for uri, positions in by_uri.items():
         where = Location.parse(uri)
@@ -217,7 +226,7 @@ def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
                         detail=f"{ref.length} bytes at {ref.offset}, the index has {size}",
                     )
                 data = f.read_at(ref.length, ref.offset)
-                out[i] = _resolved(out[i], memoryview(data), ref)
+                out[i] = _resolved(out[i], memoryview(data), uri, ref.offset)
         except OSError as e:
             raise where.error("cannot read channel index", e) from e
         finally:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.errors import FormatError
-from spillover.storage.channel_index import INDEX_ENTRY, decode_entry
+from spillover.storage.channel_index import INDEX_ENTRY, resolve
 
 HANDLE_SCHEMA = 1
 
@@ -94,6 +94,11 @@ class GateStateHandle:
     ``index`` is set, and ``channels`` and ``channel_ranges`` are empty, for a handle
     read from checkpoint metadata of version 2, which keeps the per-channel maps in
     the checkpoint's channel index instead (``channel_index.resolve`` fills them in).
+    ``entry`` is set, and the maps are empty, for a handle from a task's
+    acknowledgement: its maps as the task encoded them, one channel index entry.
+    Nothing decodes it on the way to the metadata, whose write puts these bytes into
+    the checkpoint's channel index as they are; ``channel_index.resolve`` decodes it
+    for a reader that asks for the channels.
     """
 
     uri: str
@@ -112,6 +117,7 @@ class GateStateHandle:
     channel_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     offset: int | None = None
     index: IndexRef | None = None
+    entry: bytes | None = field(default=None, repr=False)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -129,30 +135,48 @@ class GateStateHandle:
             return (64, 64)  # none of them has a frame: an empty range after the header
         return min(s for s, _ in spans), max(e for _, e in spans)
 
-    def to_dict(self, index_uri: str | None = None) -> dict[str, Any]:
+    def to_dict(
+        self, index_uri: str | None = None, place: Callable[[bytes], int] | None = None
+    ) -> dict[str, Any]:
         """Plain JSON types. A handle whose maps are in a channel index names its entry:
         ``[offset, length]`` when the index is ``index_uri`` (the checkpoint's own, in
-        its metadata), else ``{"uri", "offset", "length"}``."""
-        d = asdict(self)
-        d["schema"] = HANDLE_SCHEMA
-        d["gate_kind"] = self.gate_kind.name.lower()
-        d["codec"] = self.codec.label
-        d["channels"] = {str(k): list(v) for k, v in sorted(self.channels.items())}
-        d["channel_ranges"] = {str(k): list(v) for k, v in sorted(self.channel_ranges.items())}
-        if not self.channel_ranges:
-            del d["channel_ranges"]
-        if self.offset is None:  # a file of its own: the handle reads as before
-            del d["offset"]
+        its metadata), else ``{"uri", "offset", "length"}``. A handle that carries its
+        encoded entry (``entry``) names it at the offset ``place`` gives it in index
+        ``index_uri`` (the metadata's write concatenates them); without ``place`` its
+        maps are decoded and written inline."""
+        if self.entry is not None and (place is None or index_uri is None):
+            return resolve(self).to_dict(index_uri)
+        d: dict[str, Any] = {
+            "uri": self.uri,
+            "gate_id": self.gate_id,
+            "gate_kind": self.gate_kind.name.lower(),
+            "checkpoint_id": self.checkpoint_id,
+            "subtask_index": self.subtask_index,
+            "file_id": self.file_id,
+            "size": self.size,
+            "frame_count": self.frame_count,
+            "raw_bytes": self.raw_bytes,
+            "stored_bytes": self.stored_bytes,
+            "codec": self.codec.label,
+            "format_version": self.format_version,
+        }
         ref = self.index
+        if self.entry is not None:
+            assert place is not None and index_uri is not None
+            ref = IndexRef(index_uri, place(self.entry), len(self.entry))
         if ref is None:
-            del d["index"]
-        else:
-            del d["channels"]
+            d["channels"] = {str(k): list(v) for k, v in sorted(self.channels.items())}
+        if self.channel_ranges:
+            d["channel_ranges"] = {str(k): list(v) for k, v in sorted(self.channel_ranges.items())}
+        if self.offset is not None:  # a section of a shared file; else reads as before
+            d["offset"] = self.offset
+        if ref is not None:
             d["index"] = (
                 [ref.offset, ref.length]
                 if ref.uri == index_uri
                 else {"uri": ref.uri, "offset": ref.offset, "length": ref.length}
             )
+        d["schema"] = HANDLE_SCHEMA
         return d
 
     @classmethod
@@ -166,38 +190,47 @@ class GateStateHandle:
                 "unsupported state-handle schema",
                 detail=f"found {d.get('schema')!r}, this version reads {HANDLE_SCHEMA}",
             )
-        if INDEX_ENTRY in d:  # an acknowledgement's: its maps as one encoded entry
-            entry = d[INDEX_ENTRY]
-            if not isinstance(entry, bytes | bytearray | memoryview):
+        entry = d.get(INDEX_ENTRY)
+        if entry is not None:  # an acknowledgement's: its maps as one encoded entry, kept
+            if not isinstance(entry, _BYTES):
                 raise FormatError("malformed state handle", detail=f"{INDEX_ENTRY} is not bytes")
-            channels, ranges = decode_entry(entry, str(d.get("uri")))
-            d = {**d, "channels": channels, "channel_ranges": ranges}
+            entry = bytes(entry)
+        inline = "index" not in d and entry is None  # else the maps are elsewhere
         try:
-            return cls(
-                uri=str(d["uri"]),
-                gate_id=int(d["gate_id"]),
-                gate_kind=GateKind.parse(d["gate_kind"]),
-                checkpoint_id=int(d["checkpoint_id"]),
-                subtask_index=int(d["subtask_index"]),
-                file_id=str(d["file_id"]),
-                size=int(d["size"]),
-                frame_count=int(d["frame_count"]),
-                raw_bytes=int(d["raw_bytes"]),
-                stored_bytes=int(d["stored_bytes"]),
-                codec=Codec.parse(d["codec"]),
-                format_version=int(d["format_version"]),
-                channels={
-                    int(k): (int(v[0]), int(v[1]))
-                    for k, v in (d["channels"] if "index" not in d else {}).items()
-                },
-                channel_ranges={
-                    int(k): (int(v[0]), int(v[1])) for k, v in d.get("channel_ranges", {}).items()
-                },
-                offset=_offset(d.get("offset")),
-                index=_index(d.get("index"), index_uri),
-            )
+            fields = {
+                "uri": str(d["uri"]),
+                "gate_id": int(d["gate_id"]),
+                "gate_kind": GateKind.parse(d["gate_kind"]),
+                "checkpoint_id": int(d["checkpoint_id"]),
+                "subtask_index": int(d["subtask_index"]),
+                "file_id": str(d["file_id"]),
+                "size": int(d["size"]),
+                "frame_count": int(d["frame_count"]),
+                "raw_bytes": int(d["raw_bytes"]),
+                "stored_bytes": int(d["stored_bytes"]),
+                "codec": Codec.parse(d["codec"]),
+                "format_version": int(d["format_version"]),
+                "channels": _maps(d["channels"]) if inline else {},
+                "channel_ranges": _maps(d["channel_ranges"]) if "channel_ranges" in d else {},
+                "offset": _offset(d.get("offset")),
+                "index": _index(d.get("index"), index_uri),
+                "entry": entry,
+            }
         except (AttributeError, KeyError, IndexError, TypeError, ValueError, OverflowError) as e:
             raise FormatError("malformed state handle", detail=str(e)) from e
+        # What __init__ makes, every field given and checked above, without its
+        # object.__setattr__ per field (a frozen dataclass's): at 1,000 subtasks those
+        # alone cost the coordinator more than writing the handles (docs/scaling.md).
+        handle = object.__new__(cls)
+        handle.__dict__.update(fields)
+        return handle
+
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def _maps(value: Any) -> dict[int, tuple[int, int]]:
+    return {int(k): (int(v[0]), int(v[1])) for k, v in value.items()}
 
 
 def _offset(value: Any) -> int | None:

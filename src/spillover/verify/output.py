@@ -100,7 +100,6 @@ def final_state(
     of state ``name``, or ``{(state, key): value}`` of every state when ``name`` is None
     (a list state's value is the tuple of its entries). An operator or state that is
     not there raises :class:`ConfigError` when ``required``, else gives ``{}``."""
-    from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
     from spillover.runtime.checkpointing.metadata import CheckpointStorage
     from spillover.runtime.state import HeapKeyedStateBackend
 
@@ -110,7 +109,7 @@ def final_state(
     latest = CheckpointStorage(job.parent.uri, job.name).latest()
     if latest is None:
         return {}
-    meta = CheckpointMetadata.from_json(latest.metadata, latest.path)
+    meta = latest.metadata
     keyed = [entry.keyed for task in meta.tasks.values() for entry in task.subtasks.values()]
     handles = [k[uid] for k in keyed if k.get(uid) is not None]
     kinds = {e["name"]: (e["kind"], np.dtype(e["dtype"])) for h in handles for e in h["states"]}

@@ -168,3 +168,31 @@ def test_a_restore_checks_the_index_is_there_and_long_enough(tmp_path: Path) -> 
         check_index([named, a])
     index.write_bytes(entry)
     check_index([named, a])  # a's maps are in it: nothing to check
+
+
+@given(handles(), st.none() | st.integers(0, 2**40))
+def test_an_acknowledged_handle_keeps_its_entry_until_asked(
+    h: GateStateHandle, offset: int | None
+) -> None:
+    """The acknowledgement's form (``index_entry``) parses without decoding: the
+    handle carries the task's bytes, every field set, and gives its maps when a
+    reader resolves it."""
+    h = dataclasses.replace(h, offset=offset)
+    d = dataclasses.replace(h, channels={}, channel_ranges={}).to_dict()
+    del d["channels"]
+    d["index_entry"] = encode_entry(h)
+    acked = GateStateHandle.from_dict(d)
+    assert acked.entry == d["index_entry"] and not acked.channels and not acked.channel_ranges
+    assert set(vars(acked)) == {f.name for f in dataclasses.fields(GateStateHandle)}
+    assert resolve(acked) == h
+    placed = acked.to_dict("/idx", lambda entry: 40)
+    assert placed["index"] == [40, len(d["index_entry"])] and "channels" not in placed
+    assert GateStateHandle.from_dict(placed, "/idx").index == IndexRef("/idx", 40, len(acked.entry))
+
+
+def test_a_damaged_acknowledged_entry_is_refused_when_read() -> None:
+    h = GateStateHandle("/x/chk-1/g.spill", 0, GateKind.INPUT, 1, 0, "f", 99, 1, 4, 4)
+    d = dataclasses.replace(h, channels={}).to_dict()
+    d["index_entry"] = encode_entry(dataclasses.replace(h, channels={2: (1, 4)}))[:-1]
+    with pytest.raises(CorruptIndexError):
+        resolve(GateStateHandle.from_dict(d))

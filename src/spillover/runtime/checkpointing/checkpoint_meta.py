@@ -11,16 +11,18 @@ restore-critical settings); keys this version does not model are kept as written
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from spillover.errors import FormatError
 from spillover.rescale import Reference
-from spillover.runtime.checkpointing.metadata import check_metadata
 from spillover.storage import GateStateHandle
 
 __all__ = [
+    "METADATA_FORMAT",
+    "METADATA_VERSION",
     "ChannelIndexMeta",
     "ChannelStateMeta",
     "CheckpointMetadata",
@@ -28,11 +30,43 @@ __all__ = [
     "OperatorMeta",
     "SubtaskMeta",
     "VertexInfo",
+    "check_metadata",
 ]
 
+METADATA_FORMAT = "spillover-checkpoint"
+METADATA_VERSION = 2  # 2: per-channel maps in the channel index (docs/format.md)
 
-def _extra(d: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+Place = Callable[[bytes], int]
+"""Where the metadata's write puts an acknowledged gate's encoded channel index entry:
+its offset in the checkpoint's channel index (``metadata.py``)."""
+
+
+def check_metadata(meta: Any, path: str) -> None:
+    """:class:`FormatError` naming ``path`` unless ``meta`` is spillover checkpoint
+    metadata of a version this one reads."""
+    if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
+        raise FormatError("not spillover checkpoint metadata", path=path)
+    version = meta.get("version")
+    # Version 1 (every gate's channel maps inline) is read as ever.
+    if not isinstance(version, int) or version > METADATA_VERSION or version < 1:
+        raise FormatError(
+            "unsupported checkpoint metadata version",
+            path=path,
+            detail=f"found {version!r}, this version reads up to {METADATA_VERSION}",
+            hint="restore with the spillover version that wrote it, or newer",
+        )
+
+
+def _extra(d: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
+    if d.keys() <= known:  # the common case, at every subtask of every checkpoint
+        return {}
     return {k: v for k, v in d.items() if k not in known}
+
+
+def _json(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` as a JSON object: itself when it is a dict already (the encoder only
+    reads it; a copy per subtask and field cost the coordinator at 1,000 subtasks)."""
+    return value if type(value) is dict else dict(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +80,20 @@ class ChannelStateMeta:
     bytes: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("input", "output", "references", "bytes")
+    _KEYS = frozenset(("input", "output", "references", "bytes"))
 
     def gate(self, side: str, gate: int) -> GateStateHandle | None:
         """The handle of input or output gate ``gate`` (None: nothing stored there)."""
         handles = self.input if side == "input" else self.output
         return next((h for h in handles if h.gate_id == gate), None)
 
-    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
+        """``index_uri``: the checkpoint's channel index; ``place``: see :data:`Place`
+        (without it, an acknowledged gate's maps are written inline)."""
         d: dict[str, Any] = {
             **self.extra,
-            "input": [h.to_dict(index_uri) for h in self.input],
-            "output": [h.to_dict(index_uri) for h in self.output],
+            "input": [h.to_dict(index_uri, place) for h in self.input],
+            "output": [h.to_dict(index_uri, place) for h in self.output],
             "bytes": self.bytes,
         }
         if self.references:
@@ -67,10 +103,13 @@ class ChannelStateMeta:
     @classmethod
     def from_json(cls, d: Mapping[str, Any], index_uri: str | None = None) -> ChannelStateMeta:
         """``index_uri``: the checkpoint's channel index, which its gates name."""
+        # Once per subtask in every checkpoint's completion: no generators.
+        refs = d.get("references")
+        parse = partial(GateStateHandle.from_dict, index_uri=index_uri)
         return cls(
-            tuple(GateStateHandle.from_dict(h, index_uri) for h in d.get("input", [])),
-            tuple(GateStateHandle.from_dict(h, index_uri) for h in d.get("output", [])),
-            tuple(Reference.from_dict(r, index_uri) for r in d.get("references", [])),
+            tuple(map(parse, d.get("input", ()))),
+            tuple(map(parse, d.get("output", ()))),
+            tuple([Reference.from_dict(r, index_uri) for r in refs]) if refs else (),
             int(d.get("bytes", 0)),
             _extra(d, cls._KEYS),
         )
@@ -91,22 +130,22 @@ class SubtaskMeta:
     finished: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("operators", "keyed", "handles", "channel_state", "metrics", "finished")
+    _KEYS = frozenset(("operators", "keyed", "handles", "channel_state", "metrics", "finished"))
 
     @property
     def references(self) -> tuple[Reference, ...]:
         return self.channel_state.references if self.channel_state is not None else ()
 
-    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
         cs = self.channel_state
         return {
             **self.extra,
-            "operators": dict(self.operators),
-            "handles": dict(self.handles),
-            "keyed": dict(self.keyed),
+            "operators": _json(self.operators),
+            "handles": _json(self.handles),
+            "keyed": _json(self.keyed),
             # none written (an exited subtask, an aligned checkpoint): an empty dict
-            "channel_state": cs.to_json(index_uri) if cs else {},
-            "metrics": dict(self.metrics),
+            "channel_state": cs.to_json(index_uri, place) if cs else {},
+            "metrics": _json(self.metrics),
             "finished": self.finished,
         }
 
@@ -135,16 +174,16 @@ class OperatorMeta:
     finished: str = "running"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _KEYS = ("subtasks", "parallelism", "finished")
+    _KEYS = frozenset(("subtasks", "parallelism", "finished"))
 
     def subtask(self, index: int) -> SubtaskMeta:
         """Subtask ``index``'s entry; an empty one when it stored nothing."""
         return self.subtasks.get(index) or SubtaskMeta()
 
-    def to_json(self, index_uri: str | None = None) -> dict[str, Any]:
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
             **self.extra,
-            "subtasks": {str(i): s.to_json(index_uri) for i, s in self.subtasks.items()},
+            "subtasks": {str(i): s.to_json(index_uri, place) for i, s in self.subtasks.items()},
             "finished": self.finished,
         }
         if self.parallelism is not None:
@@ -287,21 +326,23 @@ class CheckpointMetadata:
     # Version 2: the channel index object its gates' per-channel maps are in.
     channel_index: ChannelIndexMeta | None = None
 
-    _KEYS = (
-        "channel_index",
-        "format",
-        "version",
-        "job",
-        "checkpoint_id",
-        "trigger_ms",
-        "completed_ms",
-        "graph_fingerprint",
-        "settings",
-        "final",
-        "tasks",
-        "graph",
-        "references",
-        "savepoint",
+    _KEYS = frozenset(
+        (
+            "channel_index",
+            "format",
+            "version",
+            "job",
+            "checkpoint_id",
+            "trigger_ms",
+            "completed_ms",
+            "graph_fingerprint",
+            "settings",
+            "final",
+            "tasks",
+            "graph",
+            "references",
+            "savepoint",
+        )
     )
 
     @property
@@ -318,12 +359,13 @@ class CheckpointMetadata:
         """Vertex ``uid``'s entry; an empty one when the checkpoint holds none."""
         return self.tasks.get(uid) or OperatorMeta()
 
-    def to_json(self) -> dict[str, Any]:
-        """The metadata file's JSON (as :func:`new_metadata` and the coordinator
-        write it)."""
-        from spillover.runtime.checkpointing.metadata import METADATA_FORMAT
-
-        index_uri = self.channel_index.uri if self.channel_index is not None else None
+    def to_json(self, index_uri: str | None = None, place: Place | None = None) -> dict[str, Any]:
+        """The metadata's JSON. Only ``CheckpointStorage.write_metadata`` writes it to a
+        file: with ``place`` its acknowledged gates' entries go into a new channel
+        index at ``index_uri``, which it names then (``channel_index``). Without, an
+        acknowledged gate's maps are written inline."""
+        if self.channel_index is not None:
+            index_uri = self.channel_index.uri
         d: dict[str, Any] = {
             **self.extra,
             "format": METADATA_FORMAT,
@@ -335,7 +377,7 @@ class CheckpointMetadata:
             "graph_fingerprint": self.graph_fingerprint,
             "settings": dict(self.settings),
             "final": self.final,
-            "tasks": {uid: t.to_json(index_uri) for uid, t in self.tasks.items()},
+            "tasks": {uid: t.to_json(index_uri, place) for uid, t in self.tasks.items()},
             "references": list(self.references),
         }
         if self.channel_index is not None:

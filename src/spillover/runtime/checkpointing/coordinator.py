@@ -27,6 +27,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spillover.errors import SpilloverError
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    OperatorMeta,
+    SubtaskMeta,
+    VertexInfo,
+    graph_from_json,
+)
 from spillover.runtime.checkpointing.messages import (
     Ack,
     CoordinatorEvent,
@@ -44,11 +51,7 @@ from spillover.runtime.checkpointing.messages import (
     TriggerNow,
     TriggerStop,
 )
-from spillover.runtime.checkpointing.metadata import (
-    CheckpointStorage,
-    new_metadata,
-    referenced_checkpoints,
-)
+from spillover.runtime.checkpointing.metadata import CheckpointStorage, new_metadata
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.checkpointing.stats import CheckpointStatsListener
 from spillover.runtime.iteration.termination import LoopTermination
@@ -189,9 +192,13 @@ class CheckpointCoordinator:
         self._pending: dict[int, _Pending] = {}
         self._finished_tasks: set[tuple[str, int]] = set()  # ended their data
         self._exited: set[tuple[str, int]] = set()
-        # An exited subtask's entry in later checkpoints: its last completed state.
-        self._carried: dict[tuple[str, int], dict[str, Any]] = {}
+        # Each subtask's entry in the last checkpoint it completed, and made from it
+        # once it is carried (an exited subtask's entry in later checkpoints).
+        self._last: dict[tuple[str, int], SubtaskMeta] = {}
+        self._carried: dict[tuple[str, int], SubtaskMeta] = {}
         vertices = self.graph.get("vertices", {})
+        # The graph as every checkpoint's metadata records it (none: kept as given).
+        self._vertices: dict[str, VertexInfo] = graph_from_json(self.graph) or {}
         # Per operator, its inputs: (upstream operator, whether subtask i reads only
         # upstream subtask i, a forward edge) ; every other edge reads every subtask.
         # A loop's feedback edge does not count: the head is where its loop's
@@ -376,7 +383,7 @@ class CheckpointCoordinator:
         for cid, p in list(self._pending.items()):
             if key not in p.expected or key in p.acks:
                 continue
-            if key not in self._carried:
+            if key not in self._last:
                 self._abort(cid, f"{key[0]}#{key[1]} finished before acknowledging")
                 continue
             p.expected.discard(key)
@@ -505,38 +512,40 @@ class CheckpointCoordinator:
         # subtask a checkpoint waited for last.
         metrics["acked_ms"] = (time.monotonic() - p.started) * 1000
         p.stats.subtasks[f"{ack.vertex_uid}#{ack.subtask}"] = metrics
-        if set(p.acks) >= p.expected:
+        # Counted first: comparing the sets at every acknowledgement made a checkpoint
+        # of T subtasks cost T^2 / 2 set insertions.
+        if len(p.acks) >= len(p.expected) and p.acks.keys() >= p.expected:
             self._complete(ack.checkpoint_id)
 
     def _complete(self, cid: int) -> None:
         p = self._pending.pop(cid)
         assert self.storage is not None
-        tasks: dict[str, Any] = {}
+        subtasks: dict[str, dict[int, SubtaskMeta]] = {}
         for (uid, subtask), ack in sorted(p.acks.items()):
-            entry = tasks.setdefault(uid, {"subtasks": {}})
-            entry["subtasks"][str(subtask)] = {
-                "operators": ack.operator_state,
-                "handles": ack.handles,
-                "keyed": ack.keyed,
-                "channel_state": ack.channel_state,
-                "metrics": ack.metrics,
-                "finished": ack.finished,
-            }
+            cs = ack.channel_state
+            subtasks.setdefault(uid, {})[subtask] = SubtaskMeta(
+                ack.operator_state,
+                ack.keyed,
+                ack.handles,
+                # The gates' maps stay encoded as the task sent them (GateStateHandle.entry).
+                ChannelStateMeta.from_json(cs) if cs else None,
+                ack.metrics,
+                ack.finished,
+            )
         # Exited subtasks keep the state of the last checkpoint they acknowledged (its
         # files stay, as references); everything they emitted is in the state of the
         # tasks behind them by now, so no channel state.
-        for (uid, subtask), carried in sorted(self._carried.items()):
-            if (uid, subtask) not in p.acks:
-                tasks.setdefault(uid, {"subtasks": {}})["subtasks"][str(subtask)] = carried
-        vertices = self.graph.get("vertices", {})
-        for uid, entry in tasks.items():
-            subs = entry["subtasks"]
-            entry["parallelism"] = vertices.get(uid, {}).get("parallelism", len(subs))
-            done = sum(1 for e in subs.values() if e.get("finished"))
-            entry["finished"] = (
-                "fully" if done == entry["parallelism"] else "partially" if done else "running"
-            )
-        if tasks and all(e["finished"] == "fully" for e in tasks.values()):
+        for key in sorted(self._last):
+            if key not in p.acks:
+                subtasks.setdefault(key[0], {})[key[1]] = self._carried_entry(key)
+        tasks: dict[str, OperatorMeta] = {}
+        for uid, subs in subtasks.items():
+            vertex = self._vertices.get(uid)
+            parallelism = vertex.parallelism if vertex is not None else len(subs)
+            done = sum(1 for e in subs.values() if e.finished)
+            finished = "fully" if done == parallelism else "partially" if done else "running"
+            tasks[uid] = OperatorMeta(subs, parallelism, finished)
+        if tasks and all(e.finished == "fully" for e in tasks.values()):
             p.stats.final = True  # every operator finished: the job's last checkpoint
         meta = new_metadata(
             job_name=self.job_name,
@@ -546,11 +555,11 @@ class CheckpointCoordinator:
             settings=self.settings,
             tasks=tasks,
             final=p.stats.final,
+            graph=self._vertices if self._vertices else None,
+            extra=None if self._vertices else {"graph": self.graph},
         )
-        meta["graph"] = self.graph
         # Checkpoints whose files this one references must outlive it (recovery.py).
-        meta["references"] = referenced_checkpoints(meta)
-        self._references[cid] = set(meta["references"])
+        self._references[cid] = set(meta.references)
         finalizing = time.monotonic()
         try:
             self.storage.write_metadata(cid, meta)
@@ -577,15 +586,9 @@ class CheckpointCoordinator:
         self._last_completed_at = time.monotonic()
         self._consecutive_failures = 0
         self.completed_ids.append(cid)
-        for key, ack in p.acks.items():  # what a subtask that exits after this leaves
-            self._carried[key] = {
-                "operators": ack.operator_state,
-                "handles": ack.handles,
-                "keyed": ack.keyed,
-                "channel_state": {},
-                "metrics": {},
-                "finished": ack.finished,
-            }
+        for key in p.acks:  # what a subtask that exits after this leaves
+            self._last[key] = meta.tasks[key[0]].subtasks[key[1]]
+            self._carried.pop(key, None)
         self._record(p.stats)
         self._retained.append(cid)
         while len(self._retained) > self.num_retained:
@@ -616,6 +619,17 @@ class CheckpointCoordinator:
         if p.stats.final:
             self._final_done = True
             self.on_final()
+
+    def _carried_entry(self, key: tuple[str, int]) -> SubtaskMeta:
+        """An exited subtask's entry: the state of the last checkpoint it completed
+        (whose files stay, as references); everything it emitted is in the state of
+        the tasks behind it by now, so no channel state, and no metrics."""
+        carried = self._carried.get(key)
+        if carried is None:
+            last = self._last[key]
+            carried = SubtaskMeta(last.operators, last.keyed, last.handles, finished=last.finished)
+            self._carried[key] = carried
+        return carried
 
     def _exported_ids(self) -> set[int]:
         """The checkpoints of savepoints whose export runs (finished ones dropped)."""
@@ -660,7 +674,7 @@ class CheckpointCoordinator:
         refs = self._references.get(cid)
         if refs is None and self.storage is not None:
             try:
-                refs = set(self.storage.read_metadata(cid).get("references", []))
+                refs = set(self.storage.read(cid).references)
             except (OSError, ValueError, SpilloverError):
                 refs = set()
             self._references[cid] = refs

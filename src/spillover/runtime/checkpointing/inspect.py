@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from spillover.errors import FormatError, SpilloverError, StorageError
+from spillover.errors import SpilloverError
 from spillover.rescale import KeepAll, KeyGroupFilter, PartitionerFilter, filter_from_dict
-from spillover.runtime.checkpointing.checkpoint_meta import ChannelStateMeta, CheckpointMetadata
-from spillover.runtime.checkpointing.metadata import METADATA_FILE, resolve_relative
+from spillover.runtime.checkpointing.checkpoint_meta import ChannelStateMeta
+from spillover.runtime.checkpointing.metadata import METADATA_FILE, load_checkpoint
 from spillover.storage.channel_index import resolve
 from spillover.storage.inspection import inspect_state_file
-from spillover.storage.location import Location
 
 
 def is_checkpoint_dir(path: str) -> bool:
@@ -45,17 +43,7 @@ def checkpoint_dirs(path: str) -> list[str]:
 def summarize(path: str, *, verify: bool = True) -> dict[str, Any]:
     """The metadata of one checkpoint plus, per subtask, its in-flight files read back
     and checked (every checksum when ``verify``)."""
-    meta_path = os.path.join(path, METADATA_FILE)
-    try:
-        with open(meta_path, "rb") as f:
-            raw = json.loads(f.read())
-    except OSError as e:
-        raise StorageError("cannot read checkpoint metadata", path=meta_path, errno=e.errno) from e
-    except ValueError as e:  # not JSON, or not UTF-8
-        raise FormatError("checkpoint metadata is not valid JSON", path=meta_path) from e
-    if isinstance(raw, dict):  # a savepoint names its files relative to its folder
-        raw = resolve_relative(raw, Location.parse(os.path.dirname(os.path.abspath(path))))
-    meta = CheckpointMetadata.from_json(raw, meta_path)
+    meta = load_checkpoint(os.path.abspath(path))
     subtasks = []
     total_inflight = total_state = 0
     problems = []

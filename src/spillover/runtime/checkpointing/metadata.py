@@ -8,25 +8,55 @@ Layout under ``state.checkpoints.dir``::
 The metadata is versioned JSON (``format``, ``version``): restore refuses other
 formats and newer versions, a different graph fingerprint, and a different max
 parallelism, each with a message that says why.
+
+Everywhere else it is one typed value, :class:`CheckpointMetadata`
+(``checkpoint_meta.py``); :class:`CheckpointStorage` is its one JSON boundary:
+``write_metadata`` moves the acknowledged gates' encoded channel maps into the
+channel index, copies a restored checkpoint's files in (NO_CLAIM), makes a
+savepoint's paths relative and encodes; ``read`` parses and checks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from spillover.errors import ConfigError, FormatError, StorageError
-from spillover.storage.channel_index import INDEX_ENTRY, INDEX_FILE
-from spillover.storage.handle import GateStateHandle
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    METADATA_FORMAT,
+    METADATA_VERSION,
+    CheckpointMetadata,
+    OperatorMeta,
+    VertexInfo,
+    check_metadata,
+)
+from spillover.storage.channel_index import INDEX_FILE
 from spillover.storage.location import Location, delete_tree
 
-METADATA_FORMAT = "spillover-checkpoint"
-METADATA_VERSION = 2  # 2: per-channel maps in the channel index (docs/format.md)
+__all__ = [
+    "METADATA_FILE",
+    "METADATA_FORMAT",
+    "METADATA_VERSION",
+    "CheckpointStorage",
+    "CompletedCheckpoint",
+    "check_metadata",
+    "copy_foreign_files",
+    "encode_metadata",
+    "load_checkpoint",
+    "new_metadata",
+    "read_checkpoint",
+    "referenced_checkpoints",
+    "referenced_uris",
+    "split_channel_index",
+]
+
 METADATA_FILE = "_metadata"
 
 
@@ -34,7 +64,7 @@ METADATA_FILE = "_metadata"
 class CompletedCheckpoint:
     checkpoint_id: int
     path: str
-    metadata: dict[str, Any] = field(repr=False)
+    metadata: CheckpointMetadata = field(repr=False)
 
 
 class CheckpointStorage:
@@ -71,29 +101,44 @@ class CheckpointStorage:
     # before its metadata is written, so that it is self-contained.
     copy_referenced_from: tuple[Location, ...] = ()
 
-    def write_metadata(self, checkpoint_id: int, metadata: dict[str, Any]) -> str:
-        """Publishes the checkpoint's metadata (its presence completes it); gates'
-        channel maps the tasks encoded go first into the checkpoint's channel index
-        beside it (:func:`split_channel_index`). After a NO_CLAIM restore, the files
-        it references in the restored checkpoint are copied into it first."""
+    def write_metadata(
+        self, checkpoint_id: int, metadata: CheckpointMetadata, *, relative: bool = False
+    ) -> str:
+        """Publishes the checkpoint's metadata (its presence completes it): the one
+        place it becomes JSON. Gates' channel maps as the tasks encoded them go first,
+        unchanged, into the checkpoint's channel index beside it
+        (:func:`split_channel_index`). After a NO_CLAIM restore, the files it
+        references in the restored checkpoint are copied into it first. ``relative``
+        (a savepoint): files inside this job's folder are named relative to it."""
+        moved: dict[str, str] = {}
         if self.copy_referenced_from:
             into = self.location.child(f"chk-{checkpoint_id}")
             moved = copy_foreign_files(metadata, self.location, into, self.copy_referenced_from)
             if moved:
-                metadata = _map_strings(metadata, lambda v: moved.get(v, v))
-                metadata["references"] = referenced_checkpoints(metadata, self.location.prefix)
-        metadata, entries = split_channel_index(metadata)
+                refs = referenced_checkpoints(metadata, self.location.prefix, moved)
+                metadata = dataclasses.replace(metadata, references=tuple(refs))
+        index = self.location.child(f"chk-{checkpoint_id}", INDEX_FILE)
+        d, entries = split_channel_index(metadata, index.uri)
         if entries:
-            index = self.location.child(f"chk-{checkpoint_id}", INDEX_FILE)
-            data = b"".join(entries)
-            index.publish(data, fsync=self.fsync, what="channel index")
-            metadata["channel_index"] = {"uri": index.uri, "size": len(data)}
-        data = encode_metadata(metadata)
+            index.publish(entries, fsync=self.fsync, what="channel index")
+        if moved:
+            d = _map_strings(d, lambda v: moved.get(v, v))
+        if relative:
+            d = relativize(d, self.location)
+        data = encode_metadata(d)
         target = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
         target.publish(data, fsync=self.fsync, what="checkpoint metadata")
         return target.path
 
+    def read(self, checkpoint_id: int) -> CheckpointMetadata:
+        """Checkpoint ``checkpoint_id``'s metadata; :class:`FormatError` naming its file
+        when it is damaged, foreign or of a newer version."""
+        location = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
+        return CheckpointMetadata.from_json(self.read_metadata(checkpoint_id), location.path)
+
     def read_metadata(self, checkpoint_id: int) -> dict[str, Any]:
+        """The metadata file's JSON, checked and with relative paths resolved: for
+        tools and tests that look at the file itself (everything else :meth:`read`)."""
         location = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
         raw = location.read_bytes("checkpoint metadata")
         target = location.path
@@ -131,7 +176,7 @@ class CheckpointStorage:
         if not ids:
             return None
         cid = ids[-1]
-        return CompletedCheckpoint(cid, self._path(cid), self.read_metadata(cid))
+        return CompletedCheckpoint(cid, self._path(cid), self.read(cid))
 
     def delete(self, checkpoint_id: int) -> None:
         """Removes a checkpoint directory (subsumed or aborted); missing is fine, a
@@ -144,7 +189,7 @@ class CheckpointStorage:
         references included, with its metadata rewritten to point there. It is
         self-contained: no retention or later run deletes it, and it restores at any
         parallelism like the checkpoint. Returns its ``chk-<id>`` directory."""
-        meta = self.read_metadata(checkpoint_id)
+        meta = self.read(checkpoint_id)
         dst = Location.parse(target)
         if dst.local != self.local:
             raise ConfigError(
@@ -202,10 +247,13 @@ class CheckpointStorage:
                 return new_prefix + path + (f"?{dst.query}" if dst.query else "")
             return value
 
-        saved = relativize(_map_strings(meta, rewrite), dst)
-        saved["references"] = own_refs
-        saved["savepoint"] = {"from": self._path(checkpoint_id)}
-        CheckpointStorage(dst.parent.uri, dst.name, fsync=True).write_metadata(checkpoint_id, saved)
+        saved = dataclasses.replace(
+            map_uris(meta, rewrite),
+            references=tuple(own_refs),
+            savepoint_from=self._path(checkpoint_id),
+        )
+        savepoints = CheckpointStorage(dst.parent.uri, dst.name, fsync=True)
+        savepoints.write_metadata(checkpoint_id, saved, relative=True)
         return dst.child(f"chk-{checkpoint_id}").uri
 
 
@@ -225,50 +273,30 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def read_checkpoint(path: str) -> dict[str, Any]:
-    """The metadata of the checkpoint or savepoint at ``path`` (its ``chk-<id>``
-    directory)."""
+def _storage_of(path: str) -> tuple[CheckpointStorage, int]:
     chk = Location.parse(path)
     # The id as written (no leading zeros, ASCII digits): chk-01 is not chk-1's directory.
     if not re.fullmatch(r"chk-(0|[1-9][0-9]*)", chk.name) or "\0" in path:
         raise ConfigError(f"not a checkpoint directory: {path!r}", hint="give .../chk-<id>")
     job = chk.parent
-    return CheckpointStorage(job.parent.uri, job.name).read_metadata(int(chk.name[4:]))
+    return CheckpointStorage(job.parent.uri, job.name), int(chk.name[4:])
+
+
+def load_checkpoint(path: str) -> CheckpointMetadata:
+    """The metadata of the checkpoint or savepoint at ``path`` (its ``chk-<id>``
+    directory)."""
+    storage, cid = _storage_of(path)
+    return storage.read(cid)
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """The metadata file's JSON of the checkpoint or savepoint at ``path`` (for tools
+    and tests that look at the file; everything else :func:`load_checkpoint`)."""
+    storage, cid = _storage_of(path)
+    return storage.read_metadata(cid)
 
 
 _CHK_PART = re.compile(r"/chk-(\d+)/")
-
-
-def check_metadata(meta: Any, path: str) -> None:
-    if not isinstance(meta, dict) or meta.get("format") != METADATA_FORMAT:
-        raise FormatError("not spillover checkpoint metadata", path=path)
-    version = meta.get("version")
-    # Version 1 (every gate's channel maps inline) is read as ever.
-    if not isinstance(version, int) or version > METADATA_VERSION or version < 1:
-        raise FormatError(
-            "unsupported checkpoint metadata version",
-            path=path,
-            detail=f"found {version!r}, this version reads up to {METADATA_VERSION}",
-            hint="restore with the spillover version that wrote it, or newer",
-        )
-
-
-def check_compatible(meta: dict[str, Any], fingerprint: str, max_parallelism: int) -> None:
-    """Refuses to restore a checkpoint into a job it cannot belong to."""
-    settings = meta.get("settings", {})
-    if settings.get("max-parallelism") != max_parallelism:
-        raise ConfigError(
-            "max parallelism changed",
-            detail=f"checkpoint {meta['checkpoint_id']} was taken with "
-            f"{settings.get('max-parallelism')}, the job has {max_parallelism}",
-            hint="keep pipeline.max-parallelism unchanged across restores",
-        )
-    if meta.get("graph_fingerprint") != fingerprint:
-        raise ConfigError(
-            "the job graph changed since the checkpoint",
-            detail=f"checkpoint graph {meta.get('graph_fingerprint')}, job graph {fingerprint}",
-            hint="restore into the same topology, uids and parallelism (rescaling comes later)",
-        )
 
 
 def new_metadata(
@@ -277,116 +305,117 @@ def new_metadata(
     checkpoint_id: int,
     trigger_ms: int,
     fingerprint: str,
-    settings: dict[str, Any],
-    tasks: dict[str, Any],
+    settings: Mapping[str, Any],
+    tasks: Mapping[str, OperatorMeta],
     final: bool,
-) -> dict[str, Any]:
-    return {
-        "format": METADATA_FORMAT,
-        "version": METADATA_VERSION,
-        "job": job_name,
-        "checkpoint_id": checkpoint_id,
-        "trigger_ms": trigger_ms,
-        "completed_ms": int(time.time() * 1000),
-        "graph_fingerprint": fingerprint,
-        "settings": settings,
-        "final": final,
-        "tasks": tasks,
-    }
+    graph: Mapping[str, VertexInfo] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> CheckpointMetadata:
+    """A checkpoint completed now, at the current metadata version; its
+    ``references`` are those its subtasks' files point into
+    (:func:`referenced_checkpoints`)."""
+    meta = CheckpointMetadata(
+        version=METADATA_VERSION,
+        job=job_name,
+        checkpoint_id=checkpoint_id,
+        trigger_ms=trigger_ms,
+        completed_ms=int(time.time() * 1000),
+        graph_fingerprint=fingerprint,
+        settings=settings,
+        final=final,
+        tasks=tasks,
+        graph=graph,
+        extra=extra or {},
+    )
+    return dataclasses.replace(meta, references=tuple(referenced_checkpoints(meta)))
 
 
-def split_channel_index(meta: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
-    """The metadata with every gate's encoded channel maps (``index_entry``, as
-    ``channel_state.gate_entry`` gives them) replaced by ``"index": [offset, length]``
-    into the concatenation of those entries, and the entries in that order. Only the
-    dicts on the way to such a gate are copied; the input is left as it was."""
+def split_channel_index(meta: CheckpointMetadata, index_uri: str) -> tuple[dict[str, Any], bytes]:
+    """The metadata's JSON with every acknowledged gate's encoded channel maps
+    (``GateStateHandle.entry``, as ``channel_state.gate_entry`` gives them) named as
+    ``"index": [offset, length]`` into the channel index ``index_uri``, and that
+    index's bytes: the entries, unchanged, one after another (empty: no gate carried
+    one, and the JSON names no index). References name whole handles, maps inline,
+    as ever. Nothing is decoded."""
+    if meta.channel_index is not None:  # its gates name the index it has already
+        return meta.to_json(), b""
     entries: list[bytes] = []
     at = 0
-    tasks: dict[str, Any] = {}
-    for uid, entry in (meta.get("tasks") or {}).items():
-        subtasks: dict[str, Any] = {}
-        for sub, st in (entry.get("subtasks") or {}).items():
-            cs = st.get("channel_state") or {}
-            sides: dict[str, Any] = {}
-            for side in ("input", "output"):
-                gates = cs.get(side) or []
-                if any(INDEX_ENTRY in g for g in gates):
-                    moved = []
-                    for g in gates:
-                        if INDEX_ENTRY in g:
-                            g = dict(g)
-                            raw = g.pop(INDEX_ENTRY)
-                            g["index"] = [at, len(raw)]
-                            entries.append(raw)
-                            at += len(raw)
-                        moved.append(g)
-                    sides[side] = moved
-            refs = cs.get("references") or []
-            if any(INDEX_ENTRY in p["handle"] for r in refs for p in r["pieces"]):
-                # A reference names a whole handle, maps inline, as ever.
-                sides["references"] = [
-                    {**r, "pieces": [{**p, "handle": _inline(p["handle"])} for p in r["pieces"]]}
-                    for r in refs
-                ]
-            subtasks[sub] = {**st, "channel_state": {**cs, **sides}} if sides else st
-        tasks[uid] = {**entry, "subtasks": subtasks}
-    if not entries:
-        return meta, []
-    return {**meta, "tasks": tasks}, entries
+
+    def place(entry: bytes) -> int:
+        nonlocal at
+        offset = at
+        entries.append(entry)
+        at += len(entry)
+        return offset
+
+    d = meta.to_json(index_uri, place)
+    if entries:
+        d["channel_index"] = {"uri": index_uri, "size": at}
+    return d, b"".join(entries)
 
 
-def _inline(handle: dict[str, Any]) -> dict[str, Any]:
-    return GateStateHandle.from_dict(handle).to_dict() if INDEX_ENTRY in handle else handle
-
-
-def referenced_checkpoints(meta: dict[str, Any], root: str | None = None) -> list[int]:
+def referenced_checkpoints(
+    meta: CheckpointMetadata, root: str | None = None, moved: Mapping[str, str] | None = None
+) -> list[int]:
     """Ids of the other checkpoints whose state files this one points into: its
     channel-state references (recovered data it had not replayed when it was taken)
     and the state of subtasks that had exited before it (FLIP-147). With ``root``
     (a job's checkpoint folder, its ``Location.prefix``) only those in it: a file of
-    a restored savepoint elsewhere is no checkpoint of the job's."""
-    own = int(meta.get("checkpoint_id", -1))
+    a restored savepoint elsewhere is no checkpoint of the job's. ``moved``: files
+    copied elsewhere (:func:`copy_foreign_files`), counted where they are now."""
+    own = meta.checkpoint_id
     found: set[int] = set()
-
-    def add(uri: str) -> None:
+    for uri in referenced_uris(meta):
+        if moved is not None:
+            uri = moved.get(uri, uri)
         if root is not None and not uri.startswith(root + "/chk-"):
-            return
+            continue
         m = _CHK_PART.search(uri, len(root) if root is not None else 0)
         if m is not None and int(m.group(1)) != own:
             found.add(int(m.group(1)))
-
-    for uri in _referenced_uris(meta):
-        add(uri)
     return sorted(found)
 
 
-def _referenced_uris(meta: dict[str, Any]) -> list[str]:
+def referenced_uris(meta: CheckpointMetadata) -> list[str]:
     """Every file URI a checkpoint's references and exited subtasks' state name
     (those :func:`referenced_checkpoints` reads), in order, once each."""
     found: dict[str, None] = {}
-
-    def walk(value: Any) -> None:
-        if isinstance(value, str):
-            if _CHK_PART.search(value):
-                found.setdefault(value)
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
-
-    for entry in (meta.get("tasks") or {}).values():
-        for st in (entry.get("subtasks") or {}).values():
-            for ref in (st.get("channel_state") or {}).get("references", []):
-                for piece in ref["pieces"]:
-                    walk(piece["handle"]["uri"])
-            walk([st.get("keyed"), st.get("handles")])
+    for op in meta.tasks.values():
+        for st in op.subtasks.values():
+            cs = st.channel_state
+            if cs is not None:
+                for ref in cs.references:
+                    for piece in ref.pieces:
+                        _add_uri(piece.handle.uri, found)
+            _add_uris(st.keyed, found)
+            _add_uris(st.handles, found)
     return list(found)
 
 
+def _add_uri(value: str, found: dict[str, None]) -> None:
+    if "/chk-" in value and _CHK_PART.search(value):
+        found.setdefault(value)
+
+
+def _add_uris(value: Any, found: dict[str, None]) -> None:
+    """Adds the URIs among the strings of ``value`` (JSON: an opaque state handle),
+    depth first, in order."""
+    if type(value) is str:
+        _add_uri(value, found)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _add_uris(v, found)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _add_uris(v, found)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            _add_uris(v, found)
+
+
 def copy_foreign_files(
-    meta: dict[str, Any], root: Location, into: Location, also: tuple[Location, ...] = ()
+    meta: CheckpointMetadata, root: Location, into: Location, also: tuple[Location, ...] = ()
 ) -> dict[str, str]:
     """Copies the files checkpoint ``meta`` references outside the job's checkpoint
     folder ``root`` (in a savepoint it was restored from), or inside any folder of
@@ -394,7 +423,7 @@ def copy_foreign_files(
     moved: dict[str, str] = {}
     uris = [
         u
-        for u in _referenced_uris(meta)
+        for u in referenced_uris(meta)
         if not _under(u, root, "chk-") or any(_under(u, folder) for folder in also)
     ]
     for n, uri in enumerate(uris):
@@ -439,8 +468,8 @@ RELATIVE_PATHS = "relative_paths"
 
 
 def relativize(meta: dict[str, Any], folder: Location) -> dict[str, Any]:
-    """``meta`` with every URI inside ``folder`` (the savepoint's, the one holding its
-    ``chk-<id>``) relative to it."""
+    """The metadata's JSON ``meta`` with every URI inside ``folder`` (the savepoint's,
+    the one holding its ``chk-<id>``) relative to it."""
     prefix = folder.prefix + "/"
 
     def rel(value: str) -> str:
@@ -454,8 +483,9 @@ def relativize(meta: dict[str, Any], folder: Location) -> dict[str, Any]:
 
 
 def resolve_relative(meta: dict[str, Any], folder: Location) -> dict[str, Any]:
-    """``meta`` as read from ``folder`` (the one holding its ``chk-<id>``): relative
-    URIs made absolute there. Metadata with absolute URIs is returned as it is."""
+    """The metadata's JSON ``meta`` as read from ``folder`` (the one holding its
+    ``chk-<id>``): relative URIs made absolute there. Metadata with absolute URIs is
+    returned as it is."""
     if not meta.pop(RELATIVE_PATHS, False):
         return meta
 
@@ -468,7 +498,15 @@ def resolve_relative(meta: dict[str, Any], folder: Location) -> dict[str, Any]:
     return out
 
 
-def _map_strings(value: Any, f: Any) -> Any:
+def map_uris(meta: CheckpointMetadata, f: Callable[[str], str]) -> CheckpointMetadata:
+    """``meta`` with ``f`` applied to every string its JSON holds (URIs among them),
+    keys aside: through its JSON, so nothing it holds is missed (a relocation, not on
+    any checkpoint's path). Only metadata as read (its maps in an index or inline)."""
+    d = _map_strings(meta.to_json(), f)
+    return CheckpointMetadata.from_json(d)
+
+
+def _map_strings(value: Any, f: Callable[[str], str]) -> Any:
     """``value`` (JSON) with ``f`` applied to every string in it, keys aside."""
     if isinstance(value, str):
         return f(value)

@@ -29,6 +29,7 @@ from typing import Any
 
 from spillover.keygroups import key_group_range_for_operator
 from spillover.runtime.checkpointing.channel_state import gate_entry
+from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.messages import (
     Ack,
@@ -206,10 +207,12 @@ class TimedStorage(CheckpointStorage):
 
     write_s = 0.0
 
-    def write_metadata(self, checkpoint_id: int, metadata: dict[str, Any]) -> str:
+    def write_metadata(
+        self, checkpoint_id: int, metadata: CheckpointMetadata, *, relative: bool = False
+    ) -> str:
         t = time.perf_counter()
         try:
-            return super().write_metadata(checkpoint_id, metadata)
+            return super().write_metadata(checkpoint_id, metadata, relative=relative)
         finally:
             self.write_s = time.perf_counter() - t
 

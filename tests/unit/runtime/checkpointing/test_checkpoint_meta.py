@@ -25,7 +25,6 @@ from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
     new_metadata,
     read_checkpoint,
-    referenced_checkpoints,
 )
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
@@ -58,19 +57,21 @@ def _written(tmp_path: Path) -> dict:  # type: ignore[type-arg]
         fingerprint=g.fingerprint(),
         settings={"max-parallelism": 128, "codec": "none"},
         tasks={
-            "m": {
-                "subtasks": {
-                    "0": {**entry, "channel_state": cs, "finished": False},
-                    "1": {**entry, "channel_state": {}, "finished": True},  # exited
-                },
-                "parallelism": 2,
-                "finished": "partially",
-            }
+            "m": OperatorMeta.from_json(
+                {
+                    "subtasks": {
+                        "0": {**entry, "channel_state": cs, "finished": False},
+                        "1": {**entry, "channel_state": {}, "finished": True},  # exited
+                    },
+                    "parallelism": 2,
+                    "finished": "partially",
+                }
+            )
         },
         final=False,
+        graph=vertex_infos(g),
     )
-    meta["graph"] = graph_info(g)
-    meta["references"] = referenced_checkpoints(meta)
+    assert meta.references == (1,)  # the reference's file is checkpoint 1's
     storage.write_metadata(2, meta)
     return read_checkpoint(storage.checkpoint_dir(2))
 

@@ -19,15 +19,33 @@ from spillover.runtime.checkpointing.messages import (
     NotifyComplete,
     TriggerCheckpoint,
 )
-from spillover.runtime.checkpointing.metadata import CheckpointStorage, referenced_checkpoints
+from spillover.runtime.checkpointing.metadata import CheckpointStorage
 
 # a -> b -> d and c -> d: two sources, d has two inputs.
+
+
+def _vertex(parallelism: int, *sources: str, kind: str = "rebalance") -> dict[str, Any]:
+    """A vertex as the checkpoint's graph records it (``VertexInfo.to_json``)."""
+    inputs = [
+        {
+            "source": s,
+            "kind": kind,
+            "input_index": i,
+            "key_field": None,
+            "key_offset": None,
+            "partition": 0,
+        }
+        for i, s in enumerate(sources)
+    ]
+    return {"parallelism": parallelism, "nodes": [], "inputs": inputs, "outputs": []}
+
+
 GRAPH = {
     "vertices": {
-        "a": {"parallelism": 2, "inputs": []},
-        "b": {"parallelism": 2, "inputs": [{"source": "a"}]},
-        "c": {"parallelism": 1, "inputs": []},
-        "d": {"parallelism": 2, "inputs": [{"source": "b"}, {"source": "c"}]},
+        "a": _vertex(2),
+        "b": _vertex(2, "a"),
+        "c": _vertex(1),
+        "d": _vertex(2, "b", "c"),
     }
 }
 TASKS = [(uid, i) for uid, v in GRAPH["vertices"].items() for i in range(v["parallelism"])]
@@ -165,8 +183,8 @@ def test_behind_a_forward_edge_a_subtask_is_a_root_once_its_own_upstream_exited(
     exited, no barrier can reach subtask i, even while other upstream subtasks run."""
     graph = {
         "vertices": {
-            "a": {"parallelism": 2, "inputs": []},
-            "e": {"parallelism": 2, "inputs": [{"source": "a", "kind": "forward"}]},
+            "a": _vertex(2),
+            "e": _vertex(2, "a", kind="forward"),
         }
     }
     h = Harness(tmp_path, graph)
@@ -238,7 +256,7 @@ def test_metadata_records_finished_subtasks_and_operators(h: Harness) -> None:
     # checkpoint's files are kept for it.
     assert a0["finished"] and a0["operators"] == {"a": {"n": 0}} and a0["channel_state"] == {}
     assert f"chk-{first}/" in a0["keyed"]["a"]["uri"]
-    assert referenced_checkpoints(meta) == [first]
+    assert meta["references"] == [first] and h.storage.read(second).references == (first,)
     assert meta["tasks"]["a"]["parallelism"] == 2 and not meta["final"]
 
 

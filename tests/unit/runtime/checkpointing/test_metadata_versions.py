@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 
 from spillover.errors import CorruptIndexError, FormatError
 from spillover.runtime.checkpointing.channel_state import gate_entry
-from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    CheckpointMetadata,
+    OperatorMeta,
+    SubtaskMeta,
+)
 from spillover.runtime.checkpointing.metadata import (
     METADATA_VERSION,
     CheckpointStorage,
@@ -172,26 +177,23 @@ def test_moving_maps_into_the_index_and_back_loses_nothing(
 ) -> None:
     """Whatever gates the acks hold, encoded (as tasks send them) or inline, the
     metadata and its index give every handle back exactly."""
+    index = tmp_path / f"index-{uuid.uuid4().hex}"
     tasks = {
-        "op": {
-            "subtasks": {
-                str(i): {
-                    "channel_state": {
-                        "input": [gate_entry(h) if encoded[i] else h.to_dict() for h in gates],
-                        "output": [],
-                        "bytes": 0,
-                    }
-                }
+        "op": OperatorMeta(
+            {
+                i: SubtaskMeta(
+                    channel_state=ChannelStateMeta.from_json(
+                        {"input": [gate_entry(h) if encoded[i] else h.to_dict() for h in gates]}
+                    )
+                )
                 for i, gates in enumerate(subtasks)
             }
-        }
+        )
     }
-    meta = {"format": "spillover-checkpoint", "version": 2, "checkpoint_id": 1, "tasks": tasks}
-    written, entries = split_channel_index(meta)
-    assert "index_entry" not in _keys(written)
-    index = tmp_path / f"index-{uuid.uuid4().hex}"
-    index.write_bytes(b"".join(entries))
-    written["channel_index"] = {"uri": str(index), "size": index.stat().st_size}
+    meta = CheckpointMetadata(2, "j", 1, 0, 0, "f", {}, False, tasks)
+    written, data = split_channel_index(meta, str(index))
+    assert "index_entry" not in _keys(written) and "entry" not in _keys(written)
+    index.write_bytes(data)
     back = CheckpointMetadata.from_json(json.loads(json.dumps(written)))
     for i, gates in enumerate(subtasks):
         cs = back.operator("op").subtask(i).channel_state

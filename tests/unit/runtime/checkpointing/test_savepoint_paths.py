@@ -13,6 +13,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spillover.rescale import Piece, Reference
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    OperatorMeta,
+    SubtaskMeta,
+)
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
     new_metadata,
@@ -20,6 +26,7 @@ from spillover.runtime.checkpointing.metadata import (
     relativize,
     resolve_relative,
 )
+from spillover.storage.handle import GateKind, GateStateHandle
 from spillover.storage.location import Location
 
 
@@ -29,25 +36,24 @@ def _file(path: Path, data: bytes) -> str:
     return str(path)
 
 
-def _reference(uri: str) -> dict[str, Any]:
-    return {"pieces": [{"handle": {"uri": uri, "gate_id": 0}, "channel": 0, "skip": 0}]}
+def _handle(uri: str) -> GateStateHandle:
+    return GateStateHandle(uri, 0, GateKind.INPUT, 0, 0, "f", 4, 0, 0, 0)
 
 
 def _checkpoint(storage: CheckpointStorage, cid: int, own: str, refs: list[str]) -> None:
     """Checkpoint ``cid`` with one own input file and references to ``refs``."""
-    channel_state = {
-        "input": [{"uri": own, "gate_id": 0}],
-        "output": [],
-        "bytes": 4,
-        "references": [_reference(r) for r in refs],
-    }
+    channel_state = ChannelStateMeta(
+        input=(_handle(own),),
+        bytes=4,
+        references=tuple(Reference(0, 0, (Piece(_handle(r), 0),)) for r in refs),
+    )
     meta = new_metadata(
         job_name="j",
         checkpoint_id=cid,
         trigger_ms=1,
         fingerprint="f",
         settings={"max-parallelism": 128},
-        tasks={"m": {"parallelism": 1, "subtasks": {"0": {"channel_state": channel_state}}}},
+        tasks={"m": OperatorMeta({0: SubtaskMeta(channel_state=channel_state)}, 1)},
         final=False,
     )
     storage.write_metadata(cid, meta)
@@ -55,7 +61,8 @@ def _checkpoint(storage: CheckpointStorage, cid: int, own: str, refs: list[str])
 
 def _uris(meta: dict[str, Any]) -> list[str]:
     cs = meta["tasks"]["m"]["subtasks"]["0"]["channel_state"]
-    return [cs["input"][0]["uri"]] + [r["pieces"][0]["handle"]["uri"] for r in cs["references"]]
+    refs = cs.get("references", [])
+    return [cs["input"][0]["uri"]] + [r["pieces"][0]["handle"]["uri"] for r in refs]
 
 
 def test_references_into_a_restored_savepoint_are_exported_with_it(tmp_path: Path) -> None:

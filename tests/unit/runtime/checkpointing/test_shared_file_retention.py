@@ -3,40 +3,45 @@ keep that checkpoint, and a savepoint copies it with handles that still read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from spillover.rescale import Piece, Reference
 from spillover.runtime.checkpointing.channel_state import channel_state_groups, open_channel_state
-from spillover.runtime.checkpointing.checkpoint_meta import CheckpointMetadata
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    CheckpointMetadata,
+    OperatorMeta,
+    SubtaskMeta,
+)
 from spillover.runtime.checkpointing.metadata import (
     CheckpointStorage,
     new_metadata,
     read_checkpoint,
-    referenced_checkpoints,
 )
 from spillover.storage import open_retriever
 from spillover.storage.channel_index import resolve
 
 
-def _checkpoint(storage: CheckpointStorage, cid: int, references: list[dict]) -> dict:  # type: ignore[type-arg]
+def _checkpoint(
+    storage: CheckpointStorage, cid: int, references: list[Reference]
+) -> CheckpointMetadata:
     groups = channel_state_groups([("a", 0), ("a", 1)], 5, storage.checkpoint_dir)
     subtasks = {}
     for i in range(2):
         w = open_channel_state(storage.subtask_dir, cid, "a", i, None, groups[("a", i)])
         w.add_input(0, 0, b"chk-%d-subtask-%d" % (cid, i))
-        cs = w.close()
-        if references:
-            cs["references"] = references
-        subtasks[str(i)] = {"channel_state": cs}
+        cs = ChannelStateMeta.from_json(w.close())
+        subtasks[i] = SubtaskMeta(channel_state=replace(cs, references=tuple(references)))
     meta = new_metadata(
         job_name="j",
         checkpoint_id=cid,
         trigger_ms=0,
         fingerprint="f",
         settings={},
-        tasks={"a": {"subtasks": subtasks}},
+        tasks={"a": OperatorMeta(subtasks)},
         final=False,
     )
-    meta["references"] = referenced_checkpoints(meta)
     storage.write_metadata(cid, meta)
     return meta
 
@@ -44,11 +49,12 @@ def _checkpoint(storage: CheckpointStorage, cid: int, references: list[dict]) ->
 def test_a_reference_into_a_shared_file_keeps_its_checkpoint(tmp_path: Path) -> None:
     storage = CheckpointStorage(str(tmp_path), "j")
     one = _checkpoint(storage, 1, [])
-    handle = one["tasks"]["a"]["subtasks"]["1"]["channel_state"]["input"][0]
-    assert handle["offset"] > 0  # the second section of chk-1's shared file
-    piece = {"handle": handle, "channel": 0, "skip": 0}
-    two = _checkpoint(storage, 2, [{"gate": 0, "channel": 0, "pieces": [piece]}])
-    assert two["references"] == [1]
+    cs = one.operator("a").subtask(1).channel_state
+    assert cs is not None
+    handle = resolve(cs.input[0])
+    assert handle.offset  # the second section of chk-1's shared file
+    two = _checkpoint(storage, 2, [Reference(0, 0, (Piece(handle, 0),))])
+    assert two.references == (1,)
 
 
 def test_a_savepoint_copies_shared_files_and_its_handles_read(tmp_path: Path) -> None:

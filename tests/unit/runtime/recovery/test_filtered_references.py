@@ -37,6 +37,12 @@ from spillover.rescale import (
     compose,
     filter_retriever,
 )
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    CheckpointMetadata,
+    OperatorMeta,
+    SubtaskMeta,
+)
 from spillover.runtime.checkpointing.metadata import referenced_checkpoints
 from spillover.runtime.recovery.replay import StreamRecovery
 
@@ -209,12 +215,13 @@ def test_a_reference_to_another_partitioner_is_refused(tmp_path: Path) -> None:
 
 def test_filtered_references_keep_their_checkpoints() -> None:
     """Retention: the checkpoints a filtered reference points into are listed."""
-    piece = {"handle": {"uri": "/x/job/chk-3/src/0/channels"}, "channel": 0, "skip": 0}
-    ref = {"gate": 0, "channel": 0, "pieces": [piece], "filter": {"kind": "none"}}
-    meta = {
-        "checkpoint_id": 5,
-        "tasks": {"t": {"subtasks": {"0": {"channel_state": {"references": [ref]}}}}},
-    }
+    uri = "/x/job/chk-3/src/0/channels"
+    piece = Piece(
+        spillover.GateStateHandle(uri, 0, spillover.GateKind.INPUT, 3, 0, "f", 64, 0, 0, 0), 0
+    )
+    cs = ChannelStateMeta(references=(Reference(0, 0, (piece,), KeepAll()),))
+    op = OperatorMeta({0: SubtaskMeta(channel_state=cs)})
+    meta = CheckpointMetadata(2, "j", 5, 0, 0, "f", {}, False, {"t": op})
     assert referenced_checkpoints(meta) == [3]
 
 

@@ -22,6 +22,12 @@ from spillover.errors import CorruptFrameError, CorruptHeaderError, ForeignFileE
 from spillover.keygroups import KeyGroupRange
 from spillover.records import RecordReader, RecordWriter
 from spillover.rescale import FilteringRetriever, Piece, RecordStream, Reference
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    CheckpointMetadata,
+    OperatorMeta,
+    SubtaskMeta,
+)
 from spillover.runtime.checkpointing.metadata import referenced_checkpoints
 from spillover.runtime.recovery.replay import InputRecovery
 
@@ -243,21 +249,13 @@ def test_missing_frames_are_one_error_for_both_replays(tmp_path: Path) -> None:
 
 
 def test_metadata_lists_the_checkpoints_it_references() -> None:
-    piece = {"handle": {"uri": "/ck/job/chk-4/op-0/channels/in-00000.spill"}, "channel": 0}
-    meta = {
-        "checkpoint_id": 9,
-        "tasks": {
-            "op": {
-                "subtasks": {
-                    "0": {
-                        "channel_state": {
-                            "references": [{"gate": 0, "channel": 0, "pieces": [piece, piece]}]
-                        }
-                    }
-                }
-            }
-        },
-    }
+    uri = "/ck/job/chk-4/op-0/channels/in-00000.spill"
+    piece = Piece(
+        spillover.GateStateHandle(uri, 0, spillover.GateKind.INPUT, 4, 0, "f", 64, 0, 0, 0), 0
+    )
+    cs = ChannelStateMeta(references=(Reference(0, 0, (piece, piece)),))
+    op = OperatorMeta({0: SubtaskMeta(channel_state=cs)})
+    meta = CheckpointMetadata(2, "j", 9, 0, 0, "f", {}, False, {"op": op})
     assert referenced_checkpoints(meta) == [4]
 
 
