@@ -2,12 +2,13 @@
 """Files per checkpoint on a Spark standalone cluster: a master and W workers started
 from the pyspark distribution on loopback, ``spillover verify``'s keyed pipeline at
 parallelism 8 with unaligned checkpoints and an induced failure on it, once per
-``taskmanager.numberOfTaskSlots`` k given, exactness checked against a failure-free
-local run; per checkpoint, the channel-state files it wrote against the worker
-processes (Spark tasks) that wrote them.
+``taskmanager.numberOfTaskSlots`` k and group size N
+(``max-subtasks-per-channel-state-file``) given, exactness checked against a
+failure-free local run; per checkpoint, the channel-state files it wrote against
+the worker processes (Spark tasks) that wrote them.
 
-    PYTHONPATH=src .venv/bin/python bench/spark_cluster.py              # W = 4, k = 1 2
-    PYTHONPATH=src .venv/bin/python bench/spark_cluster.py --slots 2 --json out.json
+    PYTHONPATH=src .venv/bin/python bench/spark_cluster.py      # W = 4; k:N = 1:5 2:5 2:6
+    PYTHONPATH=src .venv/bin/python bench/spark_cluster.py --runs 2:6 --json out.json
 
 The master and workers run in the foreground of this process's children
 (``spark-class ...Master`` / ``...Worker``, what ``sbin/start-master.sh`` and
@@ -113,9 +114,10 @@ def channel_files(checkpoints: Path) -> dict[int, int]:
 
 
 def measure(
-    master: str, workdir: str, slots: int, parallelism: int, failures: int
+    master: str, workdir: str, slots: int, per_file: int, parallelism: int, failures: int
 ) -> dict[str, Any]:
-    """One verified run at ``slots`` subtasks of each operator per Spark task."""
+    """One verified run at ``slots`` subtasks of each operator per Spark task, groups
+    of ``per_file`` subtasks a channel-state file."""
     from spillover.verify import VerifySpec, verify
     from spillover.verify.topologies import build
 
@@ -130,7 +132,7 @@ def measure(
         executor="spark",
         master=master,
         num_retained=1000,  # keep every checkpoint to count its files
-        options={SLOTS: slots},
+        options={SLOTS: slots, PER_FILE: per_file},
     )
     graph = build(spec, os.path.join(workdir, "probe"), "probe").build()
     tasks = -(-max(v.parallelism for v in graph.vertices) // slots)
@@ -144,7 +146,7 @@ def measure(
         "operators": operators,
         "worker_processes": tasks,
         "subtasks_per_process": slots * operators,
-        "per_file": 5,  # the default group size
+        "per_file": per_file,
         "exact": report.exact,
         "attempts": report.attempts,
         "checkpoints": len(files),
@@ -159,14 +161,15 @@ def measure(
 
 def table(rows: list[dict[str, Any]], workers: int) -> str:
     head = (
-        "| k | Spark workers | worker processes | subtasks a process | checkpoints (with "
+        "| k | N | Spark workers | worker processes | subtasks a process | checkpoints (with "
         "in-flight data) | channel-state files per checkpoint, min / median / max | exact |\n"
-        "|---:|---:|---:|---:|---:|---:|---|"
+        "|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
     for r in rows:
         lines.append(
-            f"| {r['slots']} | {workers} | {r['worker_processes']} | {r['subtasks_per_process']} "
+            f"| {r['slots']} | {r['per_file']} | {workers} | {r['worker_processes']} "
+            f"| {r['subtasks_per_process']} "
             f"| {r['checkpoints']} ({r['checkpoints_with_data']}) "
             f"| {r['files_min']} / {r['files_median']:g} / {r['files_max']} "
             f"| {'yes' if r['exact'] else 'NO'} ({r['attempts']} attempts) |"
@@ -178,7 +181,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=4, help="Spark workers (W)")
     ap.add_argument("--cores", type=int, default=2, help="cores a worker offers")
-    ap.add_argument("--slots", type=int, nargs="+", default=[1, 2], help="k values to run")
+    ap.add_argument(
+        "--runs",
+        nargs="+",
+        default=["1:5", "2:5", "2:6"],
+        help="k:N pairs to run (slots per worker : subtasks per channel-state file)",
+    )
     ap.add_argument("--parallelism", type=int, default=8)
     ap.add_argument("--failures", type=int, default=1, help="induced failures per run")
     ap.add_argument("--json", help="write the rows here too")
@@ -191,10 +199,11 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="spillover-cluster-") as root,
         standalone_cluster(root, args.workers, args.cores) as url,
     ):
-        for k in args.slots:
-            workdir = os.path.join(root, f"k{k}")
-            rows.append(measure(url, workdir, k, args.parallelism, args.failures))
-            print(f"k = {k}: done", file=sys.stderr, flush=True)
+        for run in args.runs:
+            k, n = (int(x) for x in run.split(":"))
+            workdir = os.path.join(root, f"k{k}-n{n}")
+            rows.append(measure(url, workdir, k, n, args.parallelism, args.failures))
+            print(f"k = {k}, N = {n}: done", file=sys.stderr, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
