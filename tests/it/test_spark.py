@@ -234,8 +234,8 @@ def test_rescale_to_available_slots_shrinks_the_job_only_when_slots_are_missing(
     from spillover.deploy.spark import rescale_to_available_slots
 
     class Cluster:
-        def __init__(self, have: int) -> None:
-            self.have, self.slots = have, 4
+        def __init__(self, have: int, task_slots: int = 1) -> None:
+            self.have, self.slots, self.task_slots = have, 4, task_slots
 
         def available_slots(self) -> int:
             return self.have
@@ -243,6 +243,7 @@ def test_rescale_to_available_slots_shrinks_the_job_only_when_slots_are_missing(
     policy = rescale_to_available_slots(lambda p: f"job at {p}", wait_s=0.0)  # type: ignore[arg-type,return-value]
     err = RuntimeError("executor lost")
     assert policy(Cluster(2), 0, err) == "job at 2"  # half the cluster is gone
+    assert policy(Cluster(2, task_slots=3), 0, err) == "job at 6"  # 3 subtasks a worker
     assert policy(Cluster(4), 0, err) is None  # enough slots: the same job
     assert policy(Cluster(0), 0, err) is None  # nothing registered yet: wait, do not shrink to 0
 
@@ -411,7 +412,7 @@ def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() 
     try:
         subtask = Subtask()
         master.send(("post",))  # not one of the protocol's messages
-        _control_loop(worker, 0, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
+        _control_loop(worker, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
         assert subtask.cancelled
         with pytest.raises(ControlError):  # the master sees this worker gone
             master.recv()

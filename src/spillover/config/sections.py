@@ -423,6 +423,10 @@ class DeploymentConfig:
     spark_master: str | None = field(
         default=None, metadata=_key("spillover.spark.master", _SparkMaster())
     )
+    # Subtasks of each operator one worker process hosts (Flink's slots per
+    # TaskManager): Spark tasks and worker processes a generation takes are the
+    # job's largest parallelism divided by this, rounded up.
+    task_slots: int = field(default=1, metadata=_key("taskmanager.numberOfTaskSlots", _Int(1)))
     # Where the job master serves its REST API, metrics and dashboard (Flink's keys);
     # port 0 takes a free port, which ``spillover list`` shows.
     rest_bind_address: str = field(

@@ -1,10 +1,11 @@
 """Worker processes on this machine: the Spark deployment's wiring, without Spark.
 
 :class:`ProcessExecutor` runs each generation as ``n`` worker processes (``n`` the
-job's largest parallelism), worker ``i`` hosting subtask ``i`` of every operator,
-exactly as the Spark executor's barrier tasks do: the same job master, control
-endpoint, worker code (:func:`~spillover.deploy.spark.worker.run_worker`) and TCP
-channels between workers. Threads of one process share one interpreter lock, so
+job's largest parallelism over ``taskmanager.numberOfTaskSlots``), each hosting its
+slots' subtasks of every operator, exactly as the Spark executor's barrier tasks
+do: the same job master, control endpoint, worker code
+(:func:`~spillover.deploy.spark.worker.run_worker`) and TCP channels between
+workers. Threads of one process share one interpreter lock, so
 the local executor's job gets about one core; worker processes use them all.
 
 Workers are forked from a server process that imported the worker code once

@@ -192,6 +192,7 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
     ),
     "rest.bind-address": ("0.0.0.0", "0.0.0.0", lambda c: c.deployment.rest_bind_address, {}),
     "rest.port": ("8081", 8081, lambda c: c.deployment.rest_port, {}),
+    "taskmanager.numberOfTaskSlots": ("4", 4, lambda c: c.deployment.task_slots, {}),
     "execution.state-recovery.path": (
         "/ckpt/job/chk-7",
         "/ckpt/job/chk-7",
@@ -464,6 +465,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("spillover.spark.master", "head:7077"),
     ("rest.bind-address", 8081),
     ("rest.port", 70000),
+    ("taskmanager.numberOfTaskSlots", 0),
     ("execution.state-recovery.path", 7),
     ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
     ("execution.state-recovery.claim-mode", "LEGACY"),
@@ -829,6 +831,7 @@ def valid_options(draw: st.DrawFn) -> dict[str, Any]:
     maybe("spillover.executor", st.sampled_from(["local", "spark"]))
     maybe("spillover.spark.master", st.sampled_from(["local[4]", "spark://h:7077", "yarn"]))
     maybe("rest.port", st.integers(0, 65535))
+    maybe("taskmanager.numberOfTaskSlots", st.integers(1, 8))
     return options
 
 

@@ -136,13 +136,15 @@ class Go:
 
 @dataclass(frozen=True, slots=True)
 class Post:
-    uid: str  # the worker's subtask of this operator
+    uid: str
+    subtask: int  # one the worker hosts
     message: MailboxMessage
 
 
 @dataclass(frozen=True, slots=True)
 class SwitchToUnaligned:
     uid: str
+    subtask: int
     checkpoint_id: int
 
 

@@ -3,9 +3,10 @@
 :class:`SparkExecutor` is an :class:`~spillover.runtime.jobmaster.Executor`: the same
 restart loop, restore planning and checkpoint coordinator as the local executor,
 but each execution attempt (a *generation*) runs as one PySpark barrier stage of
-``n`` tasks, ``n`` the largest parallelism of the job; Spark task ``i`` is one
-Python worker process hosting subtask ``i`` of every operator
-(:mod:`spillover.deploy.spark.worker`). The master talks to the workers over its control
+``n`` tasks, ``n`` the largest parallelism of the job divided by its slots per
+worker (``taskmanager.numberOfTaskSlots``, ``k``, default 1); Spark task ``w`` is
+one Python worker process hosting subtasks ``w * k`` to ``w * k + k - 1`` of every
+operator (:mod:`spillover.deploy.spark.worker`). The master talks to the workers over its control
 endpoint (:mod:`spillover.deploy.spark.control`); the workers exchange data over TCP.
 
 Restarts are the master's, not Spark's: when a subtask fails or a worker is lost,
@@ -64,7 +65,7 @@ from spillover.deploy.spark.messages import (
     WorkerJoined,
     WorkerLost,
 )
-from spillover.deploy.spark.worker import WorkerSpec, run_worker
+from spillover.deploy.spark.worker import WorkerSpec, run_worker, worker_of, workers_for
 from spillover.errors import ConfigError
 from spillover.runtime.batch.launch import Launcher
 from spillover.runtime.checkpointing.messages import MailboxMessage, StopSource, Terminate
@@ -192,19 +193,19 @@ def warm_up(sc: Any, tasks: int) -> None:
 
 
 class _RemoteTask:
-    """A subtask as the coordinator sees it: its mailbox is on a worker (subtask ``i``
-    of an operator runs on worker ``i``, so the worker index names the subtask too)."""
+    """A subtask as the coordinator sees it: its mailbox is on the worker that hosts it."""
 
-    def __init__(self, run: _SparkAttempt, worker: int, uid: str) -> None:
+    def __init__(self, run: _SparkAttempt, worker: int, uid: str, subtask: int) -> None:
         self.run = run
         self.worker = worker
         self.uid = uid
+        self.subtask = subtask
 
     def post(self, message: MailboxMessage) -> None:
-        self.run.send(self.worker, Post(self.uid, message))
+        self.run.send(self.worker, Post(self.uid, self.subtask, message))
 
     def request_unaligned(self, cid: int) -> None:
-        self.run.send(self.worker, SwitchToUnaligned(self.uid, cid))
+        self.run.send(self.worker, SwitchToUnaligned(self.uid, self.subtask, cid))
 
 
 class _SparkAttempt:
@@ -231,8 +232,9 @@ class _SparkAttempt:
         self._synced: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self.metrics: dict[str, dict[str, float]] = {}
+        k = ex.config.deployment.task_slots
         self.proxies = {
-            (v.uid, i): _RemoteTask(self, i, v.uid)
+            (v.uid, i): _RemoteTask(self, worker_of(i, k), v.uid, i)
             for v in g.vertices
             for i in range(v.parallelism)
         }
@@ -643,11 +645,17 @@ class SparkExecutor(Executor):
 
     @property
     def slots(self) -> int:
-        """Task slots a generation takes: the job's largest parallelism (one barrier
+        """Spark task slots a generation takes: one per worker, the job's largest
+        parallelism over ``taskmanager.numberOfTaskSlots`` rounded up (one barrier
         stage); a batch job runs each task as a Spark job of its own, so one."""
         if self.batch:
             return 1
-        return max(v.parallelism for v in self.graph.vertices)
+        return workers_for(max(v.parallelism for v in self.graph.vertices), self.task_slots)
+
+    @property
+    def task_slots(self) -> int:
+        """Subtasks of each operator one worker hosts (``taskmanager.numberOfTaskSlots``)."""
+        return self.config.deployment.task_slots
 
     def available_slots(self) -> int:
         """Tasks the cluster runs at once now (after prepare or a run)."""
@@ -737,8 +745,10 @@ def rescale_to_available_slots(
 ) -> Callable[[Any, int, BaseException], JobGraph | StreamEnvironment | None]:
     """A rescale policy for :class:`SparkExecutor`: when the cluster has fewer task slots
     than the job needs after a failure (an executor is gone), the next generation runs
-    ``make_job(slots)`` instead of waiting for the lost capacity; with enough slots it
-    keeps the job. ``wait_s``: how long to give lost executors to come back first."""
+    ``make_job(parallelism)`` instead of waiting for the lost capacity, the
+    parallelism the remaining slots host (``taskmanager.numberOfTaskSlots`` subtasks
+    each); with enough slots it keeps the job. ``wait_s``: how long to give lost
+    executors to come back first."""
 
     def policy(ex: Any, attempt: int, error: BaseException) -> JobGraph | StreamEnvironment | None:
         until = time.monotonic() + wait_s
@@ -748,6 +758,6 @@ def rescale_to_available_slots(
             have = ex.available_slots()
         if have >= ex.slots or have < 1:
             return None
-        return make_job(have)
+        return make_job(have * ex.task_slots)
 
     return policy

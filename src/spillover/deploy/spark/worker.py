@@ -1,4 +1,8 @@
-"""One Spark task of a generation: hosts subtask ``i`` of every operator.
+"""One Spark task of a generation: hosts its slots' subtasks of every operator.
+
+Worker ``w`` hosts subtasks ``w * k`` to ``w * k + k - 1`` of every operator that
+has them, ``k`` the job's ``taskmanager.numberOfTaskSlots`` (:func:`worker_of`):
+channels between them stay in memory, and they share channel-state files.
 
 Runs inside a PySpark barrier task, though :func:`run_worker` uses nothing of Spark:
 the runner passes the task's partition id as the worker index. The protocol with
@@ -63,7 +67,19 @@ from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.task import Task, TaskCancelled
 from spillover.runtime.wiring import build_tasks, checkpoint_storage, settle
 
-__all__ = ["WorkerSpec", "run_worker"]
+__all__ = ["WorkerSpec", "run_worker", "worker_of", "workers_for"]
+
+
+def worker_of(subtask: int, slots: int) -> int:
+    """The worker that hosts ``subtask`` of any operator when each worker has
+    ``slots`` slots: consecutive subtasks share a worker, as Flink fills a
+    TaskManager's slots, so forward edges and the subtasks of one slot stay local."""
+    return subtask // slots
+
+
+def workers_for(parallelism: int, slots: int) -> int:
+    """Workers (Spark tasks) a job whose largest parallelism is ``parallelism`` takes."""
+    return -(-parallelism // slots)
 
 
 @dataclass
@@ -172,6 +188,7 @@ def _run(
     tasks: dict[tuple[str, int], Task],
 ) -> dict[str, Any]:
     relay = _Relay(conn)
+    slots = spec.config.deployment.task_slots
     done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
     links: list[tuple[ResultPartition, int, str, int]] = []
     tasks.update(
@@ -184,7 +201,7 @@ def _run(
             failures=_reporting(spec.failures, relay),
             on_done=lambda t, err: done.put((t, err)),
             flush_interval=spec.flush_interval,
-            hosted=lambda i: i == index,
+            hosted=lambda i: worker_of(i, slots) == index,
             remote=lambda part, d, gate, ch: links.append((part, d, gate, ch)),
             run_id=spec.run_id,
         )
@@ -200,14 +217,15 @@ def _run(
     counter = None if fault is None else fault.counter("data", index, spec.generation)
     subs = [
         connect_tcp(
-            part, d, table[d], gate, ch, spec.secret, timeout=spec.connect_timeout,
+            part, d, table[worker_of(d, slots)], gate, ch, spec.secret,
+            timeout=spec.connect_timeout,
             heartbeat_interval=spec.config.network.heartbeat_interval_s, fault=counter,
         )
         for part, d, gate, ch in links
     ]  # fmt: skip
     stop = threading.Event()
     control = threading.Thread(
-        target=_control_loop, args=(conn, index, tasks, stop), name="spillover-control", daemon=True
+        target=_control_loop, args=(conn, tasks, stop), name="spillover-control", daemon=True
     )
     control.start()
     for t in tasks.values():
@@ -240,7 +258,6 @@ def _run(
 
 def _control_loop(
     conn: ControlConnection,
-    index: int,
     tasks: dict[tuple[str, int], Task],
     stop: threading.Event,
 ) -> None:
@@ -248,7 +265,7 @@ def _control_loop(
     message it cannot follow ends the connection as the master closing it does."""
     try:
         while True:
-            _follow(conn, conn.recv(), index, tasks)
+            _follow(conn, conn.recv(), tasks)
     except Exception:  # a ControlError, or a message that is not the protocol's
         conn.close()  # the master sees this worker gone
         if not stop.is_set():  # the master is gone: nothing may run on
@@ -259,19 +276,18 @@ def _control_loop(
 def _follow(
     conn: ControlConnection,
     message: object,
-    index: int,
     tasks: dict[tuple[str, int], Task],
 ) -> None:
-    """Carries out one message of the master's; ``uid`` in a message names this
-    worker's subtask of that operator (``index``). Anything that is not one of the
-    protocol's messages raises, ending the connection."""
+    """Carries out one message of the master's for one of this worker's subtasks.
+    Anything that is not one of the protocol's messages raises, ending the
+    connection."""
     match message:
-        case Post(uid=uid, message=mail):
-            task = tasks.get((uid, index))
+        case Post(uid=uid, subtask=i, message=mail):
+            task = tasks.get((uid, i))
             if task is not None:
                 task.post(mail)
-        case SwitchToUnaligned(uid=uid, checkpoint_id=cid):
-            task = tasks.get((uid, index))
+        case SwitchToUnaligned(uid=uid, subtask=i, checkpoint_id=cid):
+            task = tasks.get((uid, i))
             if task is not None:
                 task.request_unaligned(cid)
         case Sync(token=token):
