@@ -42,7 +42,9 @@ SECONDS = float(os.environ.get("SPILLOVER_BENCH_FILES_SECONDS", "6"))
 RATE = 4_000  # records/s per sink subtask: the sink is the bottleneck
 
 
-def _job(out: str, parallelism: int) -> StreamEnvironment:
+def backpressured_job(out: str, parallelism: int) -> StreamEnvironment:
+    """Generator source, key_by, map, and a Parquet sink throttled to ``RATE`` records/s
+    per subtask (the bottleneck); ``bench_s3_files.py`` runs it too."""
     env = StreamEnvironment("files", parallelism=parallelism, max_parallelism=max(128, parallelism))
     gen = GeneratorSource(
         partitions=parallelism,
@@ -93,7 +95,7 @@ def _run(tmp: Path, parallelism: int, per_file: int) -> dict[str, Any]:
             "state.checkpoints.num-retained": 1000,
         }
     )
-    env = _job(str(tmp / f"out-{parallelism}-{per_file}"), parallelism)
+    env = backpressured_job(str(tmp / f"out-{parallelism}-{per_file}"), parallelism)
     ex = LocalExecutor(env, cfg)
     r = ex.run(timeout=SECONDS * 10 + 120, stop_after=SECONDS)
     done = [c for c in r.checkpoints if c["status"] == "completed" and not c["final"]]

@@ -28,36 +28,15 @@ from typing import Any
 
 import pytest
 
+from bench_files import backpressured_job
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
-from spillover.runtime.connectors.generator import GeneratorSource
-from spillover.runtime.connectors.parquet import ParquetSink
-from spillover.runtime.connectors.throttled import ThrottledSink
-from spillover.runtime.graph import StreamEnvironment
 
 PARALLELISM = int(os.environ.get("SPILLOVER_BENCH_S3_PARALLELISM", "4"))
 SECONDS = float(os.environ.get("SPILLOVER_BENCH_S3_SECONDS", "4"))
 BUCKET = "bench"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-RATE = 4_000  # records/s per sink subtask: the sink is the bottleneck
 _CHECKPOINT = re.compile(r"^(.*?/chk-\d+)(?:/|$)")
-
-
-def _job(out: str, parallelism: int) -> StreamEnvironment:
-    """``bench_files.py``'s job: generator source, key_by, map, throttled sink."""
-    env = StreamEnvironment("files", parallelism=parallelism, max_parallelism=max(128, parallelism))
-    gen = GeneratorSource(
-        partitions=parallelism,
-        records_per_partition=10_000_000,
-        payload_bytes=100,
-        keys=10_000,
-        batch_size=256,
-        seed=3,
-    )
-    src = env.from_source(gen, uid="source")
-    keyed = src.key_by("key").map(lambda b: b, uid="map")
-    keyed.sink(ThrottledSink(RATE, inner=ParquetSink(out)), uid="sink")
-    return env
 
 
 class _Counting:
@@ -133,7 +112,7 @@ def _run(tmp: Path, s3: tuple[str, _Counting, Any], per_file: int) -> dict[str, 
             "execution.job-recovery.lease-timeout": "1 h",
         }
     )
-    env = _job(str(tmp / f"out-{per_file}"), PARALLELISM)
+    env = backpressured_job(str(tmp / f"out-{per_file}"), PARALLELISM)
     r = LocalExecutor(env, cfg).run(timeout=SECONDS * 10 + 120, stop_after=SECONDS)
     done = [c for c in r.checkpoints if c["status"] == "completed" and not c["final"]]
     objects = _objects(client, prefix + "/")
