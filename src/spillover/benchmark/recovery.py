@@ -35,8 +35,8 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import IO, Any
+from dataclasses import Field, asdict, dataclass, field
+from typing import IO, Any, ClassVar
 
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.deploy import create_executor
@@ -168,8 +168,30 @@ def window_start(batches: Sequence[SinkBatch], rate: float, window_s: float) -> 
     return None
 
 
+class _RoundResult:
+    """What a recovery round and a live rescale report alike: their fields as a dict,
+    and one line that is the failures when the round failed, else :meth:`_summary`."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    kind: ClassVar[str]
+    executor: str
+    status: str
+    failures: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.status == "failed":
+            return f"{self.executor} {self.kind}: FAILED: {'; '.join(self.failures)}"
+        return self._summary()
+
+    def _summary(self) -> str:
+        raise NotImplementedError
+
+
 @dataclass
-class RecoveryResult:
+class RecoveryResult(_RoundResult):
     """One recovery round: times in ms from the failure (the moment the operator
     raised), the restored checkpoint's in-flight bytes, and the restart's timeline."""
 
@@ -186,12 +208,9 @@ class RecoveryResult:
     restored_inflight_bytes: int = 0  # persisted in the restored checkpoint
     failures: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    kind: ClassVar[str] = "recovery"
 
-    def line(self) -> str:
-        if self.status == "failed":
-            return f"{self.executor} recovery: FAILED: {'; '.join(self.failures)}"
+    def _summary(self) -> str:
         return (
             f"{self.executor} recovery from checkpoint {self.restored_checkpoint}: detected "
             f"{_fmt(self.detected_ms)}, running {_fmt(self.running_ms)}, sink opened "
@@ -322,7 +341,7 @@ def _summarise_recovery(
 
 
 @dataclass
-class RescaleResult:
+class RescaleResult(_RoundResult):
     """One live rescale: times in ms from the request."""
 
     executor: str
@@ -337,12 +356,9 @@ class RescaleResult:
     replayed_bytes: int = 0
     failures: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    kind: ClassVar[str] = "rescale"
 
-    def line(self) -> str:
-        if self.status == "failed":
-            return f"{self.executor} rescale: FAILED: {'; '.join(self.failures)}"
+    def _summary(self) -> str:
         return (
             f"{self.executor} live rescale {self.from_parallelism}->{self.to_parallelism}: "
             f"savepoint {_fmt(self.savepoint_ms)}, running {_fmt(self.running_ms)}, "
