@@ -440,12 +440,7 @@ public final class FlinkCheckpointBench {
             Files.writeString(Path.of(rawOut), json.writerWithDefaultPrettyPrinter().writeValueAsString(raw));
         }
 
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("policy", policy);
-        r.put("config", conf);
+        Map<String, Object> r = result(null, policy, conf);
         r.put("parallelism", parallelism);
         r.put("keys", KEYS);
         r.put("payload_bytes", PAYLOAD_BYTES);
@@ -473,8 +468,7 @@ public final class FlinkCheckpointBench {
         r.put("cpu_cores_used", round((cpu1 - cpu0) / 1e9 / elapsed, 2));
         r.put("vertices", vertexNames.values());
         r.put("checkpoints", ckpts);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
 
         try {
             job.cancel().get(60, TimeUnit.SECONDS);
@@ -614,21 +608,14 @@ public final class FlinkCheckpointBench {
                     round, completeMs, returnedMs, bytes, files);
             deleteTree(spDir);
         }
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("mode", "stop-with-savepoint");
-        r.put("policy", policy);
-        r.put("config", baseConf);
+        Map<String, Object> r = result("stop-with-savepoint", policy, baseConf);
         r.put("parallelism", parallelism);
         r.put("sink_rate_per_subtask", sinkRate);
         r.put("warmup_s", warmup);
         r.put("stops", rounds);
         spread(r, "complete_ms", complete);
         spread(r, "returned_ms", returned);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
     }
 
     // --------------------------------------------------- recovery mode
@@ -740,13 +727,7 @@ public final class FlinkCheckpointBench {
                 log("cancel: %s", e);
             }
         }
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("mode", "recovery");
-        r.put("policy", policy);
-        r.put("config", baseConf);
+        Map<String, Object> r = result("recovery", policy, baseConf);
         r.put("parallelism", parallelism);
         r.put("sink_rate_per_subtask", sinkRate);
         r.put("warmup_s", warmup);
@@ -755,8 +736,7 @@ public final class FlinkCheckpointBench {
         spread(r, "first_record_ms", firsts);
         spread(r, "ninety_percent_ms", ninety);
         spread(r, "replayed_bytes", replayed);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
     }
 
     /**
@@ -891,13 +871,7 @@ public final class FlinkCheckpointBench {
                 deleteTree(spDir);
             }
         }
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("mode", "rescale");
-        r.put("policy", policy);
-        r.put("config", baseConf);
+        Map<String, Object> r = result("rescale", policy, baseConf);
         r.put("from_parallelism", from);
         r.put("to_parallelism", to);
         r.put("sink_rate_per_subtask", sinkRate);
@@ -906,11 +880,30 @@ public final class FlinkCheckpointBench {
         spread(r, "savepoint_ms", saved);
         spread(r, "running_ms", running);
         spread(r, "first_record_ms", firsts);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
     }
 
     // -------------------------------------------------------------- helpers
+
+    /** A result's leading fields, in the order every mode prints them (no mode: the plain run). */
+    static Map<String, Object> result(String mode, String policy, Map<String, String> conf) {
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("engine", "flink");
+        r.put("flink_version", EnvironmentInformation.getVersion());
+        r.put("java_version", System.getProperty("java.version"));
+        if (mode != null) {
+            r.put("mode", mode);
+        }
+        r.put("policy", policy);
+        r.put("config", conf);
+        return r;
+    }
+
+    /** Prints a result on its own line for run.py to pick up. */
+    static void emit(ObjectMapper json, Map<String, Object> r) throws IOException {
+        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
+        System.out.flush();
+    }
 
     /** name_median, name_min and name_max of xs (null when there are none). */
     static void spread(Map<String, Object> r, String name, List<Double> xs) {
