@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import Field, asdict, dataclass, field
 from typing import IO, Any, ClassVar
 
@@ -248,6 +248,20 @@ def _warm(ex: Any, spec: BenchSpec, done: threading.Event) -> bool:
     return False
 
 
+def _run_driven(
+    ex: Any, driver: Callable[[], None], done: threading.Event, timeout_s: float, name: str
+) -> Any:
+    """Runs the job on ``ex`` with ``driver`` on a thread of its own, until the job ends
+    or ``done`` is set; ``done`` is set and the driver joined before returning."""
+    thread = threading.Thread(target=driver, name=name, daemon=True)
+    thread.start()
+    try:
+        return ex.run(timeout=timeout_s, stop_when=lambda _: done.is_set())
+    finally:
+        done.set()
+        thread.join()
+
+
 def recover_once(
     spec: BenchSpec, executor: str = "local", *, after_s: float = 5.0, timeout_s: float = 300.0
 ) -> RecoveryResult:
@@ -289,13 +303,7 @@ def recover_once(
             done.wait(after_s)
             done.set()
 
-        thread = threading.Thread(target=driver, name="bench-recovery", daemon=True)
-        thread.start()
-        try:
-            result = ex.run(timeout=timeout_s, stop_when=lambda _: done.is_set())
-        finally:
-            done.set()
-            thread.join()
+        result = _run_driven(ex, driver, done, timeout_s, "bench-recovery")
         out.failures = list(result.failures)
         _summarise_recovery(out, result, stamps, seen)
         return out
@@ -410,13 +418,7 @@ def rescale_once(
             done.wait(1.0)
             done.set()
 
-        thread = threading.Thread(target=driver, name="bench-rescale", daemon=True)
-        thread.start()
-        try:
-            result = ex.run(timeout=timeout_s, stop_when=lambda _: done.is_set())
-        finally:
-            done.set()
-            thread.join()
+        result = _run_driven(ex, driver, done, timeout_s, "bench-rescale")
         out.failures = list(result.failures)
         if "error" in asked:
             out.failures.append(f"the rescale was refused: {asked['error']}")
