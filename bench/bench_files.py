@@ -22,6 +22,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,13 +127,17 @@ def _run(tmp: Path, parallelism: int, per_file: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("parallelism", PARALLELISM)
-def test_files_per_checkpoint(benchmark: Any, tmp_path: Path, parallelism: int) -> None:
+def per_file_sweep(
+    benchmark: Any, run: Callable[[int], dict[str, Any]], subtasks: int
+) -> list[dict[str, Any]]:
+    """``run`` once per ``max-subtasks-per-channel-state-file`` of 1, 5 and ``subtasks``
+    (one timed round for all), each result printed as a JSON line and kept in the
+    benchmark's ``extra_info``; every run must have completed a checkpoint."""
     results: list[dict[str, Any]] = []
 
     def go() -> None:
-        for per_file in sorted({1, 5, parallelism}):
-            results.append(_run(tmp_path, parallelism, per_file))
+        for per_file in sorted({1, 5, subtasks}):
+            results.append(run(per_file))
 
     benchmark.pedantic(go, rounds=1, iterations=1)
     benchmark.extra_info["runs"] = results
@@ -141,6 +146,14 @@ def test_files_per_checkpoint(benchmark: Any, tmp_path: Path, parallelism: int) 
         print(json.dumps(r))
     for r in results:
         assert r["checkpoints"] > 0, r
+    return results
+
+
+@pytest.mark.parametrize("parallelism", PARALLELISM)
+def test_files_per_checkpoint(benchmark: Any, tmp_path: Path, parallelism: int) -> None:
+    results = per_file_sweep(
+        benchmark, lambda per_file: _run(tmp_path, parallelism, per_file), parallelism
+    )
     one, *shared = results
     for r in shared:
         assert r["files_per_checkpoint"] < one["files_per_checkpoint"], (one, r)

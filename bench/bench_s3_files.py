@@ -15,7 +15,6 @@ object store charges for. ``SPILLOVER_BENCH_S3_PARALLELISM`` (default 4) and
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -28,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from bench_files import backpressured_job
+from bench_files import backpressured_job, per_file_sweep
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 
@@ -147,16 +146,4 @@ def _run(tmp: Path, s3: tuple[str, _Counting, Any], per_file: int) -> dict[str, 
 def test_objects_per_checkpoint(
     benchmark: Any, tmp_path: Path, s3: tuple[str, _Counting, Any]
 ) -> None:
-    results: list[dict[str, Any]] = []
-
-    def go() -> None:
-        for per_file in sorted({1, 5, 2 * PARALLELISM}):
-            results.append(_run(tmp_path, s3, per_file))
-
-    benchmark.pedantic(go, rounds=1, iterations=1)
-    benchmark.extra_info["runs"] = results
-    print()
-    for r in results:
-        print(json.dumps(r))
-    for r in results:
-        assert r["checkpoints"] > 0, r
+    per_file_sweep(benchmark, lambda per_file: _run(tmp_path, s3, per_file), 2 * PARALLELISM)
