@@ -523,11 +523,8 @@ public final class FlinkCheckpointBench {
         List<Double> complete = new ArrayList<>();
         List<Double> returned = new ArrayList<>();
         for (int round = 0; round < stops; round++) {
-            Map<String, String> conf = new LinkedHashMap<>(baseConf);
             int port = freeLocalPort();
-            for (String k : List.of("rest.bind-port", "rest.port")) {
-                conf.put(k, Integer.toString(port));
-            }
+            Map<String, String> conf = withRestPort(baseConf, port);
             Path spDir = Files.createTempDirectory("flink-savepoint-");
             StreamExecutionEnvironment env = buildJob(conf, parallelism, sinkRate);
             JobClient job = env.executeAsync("spillover-reference-stop-" + policy + "-" + round);
@@ -640,11 +637,8 @@ public final class FlinkCheckpointBench {
         List<Double> replayed = new ArrayList<>();
         for (int round = 0; round < rounds; round++) {
             resetRound();
-            Map<String, String> conf = new LinkedHashMap<>(baseConf);
             int port = freeLocalPort();
-            for (String k : List.of("rest.bind-port", "rest.port")) {
-                conf.put(k, Integer.toString(port));
-            }
+            Map<String, String> conf = withRestPort(baseConf, port);
             StreamExecutionEnvironment env = buildJob(conf, parallelism, sinkRate);
             JobClient job = env.executeAsync("spillover-reference-recovery-" + policy + "-" + round);
             String jobId = job.getJobID().toHexString();
@@ -794,11 +788,8 @@ public final class FlinkCheckpointBench {
         List<Double> saved = new ArrayList<>(), running = new ArrayList<>(), firsts = new ArrayList<>();
         for (int round = 0; round < rounds; round++) {
             resetRound();
-            Map<String, String> conf = new LinkedHashMap<>(baseConf);
             int port = freeLocalPort();
-            for (String k : List.of("rest.bind-port", "rest.port")) {
-                conf.put(k, Integer.toString(port));
-            }
+            Map<String, String> conf = withRestPort(baseConf, port);
             int slots = Math.max(from, to);
             conf.put("taskmanager.numberOfTaskSlots", Integer.toString(slots));
             conf.put("classloader.resolve-order", "parent-first"); // the job's classes are on the class path
@@ -897,6 +888,15 @@ public final class FlinkCheckpointBench {
         r.put("policy", policy);
         r.put("config", conf);
         return r;
+    }
+
+    /** A copy of conf whose REST endpoint binds to and is reached at port. */
+    static Map<String, String> withRestPort(Map<String, String> conf, int port) {
+        Map<String, String> out = new LinkedHashMap<>(conf);
+        for (String k : List.of("rest.bind-port", "rest.port")) {
+            out.put(k, Integer.toString(port));
+        }
+        return out;
     }
 
     /** Prints a result on its own line for run.py to pick up. */
