@@ -22,6 +22,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ SECONDS = float(os.environ.get("SPILLOVER_BENCH_FILES_SECONDS", "6"))
 RATE = 4_000  # records/s per sink subtask: the sink is the bottleneck
 
 
-def _job(out: str, parallelism: int) -> StreamEnvironment:
+def backpressured_job(out: str, parallelism: int) -> StreamEnvironment:
+    """Generator source, key_by, map, and a Parquet sink throttled to ``RATE`` records/s
+    per subtask (the bottleneck); ``bench_s3_files.py`` runs it too."""
     env = StreamEnvironment("files", parallelism=parallelism, max_parallelism=max(128, parallelism))
     gen = GeneratorSource(
         partitions=parallelism,
@@ -93,7 +96,7 @@ def _run(tmp: Path, parallelism: int, per_file: int) -> dict[str, Any]:
             "state.checkpoints.num-retained": 1000,
         }
     )
-    env = _job(str(tmp / f"out-{parallelism}-{per_file}"), parallelism)
+    env = backpressured_job(str(tmp / f"out-{parallelism}-{per_file}"), parallelism)
     ex = LocalExecutor(env, cfg)
     r = ex.run(timeout=SECONDS * 10 + 120, stop_after=SECONDS)
     done = [c for c in r.checkpoints if c["status"] == "completed" and not c["final"]]
@@ -124,13 +127,17 @@ def _run(tmp: Path, parallelism: int, per_file: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("parallelism", PARALLELISM)
-def test_files_per_checkpoint(benchmark: Any, tmp_path: Path, parallelism: int) -> None:
+def per_file_sweep(
+    benchmark: Any, run: Callable[[int], dict[str, Any]], subtasks: int
+) -> list[dict[str, Any]]:
+    """``run`` once per ``max-subtasks-per-channel-state-file`` of 1, 5 and ``subtasks``
+    (one timed round for all), each result printed as a JSON line and kept in the
+    benchmark's ``extra_info``; every run must have completed a checkpoint."""
     results: list[dict[str, Any]] = []
 
     def go() -> None:
-        for per_file in sorted({1, 5, parallelism}):
-            results.append(_run(tmp_path, parallelism, per_file))
+        for per_file in sorted({1, 5, subtasks}):
+            results.append(run(per_file))
 
     benchmark.pedantic(go, rounds=1, iterations=1)
     benchmark.extra_info["runs"] = results
@@ -139,6 +146,14 @@ def test_files_per_checkpoint(benchmark: Any, tmp_path: Path, parallelism: int) 
         print(json.dumps(r))
     for r in results:
         assert r["checkpoints"] > 0, r
+    return results
+
+
+@pytest.mark.parametrize("parallelism", PARALLELISM)
+def test_files_per_checkpoint(benchmark: Any, tmp_path: Path, parallelism: int) -> None:
+    results = per_file_sweep(
+        benchmark, lambda per_file: _run(tmp_path, parallelism, per_file), parallelism
+    )
     one, *shared = results
     for r in shared:
         assert r["files_per_checkpoint"] < one["files_per_checkpoint"], (one, r)

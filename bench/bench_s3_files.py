@@ -15,7 +15,6 @@ object store charges for. ``SPILLOVER_BENCH_S3_PARALLELISM`` (default 4) and
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -28,36 +27,15 @@ from typing import Any
 
 import pytest
 
+from bench_files import backpressured_job, per_file_sweep
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
-from spillover.runtime.connectors.generator import GeneratorSource
-from spillover.runtime.connectors.parquet import ParquetSink
-from spillover.runtime.connectors.throttled import ThrottledSink
-from spillover.runtime.graph import StreamEnvironment
 
 PARALLELISM = int(os.environ.get("SPILLOVER_BENCH_S3_PARALLELISM", "4"))
 SECONDS = float(os.environ.get("SPILLOVER_BENCH_S3_SECONDS", "4"))
 BUCKET = "bench"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-RATE = 4_000  # records/s per sink subtask: the sink is the bottleneck
 _CHECKPOINT = re.compile(r"^(.*?/chk-\d+)(?:/|$)")
-
-
-def _job(out: str, parallelism: int) -> StreamEnvironment:
-    """``bench_files.py``'s job: generator source, key_by, map, throttled sink."""
-    env = StreamEnvironment("files", parallelism=parallelism, max_parallelism=max(128, parallelism))
-    gen = GeneratorSource(
-        partitions=parallelism,
-        records_per_partition=10_000_000,
-        payload_bytes=100,
-        keys=10_000,
-        batch_size=256,
-        seed=3,
-    )
-    src = env.from_source(gen, uid="source")
-    keyed = src.key_by("key").map(lambda b: b, uid="map")
-    keyed.sink(ThrottledSink(RATE, inner=ParquetSink(out)), uid="sink")
-    return env
 
 
 class _Counting:
@@ -133,7 +111,7 @@ def _run(tmp: Path, s3: tuple[str, _Counting, Any], per_file: int) -> dict[str, 
             "execution.job-recovery.lease-timeout": "1 h",
         }
     )
-    env = _job(str(tmp / f"out-{per_file}"), PARALLELISM)
+    env = backpressured_job(str(tmp / f"out-{per_file}"), PARALLELISM)
     r = LocalExecutor(env, cfg).run(timeout=SECONDS * 10 + 120, stop_after=SECONDS)
     done = [c for c in r.checkpoints if c["status"] == "completed" and not c["final"]]
     objects = _objects(client, prefix + "/")
@@ -168,16 +146,4 @@ def _run(tmp: Path, s3: tuple[str, _Counting, Any], per_file: int) -> dict[str, 
 def test_objects_per_checkpoint(
     benchmark: Any, tmp_path: Path, s3: tuple[str, _Counting, Any]
 ) -> None:
-    results: list[dict[str, Any]] = []
-
-    def go() -> None:
-        for per_file in sorted({1, 5, 2 * PARALLELISM}):
-            results.append(_run(tmp_path, s3, per_file))
-
-    benchmark.pedantic(go, rounds=1, iterations=1)
-    benchmark.extra_info["runs"] = results
-    print()
-    for r in results:
-        print(json.dumps(r))
-    for r in results:
-        assert r["checkpoints"] > 0, r
+    per_file_sweep(benchmark, lambda per_file: _run(tmp_path, s3, per_file), 2 * PARALLELISM)

@@ -440,12 +440,7 @@ public final class FlinkCheckpointBench {
             Files.writeString(Path.of(rawOut), json.writerWithDefaultPrettyPrinter().writeValueAsString(raw));
         }
 
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("policy", policy);
-        r.put("config", conf);
+        Map<String, Object> r = result(null, policy, conf);
         r.put("parallelism", parallelism);
         r.put("keys", KEYS);
         r.put("payload_bytes", PAYLOAD_BYTES);
@@ -473,8 +468,7 @@ public final class FlinkCheckpointBench {
         r.put("cpu_cores_used", round((cpu1 - cpu0) / 1e9 / elapsed, 2));
         r.put("vertices", vertexNames.values());
         r.put("checkpoints", ckpts);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
 
         try {
             job.cancel().get(60, TimeUnit.SECONDS);
@@ -529,11 +523,8 @@ public final class FlinkCheckpointBench {
         List<Double> complete = new ArrayList<>();
         List<Double> returned = new ArrayList<>();
         for (int round = 0; round < stops; round++) {
-            Map<String, String> conf = new LinkedHashMap<>(baseConf);
             int port = freeLocalPort();
-            for (String k : List.of("rest.bind-port", "rest.port")) {
-                conf.put(k, Integer.toString(port));
-            }
+            Map<String, String> conf = withRestPort(baseConf, port);
             Path spDir = Files.createTempDirectory("flink-savepoint-");
             StreamExecutionEnvironment env = buildJob(conf, parallelism, sinkRate);
             JobClient job = env.executeAsync("spillover-reference-stop-" + policy + "-" + round);
@@ -614,21 +605,14 @@ public final class FlinkCheckpointBench {
                     round, completeMs, returnedMs, bytes, files);
             deleteTree(spDir);
         }
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("mode", "stop-with-savepoint");
-        r.put("policy", policy);
-        r.put("config", baseConf);
+        Map<String, Object> r = result("stop-with-savepoint", policy, baseConf);
         r.put("parallelism", parallelism);
         r.put("sink_rate_per_subtask", sinkRate);
         r.put("warmup_s", warmup);
         r.put("stops", rounds);
         spread(r, "complete_ms", complete);
         spread(r, "returned_ms", returned);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
     }
 
     // --------------------------------------------------- recovery mode
@@ -653,11 +637,8 @@ public final class FlinkCheckpointBench {
         List<Double> replayed = new ArrayList<>();
         for (int round = 0; round < rounds; round++) {
             resetRound();
-            Map<String, String> conf = new LinkedHashMap<>(baseConf);
             int port = freeLocalPort();
-            for (String k : List.of("rest.bind-port", "rest.port")) {
-                conf.put(k, Integer.toString(port));
-            }
+            Map<String, String> conf = withRestPort(baseConf, port);
             StreamExecutionEnvironment env = buildJob(conf, parallelism, sinkRate);
             JobClient job = env.executeAsync("spillover-reference-recovery-" + policy + "-" + round);
             String jobId = job.getJobID().toHexString();
@@ -740,13 +721,7 @@ public final class FlinkCheckpointBench {
                 log("cancel: %s", e);
             }
         }
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("mode", "recovery");
-        r.put("policy", policy);
-        r.put("config", baseConf);
+        Map<String, Object> r = result("recovery", policy, baseConf);
         r.put("parallelism", parallelism);
         r.put("sink_rate_per_subtask", sinkRate);
         r.put("warmup_s", warmup);
@@ -755,8 +730,7 @@ public final class FlinkCheckpointBench {
         spread(r, "first_record_ms", firsts);
         spread(r, "ninety_percent_ms", ninety);
         spread(r, "replayed_bytes", replayed);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
     }
 
     /**
@@ -814,11 +788,8 @@ public final class FlinkCheckpointBench {
         List<Double> saved = new ArrayList<>(), running = new ArrayList<>(), firsts = new ArrayList<>();
         for (int round = 0; round < rounds; round++) {
             resetRound();
-            Map<String, String> conf = new LinkedHashMap<>(baseConf);
             int port = freeLocalPort();
-            for (String k : List.of("rest.bind-port", "rest.port")) {
-                conf.put(k, Integer.toString(port));
-            }
+            Map<String, String> conf = withRestPort(baseConf, port);
             int slots = Math.max(from, to);
             conf.put("taskmanager.numberOfTaskSlots", Integer.toString(slots));
             conf.put("classloader.resolve-order", "parent-first"); // the job's classes are on the class path
@@ -891,13 +862,7 @@ public final class FlinkCheckpointBench {
                 deleteTree(spDir);
             }
         }
-        Map<String, Object> r = new LinkedHashMap<>();
-        r.put("engine", "flink");
-        r.put("flink_version", EnvironmentInformation.getVersion());
-        r.put("java_version", System.getProperty("java.version"));
-        r.put("mode", "rescale");
-        r.put("policy", policy);
-        r.put("config", baseConf);
+        Map<String, Object> r = result("rescale", policy, baseConf);
         r.put("from_parallelism", from);
         r.put("to_parallelism", to);
         r.put("sink_rate_per_subtask", sinkRate);
@@ -906,11 +871,39 @@ public final class FlinkCheckpointBench {
         spread(r, "savepoint_ms", saved);
         spread(r, "running_ms", running);
         spread(r, "first_record_ms", firsts);
-        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
-        System.out.flush();
+        emit(json, r);
     }
 
     // -------------------------------------------------------------- helpers
+
+    /** A result's leading fields, in the order every mode prints them (no mode: the plain run). */
+    static Map<String, Object> result(String mode, String policy, Map<String, String> conf) {
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("engine", "flink");
+        r.put("flink_version", EnvironmentInformation.getVersion());
+        r.put("java_version", System.getProperty("java.version"));
+        if (mode != null) {
+            r.put("mode", mode);
+        }
+        r.put("policy", policy);
+        r.put("config", conf);
+        return r;
+    }
+
+    /** A copy of conf whose REST endpoint binds to and is reached at port. */
+    static Map<String, String> withRestPort(Map<String, String> conf, int port) {
+        Map<String, String> out = new LinkedHashMap<>(conf);
+        for (String k : List.of("rest.bind-port", "rest.port")) {
+            out.put(k, Integer.toString(port));
+        }
+        return out;
+    }
+
+    /** Prints a result on its own line for run.py to pick up. */
+    static void emit(ObjectMapper json, Map<String, Object> r) throws IOException {
+        System.out.println(RESULT_PREFIX + json.writeValueAsString(r));
+        System.out.flush();
+    }
 
     /** name_median, name_min and name_max of xs (null when there are none). */
     static void spread(Map<String, Object> r, String name, List<Double> xs) {

@@ -3,6 +3,7 @@ storage-fault tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -87,13 +88,22 @@ class MotoServer:
 def s3_server() -> Iterator[dict[str, str]]:
     """A moto S3 server in its own process on loopback, with one bucket."""
     server = MotoServer()
+    with aws_credentials():
+        try:
+            server.start()
+            yield {"endpoint": server.endpoint, "bucket": server.bucket}
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def aws_credentials() -> Iterator[None]:
+    """The test :data:`CREDENTIALS` in ``os.environ`` while inside, the old values back after."""
     old = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)
     try:
-        server.start()
-        yield {"endpoint": server.endpoint, "bucket": server.bucket}
+        yield
     finally:
-        server.stop()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

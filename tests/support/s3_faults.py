@@ -8,7 +8,6 @@ S3: over HTTP, with its own retries and timeouts."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from support.s3 import CREDENTIALS
+from support.s3 import CREDENTIALS, aws_credentials
 
 _CODES = {500: "InternalError", 403: "AccessDenied"}
 
@@ -171,19 +170,13 @@ class FaultyMotoServer:
 def faulty_s3() -> Iterator[FaultyMotoServer]:
     """One faulty moto server per test module (its faults cleared after each test by
     :func:`s3_faults`), with the ``AWS_*`` credentials set."""
-    old = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = FaultyMotoServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with aws_credentials():
+        server = FaultyMotoServer()
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture

@@ -34,9 +34,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import IO, Any
+from collections.abc import Callable, Sequence
+from dataclasses import Field, asdict, dataclass, field
+from typing import IO, Any, ClassVar
 
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.deploy import create_executor
@@ -168,8 +168,30 @@ def window_start(batches: Sequence[SinkBatch], rate: float, window_s: float) -> 
     return None
 
 
+class _RoundResult:
+    """What a recovery round and a live rescale report alike: their fields as a dict,
+    and one line that is the failures when the round failed, else :meth:`_summary`."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    kind: ClassVar[str]
+    executor: str
+    status: str
+    failures: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.status == "failed":
+            return f"{self.executor} {self.kind}: FAILED: {'; '.join(self.failures)}"
+        return self._summary()
+
+    def _summary(self) -> str:
+        raise NotImplementedError
+
+
 @dataclass
-class RecoveryResult:
+class RecoveryResult(_RoundResult):
     """One recovery round: times in ms from the failure (the moment the operator
     raised), the restored checkpoint's in-flight bytes, and the restart's timeline."""
 
@@ -186,12 +208,9 @@ class RecoveryResult:
     restored_inflight_bytes: int = 0  # persisted in the restored checkpoint
     failures: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    kind: ClassVar[str] = "recovery"
 
-    def line(self) -> str:
-        if self.status == "failed":
-            return f"{self.executor} recovery: FAILED: {'; '.join(self.failures)}"
+    def _summary(self) -> str:
         return (
             f"{self.executor} recovery from checkpoint {self.restored_checkpoint}: detected "
             f"{_fmt(self.detected_ms)}, running {_fmt(self.running_ms)}, sink opened "
@@ -227,6 +246,20 @@ def _warm(ex: Any, spec: BenchSpec, done: threading.Event) -> bool:
             return True
         done.wait(0.01)
     return False
+
+
+def _run_driven(
+    ex: Any, driver: Callable[[], None], done: threading.Event, timeout_s: float, name: str
+) -> Any:
+    """Runs the job on ``ex`` with ``driver`` on a thread of its own, until the job ends
+    or ``done`` is set; ``done`` is set and the driver joined before returning."""
+    thread = threading.Thread(target=driver, name=name, daemon=True)
+    thread.start()
+    try:
+        return ex.run(timeout=timeout_s, stop_when=lambda _: done.is_set())
+    finally:
+        done.set()
+        thread.join()
 
 
 def recover_once(
@@ -270,13 +303,7 @@ def recover_once(
             done.wait(after_s)
             done.set()
 
-        thread = threading.Thread(target=driver, name="bench-recovery", daemon=True)
-        thread.start()
-        try:
-            result = ex.run(timeout=timeout_s, stop_when=lambda _: done.is_set())
-        finally:
-            done.set()
-            thread.join()
+        result = _run_driven(ex, driver, done, timeout_s, "bench-recovery")
         out.failures = list(result.failures)
         _summarise_recovery(out, result, stamps, seen)
         return out
@@ -322,7 +349,7 @@ def _summarise_recovery(
 
 
 @dataclass
-class RescaleResult:
+class RescaleResult(_RoundResult):
     """One live rescale: times in ms from the request."""
 
     executor: str
@@ -337,12 +364,9 @@ class RescaleResult:
     replayed_bytes: int = 0
     failures: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    kind: ClassVar[str] = "rescale"
 
-    def line(self) -> str:
-        if self.status == "failed":
-            return f"{self.executor} rescale: FAILED: {'; '.join(self.failures)}"
+    def _summary(self) -> str:
         return (
             f"{self.executor} live rescale {self.from_parallelism}->{self.to_parallelism}: "
             f"savepoint {_fmt(self.savepoint_ms)}, running {_fmt(self.running_ms)}, "
@@ -394,13 +418,7 @@ def rescale_once(
             done.wait(1.0)
             done.set()
 
-        thread = threading.Thread(target=driver, name="bench-rescale", daemon=True)
-        thread.start()
-        try:
-            result = ex.run(timeout=timeout_s, stop_when=lambda _: done.is_set())
-        finally:
-            done.set()
-            thread.join()
+        result = _run_driven(ex, driver, done, timeout_s, "bench-rescale")
         out.failures = list(result.failures)
         if "error" in asked:
             out.failures.append(f"the rescale was refused: {asked['error']}")

@@ -51,6 +51,7 @@ from spillover.rescale.streams import (
     RecordStream,
     ReplayBuffer,
     frames_in,
+    iter_replay,
     replay_buffer,
 )
 from spillover.storage import (
@@ -359,14 +360,7 @@ class FilteringRetriever:
         return not self._ready and self._stream >= len(self.streams)
 
     def __iter__(self) -> Iterator[ReplayBuffer]:
-        while True:
-            buf = self.poll_next()
-            if buf is not None:
-                yield buf
-            elif self.finished:
-                return
-            else:
-                self.wait()
+        return iter_replay(self)
 
     @property
     def routed(self) -> int:

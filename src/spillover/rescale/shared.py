@@ -23,7 +23,7 @@ import numpy as np
 from spillover.errors import ClosedError, ConfigError
 from spillover.rescale.filters import KeyGroupFilter
 from spillover.rescale.retriever import FilteringRetriever
-from spillover.rescale.streams import RecordStream, ReplayBuffer, replay_buffer
+from spillover.rescale.streams import RecordStream, ReplayBuffer, iter_replay, replay_buffer
 
 __all__ = ["SharedReplay", "SharedReplayPart"]
 
@@ -278,14 +278,7 @@ class SharedReplayPart:
         return self._shared._done and not self._shared._queues[self._slot]
 
     def __iter__(self) -> Iterator[ReplayBuffer]:
-        while True:
-            buf = self.poll_next()
-            if buf is not None:
-                yield buf
-            elif self.finished:
-                return
-            else:
-                self.wait()
+        return iter_replay(self)
 
     def close(self) -> None:
         """Stops taking this part's buffers; the last part closed ends the read."""

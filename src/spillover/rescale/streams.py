@@ -3,9 +3,9 @@ pieces (:class:`RecordStream`) and a replayed buffer (:class:`ReplayBuffer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,30 @@ def replay_buffer(data: object, channel: int, data_type: DataType) -> ReplayBuff
     out.channel_id = channel
     out.data_type = data_type
     return out
+
+
+class PolledReplay(Protocol):
+    """A replay read by polling: ``poll_next()`` hands out a buffer if one is ready,
+    ``wait()`` blocks until one may be, ``finished`` says nothing more comes."""
+
+    def poll_next(self) -> ReplayBuffer | None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
+def iter_replay(replay: PolledReplay) -> Iterator[ReplayBuffer]:
+    """Every buffer of ``replay`` in order, waiting whenever none is ready yet."""
+    while True:
+        buf = replay.poll_next()
+        if buf is not None:
+            yield buf
+        elif replay.finished:
+            return
+        else:
+            replay.wait()
 
 
 @dataclass(frozen=True, slots=True)

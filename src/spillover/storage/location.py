@@ -276,14 +276,7 @@ class Location:
             return
         if not overwrite and self.exists():
             raise self.exists_error(what, hint)
-        out = self.open_output(what)
-        try:
-            try:
-                out.write(data)
-            finally:
-                out.close()
-        except OSError as e:
-            raise self.error(f"cannot write {what}", e) from e
+        self._write_output(data, what)
 
     def _publish_local(
         self, data: bytes, *, fsync: bool, overwrite: bool, what: str, hint: str | None
@@ -405,6 +398,20 @@ class Location:
                 raise self.not_found(what) from e
             raise self.error(f"cannot open {what}", e) from e
 
+    def _write_output(
+        self, data: Any, what: str, *, exclusive: bool = False, hint: str | None = None
+    ) -> None:
+        """Writes ``data`` through :meth:`open_output` and closes the stream; a failed
+        write or close is a :class:`StorageError` naming ``what``."""
+        out = self.open_output(what, exclusive=exclusive, hint=hint)
+        try:
+            try:
+                out.write(data)
+            finally:
+                out.close()
+        except OSError as e:
+            raise self.error(f"cannot write {what}", e) from e
+
     def open_output(
         self, what: str = "file", *, exclusive: bool = False, hint: str | None = None
     ) -> Any:
@@ -434,14 +441,7 @@ class Location:
         back costs up to a switch interval); a failed write removes what it left.
         Elsewhere an output stream, after a check (:meth:`open_output`)."""
         if not self.local:
-            out = self.open_output(what, exclusive=True, hint=hint)
-            try:
-                try:
-                    out.write(data)
-                finally:
-                    out.close()
-            except OSError as e:
-                raise self.error(f"cannot write {what}", e) from e
+            self._write_output(data, what, exclusive=True, hint=hint)
             return
         view = memoryview(data).cast("B")  # (pyarrow's buffers say signed bytes)
         rc, step = native.write_new_file(self.path, view, native.SECTION_FSYNC if fsync else 0)

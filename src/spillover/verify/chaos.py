@@ -19,8 +19,9 @@ from typing import Any
 
 from spillover.deploy import create_executor
 from spillover.runtime.failures import FailureInjector
+from spillover.runtime.jobmaster import JobResult
 from spillover.runtime.network.tcp.faults import NetworkFault
-from spillover.verify import VerifySpec, compare, config_for, output_of, run_once
+from spillover.verify import RunOutput, VerifySpec, compare, config_for, output_of, run_once
 
 __all__ = ["HEARTBEATS", "kill_spec", "run_killing_a_worker", "run_with_network_fault"]
 
@@ -91,18 +92,15 @@ def run_killing_a_worker(
     if "error" in box:
         raise box["error"]
     result = box["result"]
-    actual = output_of(spec, result, out_dir, graph.max_parallelism)
-    report = compare(spec, baseline, actual)
-    return {
-        "status": result.status,
-        "attempts": result.attempts,
-        "failures": result.failures,
-        "killed": killed,
-        "restart_s": result.restart_s,
-        "exact": report.exact,
-        "report": report.text(),
-        "rows": len(actual.rows),
-    }
+    return _outcome(
+        spec,
+        baseline,
+        result,
+        out_dir,
+        graph.max_parallelism,
+        killed=killed,
+        restart_s=result.restart_s,
+    )
 
 
 def run_with_network_fault(
@@ -128,13 +126,26 @@ def run_with_network_fault(
     config = config_for(spec, ckpt).with_options(HEARTBEATS)
     ex: Any = create_executor(executor, graph, config, master=master, network_fault=fault)
     result = ex.run(timeout=300)
-    actual = output_of(spec, result, out_dir, graph.max_parallelism)
+    return _outcome(spec, baseline, result, out_dir, graph.max_parallelism, fault=fault.describe())
+
+
+def _outcome(
+    spec: VerifySpec,
+    baseline: RunOutput,
+    result: JobResult,
+    out_dir: str,
+    max_parallelism: int,
+    **what: Any,
+) -> dict[str, Any]:
+    """What a faulted run did (JSON-able): its status, attempts and failures, ``what``
+    befell it, and how its committed output in ``out_dir`` compares with ``baseline``."""
+    actual = output_of(spec, result, out_dir, max_parallelism)
     report = compare(spec, baseline, actual)
     return {
         "status": result.status,
         "attempts": result.attempts,
         "failures": result.failures,
-        "fault": fault.describe(),
+        **what,
         "exact": report.exact,
         "report": report.text(),
         "rows": len(actual.rows),

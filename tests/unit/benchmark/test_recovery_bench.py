@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from spillover.benchmark import BenchSpec
 from spillover.benchmark.recovery import (
     SinkBatch,
     recover_once,
@@ -21,20 +20,10 @@ from spillover.benchmark.recovery import (
     to_markdown,
     window_start,
 )
+from support.benchmarks import short_spec
 
 RUN_PY = Path(__file__).resolve().parents[3] / "bench" / "flink" / "run.py"
 FLINK_JARS = Path.home() / ".cache" / "spillover" / "flink" / "jars-2.3.0" / ".complete"
-
-
-def _spec(tmp_path: Path) -> BenchSpec:
-    return BenchSpec(
-        policies=["unaligned"],
-        warmup_s=0.3,
-        interval_ms=100,
-        sink_rate=2_000,
-        checkpoint_dir=str(tmp_path),
-        executor="local",
-    )
 
 
 def _batches(*points: tuple[float, int]) -> list[SinkBatch]:
@@ -49,7 +38,7 @@ def test_throughput_is_back_where_a_full_window_starts() -> None:
 
 
 def test_a_recovery_round_reports_the_restart_from_the_failure(tmp_path: Path) -> None:
-    r = recover_once(_spec(tmp_path), "local", after_s=1.0, timeout_s=120)
+    r = recover_once(short_spec(tmp_path), "local", after_s=1.0, timeout_s=120)
     assert r.status == "ok", r.line()
     assert r.restored_checkpoint is not None
     assert r.first_record_ms is not None and r.first_record_ms > 0
@@ -64,7 +53,7 @@ def test_a_recovery_round_reports_the_restart_from_the_failure(tmp_path: Path) -
 
 
 def test_a_live_rescale_round_reports_the_first_sink_record_at_3(tmp_path: Path) -> None:
-    r = rescale_once(_spec(tmp_path), "local", 3, timeout_s=120)
+    r = rescale_once(short_spec(tmp_path), "local", 3, timeout_s=120)
     assert r.status == "ok", r.line()
     assert (r.from_parallelism, r.to_parallelism) == (2, 3)
     assert r.first_sink_record_ms is not None and r.first_sink_record_ms > 0

@@ -7,25 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from spillover.benchmark import BenchSpec
 from spillover.benchmark.stop import STOP_KINDS, stop_once, summarise, to_markdown, variants
 from spillover.errors import ConfigError
-
-
-def _spec(tmp_path: Path) -> BenchSpec:
-    return BenchSpec(
-        policies=["unaligned"],
-        warmup_s=0.3,
-        interval_ms=100,
-        sink_rate=2_000,
-        checkpoint_dir=str(tmp_path),
-        executor="local",
-    )
+from support.benchmarks import short_spec
 
 
 @pytest.mark.parametrize("pure", [False, True])
 def test_each_kind_of_stop_is_timed_and_summarised(tmp_path: Path, pure: bool) -> None:
-    spec = _spec(tmp_path)
+    spec = short_spec(tmp_path)
     results = [stop_once(spec, kind, "local", pure=pure, timeout_s=120) for kind in STOP_KINDS]
     for r in results:
         assert r.status == "stopped", r.line()
@@ -58,6 +47,6 @@ def test_variants_alternate_every_kind_on_every_executor() -> None:
 
 def test_bad_stops_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown stop"):
-        stop_once(_spec(tmp_path), "drain")
+        stop_once(short_spec(tmp_path), "drain")
     with pytest.raises(ConfigError, match="local executor only"):
-        stop_once(_spec(tmp_path), "unaligned", "spark", pure=True)
+        stop_once(short_spec(tmp_path), "unaligned", "spark", pure=True)

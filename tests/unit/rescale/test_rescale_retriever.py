@@ -13,7 +13,7 @@ import random
 import struct
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,6 +235,32 @@ def records_once_each(got: Replayed, state: OldState) -> dict[int, list[bytes]]:
     return per_subtask
 
 
+def any_key(rng: random.Random) -> int:
+    return rng.randrange(-(2**63), 2**63)
+
+
+def keyed_records(
+    rng: random.Random,
+    n: int,
+    up_old: int,
+    down_old: int,
+    max_p: int,
+    draw_key: Callable[[random.Random], int],
+) -> tuple[dict[tuple[int, int], list[bytes]], dict[int, int]]:
+    """``n`` records of keys from ``draw_key`` and payloads of up to 40 or up to 200
+    bytes, each on a random old upstream's channel to its key group's old downstream:
+    the records per old channel, and each record's key group by its id."""
+    placed: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+    kg_of: dict[int, int] = {}
+    for rid in range(n):
+        key = draw_key(rng)
+        rec = record(key, rid, rng.randbytes(rng.choice([rng.randint(0, 40), rng.randint(0, 200)])))
+        kg_of[rid] = assign_to_key_group(key, max_p, key_type="int64")
+        d = operator_index_for_key_group(max_p, down_old, kg_of[rid])
+        placed[rng.randrange(up_old), d].append(rec)
+    return placed, kg_of
+
+
 @st.composite
 def rescales(draw: st.DrawFn) -> tuple[int, int, int, int, int]:
     up_old, down_old, up_new, down_new = (draw(st.integers(1, 8)) for _ in range(4))
@@ -255,15 +281,7 @@ def test_every_record_reaches_its_key_group_owner_exactly_once_and_in_order(
 ) -> None:
     up_old, down_old, up_new, down_new, max_p = par
     rng = random.Random(seed)
-    placed: dict[tuple[int, int], list[bytes]] = defaultdict(list)
-    kg_of: dict[int, int] = {}
-    for rid in range(n):
-        key = rng.randrange(-(2**63), 2**63)
-        size = rng.choice([rng.randint(0, 40), rng.randint(0, 200)])
-        rec = record(key, rid, rng.randbytes(size))
-        kg_of[rid] = assign_to_key_group(key, max_p, key_type="int64")
-        d = operator_index_for_key_group(max_p, down_old, kg_of[rid])
-        placed[rng.randrange(up_old), d].append(rec)
+    placed, kg_of = keyed_records(rng, n, up_old, down_old, max_p, any_key)
     m = key_by_mapping(up_old, down_old, up_new, down_new, max_p)
     with tempfile.TemporaryDirectory() as tmp:
         state = old_state(Path(tmp), placed, up_old, down_old, rng, buffer_size)
@@ -683,14 +701,14 @@ def test_one_shared_read_gives_each_new_subtask_exactly_its_records_in_order(
 ) -> None:
     up_old, down_old, up_new, down_new, max_p = par
     rng = random.Random(seed)
-    placed: dict[tuple[int, int], list[bytes]] = defaultdict(list)
-    kg_of: dict[int, int] = {}
-    for rid in range(n):
-        key = rng.choice(pool) if rng.random() < 0.5 else rng.randrange(-(2**63), 2**63)
-        rec = record(key, rid, rng.randbytes(rng.choice([rng.randint(0, 40), rng.randint(0, 200)])))
-        kg_of[rid] = assign_to_key_group(key, max_p, key_type="int64")
-        d = operator_index_for_key_group(max_p, down_old, kg_of[rid])
-        placed[rng.randrange(up_old), d].append(rec)
+    placed, kg_of = keyed_records(
+        rng,
+        n,
+        up_old,
+        down_old,
+        max_p,
+        lambda rng: rng.choice(pool) if rng.random() < 0.5 else any_key(rng),
+    )
     m = key_by_mapping(up_old, down_old, up_new, down_new, max_p)
     with tempfile.TemporaryDirectory() as tmp:
         state = old_state(Path(tmp), placed, up_old, down_old, rng, buffer_size)
