@@ -206,9 +206,16 @@ class ServedJob:
         return None if request is None else request.status()
 
     def operation(self, trigger_id: str) -> Operation | None:
+        """A trigger's state. A stop whose savepoint the master has taken stays in
+        progress until the job ended and the registry says so (Flink's stop
+        completes once the job terminated); a stop that failed ends at once."""
         with self._lock:
-            t = self._triggers.get(trigger_id)
-        return None if t is None else Operation.of(t)
+            t, stop = self._triggers.get(trigger_id), self._stop
+        if t is None:
+            return None
+        if t is stop and t.done and t.error is None and not self.ended:
+            return Operation("IN_PROGRESS")
+        return Operation.of(t)
 
     def cancel(self) -> None:
         self._check_running()

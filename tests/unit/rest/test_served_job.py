@@ -22,18 +22,21 @@ class StandIn:
     def __init__(self) -> None:
         self.status = JobStatusTracker()
         self.requests: list[SavepointRequest] = []
+        self.stop = SavepointRequest(BarrierKind.ALIGNED)
 
     def trigger_savepoint(self, target: str | None, unaligned: bool = False) -> SavepointRequest:
         self.requests.append(SavepointRequest(BarrierKind.ALIGNED))
         return self.requests[-1]
 
     def stop_with_savepoint(self, **options: Any) -> SavepointRequest:
-        return SavepointRequest(BarrierKind.ALIGNED)  # answered when the job ends
+        self.stop = SavepointRequest(BarrierKind.ALIGNED)
+        return self.stop
 
     def cancel(self) -> None:
         pass
 
     def run(self, **options: Any) -> JobResult:
+        self.stop.succeeded("/sp")  # as the job master does, before its run returns
         self.status.ended("stopped")
         return JobResult("job", "stopped", 1, 0.0, savepoint="/sp")
 
