@@ -25,9 +25,9 @@ from spillover.runtime.api import StateDescriptor
 from spillover.runtime.checkpointing.metadata import (
     METADATA_FORMAT,
     CheckpointStorage,
-    new_metadata,
 )
 from spillover.runtime.state import HeapKeyedStateBackend
+from support.checkpoint_golden import empty_metadata
 from support.stores import Store
 
 PAYLOADS = [os.urandom(n) for n in (0, 1, 4096, 70000, 1 << 20)]
@@ -151,15 +151,7 @@ def test_checkpoint_metadata_round_trips_and_names_the_latest(store: Store) -> N
     cs = CheckpointStorage(store.uri, "job/with odd name")
     assert cs.latest() is None and cs.highest_id() == 0
     for cid in (1, 2):
-        meta = new_metadata(
-            job_name="j",
-            checkpoint_id=cid,
-            trigger_ms=0,
-            fingerprint="f",
-            settings={},
-            tasks={},
-            final=False,
-        )
+        meta = empty_metadata(cid)
         cs.write_metadata(cid, meta)
     latest = cs.latest()
     assert latest is not None and latest.checkpoint_id == 2 and latest.metadata == meta

@@ -79,10 +79,9 @@ def golden_files() -> dict[str, bytes]:
     }
 
 
-def as_version_1(raw: dict[str, Any]) -> dict[str, Any]:
-    """Version 2 metadata as version 1 wrote it: every gate's channel maps inline
-    (read from the channel index), no channel index."""
-    meta = CheckpointMetadata.from_json(raw)
+def inlined(meta: CheckpointMetadata) -> CheckpointMetadata:
+    """``meta`` with every gate's channel maps inline (read from the channel index),
+    and no channel index."""
 
     def inline(cs: ChannelStateMeta | None) -> ChannelStateMeta | None:
         if cs is None:
@@ -101,4 +100,21 @@ def as_version_1(raw: dict[str, Any]) -> dict[str, Any]:
         )
         for uid, op in meta.tasks.items()
     }
-    return dataclasses.replace(meta, version=1, channel_index=None, tasks=tasks).to_json()
+    return dataclasses.replace(meta, channel_index=None, tasks=tasks)
+
+
+def as_version_1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 metadata as version 1 wrote it: every gate's channel maps inline
+    (read from the channel index), no channel index."""
+    return dataclasses.replace(inlined(CheckpointMetadata.from_json(raw)), version=1).to_json()
+
+
+def empty_metadata(checkpoint_id: int) -> CheckpointMetadata:
+    """The metadata of a checkpoint of job ``j`` that holds no task: for tests of
+    where metadata goes and how it is listed, not of what it says."""
+    from spillover.runtime.checkpointing.metadata import new_metadata
+
+    return new_metadata(
+        job_name="j", checkpoint_id=checkpoint_id, trigger_ms=0, fingerprint="f",
+        settings={}, tasks={}, final=False,
+    )  # fmt: skip

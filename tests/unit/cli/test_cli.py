@@ -594,19 +594,12 @@ def test_inspect_of_a_checkpoint_with_damaged_metadata_is_a_failed_check(
     """Exit 1 with the damage named, as for a damaged state file (docs/getting-started.md),
     not 3 ("the run could not complete") nor a JSON parser's message; the other
     checkpoints are still reported."""
-    from spillover.runtime.checkpointing.metadata import CheckpointStorage, new_metadata
+    from spillover.runtime.checkpointing.metadata import CheckpointStorage
+    from support.checkpoint_golden import empty_metadata
 
     storage = CheckpointStorage(str(tmp_path), "j")
     for cid in (1, 2):
-        meta = new_metadata(
-            job_name="j",
-            checkpoint_id=cid,
-            trigger_ms=0,
-            fingerprint="f",
-            settings={},
-            tasks={},
-            final=False,
-        )
+        meta = empty_metadata(cid)
         storage.write_metadata(cid, meta)
     (tmp_path / "j" / "chk-1" / "_metadata").write_bytes(metadata)
     assert main(["inspect", str(tmp_path / "j")]) == 1

@@ -6,7 +6,6 @@ traceback."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from spillover.runtime.checkpointing.checkpoint_meta import (
 from spillover.runtime.checkpointing.metadata import METADATA_FILE, CheckpointStorage
 from spillover.storage.channel_index import INDEX_FILE, encode_entry, resolve_all
 from spillover.storage.handle import GateKind, GateStateHandle
+from support.checkpoint_golden import inlined
 
 _ids = itertools.count(1)
 
@@ -108,29 +108,6 @@ def _gates(meta: CheckpointMetadata) -> list[GateStateHandle]:
     ]
 
 
-def _resolved(meta: CheckpointMetadata) -> CheckpointMetadata:
-    """``meta`` with every gate's channel maps inline, and no channel index."""
-
-    def inline(cs: ChannelStateMeta | None) -> ChannelStateMeta | None:
-        if cs is None:
-            return None
-        return dataclasses.replace(
-            cs, input=tuple(resolve_all(cs.input)), output=tuple(resolve_all(cs.output))
-        )
-
-    tasks = {
-        uid: dataclasses.replace(
-            op,
-            subtasks={
-                i: dataclasses.replace(s, channel_state=inline(s.channel_state))
-                for i, s in op.subtasks.items()
-            },
-        )
-        for uid, op in meta.tasks.items()
-    }
-    return dataclasses.replace(meta, tasks=tasks, channel_index=None)
-
-
 def _write(meta: CheckpointMetadata) -> tuple[CheckpointStorage, int]:
     storage = CheckpointStorage(tempfile.mkdtemp(prefix="boundary-"), "j")
     cid = next(_ids)
@@ -162,7 +139,7 @@ def test_acknowledged_maps_go_into_the_index_unchanged_and_read_back_equal(
         assert all(h.index is not None and not h.channels for h in _gates(back))
     else:
         assert back.channel_index is None and not index.exists()
-    assert _resolved(back) == _resolved(meta)
+    assert inlined(back) == inlined(meta)
 
 
 def test_a_handle_from_an_acknowledgement_decodes_only_when_asked() -> None:

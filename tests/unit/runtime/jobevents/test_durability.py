@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from spillover.config import Config
-from spillover.runtime.checkpointing.metadata import new_metadata
 from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.wiring import checkpoint_storage
+from support.checkpoint_golden import empty_metadata
 
 
 def _synced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -32,11 +32,7 @@ def test_metadata_and_the_event_log_are_fsynced_unless_turned_off(
     storage = checkpoint_storage(Config.from_dict(options), "job")
     assert storage is not None
     calls = _synced(monkeypatch)
-    meta = new_metadata(
-        job_name="job", checkpoint_id=1, trigger_ms=0, fingerprint="f", settings={},
-        tasks={}, final=False,
-    )  # fmt: skip
-    storage.write_metadata(1, meta)
+    storage.write_metadata(1, empty_metadata(1))
     assert bool(calls) is (fsync is None)
     calls.clear()
     rec = JobRecovery(storage, enabled=True, explicit_restore=None, lease_ttl_s=30.0)
