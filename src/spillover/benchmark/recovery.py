@@ -248,6 +248,23 @@ def _warm(ex: Any, spec: BenchSpec, done: threading.Event) -> bool:
     return False
 
 
+def _steady(stamps: str, done: threading.Event) -> bool:
+    """Waits until the sinks took records throughout the last :data:`STEADY_S` (the
+    window the steady rate is measured over: a loaded machine may starve them for a
+    while after the warm-up); False if ``done`` was set first."""
+    started = time.time()
+    while not done.wait(0.05):
+        now = time.time()
+        if now - started < STEADY_S:
+            continue
+        batches, _ = read_stamps(stamps)
+        if any(now - STEADY_S - 0.1 <= b.t < now - STEADY_S + 0.4 for b in batches) and any(
+            b.t >= now - 0.4 for b in batches
+        ):
+            return True
+    return False
+
+
 def _run_driven(
     ex: Any, driver: Callable[[], None], done: threading.Event, timeout_s: float, name: str
 ) -> Any:
@@ -285,7 +302,7 @@ def recover_once(
         seen: dict[str, float] = {}
 
         def driver() -> None:
-            if not _warm(ex, spec, done) or done.wait(STEADY_S):
+            if not _warm(ex, spec, done) or not _steady(stamps, done):
                 return
             first_run = ex.running_since()
             open(os.path.join(stamps, "arm"), "w").close()
