@@ -47,6 +47,7 @@ from spillover.runtime.failures import FailureInjector, FailureSpec, InducedFail
 POLICY = "unaligned"  # the job's checkpoints
 MIN_CHECKPOINTS = 2  # completed before the failure or the rescale
 STEADY_S = 2.0  # the steady rate is measured over this long before the failure
+STEADY_BATCHES = 4  # ... or longer, to take in at least this many sink batches
 WINDOW_S = 0.5  # throughput is back once a window this long reaches RECOVERED_SHARE
 RECOVERED_SHARE = 0.9
 FAILING_VERTEX = "count"  # the keyed count's subtask 0 fails
@@ -248,23 +249,6 @@ def _warm(ex: Any, spec: BenchSpec, done: threading.Event) -> bool:
     return False
 
 
-def _steady(stamps: str, done: threading.Event) -> bool:
-    """Waits until the sinks took records throughout the last :data:`STEADY_S` (the
-    window the steady rate is measured over: a loaded machine may starve them for a
-    while after the warm-up); False if ``done`` was set first."""
-    started = time.time()
-    while not done.wait(0.05):
-        now = time.time()
-        if now - started < STEADY_S:
-            continue
-        batches, _ = read_stamps(stamps)
-        if any(now - STEADY_S - 0.1 <= b.t < now - STEADY_S + 0.4 for b in batches) and any(
-            b.t >= now - 0.4 for b in batches
-        ):
-            return True
-    return False
-
-
 def _run_driven(
     ex: Any, driver: Callable[[], None], done: threading.Event, timeout_s: float, name: str
 ) -> Any:
@@ -302,7 +286,7 @@ def recover_once(
         seen: dict[str, float] = {}
 
         def driver() -> None:
-            if not _warm(ex, spec, done) or not _steady(stamps, done):
+            if not _warm(ex, spec, done) or done.wait(STEADY_S):
                 return
             first_run = ex.running_since()
             open(os.path.join(stamps, "arm"), "w").close()
@@ -340,12 +324,19 @@ def _summarise_recovery(
     with open(failed_path) as f:
         tf = float(f.read())
     batches, opens = read_stamps(stamps)
-    before = [b for b in batches if b.attempt == 0 and tf - STEADY_S - 0.1 <= b.t < tf - 0.1]
+    # The sinks' rate before the failure, over the last STEADY_S, or further back
+    # to take in at least STEADY_BATCHES batches: a backpressured sink takes its
+    # records in bursts, seconds apart on a loaded machine.
+    earlier = sorted(b.t for b in batches if b.attempt == 0 and b.t < tf)
+    start = min([tf - STEADY_S, *earlier[-STEADY_BATCHES:][:1]])
+    # (a batch holds what the sink took since the one before: the first at the
+    # window's start counts only as its start)
+    before = [b for b in batches if b.attempt == 0 and start < b.t < tf]
     after = [b for b in batches if b.attempt > 0]
     if not after:
         out.failures.append("no sink record after the restore")
         return
-    out.steady_rps = round(sum(b.records for b in before) / STEADY_S, 1)
+    out.steady_rps = round(sum(b.records for b in before) / (tf - start), 1)
     out.restored_checkpoint = result.restored_from[0]
     out.first_record_ms = round((after[0].t - tf) * 1000, 1)
     ninety = window_start(after, RECOVERED_SHARE * out.steady_rps, WINDOW_S)
