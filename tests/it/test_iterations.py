@@ -85,21 +85,13 @@ class _CommitOnceFeedbackLogged(FailureInjector):
         super().__init__(specs)
         self.storage = storage
 
-    def check(
-        self,
-        point: str,
-        attempt: int,
-        vertex_uid: str,
-        subtask: int,
-        *,
-        records: int = 0,
-        checkpoint: int | None = None,
-    ) -> None:
+    def ready(
+        self, point: str, attempt: int, vertex_uid: str, subtask: int, checkpoint: int | None
+    ) -> bool:
         if point == "commit" and vertex_uid == "loop-head" and checkpoint is not None:
             head = self.storage.read(checkpoint).operator("loop-head").subtasks.values()
-            if not any(s.channel_state and s.channel_state.bytes for s in head):
-                return
-        super().check(point, attempt, vertex_uid, subtask, records=records, checkpoint=checkpoint)
+            return any(s.channel_state and s.channel_state.bytes for s in head)
+        return True
 
 
 @pytest.mark.parametrize("policy", ["aligned", "unaligned"])

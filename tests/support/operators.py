@@ -108,20 +108,11 @@ class FailAtFinalCommit(FailureInjector):
         super().__init__([FailureSpec("commit", vertex_uid, subtask)])
         self.sink = sink
 
-    def check(
-        self,
-        point: str,
-        attempt: int,
-        vertex_uid: str,
-        subtask: int,
-        *,
-        records: int = 0,
-        checkpoint: int | None = None,
-    ) -> None:
+    def ready(
+        self, point: str, attempt: int, vertex_uid: str, subtask: int, checkpoint: int | None
+    ) -> bool:
         final = FinalCheckpointSink.final.get((self.sink, subtask))
-        if point == "commit" and (final is None or checkpoint != final):
-            return
-        super().check(point, attempt, vertex_uid, subtask, records=records, checkpoint=checkpoint)
+        return point != "commit" or (final is not None and checkpoint == final)
 
 
 class DecliningSnapshots(Operator):

@@ -42,7 +42,7 @@ from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.deploy import create_executor
 from spillover.errors import SpilloverError
 from spillover.runtime.api import Batch, Operator, OperatorContext
-from spillover.runtime.failures import FailureInjector, FailureSpec, InducedFailure
+from spillover.runtime.failures import FailureInjector, FailureSpec
 
 POLICY = "unaligned"  # the job's checkpoints
 MIN_CHECKPOINTS = 2  # completed before the failure or the rescale
@@ -127,26 +127,20 @@ class ArmedFailure(FailureInjector):
         super().__init__([FailureSpec("operator", FAILING_VERTEX, 0)])
         self.directory = directory
 
-    def check(
-        self,
-        point: str,
-        attempt: int,
-        vertex_uid: str,
-        subtask: int,
-        *,
-        records: int = 0,
-        checkpoint: int | None = None,
-    ) -> None:
-        if point != "operator" or vertex_uid != FAILING_VERTEX or subtask != 0 or attempt:
-            return
-        if not self.pending or not os.path.exists(os.path.join(self.directory, "arm")):
-            return
-        try:
-            super().check(point, attempt, vertex_uid, subtask, records=records)
-        except InducedFailure:
-            with open(os.path.join(self.directory, "failed"), "w") as f:
-                f.write(f"{time.time():.6f}\n")
-            raise
+    def ready(
+        self, point: str, attempt: int, vertex_uid: str, subtask: int, checkpoint: int | None
+    ) -> bool:
+        return (
+            point == "operator"
+            and vertex_uid == FAILING_VERTEX
+            and subtask == 0
+            and not attempt
+            and os.path.exists(os.path.join(self.directory, "arm"))
+        )
+
+    def firing(self, spec: FailureSpec, attempt: int) -> None:
+        with open(os.path.join(self.directory, "failed"), "w") as f:
+            f.write(f"{time.time():.6f}\n")
 
 
 def window_start(batches: Sequence[SinkBatch], rate: float, window_s: float) -> float | None:

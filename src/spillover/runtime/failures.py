@@ -75,6 +75,18 @@ class FailureInjector:
     def pending(self) -> int:
         return len(self.specs) - len(self.fired)
 
+    def ready(
+        self, point: str, attempt: int, vertex_uid: str, subtask: int, checkpoint: int | None
+    ) -> bool:
+        """Whether the next spec may fire at this point, beyond what the spec itself
+        asks: a script that waits for something outside the job (a file, what a
+        checkpoint holds) says no until it is there."""
+        return True
+
+    def firing(self, spec: FailureSpec, attempt: int) -> None:
+        """Called as ``spec`` fires in ``attempt``, before its failure is raised: a
+        script that tells the outside world when it fired does so here."""
+
     def check(
         self,
         point: str,
@@ -86,6 +98,8 @@ class FailureInjector:
         checkpoint: int | None = None,
     ) -> None:
         if len(self.fired) == len(self.specs):
+            return
+        if not self.ready(point, attempt, vertex_uid, subtask, checkpoint):
             return
         with self._lock:
             if len(self.fired) == len(self.specs):
@@ -108,6 +122,7 @@ class FailureInjector:
             index = len(self.fired) - 1
         if self.on_fire is not None:
             self.on_fire(index, attempt)
+        self.firing(s, attempt)
         raise InducedFailure(f"induced failure: {s.describe()} (attempt {attempt})")
 
     def mark_fired(self, index: int, attempt: int) -> None:
