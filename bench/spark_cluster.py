@@ -10,94 +10,28 @@ the worker processes (Spark tasks) that wrote them.
     PYTHONPATH=src .venv/bin/python bench/spark_cluster.py      # W = 4; k:N = 1:5 2:5 2:6
     PYTHONPATH=src .venv/bin/python bench/spark_cluster.py --runs 2:6 --json out.json
 
-The master and workers run in the foreground of this process's children
-(``spark-class ...Master`` / ``...Worker``, what ``sbin/start-master.sh`` and
-``sbin/start-worker.sh`` start as daemons), so that they end with it whatever
-happens. One SparkContext a process: the driver is this process.
+The cluster is :func:`spillover.deploy.spark.standalone.standalone_cluster`. One
+SparkContext a process: the driver is this process.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 SLOTS = "taskmanager.numberOfTaskSlots"
 PER_FILE = "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"
 SRC = str(Path(__file__).resolve().parent.parent / "src")
+if SRC not in sys.path:
+    sys.path.insert(0, SRC)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark {what} did not start") from None
-            time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def standalone_cluster(root: str, workers: int, cores: int) -> Iterator[str]:
-    """``spark://127.0.0.1:<port>``: a standalone master and ``workers`` workers of
-    ``cores`` cores and 1 GiB each, on loopback; stopped on exit."""
-    import pyspark
-
-    home = os.path.dirname(pyspark.__file__)
-    env = {
-        **os.environ,
-        "SPARK_HOME": home,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
-        "SPARK_LOG_DIR": os.path.join(root, "logs"),
-        "SPARK_WORKER_DIR": os.path.join(root, "work"),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    spark_class = os.path.join(home, "bin", "spark-class")
-    port = _free_port()
-    log = open(os.path.join(root, "cluster.log"), "wb")  # noqa: SIM115  (closed below)
-    procs: list[subprocess.Popen[bytes]] = []
-    master_class = "org.apache.spark.deploy.master.Master"
-    worker_class = "org.apache.spark.deploy.worker.Worker"
-    try:
-        ui = str(_free_port())
-        args = [master_class, "--host", "127.0.0.1", "--port", str(port), "--webui-port", ui]
-        master = subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=log)
-        procs.append(master)
-        _wait_port(port, master, "master")
-        url = f"spark://127.0.0.1:{port}"
-        for _ in range(workers):
-            args = [worker_class, "--host", "127.0.0.1", "--cores", str(cores), "--memory", "1g"]
-            args += ["--webui-port", str(_free_port()), url]
-            procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=log))
-        yield url
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        log.close()
+from spillover.deploy.spark.standalone import standalone_cluster  # noqa: E402
 
 
 def channel_files(checkpoints: Path) -> dict[int, int]:
@@ -197,12 +131,12 @@ def main() -> None:
     rows = []
     with (
         tempfile.TemporaryDirectory(prefix="spillover-cluster-") as root,
-        standalone_cluster(root, args.workers, args.cores) as url,
+        standalone_cluster(root, args.workers, args.cores) as cluster,
     ):
         for run in args.runs:
             k, n = (int(x) for x in run.split(":"))
             workdir = os.path.join(root, f"k{k}-n{n}")
-            rows.append(measure(url, workdir, k, n, args.parallelism, args.failures))
+            rows.append(measure(cluster.url, workdir, k, n, args.parallelism, args.failures))
             print(f"k = {k}, N = {n}: done", file=sys.stderr, flush=True)
     if args.json:
         with open(args.json, "w") as f:
