@@ -339,6 +339,17 @@ def compare(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
         attempt_failures=list(actual.result.failures),
         inflight_restored=_inflight_restored(r),
     )
+    if actual.finished_from is not None:
+        whole = not (lost or duplicated or unexpected)
+        report.errors.append(
+            f"it failed for good; restored from its latest checkpoint "
+            f"({actual.finished_from}) with no faults, it ended {actual.finished_status}: "
+            + (
+                "every record committed once, nothing it had committed lost"
+                if whole and actual.finished_status == "finished"
+                else "its whole output differs as below"
+            )
+        )
     return check_promises(spec, expected, actual, report)
 
 

@@ -34,6 +34,10 @@ class RunOutput:
     restored_inflight: int = 0  # in-flight bytes of the checkpoint a rescale restored
     out_dir: str | None = None  # where the run committed its output
     max_parallelism: int = 0
+    # A run that failed for good: the latest checkpoint it was then restored from
+    # and run to the end without faults (verify.run.finish_failed), and how that ended.
+    finished_from: int | None = None
+    finished_status: str | None = None
 
 
 ID_COLUMNS = ("partition", "seq")

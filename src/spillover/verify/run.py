@@ -81,7 +81,40 @@ def run_once(
     result = _executor(spec, graph, cfg, executor, failures=failures).run(timeout=600)
     if on_ended is not None:
         on_ended()
+    if result.status == "failed" and result.completed_checkpoints():
+        return finish_failed(spec, cfg, out_dir, name, result, failures)
     return output_of(spec, result, out_dir, graph.max_parallelism, failures)
+
+
+def finish_failed(
+    spec: VerifySpec,
+    cfg: Config,
+    out_dir: str,
+    name: str,
+    failed: JobResult,
+    failures: FailureInjector,
+) -> RunOutput:
+    """A run that failed for good (its restart strategy exhausted), restored from its
+    latest completed checkpoint and run to the end with no failures (and, in
+    ``spillover chaos``, no storage faults: they are disarmed by then). What it
+    committed before failing must stay, once, so the comparison of the whole output
+    with the failure-free run's still names every record lost or duplicated; the
+    result keeps ``status`` ``failed`` (the run did not survive its faults) and
+    ``finished_from`` says where it was restored from."""
+    cid = int(failed.completed_checkpoints()[-1]["checkpoint_id"])
+    graph = spec.factory()(out_dir, name, spec.parallelism).build()
+    result = _executor(spec, graph, cfg, restore_checkpoint=cid).run(timeout=600)
+    result.attempts += failed.attempts
+    result.checkpoints = failed.checkpoints + result.checkpoints
+    result.failures = failed.failures + result.failures
+    result.restored_from = failed.restored_from + result.restored_from
+    result.replayed_bytes += failed.replayed_bytes
+    finished = result.status
+    result.status = failed.status
+    out = output_of(spec, result, out_dir, graph.max_parallelism, failures)
+    out.finished_from = cid
+    out.finished_status = finished
+    return out
 
 
 class _TwoRuns:
@@ -220,10 +253,28 @@ def run_stopped(
 
     def stop() -> None:
         deadline = time.monotonic() + stop_after
+        attempt = (first.running_since(), len(failures.fired))  # (its start, failures then)
+        checkpointed = False  # a checkpoint completed in some attempt
         while not stopping.wait(0.01):
-            # Not before a checkpoint completed: a job slow to start (storage far
-            # away) would be stopped before its sources emitted anything.
-            if first.completed_ids() and (time.monotonic() >= deadline or failures.pending == 0):
+            checkpointed = checkpointed or bool(first.completed_ids())
+            due = time.monotonic() >= deadline or failures.pending == 0
+            if spec.stop == "drain":
+                # While an induced failure restarts the job, the next attempt, restored
+                # from a checkpoint that may precede every record, would take the
+                # drain at once and end its sources before they emit one, leaving
+                # nothing to commit (chaos 29-60; tests/it/test_drained_stop.py asks
+                # one so, on purpose). A drain waits for an attempt that runs and
+                # sent records.
+                if first.running_since() != attempt[0]:  # another attempt began
+                    attempt = (first.running_since(), len(failures.fired))
+                running = attempt[0] is not None and len(failures.fired) == attempt[1]
+                sent = sum(m.get("records_out", 0.0) for m in first.task_metrics().values())
+                ready = checkpointed and running and sent > 0
+            else:
+                # Not before a checkpoint completed: a job slow to start (storage far
+                # away) would be stopped before its sources emitted anything.
+                ready = bool(first.completed_ids())
+            if ready and due:
                 if on_stop is not None:
                     on_stop()
                 first.stop_with_savepoint(
@@ -238,6 +289,10 @@ def run_stopped(
     finally:
         stopping.set()
         stopper.join()
+    if r1.savepoint is None and r1.status == "failed" and r1.completed_checkpoints():
+        # Failed for good before the stop: finished from its latest checkpoint, the
+        # whole output is compared (no drain ended the sources).
+        return finish_failed(spec, runs.cfg, runs.out_dir, name, r1, failures)
     if r1.savepoint is None:
         raise ConfigError(
             "the run ended before it was stopped with a savepoint: give it more records "
@@ -390,7 +445,7 @@ def verify(
             # Half way through (at the latest), so the stop comes while the job runs.
             half = 0.5 * baseline.result.duration_s + (30.0 if spec.executor != "local" else 0)
             actual = run_stopped(spec, workdir, "with-stop", injector, half, on_stop, ended)
-            if spec.stop == "drain":
+            if spec.stop == "drain" and actual.finished_from is None:
                 report = compare_drained(spec, baseline, actual)
             else:
                 report = compare(spec, baseline, actual)
