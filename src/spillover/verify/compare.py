@@ -74,6 +74,9 @@ class Report:
     inflight_restored: int = 0
     # --kill-driver: each start of the driver and how it ended
     driver_starts: list[str] = field(default_factory=list)
+    # A drained stop: how many records its sources emitted before the drain ended
+    # them (their positions in the savepoint), all of which must be committed once.
+    drain_emitted: int | None = None
 
     def shortfalls(self) -> list[str]:
         """Why the run proved less than its spec asked for, even when exact."""
@@ -95,6 +98,20 @@ class Report:
                 "(e.g. a ThrottledSink) so that records queue up under backpressure"
             )
         return out
+
+    def vacuous(self) -> list[str]:
+        """Why a run that committed nothing and did not fail proved nothing, said
+        plainly (``spillover chaos`` counts it as not exact, kind ``Vacuous``): a
+        drain that ended its sources before they emitted a record, or no output."""
+        if self.records or self.errors:
+            return []
+        if self.drain_emitted == 0:
+            return [
+                "Vacuous: the drain ended the sources before they emitted a record (their "
+                "positions in the savepoint are all 0), so nothing was lost and the drain's "
+                "commits went untested"
+            ]
+        return ["Vacuous: nothing was committed, so the comparison proved nothing"]
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -129,6 +146,11 @@ class Report:
                 "drain": "drain and a savepoint",
             }[self.spec.stop]
             lines.append(f"stopped part way with {how}, then restored from the savepoint")
+            if self.drain_emitted is not None:
+                lines.append(
+                    f"the drain ended the sources once they had emitted {self.drain_emitted:,} "
+                    "records (their positions in the savepoint)"
+                )
         elif self.spec.rescale_to:
             lines.append(
                 f"rescaled from the latest checkpoint, which held {self.restored_inflight} "
@@ -317,6 +339,17 @@ def compare(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
         attempt_failures=list(actual.result.failures),
         inflight_restored=_inflight_restored(r),
     )
+    if actual.finished_from is not None:
+        whole = not (lost or duplicated or unexpected)
+        report.errors.append(
+            f"it failed for good; restored from its latest checkpoint "
+            f"({actual.finished_from}) with no faults, it ended {actual.finished_status}: "
+            + (
+                "every record committed once, nothing it had committed lost"
+                if whole and actual.finished_status == "finished"
+                else "its whole output differs as below"
+            )
+        )
     return check_promises(spec, expected, actual, report)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,10 @@ class RunOutput:
     restored_inflight: int = 0  # in-flight bytes of the checkpoint a rescale restored
     out_dir: str | None = None  # where the run committed its output
     max_parallelism: int = 0
+    # A run that failed for good: the latest checkpoint it was then restored from
+    # and run to the end without faults (verify.run.finish_failed), and how that ended.
+    finished_from: int | None = None
+    finished_status: str | None = None
 
 
 ID_COLUMNS = ("partition", "seq")
@@ -189,3 +194,57 @@ def output_of(
         out_dir=out_dir,
         max_parallelism=max_parallelism,
     )
+
+
+@dataclass(frozen=True)
+class DrainedSources:
+    """What a drained run's sources emitted before the drain ended them, read from
+    its savepoint: per committed partition (the source's partition plus its
+    topology's offset, :data:`~spillover.verify.topologies.SOURCE_PARTITION_OFFSETS`),
+    the ``seq`` of the next record the source would have emitted. A drain must
+    commit every record below it once, whatever the sink committed."""
+
+    savepoint: str
+    next_seq: Mapping[int, int]
+
+    @property
+    def records(self) -> int:
+        """How many records the sources emitted in all."""
+        return sum(self.next_seq.values())
+
+    def emitted(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Which of ``rows`` (``partition``, ``seq``) the sources had emitted."""
+        parts = np.fromiter(self.next_seq, np.int64, len(self.next_seq))
+        ends = np.fromiter(self.next_seq.values(), np.int64, len(self.next_seq))
+        order = np.argsort(parts)
+        parts, ends = parts[order], ends[order]
+        if not len(parts):
+            return np.zeros(len(rows), bool)
+        p = rows["partition"].astype(np.int64)
+        at = np.clip(np.searchsorted(parts, p), 0, len(parts) - 1)
+        return np.asarray((parts[at] == p) & (rows["seq"].astype(np.int64) < ends[at]))
+
+
+def drained_sources(savepoint: str, offsets: Mapping[str, int]) -> DrainedSources:
+    """The positions of the sources named in ``offsets`` (``uid -> partition offset``)
+    in ``savepoint``: each subtask's ``{"next_seq": {partition: seq}}`` operator state
+    (a :class:`~spillover.runtime.connectors.generator.GeneratorSource`'s). A source
+    whose state is missing raises :class:`ConfigError`: without it, what the drain
+    had to commit is unknown."""
+    from spillover.runtime.checkpointing.metadata import load_checkpoint
+
+    meta = load_checkpoint(savepoint)
+    next_seq: dict[int, int] = {}
+    for op in meta.tasks.values():
+        for sub in op.subtasks.values():
+            for uid, state in sub.operators.items():
+                if uid not in offsets:
+                    continue
+                if not isinstance(state, Mapping) or "next_seq" not in state:
+                    raise ConfigError(
+                        f"the savepoint holds no position of source {uid!r}",
+                        detail=f"{savepoint}: its state is {type(state).__name__}",
+                    )
+                for part, seq in dict(state["next_seq"]).items():
+                    next_seq[offsets[uid] + int(part)] = int(seq)
+    return DrainedSources(savepoint, next_seq)

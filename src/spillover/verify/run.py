@@ -3,6 +3,7 @@ failures (and rescaled restores), then the comparison."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,9 +29,11 @@ from spillover.verify.compare import (
 )
 from spillover.verify.driver import run_killing_the_driver
 from spillover.verify.output import (
+    DrainedSources,
     RunOutput,
     _read,
     _state_of,
+    drained_sources,
     output_of,
 )
 from spillover.verify.spec import (
@@ -41,6 +44,7 @@ from spillover.verify.spec import (
 from spillover.verify.topologies import (
     KEYED_CHECKS,
     SHORT_OFFSET,
+    SOURCE_PARTITION_OFFSETS,
     SUMMARY_PARTITION,
     TOPOLOGIES,
     _ship_by_value,
@@ -77,7 +81,40 @@ def run_once(
     result = _executor(spec, graph, cfg, executor, failures=failures).run(timeout=600)
     if on_ended is not None:
         on_ended()
+    if result.status == "failed" and result.completed_checkpoints():
+        return finish_failed(spec, cfg, out_dir, name, result, failures)
     return output_of(spec, result, out_dir, graph.max_parallelism, failures)
+
+
+def finish_failed(
+    spec: VerifySpec,
+    cfg: Config,
+    out_dir: str,
+    name: str,
+    failed: JobResult,
+    failures: FailureInjector,
+) -> RunOutput:
+    """A run that failed for good (its restart strategy exhausted), restored from its
+    latest completed checkpoint and run to the end with no failures (and, in
+    ``spillover chaos``, no storage faults: they are disarmed by then). What it
+    committed before failing must stay, once, so the comparison of the whole output
+    with the failure-free run's still names every record lost or duplicated; the
+    result keeps ``status`` ``failed`` (the run did not survive its faults) and
+    ``finished_from`` says where it was restored from."""
+    cid = int(failed.completed_checkpoints()[-1]["checkpoint_id"])
+    graph = spec.factory()(out_dir, name, spec.parallelism).build()
+    result = _executor(spec, graph, cfg, restore_checkpoint=cid).run(timeout=600)
+    result.attempts += failed.attempts
+    result.checkpoints = failed.checkpoints + result.checkpoints
+    result.failures = failed.failures + result.failures
+    result.restored_from = failed.restored_from + result.restored_from
+    result.replayed_bytes += failed.replayed_bytes
+    finished = result.status
+    result.status = failed.status
+    out = output_of(spec, result, out_dir, graph.max_parallelism, failures)
+    out.finished_from = cid
+    out.finished_status = finished
+    return out
 
 
 class _TwoRuns:
@@ -216,10 +253,28 @@ def run_stopped(
 
     def stop() -> None:
         deadline = time.monotonic() + stop_after
+        attempt = (first.running_since(), len(failures.fired))  # (its start, failures then)
+        checkpointed = False  # a checkpoint completed in some attempt
         while not stopping.wait(0.01):
-            # Not before a checkpoint completed: a job slow to start (storage far
-            # away) would be stopped before its sources emitted anything.
-            if first.completed_ids() and (time.monotonic() >= deadline or failures.pending == 0):
+            checkpointed = checkpointed or bool(first.completed_ids())
+            due = time.monotonic() >= deadline or failures.pending == 0
+            if spec.stop == "drain":
+                # While an induced failure restarts the job, the next attempt, restored
+                # from a checkpoint that may precede every record, would take the
+                # drain at once and end its sources before they emit one, leaving
+                # nothing to commit (chaos 29-60; tests/it/test_drained_stop.py asks
+                # one so, on purpose). A drain waits for an attempt that runs and
+                # sent records.
+                if first.running_since() != attempt[0]:  # another attempt began
+                    attempt = (first.running_since(), len(failures.fired))
+                running = attempt[0] is not None and len(failures.fired) == attempt[1]
+                sent = sum(m.get("records_out", 0.0) for m in first.task_metrics().values())
+                ready = checkpointed and running and sent > 0
+            else:
+                # Not before a checkpoint completed: a job slow to start (storage far
+                # away) would be stopped before its sources emitted anything.
+                ready = bool(first.completed_ids())
+            if ready and due:
                 if on_stop is not None:
                     on_stop()
                 first.stop_with_savepoint(
@@ -234,6 +289,10 @@ def run_stopped(
     finally:
         stopping.set()
         stopper.join()
+    if r1.savepoint is None and r1.status == "failed" and r1.completed_checkpoints():
+        # Failed for good before the stop: finished from its latest checkpoint, the
+        # whole output is compared (no drain ended the sources).
+        return finish_failed(spec, runs.cfg, runs.out_dir, name, r1, failures)
     if r1.savepoint is None:
         raise ConfigError(
             "the run ended before it was stopped with a savepoint: give it more records "
@@ -248,22 +307,23 @@ def run_stopped(
     return out
 
 
-def drained_part(expected: RunOutput, actual: RunOutput) -> RunOutput:
+def drained_part(expected: RunOutput, sources: DrainedSources) -> RunOutput:
     """What a failure-free run committed of the records a drained run's sources had
-    emitted when it stopped: per source partition, the records up to the highest
-    ``seq`` the drained run committed (a drain commits a contiguous prefix of each
-    partition, so a gap below it is a loss). ``finish()`` summaries are left out of
-    both (:func:`drained_summaries_wrong` checks them)."""
-    e, a = expected.rows, actual.rows
-    data = a[a["partition"] < SUMMARY_PARTITION]
-    parts, inverse = np.unique(data["partition"], return_inverse=True)
-    high = np.full(len(parts), -1, dtype=np.int64)
-    np.maximum.at(high, inverse, data["seq"].astype(np.int64))
-    where = np.clip(np.searchsorted(parts, e["partition"]), 0, max(len(parts) - 1, 0))
-    emitted = np.zeros(len(e), dtype=bool)
-    if len(parts):
-        emitted = (parts[where] == e["partition"]) & (e["seq"] <= high[where])
-    return RunOutput(expected.result, e[emitted], {}, out_dir=expected.out_dir)
+    emitted when the drain ended them (``sources``, read from its savepoint): per
+    source partition, the records below the source's position. Not the drained
+    run's own output, which would hide a lost tail (or everything, when it
+    committed nothing). ``finish()`` summaries are left out (:func:`drained_summaries_wrong`
+    checks them). A data partition of the failure-free run that the savepoint
+    holds no position of raises :class:`ConfigError`."""
+    e = expected.rows
+    e = e[e["partition"] < SUMMARY_PARTITION]
+    unknown = sorted(set(np.unique(e["partition"]).tolist()) - set(sources.next_seq))
+    if unknown:
+        raise ConfigError(
+            "the drained run's savepoint holds no position of some source partitions",
+            detail=f"{sources.savepoint}: partitions {unknown[:20]}",
+        )
+    return RunOutput(expected.result, e[sources.emitted(e)], {}, out_dir=expected.out_dir)
 
 
 def drained_summaries_wrong(rows: np.ndarray[Any, Any]) -> list[tuple[int, int, int]]:
@@ -279,6 +339,29 @@ def drained_summaries_wrong(rows: np.ndarray[Any, Any]) -> list[tuple[int, int, 
         if committed != seen:
             wrong.append((p, int(seen), committed))
     return wrong
+
+
+def compare_drained(spec: VerifySpec, expected: RunOutput, actual: RunOutput) -> Report:
+    """The verdict on a drained stop: every record the sources emitted before the
+    drain ended them (their positions in the savepoint, ``actual.result.savepoint``)
+    committed once, in order, and nothing else; ``finish()`` summaries count the
+    records committed. The keyed state is not compared (a drain ends it part way)."""
+    if actual.result.savepoint is None:
+        raise ConfigError("the drained run has no savepoint to read its sources' positions from")
+    sources = drained_sources(actual.result.savepoint, SOURCE_PARTITION_OFFSETS)
+    rows = actual.rows
+    data = dataclasses.replace(actual, rows=rows[rows["partition"] < SUMMARY_PARTITION], state={})
+    report = compare(spec, drained_part(expected, sources), data)
+    report.drain_emitted = sources.records
+    report.summaries_wrong = drained_summaries_wrong(rows)
+    report.exact = report.exact and not report.summaries_wrong
+    if spec.topology == "finishing":
+        report.checks.append("finish() summaries count the committed records")
+    report.checks.append(
+        f"a drain commits every record its sources emitted ({sources.records:,}, up to "
+        "each partition's position in the savepoint) once"
+    )
+    return report
 
 
 def check_runs_as_batch(spec: VerifySpec) -> None:
@@ -362,19 +445,8 @@ def verify(
             # Half way through (at the latest), so the stop comes while the job runs.
             half = 0.5 * baseline.result.duration_s + (30.0 if spec.executor != "local" else 0)
             actual = run_stopped(spec, workdir, "with-stop", injector, half, on_stop, ended)
-            if spec.stop == "drain":
-                rows = actual.rows
-                actual.state = {}
-                actual.rows = rows[rows["partition"] < SUMMARY_PARTITION]
-                report = compare(spec, drained_part(baseline, actual), actual)
-                report.summaries_wrong = drained_summaries_wrong(rows)
-                report.exact = report.exact and not report.summaries_wrong
-                if spec.topology == "finishing":
-                    report.checks.append("finish() summaries count the committed records")
-                report.checks.append(
-                    "a drain commits every record its sources emitted (the failure-free "
-                    "run's, up to each partition's last committed one) once"
-                )
+            if spec.stop == "drain" and actual.finished_from is None:
+                report = compare_drained(spec, baseline, actual)
             else:
                 report = compare(spec, baseline, actual)
             report.duration_s = time.monotonic() - started

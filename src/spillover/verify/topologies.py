@@ -51,6 +51,15 @@ TOPOLOGIES = ("pipeline", "multi-input", "union", "finishing", "iteration", *RES
 # ``SUMMARY_PARTITION + p`` (data records keep theirs).
 SUMMARY_PARTITION = 100_000
 SHORT_OFFSET = 1000  # ``finishing``: the short branch's partitions are 1000 + p
+# What a built-in topology's sources add to their partitions before the sink
+# (``per_partition_keys``): ``uid -> offset``, to map a source's savepoint position
+# of partition ``p`` onto the committed rows of partition ``offset + p``.
+SOURCE_PARTITION_OFFSETS = {
+    "source": 0,
+    "source-a": 0,
+    "source-b": 1000,
+    "short-source": SHORT_OFFSET,
+}
 # ``finishing``'s event-time branch: tumbling window counts of the main branch per
 # key, committed under the output directory (``key``, ``window_end``, ``count``).
 WINDOW_VIEW_DIR = "windows"
