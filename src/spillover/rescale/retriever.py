@@ -140,13 +140,11 @@ class FilteringRetriever:
     A :class:`~spillover.rescale.shared.SharedReplay` reads once for several new
     subtasks this way, each output being one new subtask's new channel.
 
-    Memory stays bounded: one open retriever's read-ahead (two while the next
-    file, opened once the reader of one holds its last blocks, starts reading
-    during their filtering), one partly filled buffer per output, one partial
-    record per stream and the buffers one input buffer produced.
-    ``poll_next()`` never waits for data (opening the next state file reads its
-    header and trailer) and, filtering, takes at most one read-ahead block per
-    call (``blocks_read`` counts them).
+    Memory stays bounded: one open retriever's read-ahead, one partly filled
+    buffer per output, one partial record per stream and the buffers one
+    input buffer produced. ``poll_next()`` never waits for data (opening the
+    next state file reads its header and trailer) and, filtering, takes at most
+    one read-ahead block per call (``blocks_read`` counts them).
     """
 
     def __init__(
@@ -300,10 +298,6 @@ class FilteringRetriever:
         self._skip: dict[int, int] = {}
         self._file = 0
         self._file_left: int | None = None
-        # Payload bytes of the wanted channels not taken yet from the open file; once
-        # its reader holds all of them, the next file opens (:meth:`_open_next`).
-        self._file_bytes_left = 0
-        self._next: tuple[int, Retriever] | None = None  # (plan entry, opened early)
         self._files_ended = False
         # Bytes fed to the demux per stream and piece (after its skip): where a
         # checkpoint taken meanwhile cuts each stream (remainder).
@@ -430,7 +424,6 @@ class FilteringRetriever:
             return
         self._closed = True
         self._close_retriever()
-        self._close_next()
         self._demuxes.clear()
         self._ready.clear()
 
@@ -486,14 +479,13 @@ class FilteringRetriever:
                 if left == 0:
                     self._file += 1
                     continue
-                self._retriever = self._open_file(self._file)
-                self._file_left = left
-                # (without a frame count the whole file is read: nothing opens early)
-                self._file_bytes_left = (
-                    sum(handle.channels.get(c, (0, 0))[1] for c in channels)
-                    if left is not None
-                    else handle.size
+                self._retriever = open_retriever(
+                    handle,
+                    filesystem=self._filesystem,
+                    channels=channels if left is not None else None,
+                    **self._options,
                 )
+                self._file_left = left
                 self._skip = {
                     c: self._plan_skips.get((self._file, c), 0)
                     for c in channels
@@ -511,8 +503,6 @@ class FilteringRetriever:
                 continue
             self._take_frames(frames, channels, phase)
             self.blocks_read += 1
-            if self._next is None and self._file_bytes_left <= self._read_ahead:
-                self._open_next()
             if self._file_left is not None and self._file_left <= 0:
                 # the rest of the file holds other channels only
                 self._close_retriever()
@@ -535,7 +525,6 @@ class FilteringRetriever:
         wanted = slots >= 0
         if self._file_left is not None:
             self._file_left -= int(np.count_nonzero(wanted))
-        self._file_bytes_left -= int(frames.lengths[wanted].sum())
         if not wanted.any():
             return
         for channel, skip in self._skip.items():
@@ -604,48 +593,11 @@ class FilteringRetriever:
         # The demux state is lost after an error, so the failure is sticky.
         self._error = error
         self._close_retriever()
-        self._close_next()
-
-    def _close_next(self) -> None:
-        if self._next is not None:
-            self._next[1].close()
-            self._next = None
 
     def _close_retriever(self) -> None:
         if self._retriever is not None:
             self._retriever.close()
             self._retriever = None
-
-    @property
-    def _read_ahead(self) -> int:
-        return int(self._options.get("read_ahead_bytes", StorageOptions().read_ahead_bytes))
-
-    def _open_file(self, index: int) -> Retriever:
-        """Plan entry ``index``'s retriever: the one opened early if it is that entry's."""
-        if self._next is not None:
-            at, r = self._next
-            self._next = None
-            if at == index:
-                return r
-            r.close()
-        handle, channels, left, _ = self._plan[index]  # type: ignore[index]
-        return open_retriever(
-            handle,
-            filesystem=self._filesystem,
-            channels=channels if left is not None else None,
-            **self._options,
-        )
-
-    def _open_next(self) -> None:
-        """Opens the next file to read while the open one's last blocks are filtered:
-        its reader has read them all ahead, so the next reader starts at once instead
-        of after them (the file's header and trailer, then its first block)."""
-        assert self._plan is not None
-        at = self._file + 1
-        while at < len(self._plan) and self._plan[at][2] == 0:
-            at += 1
-        if at < len(self._plan):
-            self._next = (at, self._open_file(at))
 
     def _open_piece(self) -> None:
         stream = self.streams[self._stream]
