@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from spillover.errors import SpilloverError
 from spillover.records import FieldKey
 from spillover.rescale import SharedReplayPart, rescaled_retrievers
 from spillover.runtime.recovery import replay
@@ -60,21 +61,25 @@ def share_reads(
         same = sorted(i for i, item in items.items() if item == first)
         if len(same) < 2:
             continue
-        edge = ReplayPlan(rescaled=(first,)).resolved().rescaled[0]
-        parts = rescaled_retrievers(
-            edge.mapping,
-            "input",
-            same,
-            input_handles=edge.input_handles,
-            output_handles=edge.output_handles,
-            key=FieldKey(edge.key_offset or 0, "int64"),
-            # as ChannelStateReplay replays a rescaled edge alone
-            buffer_size=replay.JOIN_BYTES,
-            input_references=edge.input_references,
-            partitioner=partitioner((uid, same[0]), gate),
-            read_block_bytes=replay.STEP_BYTES,
-            read_ahead_bytes=4 * replay.STEP_BYTES,
-        )
+        try:
+            edge = ReplayPlan(rescaled=(first,)).resolved().rescaled[0]
+            parts = rescaled_retrievers(
+                edge.mapping,
+                "input",
+                same,
+                input_handles=edge.input_handles,
+                output_handles=edge.output_handles,
+                key=FieldKey(edge.key_offset or 0, "int64"),
+                # as ChannelStateReplay replays a rescaled edge alone
+                buffer_size=replay.JOIN_BYTES,
+                input_references=edge.input_references,
+                partitioner=partitioner((uid, same[0]), gate),
+                read_block_bytes=replay.STEP_BYTES,
+                read_ahead_bytes=4 * replay.STEP_BYTES,
+            )
+        except SpilloverError:
+            # Each subtask meets it in its own replay, and fails there as before.
+            continue
         for i, part in parts.items():
             if isinstance(part, SharedReplayPart):
                 out.setdefault((uid, i), {})[gate] = part
