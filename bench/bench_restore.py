@@ -410,9 +410,10 @@ def replay(
     the pieces join); each file block by block, channels joined into 1 MiB buffers.
     Rescaled: ``rescaled_retrievers(..., buffer_size=1 MiB)``, one read of each old
     channel for every new downstream sharing it, each part drained on its own thread
-    (serial: in turn on one thread); with ``SPILLOVER_BENCH_RESTORE_SHARED=0``,
+    (serial: in turn on one thread), as a job's restore reads it for the subtasks of
+    one process; with ``SPILLOVER_BENCH_RESTORE_SHARED=0``,
     ``rescaled_retriever(..., buffer_size=1 MiB, coalesce=True)`` per new downstream,
-    as the runtime uses it. A reader per new channel.
+    as a subtask that shares nothing reads. A reader per new channel.
     """
     if parallel is None:
         parallel = schedule() == "parallel"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,11 +19,13 @@ import pytest
 from spillover.config import Config
 from spillover.deploy.local import LocalExecutor
 from spillover.errors import ConfigError, RescaleError, StorageError
+from spillover.runtime import wiring
 from spillover.runtime.api import Batch, Operator
 from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.operators import KeyedCount
+from spillover.runtime.recovery.shared_reads import SharedReads
 from spillover.streaming import StreamEnvironment
 from spillover.verify import VerifySpec, build, compare, config_for, output_of, run_once
 from support.checkpointed import checkpointed
@@ -51,6 +54,30 @@ def test_rescale_with_bounded_inflight_data(rescale_exact: Callable[..., None]) 
 
 def test_restore_without_rescaling(rescale_exact: Callable[..., None]) -> None:
     rescale_exact("union", 2, 2)
+
+
+def test_a_scale_up_reads_each_old_channel_once_per_process(
+    rescale_exact: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restored 2 -> 4 on the local executor (one process), the new subtasks that split
+    an old channel's key groups share one read of it, and the run stays exact."""
+    real = wiring.share_reads
+    shared: list[SharedReads] = []
+
+    def recording_share_reads(*args: Any, **kwargs: Any) -> SharedReads:
+        out = real(*args, **kwargs)
+        shared.append(out)
+        return out
+
+    monkeypatch.setattr(wiring, "share_reads", recording_share_reads)
+    rescale_exact("pipeline", 2, 4)
+    parts = [p for s in shared for gates in s.values() for p in gates.values()]
+    assert parts, "no restored attempt shared a read"
+    by_read: dict[int, set[int]] = {}
+    for p in parts:
+        by_read.setdefault(id(p._shared), set()).add(p.subtask)
+    # new 0 and 1 split old 0's key groups, new 2 and 3 old 1's: one read per pair
+    assert {frozenset(s) for s in by_read.values()} == {frozenset({0, 1}), frozenset({2, 3})}
 
 
 @pytest.mark.slow

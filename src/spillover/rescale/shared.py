@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from spillover.errors import ClosedError, ConfigError
 from spillover.rescale.filters import KeyGroupFilter
+from spillover.rescale.pieces import Piece
 from spillover.rescale.retriever import FilteringRetriever
 from spillover.rescale.streams import RecordStream, ReplayBuffer, iter_replay, replay_buffer
 
@@ -49,6 +50,11 @@ class SharedReplay:
     parts must be drained at once (one thread each, as the runtime runs
     subtasks, or in turn on one thread); a part never drained holds the others
     back once its queue is full, unless it is closed (its records are dropped).
+
+    A checkpoint taken while a part replays cuts that part alone
+    (:meth:`SharedReplayPart.cut`): its queued records and those the demultiplexer
+    packs so far are handed out, and where each stream stands is taken at the same
+    moment, with the read stopped; the other parts read on.
     """
 
     def __init__(
@@ -70,6 +76,11 @@ class SharedReplay:
             raise ConfigError("parts of a shared replay need one max parallelism and key offset")
         self.parts_ids = tuple(sorted(parts))
         slot = {p: i for i, p in enumerate(self.parts_ids)}
+        self._filters = [parts[p][1] for p in self.parts_ids]
+        # Per slot, its streams by old channel: what a cut part's rest is given as.
+        self._streams: list[dict[tuple[int, int], RecordStream]] = [
+            {(s.old_upstream, s.old_downstream): s for s in parts[p][0]} for p in self.parts_ids
+        ]
         owner = np.full(max_p, -1, np.int32)  # key group -> part slot
         for p, (_, f) in parts.items():
             if (owner[f.start : f.end + 1] >= 0).any():
@@ -193,16 +204,45 @@ class SharedReplay:
                 with self._changed:
                     self._changed.notify_all()
                 raise
-            with self._changed:
-                for buf in bufs:
-                    s, channel = divmod(int(buf.channel_id), self.n_channels)
-                    if self._open[s]:
-                        self._queues[s].append(replay_buffer(buf, channel, buf.data_type))
-                        self._queued[s] += len(buf)
-                self._changed.notify_all()
+            self._queue(bufs)
             return True
         finally:
             self._reading.release()
+            # A part waiting because this one was reading reads next, whatever it found.
+            with self._changed:
+                self._changed.notify_all()
+
+    def _queue(self, bufs: Sequence[ReplayBuffer]) -> None:
+        """Each buffer to the queue of the part its output belongs to (none if closed)."""
+        with self._changed:
+            for buf in bufs:
+                s, channel = divmod(int(buf.channel_id), self.n_channels)
+                if self._open[s]:
+                    self._queues[s].append(replay_buffer(buf, channel, buf.data_type))
+                    self._queued[s] += len(buf)
+            self._changed.notify_all()
+
+    def _cut(
+        self, slot: int
+    ) -> tuple[list[ReplayBuffer], list[tuple[RecordStream, tuple[Piece, ...]]]]:
+        """With the read stopped: every buffer of ``slot`` queued or partly packed, and
+        the rest of each of its streams from there (the other parts' packed records
+        join their queues)."""
+        with self._reading:
+            self._check()
+            r = self._retriever
+            self._queue(r.cut())
+            rest = [
+                (self._streams[slot][(s.old_upstream, s.old_downstream)], pieces)
+                for s, pieces in r.remainder()
+                if (s.old_upstream, s.old_downstream) in self._streams[slot]
+            ]
+            with self._changed:
+                out = list(self._queues[slot])
+                self._queues[slot].clear()
+                self._queued[slot] = 0
+                self._changed.notify_all()
+        return out, rest
 
     def _finish(self) -> None:
         self._done = True
@@ -247,6 +287,40 @@ class SharedReplayPart:
         self._slot = slot
         self.subtask = subtask
         self._closed = False
+        self._rest: list[tuple[RecordStream, tuple[Piece, ...]]] | None = None
+
+    @property
+    def filter(self) -> KeyGroupFilter:
+        """What this part keeps: its subtask's key groups (as a reference records it)."""
+        return self._shared._filters[self._slot]
+
+    @property
+    def blocks_read(self) -> int:
+        """Read-ahead blocks the shared read took so far, for every part."""
+        return self._shared.blocks_read
+
+    def cut(self) -> list[ReplayBuffer]:
+        """Every buffer of this part read so far, partly packed ones too, taken with the
+        read stopped; :meth:`remainder` then says where each of its streams stands at
+        that moment, whatever the other parts read meanwhile."""
+        if self._closed:
+            raise ClosedError("shared replay part is closed")
+        out, self._rest = self._shared._cut(self._slot)
+        return out
+
+    def remainder(
+        self, held: Callable[[RecordStream], int] | None = None
+    ) -> list[tuple[RecordStream, tuple[Piece, ...]]]:
+        """Per stream of this part not replayed to its end at the last :meth:`cut`,
+        ``(stream, pieces)`` from the first byte of the record it had begun (as
+        :meth:`FilteringRetriever.remainder`; only whole records are handed out, so
+        ``held`` must be None)."""
+        if held is not None:
+            raise ConfigError("a shared replay part hands out whole records only")
+        if self._rest is None:
+            raise ConfigError("cut a shared replay part before asking for its remainder")
+        rest, self._rest = self._rest, None
+        return rest
 
     def poll_next(self) -> ReplayBuffer | None:
         """The next buffer if one is ready, else ``None``."""

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spillover.rescale import SharedReplayPart
 from spillover.runtime.chain import OperatorChain
 from spillover.runtime.checkpointing.channel_state import CheckpointDir
 from spillover.runtime.checkpointing.finishing import (
@@ -132,6 +133,8 @@ class Task:
         self.output_wait_seconds = 0.0  # waiting for the output to drain: backpressure
         self.started_at = self.finished_at = 0.0
         self.replay: ChannelStateReplay | None = None  # recovered channel state
+        # Per rescaled input gate, its part of a read shared with subtasks here (wiring).
+        self.shared_reads: dict[int, SharedReplayPart] = {}
         self.head: LoopHead | None = None
         if vertex.is_iteration_head:
             feedback = frozenset(ch for ch, c in enumerate(channels) if c.edge.feedback)
@@ -241,6 +244,8 @@ class Task:
         except BaseException as e:  # reported to the executor, which fails over
             error = e if not self.cancelled.is_set() else TaskCancelled(self.name)
         finally:
+            for part in self.shared_reads.values():
+                part.close()  # a part nobody drains would hold its sharers back
             self.cp.release()
             self.output.close()
             error = self.chain.close() or error  # (a no-op when closed already)
@@ -276,6 +281,7 @@ class Task:
             offsets=self.cp.offsets,
             outboxes=self.output.outboxes,
             process=self.input.process if self.input is not None else _no_input,
+            shared=self.shared_reads,
         )
 
     def _source_output(self, i: int, out: Any) -> Any:

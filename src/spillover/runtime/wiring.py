@@ -27,6 +27,7 @@ from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
 from spillover.runtime.recovery.plan import graph_info
 from spillover.runtime.recovery.restore import TaskRestore
+from spillover.runtime.recovery.shared_reads import share_reads
 from spillover.runtime.state import HeapKeyedStateBackend
 from spillover.runtime.task import InputChannelInfo, Task
 
@@ -152,6 +153,13 @@ def build_tasks(
                 checkpointing=storage is not None,
             )
             tasks[(v.uid, i)].chain.job_run = run_id
+    # Old channels that several subtasks here replay of a rescaled edge: read once.
+    shared = share_reads(
+        {k: t.restore_state for k, t in tasks.items()},
+        lambda k, gate: tasks[k].cp.input_edges[gate].partitioner,
+    )
+    for key, parts in shared.items():
+        tasks[key].shared_reads = parts
     if storage is not None:  # the subtasks hosted here share channel-state files
         groups = channel_state_groups(
             list(tasks),

@@ -41,6 +41,7 @@ from spillover.rescale import (
     ReplayBuffer,
     Side,
     broadcast_source,
+    filter_retriever,
     map_edge,
     replay_owner,
     rescaled_retriever,
@@ -871,3 +872,65 @@ def test_a_corrupt_stream_fails_every_part_of_its_shared_read(tmp_path: Path) ->
     for p in failed.parts.values():
         with pytest.raises(CorruptRecordError):
             p.poll_next()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cut_after=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+    queued=st.sampled_from([256, 1024, 1 << 20]),
+)
+def test_a_part_cut_mid_read_hands_out_then_references_exactly_its_records(
+    cut_after: list[int], queued: int
+) -> None:
+    """A checkpoint during a shared read: each part, cut after its ``cut_after``-th
+    buffer while the others read on, has handed out some records; replaying the rest
+    it references with its own filter gives exactly the others, in order per old
+    channel, as a checkpoint taken then must restore."""
+    with tempfile.TemporaryDirectory() as tmp:
+        m, state, owner = split_state(Path(tmp), 1500)
+        parts = rescaled_retrievers(
+            m,
+            "input",
+            range(4),
+            input_handles=state.inputs,
+            output_handles=state.outputs,
+            buffer_size=256,
+            max_queued_bytes=queued,
+            read_block_bytes=4096,
+        )
+        old_channel = state.old_channel_by_rid()
+        before: dict[int, list[ReplayBuffer]] = {i: [] for i in parts}
+        rest: dict[int, list[Any]] = {}
+        polls = dict.fromkeys(parts, 0)
+        while len(rest) < len(parts):
+            moved = False
+            for i, p in parts.items():
+                if i in rest:
+                    if p.poll_next() is not None:  # read on after the cut, as a task does
+                        moved = True
+                    continue
+                if polls[i] >= cut_after[i] or p.finished:
+                    before[i] += p.cut()
+                    rest[i] = p.remainder()
+                    moved = True
+                elif (buf := p.poll_next()) is not None:
+                    before[i].append(buf)
+                    polls[i] += 1
+                    moved = True
+            if not moved:
+                next(p for i, p in parts.items() if i not in rest).wait(0.05)
+        for i, p in parts.items():
+            streams = [
+                RecordStream.of(pieces, s.old_upstream, s.old_downstream, s.channel)
+                for s, pieces in rest[i]
+            ]
+            with filter_retriever(streams, p.filter, partitioner=None, buffer_size=256) as r:
+                after = list(r)
+            p.close()
+            got = per_old_channel(before[i], old_channel)
+            for k, recs in per_old_channel(after, old_channel).items():
+                got.setdefault(k, []).extend(recs)
+            mine = sorted(rid for rid, o in owner.items() if o == i)
+            assert sorted(rid_of(x) for recs in got.values() for x in recs) == mine
+            for recs in got.values():  # in the order each old channel holds them
+                assert [rid_of(x) for x in recs] == sorted(rid_of(x) for x in recs)

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from spillover.records import FieldKey, RecordReader
-from spillover.rescale import Piece, RecordStream, Reference, compose, filter_retriever
+from spillover.rescale import (
+    Piece,
+    RecordStream,
+    Reference,
+    SharedReplayPart,
+    compose,
+    filter_retriever,
+)
 from spillover.rescale import rescaled_retriever as rescaled
 from spillover.runtime.graph import JobEdge
 from spillover.runtime.recovery import replay
@@ -33,7 +40,9 @@ class ChannelStateReplay:
     """One restored subtask's recovered channel state (a :class:`ReplayPlan`), replayed
     step by step: its own output files go into the outboxes at once, its input state
     (old channels' streams first, then its own files and what they reference) one
-    step at a time."""
+    step at a time. ``shared`` gives, per rescaled input gate, this subtask's part of
+    a read shared with other subtasks of its process (``shared_reads.py``); other
+    rescaled gates are read by a retriever of its own."""
 
     def __init__(
         self,
@@ -44,6 +53,7 @@ class ChannelStateReplay:
         offsets: Sequence[int],
         outboxes: Sequence[Any],
         process: Process,
+        shared: Mapping[int, SharedReplayPart] | None = None,
     ) -> None:
         self.offsets = offsets
         self.replayed_bytes = 0
@@ -97,6 +107,11 @@ class ChannelStateReplay:
             filtered(gate, plan.filtered(gate), None)
         for item in plan.rescaled:
             k = item.gate
+            part = (shared or {}).get(k)
+            if part is not None:  # read once for the subtasks here that share it
+                filtered(k, item.filtered_references, part.filter)
+                parts.append((k, part, part.filter))
+                continue
             # key_by edges filter by the key group of the edge's int64 key field.
             retriever = rescaled(
                 item.mapping,

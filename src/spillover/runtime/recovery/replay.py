@@ -38,7 +38,7 @@ import numpy as np
 
 from spillover.errors import CorruptFrameError
 from spillover.records import FrameJoiner
-from spillover.rescale import Filter, FilteringRetriever, Piece, Reference
+from spillover.rescale import Filter, FilteringRetriever, Piece, Reference, SharedReplayPart
 from spillover.rescale.pieces import missing_frames
 from spillover.storage import DataType, GateStateHandle, Retriever, open_retriever
 
@@ -46,10 +46,14 @@ from spillover.storage import DataType, GateStateHandle, Retriever, open_retriev
 JOIN_BYTES = 1 << 20
 # Bytes read per step (the retrievers' block): a barrier waits at most one step.
 STEP_BYTES = 1 << 20
+# Longest wait of a step for a block: a part of a shared read may wait for its
+# sharers, and the task loop takes mail and barriers in between.
+STEP_WAIT_S = 0.05
 
-Part = tuple[int, FilteringRetriever, Filter]
-"""``(gate, retriever, filter)``: old channels' streams replayed on one input gate,
-and the filter a reference to their rest records."""
+Part = tuple[int, FilteringRetriever | SharedReplayPart, Filter]
+"""``(gate, retriever, filter)``: old channels' streams replayed on one input gate
+(alone, or a part of a read shared with other subtasks of this process), and the
+filter a reference to their rest records."""
 
 
 class StreamRecovery:
@@ -83,9 +87,8 @@ class StreamRecovery:
                     r.close()
                     self._next += 1
                     continue
-                if read or n:
+                if read or n or not r.wait(STEP_WAIT_S):
                     return True
-                r.wait()
                 continue
             self.replayed_bytes += len(buf)
             n += len(buf)
