@@ -180,10 +180,12 @@ class SharedReplay:
         """Reads one block for every part if no one else is; whether it got anywhere."""
         if not self._reading.acquire(blocking=False):
             return False
+        tried = False
         try:
             self._check()
             if self._done or self._held_back(slot):
-                return False
+                return False  # nothing changed: waking the others would only spin them
+            tried = True
             r = self._retriever
             try:
                 first = r.poll_next()
@@ -197,29 +199,32 @@ class SharedReplay:
                     nxt = r.poll_next()
                     assert nxt is not None
                     bufs.append(nxt)
-                if r.finished:
-                    self._done = True
             except BaseException as e:
                 self._error = e
                 with self._changed:
                     self._changed.notify_all()
                 raise
-            self._queue(bufs)
+            # Done only together with the last buffers: a part that saw the read done
+            # before its last buffers were queued would close and lose them.
+            self._queue(bufs, done=r.finished)
             return True
         finally:
             self._reading.release()
-            # A part waiting because this one was reading reads next, whatever it found.
-            with self._changed:
-                self._changed.notify_all()
+            if tried:  # a part waiting because this one was reading reads next
+                with self._changed:
+                    self._changed.notify_all()
 
-    def _queue(self, bufs: Sequence[ReplayBuffer]) -> None:
-        """Each buffer to the queue of the part its output belongs to (none if closed)."""
+    def _queue(self, bufs: Sequence[ReplayBuffer], done: bool = False) -> None:
+        """Each buffer to the queue of the part its output belongs to (none if closed);
+        with ``done``, the read ends in the same step, under the same lock."""
         with self._changed:
             for buf in bufs:
                 s, channel = divmod(int(buf.channel_id), self.n_channels)
                 if self._open[s]:
                     self._queues[s].append(replay_buffer(buf, channel, buf.data_type))
                     self._queued[s] += len(buf)
+            if done:
+                self._done = True
             self._changed.notify_all()
 
     def _cut(
@@ -245,8 +250,8 @@ class SharedReplay:
         return out, rest
 
     def _finish(self) -> None:
-        self._done = True
         with self._changed:
+            self._done = True
             self._changed.notify_all()
 
     def _wait(self, slot: int, timeout: float | None) -> bool:

@@ -39,6 +39,7 @@ from spillover.rescale import (
     FilteringRetriever,
     RecordStream,
     ReplayBuffer,
+    SharedReplay,
     Side,
     broadcast_source,
     filter_retriever,
@@ -934,3 +935,29 @@ def test_a_part_cut_mid_read_hands_out_then_references_exactly_its_records(
             assert sorted(rid_of(x) for recs in got.values() for x in recs) == mine
             for recs in got.values():  # in the order each old channel holds them
                 assert [rid_of(x) for x in recs] == sorted(rid_of(x) for x in recs)
+
+
+def test_no_part_of_a_shared_read_is_finished_before_its_last_buffers_are_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read ends together with its last buffers: a part that saw it ended first
+    would close, and the buffers queued for it after would be dropped (records lost)."""
+    m, state, owner = split_state(tmp_path, 2000)
+    kw: dict[str, Any] = {"input_handles": state.inputs, "output_handles": state.outputs}
+    parts = rescaled_retrievers(m, "input", range(4), **kw)
+    seen: list[bool] = []
+    original = SharedReplay._queue
+
+    def queue(self: SharedReplay, bufs: Any, done: bool = False) -> None:
+        # What another task thread would see at this moment, between two steps.
+        seen.extend(p.finished for p in parts.values() if p._shared is self)  # type: ignore[union-attr]
+        original(self, bufs, done)
+
+    monkeypatch.setattr(SharedReplay, "_queue", queue)
+    got = drain_in_turn(parts)
+    assert seen and not any(seen)
+    for i, bufs in got.items():
+        records, _ = collect(bufs)
+        assert sorted(rid_of(x) for r in records.values() for x in r) == sorted(
+            rid for rid, o in owner.items() if o == i
+        )

@@ -87,9 +87,12 @@ class StreamRecovery:
                     r.close()
                     self._next += 1
                     continue
-                if read or n or not r.wait(STEP_WAIT_S):
-                    return True
-                continue
+                if not (read or n):
+                    # One bounded wait a step, whatever ends it: a step that waited
+                    # again could spin for as long as a part sharing its read is held
+                    # up, taking no mail, barrier or cancel meanwhile.
+                    r.wait(STEP_WAIT_S)
+                return True
             self.replayed_bytes += len(buf)
             n += len(buf)
             self._process(gate, buf)

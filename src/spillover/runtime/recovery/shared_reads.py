@@ -77,7 +77,7 @@ def share_reads(
                 read_block_bytes=replay.STEP_BYTES,
                 read_ahead_bytes=4 * replay.STEP_BYTES,
             )
-        except SpilloverError:
+        except (SpilloverError, OSError):
             # Each subtask meets it in its own replay, and fails there as before.
             continue
         for i, part in parts.items():

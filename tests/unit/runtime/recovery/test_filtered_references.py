@@ -294,3 +294,33 @@ def test_a_step_reads_at_most_one_block(tmp_path: Path) -> None:
         assert r.blocks_read - before <= 1
     assert r.blocks_read > 4
     assert sink.got == {s: list(range(300)) for s in range(4)}
+
+
+class _HeldBack:
+    """A replay held up by another part sharing its read: nothing ready, not finished,
+    and its wait wakes at once every time (the others notify as they step)."""
+
+    blocks_read = 0
+    finished = False
+    ready = False
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def poll_next(self) -> None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        if self.waits > 1:
+            raise AssertionError("a step waited twice")
+        return True
+
+
+def test_a_step_held_up_by_a_shared_read_returns_after_one_wait() -> None:
+    """A step waits once and returns, whatever woke it: the task takes its mail,
+    barriers and cancel between steps even while a part sharing its read is stuck."""
+    held = _HeldBack()
+    recovery = rec.StreamRecovery([(0, held, None)], lambda gate, buf: None)  # type: ignore[list-item]
+    assert recovery.step() is True
+    assert held.waits == 1
