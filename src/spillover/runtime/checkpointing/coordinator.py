@@ -463,6 +463,14 @@ class CheckpointCoordinator:
         aligned checkpoint (no data is in flight any more) commits the last output."""
         if self._final_done or self._finished_tasks < set(self.tasks):
             return
+        # Not while a stop's savepoint is pending: a task that takes a barrier newer
+        # than the savepoint it holds lets go of it (it cannot complete any more, as
+        # far as that task knows), a source does not, and if the savepoint completed
+        # after all, the sources would end suspended while the tasks behind them waited
+        # for their end forever. Completed, the savepoint ends the job (final if every
+        # operator finished); aborted, it is retried, or the stop gives up.
+        if any(p.stats.savepoint for p in self._pending.values()):
+            return
         if self.storage is None:
             self._final_done = True
             self.on_final()
