@@ -418,12 +418,19 @@ def _serve(conn: Connection, run: Runner) -> None:
         with sending:
             conn.send(message)
 
+    def report_hang() -> None:
+        try:
+            where = hang_report()
+        except Exception as e:  # a report that fails still ends the scenario as a hang
+            where = HangReport((), (f"the report failed: {type(e).__name__}: {e}",))
+        send(("hang", where))
+
     while True:
         job = conn.recv()
         if job is None:
             return
         scenario, workdir, timeout_s = job
-        watchdog = threading.Timer(timeout_s, lambda: send(("hang", hang_report())))
+        watchdog = threading.Timer(timeout_s, report_hang)
         watchdog.daemon = True
         watchdog.start()
         try:
