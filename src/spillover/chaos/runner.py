@@ -41,6 +41,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -54,13 +55,27 @@ from typing import Any
 from spillover.chaos.faults import Faults, failing_renames, faulty_dir
 from spillover.chaos.scenario import Scenario
 from spillover.errors import ConfigError
+from spillover.runtime.jobmaster import JobDiagnosis, running_executors
 from spillover.runtime.network.tcp.faults import NetworkFault
 from spillover.verify.chaos import run_killing_a_worker, run_with_network_fault
 from spillover.verify.compare import Report
 from spillover.verify.run import verify
 from spillover.verify.spec import VerifySpec
 
-__all__ = ["IsolatedRunner", "Outcome", "Runner", "run_scenario", "spec_of"]
+__all__ = [
+    "HangReport",
+    "IsolatedRunner",
+    "Outcome",
+    "Runner",
+    "hang_report",
+    "run_scenario",
+    "spec_of",
+]
+
+# A hang report: the innermost frames of each thread's stack it shows.
+_STACK_DEPTH = 8
+# How long after its time limit a scenario's process may take to report its hang.
+_REPORT_GRACE_S = 20.0
 
 # What a run with faults is called in the work directory (verify/run.py), and so
 # in every path of its checkpoints: the faults match these.
@@ -346,24 +361,95 @@ def _summary(r: Report) -> str:
     return ", ".join(parts)
 
 
-def _serve(conn: Connection) -> None:
-    """A child's loop: scenarios in, outcomes out, until told to end (None)."""
+@dataclass(frozen=True)
+class HangReport:
+    """Where a process was when its run did not end: each running job's master
+    (:class:`~spillover.runtime.jobmaster.JobDiagnosis`) and every thread's
+    innermost frames, threads with the same stack together."""
+
+    jobs: tuple[JobDiagnosis, ...]
+    threads: tuple[str, ...]
+
+    def summary(self) -> str:
+        """One line for the JSON's ``error``: per job its attempt, its stop and what
+        its coordinator waits for; not the subtasks, nor the stacks."""
+        parts = []
+        for job in self.jobs:
+            parts.append(f"job {job.job_name}: attempt {job.attempt}, stop {job.stop}")
+            if job.coordinator is not None:
+                parts += [line.strip() for line in job.coordinator.describe().splitlines()]
+        return " | ".join(parts) or "no job running"
+
+    def text(self) -> str:
+        """All of it, for the scenario's report."""
+        jobs = [job.describe() for job in self.jobs] or ["no job running"]
+        return "\n".join([*jobs, "threads:", *self.threads])
+
+
+def hang_report() -> HangReport:
+    """Where this process is now (from any thread but the one that hangs)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    stacks: dict[str, list[str]] = {}
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue  # the caller's own
+        lines = [
+            f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack(frame)[-_STACK_DEPTH:]
+        ]
+        stacks.setdefault(" < ".join(reversed(lines)), []).append(names.get(ident, str(ident)))
+    threads = tuple(
+        f"{len(who)} thread(s) [{', '.join(sorted(who)[:6])}{', ...' if len(who) > 6 else ''}]: "
+        f"{stack}"
+        for stack, who in sorted(stacks.items(), key=lambda kv: -len(kv[1]))
+    )
+    return HangReport(tuple(ex.diagnosis() for ex in running_executors()), threads)
+
+
+def _serve(conn: Connection, run: Runner) -> None:
+    """A child's loop: scenarios in, ``("done", outcome)`` out, until told to end
+    (None). A scenario still running after its time limit sends ``("hang", where
+    the process is)`` first (:func:`hang_report`), from a watchdog thread."""
+    sending = threading.Lock()
+
+    def send(message: tuple[str, Any]) -> None:
+        with sending:
+            conn.send(message)
+
+    def report_hang() -> None:
+        try:
+            where = hang_report()
+        except Exception as e:  # a report that fails still ends the scenario as a hang
+            where = HangReport((), (f"the report failed: {type(e).__name__}: {e}",))
+        send(("hang", where))
+
     while True:
         job = conn.recv()
         if job is None:
             return
-        scenario, workdir = job
-        conn.send(run_scenario(scenario, workdir))
+        scenario, workdir, timeout_s = job
+        watchdog = threading.Timer(timeout_s, report_hang)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            outcome = run(scenario, workdir)
+        finally:
+            watchdog.cancel()
+        send(("done", outcome))
 
 
 class IsolatedRunner:
     """Runs each scenario in a child process (kept from one scenario to the next), and
     ends the child when a scenario has not ended after ``timeout_s``: a job that hangs
     is a finding (``Hang``), not the end of a chaos run, and leaves no threads
-    behind in the runs that follow. Use it as a context manager."""
+    behind in the runs that follow. Before it ends the child, the child reports
+    where it was (:class:`HangReport`): in ``error``, compactly, and in ``report``.
+    ``run`` is what the child runs (a module-level function: it is pickled by name).
+    Use it as a context manager."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, run: Runner = run_scenario) -> None:
         self.timeout_s = timeout_s
+        self.run = run
         self._child: BaseProcess | None = None
         self._conn: Connection | None = None
 
@@ -371,7 +457,9 @@ class IsolatedRunner:
         if self._child is None or not self._child.is_alive() or self._conn is None:
             ctx = multiprocessing.get_context("spawn")
             ours, theirs = ctx.Pipe()
-            self._child = ctx.Process(target=_serve, args=(theirs,), name="spillover-chaos")
+            self._child = ctx.Process(
+                target=_serve, args=(theirs, self.run), name="spillover-chaos"
+            )
             self._child.start()
             theirs.close()
             self._conn = ours
@@ -380,22 +468,31 @@ class IsolatedRunner:
     def __call__(self, s: Scenario, workdir: str) -> Outcome:
         started = time.monotonic()
         conn = self._start()
-        conn.send((s, workdir))
-        if conn.poll(self.timeout_s):
+        conn.send((s, workdir, self.timeout_s))
+        hang = f"Hang: the scenario had not ended after {self.timeout_s:.0f} s"
+        # The child reports a hang itself once the limit passed; a child that cannot
+        # (its interpreter stuck in native code) is ended a little later without.
+        if conn.poll(self.timeout_s + _REPORT_GRACE_S):
             try:
-                got: Outcome = conn.recv()
-                return got
+                what, got = conn.recv()
             except EOFError:  # the child died (a crash in native code, say)
                 self.close(kill=True)
                 return Outcome(
                     False, time.monotonic() - started, error="Crash: the run's process died"
                 )
+            if what == "done":
+                outcome: Outcome = got
+                return outcome
+            self.close(kill=True)
+            where: HangReport = got
+            return Outcome(
+                False,
+                time.monotonic() - started,
+                error=f"{hang}: {where.summary()}",
+                report=where.text(),
+            )
         self.close(kill=True)
-        return Outcome(
-            False,
-            time.monotonic() - started,
-            error=f"Hang: the scenario had not ended after {self.timeout_s:.0f} s",
-        )
+        return Outcome(False, time.monotonic() - started, error=f"{hang} (and could not say where)")
 
     def close(self, kill: bool = False) -> None:
         """Ends the child: asked to (it finishes its scenario), or SIGKILLed."""

@@ -10,7 +10,9 @@ import threading
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from spillover.config import Config, RestartStrategy
@@ -23,6 +25,7 @@ from spillover.runtime.checkpointing.coordinator import (
     CheckpointCoordinator,
     CheckpointFailuresExceeded,
 )
+from spillover.runtime.checkpointing.coordinator_state import CoordinatorState
 from spillover.runtime.checkpointing.metadata import load_checkpoint
 from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.checkpointing.stats import CheckpointStatsTracker
@@ -44,16 +47,19 @@ from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.restarts import RestartBudget
 from spillover.runtime.savepoints import Savepoints
 from spillover.runtime.stopping import Stop
+from spillover.runtime.task import Task
 from spillover.runtime.wiring import checkpoint_storage
 
 __all__ = [
     "Executor",
     "JobCancelledError",
+    "JobDiagnosis",
     "JobFailedError",
     "JobResult",  # its home is ``jobresult``; imported from here as ever
     "RescalePolicy",
     "StopWhen",
     "next_event",
+    "running_executors",
 ]
 
 logger = logging.getLogger(__name__)
@@ -96,6 +102,36 @@ def next_event(
             return "stop", None
         if deadline is not None and now >= deadline:
             return "timeout", None
+
+
+@dataclass(frozen=True)
+class JobDiagnosis:
+    """Where a running job is, for one that does not end: its attempt, its stop, its
+    coordinator's pending checkpoints and each subtask's lifecycle and barrier state
+    (subtasks on threads of this process; a Spark job's are remote: none)."""
+
+    job_name: str
+    attempt: int
+    stop: str  # the stop asked, or "none"
+    coordinator: CoordinatorState | None  # None before the first attempt started
+    tasks: tuple[str, ...]  # one line per subtask (Task.describe)
+
+    def describe(self) -> str:
+        lines = [f"job {self.job_name}: attempt {self.attempt}, stop {self.stop}"]
+        if self.coordinator is not None:
+            lines.append(self.coordinator.describe())
+        lines += [f"  {t}" for t in self.tasks]
+        return "\n".join(lines)
+
+
+_running: weakref.WeakSet[Executor] = weakref.WeakSet()
+_running_lock = threading.Lock()
+
+
+def running_executors() -> list[Executor]:
+    """The executors of this process whose ``run`` has not returned."""
+    with _running_lock:
+        return list(_running)
 
 
 RescalePolicy = Callable[["Executor", int, BaseException], "JobGraph | StreamEnvironment | None"]
@@ -178,6 +214,7 @@ class Executor:
         self.subsumed_ids: list[int] = []
         self.job_id = uuid.uuid4().hex
         self._current: Any = None  # the running attempt
+        self._attempt_no = 0  # ... its number
         self._stop = Stop()  # stop-with-savepoint
         self.recovery: JobRecovery | None = None  # the lease and event log, while running
         # What operators read while it runs (the REST API): checkpoint statistics over
@@ -212,6 +249,24 @@ class Executor:
         restored_id: int | None,
     ) -> Any:
         raise NotImplementedError
+
+    def diagnosis(self) -> JobDiagnosis:
+        """Where the running job is (safe from any thread; for a job that hangs)."""
+        run = self._current
+        asked = self._stop.asked
+        coordinator = None if run is None else run.coordinator
+        tasks: tuple[str, ...] = ()
+        if coordinator is not None:
+            tasks = tuple(
+                t.describe() for _, t in sorted(coordinator.tasks.items()) if isinstance(t, Task)
+            )
+        return JobDiagnosis(
+            self.graph.name,
+            self._attempt_no,
+            "none" if asked is None else asked.describe(),
+            None if coordinator is None else coordinator.state(),
+            tasks,
+        )
 
     def completed_ids(self) -> list[int]:
         """The checkpoints the running attempt completed so far."""
@@ -511,6 +566,8 @@ class Executor:
         # The run every subtask and attempt belongs to: the log's when it resumes one.
         resume = recovery.resume if recovery is not None else None
         self.run_id = resume.run_id if resume is not None else uuid.uuid4().hex
+        with _running_lock:
+            _running.add(self)
         try:
             if self.batch:
                 self.start_cluster()  # meanwhile: the log's replay, the reuse check
@@ -519,6 +576,8 @@ class Executor:
             else:
                 self._run(result, recovery, started, timeout, stop_after, stop_when)
         finally:
+            with _running_lock:
+                _running.discard(self)
             self._savepoints.close()
             # The run ended, or raised, with a rescale under way: it failed.
             self._rescales.fail(f"the job ended ({result.status}) before the rescale did")
@@ -650,7 +709,7 @@ class Executor:
                     first,
                 )
             run = self._attempt(attempt, restore, restored_id)
-            self._current = run
+            self._current, self._attempt_no = run, attempt
             self._savepoints.attempt_started(run.coordinator)
             if self._stop.asked is not None:  # asked before this attempt started
                 self._ask_stop(run)

@@ -72,6 +72,20 @@ class TaskLifecycle:
     def may_end(self) -> bool:
         return self.final_done or self.exit_requested
 
+    def describe(self) -> str:
+        """Its phase and the flags that say what it waits for, in one line."""
+        parts = [self.phase.value]
+        if self.data_ended:
+            parts.append(f"data ended, final checkpoint {self.final_checkpoint_id}")
+            parts.append("completed" if self.final_done else "pending")
+        if self.suspend_at is not None:
+            state = "holding" if self.suspended else "announced"
+            parts.append(f"stop's savepoint {self.suspend_at} {state}")
+        if self.exit_requested:
+            parts.append("exit requested")
+        parts.append(f"last snapshot {self.last_snapshot_id}")
+        return ", ".join(parts)
+
     # -- transitions ---------------------------------------------------------------
 
     def end_data(self, drain: bool) -> bool:

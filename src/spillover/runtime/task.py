@@ -26,6 +26,7 @@ from typing import Any
 
 from spillover.rescale import SharedReplayPart
 from spillover.runtime.chain import OperatorChain
+from spillover.runtime.checkpointing.barriers.states import CollectingAligned, CollectingUnaligned
 from spillover.runtime.checkpointing.channel_state import CheckpointDir
 from spillover.runtime.checkpointing.finishing import (
     FINAL_WITHOUT_CHECKPOINTS,
@@ -372,6 +373,28 @@ class Task:
             self.head.tick()
 
     # -- metrics -----------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """Where the task is, read from any thread (for a job that does not end): its
+        lifecycle, its barrier state, the channels that ended and mail not yet run."""
+        alive = "alive" if self.thread.is_alive() else "exited"
+        line = f"{self.name} {alive}: {self.life.describe()}"
+        barriers = self.cp.barriers
+        state = barriers.state
+        line += f"; barriers {type(state).__name__}"
+        if isinstance(state, CollectingAligned):
+            line += f"({state.checkpoint_id}, came on {sorted(state.seen)})"
+        elif isinstance(state, CollectingUnaligned):
+            line += f"({state.checkpoint_id})"
+        line += f", latest {barriers.latest}"
+        if self.input is not None:
+            line += f", channels ended {len(barriers.ended)}/{len(self.channels)}"
+            line += f", held {self.input.held}" if self.input.held else ""
+        mail = self.mailbox.queue.qsize()
+        deferred = len(self.mailbox.deferred)
+        if mail or deferred:
+            line += f"; mail {mail}, deferred triggers {deferred}"
+        return line
 
     @property
     def replayed_bytes(self) -> int:

@@ -115,6 +115,11 @@ class TaskInput:
             edges = [c.edge for c in channels]
             self.probes = ProbeRelay(graph.loop_channels(vertex, edges), task.send_probe)
 
+    @property
+    def held(self) -> int:
+        """How many buffers and events it holds for a stop's savepoint."""
+        return len(self._held)
+
     def can_be_root(self) -> bool:
         """Whether a checkpoint trigger can be taken now: no channel is left that could
         still bring its barrier (an iteration head: no regular one)."""

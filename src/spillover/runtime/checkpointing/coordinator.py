@@ -34,6 +34,7 @@ from spillover.runtime.checkpointing.checkpoint_meta import (
     VertexInfo,
     graph_from_json,
 )
+from spillover.runtime.checkpointing.coordinator_state import CoordinatorState, PendingCheckpoint
 from spillover.runtime.checkpointing.messages import (
     Ack,
     CoordinatorEvent,
@@ -462,6 +463,14 @@ class CheckpointCoordinator:
         aligned checkpoint (no data is in flight any more) commits the last output."""
         if self._final_done or self._finished_tasks < set(self.tasks):
             return
+        # Not while a stop's savepoint is pending: a task that takes a barrier newer
+        # than the savepoint it holds lets go of it (it cannot complete any more, as
+        # far as that task knows), a source does not, and if the savepoint completed
+        # after all, the sources would end suspended while the tasks behind them waited
+        # for their end forever. Completed, the savepoint ends the job (final if every
+        # operator finished); aborted, it is retried, or the stop gives up.
+        if any(p.stats.savepoint for p in self._pending.values()):
+            return
         if self.storage is None:
             self._final_done = True
             self.on_final()
@@ -749,3 +758,39 @@ class CheckpointCoordinator:
 
     def stats_dicts(self) -> list[dict[str, Any]]:
         return [asdict(s) for s in self.history]
+
+    def state(self) -> CoordinatorState:
+        """What it waits for, read from any thread (for a job that does not end): a
+        snapshot of fields its own thread owns, so a field may be a moment older
+        than the next."""
+        now = time.monotonic()
+        running = self.running()
+        roots = set(self.roots(running))
+        pending = tuple(
+            PendingCheckpoint(
+                cid,
+                p.trigger.kind if p.trigger is not None else -1,
+                p.stats.savepoint,
+                p.stats.final,
+                now - p.started,
+                tuple(sorted(set(p.expected) - set(p.acks))),
+                tuple(sorted(roots - set(p.triggered) - set(p.acks))),
+            )
+            for cid, p in sorted(list(self._pending.items()))
+        )
+        return CoordinatorState(
+            alive=self._thread.is_alive(),
+            next_id=self.next_id,
+            completed=tuple(self.completed_ids),
+            last_ended=tuple(f"{s.checkpoint_id} {s.status}" for s in self.history[-6:]),
+            pending=pending,
+            stopping=self._stopping,
+            stop_id=self.stop_id,
+            stop_failures=self._stop_failures,
+            stop_savepoint_id=self._savepoint_id,
+            final_id=self._final_id,
+            final_done=self._final_done,
+            data_ended=tuple(sorted(set(self._finished_tasks))),
+            exited=tuple(sorted(set(self._exited))),
+            running=tuple(sorted(running)),
+        )

@@ -71,7 +71,13 @@ class RecordingTask:
 
 
 class Harness:
-    def __init__(self, tmp: Path, graph: dict[str, Any] = GRAPH, num_retained: int = 10) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        graph: dict[str, Any] = GRAPH,
+        num_retained: int = 10,
+        max_concurrent: int = 1,
+    ) -> None:
         tasks = [(uid, i) for uid, v in graph["vertices"].items() for i in range(v["parallelism"])]
         self.tasks = {key: RecordingTask() for key in tasks}
         self.failures: list[BaseException] = []
@@ -88,6 +94,7 @@ class Harness:
             on_failure=self.failures.append,
             graph=graph,
             num_retained=num_retained,
+            max_concurrent=max_concurrent,
         )
         self.co.start()
 
@@ -313,6 +320,49 @@ def test_an_unaligned_stop_suspends_every_task_then_triggers_its_savepoint(h: Ha
         h.ack(sp, key)
     h.wait_for(("d", 1), NotifyComplete, sp)
     assert h.co.completed_ids[-1] == sp
+
+
+def test_no_final_checkpoint_is_triggered_while_the_stops_savepoint_is_pending(
+    tmp_path: Path,
+) -> None:
+    """Chaos ``29-35``: every task's data ended (a job restored from its final
+    checkpoint) while an aligned stop's savepoint was pending, with slots for more
+    checkpoints. The final checkpoint was triggered beside the savepoint: its barrier
+    made the tasks behind the sources let go of the savepoint they held, the sources
+    held on, and when the savepoint completed the sources ended suspended, without
+    EndOfPartition, and the rest waited for it forever. The savepoint goes first:
+    nothing newer is triggered while it is pending, and once every operator
+    finished in it, it is the final checkpoint too."""
+    from spillover.runtime.checkpointing.messages import Suspend
+
+    h = Harness(tmp_path, max_concurrent=4)
+    try:
+        h.co.request_stop(kind=0)  # aligned
+        deadline = time.monotonic() + 10
+        while h.co.stop_id is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        sp = h.co.stop_id
+        assert sp is not None
+        for key in TASKS:
+            h.co.end_of_data(*key)
+        for key in TASKS:  # after the ends of data: the coordinator sees them first
+            h.ack(sp, key, finished=True)
+        h.wait_for(("d", 1), NotifyComplete, sp)
+        h.co.stop()
+        for key, task in h.tasks.items():
+            got = [(type(m).__name__, m.checkpoint_id) for m in task.messages]
+            expected = (
+                [("Suspend", sp), ("TriggerCheckpoint", sp)]
+                if key in h.roots_of(sp)
+                else [("Suspend", sp)]
+            )
+            assert got == [*expected, ("NotifyComplete", sp)], key
+        assert [(c.checkpoint_id, c.status, c.savepoint, c.final) for c in h.co.history] == [
+            (sp, "completed", True, True)
+        ]
+        assert all(isinstance(t.messages[0], Suspend) for t in h.tasks.values())
+    finally:
+        h.stop()
 
 
 def test_checkpoints_after_the_stops_savepoint_never_delete_it_or_what_it_references(
