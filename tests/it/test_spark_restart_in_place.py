@@ -157,3 +157,56 @@ def test_the_master_drops_a_wired_or_reset_of_another_generation() -> None:
 
 def test_gates_of_a_generation_are_served_under_their_own_name() -> None:
     assert fenced("count#0", 3) == "count#0@3" != fenced("count#0", 4)
+
+
+def test_a_stale_frame_of_the_old_generation_is_dropped_not_delivered() -> None:
+    """A worker's TCP receiver outlives a reset: the old generation's producer, still
+    connected, sends a frame after it; a producer of the old generation connects
+    late. Neither reaches the new generation's gate, which gets only its own data."""
+    import contextlib
+
+    from spillover.runtime.network.buffers import BufferPool, NetworkBuffer
+    from spillover.runtime.network.errors import NetworkError
+    from spillover.runtime.network.gate import InputGate
+    from spillover.runtime.network.partition import ResultPartition
+    from spillover.runtime.network.tcp import HandshakeError, TcpReceiver, connect_tcp
+
+    secret = b"restart in place secret"
+    rcv = TcpReceiver(secret, "127.0.0.1", 0, poll_interval=0.05)
+
+    def link(generation: int) -> tuple[ResultPartition, Any]:
+        part = ResultPartition(1, BufferPool(64, 16), f"p@{generation}")
+        sub = connect_tcp(part, 0, rcv.address, fenced("g", generation), 0, secret)
+        return part, sub
+
+    def gate() -> InputGate:
+        return InputGate(1, floating_buffers=4, buffers_per_channel=2, name="g")
+
+    try:
+        old_gate = gate()
+        rcv.register(old_gate, fenced("g", 0))
+        old_part, old_sub = link(0)
+        old_part.emit(0, NetworkBuffer.unpooled(b"old"))
+        item = old_gate.poll(10.0)
+        assert item is not None and bytes(item[1]) == b"old"
+        item[1].release()
+        # The reset: the old subtask's gate cancelled and no longer served.
+        old_gate.cancel()
+        rcv.unregister(fenced("g", 0))
+        new_gate = gate()
+        rcv.register(new_gate, fenced("g", 1))
+        with contextlib.suppress(NetworkError):  # the stale frame, if its link still takes it
+            old_part.emit(0, NetworkBuffer.unpooled(b"stale"), timeout=1.0)
+        with pytest.raises(HandshakeError):
+            link(0)  # a late producer of the old generation is refused
+        new_part, new_sub = link(1)
+        new_part.emit(0, NetworkBuffer.unpooled(b"new"))
+        item = new_gate.poll(10.0)
+        assert item is not None and bytes(item[1]) == b"new"
+        item[1].release()
+        assert new_gate.poll(0.3) is None  # and nothing else, the stale frame least
+        new_part.finish()
+        assert new_sub.close(10.0)
+        old_sub.close(1.0)
+    finally:
+        rcv.close()
