@@ -476,6 +476,7 @@ class _SparkAttempt:
         sc = ex.context()
         stage = ex._take_stage(self, sc)
         error: BaseException | None = None
+        raised = True  # until run returns: an exception ends the stage, cancelled
         try:  # from here on, the stage and its endpoint are ended or kept at the end
             if stage is not None:
                 error = self._rebuild(stage)
@@ -499,13 +500,14 @@ class _SparkAttempt:
                 error = self._loop(deadline, stop_at, stop_when)
             if error is not None:
                 self.failed_at = time.monotonic()
+            raised = False
         finally:
             self.coordinator.stop()
             if stage is not None:
                 if error is not None and self._may_restart_in_place(error, stage) and self._reset():
                     ex._keep_stage(stage)
                 else:
-                    self._end(sc, stage, cancel=error is not None or self.stopped)
+                    self._end(sc, stage, cancel=raised or error is not None or self.stopped)
         return error
 
     def _start(self, sc: Any) -> _Stage:
