@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from spillover.config import Config, RestartStrategy
@@ -235,7 +235,6 @@ class _Stage:
     n: int
     owner: _SparkAttempt
     thread: threading.Thread | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)  # routes events
 
 
 class _SparkAttempt:
