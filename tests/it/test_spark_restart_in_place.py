@@ -16,6 +16,12 @@ from spillover.deploy.spark import runner
 from spillover.deploy.spark.messages import Post, Reset, SwitchToUnaligned, Wired, WorkerJoined
 from spillover.deploy.spark.worker import _Current, _follow, fenced
 from spillover.runtime.failures import FailureInjector, FailureSpec
+from spillover.runtime.jobevents import (
+    EVENTS_DIR,
+    GenerationEnded,
+    GenerationStarted,
+    JobEventLog,
+)
 from spillover.verify import VerifySpec, compare, run_once
 
 pytest.importorskip("pyspark")
@@ -75,6 +81,15 @@ def test_an_operator_failure_restarts_in_place_and_output_is_exact(
     assert stages == [0] and in_place == [False, True]
     report = compare(SPEC, baseline, actual)
     assert report.exact, report.text()
+    # The job event log tells the restart as it tells one in a new stage.
+    log = JobEventLog.open(Path(str(actual.result.checkpoint_dir)) / EVENTS_DIR)
+    events = list(log.events())
+    started = [e for e in events if isinstance(e, GenerationStarted)]
+    ended = [e for e in events if isinstance(e, GenerationEnded)]
+    assert [e.generation for e in started] == [0, 1]
+    assert started[1].cause.startswith("restart after SubtaskFailedError")
+    assert started[1].restore_path is not None
+    assert [e.generation for e in ended] == [0, 1] and ended[0].cause.startswith("failed:")
 
 
 @pytest.mark.slow
