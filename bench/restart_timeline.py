@@ -11,6 +11,9 @@ raised, in the subtask), with the sink's own stamps:
 - ``detected``: the attempt learnt of the failure (``failed_at``);
 - ``cancel sent`` / ``stage ended``: ``_end`` began (CancelAll to the workers) and
   returned (the barrier stage's thread joined, its control connections closed);
+- ``reset sent`` / ``reset confirmed``: a restart in place (docs/spark.md): ``ResetTo``
+  sent to every worker / every worker confirmed its subtasks ended (the stage kept);
+- ``rebuild sent``: the next attempt took the stage over and sent ``Rebuild``;
 - ``attempt returned``: ``run`` returned (the driver's control endpoint closed);
 - ``next attempt``: the job master built the next attempt (the restore planned);
 - ``stage submitted``: the new barrier stage's thread began submitting it;
@@ -35,9 +38,12 @@ PHASES = (
     "detected",
     "cancel sent",
     "stage ended",
+    "reset sent",
+    "reset confirmed",
     "attempt returned",
     "next attempt",
     "stage submitted",
+    "rebuild sent",
     "hello",
     "wired",
     "running",
@@ -67,6 +73,8 @@ def instrument_spark() -> None:
     attempt = runner._SparkAttempt
     _wrap(attempt, "_end", "cancel sent", "stage ended")
     _wrap(attempt, "_submit", "stage submitted", None)
+    _wrap(attempt, "_reset", "reset sent", "reset confirmed")
+    _wrap(attempt, "_rebuild", "rebuild sent", None)
     _wrap(attempt, "_wait", None, "{0}")
     _wrap(runner.SparkExecutor, "_attempt", None, "next attempt")
     run = attempt.run

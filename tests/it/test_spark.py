@@ -118,6 +118,8 @@ def test_generations_are_named_in_the_spark_ui(
     ).rebalance().sink(ParquetSink(str(tmp_path / "out")), uid="sink")
     failures = FailureInjector([FailureSpec("operator", "sink", 0, after_records=100)])
     cfg = config_for(VerifySpec(), str(tmp_path / "ckpt"))
+    # One stage per generation (a restart in place would run both in one).
+    cfg = cfg.with_options({"spillover.restart-in-place.enabled": False})
     result = SparkExecutor(env, cfg, failures=failures).run(timeout=120)
     assert result.status == "finished" and result.attempts == 2
     assert checked == [0]  # the job is pickled to check it once, not per generation
@@ -399,7 +401,9 @@ def test_a_malformed_message_from_a_worker_fails_the_generation() -> None:
 
 
 def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() -> None:
-    from spillover.deploy.spark.worker import _control_loop
+    import queue
+
+    from spillover.deploy.spark.worker import _control_loop, _Current
 
     class Subtask:
         cancelled = False
@@ -411,9 +415,13 @@ def test_a_worker_cancels_its_subtasks_on_a_malformed_message_from_the_master() 
     server, worker, master = _connected_pair(secret)
     try:
         subtask = Subtask()
+        current = _Current()
+        current.begin(0, {("s", 0): subtask})  # type: ignore[dict-item]
+        inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         master.send(("post",))  # not one of the protocol's messages
-        _control_loop(worker, {("s", 0): subtask}, threading.Event())  # type: ignore[dict-item]
+        _control_loop(worker, current, threading.Event(), inbox)
         assert subtask.cancelled
+        assert inbox.get_nowait() is None  # and the worker's main thread is told
         with pytest.raises(ControlError):  # the master sees this worker gone
             master.recv()
     finally:

@@ -427,6 +427,12 @@ class DeploymentConfig:
     # TaskManager): Spark tasks and worker processes a generation takes are the
     # job's largest parallelism divided by this, rounded up.
     task_slots: int = field(default=1, metadata=_key("taskmanager.numberOfTaskSlots", _Int(1)))
+    # On Spark and worker processes: an operator failure with every worker alive
+    # restarts in the running stage (its workers cancel their subtasks and build the
+    # next attempt's), not in a new one (docs/spark.md, "Restart in place").
+    restart_in_place: bool = field(
+        default=True, metadata=_key("spillover.restart-in-place.enabled", _Bool())
+    )
     # Where the job master serves its REST API, metrics and dashboard (Flink's keys);
     # port 0 takes a free port, which ``spillover list`` shows.
     rest_bind_address: str = field(

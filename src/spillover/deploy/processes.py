@@ -93,7 +93,7 @@ class _ProcessAttempt(_SparkAttempt):
         except BaseException as e:
             error = e
         self.stage_error = error
-        self.events.put(StageEnded(error))
+        self._route(StageEnded(error))
 
     def _force_end(self, sc: Any) -> None:
         for p in self.processes:

@@ -578,6 +578,7 @@ class Executor:
         finally:
             with _running_lock:
                 _running.discard(self)
+            self._release()
             self._savepoints.close()
             # The run ended, or raised, with a rescale under way: it failed.
             self._rescales.fail(f"the job ended ({result.status}) before the rescale did")
@@ -595,6 +596,10 @@ class Executor:
         return result
 
     supports_batch = False  # whether ``_run_batch`` can run tasks where this executor does
+
+    def _release(self) -> None:
+        """Frees what a failed attempt left for the next one to reuse (a restart in
+        place's stage) once the run ended; a no-op here."""
 
     def start_cluster(self) -> None:
         """Starts getting the cluster ready in the background (a no-op here); the

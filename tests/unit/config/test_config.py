@@ -193,6 +193,12 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
     "rest.bind-address": ("0.0.0.0", "0.0.0.0", lambda c: c.deployment.rest_bind_address, {}),
     "rest.port": ("8081", 8081, lambda c: c.deployment.rest_port, {}),
     "taskmanager.numberOfTaskSlots": ("4", 4, lambda c: c.deployment.task_slots, {}),
+    "spillover.restart-in-place.enabled": (
+        "false",
+        False,
+        lambda c: c.deployment.restart_in_place,
+        {},
+    ),
     "execution.state-recovery.path": (
         "/ckpt/job/chk-7",
         "/ckpt/job/chk-7",
@@ -466,6 +472,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("rest.bind-address", 8081),
     ("rest.port", 70000),
     ("taskmanager.numberOfTaskSlots", 0),
+    ("spillover.restart-in-place.enabled", "sometimes"),
     ("execution.state-recovery.path", 7),
     ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
     ("execution.state-recovery.claim-mode", "LEGACY"),

@@ -6,10 +6,17 @@ Over a worker's control connection (``control.py``, one pickled message a frame)
   :class:`Decline`, :class:`EndOfData`, :class:`TaskExited` and :class:`LoopQuiet`
   (its subtasks' word to the coordinator),
   :class:`Fired` (an induced failure fired), :class:`Metrics`, :class:`Done` (a
-  subtask ended), :class:`Synced`, and :class:`Finished` last;
+  subtask ended), :class:`Synced`, and :class:`Finished` last, or :class:`Reset`
+  (its subtasks of the generation cancelled, it waits for the next);
 - master -> worker: :class:`Table` (the workers' data addresses), :class:`Go`, then
   :class:`Post` and :class:`SwitchToUnaligned` (the coordinator's word to a subtask),
-  :class:`Sync` and :class:`CancelAll`.
+  :class:`Sync` and :class:`CancelAll`; to restart in place, :class:`ResetTo` (cancel
+  this generation's subtasks, keep the connections) and :class:`Rebuild` (the next
+  generation's restore), then :class:`Go` again.
+
+A generation's messages carry its number where one could outlive it (a
+:class:`Post` queued before a reset, a :class:`Reset` or :class:`Wired` of the
+previous generation): the receiving side drops those of another generation.
 
 Anything else on a connection is a protocol error: the side that reads it closes
 the connection, which the other side takes as the peer gone. docs/spark.md has the
@@ -43,6 +50,7 @@ class Hello:
 @dataclass(frozen=True, slots=True)
 class Wired:
     index: int
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,15 @@ class Finished:
     index: int
 
 
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Every subtask of ``generation`` on worker ``index`` ended and nothing of theirs
+    will follow on the connection: the worker waits for a :class:`Rebuild`."""
+
+    index: int
+    generation: int
+
+
 ToMaster = (
     Hello
     | Wired
@@ -119,6 +136,7 @@ ToMaster = (
     | Done
     | Synced
     | Finished
+    | Reset
 )
 
 # -- master -> worker ---------------------------------------------------------------
@@ -139,6 +157,7 @@ class Post:
     uid: str
     subtask: int  # one the worker hosts
     message: MailboxMessage
+    generation: int = 0  # a Post of another generation is dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +165,7 @@ class SwitchToUnaligned:
     uid: str
     subtask: int
     checkpoint_id: int
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,17 +178,35 @@ class CancelAll:
     pass
 
 
-ToWorker = Table | Go | Post | SwitchToUnaligned | Sync | CancelAll
+@dataclass(frozen=True, slots=True)
+class ResetTo:
+    """Cancel the subtasks of ``generation`` (a restart in place): keep the control
+    connection and the TCP receiver, answer :class:`Reset` once they all ended."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuild:
+    """Build generation ``generation``'s subtasks, at the same placement, from
+    ``payload``: ``(restore, failures)`` pickled with cloudpickle (a failure script
+    may be a class the worker cannot import). Answered with :class:`Wired`."""
+
+    generation: int
+    payload: bytes
+
+
+ToWorker = Table | Go | Post | SwitchToUnaligned | Sync | CancelAll | ResetTo | Rebuild
 
 # -- the master's events ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerJoined:
-    """A worker said hello (``kind`` "hello"), wired its channels ("wired") or
-    finished ("finished")."""
+    """A worker said hello (``kind`` "hello"), wired its channels ("wired"), finished
+    ("finished") or cancelled its subtasks for a restart in place ("reset")."""
 
-    kind: Literal["hello", "wired", "finished"]
+    kind: Literal["hello", "wired", "finished", "reset"]
     index: int
 
 

@@ -14,6 +14,14 @@ the master fails the generation, aborts its pending checkpoints, tells every
 worker to cancel, cancels the stage's job group if it does not end on its own,
 and submits generation + 1 with the checkpoint to restore in its closure.
 
+An operator failure with every worker still there restarts *in place* instead
+(``spillover.restart-in-place.enabled``, on by default): the workers cancel the
+generation's subtasks and confirm it, the stage and its control connections stay
+(:class:`_Stage`, handed from one attempt to the next), and generation + 1 is built
+in the same workers from the restore sent over those connections (docs/spark.md).
+A lost worker, a broken or silent connection, a rescale, or a worker that does
+not confirm the cancel within ``cancel_grace_s`` ends the stage as above.
+
 One module for one generation's life on the driver (stage, control endpoint,
 event loop, failure causes): its parts share the generation's state and threads.
 """
@@ -28,9 +36,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from spillover.config import Config
+from spillover.config import Config, RestartStrategy
 from spillover.deploy.spark.control import (
     ControlConnection,
     ControlError,
@@ -53,6 +62,9 @@ from spillover.deploy.spark.messages import (
     MasterEvent,
     Metrics,
     Post,
+    Rebuild,
+    Reset,
+    ResetTo,
     StageEnded,
     SubtaskDone,
     SwitchToUnaligned,
@@ -90,6 +102,7 @@ STAGE_END_GRACE_S = 1.0
 # completion before the sources end (else the generation fails).
 SYNC_TIMEOUT_S = 10.0
 _CONTEXT_LOCK = threading.Lock()
+_ROUTE = threading.Lock()  # an event goes to the stage's owner, not one it just left
 
 
 class SubtaskFailedError(RuntimeError):
@@ -202,10 +215,26 @@ class _RemoteTask:
         self.subtask = subtask
 
     def post(self, message: MailboxMessage) -> None:
-        self.run.send(self.worker, Post(self.uid, self.subtask, message))
+        self.run.send(self.worker, Post(self.uid, self.subtask, message, self.run.generation))
 
     def request_unaligned(self, cid: int) -> None:
-        self.run.send(self.worker, SwitchToUnaligned(self.uid, self.subtask, cid))
+        self.run.send(
+            self.worker, SwitchToUnaligned(self.uid, self.subtask, cid, self.run.generation)
+        )
+
+
+@dataclass(eq=False)
+class _Stage:
+    """A running barrier stage and the driver's control endpoint its workers talk to,
+    owned by one attempt at a time: the one that submitted it, then, restarted in
+    place, the attempts after it (``owner``). ``submitter``'s ``_force_end`` ends it."""
+
+    server: ControlServer
+    submitter: _SparkAttempt
+    graph: JobGraph
+    n: int
+    owner: _SparkAttempt
+    thread: threading.Thread | None = None
 
 
 class _SparkAttempt:
@@ -246,6 +275,22 @@ class _SparkAttempt:
         self.failed_at: float | None = None
         self.stage_error: BaseException | None = None
         self.group = f"spillover-{ex.job_id[:12]}-gen-{generation}"
+        # The attempt that took this one's stage to restart in place: its workers'
+        # messages and the stage's events go there from then on.
+        self.successor: _SparkAttempt | None = None
+        self.in_place = False  # this attempt runs in the previous one's stage
+
+    def _owner(self) -> _SparkAttempt:
+        """The attempt that owns this one's stage now (itself, or a successor)."""
+        run = self
+        while run.successor is not None:
+            run = run.successor
+        return run
+
+    def _route(self, ev: MasterEvent) -> None:
+        """Puts an event of the stage (a worker's, the stage's end) on its owner's queue."""
+        with _ROUTE:
+            self._owner().events.put(ev)
 
     # -- messages ------------------------------------------------------------------
 
@@ -268,7 +313,7 @@ class _SparkAttempt:
         index = -1
         try:
             hello = conn.recv()
-            if not isinstance(hello, Hello) or hello.generation != self.generation:
+            if not isinstance(hello, Hello) or hello.generation != self._owner().generation:
                 conn.close()  # a straggler of another generation
                 return
             index, address, pid, host = hello.index, hello.address, hello.pid, hello.host
@@ -278,7 +323,7 @@ class _SparkAttempt:
                     return
                 self.conns[index] = conn
                 self.workers[index] = {"address": address, "pid": pid, "host": host}
-            self.events.put(WorkerJoined("hello", index))
+            self._route(WorkerJoined("hello", index))
             # A running worker sends metrics twice a second: one silent for
             # heartbeat.timeout hangs, or its connection does (not before the
             # generation goes, nor once the worker finished).
@@ -287,17 +332,18 @@ class _SparkAttempt:
                 try:
                     m = conn.recv()
                 except ControlSilence:
-                    if self._going and index not in self._finished:
+                    owner = self._owner()
+                    if owner._going and index not in owner._finished:
                         raise
                     continue
-                self._dispatch(index, m)
+                self._owner()._dispatch(index, m)
         except Exception as e:  # a ControlError, or a message that is not the protocol's
             conn.close()  # the worker sees its master gone and cancels its subtasks
             if not isinstance(e, ControlError):
                 e = ControlError(f"a malformed control message: {type(e).__name__}: {e}")
-            if index >= 0 and index not in self._finished:
+            if index >= 0 and index not in self._owner()._finished:
                 w = self.workers.get(index, {})
-                self.events.put(
+                self._route(
                     WorkerLost(
                         index,
                         f"worker {index} (pid {w.get('pid')} on {w.get('host')}) is gone: {e}",
@@ -328,8 +374,12 @@ class _SparkAttempt:
                 ev = self._synced.get(token)
                 if ev is not None:
                     ev.set()
-            case Wired():
-                self.events.put(WorkerJoined("wired", index))
+            case Wired(generation=gen):
+                if gen == self.generation:  # not a straggler of a generation reset before
+                    self.events.put(WorkerJoined("wired", index))
+            case Reset(generation=gen):
+                if gen == self.generation:
+                    self.events.put(WorkerJoined("reset", index))
             case Finished():
                 self._finished.add(index)
                 self.events.put(WorkerJoined("finished", index))
@@ -395,7 +445,7 @@ class _SparkAttempt:
             sc.parallelize(range(self.n), self.n).barrier().mapPartitions(work).collect()
         except BaseException as e:
             self.stage_error = e
-        self.events.put(StageEnded(self.stage_error))
+        self._route(StageEnded(self.stage_error))
 
     def _wait(self, kind: str, deadline: float) -> BaseException | None:
         """Waits until every worker sent ``kind``; an error when something failed first."""
@@ -423,10 +473,48 @@ class _SparkAttempt:
     ) -> BaseException | None:
         ex = self.ex
         sc = ex.context()
-        server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
-        stage: threading.Thread | None = None
+        stage = ex._take_stage(self, sc)
         error: BaseException | None = None
-        try:  # from here on, the endpoint (its socket, its accept thread) is closed at the end
+        raised = True  # until run returns: an exception ends the stage, cancelled
+        try:  # from here on, the stage and its endpoint are ended or kept at the end
+            if stage is not None:
+                error = self._rebuild(stage)
+            else:
+                stage = self._start(sc)
+                limit = time.monotonic() + ex.register_timeout
+                error = self._wait("hello", limit)
+                if error is None:
+                    table = {i: w["address"] for i, w in self.workers.items()}
+                    for i in range(self.n):
+                        self.send(i, Table(table))
+                    error = self._wait("wired", limit)
+            if error is None:
+                for i in range(self.n):
+                    self.send(i, Go())
+                self._going = True
+                if self._stop_request is not None:
+                    self.stop_sources(self._stop_request)
+                self.running_at = time.monotonic()
+                self.coordinator.start()
+                error = self._loop(deadline, stop_at, stop_when)
+            if error is not None:
+                self.failed_at = time.monotonic()
+            raised = False
+        finally:
+            self.coordinator.stop()
+            if stage is not None:
+                if error is not None and self._may_restart_in_place(error, stage) and self._reset():
+                    ex._keep_stage(stage)
+                else:
+                    self._end(sc, stage, cancel=raised or error is not None or self.stopped)
+        return error
+
+    def _start(self, sc: Any) -> _Stage:
+        """Opens the control endpoint and submits the barrier stage."""
+        ex = self.ex
+        server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
+        stage = _Stage(server, self, ex.graph, self.n, self)
+        try:
             spec = WorkerSpec(
                 graph=ex.graph,
                 config=ex.config,
@@ -442,39 +530,82 @@ class _SparkAttempt:
             if ex._shippable is not ex.graph:  # once per job graph, not every generation
                 _check_shippable(spec)
                 ex._shippable = ex.graph
-            stage = threading.Thread(
+            stage.thread = threading.Thread(
                 target=self._submit,
                 args=(sc, spec),
                 name=f"spillover-stage {self.group}",
                 daemon=True,
             )
-            stage.start()
-            limit = time.monotonic() + ex.register_timeout
-            error = self._wait("hello", limit)
-            if error is None:
-                table = {i: w["address"] for i, w in self.workers.items()}
-                for i in range(self.n):
-                    self.send(i, Table(table))
-                error = self._wait("wired", limit)
-            if error is None:
-                for i in range(self.n):
-                    self.send(i, Go())
-                self._going = True
-                if self._stop_request is not None:
-                    self.stop_sources(self._stop_request)
-                self.running_at = time.monotonic()
-                self.coordinator.start()
-                error = self._loop(deadline, stop_at, stop_when)
-            if error is not None:
-                self.failed_at = time.monotonic()
-        finally:
+            stage.thread.start()
+        except BaseException:
+            server.close()
+            raise
+        return stage
+
+    # -- restart in place --------------------------------------------------------------
+
+    def _may_restart_in_place(self, error: BaseException, stage: _Stage) -> bool:
+        """Whether the next attempt may run in this one's stage: an operator's own
+        failure (not a broken channel, a lost or silent worker), every worker still
+        connected and none finished, the stage alive, no stop, cancel or rescale."""
+        ex = self.ex
+        return (
+            ex.config.deployment.restart_in_place
+            and ex.config.restart_strategy is not RestartStrategy.NONE
+            and isinstance(error, SubtaskFailedError)
+            and not error.broken_channel
+            and self._going
+            and not self.stopped
+            and not ex._cancelled
+            and ex._rescaling is None
+            and not self._finished
+            and len(self.conns) == self.n
+            and stage.thread is not None
+            and stage.thread.is_alive()
+        )
+
+    def _reset(self) -> bool:
+        """Tells every worker to cancel this generation's subtasks and keep the rest;
+        True once each confirmed within ``cancel_grace_s``, False if one did not, or
+        a worker or the stage was lost first (then the stage ends as ever)."""
+        self._going = False
+        for i in range(self.n):
+            self.send(i, ResetTo(self.generation))
+        until = time.monotonic() + self.ex.cancel_grace_s
+        seen: set[int] = set()
+        while len(seen) < self.n:
             try:
-                self.coordinator.stop()
-                if stage is not None:
-                    self._end(sc, stage, cancel=error is not None or self.stopped)
-            finally:
-                server.close()
-        return error
+                ev = self.events.get(timeout=max(0.0, until - time.monotonic()))
+            except queue.Empty:
+                return False
+            if isinstance(ev, WorkerJoined) and ev.kind == "reset":
+                seen.add(ev.index)
+            elif isinstance(ev, WorkerLost | StageEnded):
+                return False
+        return True
+
+    def _rebuild(self, stage: _Stage) -> BaseException | None:
+        """Takes over ``stage`` from the attempt that reset it, and has its workers
+        build this generation's subtasks; an error if one did not wire in time."""
+        from pyspark import cloudpickle
+
+        old = stage.owner
+        self.in_place = True
+        with _ROUTE:
+            self.conns, self.workers = old.conns, old.workers
+            old.conns = {}  # a late word of the old coordinator reaches no worker
+            old.successor = stage.owner = self
+            while True:  # what reached the old attempt since its reset: a lost worker
+                try:
+                    ev = old.events.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(ev, WorkerLost | StageEnded):
+                    self.events.put(ev)
+        payload = cloudpickle.dumps((self.restore, self.ex.failures))  # type: ignore[no-untyped-call]
+        for i in range(self.n):
+            self.send(i, Rebuild(self.generation, payload))
+        return self._wait("wired", time.monotonic() + self.ex.register_timeout)
 
     def _loop(
         self,
@@ -528,16 +659,23 @@ class _SparkAttempt:
                 best = e  # a lost worker explains its peers' broken channels
         return best
 
-    def _end(self, sc: Any, stage: threading.Thread, cancel: bool) -> None:
-        if cancel:
-            for i in list(self.conns):
-                self.send(i, CancelAll())
-        stage.join(timeout=self.ex.cancel_grace_s if cancel else 30.0)
-        if stage.is_alive():
-            self._force_end(sc)
-            stage.join(timeout=60.0)
-        for conn in list(self.conns.values()):
-            conn.close()
+    def _end(self, sc: Any, stage: _Stage, cancel: bool) -> None:
+        """Ends ``stage``: its workers told to cancel (``cancel``) or left to return,
+        then ended by force if they do not; its connections and endpoint closed."""
+        try:
+            thread = stage.thread
+            if thread is not None:
+                if cancel:
+                    for i in list(self.conns):
+                        self.send(i, CancelAll())
+                thread.join(timeout=self.ex.cancel_grace_s if cancel else 30.0)
+                if thread.is_alive():
+                    stage.submitter._force_end(sc)
+                    thread.join(timeout=60.0)
+            for conn in list(self.conns.values()):
+                conn.close()
+        finally:
+            stage.server.close()
 
     def _force_end(self, sc: Any) -> None:
         """Ends a stage whose workers did not end when told to."""
@@ -642,6 +780,29 @@ class SparkExecutor(Executor):
         self._shippable: JobGraph | None = None  # the graph _check_shippable passed
         self._starting: threading.Thread | None = None  # start_cluster's
         self._start_error: BaseException | None = None
+        self._kept: _Stage | None = None  # a failed attempt's stage, for the next one
+
+    def _keep_stage(self, stage: _Stage) -> None:
+        """Keeps a reset stage for the next attempt to restart in place."""
+        self._kept = stage
+
+    def _take_stage(self, run: _SparkAttempt, sc: Any) -> _Stage | None:
+        """The stage the previous attempt kept, if ``run`` fits it (the same job graph,
+        so the same parallelism and placement); one that does not fit is ended."""
+        stage, self._kept = self._kept, None
+        if stage is None:
+            return None
+        alive = stage.thread is not None and stage.thread.is_alive()
+        if alive and stage.graph is self.graph and stage.n == run.n:
+            return stage
+        stage.owner._end(sc, stage, cancel=True)
+        return None
+
+    def _release(self) -> None:
+        """Ends a stage kept for a restart that did not come (the job ended)."""
+        stage, self._kept = self._kept, None
+        if stage is not None:
+            stage.owner._end(self._sc, stage, cancel=True)
 
     @property
     def slots(self) -> int:

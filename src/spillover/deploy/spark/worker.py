@@ -17,13 +17,19 @@ the job master (docs/spark.md):
 3. relay: the coordinator's mailbox actions to the subtasks; their acks, declines,
    end-of-data, failures, induced-failure reports and metrics to the master;
 4. end when every subtask ended, or cancel them all when the master says so or
-   the control connection closes.
+   the control connection closes;
+5. restart in place: on ``reset`` cancel this generation's subtasks, unregister
+   its gates, answer ``reset`` and wait; on ``rebuild`` go back to 2 with the next
+   generation (same address table, receiver and control connection); its gates are
+   served under names of their generation (:func:`fenced`), so nothing of the old
+   generation's connections reaches the new subtasks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import socket
 import sys
@@ -48,6 +54,9 @@ from spillover.deploy.spark.messages import (
     LoopQuiet,
     Metrics,
     Post,
+    Rebuild,
+    Reset,
+    ResetTo,
     SwitchToUnaligned,
     Sync,
     Synced,
@@ -104,15 +113,24 @@ class WorkerSpec:
 
 
 class _Relay:
-    """The coordinator as the subtasks see it: every call becomes a message."""
+    """The coordinator as one generation's subtasks see it: every call becomes a
+    message. Closed when the generation is reset: a late word of one of its subtasks
+    (a snapshot's acknowledgement) is dropped, never sent after the :class:`Reset`."""
 
     def __init__(self, conn: ControlConnection) -> None:
         self.conn = conn
+        self._lock = threading.Lock()
+        self._closed = False
 
     def send(self, message: ToMaster) -> None:
         # The master gone: the control thread cancels the subtasks.
-        with contextlib.suppress(ControlError):
-            self.conn.send(message)
+        with self._lock, contextlib.suppress(ControlError):
+            if not self._closed:
+                self.conn.send(message)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
 
     def acknowledge(self, ack: Ack) -> None:
         self.send(Acknowledge(ack))
@@ -128,6 +146,43 @@ class _Relay:
 
     def loop_quiet(self, vertex_uid: str, subtask: int, round: int) -> None:
         self.send(LoopQuiet(vertex_uid, subtask, round))
+
+
+class _Current:
+    """The generation whose subtasks run on this worker now, as the control thread
+    sees it: a message of another generation finds nothing here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.generation = -1
+        self.tasks: dict[tuple[str, int], Task] = {}
+        self.reset = False  # the master asked to cancel them for a restart in place
+
+    def begin(self, generation: int, tasks: dict[tuple[str, int], Task]) -> None:
+        with self._lock:
+            self.generation, self.tasks, self.reset = generation, tasks, False
+
+    def task(self, generation: int, key: tuple[str, int]) -> Task | None:
+        with self._lock:
+            return self.tasks.get(key) if generation == self.generation else None
+
+    def cancel(self, generation: int | None = None) -> None:
+        """Cancels the subtasks (of ``generation`` only, for a reset: then marked)."""
+        with self._lock:
+            if generation is not None:
+                if generation != self.generation:
+                    return  # a stale reset
+                self.reset = True
+            tasks = list(self.tasks.values())
+        for t in tasks:
+            t.cancel()
+
+
+def fenced(gate: str, generation: int) -> str:
+    """The name a generation's input gate is served under by the worker's TCP receiver:
+    a producer of another generation names another gate and is refused, so no frame
+    of an attempt reaches the next one's gate (a restart in place keeps the receiver)."""
+    return f"{gate}@{generation}"
 
 
 def _reporting(failures: FailureInjector, relay: _Relay) -> FailureInjector:
@@ -147,7 +202,8 @@ def _error_info(err: BaseException | None) -> tuple[str, str, str, bool] | None:
 
 
 def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
-    """Runs worker ``index`` of ``spec``'s generation to its end; returns a summary."""
+    """Runs worker ``index`` of ``spec``'s generation to its end, and the generations
+    the master restarts in place after it; returns a summary."""
     # Receiving threads wait for the GIL after each socket read; the default 5 ms
     # switch interval would hold a channel to a few hundred buffers a second.
     sys.setswitchinterval(spec.switch_interval)
@@ -156,7 +212,8 @@ def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
     if fault is not None:
         conn.fault = fault.counter("control", index, spec.generation)
     receiver: TcpReceiver | None = None
-    tasks: dict[tuple[str, int], Task] = {}
+    current = _Current()
+    stop = threading.Event()
     try:
         host = conn.sock.getsockname()[0]
         receiver = TcpReceiver(
@@ -169,14 +226,40 @@ def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
         if not isinstance(message, Table):
             return {"index": index, "status": "cancelled before start"}
         table = message.addresses
-        return _run(spec, index, conn, receiver, table, tasks)
+        inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        threading.Thread(
+            target=_control_loop,
+            args=(conn, current, stop, inbox),
+            name="spillover-control",
+            daemon=True,
+        ).start()
+        generation, restore, failures = spec.generation, spec.restore, spec.failures
+        while True:
+            step = _Step(generation, restore, failures)
+            summary = _run(spec, index, conn, receiver, table, current, inbox, step)
+            if summary is not None:
+                return summary
+            message = inbox.get()  # reset: the next generation, or the end
+            if not isinstance(message, Rebuild):
+                return {"index": index, "status": "cancelled after a reset"}
+            generation = message.generation
+            restore, failures = pickle.loads(message.payload)
     finally:
-        for t in tasks.values():
-            t.cancel()
-        settle(tasks.values())  # no late snapshot write once this worker returned
+        stop.set()
+        current.cancel()
+        settle(current.tasks.values())  # no late snapshot write once this worker returned
         if receiver is not None:
             receiver.close(timeout=2.0)
         conn.close()
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one generation on this worker is built from."""
+
+    generation: int
+    restore: dict[tuple[str, int], TaskRestore] | None
+    failures: FailureInjector
 
 
 def _run(
@@ -185,52 +268,60 @@ def _run(
     conn: ControlConnection,
     receiver: TcpReceiver,
     table: dict[int, tuple[str, int]],
-    tasks: dict[tuple[str, int], Task],
-) -> dict[str, Any]:
+    current: _Current,
+    inbox: queue.SimpleQueue[object],
+    step: _Step,
+) -> dict[str, Any] | None:
+    """One generation on this worker: its summary, or None once the master reset it
+    (its subtasks ended, its gates unregistered, :class:`Reset` sent)."""
     relay = _Relay(conn)
     slots = spec.config.deployment.task_slots
+    gen = step.generation
     done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
     links: list[tuple[ResultPartition, int, str, int]] = []
-    tasks.update(
-        build_tasks(
-            spec.graph,
-            spec.config,
-            attempt=spec.generation,
-            restore=spec.restore,
-            storage=checkpoint_storage(spec.config, spec.graph.name),
-            failures=_reporting(spec.failures, relay),
-            on_done=lambda t, err: done.put((t, err)),
-            flush_interval=spec.flush_interval,
-            hosted=lambda i: worker_of(i, slots) == index,
-            remote=lambda part, d, gate, ch: links.append((part, d, gate, ch)),
-            run_id=spec.run_id,
-        )
+    tasks = build_tasks(
+        spec.graph,
+        spec.config,
+        attempt=gen,
+        restore=step.restore,
+        storage=checkpoint_storage(spec.config, spec.graph.name),
+        failures=_reporting(step.failures, relay),
+        on_done=lambda t, err: done.put((t, err)),
+        flush_interval=spec.flush_interval,
+        hosted=lambda i: worker_of(i, slots) == index,
+        remote=lambda part, d, gate, ch: links.append((part, d, gate, ch)),
+        run_id=spec.run_id,
     )
+    gates: list[str] = []
     for t in tasks.values():
         t.coordinator = relay
         if t.has_input:
-            receiver.register(t.gate, on_overtaken=t.overtaken)
-    conn.send(Wired(index))
-    if not isinstance(conn.recv(), Go):
+            gates.append(fenced(t.gate.name, gen))
+            receiver.register(t.gate, gates[-1], on_overtaken=t.overtaken)
+    current.begin(gen, tasks)
+    conn.send(Wired(index, gen))
+    if not isinstance(inbox.get(), Go):
         return {"index": index, "status": "cancelled before start"}
     fault = spec.network_fault
-    counter = None if fault is None else fault.counter("data", index, spec.generation)
-    subs = [
-        connect_tcp(
-            part, d, table[worker_of(d, slots)], gate, ch, spec.secret,
-            timeout=spec.connect_timeout,
-            heartbeat_interval=spec.config.network.heartbeat_interval_s, fault=counter,
-        )
-        for part, d, gate, ch in links
-    ]  # fmt: skip
-    stop = threading.Event()
-    control = threading.Thread(
-        target=_control_loop, args=(conn, tasks, stop), name="spillover-control", daemon=True
-    )
-    control.start()
-    for t in tasks.values():
-        t.start()
-    remaining = set(tasks)
+    counter = None if fault is None else fault.counter("data", index, gen)
+    subs = []
+    try:
+        for part, d, gate, ch in links:
+            subs.append(
+                connect_tcp(
+                    part, d, table[worker_of(d, slots)], fenced(gate, gen), ch, spec.secret,
+                    timeout=spec.connect_timeout,
+                    heartbeat_interval=spec.config.network.heartbeat_interval_s, fault=counter,
+                )
+            )  # fmt: skip
+    except NetworkError:
+        if not current.reset:  # a peer reset before this worker linked: no error of its own
+            raise
+    started = not current.reset
+    if started:
+        for t in tasks.values():
+            t.start()
+    remaining = set(tasks) if started else set()
     last_metrics = 0.0
     errors = 0
     while remaining:
@@ -249,52 +340,65 @@ def _run(
         if now - last_metrics >= spec.metrics_interval and remaining:
             last_metrics = now
             relay.send(Metrics({f"{u}#{i}": tasks[(u, i)].metrics() for u, i in remaining}))
+    if current.reset:
+        for sub in subs:  # cancelled: their consumers are told, nothing waits for an end
+            sub.close(timeout=1.0)
+        settle(tasks.values())
+        for name in gates:
+            receiver.unregister(name)
+        relay.close()  # nothing of this generation's follows the reset
+        with contextlib.suppress(ControlError):  # the master gone: the control thread tells
+            conn.send(Reset(index, gen))
+        return None
     for sub in subs:  # finished ones wait for their consumer to read the end
         sub.close(timeout=5.0)
     relay.send(Finished(index))
-    stop.set()
     return {"index": index, "status": "failed" if errors else "finished", "subtasks": len(tasks)}
 
 
 def _control_loop(
     conn: ControlConnection,
-    tasks: dict[tuple[str, int], Task],
+    current: _Current,
     stop: threading.Event,
+    inbox: queue.SimpleQueue[object],
 ) -> None:
-    """Relays the master's messages to the subtasks until the connection ends; a
+    """Relays the master's messages to the subtasks until the connection ends, and
+    those for the worker itself (go, rebuild) to ``inbox``, None at the end; a
     message it cannot follow ends the connection as the master closing it does."""
     try:
         while True:
-            _follow(conn, conn.recv(), tasks)
+            message = conn.recv()
+            if isinstance(message, Go | Rebuild):
+                inbox.put(message)
+            elif isinstance(message, CancelAll):
+                current.cancel()
+                inbox.put(None)
+            else:
+                _follow(conn, message, current)
     except Exception:  # a ControlError, or a message that is not the protocol's
         conn.close()  # the master sees this worker gone
         if not stop.is_set():  # the master is gone: nothing may run on
-            for t in tasks.values():
-                t.cancel()
+            current.cancel()
+        inbox.put(None)
 
 
-def _follow(
-    conn: ControlConnection,
-    message: object,
-    tasks: dict[tuple[str, int], Task],
-) -> None:
-    """Carries out one message of the master's for one of this worker's subtasks.
-    Anything that is not one of the protocol's messages raises, ending the
-    connection."""
+def _follow(conn: ControlConnection, message: object, current: _Current) -> None:
+    """Carries out one message of the master's for one of this worker's subtasks (of
+    the generation it names: one of another is dropped). Anything that is not one of
+    the protocol's messages raises, ending the connection."""
     match message:
-        case Post(uid=uid, subtask=i, message=mail):
-            task = tasks.get((uid, i))
+        case Post(uid=uid, subtask=i, message=mail, generation=gen):
+            task = current.task(gen, (uid, i))
             if task is not None:
                 task.post(mail)
-        case SwitchToUnaligned(uid=uid, subtask=i, checkpoint_id=cid):
-            task = tasks.get((uid, i))
+        case SwitchToUnaligned(uid=uid, subtask=i, checkpoint_id=cid, generation=gen):
+            task = current.task(gen, (uid, i))
             if task is not None:
                 task.request_unaligned(cid)
         case Sync(token=token):
             with contextlib.suppress(ControlError):
                 conn.send(Synced(token))
-        case CancelAll():
-            for t in tasks.values():
-                t.cancel()
+        case ResetTo(generation=gen):
+            current.cancel(gen)
         case _:
             raise ControlError(f"a malformed control message from the master: {message!r:.200}")

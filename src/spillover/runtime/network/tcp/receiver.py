@@ -492,6 +492,14 @@ class TcpReceiver:
                 raise ConfigError(f"TCP receiver {self.address}: gate {key!r} is registered")
             self._gates[key] = _Registered(gate, on_overtaken)
 
+    def unregister(self, name: str) -> None:
+        """Stops serving the gate registered under ``name`` (no-op if none is): a
+        producer that connects to it later is refused; connections already bound to
+        it keep feeding that gate alone until it is cancelled or finished (then they
+        end), so none of their frames reaches a gate registered after it."""
+        with self._lock:
+            self._gates.pop(name, None)
+
     @property
     def connections(self) -> int:
         """Connections being served now (handshake included)."""
