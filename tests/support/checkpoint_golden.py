@@ -162,3 +162,30 @@ def empty_metadata(checkpoint_id: int) -> CheckpointMetadata:
         job_name="j", checkpoint_id=checkpoint_id, trigger_ms=0, fingerprint="f",
         settings={}, tasks={}, final=False,
     )  # fmt: skip
+
+
+def as_version_2(raw: dict[str, Any], index_uri: str) -> tuple[dict[str, Any], bytes]:
+    """Metadata of version 2 or 3 as version 2 wrote it: its JSON and the bytes of
+    the channel index ``index_uri`` beside it, every gate's maps an entry there."""
+
+    def carried(cs: ChannelStateMeta | None) -> ChannelStateMeta | None:
+        if cs is None:
+            return None
+        return dataclasses.replace(
+            cs,
+            input=tuple(GateStateHandle.from_dict(carried_entry(h)) for h in cs.input),
+            output=tuple(GateStateHandle.from_dict(carried_entry(h)) for h in cs.output),
+        )
+
+    meta = inlined(CheckpointMetadata.from_json(raw))
+    tasks = {
+        uid: dataclasses.replace(
+            op,
+            subtasks={
+                i: dataclasses.replace(st, channel_state=carried(st.channel_state))
+                for i, st in op.subtasks.items()
+            },
+        )
+        for uid, op in meta.tasks.items()
+    }
+    return split_channel_index(dataclasses.replace(meta, version=2, tasks=tasks), index_uri)
