@@ -22,6 +22,9 @@ class GateKind(enum.IntEnum):
     @classmethod
     def parse(cls, value: GateKind | str | int) -> GateKind:
         if isinstance(value, str):
+            kind = _KIND_NAMES.get(value)  # a dict, not Enum.__getitem__: once per gate read
+            if kind is not None:
+                return kind
             try:
                 return cls[value.upper()]
             except KeyError:
@@ -31,6 +34,9 @@ class GateKind(enum.IntEnum):
     @property
     def prefix(self) -> str:
         return "in" if self is GateKind.INPUT else "out"
+
+
+_KIND_NAMES = {"input": GateKind.INPUT, "output": GateKind.OUTPUT}
 
 
 class DataType(enum.IntEnum):
