@@ -13,7 +13,8 @@ one after they exited. Columns:
 - ``coord cpu``: the coordinator thread's CPU time, trigger to metadata written;
 - ``relay cpu``: unpickling the acknowledgements (the driver's control endpoint);
 - ``write``: ``CheckpointStorage.write_metadata``; ``_metadata``: its size;
-- ``index``: the channel index beside it (metadata version 2), its size;
+- ``index``: the channel index beside it, its size (metadata version 2; ``-`` for
+  version 3, whose entries the simulated tasks write into their shared files);
 - ``raw write``: the machine's limit for the same bytes, measured in the same run:
   ``_metadata`` and the index written to new files and renamed into place, as
   ``Location.publish`` does (no fsync, the storage's default), no encoding;

@@ -26,6 +26,7 @@ from spillover.runtime.checkpointing.channel_state import (
     open_channel_state,
 )
 from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage.channel_index import resolve_all
 from spillover.storage.location import Location
 from support import s3_faults as faults
 from support.s3_faults import Fault, FaultyMotoServer
@@ -90,8 +91,14 @@ def restored(state: dict[str, Any]) -> Gates:
         for d in state[kind]:
             h = GateStateHandle.from_dict(d)
             assert h.offset is not None, "a shared object's section has an offset"
+            # its channel maps: the index section right after it, in the same object
+            assert h.index is not None and h.index.uri == h.uri
+            assert h.index.offset == h.offset + h.size
+            (full,) = resolve_all([h])
             with open_retriever(h) as rd:
-                out.append((kind, h.gate_id, [(b.channel_id, bytes(b)) for b in rd]))
+                buffers = [(b.channel_id, bytes(b)) for b in rd]
+            assert set(full.channels) == {c for c, _ in buffers}
+            out.append((kind, h.gate_id, buffers))
     return out
 
 

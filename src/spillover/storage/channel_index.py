@@ -3,10 +3,15 @@ and each channel's byte range in the gate's file), encoded as one small binary
 entry, so that checkpoint metadata can keep them beside the state instead of
 listing every channel of every gate (docs/format.md, "Channel index").
 
-A checkpoint's entries are concatenated into one object, ``chk-<id>/_channel_index``;
-a gate's handle in the metadata names its entry by offset and length
-(:class:`IndexRef`), and a reader decodes only the entries of the gates it reads
-(:func:`resolve`). Every entry carries its own CRC32C, checked before anything in
+Since metadata version 3 each task writes its gates' entries itself, beside their
+state: an index section right after each gate's section of a shared state file
+(or inside the one object an object-store group publishes), or, for gates in files
+of their own, one small object per subtask (:data:`INDEX_OBJECT`). A gate's handle
+names its entry by URI, offset and length (:class:`IndexRef`), so the
+acknowledgement and the driver carry references only. Version 2 concatenated every
+entry into one object per checkpoint, ``chk-<id>/_channel_index``, written by the
+coordinator; it is still read. A reader decodes only the entries of the gates it
+reads (:func:`resolve`). Every entry carries its own CRC32C, checked before anything in
 it is trusted: a truncated or damaged entry is :class:`CorruptIndexError`, never a
 traceback.
 """
@@ -32,6 +37,7 @@ __all__ = [
     "INDEX_ENTRY",
     "INDEX_FILE",
     "INDEX_MAGIC",
+    "INDEX_OBJECT",
     "INDEX_VERSION",
     "check_index",
     "decode_entry",
@@ -44,7 +50,10 @@ INDEX_ENTRY = "index_entry"
 """The key of an encoded entry in a gate's handle dict between the task's
 acknowledgement and the metadata's write (never written to the metadata)."""
 INDEX_FILE = "_channel_index"
-"""The channel index object of a checkpoint, beside its ``_metadata``."""
+"""The channel index object of a checkpoint, beside its ``_metadata`` (version 2)."""
+INDEX_OBJECT = "_index"
+"""A subtask's index object in its ``channels`` directory: the entries of its gates
+that have files of their own (version 3), one after another."""
 INDEX_MAGIC = b"\x89SCI"
 INDEX_VERSION = 1
 FLAG_RANGES = 1

@@ -22,6 +22,9 @@ class GateKind(enum.IntEnum):
     @classmethod
     def parse(cls, value: GateKind | str | int) -> GateKind:
         if isinstance(value, str):
+            kind = _KIND_NAMES.get(value)  # a dict, not Enum.__getitem__: once per gate read
+            if kind is not None:
+                return kind
             try:
                 return cls[value.upper()]
             except KeyError:
@@ -31,6 +34,9 @@ class GateKind(enum.IntEnum):
     @property
     def prefix(self) -> str:
         return "in" if self is GateKind.INPUT else "out"
+
+
+_KIND_NAMES = {"input": GateKind.INPUT, "output": GateKind.OUTPUT}
 
 
 class DataType(enum.IntEnum):
@@ -66,9 +72,12 @@ def state_file_name(gate_id: int, kind: GateKind) -> str:
 
 @dataclass(frozen=True, slots=True)
 class IndexRef:
-    """Where a gate's channel maps live when the handle does not hold them: ``length``
-    bytes at ``offset`` of the channel index object ``uri`` (docs/format.md,
-    "Channel index"; ``spillover.storage.channel_index`` reads them)."""
+    """Where a gate's channel maps live when the handle does not hold them: one
+    channel index entry, ``length`` bytes at ``offset`` of the object ``uri``: the
+    checkpoint's ``_channel_index`` (metadata version 2), or, since version 3, the
+    gate's own state file (an index section after its gate's section) or its
+    subtask's index object (docs/format.md, "Channel index";
+    ``spillover.storage.channel_index`` reads them)."""
 
     uri: str
     offset: int
@@ -92,13 +101,15 @@ class GateStateHandle:
     to the section's start.
 
     ``index`` is set, and ``channels`` and ``channel_ranges`` are empty, for a handle
-    read from checkpoint metadata of version 2, which keeps the per-channel maps in
-    the checkpoint's channel index instead (``channel_index.resolve`` fills them in).
-    ``entry`` is set, and the maps are empty, for a handle from a task's
-    acknowledgement: its maps as the task encoded them, one channel index entry.
-    Nothing decodes it on the way to the metadata, whose write puts these bytes into
-    the checkpoint's channel index as they are; ``channel_index.resolve`` decodes it
-    for a reader that asks for the channels.
+    read from checkpoint metadata of version 2 or 3, which keeps the per-channel maps
+    in channel index entries instead (``channel_index.resolve`` fills them in), and
+    for a handle in a task's acknowledgement: the task wrote its gate's entry beside
+    the state itself (version 3), so neither the acknowledgement nor the driver
+    carries the maps. A closed gate's handle has both its maps and ``index``.
+    ``entry`` is set, and the maps are empty, for a handle of the version 2
+    acknowledgement form, which carried the encoded entry itself; it is still read
+    (``channel_index.resolve`` decodes it; a metadata write puts it into a
+    ``_channel_index``).
     """
 
     uri: str
@@ -140,7 +151,9 @@ class GateStateHandle:
     ) -> dict[str, Any]:
         """Plain JSON types. A handle whose maps are in a channel index names its entry:
         ``[offset, length]`` when the index is ``index_uri`` (the checkpoint's own, in
-        its metadata), else ``{"uri", "offset", "length"}``. A handle that carries its
+        its metadata: version 2), ``{"offset", "length"}`` when it is the gate's own
+        file (version 3: an index section), else ``{"uri", "offset", "length"}``. A
+        handle that carries its
         encoded entry (``entry``) names it at the offset ``place`` gives it in index
         ``index_uri`` (the metadata's write concatenates them); without ``place`` its
         maps are decoded and written inline."""
@@ -171,18 +184,20 @@ class GateStateHandle:
         if self.offset is not None:  # a section of a shared file; else reads as before
             d["offset"] = self.offset
         if ref is not None:
-            d["index"] = (
-                [ref.offset, ref.length]
-                if ref.uri == index_uri
-                else {"uri": ref.uri, "offset": ref.offset, "length": ref.length}
-            )
+            if ref.uri == index_uri:
+                d["index"] = [ref.offset, ref.length]
+            elif ref.uri == self.uri:
+                d["index"] = {"offset": ref.offset, "length": ref.length}
+            else:
+                d["index"] = {"uri": ref.uri, "offset": ref.offset, "length": ref.length}
         d["schema"] = HANDLE_SCHEMA
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], index_uri: str | None = None) -> GateStateHandle:
         """A handle as :meth:`to_dict` wrote it; ``index_uri`` is the checkpoint's
-        channel index, which ``"index": [offset, length]`` names."""
+        channel index, which ``"index": [offset, length]`` names (``{"offset",
+        "length"}`` names the gate's own file)."""
         if not isinstance(d, dict):
             raise FormatError("malformed state handle", detail=f"a {type(d).__name__}, not a dict")
         if d.get("schema") != HANDLE_SCHEMA:
@@ -213,7 +228,7 @@ class GateStateHandle:
                 "channels": _maps(d["channels"]) if inline else {},
                 "channel_ranges": _maps(d["channel_ranges"]) if "channel_ranges" in d else {},
                 "offset": _offset(d.get("offset")),
-                "index": _index(d.get("index"), index_uri),
+                "index": _index(d.get("index"), index_uri, d["uri"]),
                 "entry": entry,
             }
         except (AttributeError, KeyError, IndexError, TypeError, ValueError, OverflowError) as e:
@@ -242,11 +257,12 @@ def _offset(value: Any) -> int | None:
     return offset
 
 
-def _index(value: Any, index_uri: str | None) -> IndexRef | None:
+def _index(value: Any, index_uri: str | None, own: Any) -> IndexRef | None:
     if value is None:
         return None
     if isinstance(value, dict):
-        uri, offset, length = str(value["uri"]), int(value["offset"]), int(value["length"])
+        uri = str(value["uri"]) if "uri" in value else str(own)
+        offset, length = int(value["offset"]), int(value["length"])
     elif index_uri is None:
         raise ValueError("the gate names a channel index entry, the metadata no channel index")
     else:

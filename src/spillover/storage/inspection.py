@@ -8,6 +8,7 @@ from typing import Any
 from spillover._native import _storage as native
 from spillover.errors import SpilloverError, StorageError
 from spillover.storage.backends import ArrowBackend, LocalBackend, backend_for, readinto_exact
+from spillover.storage.channel_index import INDEX_MAGIC, decode_entry
 from spillover.storage.handle import Codec, GateKind
 from spillover.storage.location import Location
 from spillover.storage.options import StorageOptions
@@ -69,6 +70,9 @@ def shared_sections(uri: str, filesystem: Any = None) -> list[tuple[int, int]] |
 
     Found from the end: each section's trailer gives its size (header, frames and
     trailer), and the header that size before it must repeat the trailer's file id.
+    A section may be followed by its index section (a channel index entry, metadata
+    version 3), skipped: the last intact entry that ends where the section would
+    (:func:`_entry_before`).
     """
     hs, ts, fs = native.HEADER_SIZE, native.TRAILER_SIZE, native.FRAME_HEADER_SIZE
     loc = Location.parse(uri, filesystem)
@@ -84,7 +88,14 @@ def shared_sections(uri: str, filesystem: Any = None) -> list[tuple[int, int]] |
             f.seek(end - ts)
             if end < hs + ts or readinto_exact(f, memoryview(tail)) != ts:
                 return None
-            trailer = native.decode_trailer(tail, uri, end - ts)
+            try:
+                trailer = native.decode_trailer(tail, uri, end - ts)
+            except SpilloverError:
+                start = _entry_before(f, end)
+                if start is None:
+                    raise
+                end = start
+                continue
             size = hs + ts + fs * trailer["frame_count"] + trailer["stored_bytes"]
             if size > end:
                 return None
@@ -101,6 +112,27 @@ def shared_sections(uri: str, filesystem: Any = None) -> list[tuple[int, int]] |
     finally:
         f.close()
     return sections[::-1] if len(sections) > 1 else None
+
+
+_ENTRY_WINDOW = 1 << 20  # bytes searched back for an index section's start
+
+
+def _entry_before(f: Any, end: int) -> int | None:
+    """Where an intact channel index entry ending at ``end`` starts (its magic, then
+    a CRC that holds), searched within the last :data:`_ENTRY_WINDOW` bytes."""
+    start = max(0, end - _ENTRY_WINDOW)
+    f.seek(start)
+    window = bytearray(end - start)
+    if readinto_exact(f, memoryview(window)) != len(window):
+        return None
+    at = len(window)
+    while (at := window.rfind(INDEX_MAGIC, 0, at)) >= 0:
+        try:
+            decode_entry(memoryview(window)[at:])
+        except SpilloverError:
+            continue
+        return start + at
+    return None
 
 
 def state_files(uri: str, filesystem: Any = None) -> list[str]:

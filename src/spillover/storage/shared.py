@@ -19,6 +19,11 @@ file is kept for the next gate. The staging costs one in-kernel copy per byte
 for another's gate, a failed or discarded gate leaves nothing in the shared file,
 and every section in it is whole.
 
+Each section may be followed by its gate's **index section**: the gate's channel
+index entry (``spillover.storage.channel_index``, metadata version 3), written
+under the same lock right after the section is copied, so the handle names its
+maps by an offset in the same file and no acknowledgement carries them.
+
 A shared file needs a local filesystem (one that can append at an offset); on an
 object store the group's sections are published as one object instead
 (:mod:`spillover.storage.shared_objects`).
@@ -37,10 +42,10 @@ from typing import IO, Any
 
 from spillover._native import _storage as native
 from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
-from spillover.storage.handle import GateStateHandle
+from spillover.storage.handle import GateStateHandle, IndexRef
 from spillover.storage.location import Location, fsync_directory
 
-__all__ = ["SharedFile", "StagingBackend"]
+__all__ = ["SharedFile", "StagingBackend", "write_at"]
 
 
 class _Spares:
@@ -247,11 +252,18 @@ class SharedFile:
         self._lock.release()
 
     def append(
-        self, staged: IO[bytes], handle: GateStateHandle, *, empty: bool = False
+        self,
+        staged: IO[bytes],
+        handle: GateStateHandle,
+        *,
+        empty: bool = False,
+        entry: bytes | None = None,
     ) -> GateStateHandle:
         """Copies a closed gate's staged section (``handle`` its own handle) to the end of
-        the file; returns the handle of the section in this file. On an error nothing
-        is counted: the next section is written over what this one left. ``empty``:
+        the file, then ``entry`` (its channel index entry) after it, as its index
+        section; returns the handle of the section in this file (``index`` naming the
+        entry). On an error nothing is counted: the next section is written over what
+        this one left. ``empty``:
         afterwards the staged file is empty and rewound, ready to stage another
         gate, or closed where it could not be emptied (after an error the caller
         still has it, and closes it).
@@ -293,8 +305,41 @@ class SharedFile:
                     detail=f"{step}: {os.strerror(rc)}",
                     hint="check that the storage is reachable and writable",
                 )
-            self.end += handle.size
+            index = None
+            if entry is not None:
+                at = offset + handle.size
+                try:
+                    write_at(self.path, at, entry, fsync=self.fsync)
+                except OSError as e:
+                    raise StorageError(
+                        "cannot write shared state file",
+                        path=self.path,
+                        offset=at,
+                        errno=e.errno,
+                        detail=f"index section: {e}",
+                        hint="check that the storage is reachable and writable",
+                    ) from e
+                index = IndexRef(self.path, at, len(entry))
+            self.end += handle.size + (len(entry) if entry is not None else 0)
             self.sections += 1
         if empty and not emptied:
             staged.close()
-        return replace(handle, uri=self.path, offset=offset)
+        return replace(handle, uri=self.path, offset=offset, index=index)
+
+
+def write_at(
+    path: str, offset: int, data: bytes, *, fsync: bool = False, create: bool = False
+) -> None:
+    """Writes ``data`` at byte ``offset`` of the local file ``path`` (an index section
+    after a section just copied there); ``create``: the file may not exist yet."""
+    flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)

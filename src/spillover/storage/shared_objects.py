@@ -11,6 +11,9 @@ a group's object is written **once, by one writer, after its parts are settled**
   temporary files exactly as for a local shared file; when the part closes, its
   sections take their offsets at the end of the group's pending object, and the
   part waits;
+- a gate's channel index entry, when the part gives one, follows its section in
+  the object (its index section, metadata version 3), so the gate's handle names
+  its maps in the same object;
 - the object is published (one upload of the concatenated sections) when every
   member of the group has closed its part, or when ``wait`` seconds passed since
   the object's first part closed (a member that is late, slow or never takes part:
@@ -45,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from spillover.errors import StorageError
-from spillover.storage.handle import GateStateHandle
+from spillover.storage.handle import GateStateHandle, IndexRef
 from spillover.storage.location import Location
 
 __all__ = ["PUBLISH_WAIT", "SharedObjects"]
@@ -70,7 +73,8 @@ class _Object:
     """One object of the group's checkpoint while its parts close, then published."""
 
     name: str
-    sections: list[tuple[IO[bytes], int]] = field(default_factory=list)  # (staged, size)
+    # (staged file, size), or the bytes of an index section, in the object's order
+    sections: list[tuple[IO[bytes] | bytes, int]] = field(default_factory=list)
     end: int = 0
     parts: int = 0
     first_closed: float = 0.0
@@ -103,11 +107,16 @@ class SharedObjects:
     # -- what members call ------------------------------------------------------------
 
     def close(
-        self, sections: Sequence[tuple[IO[bytes], GateStateHandle]], member: Hashable = None
+        self,
+        sections: Sequence[tuple[IO[bytes], GateStateHandle]],
+        member: Hashable = None,
+        entries: Sequence[bytes] = (),
     ) -> list[GateStateHandle]:
         """``member``'s part of the checkpoint is closed: adds its gates (staged file
-        and its own handle each, in order) to the group's pending object and waits
-        until that object is published; returns the gates' handles in it (a part
+        and its own handle each, in order; each followed by its channel index entry
+        when ``entries`` gives one per gate) to the group's pending object and waits
+        until that object is published; returns the gates' handles in it (``index``
+        naming their entries; a part
         without gates returns at once, unless it is the last and publishes the
         others). The staged files are the object's from here on (closed once
         uploaded or dropped). Raises :class:`StorageError` when the upload failed or
@@ -125,10 +134,16 @@ class SharedObjects:
                 self._current = obj
             uri = self.directory.child(obj.name).uri
             handles = []
-            for staged, handle in sections:
-                handles.append(replace(handle, uri=uri, offset=obj.end))
+            for i, (staged, handle) in enumerate(sections):
+                offset = obj.end
                 obj.sections.append((staged, handle.size))
                 obj.end += handle.size
+                index = None
+                if i < len(entries):
+                    index = IndexRef(uri, obj.end, len(entries[i]))
+                    obj.sections.append((entries[i], len(entries[i])))
+                    obj.end += len(entries[i])
+                handles.append(replace(handle, uri=uri, offset=offset, index=index))
             obj.parts += 1
             self._settled.add(member if member is not None else object())
             mine = self._complete  # the last member: it publishes
@@ -227,6 +242,9 @@ class SharedObjects:
                 buf = bytearray(_CHUNK)
                 view = memoryview(buf)
                 for staged, size in obj.sections:
+                    if isinstance(staged, bytes):  # an index section
+                        out.write(staged)
+                        continue
                     staged.seek(0)
                     left = size
                     while left:
@@ -296,7 +314,8 @@ class SharedObjects:
         )
 
 
-def _close_all(files: Iterable[IO[bytes]]) -> None:
+def _close_all(files: Iterable[IO[bytes] | bytes]) -> None:
     for f in files:
-        with contextlib.suppress(OSError):
-            f.close()
+        if not isinstance(f, bytes):
+            with contextlib.suppress(OSError):
+                f.close()

@@ -483,7 +483,7 @@ def test_inspect_reads_a_shared_file_gate_by_gate(
     )
 
     groups = channel_state_groups([("a", 0), ("a", 1)], 5, lambda cid: str(tmp_path / "chk-1"))
-    sizes = []
+    sizes, offsets = [], []
     for i in range(2):
         w = open_channel_state(
             lambda cid, uid, i: str(tmp_path / "chk-1" / f"{uid}-{i}"),
@@ -494,17 +494,21 @@ def test_inspect_reads_a_shared_file_gate_by_gate(
             groups[("a", i)],
         )
         w.add_input(0, 0, b"subtask-%d" % i * 10)
-        sizes.append(w.close()["input"][0]["size"])
+        gate = w.close()["input"][0]
+        sizes.append(gate["size"])
+        offsets.append(gate["offset"])
     channels = tmp_path / "chk-1" / "channels"
     assert main(["inspect", str(channels), "--json"]) == 0
     reports = json.loads(capsys.readouterr().out)
+    # each section is followed by its index section (its channel maps), skipped
+    assert offsets[1] > sizes[0]
     assert [(r["subtask_index"], r["offset"], r["size"]) for r in reports] == [
         (0, 0, sizes[0]),
-        (1, sizes[0], sizes[1]),
+        (1, offsets[1], sizes[1]),
     ]
     shared = channels / "a-0.spill"
     data = bytearray(shared.read_bytes())
-    data[sizes[0] + 64 + 24 + 3] ^= 0xFF  # inside the second gate's payload
+    data[offsets[1] + 64 + 24 + 3] ^= 0xFF  # inside the second gate's payload
     shared.write_bytes(bytes(data))
     assert main(["inspect", str(shared)]) == 1
     out = capsys.readouterr().out

@@ -3,6 +3,7 @@ file, each read back exactly through its handle's offset and size."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from spillover.storage import (
     open_retriever,
     open_storage,
 )
+from spillover.storage.channel_index import encode_entry, resolve_all
 from spillover.storage.handle import state_file_name
 from spillover.storage.inspection import inspect_state_file, shared_sections
 from spillover.storage.location import Location
@@ -37,10 +39,16 @@ Gate = tuple[int, int, list[tuple[int, bytes]]]
 
 
 def _write(
-    shared: SharedFile, staging: str, cid: int, gate: Gate, recycle: bool = False
+    shared: SharedFile,
+    staging: str,
+    cid: int,
+    gate: Gate,
+    recycle: bool = False,
+    indexed: bool = False,
 ) -> GateStateHandle:
     """Stages one gate and appends it; ``recycle`` gives the emptied staging file back
-    for later gates, as channel state does."""
+    for later gates, as channel state does; ``indexed``: its channel index entry
+    follows it (its index section, as channel state writes it)."""
     subtask, gate_id, buffers = gate
     backend = StagingBackend(staging)
     storer = Storage(backend, StorageOptions(), cid, subtask).create_storer(gate_id)
@@ -49,7 +57,8 @@ def _write(
     handle = storer.close()
     staged = backend.take(state_file_name(gate_id, GateKind.INPUT))
     try:
-        section = shared.append(staged, handle, empty=recycle)
+        entry = encode_entry(handle) if indexed else None
+        section = shared.append(staged, handle, empty=recycle, entry=entry)
     except BaseException:
         staged.close()
         raise
@@ -92,6 +101,7 @@ _gates = st.lists(
     order=st.randoms(use_true_random=False),
     threads=st.booleans(),
     recycle=st.booleans(),
+    indexed=st.booleans(),
 )
 def test_any_order_of_closing_reads_back_each_gate_exactly(
     tmp_path: Path,
@@ -99,6 +109,7 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
     order: object,
     threads: bool,
     recycle: bool,
+    indexed: bool,
 ) -> None:
     """Subtasks close their gates in any order, from any thread, staged in new files or in
     ones earlier gates emptied: every handle reads back exactly its own buffers, per
@@ -112,7 +123,7 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
     if threads:
 
         def close(g: Gate) -> None:
-            handles[g[0]] = _write(shared, str(tmp_path), 7, g, recycle)
+            handles[g[0]] = _write(shared, str(tmp_path), 7, g, recycle, indexed)
 
         workers = [threading.Thread(target=close, args=(g,)) for g in closing]
         for w in workers:
@@ -121,8 +132,14 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
             w.join()
     else:
         for g in closing:
-            handles[g[0]] = _write(shared, str(tmp_path), 7, g, recycle)
-    assert os.path.getsize(shared.path) == sum(h.size for h in handles.values())
+            handles[g[0]] = _write(shared, str(tmp_path), 7, g, recycle, indexed)
+    index = sum(h.index.length for h in handles.values() if h.index is not None)
+    assert os.path.getsize(shared.path) == sum(h.size for h in handles.values()) + index
+    if indexed:  # each gate's maps right after its section, read back as they were
+        for h in handles.values():
+            assert h.index is not None and h.index.offset == (h.offset or 0) + h.size
+            (back,) = resolve_all([dataclasses.replace(h, channels={}, channel_ranges={})])
+            assert (back.channels, back.channel_ranges) == (h.channels, h.channel_ranges)
     assert sorted(h.offset or 0 for h in handles.values())[0] == 0
     sections = sorted((h.offset or 0, h.size) for h in handles.values())
     assert shared_sections(shared.path) == (sections if len(sections) > 1 else None)

@@ -32,6 +32,14 @@ the same way, and the group publishes one object per checkpoint once its parts
 are settled; a part's ``close`` (and so its acknowledgement) waits for that
 publish, and a part that fails or is discarded declines the checkpoint for the
 whole group (:class:`~spillover.storage.shared_objects.SharedObjects`).
+
+**Each task writes its gates' channel index entries** (metadata version 3,
+docs/format.md "Channel index"): a gate's per-channel maps, encoded as one entry,
+follow its section in the group's shared file or object (its index section), and
+the entries of gates in files of their own go into one small object per subtask,
+``<subtask dir>/channels/_index``. The acknowledgement names each entry by URI,
+offset and length and never carries its bytes, so the coordinator's work per
+checkpoint grows with the gates, not with their channels.
 """
 
 from __future__ import annotations
@@ -47,11 +55,14 @@ from spillover.errors import SpilloverError
 from spillover.runtime.network.buffers import NetworkBuffer, append_zero_copy
 from spillover.storage import Storage, StorageOptions, Storer
 from spillover.storage.backends import backend_for
-from spillover.storage.channel_index import INDEX_ENTRY, encode_entry
-from spillover.storage.handle import GateStateHandle, state_file_name
+from spillover.storage.channel_index import INDEX_OBJECT, encode_entry
+from spillover.storage.handle import GateStateHandle, IndexRef, state_file_name
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend, on_local_disk
 from spillover.storage.shared_objects import PUBLISH_WAIT, SharedObjects
+
+Closed = tuple[GateStateHandle, bytes]
+"""A closed gate's handle and its encoded channel index entry."""
 
 
 class ChannelState(Protocol):
@@ -244,8 +255,11 @@ class ChannelStateWriter:
             if self._shared is not None and isinstance(self._shared[0], SharedObjects):
                 inputs, outputs = self._publish(self._shared[0])
             else:
-                inputs = [self._finish(s) for _, s in sorted(self._inputs.items())]
-                outputs = [self._finish(s) for _, s in sorted(self._outputs.items())]
+                closed = [self._finish(s) for _, s in sorted(self._inputs.items())]
+                closed += [self._finish(s) for _, s in sorted(self._outputs.items())]
+                closed = self._index_object(closed)
+                handles = [gate_entry(h) for h, _ in closed]
+                inputs, outputs = handles[: len(self._inputs)], handles[len(self._inputs) :]
         except BaseException:
             # The gates after the one that failed were never closed: their writers
             # still hold descriptors, staged files and network buffers (credit).
@@ -260,12 +274,14 @@ class ChannelStateWriter:
         until it is published (an object store: docs/scaling.md)."""
         gates = [*sorted(self._inputs.items()), *sorted(self._outputs.items())]
         sections = []
+        entries = []
         try:
             for _, storer in gates:
                 handle = storer.close()
                 assert self._staging is not None
                 name = state_file_name(handle.gate_id, handle.gate_kind)
                 sections.append((self._staging.take(name), handle))
+                entries.append(encode_entry(handle))
         except BaseException as e:
             for staged, _ in sections:
                 staged.close()
@@ -273,24 +289,43 @@ class ChannelStateWriter:
             objects.fail(e)  # the group publishes nothing of this checkpoint
             raise
         self._part_closed = True  # the object owns the staged files now
-        handles = [gate_entry(h) for h in objects.close(sections, self._member)]
+        handles = [gate_entry(h) for h in objects.close(sections, self._member, entries)]
         return handles[: len(self._inputs)], handles[len(self._inputs) :]
 
-    def _finish(self, storer: Storer) -> dict[str, Any]:
-        """Closes a gate; a staged one joins the group's shared file."""
+    def _finish(self, storer: Storer) -> Closed:
+        """Closes a gate and encodes its channel index entry; a staged gate joins the
+        group's shared file, its entry right after it (the handle names it)."""
         handle = storer.close()
+        entry = encode_entry(handle)
         if self._shared is None or self._staging is None:
-            return gate_entry(handle)
+            return handle, entry
         shared = self._shared[0]
         assert isinstance(shared, SharedFile)
         staged = self._staging.take(state_file_name(handle.gate_id, handle.gate_kind))
         try:
-            section = shared.append(staged, handle, empty=True)
+            section = shared.append(staged, handle, empty=True, entry=entry)
         except BaseException:
             staged.close()
             raise
         self._staging.recycle(staged)  # emptied: it stages another gate next time
-        return gate_entry(section)
+        return section, entry
+
+    def _index_object(self, closed: list[Closed]) -> list[Closed]:
+        """Gates in files of their own (no index section) get their entries written
+        into the subtask's index object, ``channels/_index``, one after another."""
+        alone = [i for i, (h, _) in enumerate(closed) if h.index is None]
+        if not alone:
+            return closed
+        target = (self._where or Location.parse(self.uri)).child(INDEX_OBJECT)
+        out = list(closed)
+        at = 0
+        for i in alone:
+            handle, entry = closed[i]
+            ref = IndexRef(target.uri, at, len(entry))
+            out[i] = (dataclasses.replace(handle, index=ref), entry)
+            at += len(entry)
+        target.publish(b"".join(closed[i][1] for i in alone), what="channel index")
+        return out
 
     def discard(self) -> None:
         """Drops everything (the checkpoint was aborted); buffers go back to their pools.
@@ -311,14 +346,12 @@ class ChannelStateWriter:
 def gate_entry(handle: GateStateHandle) -> dict[str, Any]:
     """What a subtask's acknowledgement carries for one closed gate (the one place
     a handle becomes part of an ``Ack``): the handle without its per-channel maps,
-    and under ``index_entry`` those maps as one encoded channel index entry
-    (``spillover.storage.channel_index``). The coordinator moves the entries into
-    the checkpoint's channel index, so the metadata grows with gates, not channels,
-    and the task, not the driver, pays for encoding them."""
-    d = dataclasses.replace(handle, channels={}, channel_ranges={}).to_dict()
-    del d["channels"]
-    d[INDEX_ENTRY] = encode_entry(handle)
-    return d
+    naming the channel index entry the task wrote for them (``handle.index``; see
+    the module docstring). The metadata grows with gates, not channels, and the
+    task, not the driver, pays for encoding and writing the maps."""
+    if handle.index is None:
+        raise ValueError(f"gate {handle.uri} has no channel index entry written")
+    return dataclasses.replace(handle, channels={}, channel_ranges={}).to_dict()
 
 
 class NoChannelState:

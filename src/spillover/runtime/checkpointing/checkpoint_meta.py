@@ -34,7 +34,9 @@ __all__ = [
 ]
 
 METADATA_FORMAT = "spillover-checkpoint"
-METADATA_VERSION = 2  # 2: per-channel maps in the channel index (docs/format.md)
+# 2: per-channel maps in the checkpoint's channel index; 3: in entries the tasks
+# wrote beside their state, which the gates name (docs/format.md, "Channel index").
+METADATA_VERSION = 3
 
 Place = Callable[[bytes], int]
 """Where the metadata's write puts an acknowledged gate's encoded channel index entry:

@@ -105,8 +105,10 @@ class CheckpointStorage:
         self, checkpoint_id: int, metadata: CheckpointMetadata, *, relative: bool = False
     ) -> str:
         """Publishes the checkpoint's metadata (its presence completes it): the one
-        place it becomes JSON. Gates' channel maps as the tasks encoded them go first,
-        unchanged, into the checkpoint's channel index beside it
+        place it becomes JSON. Tasks wrote their gates' channel index entries beside
+        their state and the gates name them (version 3), so nothing but ``_metadata``
+        is written; only gates that carry encoded maps (the version 2
+        acknowledgement form) would have them put into a channel index beside it
         (:func:`split_channel_index`). After a NO_CLAIM restore, the files it
         references in the restored checkpoint are copied into it first. ``relative``
         (a savepoint): files inside this job's folder are named relative to it."""
@@ -332,7 +334,7 @@ def new_metadata(
 
 def split_channel_index(meta: CheckpointMetadata, index_uri: str) -> tuple[dict[str, Any], bytes]:
     """The metadata's JSON with every acknowledged gate's encoded channel maps
-    (``GateStateHandle.entry``, as ``channel_state.gate_entry`` gives them) named as
+    (``GateStateHandle.entry``, the version 2 acknowledgement form) named as
     ``"index": [offset, length]`` into the channel index ``index_uri``, and that
     index's bytes: the entries, unchanged, one after another (empty: no gate carried
     one, and the JSON names no index). References name whole handles, maps inline,
@@ -388,6 +390,8 @@ def referenced_uris(meta: CheckpointMetadata) -> list[str]:
                 for ref in cs.references:
                     for piece in ref.pieces:
                         _add_uri(piece.handle.uri, found)
+                        if piece.handle.index is not None:  # its maps' entry, elsewhere
+                            _add_uri(piece.handle.index.uri, found)
             _add_uris(st.keyed, found)
             _add_uris(st.handles, found)
     return list(found)

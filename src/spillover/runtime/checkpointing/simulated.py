@@ -8,12 +8,16 @@ with one output gate of p subpartitions) and ``map`` (keyed, one input gate of p
 channels), T = 2p subtasks. Each subtask's acknowledgement is what a real unaligned
 checkpoint at that parallelism acknowledges: its gate's handle from the
 channel-state writer (:func:`~spillover.runtime.checkpointing.channel_state.gate_entry`)
-with a frame count, byte count and range for every channel that held data (a
-section of its group's shared file, five subtasks a file), the map's keyed-state
-handle for its key-group range, the source's operator state, and the metrics a
-task reports. Acknowledgements are built and pickled before the trigger (that is
-the tasks' work, not the driver's); a relay thread unpickles them and hands them to
-the coordinator, as the driver's control endpoint does on Spark.
+for a gate with a frame count, byte count and range for every channel that held
+data (a section of its group's shared file, five subtasks a file), the map's
+keyed-state handle for its key-group range, the source's operator state, and the
+metrics a task reports. As a real task does, each simulated subtask writes its
+gate's channel index entry into its group's file, right after its section (a
+sparse file: the sections' frames are not written), and its handle names that
+entry. Entries are written and acknowledgements built and pickled before the
+trigger, off the coordinator's thread (that is the tasks' work, not the driver's);
+a relay thread unpickles them and hands them to the coordinator, as the driver's
+control endpoint does on Spark.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import queue
 import threading
 import time
 import tracemalloc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spillover.keygroups import key_group_range_for_operator
@@ -40,7 +44,9 @@ from spillover.runtime.checkpointing.messages import (
 )
 from spillover.runtime.checkpointing.metadata import METADATA_FILE, CheckpointStorage
 from spillover.runtime.state import FORMAT_NAME, FORMAT_VERSION
-from spillover.storage.handle import Codec, GateKind, GateStateHandle
+from spillover.storage.channel_index import encode_entry
+from spillover.storage.handle import Codec, GateKind, GateStateHandle, IndexRef
+from spillover.storage.shared import write_at
 
 SOURCE, MAP = "source", "map"
 GROUP = 5  # subtasks per shared channel-state file (the default)
@@ -129,11 +135,35 @@ class SimulatedJob:
             offset=offset,
         )
 
-    def ack(self, storage: CheckpointStorage, checkpoint_id: int, key: tuple[str, int]) -> Ack:
-        """Subtask ``key``'s acknowledgement of checkpoint ``checkpoint_id``."""
+    def placed(
+        self, checkpoint_dir: str, uid: str, first: int
+    ) -> list[tuple[GateStateHandle, bytes]]:
+        """The gates of the group whose first member is ``first``, each at its place in
+        the group's file and naming its entry, the index section right after it, and
+        that entry's bytes."""
+        out = []
+        at = 0
+        for member in range(first, min(first + GROUP, self.parallelism)):
+            handle = self.gate(checkpoint_dir, uid, member, at)
+            entry = encode_entry(handle)
+            ref = IndexRef(handle.uri, at + handle.size, len(entry))
+            out.append((replace(handle, index=ref), entry))
+            at += handle.size + len(entry)
+        return out
+
+    def ack(
+        self,
+        storage: CheckpointStorage,
+        checkpoint_id: int,
+        key: tuple[str, int],
+        gate: GateStateHandle | None = None,
+    ) -> Ack:
+        """Subtask ``key``'s acknowledgement of checkpoint ``checkpoint_id``; ``gate``:
+        its gate's handle, as :meth:`placed` gives it (made here if not given)."""
         uid, subtask = key
         chk = storage.checkpoint_dir(checkpoint_id)
-        handle = self.gate(chk, uid, subtask, offset=0)
+        first = subtask - subtask % GROUP
+        handle = gate or self.placed(chk, uid, first)[subtask - first][0]
         entry = gate_entry(handle)
         inflight = handle.raw_bytes
         channel_state = {
@@ -299,12 +329,24 @@ class Simulation:
         return [k for k in self.tasks if k not in self.exited]
 
     def prepare(self, decline: bool = False) -> int:
-        """Builds and pickles the next checkpoint's acknowledgements (the tasks'
-        work); with ``decline`` the last subtask declines it instead."""
+        """Writes the next checkpoint's channel index entries and builds and pickles its
+        acknowledgements (the tasks' work); with ``decline`` the last subtask
+        declines it instead."""
         cid = self.coordinator.next_id
+        chk = self.storage.checkpoint_dir(cid)
+        os.makedirs(os.path.join(chk, "channels"), exist_ok=True)
+        groups: dict[tuple[str, int], list[tuple[GateStateHandle, bytes]]] = {}
         acks = []
         for key in self.running():
-            ack = self.job.ack(self.storage, cid, key)
+            uid, subtask = key
+            first = subtask - subtask % GROUP
+            group = groups.get((uid, first))
+            if group is None:
+                group = groups[(uid, first)] = self.job.placed(chk, uid, first)
+            gate, entry = group[subtask - first]
+            assert gate.index is not None
+            write_at(gate.uri, gate.index.offset, entry, create=True)
+            ack = self.job.ack(self.storage, cid, key, gate)
             ack.finished = key in self.finished
             acks.append(pickle.dumps(ack, protocol=pickle.HIGHEST_PROTOCOL))
         self._prepared[cid] = acks

@@ -20,6 +20,7 @@ from spillover.runtime.checkpointing.channel_state import (
     open_channel_state,
 )
 from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage.channel_index import INDEX_OBJECT, resolve_all
 from spillover.storage.location import Location, register_filesystem
 from spillover.storage.shared_objects import SharedObjects
 
@@ -80,7 +81,12 @@ def test_writers_of_a_group_share_one_file(tmp_path: Path) -> None:
     assert not (tmp_path / "chk-4" / "src-0").exists()
     handles = [GateStateHandle.from_dict(h) for r in results for h in r["input"] + r["output"]]
     assert {h.uri for h in handles} == {str(shared)}
-    assert sum(h.size for h in handles) == shared.stat().st_size
+    # each gate's section, then its index section (its channel maps, metadata v3)
+    assert all(h.index is not None and h.index.uri == str(shared) for h in handles)
+    assert sum(h.size + h.index.length for h in handles if h.index) == shared.stat().st_size
+    assert all(h.index and h.index.offset == (h.offset or 0) + h.size for h in handles)
+    resolved = resolve_all(handles)
+    assert [sorted(h.channels) for h in resolved] == [[0, 1], [2]] * 3
     for k, r in enumerate(results):
         with open_retriever(GateStateHandle.from_dict(r["input"][0])) as rd:
             assert [(b.channel_id, bytes(b)) for b in rd] == [
@@ -98,8 +104,13 @@ def test_group_of_one_keeps_todays_layout(tmp_path: Path) -> None:
     w = open_channel_state(subtask_dir, 2, "src", 0, None, groups[("src", 0)])  # type: ignore[arg-type]
     w.add_input(1, 0, b"abc")
     h = w.close()["input"][0]
-    assert h["uri"] == str(tmp_path / "chk-2" / "src-0" / "channels" / "in-00001.spill")
+    channels = tmp_path / "chk-2" / "src-0" / "channels"
+    assert h["uri"] == str(channels / "in-00001.spill")
     assert "offset" not in h
+    # its channel maps: in the subtask's index object (metadata v3), not in the ack
+    assert "channels" not in h and h["index"]["uri"] == str(channels / INDEX_OBJECT)
+    (back,) = resolve_all([GateStateHandle.from_dict(h)])
+    assert back.channels == {0: (1, 3)}
 
 
 def test_a_failing_shared_file_fails_only_that_subtasks_part(tmp_path: Path) -> None:

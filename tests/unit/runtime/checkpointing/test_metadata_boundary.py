@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spillover.errors import CorruptIndexError, FormatError, SpilloverError
-from spillover.runtime.checkpointing.channel_state import gate_entry
 from spillover.runtime.checkpointing.checkpoint_meta import (
     ChannelStateMeta,
     CheckpointMetadata,
@@ -25,15 +24,15 @@ from spillover.runtime.checkpointing.checkpoint_meta import (
 from spillover.runtime.checkpointing.metadata import METADATA_FILE, CheckpointStorage
 from spillover.storage.channel_index import INDEX_FILE, encode_entry, resolve_all
 from spillover.storage.handle import GateKind, GateStateHandle
-from support.checkpoint_golden import inlined
+from support.checkpoint_golden import carried_entry, inlined
 
 _ids = itertools.count(1)
 
 
 @st.composite
 def _handle(draw: st.DrawFn, encoded: bool) -> GateStateHandle:
-    """A closed gate's handle; ``encoded``: as an acknowledgement carries it (its
-    maps one encoded entry), else with its maps inline."""
+    """A closed gate's handle; ``encoded``: as a version 2 acknowledgement carried it
+    (its maps one encoded entry), else with its maps inline."""
     chans = draw(st.lists(st.integers(0, 2**20), unique=True, max_size=8))
     channels = {c: (draw(st.integers(0, 9)), draw(st.integers(0, 2**40))) for c in chans}
     ranges = {c: (64 + c, 64 + 2 * c) for c in chans} if draw(st.booleans()) else {}
@@ -53,8 +52,8 @@ def _handle(draw: st.DrawFn, encoded: bool) -> GateStateHandle:
         channel_ranges=ranges,
         offset=draw(st.none() | st.integers(0, 2**40)),
     )
-    if encoded:  # what the coordinator gets: the handle gate_entry gives, parsed
-        return GateStateHandle.from_dict(gate_entry(h))
+    if encoded:  # what the coordinator got: the handle carried_entry gives, parsed
+        return GateStateHandle.from_dict(carried_entry(h))
     return h
 
 
@@ -84,7 +83,7 @@ def _metadata(encoded: bool) -> st.SearchStrategy[CheckpointMetadata]:
     )
     return st.builds(
         CheckpointMetadata,
-        version=st.sampled_from([1, 2]),
+        version=st.sampled_from([1, 2, 3]),
         job=names,
         checkpoint_id=st.integers(1, 10**6),
         trigger_ms=st.integers(0, 2**40),
@@ -146,7 +145,7 @@ def test_a_handle_from_an_acknowledgement_decodes_only_when_asked() -> None:
     h = GateStateHandle(
         "/x/chk-1/g.spill", 0, GateKind.INPUT, 1, 0, "f", 200, 3, 9, 9, channels={4: (3, 9)}
     )
-    acked = GateStateHandle.from_dict(gate_entry(h))
+    acked = GateStateHandle.from_dict(carried_entry(h))
     assert acked.entry == encode_entry(h) and acked.channels == {}
     assert resolve_all([acked]) == [h]
     assert acked.to_dict() == h.to_dict()  # written alone: its maps inline, as ever
@@ -170,7 +169,7 @@ def _checkpoint(tmp_path: Path) -> tuple[CheckpointStorage, int]:
         )
         for g in range(3)
     ]
-    cs = ChannelStateMeta(tuple(GateStateHandle.from_dict(gate_entry(h)) for h in gates))
+    cs = ChannelStateMeta(tuple(GateStateHandle.from_dict(carried_entry(h)) for h in gates))
     meta = CheckpointMetadata(
         2, "j", 3, 0, 0, "f", {}, False, {"m": OperatorMeta({0: SubtaskMeta(channel_state=cs)})}
     )
