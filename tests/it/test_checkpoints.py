@@ -63,7 +63,7 @@ def test_checkpoints_are_retained_described_and_measured(tmp_path: Path) -> None
     latest = storage.latest()
     assert latest is not None
     m = storage.read_metadata(latest.checkpoint_id)  # the file's JSON
-    assert (m["format"], m["version"], m["final"]) == ("spillover-checkpoint", 2, True)
+    assert (m["format"], m["version"], m["final"]) == ("spillover-checkpoint", 3, True)
     assert m["settings"]["max-parallelism"] == 128 and m["settings"]["format-version"] == 1
     assert set(m["tasks"]) == {"src", "sum", "src2"}
     keyed = m["tasks"]["sum"]["subtasks"]["0"]["keyed"]["sum"]
