@@ -167,3 +167,45 @@ def test_every_sink_subtask_of_a_run_names_its_files_for_that_run(tmp_path: Path
     tags = {p.name.rpartition("-")[2][:6] for p in out.glob("part-*.parquet")}
     assert len(tags) == 1 and len(list(out.glob("part-*.parquet"))) >= 3
     assert pq.read_table(out).num_rows == 6_000
+
+
+def test_a_storage_fault_of_the_moment_does_not_refuse_a_whole_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking a restore point's files meets a storage fault once (no space, a
+    reset connection): the check is tried again and the job restores; a missing
+    file still refuses the checkpoint at once."""
+    import errno
+
+    import spillover.runtime.jobmaster as jm
+    from spillover.errors import StateFileNotFoundError, StorageError
+
+    cfg = _config(tmp_path)
+    assert LocalExecutor(_keyed_job("f", tmp_path / "o1"), cfg).run(timeout=60).status == "finished"
+    cid = CheckpointStorage(str(tmp_path / "ckpt"), "f").completed_ids()[-1]
+    real = jm.plan_restore
+    calls: list[int] = []
+
+    def flaky(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise StorageError("cannot open channel index", errno=errno.ENOSPC)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(jm, "plan_restore", flaky)
+    monkeypatch.setattr(jm, "RESTORE_CHECK_BACKOFF_S", 0.0)
+    result = LocalExecutor(_keyed_job("f", tmp_path / "o2"), cfg, restore_checkpoint=cid).run(
+        timeout=60
+    )
+    assert result.status == "finished" and result.restored_from[:1] == [cid]
+    assert len(calls) >= 2
+
+    def missing(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        raise StateFileNotFoundError("a state file is missing", errno=errno.ENOENT)
+
+    monkeypatch.setattr(jm, "plan_restore", missing)
+    calls.clear()
+    with pytest.raises(StateFileNotFoundError):
+        LocalExecutor(_keyed_job("f", tmp_path / "o3"), cfg, restore_checkpoint=cid).run(timeout=60)
+    assert len(calls) == 1

@@ -4,6 +4,7 @@ parallelism); deployments (``spillover.deploy``) say where its subtasks run."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
 import threading
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spillover.config import Config, RestartStrategy
-from spillover.errors import ConfigError
+from spillover.errors import ConfigError, StateFileNotFoundError, StorageError
 from spillover.runtime.batch import runs_as_batch
 from spillover.runtime.batch.job import log_storage, run_batch
 from spillover.runtime.batch.launch import Launcher, LocalLauncher
@@ -63,6 +64,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Checking a restore point's files (before any task starts) that storage fails, not
+# because a file is missing, is tried this many times, waiting 0.1 s, then twice as
+# long each time: a fault of the moment must not refuse a checkpoint that is whole.
+RESTORE_CHECK_ATTEMPTS = 5
+RESTORE_CHECK_BACKOFF_S = 0.1
 
 
 class JobFailedError(RuntimeError):
@@ -520,13 +527,24 @@ class Executor:
                 self.ignore_inflight
                 or meta.checkpoint_id == self.config.recovery.without_channel_state_checkpoint
             )
-        return plan_restore(
-            meta,
-            self.graph if graph is None else graph,
-            allow_non_restored_state=self.allow_non_restored_state,
-            ignore_inflight=ignore_inflight,
-            force_forward=self.force_forward_rescale,
-        )
+        for attempt in range(RESTORE_CHECK_ATTEMPTS):
+            try:
+                return plan_restore(
+                    meta,
+                    self.graph if graph is None else graph,
+                    allow_non_restored_state=self.allow_non_restored_state,
+                    ignore_inflight=ignore_inflight,
+                    force_forward=self.force_forward_rescale,
+                )
+            except StorageError as e:
+                missing = isinstance(e, StateFileNotFoundError) or e.errno == errno.ENOENT
+                if missing or attempt + 1 == RESTORE_CHECK_ATTEMPTS:
+                    raise
+                logger.warning(
+                    "checking checkpoint %d failed, trying again: %s", meta.checkpoint_id, e
+                )
+                time.sleep(RESTORE_CHECK_BACKOFF_S * 2**attempt)
+        raise AssertionError("unreachable")
 
     def run(
         self,

@@ -325,12 +325,14 @@ def _validate(
             seen.add(h.key)
             open_retriever(h).close()
     except SpilloverError as e:
+        kept = {"errno": e.errno} if isinstance(e, StorageError) else {}
         raise type(e)(
             f"checkpoint {cid} cannot be restored: {e.message}",
             path=e.path,
             offset=e.offset,
             detail=e.detail,
             hint="restore an older checkpoint, or restore without in-flight data",
+            **kept,
         ) from e
     for k in keyed:
         for st in k.get("states", []):
