@@ -82,6 +82,7 @@ def shared_sections(uri: str, filesystem: Any = None) -> list[tuple[int, int]] |
         f, end = backend.open_read(name)
     except SpilloverError:
         return None
+    file_size = end
     try:
         while end > 0:
             tail = bytearray(ts)
@@ -111,7 +112,11 @@ def shared_sections(uri: str, filesystem: Any = None) -> list[tuple[int, int]] |
         return None
     finally:
         f.close()
-    return sections[::-1] if len(sections) > 1 else None
+    # One section that is the whole file is a gate file of its own, read whole; one
+    # followed by its index section is a shared file's only member.
+    if len(sections) > 1 or (sections and sections[0][1] != file_size):
+        return sections[::-1]
+    return None
 
 
 _ENTRY_WINDOW = 1 << 20  # bytes searched back for an index section's start

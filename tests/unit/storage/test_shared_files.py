@@ -142,7 +142,9 @@ def test_any_order_of_closing_reads_back_each_gate_exactly(
             assert (back.channels, back.channel_ranges) == (h.channels, h.channel_ranges)
     assert sorted(h.offset or 0 for h in handles.values())[0] == 0
     sections = sorted((h.offset or 0, h.size) for h in handles.values())
-    assert shared_sections(shared.path) == (sections if len(sections) > 1 else None)
+    # A file of one section is read whole, unless its index section follows it.
+    alone = len(sections) == 1 and not indexed
+    assert shared_sections(shared.path) == (None if alone else sections)
     for subtask, _, buffers in gates:
         h = GateStateHandle.from_dict(handles[subtask].to_dict())  # through the metadata
         assert h.uri == shared.path and h.subtask_index == subtask
@@ -352,3 +354,26 @@ def test_only_a_local_disk_counts_as_local(tmp_path: Path) -> None:
     assert on_local_disk("/mnt/my scratch/chk-1", m)
     assert on_local_disk("/mnt/nfsish/chk-1", m)  # a sibling, not inside the NFS mount
     assert not on_local_disk("/srv", str(tmp_path / "no-such-file"))
+
+
+def test_a_shared_file_of_one_member_inspects_past_its_index_section(tmp_path: Path) -> None:
+    """A group where one member had in-flight data: its section, then its index
+    section. `spillover inspect` finds the section (read whole, the file would end
+    in the entry, not a trailer)."""
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    shared = SharedFile(Location.parse(str(tmp_path / "chk-1")), "g.spill")
+    backend = StagingBackend(str(staging))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    storer.append(0, b"x" * 100)
+    h = storer.close()
+    staged = backend.take(state_file_name(0, GateKind.INPUT))
+    section = shared.append(staged, h, entry=encode_entry(h))
+    staged.close()
+    assert shared_sections(shared.path) == [(0, section.size)]
+    report = inspect_state_file(shared.path, section=(0, section.size))
+    assert (report["frame_count"], report["raw_bytes"], report["checksums_verified"]) == (
+        1,
+        100,
+        True,
+    )
