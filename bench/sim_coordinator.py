@@ -80,14 +80,14 @@ def _raw_io_ms(files: list[str], directory: str) -> tuple[float, float]:
     return write_ms, (time.perf_counter() - t) * 1000
 
 
-def measure(subtasks: int, fill: float, directory: str) -> dict[str, Any]:
+def measure(subtasks: int, fill: float, directory: str, checkpoints: int = 3) -> dict[str, Any]:
     p = subtasks // 2
     job = SimulatedJob(p, fill=fill)
     graph = graph_info(job_graph(p, job.max_parallelism))
     half = job_graph(max(1, p // 2), job.max_parallelism)
     row: dict[str, Any] = {"T": subtasks, "p": p}
     with Simulation(job, directory, graph=graph, num_retained=2) as sim:
-        runs = [sim.checkpoint() for _ in range(3)]
+        runs = [sim.checkpoint() for _ in range(checkpoints)]
         assert all(r.status == "completed" for r in runs), runs
         cid = runs[-1].checkpoint_id
         gc.collect()
@@ -133,15 +133,16 @@ def _size(n: int) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| T | p | wall | coord cpu | relay cpu | write | raw write | `_metadata` | index "
-        "| read | raw read | plan T->T/2 | resolve | peak |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| T | p | wall | coord cpu | per subtask | relay cpu | write | raw write | `_metadata` "
+        "| index | read | raw read | plan T->T/2 | resolve | peak |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for r in rows:
         resolve = f"{r['resolve_ms']:.0f} ms" if r["resolve_ms"] is not None else "-"
         lines.append(
             f"| {r['T']:,} | {r['p']} | {r['wall_ms']:.0f} ms | {r['coordinator_cpu_ms']:.0f} ms "
+            f"| {r['coordinator_cpu_ms'] * 1000 / r['T']:.0f} µs "
             f"| {r['relay_cpu_ms']:.0f} ms | {r['write_ms']:.0f} ms | {r['raw_write_ms']:.1f} ms "
             f"| {_size(r['metadata_bytes'])} "
             f"| {_size(r['index_bytes']) if r['index_bytes'] else '-'} | {r['read_ms']:.0f} ms "
@@ -155,11 +156,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("subtasks", nargs="*", type=int, default=[100, 500, 1000, 2000])
     ap.add_argument("--fill", type=float, default=1.0, help="share of channels holding data")
+    ap.add_argument(
+        "--checkpoints", type=int, default=3, help="checkpoints timed per T (their medians)"
+    )
     args = ap.parse_args()
     rows = []
     for t in args.subtasks:
         with tempfile.TemporaryDirectory(prefix="sim-coordinator-") as d:
-            rows.append(measure(t, args.fill, d))
+            rows.append(measure(t, args.fill, d, args.checkpoints))
         print(f"T = {t}: done", flush=True)
     print(table(rows))
 
