@@ -16,6 +16,7 @@ import pytest
 
 from spillover.deploy import create_executor
 from spillover.deploy.spark import runner
+from spillover.deploy.spark.messages import WorkerJoined
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.network.tcp.faults import NetworkFault
 from spillover.verify import VerifySpec, compare, run_once
@@ -105,7 +106,7 @@ def test_attempts_restarted_in_place_are_not_kept_alive(
 
     def checked_rebuild(self: Any, stage: Any) -> Any:
         gc.collect()
-        alive.append(sorted(r().generation for r in attempts if r() is not None))
+        alive.append(sorted(a.generation for r in attempts if (a := r()) is not None))
         return rebuild(self, stage)
 
     monkeypatch.setattr(runner._SparkAttempt, "__init__", tracked_init)
@@ -141,3 +142,63 @@ def test_a_control_fault_strikes_in_the_generation_it_names_after_a_restart_in_p
     assert "InducedFailure" in result.failures[0]
     assert result.attempts == 3 and len(result.failures) == 2, result.failures
     assert "WorkerLostError: worker 0 " in result.failures[1], result.failures
+
+
+def _small_job() -> Any:
+    from spillover.runtime.connectors.generator import GeneratorSource
+    from spillover.runtime.connectors.throttled import ThrottledSink
+    from spillover.runtime.graph import StreamEnvironment
+
+    env = StreamEnvironment("small", parallelism=1)
+    env.from_source(GeneratorSource(partitions=1, records_per_partition=10), uid="s").sink(
+        ThrottledSink(1e9), uid="k"
+    )
+    return env
+
+
+def test_a_reset_with_a_finished_worker_keeps_no_stage() -> None:
+    """A worker that finished between the failure and the reset rebuilds nothing: the
+    reset gives up on it at once, though the other worker's confirmation follows."""
+    run: Any = runner.SparkExecutor(_small_job(), cancel_grace_s=5.0)._attempt(1, None, None)
+    run.n = 2
+    run.events.put(WorkerJoined("reset", 0))
+    run.events.put(WorkerJoined("finished", 1))
+    run.events.put(WorkerJoined("reset", 1))
+    assert run._reset() is False
+    assert run.events.get_nowait() == WorkerJoined("reset", 1)  # not waited for
+
+
+def test_a_stage_is_ended_when_stopping_the_coordinator_raises() -> None:
+    class Server:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    ex = runner.SparkExecutor(_small_job())
+    run: Any = ex._attempt(0, None, None)
+    server = Server()
+    stage = runner._Stage(server, run, ex.graph, run.n, run)  # type: ignore[arg-type]
+
+    def stop() -> None:
+        raise RuntimeError("the coordinator could not stop")
+
+    run.coordinator.stop = stop
+    with pytest.raises(RuntimeError):
+        run._finish(None, stage, None, False)
+    assert server.closed
+
+
+def test_a_release_that_raises_still_ends_the_job_and_its_status() -> None:
+    """What frees a kept stage fails (say the SparkContext is gone): the run still
+    returns its result and the job's status says it ended."""
+    from spillover.deploy.local import LocalExecutor
+
+    class Failing(LocalExecutor):
+        def _release(self) -> None:
+            raise RuntimeError("the SparkContext is stopped")
+
+    ex = Failing(_small_job())
+    result = ex.run(timeout=60)
+    assert result.status == "finished"
+    assert ex.status.snapshot().state == "FINISHED"
