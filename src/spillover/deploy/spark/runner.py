@@ -516,7 +516,7 @@ class _SparkAttempt:
         self, sc: Any, stage: _Stage | None, error: BaseException | None, raised: bool
     ) -> None:
         """Stops the coordinator, then keeps the stage for a restart in place or ends
-        it: each step runs whatever the one before raised."""
+        it: each step runs whatever the one before raised (then the stage is cancelled)."""
         kept = False
         try:
             self.coordinator.stop()
@@ -527,6 +527,9 @@ class _SparkAttempt:
                 and self._may_restart_in_place(error, stage)
                 and self._reset()
             )
+        except BaseException:
+            raised = True
+            raise
         finally:
             if stage is not None:
                 if kept:
