@@ -96,8 +96,9 @@ def test_an_operator_failure_restarts_in_place_and_output_is_exact(
 def test_a_worker_killed_during_the_in_place_restart_falls_back_to_a_new_stage(
     sc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Worker 1's process is killed as the in-place restart begins: that attempt fails
-    on the lost worker, the next one runs in a new stage, and the output is exact."""
+    """Worker 1's process is killed as the in-place restart begins: no subtask of the
+    attempt ran yet, so it starts a new stage itself without failing: the job takes
+    the attempts a restart in a new stage takes, and the output is exact."""
     baseline = run_once(SPEC, str(tmp_path), "baseline", FailureInjector(), executor="local")
     stages, in_place = _count_stages(monkeypatch)
     rebuild = runner._SparkAttempt._rebuild
@@ -114,10 +115,9 @@ def test_a_worker_killed_during_the_in_place_restart_falls_back_to_a_new_stage(
     failures = FailureInjector([FailureSpec("operator", "running-total", 0, after_records=8_000)])
     actual = run_once(SPEC, str(tmp_path), "killed", failures)
     result = actual.result
-    assert killed and result.attempts == 3, result.failures
+    assert killed and result.attempts == 2 and len(result.failures) == 1, result.failures
     assert "InducedFailure" in result.failures[0]
-    assert "WorkerLostError" in result.failures[1], result.failures
-    assert stages == [0, 2] and in_place == [False, True, False]
+    assert stages == [0, 1] and in_place == [False, False]
     report = compare(SPEC, baseline, actual)
     assert report.exact, report.text()
 

@@ -596,7 +596,10 @@ class Executor:
         finally:
             with _running_lock:
                 _running.discard(self)
-            self._release()
+            try:
+                self._release()
+            except Exception:  # the lease and the status below are released all the same
+                logger.warning("could not free what the last attempt left", exc_info=True)
             self._savepoints.close()
             # The run ended, or raised, with a rescale under way: it failed.
             self._rescales.fail(f"the job ended ({result.status}) before the rescale did")

@@ -28,6 +28,7 @@ event loop, failure causes): its parts share the generation's state and threads.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import re
@@ -94,6 +95,8 @@ __all__ = [
     "rescale_to_available_slots",
     "spark_context",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_LOCAL_SLOTS = 32
 # After a stage ended normally: how long the workers' last messages may take to arrive.
@@ -227,7 +230,9 @@ class _RemoteTask:
 class _Stage:
     """A running barrier stage and the driver's control endpoint its workers talk to,
     owned by one attempt at a time: the one that submitted it, then, restarted in
-    place, the attempts after it (``owner``). ``submitter``'s ``_force_end`` ends it."""
+    place, the attempt after it (``owner``, replaced at each restart in place, so no
+    attempt before the current one stays reachable but the submitter).
+    ``submitter``'s ``_force_end`` ends it."""
 
     server: ControlServer
     submitter: _SparkAttempt
@@ -275,17 +280,15 @@ class _SparkAttempt:
         self.failed_at: float | None = None
         self.stage_error: BaseException | None = None
         self.group = f"spillover-{ex.job_id[:12]}-gen-{generation}"
-        # The attempt that took this one's stage to restart in place: its workers'
-        # messages and the stage's events go there from then on.
-        self.successor: _SparkAttempt | None = None
+        # The stage this attempt submitted: its workers' messages and the stage's
+        # events go to the stage's owner (this attempt, or one restarted in place).
+        self.stage: _Stage | None = None
         self.in_place = False  # this attempt runs in the previous one's stage
 
     def _owner(self) -> _SparkAttempt:
-        """The attempt that owns this one's stage now (itself, or a successor)."""
-        run = self
-        while run.successor is not None:
-            run = run.successor
-        return run
+        """The attempt that owns this one's stage now (itself, or a later one)."""
+        stage = self.stage
+        return self if stage is None else stage.owner
 
     def _route(self, ev: MasterEvent) -> None:
         """Puts an event of the stage (a worker's, the stage's end) on its owner's queue."""
@@ -479,7 +482,12 @@ class _SparkAttempt:
         try:  # from here on, the stage and its endpoint are ended or kept at the end
             if stage is not None:
                 error = self._rebuild(stage)
-            else:
+                if error is not None:
+                    # No subtask of this generation ran: end the kept stage and start
+                    # a new one in this attempt, which costs no restart.
+                    kept, stage, error = stage, None, None
+                    self._leave(sc, kept)
+            if stage is None:
                 stage = self._start(sc)
                 limit = time.monotonic() + ex.register_timeout
                 error = self._wait("hello", limit)
@@ -501,19 +509,61 @@ class _SparkAttempt:
                 self.failed_at = time.monotonic()
             raised = False
         finally:
+            self._finish(sc, stage, error, raised)
+        return error
+
+    def _finish(
+        self, sc: Any, stage: _Stage | None, error: BaseException | None, raised: bool
+    ) -> None:
+        """Stops the coordinator, then keeps the stage for a restart in place or ends
+        it: each step runs whatever the one before raised (then the stage is cancelled)."""
+        kept = False
+        try:
             self.coordinator.stop()
+            kept = (
+                stage is not None
+                and not raised
+                and error is not None
+                and self._may_restart_in_place(error, stage)
+                and self._reset()
+            )
+        except BaseException:
+            raised = True
+            raise
+        finally:
             if stage is not None:
-                if error is not None and self._may_restart_in_place(error, stage) and self._reset():
-                    ex._keep_stage(stage)
+                if kept:
+                    self.ex._keep_stage(stage)
                 else:
                     self._end(sc, stage, cancel=raised or error is not None or self.stopped)
-        return error
+
+    def _leave(self, sc: Any, stage: _Stage) -> None:
+        """Ends a kept stage whose rebuild failed before ``Go``, and forgets it: what its
+        workers say later reaches this attempt no more, which starts a stage anew."""
+        logger.info(
+            "generation %d: the stage kept for a restart in place failed before it ran; "
+            "starting a new stage",
+            self.generation,
+        )
+        try:
+            self._end(sc, stage, cancel=True)
+        finally:
+            with _ROUTE:
+                stage.owner = stage.submitter  # late words go to a finished attempt
+                self.conns, self.workers = {}, {}
+                self._finished = set()
+                self.in_place = False
+                while True:  # what the old stage said: none of this stage's doing
+                    try:
+                        self.events.get_nowait()
+                    except queue.Empty:
+                        break
 
     def _start(self, sc: Any) -> _Stage:
         """Opens the control endpoint and submits the barrier stage."""
         ex = self.ex
         server = ControlServer(ex.secret, self._on_connect, host=ex.driver_host(sc))
-        stage = _Stage(server, self, ex.graph, self.n, self)
+        stage = self.stage = _Stage(server, self, ex.graph, self.n, self)
         try:
             spec = WorkerSpec(
                 graph=ex.graph,
@@ -580,8 +630,10 @@ class _SparkAttempt:
                 return False
             if isinstance(ev, WorkerJoined) and ev.kind == "reset":
                 seen.add(ev.index)
-            elif isinstance(ev, WorkerLost | StageEnded):
-                return False
+            elif isinstance(ev, WorkerLost | StageEnded) or (
+                isinstance(ev, WorkerJoined) and ev.kind == "finished"
+            ):
+                return False  # a worker that finished rebuilds nothing
         return True
 
     def _rebuild(self, stage: _Stage) -> BaseException | None:
@@ -594,7 +646,7 @@ class _SparkAttempt:
         with _ROUTE:
             self.conns, self.workers = old.conns, old.workers
             old.conns = {}  # a late word of the old coordinator reaches no worker
-            old.successor = stage.owner = self
+            stage.owner = self
             while True:  # what reached the old attempt since its reset: a lost worker
                 try:
                     ev = old.events.get_nowait()

@@ -244,6 +244,8 @@ def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
                 return {"index": index, "status": "cancelled after a reset"}
             generation = message.generation
             restore, failures = pickle.loads(message.payload)
+            if fault is not None:  # a control fault counts in the generation it names
+                conn.fault = fault.counter("control", index, generation)
     finally:
         stop.set()
         current.cancel()
