@@ -70,7 +70,12 @@ class TaskLifecycle:
 
     @property
     def may_end(self) -> bool:
-        return self.final_done or self.exit_requested
+        """Whether the task may end now: terminated, its stop's savepoint completed, or
+        its final checkpoint completed while it holds no stop's savepoint. A task
+        holding one ends with it: ended then, it would send no EndOfPartition (the
+        savepoint holds what follows), and if the savepoint were aborted the tasks
+        behind it would wait for that end, or a barrier, forever."""
+        return self.exit_requested or (self.final_done and not self.suspended)
 
     def describe(self) -> str:
         """Its phase and the flags that say what it waits for, in one line."""

@@ -3,7 +3,8 @@ completions, aborts and restores, against a small model of what must hold:
 ``finish()`` runs at most once along any chain of restores, a checkpoint records a
 subtask finished exactly when nothing of its chain may run again, and a task that
 holds a stop's savepoint takes no input until the savepoint completes (it ends) or
-is aborted (it goes on)."""
+is aborted (it goes on); one whose final checkpoint completed ends, unless it
+holds a stop's savepoint: then it ends with that savepoint (chaos 83-224)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.announced: int | None = None
         self.holding = False
         self.must_end = False
+        self.data_ended = False
+        self.final_at: int | None = None  # the first checkpoint taken after its data ended
+        self.final_completed = False
 
     @rule(drain=st.booleans())
     def data_ends(self, drain: bool) -> None:
@@ -47,6 +51,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             with pytest.raises(LifecycleError):
                 self.life.end_data(drain)
             return
+        self.data_ended = True
         if self.life.end_data(drain):
             self.finishes += 1
 
@@ -56,6 +61,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.life.snapshot_taken(cid)
         self.taken[cid] = Taken(self.life.finished_in_checkpoint, self.finishes)
         self.newest_here = cid
+        if self.data_ended and self.final_at is None:
+            self.final_at = cid
         if cid == self.announced:
             self.holding = True
 
@@ -65,6 +72,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         cid = data.draw(st.sampled_from(sorted(self.taken)))
         self.life.checkpoint_completed(cid)
         self.completed.append(cid)
+        if self.final_at is not None and cid >= self.final_at:
+            self.final_completed = True
         if self.holding and self.announced is not None and cid >= self.announced:
             self.must_end = True  # the stop's savepoint completed: the task ends
 
@@ -102,6 +111,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.life = TaskLifecycle.restored(point.finished)
         self.finishes = point.finishes
         self.announced, self.holding, self.must_end = None, False, False
+        self.data_ended, self.final_at, self.final_completed = False, None, False
         self.newest_here = -1
         self.completed = [c for c in self.completed if c <= cid]
         self.taken = {c: t for c, t in self.taken.items() if c <= cid}
@@ -123,6 +133,10 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def the_task_ends_when_its_stop_completed_or_it_was_terminated(self) -> None:
         assert self.life.exit_requested == self.must_end
+
+    @invariant()
+    def a_task_holding_a_stops_savepoint_ends_only_with_it(self) -> None:
+        assert self.life.may_end == (self.must_end or (self.final_completed and not self.holding))
 
 
 LifecycleMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
@@ -147,3 +161,18 @@ def test_a_subtask_restored_finished_is_recorded_finished_before_its_end_of_data
     life.snapshot_taken(5)  # before its EndOfData was processed
     assert life.finished_in_checkpoint
     assert not life.end_data(drain=True)  # and its chain never finishes again
+
+
+def test_a_task_whose_final_checkpoint_completes_while_it_holds_a_stops_savepoint_stays() -> None:
+    """Chaos 83-224, shrunk: the data ended, final checkpoint 2 was taken, then the
+    stop's savepoint 3; 2 completes. Ended now, the task would hold 3 and send no
+    EndOfPartition; it stays until 3 is decided, and goes on to its end if aborted."""
+    life = TaskLifecycle()
+    life.end_data(drain=True)
+    life.snapshot_taken(2)
+    life.suspend_announced(3)
+    life.snapshot_taken(3)
+    life.checkpoint_completed(2)
+    assert life.final_done and life.suspended and not life.may_end
+    life.checkpoint_aborted(3)
+    assert life.may_end and not life.suspended

@@ -576,3 +576,56 @@ def test_a_finished_task_closes_its_operators_before_it_sends_end_of_partition(
     h.stop()
     assert at_close == [False], "EndOfPartition went out before the operators closed"
     wait_for(lambda: "EndOfPartition" in h.arrived, "no EndOfPartition downstream")
+
+
+@pytest.mark.parametrize("savepoint", ["aborted", "completed"])
+def test_a_finished_task_holding_a_stops_savepoint_ends_with_it(
+    savepoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chaos 83-224: a task whose data ended took the stop's savepoint 3 before its
+    final checkpoint 2 completed. It must stay until the savepoint is decided: ended
+    then, it held the savepoint and sent no EndOfPartition, and when the savepoint
+    was aborted the tasks behind it waited for the next attempt's barrier, or its
+    end, forever. Aborted, it ends as a finished task does (EndOfPartition);
+    completed, as every task at a stop does (what follows is in the savepoint)."""
+    from spillover.runtime.checkpointing.messages import (
+        NotifyAborted,
+        NotifyComplete,
+        Suspend,
+        TriggerCheckpoint,
+    )
+
+    h = Harness(tmp_path)
+    idled_after_final = threading.Event()
+    real_idle = h.task.idle
+
+    def idle() -> None:  # await_final: called once ``may_end`` said no
+        if h.task.life.final_done:
+            idled_after_final.set()
+        real_idle()
+
+    monkeypatch.setattr(h.task, "idle", idle)
+    h.start()
+    h.end(0)
+    h.end(1)
+    assert h.coordinator.ended.wait(10)
+    now = int(time.time() * 1000)
+    h.task.post(TriggerCheckpoint(2, now))  # its final checkpoint (a root: inputs ended)
+    assert h.coordinator.ack_for(2).finished
+    h.task.post(Suspend(3))  # the stop's savepoint, beside checkpoint 2
+    h.task.post(TriggerCheckpoint(3, now, BarrierKind.UNALIGNED))
+    h.coordinator.ack_for(3)
+    h.task.post(NotifyComplete(2))
+    wait_for(lambda: idled_after_final.is_set() or h.done.is_set(), "checkpoint 2 not heard")
+    assert not h.done.is_set(), "the task ended holding the stop's savepoint"
+    h.task.post(NotifyAborted(3) if savepoint == "aborted" else NotifyComplete(3))
+    assert h.done.wait(10)
+    h.task.thread.join(5)
+    assert h.error is None, repr(h.error)
+    assert h.coordinator.exited.is_set()
+    ends = ["EndOfPartition"] if savepoint == "aborted" else []
+    # The end of time (drained), the end of data, barriers 2 and 3, then its end.
+    expected = ["Watermark", "EndOfData", "CheckpointBarrier", "CheckpointBarrier", *ends]
+    wait_for(lambda: len(h.arrived) >= len(expected), f"downstream got {h.arrived}")
+    assert h.arrived == expected
+    assert h.out.finished == (savepoint == "aborted")
