@@ -4,10 +4,11 @@ checkpoint records of it.
 A task runs, its input ends (or its source runs out, or a stop ends its data), its
 chain finishes (``finish()``, unless stopped without drain) and it waits for a
 checkpoint taken after that to complete (FLIP-147), then ends; a task restored
-finished starts there. A stop-with-savepoint suspends the task once it took the savepoint: it takes
-no more input until the savepoint completes (the task ends) or is aborted (it goes
-on exactly where it was). Every transition is a method of :class:`TaskLifecycle`,
-called on the task thread; nothing else writes its fields.
+finished starts there. A stop-with-savepoint suspends the task once it took the
+savepoint: it takes no more input, and does not end, until the savepoint completes
+(the task ends) or is aborted (it goes on exactly where it was). Every transition is
+a method of :class:`TaskLifecycle`, called on the task thread; nothing else writes
+its fields.
 """
 
 from __future__ import annotations
