@@ -21,6 +21,7 @@ from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.network.tcp.faults import NetworkFault
 from spillover.verify import VerifySpec, compare, run_once
 from spillover.verify.spec import config_for
+from support.stages import count_stages
 
 pytest.importorskip("pyspark")  # its pickler carries the job to the workers
 
@@ -36,28 +37,6 @@ SPEC = VerifySpec(
 )
 
 
-def _count_stages(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[bool]]:
-    """Records the generation of every stage started, and whether each attempt ran in
-    place."""
-    stages: list[int] = []
-    in_place: list[bool] = []
-    start, run = runner._SparkAttempt._start, runner._SparkAttempt.run
-
-    def counted_start(self: Any, sc: Any) -> Any:
-        stages.append(self.generation)
-        return start(self, sc)
-
-    def counted_run(self: Any, *a: Any, **kw: Any) -> Any:
-        try:
-            return run(self, *a, **kw)
-        finally:
-            in_place.append(self.in_place)
-
-    monkeypatch.setattr(runner._SparkAttempt, "_start", counted_start)
-    monkeypatch.setattr(runner._SparkAttempt, "run", counted_run)
-    return stages, in_place
-
-
 @pytest.mark.slow
 def test_a_worker_lost_while_a_stage_is_kept_costs_no_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -67,7 +46,7 @@ def test_a_worker_lost_while_a_stage_is_kept_costs_no_restart(
     instead of failing, so the job finishes in two attempts, its output exact."""
     spec = replace(SPEC, options={"restart-strategy.fixed-delay.attempts": 1})
     baseline = run_once(spec, str(tmp_path), "baseline", FailureInjector(), executor="local")
-    stages, in_place = _count_stages(monkeypatch)
+    stages, in_place = count_stages(monkeypatch)
     rebuild = runner._SparkAttempt._rebuild
     killed: list[int] = []
 

@@ -23,6 +23,7 @@ from spillover.runtime.jobevents import (
     JobEventLog,
 )
 from spillover.verify import VerifySpec, compare, run_once
+from support.stages import count_stages
 
 pytest.importorskip("pyspark")
 
@@ -43,28 +44,6 @@ def sc() -> Any:
     return runner.spark_context()
 
 
-def _count_stages(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[bool]]:
-    """Records the generation of every stage submitted, and whether each attempt ran
-    in place."""
-    stages: list[int] = []
-    in_place: list[bool] = []
-    start, run = runner._SparkAttempt._start, runner._SparkAttempt.run
-
-    def counted_start(self: Any, sc: Any) -> Any:
-        stages.append(self.generation)
-        return start(self, sc)
-
-    def counted_run(self: Any, *a: Any, **kw: Any) -> Any:
-        try:
-            return run(self, *a, **kw)
-        finally:
-            in_place.append(self.in_place)
-
-    monkeypatch.setattr(runner._SparkAttempt, "_start", counted_start)
-    monkeypatch.setattr(runner._SparkAttempt, "run", counted_run)
-    return stages, in_place
-
-
 @pytest.mark.slow
 def test_an_operator_failure_restarts_in_place_and_output_is_exact(
     sc: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -73,7 +52,7 @@ def test_an_operator_failure_restarts_in_place_and_output_is_exact(
     stage (no second stage submitted), restores the latest checkpoint, and the
     committed output equals a failure-free local run's."""
     baseline = run_once(SPEC, str(tmp_path), "baseline", FailureInjector(), executor="local")
-    stages, in_place = _count_stages(monkeypatch)
+    stages, in_place = count_stages(monkeypatch)
     failures = FailureInjector([FailureSpec("operator", "running-total", 1, after_records=8_000)])
     actual = run_once(SPEC, str(tmp_path), "in-place", failures)
     assert actual.result.attempts == 2 and len(failures.fired) == 1, actual.result.failures
@@ -100,7 +79,7 @@ def test_a_worker_killed_during_the_in_place_restart_falls_back_to_a_new_stage(
     attempt ran yet, so it starts a new stage itself without failing: the job takes
     the attempts a restart in a new stage takes, and the output is exact."""
     baseline = run_once(SPEC, str(tmp_path), "baseline", FailureInjector(), executor="local")
-    stages, in_place = _count_stages(monkeypatch)
+    stages, in_place = count_stages(monkeypatch)
     rebuild = runner._SparkAttempt._rebuild
     killed: list[int] = []
 
