@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from spillover.records import FieldKey, RecordReader
+from spillover.records import RecordReader
 from spillover.rescale import (
     Piece,
     RecordStream,
@@ -112,24 +112,14 @@ class ChannelStateReplay:
                 filtered(k, item.filtered_references, part.filter)
                 parts.append((k, part, part.filter))
                 continue
-            # key_by edges filter by the key group of the edge's int64 key field.
             retriever = rescaled(
                 item.mapping,
                 "input",
                 subtask,
-                input_handles=item.input_handles,
-                output_handles=item.output_handles,
-                key=FieldKey(item.key_offset or 0, "int64"),
-                # Replayed records are processed here, not sent: large buffers mean
-                # fewer, larger batches (the per-batch cost dominates small ones),
-                # and a buffer is what a step hands on at least.
-                buffer_size=replay.JOIN_BYTES,
                 coalesce=True,
-                input_references=item.input_references,
                 # custom edges route recovered records with the job's partitioner
                 partitioner=input_edges[k].partitioner,
-                read_block_bytes=replay.STEP_BYTES,
-                read_ahead_bytes=4 * replay.STEP_BYTES,
+                **replay.rescaled_read(item),
             )
             # What the old subtasks referenced with a filter comes first, kept by
             # both their filter and this subtask's.

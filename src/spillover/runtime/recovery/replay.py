@@ -32,20 +32,42 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from spillover.errors import CorruptFrameError
-from spillover.records import FrameJoiner
+from spillover.records import FieldKey, FrameJoiner
 from spillover.rescale import Filter, FilteringRetriever, Piece, Reference, SharedReplayPart
 from spillover.rescale.pieces import missing_frames
 from spillover.storage import DataType, GateStateHandle, Retriever, open_retriever
+
+if TYPE_CHECKING:
+    from spillover.runtime.recovery.replay_plan import RescaledInput
 
 # Joined buffer size: replayed records go to the operator, not to the network.
 JOIN_BYTES = 1 << 20
 # Bytes read per step (the retrievers' block): a barrier waits at most one step.
 STEP_BYTES = 1 << 20
+
+
+def rescaled_read(item: RescaledInput) -> dict[str, Any]:
+    """How a rescaled edge's old channels are read, by one subtask alone or shared by
+    the subtasks of a process: key_by edges filter by the key group of the edge's
+    int64 key field; replayed records are processed here, not sent, so buffers are
+    large (the per-batch cost dominates small ones) and a buffer is what a step hands
+    on at least; reads go a step at a time, with read-ahead."""
+    return {
+        "input_handles": item.input_handles,
+        "output_handles": item.output_handles,
+        "key": FieldKey(item.key_offset or 0, "int64"),
+        "buffer_size": JOIN_BYTES,
+        "input_references": item.input_references,
+        "read_block_bytes": STEP_BYTES,
+        "read_ahead_bytes": 4 * STEP_BYTES,
+    }
+
+
 # Longest wait of a step for a block: a part of a shared read may wait for its
 # sharers, and the task loop takes mail and barriers in between.
 STEP_WAIT_S = 0.05

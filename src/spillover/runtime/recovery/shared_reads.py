@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from spillover.errors import SpilloverError
-from spillover.records import FieldKey
 from spillover.rescale import SharedReplayPart, rescaled_retrievers
 from spillover.runtime.recovery import replay
 from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
@@ -67,15 +66,8 @@ def share_reads(
                 edge.mapping,
                 "input",
                 same,
-                input_handles=edge.input_handles,
-                output_handles=edge.output_handles,
-                key=FieldKey(edge.key_offset or 0, "int64"),
-                # as ChannelStateReplay replays a rescaled edge alone
-                buffer_size=replay.JOIN_BYTES,
-                input_references=edge.input_references,
                 partitioner=partitioner((uid, same[0]), gate),
-                read_block_bytes=replay.STEP_BYTES,
-                read_ahead_bytes=4 * replay.STEP_BYTES,
+                **replay.rescaled_read(edge),
             )
         except (SpilloverError, OSError):
             # Each subtask meets it in its own replay, and fails there as before.
