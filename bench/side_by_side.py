@@ -424,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "side-by-side.md").write_text(text + "\n")
     print(text)
     print(
-        f"\n{a.rounds} round(s), load average {load[0]:.1f} at the start, "
-        f"{os.getloadavg()[0]:.1f} at the end; raw results in {out}/",
+        f"\n{a.rounds} round(s), {started} to {summary['ended']}, load average "
+        f"{load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; raw results in {out}/",
     )
     if failed:
         print(f"failed or without figures: {', '.join(failed)}", file=sys.stderr)
