@@ -46,17 +46,21 @@ HERE = Path(__file__).resolve().parent
 PARTS = ("flink", "spark", "local", "bare", "floor")
 UNPACED_FLINK = 1_000_000_000  # sink records/s per subtask: the sink takes what comes
 UNPACED_SPILLOVER = 100_000_000
-FLINK_FLAVOURS = {"32kb": "32kb", "128kb": "128kb"}  # Flink's default, spillover's default
+# Flink's segment sizes: its default, and spillover's default; the prefix of their figures.
+FLINK_FLAVOURS = {"32kb": ("32kb", "flink_"), "128kb": ("128kb", "flink128_")}
 
 
 @dataclass(frozen=True)
 class Run:
-    """One command of a round: its figures come from ``out`` (a file or a folder)."""
+    """One command of a round: its figures come from ``out`` (a file or a folder),
+    named ``<prefix><policy>`` (throughput) or ``<prefix>paced_median`` / ``_p90``."""
 
     part: str
     name: str
     argv: tuple[str, ...]
     out: Path
+    prefix: str = ""
+    paced: bool = False
     env: tuple[tuple[str, str], ...] = ()
 
     def command(self) -> str:
@@ -221,45 +225,36 @@ def plan(parts: Sequence[str], n: int, a: argparse.Namespace, out: Path) -> list
     if "flink" in parts:
         run_py = str(HERE / "flink" / "run.py")
         common = ("--duration", d, "--warmup", w)
-        for tag, size in FLINK_FLAVOURS.items():
-            name = f"flink-unpaced-{tag}-{n}"
+        for tag, (size, prefix) in FLINK_FLAVOURS.items():
+            name, file = f"flink-unpaced-{tag}-{n}", out / f"flink-unpaced-{tag}-{n}.json"
             argv = (py, run_py, "--policies", "none,unaligned", *common)
             argv += ("--sink-rate", str(UNPACED_FLINK), "--segment-size", size)
-            flink.append(
-                Run(
-                    "flink", name, (*argv, "--out", str(out / f"{name}.json")), out / f"{name}.json"
-                )
-            )
-        name = f"flink-paced-{n}"
-        argv = (py, run_py, "--policies", "unaligned", *common, "--out", str(out / f"{name}.json"))
-        flink.append(Run("flink", name, argv, out / f"{name}.json"))
+            flink.append(Run("flink", name, (*argv, "--out", str(file)), file, prefix))
+        name, file = f"flink-paced-{n}", out / f"flink-paced-{n}.json"
+        argv = (py, run_py, "--policies", "unaligned", *common, "--out", str(file))
+        flink.append(Run("flink", name, argv, file, "flink_", paced=True))
     ours: list[Run] = []
     bench = (py, "-m", "spillover.cli", "bench", "--repeat", "1", "--duration", d, "--warmup", w)
     unpaced = ("--policies", "none,unaligned", "--sink-rate", str(UNPACED_SPILLOVER))
     if "spark" in parts:
         spark = (*bench, "--executor", "spark", "--compare-local", "off")
         name = f"spark-unpaced-{n}"
-        ours.append(Run("spark", name, (*spark, *unpaced, "--out", str(out / name)), out / name))
+        argv = (*spark, *unpaced, "--out", str(out / name))
+        ours.append(Run("spark", name, argv, out / name, "spark_"))
         name = f"spark-paced-{n}"
-        ours.append(
-            Run(
-                "spark",
-                name,
-                (*spark, "--policies", "unaligned", "--out", str(out / name)),
-                out / name,
-            )
-        )
+        argv = (*spark, "--policies", "unaligned", "--out", str(out / name))
+        ours.append(Run("spark", name, argv, out / name, "spark_", paced=True))
     if "local" in parts:
         name = f"local-unpaced-{n}"
         argv = (*bench, "--executor", "local", *unpaced, "--out", str(out / name))
-        ours.append(Run("local", name, argv, out / name))
+        ours.append(Run("local", name, argv, out / name, "local_"))
     if "bare" in parts:
         name = f"bare-{n}"
         argv = (py, "-m", "pytest", str(HERE / "bench_runtime.py"), "-k", "bare")
         argv += ("--benchmark-only", "-q", "-p", "no:cacheprovider")
         argv += (f"--benchmark-json={out / name}.json",)
         env = (("SPILLOVER_BENCH_RUNTIME_RECORDS", str(a.bare_records)),)
-        ours.append(Run("bare", name, argv, out / f"{name}.json", env))
+        ours.append(Run("bare", name, argv, out / f"{name}.json", env=env))
     if "floor" in parts:
         name = f"floor-{n}"
         argv = (py, str(HERE / "bench_hotpath.py"), "--floor", "--batches", str(a.floor_batches))
@@ -272,14 +267,13 @@ def figures(run: Run) -> dict[str, float]:
     """The figures one run's raw result holds (``{}`` when it holds none)."""
     if run.part == "flink":
         doc = json.loads(run.out.read_text())
-        prefix = "flink128_" if "-128kb-" in run.name else "flink_"
         got: dict[str, float] = {}
         for r in doc.get("runs", []):
-            if run.name.startswith("flink-paced"):
-                _put(got, "flink_paced_median", r.get("checkpoint_ms_median"))
-                _put(got, "flink_paced_p90", r.get("checkpoint_ms_p90"))
+            if run.paced:
+                _put(got, run.prefix + "paced_median", r.get("checkpoint_ms_median"))
+                _put(got, run.prefix + "paced_p90", r.get("checkpoint_ms_p90"))
             else:
-                _put(got, prefix + r["policy"], r.get("sink_records_per_s"))
+                _put(got, run.prefix + r["policy"], r.get("sink_records_per_s"))
         return got
     if run.part in ("spark", "local"):
         doc = json.loads((run.out / "bench.json").read_text())
@@ -287,12 +281,12 @@ def figures(run: Run) -> dict[str, float]:
         for policy, r in doc.get("policies", {}).items():
             if r.get("status") == "failed":
                 continue
-            if run.name.startswith(f"{run.part}-paced"):
+            if run.paced:
                 ckpt = r.get("checkpoint_duration_ms", {})
-                _put(got, f"{run.part}_paced_median", ckpt.get("median"))
-                _put(got, f"{run.part}_paced_p90", ckpt.get("p90"))
+                _put(got, run.prefix + "paced_median", ckpt.get("median"))
+                _put(got, run.prefix + "paced_p90", ckpt.get("p90"))
             else:
-                _put(got, f"{run.part}_{policy}", r.get("throughput_rps"))
+                _put(got, run.prefix + policy, r.get("throughput_rps"))
         return got
     if run.part == "bare":
         doc = json.loads(run.out.read_text())
