@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(wildcard csrc/*.c csrc/*.h src/spillover/_native/*.pyx src/spillover/_native/*.pxi src/spillover/_native/*.pxd src/spillover/_native/includes/*.pxd)
 
-.PHONY: install bench demo test lint typecheck unit debug-test benchmarks soak chaos clean profile browser
+.PHONY: install bench demo test lint typecheck unit debug-test benchmarks side-by-side soak chaos clean profile browser
 
 install: $(STAMP)
 
@@ -72,6 +72,14 @@ debug-test: $(STAMP)
 # Performance figures for docs/benchmarks.md (minutes; not part of `make test`).
 benchmarks: $(STAMP)
 	$(BIN)/python -m pytest bench --benchmark-only -q
+
+# Issue 34's figures beside Flink 2.3 (docs/benchmarks.md, "Issue 34, side by side"):
+# alternating rounds of Flink, spillover on Spark and local, the bare network loop and the
+# work floor, one table with the targets; raw results in results/side-by-side/ (tens of
+# minutes at 5 rounds). SIDE_BY_SIDE_ARGS="--smoke" checks the harness in seconds.
+SIDE_BY_SIDE_ARGS ?= --rounds 5
+side-by-side: $(STAMP)
+	$(BIN)/python bench/side_by_side.py --out results/side-by-side $(SIDE_BY_SIDE_ARGS)
 
 # The soak (docs/runtime.md): SOAK_MINUTES per policy and executor of whole jobs with
 # checkpoints every 20 ms and induced failures, every run checked exactly; not part

@@ -25,18 +25,36 @@ parallelism 2):
 - ``python``: route + receive + keyed in plain Python, record by record (the reference).
 
 Per generated record in every stage (receive and keyed see subtask 0's half).
+
+**The work floor** (``--floor``, :func:`work_floor`): the job's whole per-record work
+back to back on one thread, both count subtasks and both sinks, at the runtime's
+default segment size: generate, route, receive, keyed (the count's rows kept),
+``emit`` (the rows framed into the rebalance edge's buffers) and ``sink`` (those
+buffers read back and taken by ``ThrottledSink``, unpaced). CPU time per stage
+(``time.thread_time_ns``, median of ``--passes``), per generated record, and the
+records/s two cores would reach doing nothing else: what the job could move if the
+runtime around it cost nothing. ``bench/side_by_side.py`` prints it beside the bare
+network loop and the job (docs/benchmarks.md, "Issue 34, side by side").
+
+    PYTHONPATH=src .venv/bin/python bench/bench_hotpath.py --floor --json floor.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from spillover.config import NetworkConfig
 from spillover.keygroups import (
     KeyGroupRange,
     assign_to_key_group,
@@ -45,6 +63,7 @@ from spillover.keygroups import (
 from spillover.records import FixedWidthSerializer, RecordReader
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.connectors.generator import GeneratorSource
+from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.network.writers import PartitionWriter
 from spillover.runtime.operators import KeyedCount
 from spillover.runtime.state import HeapKeyedStateBackend
@@ -67,16 +86,26 @@ class _Sink:
         self.records += len(batch)
 
 
+class _Collect(_Sink):
+    """Keeps what an operator emits (the count's rows, for the stages after it)."""
+
+    def emit(self, batch: Any) -> None:
+        self.records += len(batch)
+        self.batches.append(batch)
+
+
 class _Ctx:
     """The least of an OperatorContext the job's operators read."""
 
-    def __init__(self, subtask: int, keyed: Any = None) -> None:
+    def __init__(
+        self, subtask: int, keyed: Any = None, output: Any = None, pacing: bool = False
+    ) -> None:
         self.subtask_index = subtask
         self.parallelism = P
         self.uid = "count"
         self.keyed = keyed
-        self.output = _Sink()
-        self.pacing = False
+        self.output = _Sink() if output is None else output
+        self.pacing = pacing  # a paced sink then says when, instead of sleeping
 
 
 def source_batches(n: int) -> list[Any]:
@@ -134,6 +163,133 @@ def keyed(batches: list[Any], subtask: int = 0) -> int:
     for b in batches:
         op.process(b)
     return int(op.ctx.output.records)
+
+
+def keyed_rows(batches: list[Any], subtask: int) -> list[Any]:
+    """``KeyedCount.process`` of count subtask ``subtask`` on its input; its rows."""
+    backend = HeapKeyedStateBackend(MAXP, key_group_range_for_operator(MAXP, P, subtask))
+    op = KeyedCount("key", out="updates")
+    out = _Collect()
+    op.open(_Ctx(subtask, backend, out))  # type: ignore[arg-type]
+    for b in batches:
+        op.process(b)
+    return out.batches
+
+
+def rebalance(batches: list[Any], subtask: int, segment: int) -> list[list[Any]]:
+    """The count's output edge: its rows framed into ``segment``-byte buffers, spread
+    over the sinks (``PartitionWriter.emit`` of a rebalance edge)."""
+    subs: list[list[Any]] = [[] for _ in range(P)]
+    writer = PartitionWriter(
+        EdgeKind.REBALANCE,
+        batches[0].dtype,
+        P,
+        subtask,
+        segment,
+        MAXP,
+        None,
+        lambda sub, buf: subs[sub].append(buf),
+        None,
+    )
+    for b in batches:
+        writer.emit(b)
+    writer.flush()
+    return subs
+
+
+def sink(buffers: list[Any], dtype: Any, subtask: int) -> int:
+    """A sink task's work: its input buffers read back and taken by ``ThrottledSink``
+    at an unreachable pace (the unpaced job's sink); the records it took."""
+    op = ThrottledSink(1e12)
+    op.open(_Ctx(subtask, pacing=True))  # type: ignore[arg-type]
+    taken = 0
+    for b in receive(buffers, dtype):
+        op.process(b)
+        taken += len(b)
+    return taken
+
+
+@dataclass(frozen=True)
+class WorkFloor:
+    """The job's own work on one thread with no runtime around it (:func:`work_floor`).
+
+    ``stage_ns``: CPU ns per generated record of each stage, in the job's order;
+    ``sink_records``: the count's rows the sinks took for ``records`` generated ones
+    (one row per key a batch touched), the unit of the job's own throughput figure.
+    """
+
+    records: int
+    sink_records: int
+    segment_size: int
+    passes: int
+    stage_ns: dict[str, float]
+
+    @property
+    def ns_per_record(self) -> float:
+        """CPU ns of the whole job per generated record."""
+        return sum(self.stage_ns.values())
+
+    def records_per_s(self, cores: int = 2) -> float:
+        """Generated records/s ``cores`` cores would reach doing this work only."""
+        return cores * 1e9 / self.ns_per_record
+
+    def sink_records_per_s(self, cores: int = 2) -> float:
+        """The same in the sinks' records, the unit of ``spillover bench``'s throughput."""
+        return self.records_per_s(cores) * self.sink_records / self.records
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "ns_per_record": self.ns_per_record,
+            "two_core_records_per_s": self.records_per_s(2),
+            "two_core_sink_records_per_s": self.sink_records_per_s(2),
+        }
+
+
+def work_floor(batches: int = BATCHES, passes: int = 5, segment: int | None = None) -> WorkFloor:
+    """Times the job's stages back to back on this thread (CPU time), ``passes`` times
+    after one warm-up pass; each stage's median pass. Checks that the sinks took every
+    row the counts made."""
+    seg = NetworkConfig.segment_size if segment is None else segment
+    times: dict[str, list[int]] = {}
+
+    def timed(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t = time.thread_time_ns()
+        out = fn(*args)
+        times.setdefault(stage, []).append(time.thread_time_ns() - t)
+        return out
+
+    def receive_all(subs: list[list[Any]], dtype: Any) -> list[list[Any]]:
+        return [receive(subs[d], dtype) for d in range(P)]
+
+    def keyed_all(received: list[list[Any]]) -> list[list[Any]]:
+        return [keyed_rows(received[d], d) for d in range(P)]
+
+    def emit_all(counted: list[list[Any]]) -> list[list[list[Any]]]:
+        return [rebalance(counted[d], d, seg) for d in range(P)]
+
+    def sink_all(edges: list[list[list[Any]]], dtype: Any) -> int:
+        return sum(sink([b for e in edges for b in e[s]], dtype, s) for s in range(P))
+
+    records = rows = 0
+    for _ in range(passes + 1):  # the first pass warms up (imports, allocator, caches)
+        gen = timed("generate", source_batches, batches)
+        subs = timed("route", route, gen, seg)
+        received = timed("receive", receive_all, subs, gen[0].dtype)
+        counted = timed("keyed", keyed_all, received)
+        edges = timed("emit", emit_all, counted)
+        taken = timed("sink", sink_all, edges, counted[0][0].dtype)
+        made = sum(len(b) for part in counted for b in part)
+        if taken != made:
+            raise AssertionError(f"the sinks took {taken} of the counts' {made} rows")
+        records, rows = sum(len(b) for b in gen), taken
+    return WorkFloor(
+        records=records,
+        sink_records=rows,
+        segment_size=seg,
+        passes=passes,
+        stage_ns={k: statistics.median(v[1:]) / records for k, v in times.items()},
+    )
 
 
 def python_reference(batches: list[Any]) -> int:
@@ -213,6 +369,12 @@ def test_memcpy(benchmark: Any, batches: list[Any]) -> None:
     _rate(benchmark, BATCHES * 1024)
 
 
+def test_work_floor(benchmark: Any) -> None:
+    """The whole job's work on one thread; the two-core rate in ``extra_info``."""
+    floor = benchmark.pedantic(work_floor, args=(BATCHES, 1), rounds=3, warmup_rounds=1)
+    benchmark.extra_info.update(floor.to_dict())
+
+
 def test_python_reference(benchmark: Any, batches: list[Any]) -> None:
     part = batches[:PY_BATCHES]
     benchmark.pedantic(python_reference, args=(part,), rounds=3, warmup_rounds=0)
@@ -230,13 +392,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--dry", action="store_true", help="prepare the stage's input only")
     ap.add_argument(
-        "--segment-kib", type=int, default=SEGMENT // 1024, help="network buffer size in KiB"
+        "--floor",
+        action="store_true",
+        help="the work floor: every stage back to back, CPU ns per record (segment: the "
+        "runtime's default unless --segment-kib is given)",
+    )
+    ap.add_argument("--passes", type=int, default=5, help="--floor: timed passes (median)")
+    ap.add_argument("--json", default=None, help="--floor: also write the figures here")
+    ap.add_argument(
+        "--segment-kib", type=int, default=None, help="network buffer size in KiB (default 32)"
     )
     a = ap.parse_args(argv)
-    if a.batches <= 0 or a.segment_kib <= 0:
-        print("--batches and --segment-kib must be > 0", file=sys.stderr)
+    if a.batches <= 0 or (a.segment_kib is not None and a.segment_kib <= 0) or a.passes <= 0:
+        print("--batches, --segment-kib and --passes must be > 0", file=sys.stderr)
         return 2
-    segment = a.segment_kib * 1024
+    if a.floor:
+        return _print_floor(a)
+    if a.stage is None:
+        print("give --stage or --floor", file=sys.stderr)
+        return 2
+    segment = (a.segment_kib or SEGMENT // 1024) * 1024
     bs = source_batches(a.batches)
     dtype = bs[0].dtype
     # Everything but the stage itself is done before: subtract a run with --dry.
@@ -265,6 +440,23 @@ def main(argv: list[str] | None = None) -> int:
     elif a.stage == "python":
         python_reference(prepared)
     print(f"{a.stage}: {a.batches * 1024} records, {time.perf_counter() - t:.3f} s")
+    return 0
+
+
+def _print_floor(a: argparse.Namespace) -> int:
+    seg = None if a.segment_kib is None else a.segment_kib * 1024
+    floor = work_floor(a.batches, a.passes, seg)
+    for stage, ns in floor.stage_ns.items():
+        print(f"{stage:<9} {ns:8.1f} ns per record")
+    print(
+        f"{'total':<9} {floor.ns_per_record:8.1f} ns per record ({floor.records:,} records, "
+        f"{floor.sink_records:,} sink records, {floor.segment_size // 1024} KiB buffers): "
+        f"two cores {floor.records_per_s(2) / 1e6:.2f} M records/s, "
+        f"{floor.sink_records_per_s(2) / 1e6:.2f} M sink records/s"
+    )
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(floor.to_dict(), indent=2) + "\n")
     return 0
 
 
