@@ -292,6 +292,10 @@ class Task:
         """Runs queued mailbox messages; returns the seconds spent waiting for one."""
         return self.mailbox.run(block, timeout)
 
+    def has_mail(self) -> bool:
+        """Whether a mailbox message waits (cheap: asked between two input buffers)."""
+        return not self.mailbox.queue.empty()
+
     # -- what the chain's ending and the loop head ask of the task ---------------------
 
     def end_of_time(self) -> None:

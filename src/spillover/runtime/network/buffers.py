@@ -233,6 +233,7 @@ class BufferPool:
         self.name = name
         self._cond = threading.Condition(threading.Lock())
         self._permits = num_segments
+        self._waiters = 0  # threads waiting in _acquire
         self._free: list[Segment] = []
         self._allocated = 0
         # Segments handed out by request_segment and not yet wrapped or returned.
@@ -281,7 +282,11 @@ class BufferPool:
                         detail=f"all {self.num_segments} segments in use",
                         hint="consumers are slow or a buffer is never released",
                     )
-                self._cond.wait(remaining)
+                self._waiters += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._waiters -= 1
             self._permits -= 1
         finally:
             self.waited_seconds += time.monotonic() - start
@@ -362,7 +367,8 @@ class BufferPool:
         if segment is not None:
             self._free.append(segment)
         self._permits += 1
-        self._cond.notify()
+        if self._waiters:  # (once per buffer: a notify with none waiting still costs)
+            self._cond.notify()
 
     def close(self) -> None:
         """Wakes every waiter with :class:`PoolClosedError` and refuses new requests.

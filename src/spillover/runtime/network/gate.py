@@ -105,7 +105,11 @@ class InputChannel:
                                 detail=f"{self._in_use} buffers in use",
                                 hint="the consumer is slow, blocked or not polling",
                             )
-                        gate._credit.wait(remaining)
+                        gate._credit_waiters += 1
+                        try:
+                            gate._credit.wait(remaining)
+                        finally:
+                            gate._credit_waiters -= 1
                         self._check_open_locked()
                 finally:
                     waited = time.monotonic() - start
@@ -194,7 +198,8 @@ class InputChannel:
         if excess > 0:
             self._floating -= excess
             self.gate._floating_free += excess
-        self.gate._credit.notify_all()
+        if self.gate._credit_waiters:  # (a notify with none waiting still costs)
+            self.gate._credit.notify_all()
         return max(0, excess)
 
     def _handle_released(self, queued: NetworkBuffer, _handle: NetworkBuffer) -> None:
@@ -246,6 +251,10 @@ class InputGate:
         self._lock = threading.Lock()
         self._available = threading.Condition(self._lock)  # consumer waits here
         self._credit = threading.Condition(self._lock)  # producers wait here
+        # How many wait on each condition: a buffer's arrival or its credit's return
+        # notifies only when someone waits (both happen once per buffer).
+        self._credit_waiters = 0
+        self._consumer_waits = 0
         self._channels = [InputChannel(self, i, buffers_per_channel) for i in range(num_channels)]
         self._floating_free = floating_buffers
         self._ready: deque[int] = deque()  # channels with queued buffers, round robin
@@ -285,7 +294,8 @@ class InputGate:
         if not ch._listed and not ch._blocked:
             ch._listed = True
             self._ready.append(ch.index)
-            self._available.notify_all()
+            if self._consumer_waits:
+                self._available.notify_all()
 
     def _raise_if_failed_locked(self) -> None:
         if self._failure is not None:
@@ -387,7 +397,11 @@ class InputGate:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             return False
-        self._available.wait(remaining)
+        self._consumer_waits += 1
+        try:
+            self._available.wait(remaining)
+        finally:
+            self._consumer_waits -= 1
         return True
 
     def wake(self) -> None:
