@@ -44,6 +44,7 @@ import os
 import queue
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -52,6 +53,7 @@ from typing import Any
 
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
+from spillover.deploy.spark.worker import WorkerSpec
 from spillover.runtime.checkpointing import coordinator
 from spillover.runtime.checkpointing.metadata import METADATA_FILE
 from spillover.storage import shared
@@ -94,6 +96,51 @@ def handoff_ms(rounds: int = 2000) -> float:
         times.append(time.perf_counter() - t0)
     there.put(-1)
     t.join()
+    return statistics.median(times) / 2 * 1000
+
+
+def busy_handoff_ms(busy: int, switch_interval: float, rounds: int = 300) -> float:
+    """One way of the same ping-pong while ``busy`` other threads of this process run
+    Python without a pause, at the workers' switch interval: a hop inside one
+    interpreter whose other threads are at work (a worker's three task threads at a
+    checkpoint) cannot be faster, since the woken thread waits for the lock until
+    the holder is told to let it go (``sys.setswitchinterval``)."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            for i in range(100):
+                x += i
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval)
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(busy)]
+    for t in spinners:
+        t.start()
+    there: queue.SimpleQueue[int] = queue.SimpleQueue()
+    back: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def echo() -> None:
+        while (n := there.get()) >= 0:
+            back.put(n)
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    times = []
+    try:
+        for i in range(rounds):
+            t0 = time.perf_counter()
+            there.put(i)
+            back.get()
+            times.append(time.perf_counter() - t0)
+    finally:
+        there.put(-1)
+        stop.set()
+        t.join()
+        for s in spinners:
+            s.join()
+        sys.setswitchinterval(before)
     return statistics.median(times) / 2 * 1000
 
 
@@ -179,10 +226,37 @@ def phases(
                     continue
                 if not ups and at is not None:
                     add("trigger", (m["taken_at"] - at) * 1000)
+                    if "trigger_in_at" in m:  # Spark: the worker's control thread had it
+                        add(
+                            "trigger: to the worker's control thread",
+                            (m["trigger_in_at"] - at) * 1000,
+                        )
+                        add(
+                            "trigger: control thread to task",
+                            (m["taken_at"] - m["trigger_in_at"]) * 1000,
+                        )
                 for up in ups:
                     fwd = [u["forwarded_at"] for u in by_vertex.get(up, []) if "forwarded_at" in u]
                     if fwd:
                         add(f"barrier hop {up} -> {vertex}", (m["taken_at"] - min(fwd)) * 1000)
+                inb = m.get("barrier_in_at")  # Spark: a TCP receiving thread had a barrier
+                if inb is not None and ups:
+                    fwd = [
+                        u["forwarded_at"]
+                        for up in ups
+                        for u in by_vertex.get(up, [])
+                        if "forwarded_at" in u
+                    ]
+                    if fwd:
+                        add(
+                            f"barrier hop to {vertex}: TCP to receiving thread",
+                            (inb - min(fwd)) * 1000,
+                        )
+                    if inb <= m["taken_at"]:  # the task took this barrier first
+                        add(
+                            f"barrier hop to {vertex}: receiving thread to task",
+                            (m["taken_at"] - inb) * 1000,
+                        )
                 add(f"snapshot {vertex}", m.get("sync_ms", 0.0) + m.get("async_ms", 0.0))
                 if "inputs_ms" in m and ups:
                     add(f"inputs {vertex} (last barrier in)", m["inputs_ms"])
@@ -190,6 +264,13 @@ def phases(
                     add(f"channel-state close {vertex}", m["close_ms"])
                 if "ack_sent_at" in m and "received_at" in m:
                     add("acknowledgement", (m["received_at"] - m["ack_sent_at"]) * 1000)
+                    if "ack_read_at" in m:  # Spark: the master's reading thread had it
+                        sent, read = m["ack_sent_at"], m["ack_read_at"]
+                        add("acknowledgement: to the master's reading thread", (read - sent) * 1000)
+                        add(
+                            "acknowledgement: reading thread to coordinator",
+                            (m["received_at"] - read) * 1000,
+                        )
         add("metadata (after the last ack)", float(c["finalize_ms"]))
         add("checkpoint (trigger to completion)", float(c["duration_ms"]))
     rank = {name: next(i for i, p in enumerate(ORDER) if name.startswith(p)) for name in out}
@@ -308,12 +389,24 @@ def main() -> None:
         for uid, v in graph.get("vertices", {}).items()
     }
     floors["trigger"] = floors["acknowledgement"] = handoff + (tcp if remote else 0.0)
+    # A hop inside a worker whose three task threads are at work: the wake-up waits
+    # for the lock (Spark workers run at WorkerSpec.switch_interval).
+    switch = WorkerSpec.switch_interval if remote else sys.getswitchinterval()
+    busy = busy_handoff_ms(3, switch)
     found = phases(done, triggered_at, predecessors)
+    for name in found:
+        if name.startswith(("trigger:", "acknowledgement:")):
+            floors[name] = tcp if name.endswith("thread") else handoff
+        if name.endswith("TCP to receiving thread"):
+            floors[name] = tcp
+        if name.endswith("to task") or name.endswith("to coordinator"):
+            floors[name] = handoff
     durations = [float(c["duration_ms"]) for c in done]
     print(
         f"{len(done)} checkpoints on the {args.executor} executor, median "
         f"{statistics.median(durations):.2f} ms; floors measured after the job: thread "
-        f"hand-off {handoff:.3f} ms, loopback TCP one way {tcp:.3f} ms, writes without "
+        f"hand-off {handoff:.3f} ms (with 3 busy Python threads at a {switch * 1000:g} ms "
+        f"switch interval: {busy:.3f} ms), loopback TCP one way {tcp:.3f} ms, writes without "
         f"fsync of a subtask's median state / in-flight bytes ({', '.join(sizes)}) and "
         f"of the metadata ({meta_bytes} B)"
     )
