@@ -217,8 +217,10 @@ def phases(
         subs: dict[str, dict[str, float]] = c["subtasks"]
         at = triggered_at.get(c["checkpoint_id"])
         by_vertex: dict[str, list[dict[str, float]]] = {}
+        index: dict[int, int] = {}  # id(metrics) -> subtask: its worker, one slot each
         for key, m in subs.items():
             by_vertex.setdefault(key.rsplit("#", 1)[0], []).append(m)
+            index[id(m)] = int(key.rsplit("#", 1)[1])
         for vertex in sorted(by_vertex, key=lambda v: vertices.index(v) if v in vertices else 0):
             ups = predecessors.get(vertex, [])
             for m in by_vertex[vertex]:
@@ -239,13 +241,15 @@ def phases(
                     fwd = [u["forwarded_at"] for u in by_vertex.get(up, []) if "forwarded_at" in u]
                     if fwd:
                         add(f"barrier hop {up} -> {vertex}", (m["taken_at"] - min(fwd)) * 1000)
-                inb = m.get("barrier_in_at")  # Spark: a TCP receiving thread had a barrier
+                # Spark: a TCP receiving thread had a barrier (from another worker; the
+                # benchmark's workers have one slot each, subtask i on worker i)
+                inb = m.get("barrier_in_at")
                 if inb is not None and ups:
-                    fwd = [
+                    fwd = [  # the upstream subtasks on other workers
                         u["forwarded_at"]
                         for up in ups
                         for u in by_vertex.get(up, [])
-                        if "forwarded_at" in u
+                        if "forwarded_at" in u and index[id(u)] != index[id(m)]
                     ]
                     if fwd:
                         add(
