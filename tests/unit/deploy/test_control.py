@@ -94,3 +94,24 @@ def test_a_closed_peer_ends_the_connection(
     assert cb.recv() == "last"
     with pytest.raises(ControlError):
         cb.recv()
+
+
+def test_a_watched_message_cut_off_breaks_the_connection(
+    pair: tuple[ControlConnection, ControlConnection],
+) -> None:
+    ca, cb = pair
+    cb.watch(0.05)
+    ca.sock.sendall((100).to_bytes(4, "little") + b"only part")
+    with pytest.raises(ControlError) as e:
+        cb.recv()
+    assert not isinstance(e.value, ControlSilence)
+
+
+def test_a_watched_send_to_a_peer_that_never_reads_fails(
+    pair: tuple[ControlConnection, ControlConnection],
+) -> None:
+    ca, _ = pair
+    ca.watch(0.05)
+    with pytest.raises(ControlError):
+        for _ in range(1000):  # the socket buffers fill: the send gives up, no hang
+            ca.send(b"x" * (1 << 20))

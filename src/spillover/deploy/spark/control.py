@@ -87,11 +87,24 @@ class ControlConnection:
         self.fault: FaultCounter | None = None  # the network-fault hook, counting sends
         self._stalled = False
         self._buf = bytearray()  # read, not yet taken (the reading thread's)
+        self._watch: float | None = None
 
     def watch(self, timeout: float | None) -> None:
         """From now on :meth:`recv` raises :class:`ControlSilence` when no message came
-        for ``timeout`` seconds (None: it waits as long as it takes)."""
-        self.sock.settimeout(timeout)
+        for ``timeout`` seconds (None: it waits as long as it takes), and a send that
+        cannot go on for as long fails.
+
+        The socket stays blocking and the kernel keeps the time (``SO_RCVTIMEO``,
+        ``SO_SNDTIMEO``): a Python socket timeout polls before every read, so each
+        message would let the interpreter lock go twice and take it back twice."""
+        self._watch = timeout
+        seconds = timeout or 0.0  # 0: no limit
+        whole = int(seconds)
+        micros = round((seconds - whole) * 1e6) or int(0 < seconds < 1e-6)
+        tv = struct.pack("ll", whole, micros)
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
     def _strike(self) -> None:
         """The network-fault hook: a reset cuts the connection now; a stall leaves it
@@ -128,12 +141,12 @@ class ControlConnection:
         while len(buf) < n:
             try:
                 chunk = self.sock.recv(max(min(n - len(buf), 1 << 20), _READ_AHEAD))
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO: EAGAIN
                 if first and not buf:
-                    raise ControlSilence(
-                        f"nothing heard for {self.sock.gettimeout():g} s"
-                    ) from None
-                raise
+                    raise ControlSilence(f"nothing heard for {self._watch or 0:g} s") from None
+                raise TimeoutError(
+                    f"a control message cut off for {self._watch or 0:g} s"
+                ) from None
             if not chunk:
                 raise ControlError("the peer closed the control connection")
             buf += chunk
@@ -154,7 +167,7 @@ class ControlConnection:
                 raise ControlError(f"control connection to {self.peer}: stalled (network fault)")
         except ControlSilence as e:
             raise ControlSilence(
-                f"nothing heard from {self.peer} for {self.sock.gettimeout():g} s "
+                f"nothing heard from {self.peer} for {self._watch or 0:g} s "
                 "(heartbeat.timeout): the peer hangs or the network path drops packets"
             ) from e
         except OSError as e:
