@@ -18,6 +18,16 @@ files) into a new file. On Spark the trigger and the acknowledgement cross the
 control connection: their floor is a TCP message and a hand-off; a barrier's
 first arrival comes over an in-process channel: a hand-off.
 
+On Spark the workers and the master also stamp where their threads take a
+checkpoint's word (``deploy/spark/worker.py`` ``_Arrivals``, ``runner.py``), and
+each hop is split: the trigger into the coordinator's sending, the wire to the
+worker's control thread, and that thread to the task; a barrier from another
+worker into the wire to the TCP receiving thread and that thread to the task; the
+acknowledgement into the wire to the master's reading thread and that thread to
+the coordinator's. Their floors: a thread woken by another process's message (a
+process at rest, and one with a busy Python thread beside the woken one at the
+workers' switch interval), a loopback TCP message, a hand-off.
+
 Per subtask, the medians and maxima of what each acknowledged: start delay
 (trigger to snapshot), sync (the task thread's part), async (the snapshot
 thread's operator part) and persist (an unaligned checkpoint's in-flight data,
@@ -44,6 +54,8 @@ import os
 import queue
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -52,6 +64,7 @@ from typing import Any
 
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
+from spillover.deploy.spark.worker import WorkerSpec
 from spillover.runtime.checkpointing import coordinator
 from spillover.runtime.checkpointing.metadata import METADATA_FILE
 from spillover.storage import shared
@@ -95,6 +108,58 @@ def handoff_ms(rounds: int = 2000) -> float:
     there.put(-1)
     t.join()
     return statistics.median(times) / 2 * 1000
+
+
+_WAKER = r"""
+import socket, sys, time
+s = socket.socket(fileno=int(sys.argv[1]))
+for _ in range(int(sys.argv[2])):
+    time.sleep(0.001)
+    s.sendall(time.monotonic_ns().to_bytes(8, "little"))
+s.close()
+"""
+
+
+def busy_wakeup_ms(busy: int, switch_interval: float, rounds: int = 300) -> float:
+    """A thread of this process woken by another process's message while ``busy``
+    other threads here run Python without a pause, at ``switch_interval``: from the
+    send to the woken thread running Python (median). The floor of a trigger or a
+    barrier reaching a worker whose task threads are at work, since the woken
+    thread waits for the interpreter lock (and, on a loaded machine, for a core)."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            for i in range(100):
+                x += i
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval)
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(busy)]
+    for t in spinners:
+        t.start()
+    mine, theirs = socket.socketpair()
+    waker = subprocess.Popen(
+        [sys.executable, "-c", _WAKER, str(theirs.fileno()), str(rounds)],
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    times: list[float] = []
+    try:
+        while len(times) < rounds:
+            data = mine.recv(8, socket.MSG_WAITALL)
+            if len(data) < 8:
+                break
+            times.append((time.monotonic_ns() - int.from_bytes(data, "little")) / 1e6)
+    finally:
+        stop.set()
+        waker.wait()
+        mine.close()
+        for t in spinners:
+            t.join()
+        sys.setswitchinterval(before)
+    return statistics.median(times) if times else float("nan")
 
 
 def tcp_ms(rounds: int = 2000, size: int = 64) -> float:
@@ -157,6 +222,7 @@ def phases(
     done: list[dict[str, Any]],
     triggered_at: dict[int, float],
     predecessors: dict[str, list[str]],
+    posted_at: dict[int, float] | None = None,
 ) -> dict[str, list[float]]:
     """Per phase, its durations in ms over every completed checkpoint (and subtask of
     the vertex a phase names), in the order a checkpoint goes through them."""
@@ -169,9 +235,14 @@ def phases(
     for c in done:
         subs: dict[str, dict[str, float]] = c["subtasks"]
         at = triggered_at.get(c["checkpoint_id"])
+        posted = (posted_at or {}).get(c["checkpoint_id"])
+        if at is not None and posted is not None:
+            add("trigger: the coordinator sends it to every root", (posted - at) * 1000)
         by_vertex: dict[str, list[dict[str, float]]] = {}
+        index: dict[int, int] = {}  # id(metrics) -> subtask: its worker, one slot each
         for key, m in subs.items():
             by_vertex.setdefault(key.rsplit("#", 1)[0], []).append(m)
+            index[id(m)] = int(key.rsplit("#", 1)[1])
         for vertex in sorted(by_vertex, key=lambda v: vertices.index(v) if v in vertices else 0):
             ups = predecessors.get(vertex, [])
             for m in by_vertex[vertex]:
@@ -179,10 +250,39 @@ def phases(
                     continue
                 if not ups and at is not None:
                     add("trigger", (m["taken_at"] - at) * 1000)
+                    if "trigger_in_at" in m:  # Spark: the worker's control thread had it
+                        add(
+                            "trigger: to the worker's control thread",
+                            (m["trigger_in_at"] - at) * 1000,
+                        )
+                        add(
+                            "trigger: control thread to task",
+                            (m["taken_at"] - m["trigger_in_at"]) * 1000,
+                        )
                 for up in ups:
                     fwd = [u["forwarded_at"] for u in by_vertex.get(up, []) if "forwarded_at" in u]
                     if fwd:
                         add(f"barrier hop {up} -> {vertex}", (m["taken_at"] - min(fwd)) * 1000)
+                # Spark: a TCP receiving thread had a barrier (from another worker; the
+                # benchmark's workers have one slot each, subtask i on worker i)
+                inb = m.get("barrier_in_at")
+                if inb is not None and ups:
+                    fwd = [  # the upstream subtasks on other workers
+                        u["forwarded_at"]
+                        for up in ups
+                        for u in by_vertex.get(up, [])
+                        if "forwarded_at" in u and index[id(u)] != index[id(m)]
+                    ]
+                    if fwd:
+                        add(
+                            f"barrier hop to {vertex}: TCP to receiving thread",
+                            (inb - min(fwd)) * 1000,
+                        )
+                    if inb <= m["taken_at"]:  # the task took this barrier first
+                        add(
+                            f"barrier hop to {vertex}: receiving thread to task",
+                            (m["taken_at"] - inb) * 1000,
+                        )
                 add(f"snapshot {vertex}", m.get("sync_ms", 0.0) + m.get("async_ms", 0.0))
                 if "inputs_ms" in m and ups:
                     add(f"inputs {vertex} (last barrier in)", m["inputs_ms"])
@@ -190,17 +290,27 @@ def phases(
                     add(f"channel-state close {vertex}", m["close_ms"])
                 if "ack_sent_at" in m and "received_at" in m:
                     add("acknowledgement", (m["received_at"] - m["ack_sent_at"]) * 1000)
+                    if "ack_read_at" in m:  # Spark: the master's reading thread had it
+                        sent, read = m["ack_sent_at"], m["ack_read_at"]
+                        add("acknowledgement: to the master's reading thread", (read - sent) * 1000)
+                        add(
+                            "acknowledgement: reading thread to coordinator",
+                            (m["received_at"] - read) * 1000,
+                        )
         add("metadata (after the last ack)", float(c["finalize_ms"]))
         add("checkpoint (trigger to completion)", float(c["duration_ms"]))
     rank = {name: next(i for i, p in enumerate(ORDER) if name.startswith(p)) for name in out}
     return {name: out[name] for name in sorted(out, key=lambda n: rank[n])}
 
 
-def record_coordinator(triggered_at: dict[int, float], graph: dict[str, Any]) -> Callable[[], None]:
+def record_coordinator(
+    triggered_at: dict[int, float], graph: dict[str, Any], posted_at: dict[int, float] | None = None
+) -> Callable[[], None]:
     """Makes the coordinator keep, for this run, each checkpoint's per-subtask metrics
     and finalize time in its summary, the wall-clock time it triggered each
     checkpoint and took each acknowledgement, and its job graph. Returns the undo."""
     cls = coordinator.CheckpointCoordinator
+    posted_at = {} if posted_at is None else posted_at
     plain_summary, plain_trigger, plain_ack = (
         coordinator.CheckpointStats.summary,
         cls._trigger,
@@ -216,6 +326,7 @@ def record_coordinator(triggered_at: dict[int, float], graph: dict[str, Any]) ->
         cid: int | None = plain_trigger(self, *args, **kw)
         if cid is not None:
             triggered_at[cid] = t
+            posted_at[cid] = time.time()  # every root's trigger sent (Spark: written)
         return cid
 
     def on_ack(self: Any, ack: Any) -> None:
@@ -251,8 +362,9 @@ def main() -> None:
     if args.no_spares:
         shared._Spares.AHEAD = 0
     triggered_at: dict[int, float] = {}
+    posted_at: dict[int, float] = {}
     graph: dict[str, Any] = {}
-    record_coordinator(triggered_at, graph)
+    record_coordinator(triggered_at, graph, posted_at)
     spec = BenchSpec(executor=args.executor, duration_s=args.duration, warmup_s=args.warmup)
     with tempfile.TemporaryDirectory(prefix="spillover-breakdown-") as tmp:
         config = spec.config(args.policy, tmp)
@@ -308,12 +420,25 @@ def main() -> None:
         for uid, v in graph.get("vertices", {}).items()
     }
     floors["trigger"] = floors["acknowledgement"] = handoff + (tcp if remote else 0.0)
-    found = phases(done, triggered_at, predecessors)
+    # A wake-up from another process, in a process at rest and in one with a busy
+    # thread (Spark workers run at WorkerSpec.switch_interval).
+    switch = WorkerSpec.switch_interval if remote else sys.getswitchinterval()
+    idle, busy = busy_wakeup_ms(0, switch), busy_wakeup_ms(1, switch)
+    found = phases(done, triggered_at, predecessors, posted_at)
+    for name in found:
+        if name.startswith(("trigger:", "acknowledgement:")):
+            floors[name] = tcp if name.endswith("thread") else handoff
+        if name.endswith("TCP to receiving thread"):
+            floors[name] = tcp
+        if name.endswith("to task") or name.endswith("to coordinator"):
+            floors[name] = handoff
     durations = [float(c["duration_ms"]) for c in done]
     print(
         f"{len(done)} checkpoints on the {args.executor} executor, median "
         f"{statistics.median(durations):.2f} ms; floors measured after the job: thread "
-        f"hand-off {handoff:.3f} ms, loopback TCP one way {tcp:.3f} ms, writes without "
+        f"hand-off {handoff:.3f} ms, loopback TCP one way {tcp:.3f} ms, a thread woken by "
+        f"another process {idle:.3f} ms (with one busy Python thread beside it at a "
+        f"{switch * 1000:g} ms switch interval: {busy:.3f} ms), writes without "
         f"fsync of a subtask's median state / in-flight bytes ({', '.join(sizes)}) and "
         f"of the metadata ({meta_bytes} B)"
     )

@@ -37,6 +37,9 @@ _LEN = struct.Struct("<I")
 _MAX_MESSAGE = 1 << 30
 _OK = b"OK"
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)  # a dead peer: EPIPE, never SIGPIPE
+# One read takes this much if it is there: a small message (a trigger, an
+# acknowledgement) arrives with its length in one read.
+_READ_AHEAD = 1 << 16
 
 
 class ControlError(ConnectionError):
@@ -68,7 +71,12 @@ def _recv_exact(sock: socket.socket, n: int, first: bool = False) -> bytes:
 
 class ControlConnection:
     """Framed pickled messages over an authenticated socket; ``send`` from any thread,
-    ``recv`` from one."""
+    ``recv`` from one.
+
+    ``recv`` reads ahead into a buffer: a message and its length prefix usually
+    come in one read, so the reading thread lets the interpreter lock go once per
+    message, not twice (each time taking it back behind the busy task threads).
+    """
 
     def __init__(self, sock: socket.socket, peer: str) -> None:
         self.sock = sock
@@ -78,11 +86,25 @@ class ControlConnection:
         self._gone = threading.Event()  # closed
         self.fault: FaultCounter | None = None  # the network-fault hook, counting sends
         self._stalled = False
+        self._buf = bytearray()  # read, not yet taken (the reading thread's)
+        self._watch: float | None = None
 
     def watch(self, timeout: float | None) -> None:
         """From now on :meth:`recv` raises :class:`ControlSilence` when no message came
-        for ``timeout`` seconds (None: it waits as long as it takes)."""
-        self.sock.settimeout(timeout)
+        for ``timeout`` seconds (None: it waits as long as it takes), and a send that
+        cannot go on for as long fails.
+
+        The socket stays blocking and the kernel keeps the time (``SO_RCVTIMEO``,
+        ``SO_SNDTIMEO``): a Python socket timeout polls before every read, so each
+        message would let the interpreter lock go twice and take it back twice."""
+        self._watch = timeout
+        seconds = timeout or 0.0  # 0: no limit
+        whole = int(seconds)
+        micros = round((seconds - whole) * 1e6) or int(0 < seconds < 1e-6)
+        tv = struct.pack("ll", whole, micros)
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
     def _strike(self) -> None:
         """The network-fault hook: a reset cuts the connection now; a stall leaves it
@@ -112,20 +134,40 @@ class ControlConnection:
             except OSError as e:
                 raise ControlError(f"control connection to {self.peer}: {e}") from e
 
+    def _take(self, n: int, first: bool = False) -> bytes:
+        """``n`` bytes, read ahead where more came; with ``first``, a timeout before
+        any byte came is a :class:`ControlSilence` (inside a message it breaks)."""
+        buf = self._buf
+        while len(buf) < n:
+            try:
+                chunk = self.sock.recv(max(min(n - len(buf), 1 << 20), _READ_AHEAD))
+            except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO: EAGAIN
+                if first and not buf:
+                    raise ControlSilence(f"nothing heard for {self._watch or 0:g} s") from None
+                raise TimeoutError(
+                    f"a control message cut off for {self._watch or 0:g} s"
+                ) from None
+            if not chunk:
+                raise ControlError("the peer closed the control connection")
+            buf += chunk
+        data = bytes(buf[:n])
+        del buf[:n]
+        return data
+
     def recv(self) -> Any:
         """The next message; raises :class:`ControlError` once the peer closed, or on a
         message that does not unpickle to a tuple."""
         try:
-            (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, first=True))
+            (n,) = _LEN.unpack(self._take(_LEN.size, first=True))
             if n > _MAX_MESSAGE:
                 raise ControlError(f"a control message of {n} bytes from {self.peer}")
-            data = _recv_exact(self.sock, n)
+            data = self._take(n)
             if self._stalled:  # what comes is never read
                 self._gone.wait()
                 raise ControlError(f"control connection to {self.peer}: stalled (network fault)")
         except ControlSilence as e:
             raise ControlSilence(
-                f"nothing heard from {self.peer} for {self.sock.gettimeout():g} s "
+                f"nothing heard from {self.peer} for {self._watch or 0:g} s "
                 "(heartbeat.timeout): the peer hangs or the network path drops packets"
             ) from e
         except OSError as e:

@@ -357,6 +357,9 @@ class _SparkAttempt:
         co = self.coordinator
         match m:
             case Acknowledge(ack=ack):
+                # When the master's reading thread had it: the acknowledgement's hop
+                # split between the wire and the hand-off to the coordinator's thread.
+                ack.metrics["ack_read_at"] = time.time()
                 co.acknowledge(ack)
             case Decline(checkpoint_id=cid, vertex_uid=uid, subtask=subtask, reason=reason):
                 co.decline(cid, uid, subtask, reason)

@@ -65,12 +65,19 @@ from spillover.deploy.spark.messages import (
     ToMaster,
     Wired,
 )
-from spillover.runtime.checkpointing.messages import Ack
+from spillover.runtime.checkpointing.messages import Ack, TriggerCheckpoint
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
+from spillover.runtime.network.buffers import NetworkBuffer
 from spillover.runtime.network.errors import NetworkError
+from spillover.runtime.network.events import CheckpointBarrier, Event
 from spillover.runtime.network.partition import ResultPartition
-from spillover.runtime.network.tcp import ProtocolError, TcpReceiver, connect_tcp
+from spillover.runtime.network.tcp import (
+    OvertakenHandler,
+    ProtocolError,
+    TcpReceiver,
+    connect_tcp,
+)
 from spillover.runtime.network.tcp.faults import NetworkFault
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.task import Task, TaskCancelled
@@ -112,13 +119,50 @@ class WorkerSpec:
     network_fault: NetworkFault | None = None  # a test hook: a connection reset or stalled
 
 
+class _Arrivals:
+    """When this worker's threads took a checkpoint's word for a subtask, in wall-clock
+    time, added to its acknowledgement's metrics: the control thread a root's trigger
+    (``trigger_in_at``, as it hands it to the task's mailbox), a TCP receiving thread
+    the first barrier over the network (``barrier_in_at``). With the task's own
+    stamps they split the trigger and a barrier's hop between the wire and its
+    thread, and the task's wake-up (``bench/checkpoint_breakdown.py``). One stamp
+    per checkpoint and subtask; nothing per buffer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at: dict[tuple[str, int, int], dict[str, float]] = {}
+
+    def stamp(self, key: tuple[str, int], checkpoint_id: int, what: str) -> None:
+        now = time.time()
+        with self._lock:
+            self._at.setdefault((*key, checkpoint_id), {}).setdefault(what, now)
+
+    def taken(self, ack: Ack) -> dict[str, float]:
+        with self._lock:
+            for k in [k for k in self._at if k[2] < ack.checkpoint_id - 8]:
+                del self._at[k]  # aborted ones, never acknowledged
+            return self._at.pop((ack.vertex_uid, ack.subtask, ack.checkpoint_id), {})
+
+    def watching(self, task: Task) -> OvertakenHandler:
+        """``task.overtaken``, stamping a checkpoint barrier's arrival first."""
+        key, overtaken = (task.vertex.uid, task.subtask), task.overtaken
+
+        def handler(ch: int, event: Event, buffers: list[NetworkBuffer]) -> None:
+            if isinstance(event, CheckpointBarrier):
+                self.stamp(key, event.checkpoint_id, "barrier_in_at")
+            overtaken(ch, event, buffers)
+
+        return handler
+
+
 class _Relay:
     """The coordinator as one generation's subtasks see it: every call becomes a
     message. Closed when the generation is reset: a late word of one of its subtasks
     (a snapshot's acknowledgement) is dropped, never sent after the :class:`Reset`."""
 
-    def __init__(self, conn: ControlConnection) -> None:
+    def __init__(self, conn: ControlConnection, arrivals: _Arrivals | None = None) -> None:
         self.conn = conn
+        self.arrivals = arrivals or _Arrivals()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -133,6 +177,7 @@ class _Relay:
             self._closed = True
 
     def acknowledge(self, ack: Ack) -> None:
+        ack.metrics.update(self.arrivals.taken(ack))
         self.send(Acknowledge(ack))
 
     def decline(self, checkpoint_id: int, vertex_uid: str, subtask: int, reason: str) -> None:
@@ -157,6 +202,7 @@ class _Current:
         self.generation = -1
         self.tasks: dict[tuple[str, int], Task] = {}
         self.reset = False  # the master asked to cancel them for a restart in place
+        self.arrivals = _Arrivals()
 
     def begin(self, generation: int, tasks: dict[tuple[str, int], Task]) -> None:
         with self._lock:
@@ -276,7 +322,7 @@ def _run(
 ) -> dict[str, Any] | None:
     """One generation on this worker: its summary, or None once the master reset it
     (its subtasks ended, its gates unregistered, :class:`Reset` sent)."""
-    relay = _Relay(conn)
+    relay = _Relay(conn, current.arrivals)
     slots = spec.config.deployment.task_slots
     gen = step.generation
     done: queue.SimpleQueue[tuple[Task, BaseException | None]] = queue.SimpleQueue()
@@ -299,7 +345,7 @@ def _run(
         t.coordinator = relay
         if t.has_input:
             gates.append(fenced(t.gate.name, gen))
-            receiver.register(t.gate, gates[-1], on_overtaken=t.overtaken)
+            receiver.register(t.gate, gates[-1], on_overtaken=current.arrivals.watching(t))
     current.begin(gen, tasks)
     conn.send(Wired(index, gen))
     if not isinstance(inbox.get(), Go):
@@ -392,6 +438,8 @@ def _follow(conn: ControlConnection, message: object, current: _Current) -> None
         case Post(uid=uid, subtask=i, message=mail, generation=gen):
             task = current.task(gen, (uid, i))
             if task is not None:
+                if isinstance(mail, TriggerCheckpoint):
+                    current.arrivals.stamp((uid, i), mail.checkpoint_id, "trigger_in_at")
                 task.post(mail)
         case SwitchToUnaligned(uid=uid, subtask=i, checkpoint_id=cid, generation=gen):
             task = current.task(gen, (uid, i))

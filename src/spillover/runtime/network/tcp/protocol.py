@@ -205,12 +205,28 @@ def _read_header(
 
 
 def _read_payload(
-    sock: socket.socket, length: int, limit: int, stop: Callable[[], bool], what: str
+    sock: socket.socket,
+    length: int,
+    limit: int,
+    stop: Callable[[], bool],
+    what: str,
+    quick: socket.socket | None = None,
 ) -> bytes:
+    """A frame's payload after its header. ``quick``, a non-blocking twin of ``sock``,
+    reads first what is there: a small frame left with its header and is there
+    whole, and a read of a socket with a timeout polls before it reads, letting the
+    interpreter lock go twice (and taking it back twice behind busy threads) where
+    one non-blocking read lets it go once."""
     if length > limit:
         raise ProtocolError(f"{what} frame of {length} bytes", detail=f"at most {limit}")
     payload = bytearray(length)
-    if _recv_into(sock, memoryview(payload), stop) < length:
+    view, got = memoryview(payload), 0
+    if quick is not None and length:
+        try:
+            got = quick.recv_into(view, length)
+        except (BlockingIOError, InterruptedError):
+            got = 0  # nothing yet (or the peer closed): the timed read tells which
+    if got < length and _recv_into(sock, view[got:], stop) < length - got:
         raise TransportError(f"the connection closed inside a {what} frame")
     return bytes(payload)
 

@@ -84,7 +84,7 @@ class _Inbound(CreditListener):
         self.pool: BufferPool | None = None
         self.segment_size = 0
         self._send_lock = threading.Lock()
-        self._nonblocking: socket.socket | None = None  # for CREDIT frames, made on first use
+        self._nonblocking: socket.socket | None = None  # CREDIT out, event payloads in
         self._announcing = False  # credit may be announced (open, before END)
         self._pending = 0  # credit returned and not announced yet
         self._batch = 1  # credits announced together while the consumer is busy
@@ -96,6 +96,19 @@ class _Inbound(CreditListener):
         )
 
     # -- writing (any thread) --
+
+    def _twin(self) -> socket.socket | None:
+        """The non-blocking twin of the socket (a duplicate descriptor): CREDIT frames
+        are written and event payloads read through it without the timed socket's
+        poll. None once closed."""
+        with self._send_lock:
+            return None if self._closed else self._twin_locked()
+
+    def _twin_locked(self) -> socket.socket:
+        if self._nonblocking is None:
+            self._nonblocking = socket.socket(fileno=os.dup(self.sock.fileno()))
+            self._nonblocking.settimeout(0.0)
+        return self._nonblocking
 
     def _send(self, ftype: FrameType, payload: bytes, timeout: float) -> None:
         with self._send_lock:
@@ -109,11 +122,8 @@ class _Inbound(CreditListener):
             # 16 bytes the socket nearly always takes at once: one non-blocking write
             # (on a duplicate descriptor) spares the releasing thread the timed
             # socket's poll; whatever it does not take is written below.
-            if self._nonblocking is None:
-                self._nonblocking = socket.socket(fileno=os.dup(self.sock.fileno()))
-                self._nonblocking.settimeout(0.0)
             try:
-                n = self._nonblocking.sendmsg(views, (), _SEND_FLAGS)
+                n = self._twin_locked().sendmsg(views, (), _SEND_FLAGS)
             except (BlockingIOError, InterruptedError):
                 n = 0
             head = len(views[0])
@@ -307,6 +317,7 @@ class _Inbound(CreditListener):
     def _serve(self) -> None:
         ch, pool, sock = self.channel, self.pool, self.sock
         assert ch is not None and pool is not None
+        quick = self._twin()  # closed only by this thread's _close, after this loop
         hdr = memoryview(bytearray(HEADER.size))
         stop = self._idle
         ahead = 0  # bytes of the next header read along with a data frame
@@ -349,7 +360,7 @@ class _Inbound(CreditListener):
                         buf.release()
                         raise
                 elif ftype in (FrameType.EVENT, FrameType.PRIORITY_EVENT):
-                    payload = _read_payload(sock, length, _MAX_EVENT, stop, "event")
+                    payload = _read_payload(sock, length, _MAX_EVENT, stop, "event", quick)
                     ev = NetworkBuffer.unpooled(payload, DataType.EVENT)
                     if ftype == FrameType.EVENT:
                         ch.push_event(ev, False)
@@ -367,14 +378,14 @@ class _Inbound(CreditListener):
                         for b in ch.push_event(ev, True):
                             b.release()
                 elif ftype == FrameType.END:
-                    payload = _read_payload(sock, length, _MAX_EVENT, stop, "END")
+                    payload = _read_payload(sock, length, _MAX_EVENT, stop, "END", quick)
                     if payload != _END_BYTES:
                         raise ProtocolError("an END frame that is not EndOfPartition")
                     self._announcing = False
                     self._ended = True
                     ch.push_end(NetworkBuffer.unpooled(payload, DataType.EVENT))
                 elif ftype == FrameType.ERROR:
-                    payload = _read_payload(sock, length, _MAX_MESSAGE + 2, stop, "ERROR")
+                    payload = _read_payload(sock, length, _MAX_MESSAGE + 2, stop, "ERROR", quick)
                     if len(payload) < 2:
                         raise ProtocolError("an ERROR frame without a code")
                     code, message = _parse_error(payload)
