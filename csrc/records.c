@@ -1,6 +1,7 @@
 /* Record framing, reassembly, packing and the key-group filter loop. */
 #include "records.h"
 #include "debug.h"
+#include "bufcache.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -114,7 +115,8 @@ uint8_t *spl_pool_get(spl_pool *pl) {
     pthread_mutex_lock(&pl->mu);
     if (pl->n) b = pl->spare[--pl->n];
     pthread_mutex_unlock(&pl->mu);
-    return b ? b : malloc(pl->alloc);
+    size_t got;
+    return b ? b : spl_buf_get(pl->alloc, &got);
 }
 
 void spl_pool_put(spl_pool *pl, uint8_t *base) {
@@ -123,7 +125,7 @@ void spl_pool_put(spl_pool *pl, uint8_t *base) {
     int keep = !pl->closed && pl->n < pl->cap;
     if (keep) pl->spare[pl->n++] = base;
     pthread_mutex_unlock(&pl->mu);
-    if (!keep) free(base);
+    if (!keep) spl_buf_put(base, pl->alloc);
 }
 
 void spl_pool_retain(spl_pool *pl) {
@@ -138,7 +140,7 @@ void spl_pool_release(spl_pool *pl) {
     pthread_mutex_unlock(&pl->mu);
     if (left) return;
     SPL_HANDLE_FREE();
-    for (uint32_t i = 0; i < pl->n; i++) free(pl->spare[i]);
+    for (uint32_t i = 0; i < pl->n; i++) spl_buf_put(pl->spare[i], pl->alloc);
     pthread_mutex_destroy(&pl->mu);
     free(pl);
 }
@@ -149,7 +151,7 @@ void spl_pool_close(spl_pool *pl) {
     uint32_t n = pl->n;
     pl->n = 0;
     pthread_mutex_unlock(&pl->mu);
-    for (uint32_t i = 0; i < n; i++) free(pl->spare[i]);
+    for (uint32_t i = 0; i < n; i++) spl_buf_put(pl->spare[i], pl->alloc);
     spl_pool_release(pl);
 }
 
@@ -187,9 +189,10 @@ int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs) {
 }
 
 void spl_packer_free(spl_packer *p) {
+    size_t alloc = p->pool ? p->pool->alloc : 0;
     if (p->outs)
-        for (uint32_t o = 0; o < p->n_outs; o++) free(p->outs[o].base);
-    for (size_t i = 0; i < p->n_full; i++) free(p->full[i].base);
+        for (uint32_t o = 0; o < p->n_outs; o++) spl_buf_put(p->outs[o].base, alloc);
+    for (size_t i = 0; i < p->n_full; i++) spl_buf_put(p->full[i].base, alloc);
     if (p->pool) spl_pool_close(p->pool);
     free(p->outs);
     free(p->full);
