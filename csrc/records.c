@@ -63,11 +63,17 @@ void spl_carry_free(spl_carry *c) {
     spl_carry_reset(c);
 }
 
+/* How far ahead the record walks prefetch: the next record's address hangs on
+ * this one's length, which keeps loads from running ahead (a prefetch past the
+ * buffer's end is harmless). */
+#define SPL_REC_PREFETCH 2048
+
 int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, int64_t *offsets,
                  int64_t *lengths, size_t max_out, size_t *count) {
     size_t p = *pos, k = 0;
     int rc = SPL_REC_OK;
     while (k < max_out && p + SPL_REC_PREFIX <= n) {
+        __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
         uint32_t len = spl_le32(buf + p);
         if (len > max_len) {
             rc = SPL_REC_E_TOO_LARGE;
@@ -288,8 +294,6 @@ int spl_packer_put_fixed(spl_packer *p, uint32_t o, const uint8_t *data, uint32_
 
 /* ---- key groups and the filter ---- */
 
-#define SPL_REC_PREFETCH 2048
-
 /* Specialised by the compiler for each key kind, like demux_loop below. */
 static inline __attribute__((always_inline)) int key_groups_loop(
     const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, const spl_keyspec *key_in,
@@ -299,6 +303,7 @@ static inline __attribute__((always_inline)) int key_groups_loop(
     size_t p = *pos, k = 0;
     int rc = SPL_REC_OK;
     while (k < max_out && p + SPL_REC_PREFIX <= n) {
+        __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
         uint32_t len = spl_le32(buf + p);
         if (len > max_len) {
             rc = SPL_REC_E_TOO_LARGE;
@@ -367,9 +372,6 @@ static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const 
     uint64_t dropped = 0;
     int rc = SPL_REC_OK;
     while (k < max_records && p + SPL_REC_PREFIX <= n) {
-        /* The next record's address hangs on this one's length, which keeps
-         * loads from running ahead: fetch well in advance (a prefetch past the
-         * buffer's end is harmless). */
         __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
         uint32_t len = spl_le32(buf + p);
         if (len > max_len) {
