@@ -10,10 +10,17 @@ static void *bufs[SLOTS];
 static size_t caps[SLOTS];
 static int n;
 static size_t total;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* A child forked while another thread held the lock would never get it: the
+ * child starts with a fresh lock (the cached buffers are its own copies). */
+static void reset_in_child(void) { pthread_mutex_init(&mu, NULL); }
+static void init(void) { pthread_atfork(NULL, NULL, reset_in_child); }
 
 void *spl_buf_get(size_t cap, size_t *got) {
     *got = cap;
     if (cap >= SPL_BUFCACHE_MIN) {
+        pthread_once(&once, init);
         pthread_mutex_lock(&mu);
         int best = -1;
         for (int i = 0; i < n; i++)
@@ -36,6 +43,7 @@ void *spl_buf_get(size_t cap, size_t *got) {
 void spl_buf_put(void *p, size_t cap) {
     if (!p) return;
     if (cap >= SPL_BUFCACHE_MIN && cap <= SPL_BUFCACHE_BYTES) {
+        pthread_once(&once, init);
         pthread_mutex_lock(&mu);
         if (n < SLOTS && total + cap <= SPL_BUFCACHE_BYTES) {
             bufs[n] = p;
@@ -47,11 +55,4 @@ void spl_buf_put(void *p, size_t cap) {
         pthread_mutex_unlock(&mu);
     }
     free(p);
-}
-
-size_t spl_buf_cached(void) {
-    pthread_mutex_lock(&mu);
-    size_t t = total;
-    pthread_mutex_unlock(&mu);
-    return t;
 }

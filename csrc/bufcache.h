@@ -20,7 +20,4 @@
 void *spl_buf_get(size_t cap, size_t *got);
 /* Caches a buffer of cap bytes from spl_buf_get (or malloc), or frees it. */
 void spl_buf_put(void *p, size_t cap);
-/* Bytes cached now (tests). */
-size_t spl_buf_cached(void);
-
 #endif
