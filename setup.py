@@ -29,6 +29,7 @@ EXTENSIONS = {
         "csrc/writer.c",
         "csrc/reader.c",
         "csrc/section.c",
+        "csrc/bufcache.c",
         "csrc/debug.c",
     ],
     "_records": [
@@ -36,6 +37,7 @@ EXTENSIONS = {
         "csrc/keysums.c",
         "csrc/records.c",
         "csrc/generate.c",
+        "csrc/bufcache.c",
         "csrc/debug.c",
     ],
 }

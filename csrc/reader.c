@@ -1,6 +1,7 @@
 #include "reader.h"
 #include "debug.h"
 
+#include "bufcache.h"
 #include "crc32c.h"
 
 #include <errno.h>
@@ -13,11 +14,11 @@
 spl_block *spl_block_new(size_t cap) {
     spl_block *b = calloc(1, sizeof(*b));
     if (!b) return NULL;
-    b->data = malloc(cap ? cap : 1);
+    b->data = spl_buf_get(cap, &b->alloc);
     b->frames_cap = 64;
     b->frames = malloc(b->frames_cap * sizeof(spl_frame_ref));
     if (!b->data || !b->frames) {
-        free(b->data);
+        spl_buf_put(b->data, b->alloc);
         free(b->frames);
         free(b);
         return NULL;
@@ -36,7 +37,7 @@ void spl_block_incref(spl_block *b) {
 void spl_block_decref(spl_block *b) {
     if (b && __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         SPL_HANDLE_FREE();
-        free(b->data);
+        spl_buf_put(b->data, b->alloc);
         free(b->frames);
         free(b);
     }

@@ -22,6 +22,7 @@ typedef struct spl_block {
     size_t frames_cap;
     int refs;
     struct spl_block *next; /* ready-queue link */
+    size_t alloc;           /* bytes allocated at data (cap or more: see bufcache.h) */
 } spl_block;
 
 spl_block *spl_block_new(size_t cap);

@@ -1,6 +1,7 @@
 /* Record framing, reassembly, packing and the key-group filter loop. */
 #include "records.h"
 #include "debug.h"
+#include "bufcache.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -62,11 +63,17 @@ void spl_carry_free(spl_carry *c) {
     spl_carry_reset(c);
 }
 
+/* How far ahead the record walks prefetch: the next record's address hangs on
+ * this one's length, which keeps loads from running ahead (a prefetch past the
+ * buffer's end is harmless). */
+#define SPL_REC_PREFETCH 2048
+
 int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, int64_t *offsets,
                  int64_t *lengths, size_t max_out, size_t *count) {
     size_t p = *pos, k = 0;
     int rc = SPL_REC_OK;
     while (k < max_out && p + SPL_REC_PREFIX <= n) {
+        __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
         uint32_t len = spl_le32(buf + p);
         if (len > max_len) {
             rc = SPL_REC_E_TOO_LARGE;
@@ -114,7 +121,8 @@ uint8_t *spl_pool_get(spl_pool *pl) {
     pthread_mutex_lock(&pl->mu);
     if (pl->n) b = pl->spare[--pl->n];
     pthread_mutex_unlock(&pl->mu);
-    return b ? b : malloc(pl->alloc);
+    size_t got;
+    return b ? b : spl_buf_get(pl->alloc, &got);
 }
 
 void spl_pool_put(spl_pool *pl, uint8_t *base) {
@@ -123,7 +131,7 @@ void spl_pool_put(spl_pool *pl, uint8_t *base) {
     int keep = !pl->closed && pl->n < pl->cap;
     if (keep) pl->spare[pl->n++] = base;
     pthread_mutex_unlock(&pl->mu);
-    if (!keep) free(base);
+    if (!keep) spl_buf_put(base, pl->alloc);
 }
 
 void spl_pool_retain(spl_pool *pl) {
@@ -138,7 +146,7 @@ void spl_pool_release(spl_pool *pl) {
     pthread_mutex_unlock(&pl->mu);
     if (left) return;
     SPL_HANDLE_FREE();
-    for (uint32_t i = 0; i < pl->n; i++) free(pl->spare[i]);
+    for (uint32_t i = 0; i < pl->n; i++) spl_buf_put(pl->spare[i], pl->alloc);
     pthread_mutex_destroy(&pl->mu);
     free(pl);
 }
@@ -149,7 +157,7 @@ void spl_pool_close(spl_pool *pl) {
     uint32_t n = pl->n;
     pl->n = 0;
     pthread_mutex_unlock(&pl->mu);
-    for (uint32_t i = 0; i < n; i++) free(pl->spare[i]);
+    for (uint32_t i = 0; i < n; i++) spl_buf_put(pl->spare[i], pl->alloc);
     spl_pool_release(pl);
 }
 
@@ -187,9 +195,10 @@ int spl_packer_init(spl_packer *p, uint32_t size, uint32_t n_outs) {
 }
 
 void spl_packer_free(spl_packer *p) {
+    size_t alloc = p->pool ? p->pool->alloc : 0;
     if (p->outs)
-        for (uint32_t o = 0; o < p->n_outs; o++) free(p->outs[o].base);
-    for (size_t i = 0; i < p->n_full; i++) free(p->full[i].base);
+        for (uint32_t o = 0; o < p->n_outs; o++) spl_buf_put(p->outs[o].base, alloc);
+    for (size_t i = 0; i < p->n_full; i++) spl_buf_put(p->full[i].base, alloc);
     if (p->pool) spl_pool_close(p->pool);
     free(p->outs);
     free(p->full);
@@ -285,8 +294,6 @@ int spl_packer_put_fixed(spl_packer *p, uint32_t o, const uint8_t *data, uint32_
 
 /* ---- key groups and the filter ---- */
 
-#define SPL_REC_PREFETCH 2048
-
 /* Specialised by the compiler for each key kind, like demux_loop below. */
 static inline __attribute__((always_inline)) int key_groups_loop(
     const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, const spl_keyspec *key_in,
@@ -296,6 +303,7 @@ static inline __attribute__((always_inline)) int key_groups_loop(
     size_t p = *pos, k = 0;
     int rc = SPL_REC_OK;
     while (k < max_out && p + SPL_REC_PREFIX <= n) {
+        __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
         uint32_t len = spl_le32(buf + p);
         if (len > max_len) {
             rc = SPL_REC_E_TOO_LARGE;
@@ -364,9 +372,6 @@ static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const 
     uint64_t dropped = 0;
     int rc = SPL_REC_OK;
     while (k < max_records && p + SPL_REC_PREFIX <= n) {
-        /* The next record's address hangs on this one's length, which keeps
-         * loads from running ahead: fetch well in advance (a prefetch past the
-         * buffer's end is harmless). */
         __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
         uint32_t len = spl_le32(buf + p);
         if (len > max_len) {
