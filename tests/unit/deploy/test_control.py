@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spillover.deploy.spark import control
 from spillover.deploy.spark.control import ControlConnection, ControlError, ControlSilence
 
 
@@ -33,16 +34,23 @@ messages = st.lists(
 )
 
 
-@settings(max_examples=50, deadline=None)
-@given(messages)
-def test_messages_sent_back_to_back_come_whole_and_in_order(sent: list[object]) -> None:
+@settings(max_examples=80, deadline=None)
+@given(messages, st.sampled_from([1, 5, 7, 1 << 16]))
+def test_messages_sent_back_to_back_come_whole_and_in_order(
+    sent: list[object], read_ahead: int
+) -> None:
+    """Whatever the read-ahead, a read that takes part of the next message's length
+    prefix or body keeps it for the next ``recv``."""
     a, b = socket.socketpair()
     ca, cb = ControlConnection(a, "a"), ControlConnection(b, "b")
+    saved = control._READ_AHEAD
+    control._READ_AHEAD = read_ahead
     try:
         for m in sent:  # all queued before the first read: many in one read
             ca.send(m)
         assert [cb.recv() for _ in sent] == sent
     finally:
+        control._READ_AHEAD = saved
         ca.close()
         cb.close()
 
@@ -112,6 +120,6 @@ def test_a_watched_send_to_a_peer_that_never_reads_fails(
 ) -> None:
     ca, _ = pair
     ca.watch(0.05)
-    with pytest.raises(ControlError):
+    with pytest.raises(ControlError, match=r"made no progress .* the peer does not read"):
         for _ in range(1000):  # the socket buffers fill: the send gives up, no hang
             ca.send(b"x" * (1 << 20))

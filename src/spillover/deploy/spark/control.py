@@ -131,6 +131,11 @@ class ControlConnection:
                 raise ControlError(f"control connection to {self.peer} is closed")
             try:
                 self.sock.sendall(_LEN.pack(len(data)) + data, _SEND_FLAGS)
+            except (BlockingIOError, TimeoutError) as e:  # SO_SNDTIMEO: EAGAIN
+                raise ControlError(
+                    f"control connection to {self.peer}: a send made no progress for "
+                    f"{self._watch or 0:g} s (heartbeat.timeout): the peer does not read"
+                ) from e
             except OSError as e:
                 raise ControlError(f"control connection to {self.peer}: {e}") from e
 

@@ -123,8 +123,9 @@ class _Arrivals:
     """When this worker's threads took a checkpoint's word for a subtask, in wall-clock
     time, added to its acknowledgement's metrics: the control thread a root's trigger
     (``trigger_in_at``, as it hands it to the task's mailbox), a TCP receiving thread
-    the first barrier over the network (``barrier_in_at``). With the task's own
-    stamps they split the trigger and a barrier's hop between the wire and its
+    the first unaligned (priority) barrier over the network (``barrier_in_at``; an
+    aligned one travels in line with the data and is not stamped). With the task's
+    own stamps they split the trigger and a barrier's hop between the wire and its
     thread, and the task's wake-up (``bench/checkpoint_breakdown.py``). One stamp
     per checkpoint and subtask; nothing per buffer."""
 
