@@ -225,9 +225,9 @@ def _read_payload(
         try:
             got = quick.recv_into(view, length)
         except (BlockingIOError, InterruptedError):
-            got = 0  # nothing yet (or the peer closed): the timed read tells which
+            got = 0  # nothing yet: the timed read waits (a closed peer reads 0 there too)
     if got < length and _recv_into(sock, view[got:], stop) < length - got:
-        raise TransportError(f"the connection closed inside a {what} frame")
+        raise TransportError(f"the connection closed inside a frame ({what})")
     return bytes(payload)
 
 
