@@ -184,6 +184,9 @@ def phases(
                     if fwd:
                         add(f"barrier hop {up} -> {vertex}", (m["taken_at"] - min(fwd)) * 1000)
                 add(f"snapshot {vertex}", m.get("sync_ms", 0.0) + m.get("async_ms", 0.0))
+                if "capture_ms" in m and m.get("state_bytes", 0.0) > 0:
+                    for part, value in snapshot_parts(m).items():
+                        add(f"snapshot {vertex}: {part}", value)
                 if "inputs_ms" in m and ups:
                     add(f"inputs {vertex} (last barrier in)", m["inputs_ms"])
                 if "close_ms" in m:
@@ -194,6 +197,26 @@ def phases(
         add("checkpoint (trigger to completion)", float(c["duration_ms"]))
     rank = {name: next(i for i, p in enumerate(ORDER) if name.startswith(p)) for name in out}
     return {name: out[name] for name in sorted(out, key=lambda n: rank[n])}
+
+
+def snapshot_parts(m: dict[str, float]) -> dict[str, float]:
+    """A subtask's snapshot split into its parts (ms): on the task thread the
+    unaligned barrier's forward with the output state it overtook, what came before
+    the capture (the recovered cut, the begun records, what the barrier overtook on
+    its channel), the operators' and keyed state's capture; then the hand-off to the
+    snapshot thread (not in the snapshot's total), the operators' files and the
+    keyed state's write."""
+    sync, forward, before = m.get("sync_ms", 0.0), m.get("forward_ms", 0.0), m.get("before_ms", 0.0)
+    capture, keyed = m.get("capture_ms", 0.0), m.get("keyed_write_ms", 0.0)
+    return {
+        "forward": forward,
+        "begun records, cut": max(0.0, before - forward),
+        "capture": capture,
+        "rest of sync": max(0.0, sync - before - capture),
+        "hand-off to snapshot thread": m.get("handoff_ms", 0.0),
+        "keyed write": keyed,
+        "operator files": max(0.0, m.get("async_ms", 0.0) - keyed),
+    }
 
 
 def record_coordinator(triggered_at: dict[int, float], graph: dict[str, Any]) -> Callable[[], None]:
@@ -320,7 +343,8 @@ def main() -> None:
     print("phase".ljust(44) + "median ms".rjust(11) + "p90 ms".rjust(11) + "floor ms".rjust(11))
     for name, values in found.items():
         med, p90 = _median_p90(values)
-        floor = floors.get(name, handoff if name.startswith("barrier hop") else None)
+        hop = name.startswith("barrier hop") or name.endswith("hand-off to snapshot thread")
+        floor = floors.get(name, handoff if hop else None)
         cell = f"{floor:.3f}" if floor is not None else "-"
         print(name.ljust(44) + f"{med:.3f}".rjust(11) + f"{p90:.3f}".rjust(11) + cell.rjust(11))
     print()

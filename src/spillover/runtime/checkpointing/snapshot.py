@@ -41,11 +41,29 @@ class SnapshotThreads:
         # acknowledgements held behind them (a count, not the last future: an
         # acknowledgement queued from the operator thread counts as much).
         self._outstanding = 0
+        self._operators_outstanding = 0  # operator parts given and not finished
         self._count_lock = threading.Lock()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the operator parts' thread."""
-        return self._operators.submit(fn, *args)
+        with self._count_lock:
+            self._operators_outstanding += 1
+        try:
+            f = self._operators.submit(fn, *args)
+        except BaseException:
+            self._operators_done(None)
+            raise
+        f.add_done_callback(self._operators_done)
+        return f
+
+    def _operators_done(self, _: concurrent.futures.Future[Any] | None) -> None:
+        with self._count_lock:
+            self._operators_outstanding -= 1
+
+    def operators_idle(self) -> bool:
+        """Whether the operator parts' thread has nothing left to do: an operator part
+        done on the caller's thread now cannot overtake an earlier checkpoint's."""
+        return self._operators_outstanding == 0
 
     def submit_channels(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the channel-state thread."""
@@ -84,6 +102,16 @@ class SnapshotThreads:
         self._channels.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
+INLINE_STATE_BYTES = 256 * 1024
+"""Up to this much state (and no operator file to finalize), the operator part is
+written on the task thread at once rather than on the snapshot thread. In one
+interpreter the snapshot thread does not run beside the task thread: it takes turns
+with it for the GIL, so a small state's write (a few hundred microseconds of work)
+cost a hand-off and its waits for the lock behind the task's own processing
+(about 1 + 2 ms of the count's snapshot on a busy process); on the task thread it
+is written while the other inputs' barriers are still on their way."""
+
+
 @dataclass
 class Captured:
     """A task's synchronous snapshot: its operators' snapshots, its keyed state's
@@ -103,6 +131,9 @@ class SnapshotHost(Protocol):
     subtask: int
     snapshots: SnapshotThreads
     acks: InflightAcks
+    # How long the last unaligned forward took (ms): the barrier and the output
+    # state it overtook handed to the channel state (the breakdown's forward part).
+    forward_ms: float
 
     def state_directory(self, cid: int) -> str | None:
         """Where checkpoint ``cid``'s state files go (None: checkpointing is off)."""
@@ -143,7 +174,7 @@ def take_snapshot(
     if directory is None:  # no storage: nothing could hold the checkpoint
         gateway.decline(cid, "checkpointing is off")
         return
-    now = time.monotonic()
+    now = entered = time.monotonic()
     # The checkpoint's start on this task: an unaligned barrier may have left before.
     t0 = inflight.started if inflight is not None else now
     first = stats.first_barrier_at if stats is not None else t0
@@ -156,7 +187,9 @@ def take_snapshot(
         task.forward_unaligned(barrier, inflight)  # flushes the writers first
     else:
         task.flush_writers()
+    captured_at = time.monotonic()
     captured = task.capture(cid)
+    capture_ms = (time.monotonic() - captured_at) * 1000
     switched = False
     forwarded_at = 0.0
     if (
@@ -187,6 +220,12 @@ def take_snapshot(
         "alignment_ms": stats.alignment_seconds * 1000 if stats else 0.0,
         "bytes_during_alignment": float(stats.bytes_during_alignment) if stats else 0.0,
         "sync_ms": (time.monotonic() - t0) * 1000,
+        # The sync part's pieces: the unaligned barrier's forward, what ran before the
+        # snapshot (the recovered cut, the begun records, what the barrier overtook
+        # on its channel), the operators' and keyed state's capture.
+        "forward_ms": task.forward_ms if inflight is not None else 0.0,
+        "before_ms": (entered - t0) * 1000,
+        "capture_ms": capture_ms,
         "state_bytes": captured.state_bytes,
         "inflight_bytes": 0.0,
     }
@@ -197,11 +236,14 @@ def take_snapshot(
 
     def finish_async() -> None:
         t1 = time.monotonic()
+        metrics["handoff_ms"] = (t1 - submitted) * 1000  # to the snapshot thread
         try:
             handles = {
                 uid: s.finalize(directory) for uid, s in snaps.items() if s.finalize is not None
             }
+            t2 = time.monotonic()
             keyed = {key_uid: keyed_write(directory)} if keyed_write and key_uid else {}
+            metrics["keyed_write_ms"] = (time.monotonic() - t2) * 1000
         except BaseException as e:
             reason = f"snapshot failed: {e!r}"
             if pending is None:
@@ -225,7 +267,15 @@ def take_snapshot(
         else:
             acks.operator_part_done(pending, ack)  # acked with the channel state
 
-    snapshots.submit(finish_async)
+    submitted = time.monotonic()
+    if (
+        captured.state_bytes <= INLINE_STATE_BYTES
+        and all(s.finalize is None for s in snaps.values())
+        and snapshots.operators_idle()
+    ):
+        finish_async()
+    else:
+        snapshots.submit(finish_async)
     if switched:
         assert inflight is not None
         acks.complete(inflight)  # its inputs were aligned: nothing more to wait for
