@@ -18,6 +18,14 @@ files) into a new file. On Spark the trigger and the acknowledgement cross the
 control connection: their floor is a TCP message and a hand-off; a barrier's
 first arrival comes over an in-process channel: a hand-off.
 
+A keyed subtask's snapshot is split into its parts (the unaligned barrier's
+forward with the output state it overtook, the begun records, the capture, the
+hand-off to the snapshot thread, the keyed write; the capture's floor is a memory
+copy of the state's bytes, the keyed write's the write above), and its wait for
+the last input barrier into the upstream subtasks' forwards apart (a trigger's
+spread, a busy source) and the last one's hop (floor: a loopback TCP message and a
+hand-off on Spark, where the last barrier comes from the other worker).
+
 Per subtask, the medians and maxima of what each acknowledged: start delay
 (trigger to snapshot), sync (the task thread's part), async (the snapshot
 thread's operator part) and persist (an unaligned checkpoint's in-flight data,
@@ -49,6 +57,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
@@ -141,6 +151,19 @@ def write_ms(nbytes: int, directory: str, rounds: int = 30) -> float:
     return statistics.median(times) * 1000
 
 
+def copy_ms(nbytes: int, rounds: int = 200) -> float:
+    """Copying ``nbytes`` in memory (median): the floor of a state's capture, which
+    copies the state's arrays so that the write may run while the task goes on."""
+    if nbytes <= 0:
+        return 0.0
+    data, times = np.frombuffer(os.urandom(nbytes), dtype=np.uint8), []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        data.copy()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
 ORDER = (
     "trigger",
     "barrier hop",
@@ -189,10 +212,37 @@ def phases(
                         add(f"snapshot {vertex}: {part}", value)
                 if "inputs_ms" in m and ups:
                     add(f"inputs {vertex} (last barrier in)", m["inputs_ms"])
+                    fwd = [
+                        u["forwarded_at"]
+                        for up in ups
+                        for u in by_vertex.get(up, [])
+                        if u.get("forwarded_at")
+                    ]
+                    if len(fwd) > 1:
+                        # Why the last barrier comes late: the upstream subtasks' forwards
+                        # apart (a trigger's spread, a busy source), then its hop.
+                        last_in = m["taken_at"] + m["inputs_ms"] / 1000
+                        add(
+                            f"inputs {vertex}: upstream forwards apart",
+                            (max(fwd) - min(fwd)) * 1000,
+                        )
+                        add(
+                            f"inputs {vertex}: last forward to last barrier in",
+                            (last_in - max(fwd)) * 1000,
+                        )
                 if "close_ms" in m:
                     add(f"channel-state close {vertex}", m["close_ms"])
                 if "ack_sent_at" in m and "received_at" in m:
                     add("acknowledgement", (m["received_at"] - m["ack_sent_at"]) * 1000)
+        roots = [
+            m["taken_at"]
+            for v, ms in by_vertex.items()
+            if not predecessors.get(v)
+            for m in ms
+            if "taken_at" in m
+        ]
+        if len(roots) > 1:
+            add("trigger: sources take it apart", (max(roots) - min(roots)) * 1000)
         add("metadata (after the last ack)", float(c["finalize_ms"]))
         add("checkpoint (trigger to completion)", float(c["duration_ms"]))
     rank = {name: next(i for i, p in enumerate(ORDER) if name.startswith(p)) for name in out}
@@ -323,6 +373,8 @@ def main() -> None:
                 int(statistics.median(b["inflight"])),
             )
             floors[f"snapshot {vertex}"] = write_ms(state, floor_dir)
+            floors[f"snapshot {vertex}: keyed write"] = floors[f"snapshot {vertex}"]
+            floors[f"snapshot {vertex}: capture"] = copy_ms(state)
             floors[f"channel-state close {vertex}"] = write_ms(inflight, floor_dir)
             sizes.append(f"{vertex} {state} / {inflight}")
     remote = args.executor != "local"
@@ -331,6 +383,8 @@ def main() -> None:
         for uid, v in graph.get("vertices", {}).items()
     }
     floors["trigger"] = floors["acknowledgement"] = handoff + (tcp if remote else 0.0)
+    for vertex in predecessors:
+        floors[f"inputs {vertex}: last forward to last barrier in"] = floors["trigger"]
     found = phases(done, triggered_at, predecessors)
     durations = [float(c["duration_ms"]) for c in done]
     print(
