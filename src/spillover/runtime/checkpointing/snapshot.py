@@ -41,29 +41,11 @@ class SnapshotThreads:
         # acknowledgements held behind them (a count, not the last future: an
         # acknowledgement queued from the operator thread counts as much).
         self._outstanding = 0
-        self._operators_outstanding = 0  # operator parts given and not finished
         self._count_lock = threading.Lock()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the operator parts' thread."""
-        with self._count_lock:
-            self._operators_outstanding += 1
-        try:
-            f = self._operators.submit(fn, *args)
-        except BaseException:
-            self._operators_done(None)
-            raise
-        f.add_done_callback(self._operators_done)
-        return f
-
-    def _operators_done(self, _: concurrent.futures.Future[Any] | None) -> None:
-        with self._count_lock:
-            self._operators_outstanding -= 1
-
-    def operators_idle(self) -> bool:
-        """Whether the operator parts' thread has nothing left to do: an operator part
-        done on the caller's thread now cannot overtake an earlier checkpoint's."""
-        return self._operators_outstanding == 0
+        return self._operators.submit(fn, *args)
 
     def submit_channels(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the channel-state thread."""
@@ -100,15 +82,6 @@ class SnapshotThreads:
         included)."""
         self._operators.shutdown(wait=wait, cancel_futures=cancel_futures)
         self._channels.shutdown(wait=wait, cancel_futures=cancel_futures)
-
-
-INLINE_STATE_BYTES = 256 * 1024
-"""Up to this much state (and no operator file to finalize), a task with no input
-barrier still to take writes its operator part on its own thread at once rather
-than handing it to the snapshot thread (a hand-off, then turns with the task for
-the GIL). A task still waiting for input barriers (an unaligned checkpoint's
-first barrier of several) hands it off: on Spark its thread writing 121 kB of
-keyed state delayed the last barrier by 2-5 ms, more than the hand-off costs."""
 
 
 @dataclass
@@ -267,15 +240,7 @@ def take_snapshot(
             acks.operator_part_done(pending, ack)  # acked with the channel state
 
     submitted = time.monotonic()
-    if (
-        (pending is None or not pending.pending)
-        and captured.state_bytes <= INLINE_STATE_BYTES
-        and all(s.finalize is None for s in snaps.values())
-        and snapshots.operators_idle()
-    ):
-        finish_async()
-    else:
-        snapshots.submit(finish_async)
+    snapshots.submit(finish_async)
     if switched:
         assert inflight is not None
         acks.complete(inflight)  # its inputs were aligned: nothing more to wait for

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spillover.runtime.checkpointing import snapshot
 from spillover.runtime.checkpointing.inflight import InflightAcks, InFlightCheckpoint
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.network.events import (
@@ -187,8 +186,6 @@ def test_channel_state_is_finished_while_the_operator_part_still_runs(
     are finished while the operator part (state files) is still being written, and
     the acknowledgement waits for both and carries both, in checkpoint order."""
     h = harness
-    # The operator part on the snapshot thread, as a state past the inline bound's is.
-    monkeypatch.setattr(snapshot, "INLINE_STATE_BYTES", -1)
     release = threading.Event()
     real = InflightAcks.operator_part_done
     slowed: list[Any] = []
@@ -231,7 +228,6 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     from spillover.runtime.checkpointing.channel_state import ChannelStateWriter
 
     h = harness
-    monkeypatch.setattr(snapshot, "INLINE_STATE_BYTES", -1)  # on the snapshot thread
     real_part = InflightAcks.operator_part_done
     real_close = ChannelStateWriter.close
 
