@@ -195,7 +195,7 @@ def take_snapshot(
         # The sync part's pieces: the unaligned barrier's forward, what ran before the
         # snapshot (the recovered cut, the begun records, what the barrier overtook
         # on its channel), the operators' and keyed state's capture.
-        "forward_ms": task.forward_ms if inflight is not None else 0.0,
+        "forward_ms": task.forward_ms if inflight is not None and inflight.forwarded else 0.0,
         "before_ms": (entered - t0) * 1000,
         "capture_ms": capture_ms,
         "state_bytes": captured.state_bytes,
