@@ -28,6 +28,14 @@ the coordinator's. Their floors: a thread woken by another process's message (a
 process at rest, and one with a busy Python thread beside the woken one at the
 workers' switch interval), a loopback TCP message, a hand-off.
 
+A keyed subtask's snapshot is split into its parts (the unaligned barrier's
+forward with the output state it overtook, the begun records, the capture, the
+hand-off to the snapshot thread, the keyed write; the capture's floor is a memory
+copy of the state's bytes, the keyed write's the write above), and its wait for
+the last input barrier into the upstream subtasks' forwards apart (a trigger's
+spread, a busy source) and the last one's hop (floor: a loopback TCP message and a
+hand-off on Spark, where the last barrier comes from the other worker).
+
 Per subtask, the medians and maxima of what each acknowledged: start delay
 (trigger to snapshot), sync (the task thread's part), async (the snapshot
 thread's operator part) and persist (an unaligned checkpoint's in-flight data,
@@ -61,6 +69,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
@@ -206,6 +216,19 @@ def write_ms(nbytes: int, directory: str, rounds: int = 30) -> float:
     return statistics.median(times) * 1000
 
 
+def copy_ms(nbytes: int, rounds: int = 200) -> float:
+    """Copying ``nbytes`` in memory (median): the floor of a state's capture, which
+    copies the state's arrays so that the write may run while the task goes on."""
+    if nbytes <= 0:
+        return 0.0
+    data, times = np.frombuffer(os.urandom(nbytes), dtype=np.uint8), []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        data.copy()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
 ORDER = (
     "trigger",
     "barrier hop",
@@ -284,8 +307,29 @@ def phases(
                             (m["taken_at"] - inb) * 1000,
                         )
                 add(f"snapshot {vertex}", m.get("sync_ms", 0.0) + m.get("async_ms", 0.0))
+                if "capture_ms" in m and m.get("state_bytes", 0.0) > 0:
+                    for part, value in snapshot_parts(m).items():
+                        add(f"snapshot {vertex}: {part}", value)
                 if "inputs_ms" in m and ups:
                     add(f"inputs {vertex} (last barrier in)", m["inputs_ms"])
+                    fwd = [
+                        u["forwarded_at"]
+                        for up in ups
+                        for u in by_vertex.get(up, [])
+                        if u.get("forwarded_at")
+                    ]
+                    if len(fwd) > 1:
+                        # Why the last barrier comes late: the upstream subtasks' forwards
+                        # apart (a trigger's spread, a busy source), then its hop.
+                        last_in = m["taken_at"] + m["inputs_ms"] / 1000
+                        add(
+                            f"inputs {vertex}: upstream forwards apart",
+                            (max(fwd) - min(fwd)) * 1000,
+                        )
+                        add(
+                            f"inputs {vertex}: last forward to last barrier in",
+                            (last_in - max(fwd)) * 1000,
+                        )
                 if "close_ms" in m:
                     add(f"channel-state close {vertex}", m["close_ms"])
                 if "ack_sent_at" in m and "received_at" in m:
@@ -297,10 +341,39 @@ def phases(
                             "acknowledgement: reading thread to coordinator",
                             (m["received_at"] - read) * 1000,
                         )
+        roots = [
+            m["taken_at"]
+            for v, ms in by_vertex.items()
+            if not predecessors.get(v)
+            for m in ms
+            if "taken_at" in m
+        ]
+        if len(roots) > 1:
+            add("trigger: sources take it apart", (max(roots) - min(roots)) * 1000)
         add("metadata (after the last ack)", float(c["finalize_ms"]))
         add("checkpoint (trigger to completion)", float(c["duration_ms"]))
     rank = {name: next(i for i, p in enumerate(ORDER) if name.startswith(p)) for name in out}
     return {name: out[name] for name in sorted(out, key=lambda n: rank[n])}
+
+
+def snapshot_parts(m: dict[str, float]) -> dict[str, float]:
+    """A subtask's snapshot split into its parts (ms): on the task thread the
+    unaligned barrier's forward with the output state it overtook, what came before
+    the capture (the recovered cut, the begun records, what the barrier overtook on
+    its channel), the operators' and keyed state's capture; then the hand-off to the
+    snapshot thread (not in the snapshot's total), the operators' files and the
+    keyed state's write."""
+    sync, forward, before = m.get("sync_ms", 0.0), m.get("forward_ms", 0.0), m.get("before_ms", 0.0)
+    capture, keyed = m.get("capture_ms", 0.0), m.get("keyed_write_ms", 0.0)
+    return {
+        "forward": forward,
+        "begun records, cut": max(0.0, before - forward),
+        "capture": capture,
+        "rest of sync": max(0.0, sync - before - capture),
+        "hand-off to snapshot thread": m.get("handoff_ms", 0.0),
+        "keyed write": keyed,
+        "operator files": max(0.0, m.get("async_ms", 0.0) - keyed),
+    }
 
 
 def record_coordinator(
@@ -412,6 +485,8 @@ def main() -> None:
                 int(statistics.median(b["inflight"])),
             )
             floors[f"snapshot {vertex}"] = write_ms(state, floor_dir)
+            floors[f"snapshot {vertex}: keyed write"] = floors[f"snapshot {vertex}"]
+            floors[f"snapshot {vertex}: capture"] = copy_ms(state)
             floors[f"channel-state close {vertex}"] = write_ms(inflight, floor_dir)
             sizes.append(f"{vertex} {state} / {inflight}")
     remote = args.executor != "local"
@@ -424,6 +499,8 @@ def main() -> None:
     # thread (Spark workers run at WorkerSpec.switch_interval).
     switch = WorkerSpec.switch_interval if remote else sys.getswitchinterval()
     idle, busy = busy_wakeup_ms(0, switch), busy_wakeup_ms(1, switch)
+    for vertex in predecessors:
+        floors[f"inputs {vertex}: last forward to last barrier in"] = floors["trigger"]
     found = phases(done, triggered_at, predecessors, posted_at)
     for name in found:
         if name.startswith(("trigger:", "acknowledgement:")):
@@ -445,7 +522,8 @@ def main() -> None:
     print("phase".ljust(44) + "median ms".rjust(11) + "p90 ms".rjust(11) + "floor ms".rjust(11))
     for name, values in found.items():
         med, p90 = _median_p90(values)
-        floor = floors.get(name, handoff if name.startswith("barrier hop") else None)
+        hop = name.startswith("barrier hop") or name.endswith("hand-off to snapshot thread")
+        floor = floors.get(name, handoff if hop else None)
         cell = f"{floor:.3f}" if floor is not None else "-"
         print(name.ljust(44) + f"{med:.3f}".rjust(11) + f"{p90:.3f}".rjust(11) + cell.rjust(11))
     print()

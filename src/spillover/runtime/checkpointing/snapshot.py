@@ -103,6 +103,9 @@ class SnapshotHost(Protocol):
     subtask: int
     snapshots: SnapshotThreads
     acks: InflightAcks
+    # How long the last unaligned forward took (ms): the barrier and the output
+    # state it overtook handed to the channel state (the breakdown's forward part).
+    forward_ms: float
 
     def state_directory(self, cid: int) -> str | None:
         """Where checkpoint ``cid``'s state files go (None: checkpointing is off)."""
@@ -143,7 +146,7 @@ def take_snapshot(
     if directory is None:  # no storage: nothing could hold the checkpoint
         gateway.decline(cid, "checkpointing is off")
         return
-    now = time.monotonic()
+    now = entered = time.monotonic()
     # The checkpoint's start on this task: an unaligned barrier may have left before.
     t0 = inflight.started if inflight is not None else now
     first = stats.first_barrier_at if stats is not None else t0
@@ -156,7 +159,9 @@ def take_snapshot(
         task.forward_unaligned(barrier, inflight)  # flushes the writers first
     else:
         task.flush_writers()
+    captured_at = time.monotonic()
     captured = task.capture(cid)
+    capture_ms = (time.monotonic() - captured_at) * 1000
     switched = False
     forwarded_at = 0.0
     if (
@@ -187,6 +192,12 @@ def take_snapshot(
         "alignment_ms": stats.alignment_seconds * 1000 if stats else 0.0,
         "bytes_during_alignment": float(stats.bytes_during_alignment) if stats else 0.0,
         "sync_ms": (time.monotonic() - t0) * 1000,
+        # The sync part's pieces: the unaligned barrier's forward, what ran before the
+        # snapshot (the recovered cut, the begun records, what the barrier overtook
+        # on its channel), the operators' and keyed state's capture.
+        "forward_ms": task.forward_ms if inflight is not None and inflight.forwarded else 0.0,
+        "before_ms": (entered - t0) * 1000,
+        "capture_ms": capture_ms,
         "state_bytes": captured.state_bytes,
         "inflight_bytes": 0.0,
     }
@@ -197,11 +208,14 @@ def take_snapshot(
 
     def finish_async() -> None:
         t1 = time.monotonic()
+        metrics["handoff_ms"] = (t1 - submitted) * 1000  # to the snapshot thread
         try:
             handles = {
                 uid: s.finalize(directory) for uid, s in snaps.items() if s.finalize is not None
             }
+            t2 = time.monotonic()
             keyed = {key_uid: keyed_write(directory)} if keyed_write and key_uid else {}
+            metrics["keyed_write_ms"] = (time.monotonic() - t2) * 1000
         except BaseException as e:
             reason = f"snapshot failed: {e!r}"
             if pending is None:
@@ -225,6 +239,7 @@ def take_snapshot(
         else:
             acks.operator_part_done(pending, ack)  # acked with the channel state
 
+    submitted = time.monotonic()
     snapshots.submit(finish_async)
     if switched:
         assert inflight is not None

@@ -3,6 +3,7 @@ group, written to any storage location and read back by key-group range."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -60,26 +61,12 @@ def _write_snapshot(
         # Rows are sorted by key; a stable sort by key group keeps key and append order
         # (key groups fit int16, max parallelism <= 32768: numpy then radix-sorts).
         order = np.argsort(kg.astype(np.int16, copy=False), kind="stable")
-        metadata = {
-            _meta("format"): FORMAT_NAME,
-            _meta("format_version"): str(FORMAT_VERSION),
-            _meta("state.name"): name,
-            _meta("state.kind"): kind,
-            _meta("state.dtype"): json.dumps(_dtype_to_json(dtype)),
-            _meta("max_parallelism"): str(max_p),
-            _meta("key_group_range"): json.dumps([rng.start, rng.end]),
-        }
-        schema = pa.schema(
-            [("key_group", pa.int32()), ("key", pa.int64()), ("value", _arrow_type(dtype))],
-            metadata=metadata,
-        )
+        schema = _schema(name, kind, dtype, max_p, rng.start, rng.end)
         batch = pa.record_batch(
             [pa.array(kg[order]), pa.array(keys[order]), _to_arrow(values[order], dtype)],
             schema=schema,
         )
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
-        file_name = f"{prefix}-kg{rng.start:05d}-{rng.end:05d}-{i:03d}-{safe}.arrow"
-        where = directory.child(file_name)
+        where = directory.child(_file_name(prefix, rng.start, rng.end, i, name))
         size = _write_file(where, batch, fsync)
         entries.append(
             {
@@ -99,6 +86,34 @@ def _write_snapshot(
         "bytes": sum(e["bytes"] for e in entries),
         "states": entries,
     }
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema(
+    name: str, kind: str, dtype: np.dtype[Any], max_p: int, start: int, end: int
+) -> pa.Schema:
+    """A state file's schema with its metadata, the same at every checkpoint: built
+    once (its JSON and pyarrow calls are most of a small state's write, and on a busy
+    task process Python work is what waits for the GIL)."""
+    metadata = {
+        _meta("format"): FORMAT_NAME,
+        _meta("format_version"): str(FORMAT_VERSION),
+        _meta("state.name"): name,
+        _meta("state.kind"): kind,
+        _meta("state.dtype"): json.dumps(_dtype_to_json(dtype)),
+        _meta("max_parallelism"): str(max_p),
+        _meta("key_group_range"): json.dumps([start, end]),
+    }
+    return pa.schema(
+        [("key_group", pa.int32()), ("key", pa.int64()), ("value", _arrow_type(dtype))],
+        metadata=metadata,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_name(prefix: str, start: int, end: int, i: int, name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
+    return f"{prefix}-kg{start:05d}-{end:05d}-{i:03d}-{safe}.arrow"
 
 
 def _to_arrow(values: Values, dtype: np.dtype[Any]) -> pa.Array:
