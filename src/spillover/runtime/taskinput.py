@@ -208,27 +208,26 @@ class TaskInput:
         active replay (the caller checks): nothing those checks watch can change
         between two data buffers."""
         task, gate, life = self.task, self.gate, self.task.life
-        t = time.monotonic()
-        try:
-            for i in range(RUN_BUFFERS):
-                ch, buf = item
-                try:
-                    if buf.data_type == DataType.EVENT:
-                        self.on_event(ch, ev.deserialize(buf.data))
-                        return  # the loop's checks run after every event, as before
-                    self.on_data(ch, buf)
-                finally:
-                    buf.release()
-                if i == RUN_BUFFERS - 1 or self._held or life.exit_requested:
-                    return
-                if task.has_mail() or not task.drain():
-                    return
-                got = gate.poll(0.0)
-                if got is None:
-                    return
-                item = got
-        finally:
-            self.busy_seconds += time.monotonic() - t
+        for i in range(RUN_BUFFERS):
+            ch, buf = item
+            try:
+                if buf.data_type == DataType.EVENT:
+                    # Not busy time: an event's credit waits count as backpressure.
+                    self.on_event(ch, ev.deserialize(buf.data))
+                    return  # the loop's checks run after every event, as before
+                t = time.monotonic()
+                self.on_data(ch, buf)
+                self.busy_seconds += time.monotonic() - t
+            finally:
+                buf.release()
+            if i == RUN_BUFFERS - 1 or self._held or life.exit_requested:
+                return
+            if task.has_mail() or not task.drain():
+                return
+            got = gate.poll(0.0)
+            if got is None:
+                return
+            item = got
 
     def take_priority(self, timeout: float) -> float:
         """Waits up to ``timeout`` for a priority event (an unaligned barrier) and
