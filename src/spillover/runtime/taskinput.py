@@ -72,6 +72,7 @@ class InputTask(Protocol):
     def has_mail(self) -> bool: ...
     def drain(self) -> bool: ...
     def maybe_flush(self) -> None: ...
+    def flush_deadline(self) -> float: ...
     def end_of_data(self, drain: bool) -> None:
         """Every input ended (``drain``: none was stopped without draining)."""
         ...
@@ -188,11 +189,13 @@ class TaskInput:
     def _take_run(self, item: tuple[int, NetworkBuffer], limit: int) -> None:
         """Handles ``item`` and then, up to ``limit`` buffers in all, what the gate
         already holds, while the output moves on at once and nothing else asks for
-        the loop: mail, an event, a held stop's savepoint. The loop's checks (mail,
-        reaping, pacing, replay) run once per run instead of once per buffer; a run
-        takes what it finds and never waits. Each buffer is released here; only data
-        counts as busy time."""
+        the loop: mail, an event, a held stop's savepoint, a due flush of the output
+        (a partly filled buffer waits no longer than the buffer timeout). The loop's
+        checks (mail, reaping, pacing, replay) run once per run instead of once per
+        buffer; a run takes what it finds and never waits. Each buffer is released
+        here; only data counts as busy time."""
         task, gate = self.task, self.gate
+        due = task.flush_deadline()
         for i in range(limit):
             ch, buf = item
             try:
@@ -202,10 +205,11 @@ class TaskInput:
                     return  # the loop's checks run after every event, as before
                 t = time.monotonic()
                 self.on_data(ch, buf)
-                self.busy_seconds += time.monotonic() - t
+                now = time.monotonic()
+                self.busy_seconds += now - t
             finally:
                 buf.release()
-            if i == limit - 1 or self._held:
+            if i == limit - 1 or self._held or now >= due:
                 return
             if task.has_mail() or not task.drain():
                 return
