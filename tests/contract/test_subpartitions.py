@@ -220,3 +220,31 @@ def test_cancel_wakes_a_consumer_waiting_for_data(links: Links, cancelled: str) 
     with pytest.raises(ChannelCancelledError):
         gate.poll(JOIN)
     assert not link.close()
+
+
+@pytest.mark.parametrize("what", ["data", "in-line event", "end of partition"])
+def test_what_arrives_wakes_a_consumer_waiting_for_it(links: Links, what: str) -> None:
+    """A consumer blocked in ``poll(None)`` on an unblocked channel gets what arrives:
+    a buffer's arrival wakes it (the gate notifies only when a consumer waits)."""
+    link = links()
+    part, gate = link.partition, link.gate
+    consumer = Worker(lambda: gate.poll(None))
+    eventually(lambda: gate._consumer_waits == 1)  # blocked in its wait, not before it
+    expected: bytes | Event
+    if what == "data":
+        expected = b"a"
+        part.emit(0, data(b"a"), timeout=JOIN)
+    elif what == "in-line event":
+        expected = Watermark(5)
+        part.broadcast_event(expected)
+    else:
+        expected = EndOfPartition()
+        part.finish()
+    polled = consumer.finish()
+    assert polled is not None
+    ch, buf = polled
+    assert (ch, item(buf)) == (0, expected)
+    buf.release()
+    part.finish()
+    assert consume_to_the_end(link) == {0: [] if what == "end of partition" else [EndOfPartition()]}
+    assert link.close()

@@ -376,6 +376,11 @@ class Task:
         if self.head is not None:
             self.head.tick()
 
+    def flush_deadline(self) -> float:
+        """When the output's partly filled buffers are due (the input loop ends a run
+        of buffers then)."""
+        return self.output.flush_deadline()
+
     # -- metrics -----------------------------------------------------------------------
 
     def describe(self) -> str:

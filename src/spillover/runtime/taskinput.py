@@ -72,6 +72,7 @@ class InputTask(Protocol):
     def has_mail(self) -> bool: ...
     def drain(self) -> bool: ...
     def maybe_flush(self) -> None: ...
+    def flush_deadline(self) -> float: ...
     def end_of_data(self, drain: bool) -> None:
         """Every input ended (``drain``: none was stopped without draining)."""
         ...
@@ -179,56 +180,43 @@ class TaskInput:
             if item is None:
                 task.maybe_flush()
                 continue
-            if paced or task.head is not None or (replay is not None and replay.active):
-                self._take(item)
-            else:
-                self._take_run(item)
+            # A paced operator, a loop head or an active replay: one buffer a turn, so
+            # their checks run before every buffer.
+            single = paced or task.head is not None or (replay is not None and replay.active)
+            self._take_run(item, 1 if single else RUN_BUFFERS)
             task.maybe_flush()
 
-    def _take(self, item: tuple[int, NetworkBuffer]) -> None:
-        """Handles one polled buffer or event and releases it."""
-        ch, buf = item
-        try:
-            if buf.data_type == DataType.EVENT:
-                self.on_event(ch, ev.deserialize(buf.data))
-            else:
+    def _take_run(self, item: tuple[int, NetworkBuffer], limit: int) -> None:
+        """Handles ``item`` and then, up to ``limit`` buffers in all, what the gate
+        already holds, while the output moves on at once and nothing else asks for
+        the loop: mail, an event, a held stop's savepoint, a due flush of the output
+        (a partly filled buffer waits no longer than the buffer timeout). The loop's
+        checks (mail, reaping, pacing, replay) run once per run instead of once per
+        buffer; a run takes what it finds and never waits. Each buffer is released
+        here; only data counts as busy time."""
+        task, gate = self.task, self.gate
+        due = task.flush_deadline()
+        for i in range(limit):
+            ch, buf = item
+            try:
+                if buf.data_type == DataType.EVENT:
+                    # Not busy time: an event's credit waits count as backpressure.
+                    self.on_event(ch, ev.deserialize(buf.data))
+                    return  # the loop's checks run after every event, as before
                 t = time.monotonic()
                 self.on_data(ch, buf)
-                self.busy_seconds += time.monotonic() - t
-        finally:
-            buf.release()
-
-    def _take_run(self, item: tuple[int, NetworkBuffer]) -> None:
-        """Handles ``item`` and then, up to ``RUN_BUFFERS`` in all, what the gate
-        already holds, while the output moves on at once and nothing else asks for
-        the loop: mail, an event, a held stop's savepoint, the
-        task's exit. The loop's per-buffer checks (mail, reaping, pacing, replay)
-        run once per run instead of once per buffer; a run takes what it finds and
-        never waits. Only for a task with no paced operator, no loop head and no
-        active replay (the caller checks): nothing those checks watch can change
-        between two data buffers."""
-        task, gate, life = self.task, self.gate, self.task.life
-        t = time.monotonic()
-        try:
-            for i in range(RUN_BUFFERS):
-                ch, buf = item
-                try:
-                    if buf.data_type == DataType.EVENT:
-                        self.on_event(ch, ev.deserialize(buf.data))
-                        return  # the loop's checks run after every event, as before
-                    self.on_data(ch, buf)
-                finally:
-                    buf.release()
-                if i == RUN_BUFFERS - 1 or self._held or life.exit_requested:
-                    return
-                if task.has_mail() or not task.drain():
-                    return
-                got = gate.poll(0.0)
-                if got is None:
-                    return
-                item = got
-        finally:
-            self.busy_seconds += time.monotonic() - t
+                now = time.monotonic()
+                self.busy_seconds += now - t
+            finally:
+                buf.release()
+            if i == limit - 1 or self._held or now >= due:
+                return
+            if task.has_mail() or not task.drain():
+                return
+            got = gate.poll(0.0)
+            if got is None:
+                return
+            item = got
 
     def take_priority(self, timeout: float) -> float:
         """Waits up to ``timeout`` for a priority event (an unaligned barrier) and

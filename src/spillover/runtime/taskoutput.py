@@ -75,6 +75,10 @@ class TaskOutput:
         if time.monotonic() - self._last_flush >= self.flush_interval:
             self.flush()
 
+    def flush_deadline(self) -> float:
+        """When (``time.monotonic()``) ``maybe_flush`` flushes next."""
+        return self._last_flush + self.flush_interval
+
     def forward_aligned(self, barrier: ev.CheckpointBarrier) -> None:
         """``barrier`` in line, behind every record before it."""
         self.drain_blocking()
