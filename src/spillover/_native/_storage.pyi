@@ -55,6 +55,7 @@ class NativeStorer:
         batch_bytes: int,
         pool_bytes: int,
         path: str,
+        inline_io: bool = False,
     ) -> None: ...
     def append(self, channel_id: int, buffer: Any, data_type: int = 0) -> None: ...
     def submit(self) -> None: ...
@@ -136,11 +137,19 @@ def scan_block(
 SECTION_CREATE: int
 SECTION_FSYNC: int
 SECTION_EMPTY: int
+SECTION_MEMORY: int
 
 def append_section(
-    src: int, path: str, count: int, at: int, flags: int
+    src: int, path: str, count: int, at: int, flags: int, entry: bytes | None = None
 ) -> tuple[int, str, bool, bool]:
-    """Copies a staged section to offset ``at`` of ``path``: ``(errno, step, opened, emptied)``."""
+    """Copies a staged section to offset ``at`` of ``path``, ``entry`` right after it:
+    ``(errno, step, opened, emptied)``."""
+
+def append_sections(
+    srcs: list[int], path: str, counts: list[int], ats: list[int], flags: int, entries: list[bytes]
+) -> tuple[int, str, int, bool, list[bool]]:
+    """Several sections and their entries in one call: ``(errno, step, failed index or -1,
+    opened, emptied per section)``."""
 
 def write_new_file(path: str, data: Any, flags: int) -> tuple[int, str]:
     """Writes ``data`` as a new file at ``path`` in one call: ``(errno, step)``."""

@@ -33,6 +33,7 @@ cdef class NativeStorer:
     cdef object sink_exc
     cdef object compress
     cdef bint async_mode
+    cdef bint inline_io  # no thread: batches written on submit (a descriptor in memory)
     cdef bint closed
     cdef bint in_append
     cdef bytes file_id
@@ -46,7 +47,7 @@ cdef class NativeStorer:
     cdef uint64_t pos  # file offset of the next frame
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
-                  size_t batch_bytes, size_t pool_bytes, str path):
+                  size_t batch_bytes, size_t pool_bytes, str path, bint inline_io=False):
         cdef int k
         for k in range(SPL_WRITER_SLOTS):
             self.nviews[k] = 0
@@ -64,9 +65,13 @@ cdef class NativeStorer:
         self.pos = len(header)
         if fd < 0 and sink_write is None:
             raise ValueError("a storer needs a file descriptor or a write callable")
-        self.w = spl_writer_new(fd, <spl_sink_fn>_py_sink if fd < 0 else <spl_sink_fn>NULL,
-                                <void *>self, batch_bytes,
-                                pool_bytes)
+        self.inline_io = inline_io and fd >= 0 and pool_bytes == 0
+        if self.inline_io:
+            self.w = spl_writer_new_inline(fd, batch_bytes)
+        else:
+            self.w = spl_writer_new(fd, <spl_sink_fn>_py_sink if fd < 0 else <spl_sink_fn>NULL,
+                                    <void *>self, batch_bytes,
+                                    pool_bytes)
         if self.w == NULL:
             raise MemoryError("cannot allocate the writer (pool or thread)")
         cdef int flush_needed
@@ -131,16 +136,22 @@ cdef class NativeStorer:
 
     cdef int _flush(self) except -1:
         cdef int rc
-        with nogil:
-            rc = spl_writer_flush(self.w)
+        if self.inline_io and spl_writer_pending(self.w) < GIL_RELEASE_MIN:
+            rc = spl_writer_flush(self.w)  # a copy into memory: cheaper than the GIL
+        else:
+            with nogil:
+                rc = spl_writer_flush(self.w)
         self._release_views()
         self.released = spl_writer_submitted(self.w)
         return self._check(rc)
 
     cdef int _submit(self) except -1:
         cdef int rc
-        with nogil:
-            rc = spl_writer_submit(self.w)
+        if self.inline_io and spl_writer_pending(self.w) < GIL_RELEASE_MIN:
+            rc = spl_writer_submit(self.w)  # a copy into memory: cheaper than the GIL
+        else:
+            with nogil:
+                rc = spl_writer_submit(self.w)
         if rc:
             self._release_views()
             return self._check(rc)
@@ -268,7 +279,11 @@ cdef class NativeStorer:
         try:
             rc = spl_writer_put_raw(self.w, PyBytes_AS_STRING(trailer), len(trailer),
                                     &flush_needed)
-            if rc == 0:
+            if rc == 0 and not do_fsync and spl_writer_finish_is_quick(self.w, QUICK_FINISH_BYTES):
+                # Only the trailer left and the thread idle: one short write, with
+                # the GIL kept (taking it back can cost a switch interval).
+                rc = spl_writer_finish(self.w, 0)
+            elif rc == 0:
                 with nogil:
                     rc = spl_writer_finish(self.w, do_fsync)
             self._release_views()

@@ -36,7 +36,7 @@ import errno as errno_mod
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import IO, Any
 
@@ -98,8 +98,7 @@ class _Spares:
                 self._wake.notify()
         if spare is not None:
             return spare
-        os.makedirs(root, exist_ok=True)
-        return tempfile.TemporaryFile(dir=root)
+        return _staging_file(root)
 
     def give(self, root: str, f: IO[bytes]) -> None:
         """Takes back an emptied, rewound staging file of ``root`` for a later take."""
@@ -119,9 +118,8 @@ class _Spares:
                 missing = self.AHEAD - len(self._spares.get(root, ()))
             made: list[IO[bytes]] = []
             with contextlib.suppress(OSError):  # take() makes its own, and says why not
-                os.makedirs(root, exist_ok=True)
                 for _ in range(missing):
-                    made.append(tempfile.TemporaryFile(dir=root))  # noqa: SIM115
+                    made.append(_staging_file(root))
             with self._lock:
                 self._spares.setdefault(root, []).extend(made)
                 evicted = []
@@ -132,6 +130,18 @@ class _Spares:
 
 
 _SPARES = _Spares()
+
+
+def _staging_file(root: str) -> IO[bytes]:
+    """A new empty staging file: in memory (``memfd_create``) where the system has it
+    and SPILLOVER_STAGING_MEMORY is not 0, else an unlinked temporary file in ``root``."""
+    if _IN_MEMORY:
+        return os.fdopen(os.memfd_create("spillover-staging", os.MFD_CLOEXEC), "w+b")
+    os.makedirs(root, exist_ok=True)
+    return tempfile.TemporaryFile(dir=root)
+
+
+_IN_MEMORY = hasattr(os, "memfd_create") and os.environ.get("SPILLOVER_STAGING_MEMORY") != "0"
 
 
 def _keep_open(fsync: bool) -> None:
@@ -145,6 +155,8 @@ class StagingBackend:
     def __init__(self, root: str | None = None) -> None:
         self.root = os.path.abspath(root or tempfile.gettempdir())
         self._files: dict[str, IO[bytes]] = {}
+        # Staged in memory: the storers write on the task thread (Backend.in_memory).
+        self.in_memory = _IN_MEMORY
 
     def uri_of(self, name: str) -> str:
         return os.path.join(self.root, name)
@@ -259,72 +271,116 @@ class SharedFile:
         empty: bool = False,
         entry: bytes | None = None,
     ) -> GateStateHandle:
-        """Copies a closed gate's staged section (``handle`` its own handle) to the end of
-        the file, then ``entry`` (its channel index entry) after it, as its index
-        section; returns the handle of the section in this file (``index`` naming the
-        entry). On an error nothing is counted: the next section is written over what
-        this one left. ``empty``:
-        afterwards the staged file is empty and rewound, ready to stage another
-        gate, or closed where it could not be emptied (after an error the caller
-        still has it, and closes it).
+        """Copies a closed gate's staged section (``handle`` its own handle) into the file,
+        then ``entry`` (its channel index entry) right after it, as its index section;
+        returns the handle of the section in this file (``index`` naming the entry).
+        ``empty``: afterwards the staged file is empty and rewound, ready to stage
+        another gate, or closed where it could not be emptied (after an error the
+        caller still has it, and closes it). See :meth:`append_all`."""
+        return self.append_all([(staged, handle, entry)], empty=empty)[0]
 
-        One native call opens, copies in the kernel, fsyncs if asked and closes, so
-        the GIL is let go once: on a busy worker each time it is taken back costs."""
+    def append_all(
+        self,
+        sections: Sequence[tuple[IO[bytes], GateStateHandle, bytes | None]],
+        *,
+        empty: bool = False,
+    ) -> list[GateStateHandle]:
+        """:meth:`append` for a subtask's closed gates, ``(staged file, handle, entry)``
+        each, one after another in the file: their handles in this file.
+
+        The sections' places (their sizes and their entries') are taken together under
+        the file's lock, and the copies into them run outside it, in one native call
+        (it opens, copies in the kernel, writes each entry, fsyncs if asked and
+        closes, with the GIL let go once: on a busy worker each time it is taken back
+        costs). Parts closing at the same time so copy side by side and none waits
+        for another's copy; only the checkpoint's first part, which creates the file,
+        copies under the lock. On an error nothing is counted: the places are written
+        over by the next sections if none was taken after them, else left unused (no
+        handle names them; the checkpoint is declined); every section a handle names
+        stays whole."""
+        if not sections:
+            return []
+        sizes = [h.size + (len(e) if e is not None else 0) for _, h, e in sections]
         with self._lock:
             offset = self.end
             creating = not self._created
-            flags = (
-                (native.SECTION_CREATE if creating else 0)
-                | (native.SECTION_FSYNC if self.fsync else 0)
-                | (native.SECTION_EMPTY if empty else 0)
-            )
-            rc, step, opened, emptied = native.append_section(
-                staged.fileno(), self.path, handle.size, offset, flags
-            )
-            # Ours once opened, even if the copy failed: the next section opens it
-            # without O_EXCL and is written over what this one left.
-            self._created = self._created or opened
-            if rc == 0 and self.fsync and creating:
-                try:
-                    fsync_directory(self.directory)
-                except OSError as e:
-                    rc, step = e.errno or errno_mod.EIO, "fsync of its directory"
-            if rc:
-                if creating and step == "open" and rc == errno_mod.EEXIST:
-                    raise StateFileExistsError(
-                        "shared state file already exists",
-                        path=self.path,
-                        errno=rc,
-                        hint="each checkpoint needs its own directory",
-                    )
-                raise StorageError(
-                    "cannot write shared state file",
+            self.end += sum(sizes)
+            if creating:  # the others open the file only once it exists
+                rc, step, emptied = self._copy(sections, offset, empty, creating)
+        if not creating:
+            rc, step, emptied = self._copy(sections, offset, empty, creating)
+        if rc:
+            with self._lock:  # the last places taken: the next sections go over them
+                if self.end == offset + sum(sizes):
+                    self.end = offset
+            if creating and step == "open" and rc == errno_mod.EEXIST:
+                raise StateFileExistsError(
+                    "shared state file already exists",
                     path=self.path,
-                    offset=offset,
                     errno=rc,
-                    detail=f"{step}: {os.strerror(rc)}",
-                    hint="check that the storage is reachable and writable",
+                    hint="each checkpoint needs its own directory",
                 )
-            index = None
-            if entry is not None:
-                at = offset + handle.size
-                try:
-                    write_at(self.path, at, entry, fsync=self.fsync)
-                except OSError as e:
-                    raise StorageError(
-                        "cannot write shared state file",
-                        path=self.path,
-                        offset=at,
-                        errno=e.errno,
-                        detail=f"index section: {e}",
-                        hint="check that the storage is reachable and writable",
-                    ) from e
-                index = IndexRef(self.path, at, len(entry))
-            self.end += handle.size + (len(entry) if entry is not None else 0)
-            self.sections += 1
-        if empty and not emptied:
-            staged.close()
-        return replace(handle, uri=self.path, offset=offset, index=index)
+            raise StorageError(
+                "cannot write shared state file",
+                path=self.path,
+                offset=offset,
+                errno=rc,
+                detail=f"{step}: {os.strerror(rc)}",
+                hint="check that the storage is reachable and writable",
+            )
+        with self._lock:
+            self.sections += len(sections)
+        out = []
+        at = offset
+        for (staged, handle, entry), size, done in zip(sections, sizes, emptied, strict=True):
+            if empty and not done:
+                staged.close()
+            index = (
+                IndexRef(self.path, at + handle.size, size - handle.size)
+                if entry is not None
+                else None
+            )
+            out.append(replace(handle, uri=self.path, offset=at, index=index))
+            at += size
+        return out
+
+    def _copy(
+        self,
+        sections: Sequence[tuple[IO[bytes], GateStateHandle, bytes | None]],
+        offset: int,
+        empty: bool,
+        creating: bool,
+    ) -> tuple[int, str, list[bool]]:
+        """The native copy of the sections and their entries from ``offset`` on:
+        ``(errno or 0, step, emptied per section)``."""
+        flags = (
+            (native.SECTION_CREATE if creating else 0)
+            | (native.SECTION_FSYNC if self.fsync else 0)
+            | (native.SECTION_EMPTY if empty else 0)
+            | (native.SECTION_MEMORY if _IN_MEMORY else 0)
+        )
+        ats = []
+        at = offset
+        for _, handle, entry in sections:
+            ats.append(at)
+            at += handle.size + (len(entry) if entry is not None else 0)
+        rc, step, _, opened, emptied = native.append_sections(
+            [staged.fileno() for staged, _, _ in sections],
+            self.path,
+            [h.size for _, h, _ in sections],
+            ats,
+            flags,
+            [e if e is not None else b"" for _, _, e in sections],
+        )
+        # Ours once opened, even if a copy failed: later sections open it without
+        # O_EXCL.
+        self._created = self._created or opened
+        if rc == 0 and self.fsync and creating:
+            try:
+                fsync_directory(self.directory)
+            except OSError as e:
+                rc, step = e.errno or errno_mod.EIO, "fsync of its directory"
+        return rc, step, emptied
 
 
 def write_at(

@@ -95,10 +95,10 @@ disk, may be finished on the task thread when its inputs' barriers are in (a few
 writes and an in-kernel copy, well under a millisecond) instead of being handed to
 the channel-state thread: waking that thread cost 1-2 ms of the acknowledgement on
 a busy worker. Only if nothing could make it wait long: the group's file is not
-on a network filesystem, and another subtask's append to it (usually as small:
-they close at about the same time) ends within :data:`QUICK_CLOSE_WAIT`
-(``close(quick=True)``). Everything else still goes to the thread, so the task
-never waits for storage longer than that."""
+on a network filesystem, and the file is not held by another subtask's append
+beyond :data:`QUICK_CLOSE_WAIT` (only the append that creates it holds it through
+its copy; the others copy side by side) (``close(quick=True)``). Everything else
+still goes to the thread, so the task never waits for storage longer than that."""
 
 QUICK_CLOSE_WAIT = 0.002
 """Seconds a task thread waits for its group's shared file before it hands the close
@@ -240,12 +240,12 @@ class ChannelStateWriter:
         shared = self._shared[0] if self._shared is not None else None
         if not isinstance(shared, SharedFile) or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
             return None  # an object store's part waits for the group's publish
-        if not shared.hold(QUICK_CLOSE_WAIT):  # another subtask's append takes long
+        # Appends copy side by side (SharedFile.append); only the one creating the
+        # file holds it through its copy. Held longer than this: hand it off.
+        if not shared.hold(QUICK_CLOSE_WAIT):
             return None
-        try:
-            return self._close()
-        finally:
-            shared.release()
+        shared.release()
+        return self._close()
 
     def _close(self) -> dict[str, Any]:
         self.closed = True
@@ -255,9 +255,9 @@ class ChannelStateWriter:
             if self._shared is not None and isinstance(self._shared[0], SharedObjects):
                 inputs, outputs = self._publish(self._shared[0])
             else:
-                closed = [self._finish(s) for _, s in sorted(self._inputs.items())]
-                closed += [self._finish(s) for _, s in sorted(self._outputs.items())]
-                closed = self._index_object(closed)
+                storers = [s for _, s in sorted(self._inputs.items())]
+                storers += [s for _, s in sorted(self._outputs.items())]
+                closed = self._index_object(self._finish(storers))
                 handles = [gate_entry(h) for h, _ in closed]
                 inputs, outputs = handles[: len(self._inputs)], handles[len(self._inputs) :]
         except BaseException:
@@ -292,23 +292,31 @@ class ChannelStateWriter:
         handles = [gate_entry(h) for h in objects.close(sections, self._member, entries)]
         return handles[: len(self._inputs)], handles[len(self._inputs) :]
 
-    def _finish(self, storer: Storer) -> Closed:
-        """Closes a gate and encodes its channel index entry; a staged gate joins the
-        group's shared file, its entry right after it (the handle names it)."""
-        handle = storer.close()
-        entry = encode_entry(handle)
-        if self._shared is None or self._staging is None:
-            return handle, entry
+    def _finish(self, storers: list[Storer]) -> list[Closed]:
+        """Closes the gates and encodes their channel index entries; staged gates join
+        the group's shared file together, each entry right after its section (the
+        handle names it), in one append (one release of the GIL)."""
+        closed = []
+        for storer in storers:
+            handle = storer.close()
+            closed.append((handle, encode_entry(handle)))
+        if self._shared is None or self._staging is None or not closed:
+            return closed
         shared = self._shared[0]
         assert isinstance(shared, SharedFile)
-        staged = self._staging.take(state_file_name(handle.gate_id, handle.gate_kind))
+        staging = self._staging
+        staged = [staging.take(state_file_name(h.gate_id, h.gate_kind)) for h, _ in closed]
         try:
-            section = shared.append(staged, handle, empty=True, entry=entry)
+            sections = shared.append_all(
+                [(f, h, e) for f, (h, e) in zip(staged, closed, strict=True)], empty=True
+            )
         except BaseException:
-            staged.close()
+            for f in staged:
+                f.close()
             raise
-        self._staging.recycle(staged)  # emptied: it stages another gate next time
-        return section, entry
+        for f in staged:
+            staging.recycle(f)  # emptied: it stages another gate next time
+        return [(section, e) for section, (_, e) in zip(sections, closed, strict=True)]
 
     def _index_object(self, closed: list[Closed]) -> list[Closed]:
         """Gates in files of their own (no index section) get their entries written
