@@ -7,21 +7,23 @@ file, the section's ``offset`` and its ``size`` (docs/format.md, "Shared files")
 
 Several subtasks append to one file during one checkpoint and each closes its
 gates at its own time, so a section cannot be written in place while it grows:
-only one writer may own the file's end. A gate is therefore **staged**: its storer
-writes into an unlinked temporary file (:class:`StagingBackend`) through the
-native writer's usual path (the caller's buffers go to the kernel without a copy,
-memory stays bounded by the writer's batches), and when the gate closes
-:meth:`SharedFile.append` copies the finished section to the end of the shared
-file in the kernel (``copy_file_range``, else ``sendfile``, else ``pread`` and
-``pwrite``, in one native call), under the file's lock, and the emptied staging
-file is kept for the next gate. The staging costs one in-kernel copy per byte
-(the temporary file usually never reaches a disk); in exchange no task ever waits
-for another's gate, a failed or discarded gate leaves nothing in the shared file,
-and every section in it is whole.
+its offset is known only when it closes. A gate is therefore **staged**: its
+storer writes into a staging file (:class:`StagingBackend`), in memory (a
+``memfd``, written on the caller's thread with no writer thread: a copy into memory
+costs less than a hand-off) or, without ``memfd_create`` or with
+``SPILLOVER_STAGING_MEMORY=0``, an unlinked temporary file written by the native
+writer's thread; the caller's buffers are given back as soon as written. When a
+subtask's gates close, :meth:`SharedFile.append_all` takes their places at the end
+of the shared file under the file's lock and writes the finished sections there
+(``sendfile`` from memory, ``copy_file_range`` from a file, else ``pread`` and
+``pwrite``) outside it, in one native call, so the bytes reach the shared file
+once; the emptied staging file is kept for the next gate. No task waits for
+another's gate or for its copy, a failed or discarded gate leaves nothing a handle
+names, and every section a handle names is whole.
 
 Each section may be followed by its gate's **index section**: the gate's channel
 index entry (``spillover.storage.channel_index``, metadata version 3), written
-under the same lock right after the section is copied, so the handle names its
+in the same native call right after the section, so the handle names its
 maps by an offset in the same file and no acknowledgement carries them.
 
 A shared file needs a local filesystem (one that can append at an offset); on an
@@ -49,14 +51,14 @@ __all__ = ["SharedFile", "StagingBackend", "write_at"]
 
 
 class _Spares:
-    """Unlinked temporary files ready for staging, a few per directory for the few
-    directories last used: a gate staged at a barrier takes one instead of creating
-    it (a directory check and an open, about a millisecond on a busy machine) on
-    the task thread. A staged file, once its section is appended and it is emptied,
-    comes back (:meth:`give`), so in a steady job the same few files serve every
-    checkpoint; one background thread makes more only when a directory runs low.
-    A process made by ``fork`` drops its parent's spares (their file offsets are
-    shared with the parent)."""
+    """Staging files (in memory, or unlinked temporary files) ready for use, a few per
+    directory for the few directories last used: a gate staged at a barrier takes
+    one instead of creating it (for a temporary file a directory check and an open,
+    about a millisecond on a busy machine) on the task thread. A staged file, once
+    its section is appended and it is emptied, comes back (:meth:`give`), so in a
+    steady job the same few files serve every checkpoint; one background thread
+    makes more only when a directory runs low. A process made by ``fork`` drops its
+    parent's spares (their file offsets are shared with the parent)."""
 
     AHEAD = 8  # spares made per directory when it runs low
     LOW = 4  # fewer than this left after a take: make more (not at every barrier)
@@ -149,8 +151,9 @@ def _keep_open(fsync: bool) -> None:
 
 
 class StagingBackend:
-    """A :class:`~spillover.storage.backends.Backend` whose files are unlinked temporary
-    files in a local directory: a gate's section until :meth:`take` hands it on."""
+    """A :class:`~spillover.storage.backends.Backend` whose files are staging files (in
+    memory, else unlinked temporary files in a local directory): a gate's section
+    until :meth:`take` hands it on."""
 
     def __init__(self, root: str | None = None) -> None:
         self.root = os.path.abspath(root or tempfile.gettempdir())

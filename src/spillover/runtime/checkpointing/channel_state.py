@@ -15,17 +15,19 @@ each subtask's directory, as before.
 
 Each gate is a whole format-v1 section of the shared file, so every reader of
 format v1 reads it given the section's offset and size (the handle carries both).
-Subtasks close their gates at their own times, and only one may own the file's
-end, so a gate is staged while it grows: its storer writes into an unlinked
-temporary file under ``io.tmp.dirs`` exactly as it would write its own file
-(network buffers still go to the kernel without a copy and come back as soon as
-written; memory stays bounded by the writer's batches), and ``close`` appends the
-finished section to the group's file with an in-kernel copy, under the file's
-lock (:class:`~spillover.storage.shared.SharedFile`). Staging rather than a
-writer thread per group that interleaves buffers (Flink's choice) keeps each
+Subtasks close their gates at their own times, and a section's offset is known only
+when it closes, so a gate is staged while it grows: in memory (a ``memfd``, written
+on the task thread as buffers come, with no writer thread; network buffers go back
+at once) or, without memory staging, in an unlinked temporary file under
+``io.tmp.dirs`` written by the storer's thread. ``close`` finishes a subtask's gates
+and writes them with their index entries into the group's file in one native call,
+outside the file's lock once their places are taken
+(:meth:`~spillover.storage.shared.SharedFile.append_all`): the bytes reach the
+shared file once, and subtasks closing together copy side by side. Staging rather
+than a writer thread per group that interleaves buffers (Flink's choice) keeps each
 gate's frames contiguous, so the channel index and ranged reads work unchanged
-and a failed gate never leaves half a section where others follow. A failure of
-one subtask's part still declines only that checkpoint.
+and a failed gate never leaves half a section a handle names. A failure of one
+subtask's part still declines only that checkpoint.
 
 On an object store (``s3://``, ``gs://``: no appends) the group's gates are staged
 the same way, and the group publishes one object per checkpoint once its parts
