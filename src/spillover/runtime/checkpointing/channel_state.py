@@ -94,9 +94,9 @@ class ChannelState(Protocol):
 QUICK_CLOSE_BYTES = 1 << 20
 """Channel state of at most this many bytes, staged for a shared file on a local
 disk, may be finished on the task thread when its inputs' barriers are in (a few
-writes and an in-kernel copy, well under a millisecond) instead of being handed to
-the channel-state thread: waking that thread cost 1-2 ms of the acknowledgement on
-a busy worker. Only if nothing could make it wait long: the group's file is not
+writes and one copy into the shared file, well under a millisecond) instead of
+being handed to the channel-state thread: waking that thread cost 1-2 ms of the
+acknowledgement on a busy worker. Only if nothing could make it wait long: the group's file is not
 on a network filesystem, and the file is not held by another subtask's append
 beyond :data:`QUICK_CLOSE_WAIT` (only the append that creates it holds it through
 its copy; the others copy side by side) (``close(quick=True)``). Everything else
@@ -242,7 +242,7 @@ class ChannelStateWriter:
         shared = self._shared[0] if self._shared is not None else None
         if not isinstance(shared, SharedFile) or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
             return None  # an object store's part waits for the group's publish
-        # Appends copy side by side (SharedFile.append); only the one creating the
+        # Parts copy side by side (SharedFile.append_all); only the one creating the
         # file holds it through its copy. Held longer than this: hand it off.
         if not shared.hold(QUICK_CLOSE_WAIT):
             return None
