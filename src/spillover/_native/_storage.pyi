@@ -146,7 +146,13 @@ def append_section(
     ``(errno, step, opened, emptied)``."""
 
 def append_sections(
-    srcs: list[int], path: str, counts: list[int], ats: list[int], flags: int, entries: list[bytes]
+    srcs: list[int],
+    path: str,
+    counts: list[int],
+    ats: list[int],
+    flags: int,
+    entries: list[bytes],
+    keep_gil: bool = False,
 ) -> tuple[int, str, int, bool, list[bool]]:
     """Several sections and their entries in one call: ``(errno, step, failed index or -1,
     opened, emptied per section)``."""

@@ -33,13 +33,32 @@ def append_section(int src, str path, uint64_t count, uint64_t at, int flags,
     return rc, _STEPS.get(step, "copy"), bool(opened), bool(emptied)
 
 
-def append_sections(list srcs, str path, list counts, list ats, int flags, list entries):
+cdef int _append_all(Py_ssize_t n, int *fds, const char *path, uint64_t *cs, uint64_t *ts,
+                     const uint8_t **eps, size_t *ens, int flags, int *rc, int *step,
+                     int *any_opened, int *emptied) noexcept nogil:
+    """The loop of append_sections: the index of the failed section, or -1."""
+    cdef Py_ssize_t i
+    cdef int f, opened = 0
+    for i in range(n):
+        f = flags if i == 0 else flags & ~SPL_SECTION_CREATE
+        rc[0] = spl_append_section(fds[i], path, cs[i], ts[i], eps[i], ens[i], f, step,
+                                   &opened, &emptied[i])
+        if opened:
+            any_opened[0] = 1
+        if rc[0]:
+            return <int>i
+    return -1
+
+
+def append_sections(list srcs, str path, list counts, list ats, int flags, list entries,
+                    bint keep_gil=False):
     """:func:`append_section` for several sections of one file in one call (one release
-    of the GIL for a subtask's gates): section ``i`` is ``counts[i]`` bytes of
-    ``srcs[i]`` at ``ats[i]``, ``entries[i]`` (bytes) right after it. ``flags`` as
-    there; ``SECTION_CREATE`` applies to the first only. Stops at the first failure;
-    returns ``(errno or 0, step, index of the failed section or -1, opened,
-    [emptied per section])``."""
+    of the GIL for a subtask's gates, none with ``keep_gil``: for a few hundred KiB
+    from memory the copy is shorter than taking the GIL back on a busy worker):
+    section ``i`` is ``counts[i]`` bytes of ``srcs[i]`` at ``ats[i]``, ``entries[i]``
+    (bytes) right after it. ``flags`` as there; ``SECTION_CREATE`` applies to the
+    first only. Stops at the first failure; returns ``(errno or 0, step, index of the
+    failed section or -1, opened, [emptied per section])``."""
     cdef bytes p = os.fsencode(path)
     cdef const char *cp = p
     cdef Py_ssize_t n = len(srcs), i
@@ -51,7 +70,7 @@ def append_sections(list srcs, str path, list counts, list ats, int flags, list 
     cdef const uint8_t **eps = <const uint8_t **>calloc(n + 1, sizeof(uint8_t *))
     cdef size_t *ens = <size_t *>calloc(n + 1, sizeof(size_t))
     cdef int *emptied = <int *>calloc(n + 1, sizeof(int))
-    cdef int rc = 0, step = 0, opened = 0, any_opened = 0, failed = -1, f
+    cdef int rc = 0, step = 0, any_opened = 0, failed = -1
     try:
         if not (fds and cs and ts and eps and ens and emptied):
             raise MemoryError()
@@ -64,16 +83,13 @@ def append_sections(list srcs, str path, list counts, list ats, int flags, list 
                 raise TypeError("an index entry is bytes")
             ens[i] = len(<bytes>e)
             eps[i] = <const uint8_t *>PyBytes_AS_STRING(e) if ens[i] else NULL
-        with nogil:
-            for i in range(n):
-                f = flags if i == 0 else flags & ~SPL_SECTION_CREATE
-                rc = spl_append_section(fds[i], cp, cs[i], ts[i], eps[i], ens[i], f, &step,
-                                        &opened, &emptied[i])
-                if opened:
-                    any_opened = 1
-                if rc:
-                    failed = i
-                    break
+        if keep_gil:
+            failed = _append_all(n, fds, cp, cs, ts, eps, ens, flags, &rc, &step, &any_opened,
+                                 emptied)
+        else:
+            with nogil:
+                failed = _append_all(n, fds, cp, cs, ts, eps, ens, flags, &rc, &step,
+                                     &any_opened, emptied)
         return (rc, _STEPS.get(step, "copy"), failed, bool(any_opened),
                 [bool(emptied[i]) for i in range(n)])
     finally:
