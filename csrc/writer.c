@@ -50,7 +50,6 @@ struct spl_writer {
     int flush_req;
 
     int stop;
-    int inline_io; /* blocking mode with no thread: batches written on submit */
     int thread_started;
     pthread_t thread;
     /* The owner and a running thread each hold a reference: a thread let go of
@@ -284,37 +283,6 @@ spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batc
     return w;
 }
 
-spl_writer *spl_writer_new_inline(int fd, size_t batch_bytes) {
-    if (fd < 0) {
-        errno = EINVAL;
-        return NULL;
-    }
-    spl_writer *w = calloc(1, sizeof(*w));
-    if (!w) return NULL;
-    w->fd = fd;
-    w->batch_bytes = batch_bytes ? batch_bytes : (256u << 10);
-    w->inline_io = 1;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->not_empty, NULL);
-    pthread_cond_init(&w->not_full, NULL);
-    w->refs = 1; /* the owner's: no thread holds one */
-    SPL_HANDLE_NEW();
-    return w;
-}
-
-/* Inline mode: writes the batch being filled now and counts it as written. */
-static int write_inline(spl_writer *w) {
-    batch *b = &w->batches[w->submitted % SPL_WRITER_SLOTS];
-    if (!LOAD(w->error) && b->iovcnt) {
-        int rc = sink_write(w, b->iov, b->iovcnt);
-        if (rc) set_error(w, rc);
-    }
-    STORE(w->submitted, w->submitted + 1);
-    STORE(w->written, w->submitted);
-    reset_batch(&w->batches[w->submitted % SPL_WRITER_SLOTS]);
-    return LOAD(w->error);
-}
-
 /* Copies bytes into the ring, waiting for room; the writer thread only reads
  * [tail, head), so the copy needs no lock. */
 static int ring_put(spl_writer *w, const uint8_t *p, size_t len) {
@@ -397,7 +365,6 @@ uint64_t spl_writer_submitted(spl_writer *w) { return w->submitted; }
 uint64_t spl_writer_written(spl_writer *w) { return LOAD(w->written); }
 
 int spl_writer_submit(spl_writer *w) {
-    if (w->inline_io) return write_inline(w);
     /* The next slot must be free: wait while every slot is in flight. */
     WAIT_FOR(w, w->submitted + 1 - LOAD(w->written) < SPL_WRITER_SLOTS, w->not_full,
              &w->caller_sleeps);
@@ -422,7 +389,6 @@ int spl_writer_flush(spl_writer *w) {
         return LOAD(w->error);
     }
     spl_writer_submit(w);
-    if (w->inline_io) return LOAD(w->error);
     WAIT_FOR(w, LOAD(w->written) == w->submitted, w->not_full, &w->caller_sleeps);
     return LOAD(w->error);
 }
@@ -462,15 +428,7 @@ static int finish_here(spl_writer *w) {
 
 int spl_writer_finish(spl_writer *w, int do_fsync) {
     int rc;
-    if (w->inline_io) {
-        batch *b = &w->batches[w->submitted % SPL_WRITER_SLOTS];
-        if (!LOAD(w->error) && b->iovcnt) {
-            rc = sink_write(w, b->iov, b->iovcnt);
-            if (rc) set_error(w, rc);
-        }
-        reset_batch(b);
-        rc = LOAD(w->error);
-    } else if (!w->async && w->fd >= 0 && w->thread_started) {
+    if (!w->async && w->fd >= 0 && w->thread_started) {
         rc = finish_here(w);
     } else {
         rc = spl_writer_flush(w);
@@ -481,12 +439,7 @@ int spl_writer_finish(spl_writer *w, int do_fsync) {
     return LOAD(w->error);
 }
 
-size_t spl_writer_pending(spl_writer *w) {
-    return w->batches[w->submitted % SPL_WRITER_SLOTS].pending;
-}
-
 int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes) {
-    if (w->inline_io) return w->batches[w->submitted % SPL_WRITER_SLOTS].pending <= max_bytes;
     if (w->async || w->fd < 0 || !w->thread_started) return 0;
     if (LOAD(w->written) != w->submitted) return 0;
     return w->batches[w->submitted % SPL_WRITER_SLOTS].pending <= max_bytes;

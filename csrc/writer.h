@@ -37,12 +37,6 @@ int spl_fd_write_all(int fd, const struct iovec *iov, int n);
 spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batch_bytes,
                            size_t pool_bytes);
 
-/* Blocking mode without a thread, for a descriptor in memory (a staged section
- * in a memfd): each submitted batch is written at once on the caller's thread,
- * so spl_writer_written always equals spl_writer_submitted, held buffers come
- * back at once, and finish never waits. No thread is started (none is joined). */
-spl_writer *spl_writer_new_inline(int fd, size_t batch_bytes);
-
 /* Frames one buffer. Blocking: queues iovecs into the current batch and sets
  * *flush_needed when it is full (the caller must call spl_writer_submit before
  * the next add).
@@ -85,9 +79,6 @@ uint64_t spl_writer_bytes_written(spl_writer *w);
 
 /* Stops the thread if still running and frees everything. */
 void spl_writer_free(spl_writer *w);
-
-/* Bytes queued in the batch being filled (not yet submitted). */
-size_t spl_writer_pending(spl_writer *w);
 
 /* Whether spl_writer_finish would return at once without fsync: blocking mode on
  * a descriptor, every submitted batch written, and at most `max_bytes` left in the

@@ -33,7 +33,6 @@ cdef class NativeStorer:
     cdef object sink_exc
     cdef object compress
     cdef bint async_mode
-    cdef bint inline_io  # no thread: batches written on submit (a descriptor in memory)
     cdef bint closed
     cdef bint in_append
     cdef bytes file_id
@@ -47,7 +46,7 @@ cdef class NativeStorer:
     cdef uint64_t pos  # file offset of the next frame
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
-                  size_t batch_bytes, size_t pool_bytes, str path, bint inline_io=False):
+                  size_t batch_bytes, size_t pool_bytes, str path):
         cdef int k
         for k in range(SPL_WRITER_SLOTS):
             self.nviews[k] = 0
@@ -65,13 +64,9 @@ cdef class NativeStorer:
         self.pos = len(header)
         if fd < 0 and sink_write is None:
             raise ValueError("a storer needs a file descriptor or a write callable")
-        self.inline_io = inline_io and fd >= 0 and pool_bytes == 0
-        if self.inline_io:
-            self.w = spl_writer_new_inline(fd, batch_bytes)
-        else:
-            self.w = spl_writer_new(fd, <spl_sink_fn>_py_sink if fd < 0 else <spl_sink_fn>NULL,
-                                    <void *>self, batch_bytes,
-                                    pool_bytes)
+        self.w = spl_writer_new(fd, <spl_sink_fn>_py_sink if fd < 0 else <spl_sink_fn>NULL,
+                                <void *>self, batch_bytes,
+                                pool_bytes)
         if self.w == NULL:
             raise MemoryError("cannot allocate the writer (pool or thread)")
         cdef int flush_needed
@@ -136,22 +131,16 @@ cdef class NativeStorer:
 
     cdef int _flush(self) except -1:
         cdef int rc
-        if self.inline_io and spl_writer_pending(self.w) < GIL_RELEASE_MIN:
-            rc = spl_writer_flush(self.w)  # a copy into memory: cheaper than the GIL
-        else:
-            with nogil:
-                rc = spl_writer_flush(self.w)
+        with nogil:
+            rc = spl_writer_flush(self.w)
         self._release_views()
         self.released = spl_writer_submitted(self.w)
         return self._check(rc)
 
     cdef int _submit(self) except -1:
         cdef int rc
-        if self.inline_io and spl_writer_pending(self.w) < GIL_RELEASE_MIN:
-            rc = spl_writer_submit(self.w)  # a copy into memory: cheaper than the GIL
-        else:
-            with nogil:
-                rc = spl_writer_submit(self.w)
+        with nogil:
+            rc = spl_writer_submit(self.w)
         if rc:
             self._release_views()
             return self._check(rc)

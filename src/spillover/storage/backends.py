@@ -32,10 +32,7 @@ class ReadableFile(Protocol):
 
 
 class Backend(Protocol):
-    """The operations the engine needs from a place that holds state files. A backend
-    whose descriptors are in memory may say so with ``in_memory = True``: its storers
-    then write on the caller's thread, with no writer thread (a copy into memory
-    costs less than the hand-off)."""
+    """The operations the engine needs from a place that holds state files."""
 
     root: str
 

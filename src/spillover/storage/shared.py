@@ -8,11 +8,11 @@ file, the section's ``offset`` and its ``size`` (docs/format.md, "Shared files")
 Several subtasks append to one file during one checkpoint and each closes its
 gates at its own time, so a section cannot be written in place while it grows:
 its offset is known only when it closes. A gate is therefore **staged**: its
-storer writes into a staging file (:class:`StagingBackend`), in memory (a
-``memfd``, written on the caller's thread with no writer thread: a copy into memory
-costs less than a hand-off) or, without ``memfd_create`` or with
-``SPILLOVER_STAGING_MEMORY=0``, an unlinked temporary file written by the native
-writer's thread; the caller's buffers are given back as soon as written. When a
+storer writes into a staging file (:class:`StagingBackend`) through the native
+writer's thread, in memory (a ``memfd``: no file of the filesystem is written
+before the close) or, without ``memfd_create`` or with
+``SPILLOVER_STAGING_MEMORY=0``, an unlinked temporary file; the caller's buffers
+are given back as soon as written. When a
 subtask's gates close, :meth:`SharedFile.append_all` takes their places at the end
 of the shared file under the file's lock and writes the finished sections there
 (``sendfile`` from memory, ``copy_file_range`` from a file, else ``pread`` and
@@ -166,8 +166,6 @@ class StagingBackend:
     def __init__(self, root: str | None = None) -> None:
         self.root = os.path.abspath(root or tempfile.gettempdir())
         self._files: dict[str, IO[bytes]] = {}
-        # Staged in memory: the storers write on the task thread (Backend.in_memory).
-        self.in_memory = _IN_MEMORY
 
     def uri_of(self, name: str) -> str:
         return os.path.join(self.root, name)

@@ -208,7 +208,6 @@ class Storer(GateFile):
                 opts.batch_bytes,
                 0 if opts.blocking else opts.pool_bytes,
                 self.uri,
-                bool(getattr(self._backend, "in_memory", False)),  # see Backend
             )
         except BaseException:
             self._close_file(False)

@@ -96,8 +96,6 @@ cdef extern from "writer.h" nogil:
     void spl_writer_free(spl_writer *w)
     int spl_writer_running(spl_writer *w)
     int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes)
-    size_t spl_writer_pending(spl_writer *w)
-    spl_writer *spl_writer_new_inline(int fd, size_t batch_bytes)
 
 
 cdef extern from "section.h" nogil:

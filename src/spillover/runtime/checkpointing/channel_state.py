@@ -16,13 +16,12 @@ each subtask's directory, as before.
 Each gate is a whole format-v1 section of the shared file, so every reader of
 format v1 reads it given the section's offset and size (the handle carries both).
 Subtasks close their gates at their own times, and a section's offset is known only
-when it closes, so a gate is staged while it grows: in memory (a ``memfd``, written
-on the task thread as buffers come, with no writer thread; network buffers go back
-at once) or, without memory staging, in an unlinked temporary file under
-``io.tmp.dirs`` written by the storer's thread. ``close`` finishes a subtask's gates
-and writes them with their index entries into the group's file in one native call,
-outside the file's lock once their places are taken
-(:meth:`~spillover.storage.shared.SharedFile.append_all`): the bytes reach the
+when it closes, so a gate is staged while it grows, by the storer's writer thread
+(network buffers go back as soon as written): in memory (a ``memfd``) or, without
+memory staging, in an unlinked temporary file under ``io.tmp.dirs``. ``close``
+finishes a subtask's gates and writes them with their index entries into the
+group's file in one native call, outside the file's lock once their places are
+taken (:meth:`~spillover.storage.shared.SharedFile.append_all`): the bytes reach the
 shared file once, and subtasks closing together copy side by side. Staging rather
 than a writer thread per group that interleaves buffers (Flink's choice) keeps each
 gate's frames contiguous, so the channel index and ranged reads work unchanged
