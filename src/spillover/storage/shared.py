@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import errno as errno_mod
+import io
+import logging
 import os
 import tempfile
 import threading
@@ -47,7 +49,9 @@ from spillover.errors import StateFileExistsError, StateFileNotFoundError, Stora
 from spillover.storage.handle import GateStateHandle, IndexRef
 from spillover.storage.location import Location, fsync_directory
 
-__all__ = ["SharedFile", "StagingBackend", "write_at"]
+__all__ = ["STAGING_BUDGET", "SharedFile", "StagingBackend", "StagingBudget", "write_at"]
+
+_log = logging.getLogger(__name__)
 
 
 class _Spares:
@@ -142,13 +146,89 @@ can wait a switch interval (0.5 ms on a Spark worker, 5 ms on the threads
 executor) behind busy task threads."""
 
 
-def _staging_file(root: str) -> IO[bytes]:
-    """A new empty staging file: in memory (``memfd_create``) where the system has it
-    and SPILLOVER_STAGING_MEMORY is not 0, else an unlinked temporary file in ``root``."""
-    if _IN_MEMORY:
-        return os.fdopen(os.memfd_create("spillover-staging", os.MFD_CLOEXEC), "w+b")
+class StagingBudget:
+    """The bytes of gates this process stages in memory at most: ``per_process`` across
+    every live staged gate, ``per_gate`` for one. ``memfd`` pages are shared memory:
+    outside the process's RSS and never swapped without swap, so an unbounded stage
+    could get a worker killed with nothing in its metrics. A gate is staged in memory
+    only if ``per_gate`` is free here when it opens (:meth:`reserve`); it moves to a
+    file once it holds ``per_gate`` bytes (:meth:`StagingBackend.spill`). Thread-safe."""
+
+    def __init__(self, per_process: int = 64 << 20, per_gate: int = 4 << 20) -> None:
+        self._lock = threading.Lock()
+        self.per_process = per_process
+        self.per_gate = min(per_gate, per_process)
+        self.used = 0
+
+    def configure(self, per_process: int) -> None:
+        """Sets the bound per process (``execution.checkpointing.unaligned.staging-memory``);
+        the bound per gate is 4 MiB, or the whole budget if smaller. 0: every gate is
+        staged in a file."""
+        with self._lock:
+            self.per_process = per_process
+            self.per_gate = min(4 << 20, per_process)
+
+    def reserve(self) -> int:
+        """Takes ``per_gate`` bytes for a gate to stage in memory: the bytes taken, 0 if
+        the budget has no room (the gate is then staged in a file)."""
+        with self._lock:
+            n = self.per_gate
+            if n <= 0 or self.used + n > self.per_process:
+                return 0
+            self.used += n
+            return n
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+STAGING_BUDGET = StagingBudget()
+"""This process's bound on gates staged in memory."""
+
+
+class _MemoryFile(io.FileIO):
+    """A staging file in memory (a ``memfd``) and the bytes of :data:`STAGING_BUDGET` it
+    holds (:attr:`reserved`, given back once it is emptied, moved or closed)."""
+
+    reserved = 0
+    in_memory = True  # False once its bytes are moved to a file (its fd now names that)
+
+    def unreserve(self) -> None:
+        n, self.reserved = self.reserved, 0
+        if n:
+            STAGING_BUDGET.release(n)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.unreserve()
+            # Frees the pages even if a forked process still holds the descriptor.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fileno(), 0)
+        super().close()
+
+
+def _temporary_file(root: str) -> IO[bytes]:
+    """An unlinked temporary file in ``root`` (made if missing)."""
     os.makedirs(root, exist_ok=True)
     return tempfile.TemporaryFile(dir=root)
+
+
+def _staging_file(root: str) -> IO[bytes]:
+    """A new empty staging file: in memory (``memfd_create``) where the system has it
+    and SPILLOVER_STAGING_MEMORY is not 0, else an unlinked temporary file in ``root``.
+    Where ``memfd_create`` fails (an old kernel, a seccomp filter), every later
+    staging file of the process is a temporary file."""
+    global _IN_MEMORY
+    if _IN_MEMORY:
+        try:
+            fd = os.memfd_create("spillover-staging", os.MFD_CLOEXEC)
+        except OSError as e:
+            _IN_MEMORY = False
+            _log.warning("gates are staged in files: memfd_create failed (%s)", e)
+        else:
+            return _MemoryFile(fd, "w+b")
+    return _temporary_file(root)
 
 
 _IN_MEMORY = hasattr(os, "memfd_create") and os.environ.get("SPILLOVER_STAGING_MEMORY") != "0"
@@ -174,7 +254,16 @@ class StagingBackend:
         if name in self._files:
             raise StateFileExistsError("state file already exists", path=self.uri_of(name))
         try:
-            f = _SPARES.take(self.root)
+            if _IN_MEMORY and (reserved := STAGING_BUDGET.reserve()):
+                f = _SPARES.take(self.root)
+                if isinstance(f, _MemoryFile):
+                    f.reserved = reserved
+                else:  # memfd_create failed just now
+                    STAGING_BUDGET.release(reserved)
+            elif _IN_MEMORY:  # the budget is taken: this gate is staged in a file
+                f = _temporary_file(self.root)
+            else:
+                f = _SPARES.take(self.root)
         except OSError as e:
             raise StorageError(
                 "cannot create a staging file",
@@ -188,6 +277,30 @@ class StagingBackend:
         # bytes with it) until the section is appended: nothing to close here.
         return f.fileno(), None, _keep_open
 
+    def memory_limit(self, name: str) -> int:
+        """The bytes ``name`` may stage in memory before it must :meth:`spill` (0: it
+        is staged in a file)."""
+        f = self._files[name]
+        return f.reserved if isinstance(f, _MemoryFile) else 0
+
+    def spill(self, name: str) -> None:
+        """Moves the staged bytes of ``name`` from memory into a temporary file, under the
+        same descriptor (its writer goes on there), and gives its memory back to
+        :data:`STAGING_BUDGET`. Only while nothing writes to it: its writer's thread
+        calls this with its writer drained."""
+        f = self._files[name]
+        if not isinstance(f, _MemoryFile) or not f.reserved:
+            return
+        fd = f.fileno()
+        with _temporary_file(self.root) as disk:
+            size, at = os.fstat(fd).st_size, 0
+            while at < size:
+                at += os.sendfile(disk.fileno(), fd, at, size - at)
+            os.ftruncate(fd, 0)
+            os.dup2(disk.fileno(), fd, inheritable=False)  # the file's offset is at its end
+        f.in_memory = False
+        f.unreserve()
+
     def open_read(self, name: str) -> Any:
         raise StateFileNotFoundError("a staged section is read from its shared file", path=name)
 
@@ -198,6 +311,13 @@ class StagingBackend:
     def recycle(self, f: IO[bytes]) -> None:
         """Keeps a taken file, emptied after its append, for another gate (a closed one
         is dropped)."""
+        if isinstance(f, _MemoryFile):
+            f.unreserve()
+            if f.closed or not f.in_memory:  # moved to a file: not a spare
+                f.close()
+                return
+        elif _IN_MEMORY:  # staged in a file while the budget was taken
+            f.close()
         if not f.closed:
             _SPARES.give(self.root, f)
 
@@ -380,7 +500,7 @@ class SharedFile:
             ats,
             flags,
             [e if e is not None else b"" for _, _, e in sections],
-            _IN_MEMORY and not self.fsync and at - offset <= KEEP_GIL_BYTES,
+            _IN_MEMORY and not self.fsync and self.local and at - offset <= KEEP_GIL_BYTES,
         )
         # Ours once opened, even if a copy failed: later sections open it without
         # O_EXCL.

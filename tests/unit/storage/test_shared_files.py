@@ -4,6 +4,7 @@ file, each read back exactly through its handle's offset and size."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import threading
 import time
@@ -438,3 +439,87 @@ def test_staging_on_disk_where_memory_is_not_used(
     for handle, (_, _, bufs) in zip(handles, gates, strict=True):
         assert _read(handle) == _per_channel(bufs)
     assert os.path.isdir(staging) and os.listdir(staging) == []
+
+
+@pytest.fixture
+def budget(monkeypatch: pytest.MonkeyPatch) -> shared_mod.StagingBudget:
+    """A small staging budget of its own (8 KiB a process, 4 KiB a gate)."""
+    if not shared_mod._IN_MEMORY:
+        pytest.skip("no memfd_create here")
+    b = shared_mod.StagingBudget(per_process=8 << 10, per_gate=4 << 10)
+    monkeypatch.setattr(shared_mod, "STAGING_BUDGET", b)
+    return b
+
+
+def test_a_gate_past_its_memory_bound_moves_to_a_file_and_reads_back_exactly(
+    tmp_path: Path, budget: shared_mod.StagingBudget
+) -> None:
+    """A gate staged in memory that outgrows its bound goes on in a temporary file; the
+    section comes back byte-exact, and the memory is given back at once."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    gate: Gate = (0, 0, [(i % 3, bytes([i]) * 1500) for i in range(40)])
+    backend = StagingBackend(str(tmp_path / "staging"))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    for channel, payload in gate[2]:
+        storer.append(channel, payload)
+    name = state_file_name(0, GateKind.INPUT)
+    assert budget.used == 0 and backend.memory_limit(name) == 0  # moved
+    handle = storer.close()
+    staged = backend.take(name)
+    section = shared.append(staged, handle, empty=True)
+    backend.recycle(staged)
+    assert staged.closed  # a moved file is no spare
+    assert _read(section) == _per_channel(gate[2])
+
+
+def test_a_process_whose_budget_is_taken_stages_the_next_gate_in_a_file(
+    tmp_path: Path, budget: shared_mod.StagingBudget
+) -> None:
+    """Two gates take the budget; a third is staged in a file from its start; closing,
+    discarding or failing a gate gives its share back."""
+    backend = StagingBackend(str(tmp_path / "staging"))
+    storage = Storage(backend, StorageOptions(), 1, 0)
+    a, b, c = (storage.create_storer(g) for g in range(3))
+    names = [state_file_name(g, GateKind.INPUT) for g in range(3)]
+    assert [backend.memory_limit(n) for n in names] == [4 << 10, 4 << 10, 0]
+    assert budget.used == 8 << 10
+    for s in (a, b, c):
+        s.append(0, b"x" * 100)
+    a._abandon()  # a discarded gate (abort)
+    backend.delete(names[0])
+    assert budget.used == 4 << 10
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    handle = b.close()
+    staged = backend.take(names[1])
+    shared.append(staged, handle, empty=True)
+    backend.recycle(staged)  # appended and emptied
+    assert budget.used == 0
+    d = storage.create_storer(3)
+    assert backend.memory_limit(state_file_name(3, GateKind.INPUT)) == 4 << 10
+    d.append(0, b"y" * 10)
+    d.close()
+    backend.take(state_file_name(3, GateKind.INPUT)).close()  # a failed append closes it
+    assert budget.used == 0
+    c.close()
+    backend.take(names[2]).close()
+
+
+def test_staging_falls_back_to_files_once_memfd_create_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """memfd_create refused at runtime (an old kernel, a seccomp filter): this gate and
+    every later one of the process is staged in a file, and reads back exactly."""
+
+    def refuse(*_: object) -> int:
+        raise OSError(errno.ENOSYS, "memfd_create")
+
+    monkeypatch.setattr(shared_mod, "_IN_MEMORY", True)
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
+    monkeypatch.setattr(os, "memfd_create", refuse, raising=False)
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    staging = str(tmp_path / "staging")
+    gates: list[Gate] = [(s, 0, [(0, b"m" * 3000)]) for s in range(2)]
+    handles = [_write(shared, staging, 1, g, recycle=True) for g in gates]
+    assert shared_mod._IN_MEMORY is False
+    for handle, (_, _, bufs) in zip(handles, gates, strict=True):
+        assert _read(handle) == _per_channel(bufs)
