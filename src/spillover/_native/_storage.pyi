@@ -45,6 +45,8 @@ class NativeStorer:
     channels: dict[int, list[int]]
     channel_ranges: dict[int, list[int]]
     bytes_written: int
+    staged: bool
+    """Its file is a local staging file: its trailer may be written with the GIL kept."""
     def __init__(
         self,
         fd: int,

@@ -187,7 +187,18 @@ STAGING_BUDGET = StagingBudget()
 """This process's bound on gates staged in memory."""
 
 
-class _MemoryFile(io.FileIO):
+class _StagingFile(io.FileIO):
+    """A staging file (unlinked): emptied as it closes, which frees its pages or blocks
+    even where a process forked meanwhile still holds its descriptor."""
+
+    def close(self) -> None:
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fileno(), 0)
+        super().close()
+
+
+class _MemoryFile(_StagingFile):
     """A staging file in memory (a ``memfd``) and the bytes of :data:`STAGING_BUDGET` it
     holds (:attr:`reserved`, given back once it is emptied, moved or closed)."""
 
@@ -202,16 +213,24 @@ class _MemoryFile(io.FileIO):
     def close(self) -> None:
         if not self.closed:
             self.unreserve()
-            # Frees the pages even if a forked process still holds the descriptor.
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fileno(), 0)
         super().close()
+
+
+def _temporary_fd(root: str) -> int:
+    """The descriptor of a new unlinked temporary file in ``root`` (made if missing)."""
+    os.makedirs(root, exist_ok=True)
+    fd, path = tempfile.mkstemp(dir=root, prefix="spillover-staging-")
+    try:
+        os.unlink(path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _temporary_file(root: str) -> IO[bytes]:
     """An unlinked temporary file in ``root`` (made if missing)."""
-    os.makedirs(root, exist_ok=True)
-    return tempfile.TemporaryFile(dir=root)
+    return _StagingFile(_temporary_fd(root), "w+b")
 
 
 def _staging_file(root: str) -> IO[bytes]:
@@ -291,13 +310,24 @@ class StagingBackend:
         f = self._files[name]
         if not isinstance(f, _MemoryFile) or not f.reserved:
             return
-        fd = f.fileno()
-        with _temporary_file(self.root) as disk:
-            size, at = os.fstat(fd).st_size, 0
-            while at < size:
-                at += os.sendfile(disk.fileno(), fd, at, size - at)
-            os.ftruncate(fd, 0)
-            os.dup2(disk.fileno(), fd, inheritable=False)  # the file's offset is at its end
+        try:
+            fd, disk = f.fileno(), _temporary_fd(self.root)
+            try:
+                size, at = os.fstat(fd).st_size, 0
+                while at < size:
+                    at += os.sendfile(disk, fd, at, size - at)
+                os.ftruncate(fd, 0)
+                os.dup2(disk, fd, inheritable=False)  # the file's offset is at its end
+            finally:
+                os.close(disk)  # not emptied: fd names the same file now
+        except OSError as e:
+            raise StorageError(
+                "cannot move a staged gate out of memory",
+                path=self.root,
+                errno=e.errno,
+                detail=f"{type(e).__name__}: {e}",
+                hint="check io.tmp.dirs: the channel state of shared files is staged there",
+            ) from e
         f.in_memory = False
         f.unreserve()
 

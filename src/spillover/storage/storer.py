@@ -216,11 +216,10 @@ class Storer(GateFile):
             raise
         self._handle: GateStateHandle | None = None
         self._done = False
-        self._memory_limit = (
-            self._backend.memory_limit(self._name)
-            if isinstance(self._backend, StagingBackend)
-            else 0
-        )
+        self._memory_limit = 0
+        if isinstance(self._backend, StagingBackend):
+            self._native.staged = True
+            self._memory_limit = self._backend.memory_limit(self._name)
         if self._memory_limit:  # staged in memory: moved to a file past its bound
             self.append = self._append_staged  # type: ignore[method-assign]
         else:  # binding the native method skips one Python frame per buffer

@@ -523,3 +523,14 @@ def test_staging_falls_back_to_files_once_memfd_create_fails(
     assert shared_mod._IN_MEMORY is False
     for handle, (_, _, bufs) in zip(handles, gates, strict=True):
         assert _read(handle) == _per_channel(bufs)
+
+
+def test_only_a_staged_gate_may_finish_with_the_gil_kept(tmp_path: Path) -> None:
+    """A gate written straight to its own file (maybe NFS or FUSE) lets the GIL go for
+    its trailer; only a staging file of this machine may keep it."""
+    staged = Storage(StagingBackend(str(tmp_path / "s")), StorageOptions(), 1, 0)
+    own = open_storage(str(tmp_path / "own"), checkpoint_id=1)
+    a, b = staged.create_storer(0), own.create_storer(0)
+    assert a._native.staged and not b._native.staged
+    a.close()
+    b.close()
