@@ -242,11 +242,14 @@ class ChannelStateWriter:
         if not isinstance(shared, SharedFile) or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
             return None  # an object store's part waits for the group's publish
         # Parts copy side by side (SharedFile.append_all); only the one creating the
-        # file holds it through its copy. Held longer than this: hand it off.
+        # file holds it through its copy. Held longer than this: hand it off. Kept
+        # through the close (the lock is reentrant), so no part takes it in between.
         if not shared.hold(QUICK_CLOSE_WAIT):
             return None
-        shared.release()
-        return self._close()
+        try:
+            return self._close()
+        finally:
+            shared.release()
 
     def _close(self) -> dict[str, Any]:
         self.closed = True
