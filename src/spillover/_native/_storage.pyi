@@ -140,12 +140,6 @@ SECTION_FSYNC: int
 SECTION_EMPTY: int
 SECTION_MEMORY: int
 
-def append_section(
-    src: int, path: str, count: int, at: int, flags: int, entry: bytes | None = None
-) -> tuple[int, str, bool, bool]:
-    """Copies a staged section to offset ``at`` of ``path``, ``entry`` right after it:
-    ``(errno, step, opened, emptied)``."""
-
 def append_sections(
     srcs: list[int],
     path: str,

@@ -14,25 +14,6 @@ _STEPS = {
 }
 
 
-def append_section(int src, str path, uint64_t count, uint64_t at, int flags,
-                   const uint8_t[::1] entry=None):
-    """Copies ``count`` bytes from the start of ``src`` to offset ``at`` of ``path``, then
-    ``entry`` (the section's index entry) right after them, in one call with the GIL
-    released once; returns ``(errno or 0, the step that failed: "mkdir", "open",
-    "copy", "fsync" or "close", opened, emptied)`` (see csrc/section.h)."""
-    cdef bytes p = os.fsencode(path)
-    cdef const char *cp = p
-    cdef const uint8_t *ep = NULL
-    cdef size_t en = 0
-    cdef int rc, step = 0, opened = 0, emptied = 0
-    if entry is not None and entry.shape[0]:
-        ep = &entry[0]
-        en = entry.shape[0]
-    with nogil:
-        rc = spl_append_section(src, cp, count, at, ep, en, flags, &step, &opened, &emptied)
-    return rc, _STEPS.get(step, "copy"), bool(opened), bool(emptied)
-
-
 cdef int _append_all(Py_ssize_t n, int *fds, const char *path, uint64_t *cs, uint64_t *ts,
                      const uint8_t **eps, size_t *ens, int flags, int *rc, int *step,
                      int *any_opened, int *emptied) noexcept nogil:
@@ -52,13 +33,14 @@ cdef int _append_all(Py_ssize_t n, int *fds, const char *path, uint64_t *cs, uin
 
 def append_sections(list srcs, str path, list counts, list ats, int flags, list entries,
                     bint keep_gil=False):
-    """:func:`append_section` for several sections of one file in one call (one release
-    of the GIL for a subtask's gates, none with ``keep_gil``: for a few hundred KiB
-    from memory the copy is shorter than taking the GIL back on a busy worker):
-    section ``i`` is ``counts[i]`` bytes of ``srcs[i]`` at ``ats[i]``, ``entries[i]``
-    (bytes) right after it. ``flags`` as there; ``SECTION_CREATE`` applies to the
-    first only. Stops at the first failure; returns ``(errno or 0, step, index of the
-    failed section or -1, opened, [emptied per section])``."""
+    """Copies staged sections into one file, each followed by its index entry
+    (csrc/section.h), in one call (one release of the GIL for a subtask's gates, none
+    with ``keep_gil``: for a few hundred KiB from memory the copy is shorter than
+    taking the GIL back on a busy worker): section ``i`` is ``counts[i]`` bytes of
+    ``srcs[i]`` at ``ats[i]``, ``entries[i]`` (bytes) right after it. ``flags``:
+    ``SECTION_*``; ``SECTION_CREATE`` applies to the first only. Stops at the first
+    failure; returns ``(errno or 0, step: "mkdir", "open", "copy", "fsync" or
+    "close", index of the failed section or -1, opened, [emptied per section])``."""
     cdef bytes p = os.fsencode(path)
     cdef const char *cp = p
     cdef Py_ssize_t n = len(srcs), i

@@ -465,13 +465,19 @@ class SharedFile:
             creating = not self._created
             self.end += sum(sizes)
             if creating:  # the others open the file only once it exists
-                rc, step, emptied = self._copy(sections, offset, empty, creating)
-        if not creating:
-            rc, step, emptied = self._copy(sections, offset, empty, creating)
-        if rc:
-            with self._lock:  # the last places taken: the next sections go over them
-                if self.end == offset + sum(sizes):
+                try:
+                    rc, step, emptied = self._copy(sections, offset, empty, creating)
+                except BaseException:  # not an errno (a bad argument, an interrupt)
                     self.end = offset
+                    raise
+        if not creating:
+            try:
+                rc, step, emptied = self._copy(sections, offset, empty, creating)
+            except BaseException:
+                self._give_back(offset, sum(sizes))
+                raise
+        if rc:
+            self._give_back(offset, sum(sizes))
             if creating and step == "open" and rc == errno_mod.EEXIST:
                 raise StateFileExistsError(
                     "shared state file already exists",
@@ -502,6 +508,13 @@ class SharedFile:
             out.append(replace(handle, uri=self.path, offset=at, index=index))
             at += size
         return out
+
+    def _give_back(self, offset: int, size: int) -> None:
+        """Failed places from ``offset``: if they are the last taken, the next sections go
+        over them; else they stay unused (no handle names them)."""
+        with self._lock:
+            if self.end == offset + size:
+                self.end = offset
 
     def _copy(
         self,

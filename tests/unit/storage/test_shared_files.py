@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -534,3 +535,62 @@ def test_only_a_staged_gate_may_finish_with_the_gil_kept(tmp_path: Path) -> None
     assert a._native.staged and not b._native.staged
     a.close()
     b.close()
+
+
+def _stage(staging: str, subtask: int, payload: bytes) -> tuple[IO[bytes], GateStateHandle]:
+    backend = StagingBackend(staging)
+    storer = Storage(backend, StorageOptions(), 1, subtask).create_storer(0)
+    storer.append(0, payload)
+    handle = storer.close()
+    return backend.take(state_file_name(0, GateKind.INPUT)), handle
+
+
+def test_a_copy_failing_without_an_errno_leaves_the_part_behind_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part A's copy is held up, part B takes its places after A's and finishes, then
+    A's copy raises (no errno): B reads back exactly, and so does a part after both;
+    a last failing part's places are taken by the next."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    staging = str(tmp_path / "s")
+    first = _write(shared, staging, 1, (0, 0, [(0, b"0" * 50)]))
+    real = shared_mod.native.append_sections
+    b_done = threading.Event()
+
+    def append_sections(*args: object) -> object:
+        if threading.current_thread().name == "part-a":
+            assert b_done.wait(10)
+            raise RuntimeError("not an errno")
+        return real(*args)
+
+    monkeypatch.setattr(shared_mod.native, "append_sections", append_sections)
+    a_staged, a_handle = _stage(staging, 1, b"a" * 700)
+    errors: list[BaseException] = []
+
+    def part_a() -> None:
+        try:
+            shared.append(a_staged, a_handle)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=part_a, name="part-a")
+    t.start()
+    while shared.end == first.size:  # A has taken its places
+        time.sleep(0.001)
+    b_staged, b_handle = _stage(staging, 2, b"b" * 300)
+    b = shared.append(b_staged, b_handle)
+    b_done.set()
+    t.join(10)
+    assert [type(e) for e in errors] == [RuntimeError]
+    c = _write(shared, staging, 1, (3, 0, [(0, b"c" * 90)]))
+    assert _read(b) == {0: [b"b" * 300]} and _read(c) == {0: [b"c" * 90]}
+    assert b.offset == first.size + a_handle.size  # after A's unused places
+    end = shared.end
+    a_staged.close()
+    a_staged, a_handle = _stage(staging, 4, b"d" * 20)  # part_a's next part
+    t = threading.Thread(target=part_a, name="part-a")
+    t.start()
+    t.join(10)
+    assert shared.end == end  # the last places taken, given back
+    for f in (a_staged, b_staged):
+        f.close()
