@@ -10,7 +10,8 @@ gates at its own time, so a section cannot be written in place while it grows:
 its offset is known only when it closes. A gate is therefore **staged**: its
 storer writes into a staging file (:class:`StagingBackend`) through the native
 writer's thread, in memory (a ``memfd``: no file of the filesystem is written
-before the close) or, without ``memfd_create`` or with
+before the close; bounded per gate and per process by :data:`STAGING_BUDGET`, past
+which a gate moves to a file) or, without ``memfd_create`` or with
 ``SPILLOVER_STAGING_MEMORY=0``, an unlinked temporary file; the caller's buffers
 are given back as soon as written. When a
 subtask's gates close, :meth:`SharedFile.append_all` takes their places at the end
