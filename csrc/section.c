@@ -34,9 +34,9 @@ static int make_parents(const char *path) {
     return 0;
 }
 
-static int copy_range(int src, int dst, uint64_t count, uint64_t at) {
+static int copy_range(int src, int dst, uint64_t count, uint64_t at, int same_fs) {
     uint64_t done = 0;
-    int in_kernel = 1;
+    int in_kernel = same_fs;
     while (done < count && in_kernel) {
         loff_t from = (loff_t)done, to = (loff_t)(at + done);
         size_t n = count - done > CHUNK * 64u ? CHUNK * 64u : (size_t)(count - done);
@@ -84,8 +84,20 @@ static int copy_range(int src, int dst, uint64_t count, uint64_t at) {
     return 0;
 }
 
-int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
-                       int *step, int *opened, int *emptied) {
+/* Writes all of `data` at offset `at` of `fd`; 0 or errno. */
+static int pwrite_all(int fd, const void *data, size_t len, uint64_t at) {
+    for (size_t done = 0; done < len;) {
+        ssize_t w = pwrite(fd, (const char *)data + done, len - done, (off_t)(at + done));
+        if (w > 0) done += (size_t)w;
+        else if (w == 0) return EIO;
+        else if (errno != EINTR) return errno;
+    }
+    return 0;
+}
+
+int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
+                       const void *extra, size_t extra_len, int flags, int *step, int *opened,
+                       int *emptied) {
     int oflags = O_WRONLY | O_CLOEXEC;
     int rc;
     *opened = 0;
@@ -102,7 +114,8 @@ int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, i
     if (fd < 0) return errno;
     *opened = 1;
     *step = SPL_STEP_COPY;
-    rc = copy_range(src, fd, count, at);
+    rc = copy_range(src, fd, count, at, !(flags & SPL_SECTION_MEMORY));
+    if (rc == 0 && extra_len) rc = pwrite_all(fd, extra, extra_len, at + count);
     if (rc == 0 && (flags & SPL_SECTION_FSYNC)) {
         *step = SPL_STEP_FSYNC;
         if (fsync(fd) != 0) rc = errno;

@@ -11,6 +11,8 @@
 #define SPL_SECTION_CREATE 1 /* make the file's directories and the file (O_EXCL) */
 #define SPL_SECTION_FSYNC 2  /* fsync the file after the copy */
 #define SPL_SECTION_EMPTY 4  /* afterwards truncate src to 0 bytes and rewind it */
+#define SPL_SECTION_MEMORY 8 /* src is in memory (a memfd): copy_file_range would
+                              * refuse it (EXDEV), so start with sendfile */
 
 /* steps, as *step reports where it failed */
 #define SPL_STEP_MKDIR 1
@@ -20,13 +22,16 @@
 #define SPL_STEP_CLOSE 5
 
 /* Copies `count` bytes from offset 0 of `src` to offset `at` of the file at
- * `path` (copy_file_range, else sendfile, else pread and pwrite). Returns 0, or
+ * `path` (copy_file_range, else sendfile, else pread and pwrite), then writes
+ * `extra_len` bytes of `extra` (the section's index entry; none if 0) right
+ * after them, at `at + count`, through the same descriptor. Returns 0, or
  * an errno value with *step the step that failed (EIO if src ends early).
  * *opened is 1 once the file was opened (created, with SPL_SECTION_CREATE).
  * *emptied is 1 if SPL_SECTION_EMPTY was asked and src is now empty at offset
  * 0; a failure to empty it is not an error. */
-int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
-                       int *step, int *opened, int *emptied);
+int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
+                       const void *extra, size_t extra_len, int flags, int *step, int *opened,
+                       int *emptied);
 
 /* Writes `len` bytes of `data` as a new file at `path` in one call: its
  * directories made, the file created (O_EXCL: an existing one is EEXIST at

@@ -439,6 +439,12 @@ int spl_writer_finish(spl_writer *w, int do_fsync) {
     return LOAD(w->error);
 }
 
+int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes) {
+    if (w->async || w->fd < 0 || !w->thread_started) return 0;
+    if (LOAD(w->written) != w->submitted) return 0;
+    return w->batches[w->submitted % SPL_WRITER_SLOTS].pending <= max_bytes;
+}
+
 int spl_writer_error(spl_writer *w, int *err_no) {
     pthread_mutex_lock(&w->mu);
     int e = w->error;

@@ -80,6 +80,12 @@ uint64_t spl_writer_bytes_written(spl_writer *w);
 /* Stops the thread if still running and frees everything. */
 void spl_writer_free(spl_writer *w);
 
+/* Whether spl_writer_finish would return at once without fsync: blocking mode on
+ * a descriptor, every submitted batch written, and at most `max_bytes` left in the
+ * batch being filled (the trailer), so a caller may finish without letting go of
+ * a lock it holds (one short write on its own thread). */
+int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes);
+
 /* Whether the writer thread still runs (spl_writer_free would join it); 0 after
  * spl_writer_finish, when freeing never waits. */
 int spl_writer_running(spl_writer *w);

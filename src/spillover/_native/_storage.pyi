@@ -45,6 +45,8 @@ class NativeStorer:
     channels: dict[int, list[int]]
     channel_ranges: dict[int, list[int]]
     bytes_written: int
+    staged: bool
+    """Its file is a local staging file: its trailer may be written with the GIL kept."""
     def __init__(
         self,
         fd: int,
@@ -136,11 +138,19 @@ def scan_block(
 SECTION_CREATE: int
 SECTION_FSYNC: int
 SECTION_EMPTY: int
+SECTION_MEMORY: int
 
-def append_section(
-    src: int, path: str, count: int, at: int, flags: int
-) -> tuple[int, str, bool, bool]:
-    """Copies a staged section to offset ``at`` of ``path``: ``(errno, step, opened, emptied)``."""
+def append_sections(
+    srcs: list[int],
+    path: str,
+    counts: list[int],
+    ats: list[int],
+    flags: int,
+    entries: list[bytes],
+    keep_gil: bool = False,
+) -> tuple[int, str, int, bool, list[bool]]:
+    """Several sections and their entries in one call: ``(errno, step, failed index or -1,
+    opened, emptied per section)``."""
 
 def write_new_file(path: str, data: Any, flags: int) -> tuple[int, str]:
     """Writes ``data`` as a new file at ``path`` in one call: ``(errno, step)``."""

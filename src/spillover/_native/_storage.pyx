@@ -48,6 +48,9 @@ MAX_PAYLOAD = SPL_MAX_PAYLOAD
 # taking the GIL back on a busy worker can wait the switch interval (0.5 ms), and
 # a checkpoint appends tens of network buffers on the task thread at once.
 DEF GIL_RELEASE_MIN = 262144
+# A storer's finish keeps the GIL when no more than this is left to write (the
+# trailer, a last small batch) and its thread is idle: see NativeStorer.finish.
+DEF QUICK_FINISH_BYTES = 65536
 DEF MAX_VIEWS = 512
 DEF SMALL_CHANNELS = 1024
 cdef char *FMT_B = "B"

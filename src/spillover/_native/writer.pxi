@@ -44,6 +44,9 @@ cdef class NativeStorer:
     cdef uint64_t *_small  # frames, raw bytes per channel id < SMALL_CHANNELS
     cdef uint64_t *_small_range  # first frame's offset, end of the last, per small id
     cdef uint64_t pos  # file offset of the next frame
+    # A staging file of this machine (memory or io.tmp.dirs): only then is the
+    # trailer written with the GIL kept; NFS or FUSE may block any write.
+    cdef public bint staged
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
                   size_t batch_bytes, size_t pool_bytes, str path):
@@ -51,6 +54,7 @@ cdef class NativeStorer:
         for k in range(SPL_WRITER_SLOTS):
             self.nviews[k] = 0
         self.released = 0
+        self.staged = False
         self.sink_write = sink_write
         self.compress = compress
         self.async_mode = pool_bytes > 0
@@ -268,7 +272,12 @@ cdef class NativeStorer:
         try:
             rc = spl_writer_put_raw(self.w, PyBytes_AS_STRING(trailer), len(trailer),
                                     &flush_needed)
-            if rc == 0:
+            if (rc == 0 and not do_fsync and self.staged
+                    and spl_writer_finish_is_quick(self.w, QUICK_FINISH_BYTES)):
+                # Only the trailer left and the thread idle: one short write, with
+                # the GIL kept (taking it back can cost a switch interval).
+                rc = spl_writer_finish(self.w, 0)
+            elif rc == 0:
                 with nogil:
                     rc = spl_writer_finish(self.w, do_fsync)
             self._release_views()

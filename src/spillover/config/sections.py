@@ -128,6 +128,10 @@ class CheckpointingConfig:
         default=5,
         metadata=_key(_CP + "unaligned.max-subtasks-per-channel-state-file", _Int(1)),
     )
+    staging_memory: int = field(
+        default=64 * MiB,
+        metadata=_key(_CP + "unaligned.staging-memory", _MemorySize(0)),
+    )
 
     def __post_init__(self) -> None:
         _check_fields(self)

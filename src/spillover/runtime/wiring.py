@@ -30,6 +30,7 @@ from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.recovery.shared_reads import share_reads
 from spillover.runtime.state import HeapKeyedStateBackend
 from spillover.runtime.task import InputChannelInfo, Task
+from spillover.storage.shared import STAGING_BUDGET
 
 _BARRIER_KIND = {
     Alignment.ALIGNED: BarrierKind.ALIGNED,
@@ -161,6 +162,7 @@ def build_tasks(
     for key, parts in shared.items():
         tasks[key].shared_reads = parts
     if storage is not None:  # the subtasks hosted here share channel-state files
+        STAGING_BUDGET.configure(cfg.checkpointing.staging_memory)
         groups = channel_state_groups(
             list(tasks),
             cfg.checkpointing.max_subtasks_per_channel_state_file,

@@ -7,21 +7,24 @@ file, the section's ``offset`` and its ``size`` (docs/format.md, "Shared files")
 
 Several subtasks append to one file during one checkpoint and each closes its
 gates at its own time, so a section cannot be written in place while it grows:
-only one writer may own the file's end. A gate is therefore **staged**: its storer
-writes into an unlinked temporary file (:class:`StagingBackend`) through the
-native writer's usual path (the caller's buffers go to the kernel without a copy,
-memory stays bounded by the writer's batches), and when the gate closes
-:meth:`SharedFile.append` copies the finished section to the end of the shared
-file in the kernel (``copy_file_range``, else ``sendfile``, else ``pread`` and
-``pwrite``, in one native call), under the file's lock, and the emptied staging
-file is kept for the next gate. The staging costs one in-kernel copy per byte
-(the temporary file usually never reaches a disk); in exchange no task ever waits
-for another's gate, a failed or discarded gate leaves nothing in the shared file,
-and every section in it is whole.
+its offset is known only when it closes. A gate is therefore **staged**: its
+storer writes into a staging file (:class:`StagingBackend`) through the native
+writer's thread, in memory (a ``memfd``: no file of the filesystem is written
+before the close; bounded per gate and per process by :data:`STAGING_BUDGET`, past
+which a gate moves to a file) or, without ``memfd_create`` or with
+``SPILLOVER_STAGING_MEMORY=0``, an unlinked temporary file; the caller's buffers
+are given back as soon as written. When a
+subtask's gates close, :meth:`SharedFile.append_all` takes their places at the end
+of the shared file under the file's lock and writes the finished sections there
+(``sendfile`` from memory, ``copy_file_range`` from a file, else ``pread`` and
+``pwrite``) outside it, in one native call, so the bytes reach the shared file
+once; the emptied staging file is kept for the next gate. No task waits for
+another's gate or for its copy, a failed or discarded gate leaves nothing a handle
+names, and every section a handle names is whole.
 
 Each section may be followed by its gate's **index section**: the gate's channel
 index entry (``spillover.storage.channel_index``, metadata version 3), written
-under the same lock right after the section is copied, so the handle names its
+in the same native call right after the section, so the handle names its
 maps by an offset in the same file and no acknowledgement carries them.
 
 A shared file needs a local filesystem (one that can append at an offset); on an
@@ -33,10 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import errno as errno_mod
+import io
+import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import IO, Any
 
@@ -45,18 +50,20 @@ from spillover.errors import StateFileExistsError, StateFileNotFoundError, Stora
 from spillover.storage.handle import GateStateHandle, IndexRef
 from spillover.storage.location import Location, fsync_directory
 
-__all__ = ["SharedFile", "StagingBackend", "write_at"]
+__all__ = ["STAGING_BUDGET", "SharedFile", "StagingBackend", "StagingBudget", "write_at"]
+
+_log = logging.getLogger(__name__)
 
 
 class _Spares:
-    """Unlinked temporary files ready for staging, a few per directory for the few
-    directories last used: a gate staged at a barrier takes one instead of creating
-    it (a directory check and an open, about a millisecond on a busy machine) on
-    the task thread. A staged file, once its section is appended and it is emptied,
-    comes back (:meth:`give`), so in a steady job the same few files serve every
-    checkpoint; one background thread makes more only when a directory runs low.
-    A process made by ``fork`` drops its parent's spares (their file offsets are
-    shared with the parent)."""
+    """Staging files (in memory, or unlinked temporary files) ready for use, a few per
+    directory for the few directories last used: a gate staged at a barrier takes
+    one instead of creating it (for a temporary file a directory check and an open,
+    about a millisecond on a busy machine) on the task thread. A staged file, once
+    its section is appended and it is emptied, comes back (:meth:`give`), so in a
+    steady job the same few files serve every checkpoint; one background thread
+    makes more only when a directory runs low. A process made by ``fork`` drops its
+    parent's spares (their file offsets are shared with the parent)."""
 
     AHEAD = 8  # spares made per directory when it runs low
     LOW = 4  # fewer than this left after a take: make more (not at every barrier)
@@ -98,8 +105,7 @@ class _Spares:
                 self._wake.notify()
         if spare is not None:
             return spare
-        os.makedirs(root, exist_ok=True)
-        return tempfile.TemporaryFile(dir=root)
+        return _staging_file(root)
 
     def give(self, root: str, f: IO[bytes]) -> None:
         """Takes back an emptied, rewound staging file of ``root`` for a later take."""
@@ -119,9 +125,8 @@ class _Spares:
                 missing = self.AHEAD - len(self._spares.get(root, ()))
             made: list[IO[bytes]] = []
             with contextlib.suppress(OSError):  # take() makes its own, and says why not
-                os.makedirs(root, exist_ok=True)
                 for _ in range(missing):
-                    made.append(tempfile.TemporaryFile(dir=root))  # noqa: SIM115
+                    made.append(_staging_file(root))
             with self._lock:
                 self._spares.setdefault(root, []).extend(made)
                 evicted = []
@@ -134,13 +139,129 @@ class _Spares:
 _SPARES = _Spares()
 
 
+KEEP_GIL_BYTES = 512 << 10
+"""A part's sections of at most this many bytes, staged in memory and not fsynced, are
+written into the shared file with the GIL kept: copying 512 KiB from memory into
+the page cache takes about 0.15 ms, while taking the GIL back after letting it go
+can wait a switch interval (0.5 ms on a Spark worker, 5 ms on the threads
+executor) behind busy task threads."""
+
+
+class StagingBudget:
+    """The bytes of gates this process stages in memory at most: ``per_process`` across
+    every live staged gate, ``per_gate`` for one. ``memfd`` pages are shared memory:
+    outside the process's RSS and never swapped without swap, so an unbounded stage
+    could get a worker killed with nothing in its metrics. A gate is staged in memory
+    only if ``per_gate`` is free here when it opens (:meth:`reserve`); it moves to a
+    file once it holds ``per_gate`` bytes (:meth:`StagingBackend.spill`). Thread-safe."""
+
+    def __init__(self, per_process: int = 64 << 20, per_gate: int = 4 << 20) -> None:
+        self._lock = threading.Lock()
+        self.per_process = per_process
+        self.per_gate = min(per_gate, per_process)
+        self.used = 0
+
+    def configure(self, per_process: int) -> None:
+        """Sets the bound per process (``execution.checkpointing.unaligned.staging-memory``);
+        the bound per gate is 4 MiB, or the whole budget if smaller. 0: every gate is
+        staged in a file."""
+        with self._lock:
+            self.per_process = per_process
+            self.per_gate = min(4 << 20, per_process)
+
+    def reserve(self) -> int:
+        """Takes ``per_gate`` bytes for a gate to stage in memory: the bytes taken, 0 if
+        the budget has no room (the gate is then staged in a file)."""
+        with self._lock:
+            n = self.per_gate
+            if n <= 0 or self.used + n > self.per_process:
+                return 0
+            self.used += n
+            return n
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+STAGING_BUDGET = StagingBudget()
+"""This process's bound on gates staged in memory."""
+
+
+class _StagingFile(io.FileIO):
+    """A staging file (unlinked): emptied as it closes, which frees its pages or blocks
+    even where a process forked meanwhile still holds its descriptor."""
+
+    def close(self) -> None:
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fileno(), 0)
+        super().close()
+
+
+class _MemoryFile(_StagingFile):
+    """A staging file in memory (a ``memfd``) and the bytes of :data:`STAGING_BUDGET` it
+    holds (:attr:`reserved`, given back once it is emptied, moved or closed)."""
+
+    reserved = 0
+    in_memory = True  # False once its bytes are moved to a file (its fd now names that)
+
+    def unreserve(self) -> None:
+        n, self.reserved = self.reserved, 0
+        if n:
+            STAGING_BUDGET.release(n)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.unreserve()
+        super().close()
+
+
+def _temporary_fd(root: str) -> int:
+    """The descriptor of a new unlinked temporary file in ``root`` (made if missing)."""
+    os.makedirs(root, exist_ok=True)
+    fd, path = tempfile.mkstemp(dir=root, prefix="spillover-staging-")
+    try:
+        os.unlink(path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _temporary_file(root: str) -> IO[bytes]:
+    """An unlinked temporary file in ``root`` (made if missing)."""
+    return _StagingFile(_temporary_fd(root), "w+b")
+
+
+def _staging_file(root: str) -> IO[bytes]:
+    """A new empty staging file: in memory (``memfd_create``) where the system has it
+    and SPILLOVER_STAGING_MEMORY is not 0, else an unlinked temporary file in ``root``.
+    Where ``memfd_create`` fails (an old kernel, a seccomp filter), every later
+    staging file of the process is a temporary file."""
+    global _IN_MEMORY
+    if _IN_MEMORY:
+        try:
+            fd = os.memfd_create("spillover-staging", os.MFD_CLOEXEC)
+        except OSError as e:
+            _IN_MEMORY = False
+            _log.warning("gates are staged in files: memfd_create failed (%s)", e)
+        else:
+            return _MemoryFile(fd, "w+b")
+    return _temporary_file(root)
+
+
+_IN_MEMORY = hasattr(os, "memfd_create") and os.environ.get("SPILLOVER_STAGING_MEMORY") != "0"
+
+
 def _keep_open(fsync: bool) -> None:
     pass
 
 
 class StagingBackend:
-    """A :class:`~spillover.storage.backends.Backend` whose files are unlinked temporary
-    files in a local directory: a gate's section until :meth:`take` hands it on."""
+    """A :class:`~spillover.storage.backends.Backend` whose files are staging files (in
+    memory, else unlinked temporary files in a local directory): a gate's section
+    until :meth:`take` hands it on."""
 
     def __init__(self, root: str | None = None) -> None:
         self.root = os.path.abspath(root or tempfile.gettempdir())
@@ -153,7 +274,16 @@ class StagingBackend:
         if name in self._files:
             raise StateFileExistsError("state file already exists", path=self.uri_of(name))
         try:
-            f = _SPARES.take(self.root)
+            if _IN_MEMORY and (reserved := STAGING_BUDGET.reserve()):
+                f = _SPARES.take(self.root)
+                if isinstance(f, _MemoryFile):
+                    f.reserved = reserved
+                else:  # memfd_create failed just now
+                    STAGING_BUDGET.release(reserved)
+            elif _IN_MEMORY:  # the budget is taken: this gate is staged in a file
+                f = _temporary_file(self.root)
+            else:
+                f = _SPARES.take(self.root)
         except OSError as e:
             raise StorageError(
                 "cannot create a staging file",
@@ -167,6 +297,41 @@ class StagingBackend:
         # bytes with it) until the section is appended: nothing to close here.
         return f.fileno(), None, _keep_open
 
+    def memory_limit(self, name: str) -> int:
+        """The bytes ``name`` may stage in memory before it must :meth:`spill` (0: it
+        is staged in a file)."""
+        f = self._files[name]
+        return f.reserved if isinstance(f, _MemoryFile) else 0
+
+    def spill(self, name: str) -> None:
+        """Moves the staged bytes of ``name`` from memory into a temporary file, under the
+        same descriptor (its writer goes on there), and gives its memory back to
+        :data:`STAGING_BUDGET`. Only while nothing writes to it: its writer's thread
+        calls this with its writer drained."""
+        f = self._files[name]
+        if not isinstance(f, _MemoryFile) or not f.reserved:
+            return
+        try:
+            fd, disk = f.fileno(), _temporary_fd(self.root)
+            try:
+                size, at = os.fstat(fd).st_size, 0
+                while at < size:
+                    at += os.sendfile(disk, fd, at, size - at)
+                os.ftruncate(fd, 0)
+                os.dup2(disk, fd, inheritable=False)  # the file's offset is at its end
+            finally:
+                os.close(disk)  # not emptied: fd names the same file now
+        except OSError as e:
+            raise StorageError(
+                "cannot move a staged gate out of memory",
+                path=self.root,
+                errno=e.errno,
+                detail=f"{type(e).__name__}: {e}",
+                hint="check io.tmp.dirs: the channel state of shared files is staged there",
+            ) from e
+        f.in_memory = False
+        f.unreserve()
+
     def open_read(self, name: str) -> Any:
         raise StateFileNotFoundError("a staged section is read from its shared file", path=name)
 
@@ -177,6 +342,13 @@ class StagingBackend:
     def recycle(self, f: IO[bytes]) -> None:
         """Keeps a taken file, emptied after its append, for another gate (a closed one
         is dropped)."""
+        if isinstance(f, _MemoryFile):
+            f.unreserve()
+            if f.closed or not f.in_memory:  # moved to a file: not a spare
+                f.close()
+                return
+        elif _IN_MEMORY:  # staged in a file while the budget was taken
+            f.close()
         if not f.closed:
             _SPARES.give(self.root, f)
 
@@ -259,72 +431,130 @@ class SharedFile:
         empty: bool = False,
         entry: bytes | None = None,
     ) -> GateStateHandle:
-        """Copies a closed gate's staged section (``handle`` its own handle) to the end of
-        the file, then ``entry`` (its channel index entry) after it, as its index
-        section; returns the handle of the section in this file (``index`` naming the
-        entry). On an error nothing is counted: the next section is written over what
-        this one left. ``empty``:
-        afterwards the staged file is empty and rewound, ready to stage another
-        gate, or closed where it could not be emptied (after an error the caller
-        still has it, and closes it).
+        """Copies a closed gate's staged section (``handle`` its own handle) into the file,
+        then ``entry`` (its channel index entry) right after it, as its index section;
+        returns the handle of the section in this file (``index`` naming the entry).
+        ``empty``: afterwards the staged file is empty and rewound, ready to stage
+        another gate, or closed where it could not be emptied (after an error the
+        caller still has it, and closes it). See :meth:`append_all`."""
+        return self.append_all([(staged, handle, entry)], empty=empty)[0]
 
-        One native call opens, copies in the kernel, fsyncs if asked and closes, so
-        the GIL is let go once: on a busy worker each time it is taken back costs."""
+    def append_all(
+        self,
+        sections: Sequence[tuple[IO[bytes], GateStateHandle, bytes | None]],
+        *,
+        empty: bool = False,
+    ) -> list[GateStateHandle]:
+        """:meth:`append` for a subtask's closed gates, ``(staged file, handle, entry)``
+        each, one after another in the file: their handles in this file.
+
+        The sections' places (their sizes and their entries') are taken together under
+        the file's lock, and the copies into them run outside it, in one native call
+        (it opens, copies in the kernel, writes each entry, fsyncs if asked and
+        closes, with the GIL let go once: on a busy worker each time it is taken back
+        costs). Parts closing at the same time so copy side by side and none waits
+        for another's copy; only the checkpoint's first part, which creates the file,
+        copies under the lock. On an error nothing is counted: the places are written
+        over by the next sections if none was taken after them, else left unused (no
+        handle names them; the checkpoint is declined); every section a handle names
+        stays whole."""
+        if not sections:
+            return []
+        sizes = [h.size + (len(e) if e is not None else 0) for _, h, e in sections]
         with self._lock:
             offset = self.end
             creating = not self._created
-            flags = (
-                (native.SECTION_CREATE if creating else 0)
-                | (native.SECTION_FSYNC if self.fsync else 0)
-                | (native.SECTION_EMPTY if empty else 0)
-            )
-            rc, step, opened, emptied = native.append_section(
-                staged.fileno(), self.path, handle.size, offset, flags
-            )
-            # Ours once opened, even if the copy failed: the next section opens it
-            # without O_EXCL and is written over what this one left.
-            self._created = self._created or opened
-            if rc == 0 and self.fsync and creating:
+            self.end += sum(sizes)
+            if creating:  # the others open the file only once it exists
                 try:
-                    fsync_directory(self.directory)
-                except OSError as e:
-                    rc, step = e.errno or errno_mod.EIO, "fsync of its directory"
-            if rc:
-                if creating and step == "open" and rc == errno_mod.EEXIST:
-                    raise StateFileExistsError(
-                        "shared state file already exists",
-                        path=self.path,
-                        errno=rc,
-                        hint="each checkpoint needs its own directory",
-                    )
-                raise StorageError(
-                    "cannot write shared state file",
+                    rc, step, emptied = self._copy(sections, offset, empty, creating)
+                except BaseException:  # not an errno (a bad argument, an interrupt)
+                    self.end = offset
+                    raise
+        if not creating:
+            try:
+                rc, step, emptied = self._copy(sections, offset, empty, creating)
+            except BaseException:
+                self._give_back(offset, sum(sizes))
+                raise
+        if rc:
+            self._give_back(offset, sum(sizes))
+            if creating and step == "open" and rc == errno_mod.EEXIST:
+                raise StateFileExistsError(
+                    "shared state file already exists",
                     path=self.path,
-                    offset=offset,
                     errno=rc,
-                    detail=f"{step}: {os.strerror(rc)}",
-                    hint="check that the storage is reachable and writable",
+                    hint="each checkpoint needs its own directory",
                 )
-            index = None
-            if entry is not None:
-                at = offset + handle.size
-                try:
-                    write_at(self.path, at, entry, fsync=self.fsync)
-                except OSError as e:
-                    raise StorageError(
-                        "cannot write shared state file",
-                        path=self.path,
-                        offset=at,
-                        errno=e.errno,
-                        detail=f"index section: {e}",
-                        hint="check that the storage is reachable and writable",
-                    ) from e
-                index = IndexRef(self.path, at, len(entry))
-            self.end += handle.size + (len(entry) if entry is not None else 0)
-            self.sections += 1
-        if empty and not emptied:
-            staged.close()
-        return replace(handle, uri=self.path, offset=offset, index=index)
+            raise StorageError(
+                "cannot write shared state file",
+                path=self.path,
+                offset=offset,
+                errno=rc,
+                detail=f"{step}: {os.strerror(rc)}",
+                hint="check that the storage is reachable and writable",
+            )
+        with self._lock:
+            self.sections += len(sections)
+        out = []
+        at = offset
+        for (staged, handle, entry), size, done in zip(sections, sizes, emptied, strict=True):
+            if empty and not done:
+                staged.close()
+            index = (
+                IndexRef(self.path, at + handle.size, size - handle.size)
+                if entry is not None
+                else None
+            )
+            out.append(replace(handle, uri=self.path, offset=at, index=index))
+            at += size
+        return out
+
+    def _give_back(self, offset: int, size: int) -> None:
+        """Failed places from ``offset``: if they are the last taken, the next sections go
+        over them; else they stay unused (no handle names them)."""
+        with self._lock:
+            if self.end == offset + size:
+                self.end = offset
+
+    def _copy(
+        self,
+        sections: Sequence[tuple[IO[bytes], GateStateHandle, bytes | None]],
+        offset: int,
+        empty: bool,
+        creating: bool,
+    ) -> tuple[int, str, list[bool]]:
+        """The native copy of the sections and their entries from ``offset`` on:
+        ``(errno or 0, step, emptied per section)``."""
+        flags = (
+            (native.SECTION_CREATE if creating else 0)
+            | (native.SECTION_FSYNC if self.fsync else 0)
+            | (native.SECTION_EMPTY if empty else 0)
+            | (native.SECTION_MEMORY if _IN_MEMORY else 0)
+        )
+        ats = []
+        at = offset
+        for _, handle, entry in sections:
+            ats.append(at)
+            at += handle.size + (len(entry) if entry is not None else 0)
+        rc, step, _, opened, emptied = native.append_sections(
+            [staged.fileno() for staged, _, _ in sections],
+            self.path,
+            [h.size for _, h, _ in sections],
+            ats,
+            flags,
+            [e if e is not None else b"" for _, _, e in sections],
+            _IN_MEMORY and not self.fsync and self.local and at - offset <= KEEP_GIL_BYTES,
+        )
+        # Ours once opened, even if a copy failed: later sections open it without
+        # O_EXCL.
+        self._created = self._created or opened
+        if rc == 0 and self.fsync and creating:
+            try:
+                fsync_directory(self.directory)
+            except OSError as e:
+                rc, step = e.errno or errno_mod.EIO, "fsync of its directory"
+        return rc, step, emptied
 
 
 def write_at(

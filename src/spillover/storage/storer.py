@@ -20,6 +20,7 @@ from spillover.storage.backends import Backend, backend_for
 from spillover.storage.handle import Codec, DataType, GateKind, GateStateHandle, state_file_name
 from spillover.storage.options import StorageOptions, check_u32, pure_selected
 from spillover.storage.retriever import Retriever
+from spillover.storage.shared import StagingBackend
 
 __all__ = ["Storage", "Storer", "open_storage"]
 
@@ -215,12 +216,30 @@ class Storer(GateFile):
             raise
         self._handle: GateStateHandle | None = None
         self._done = False
-        # Binding the native method skips one Python frame per buffer.
-        self.append = self._native.append  # type: ignore[method-assign]
+        self._memory_limit = 0
+        if isinstance(self._backend, StagingBackend):
+            self._native.staged = True
+            self._memory_limit = self._backend.memory_limit(self._name)
+        if self._memory_limit:  # staged in memory: moved to a file past its bound
+            self.append = self._append_staged  # type: ignore[method-assign]
+        else:  # binding the native method skips one Python frame per buffer
+            self.append = self._native.append  # type: ignore[method-assign]
 
     def append(self, channel_id: int, buffer: Any, data_type: int = DataType.DATA) -> None:
         """Stores one buffer of ``channel_id`` (data or event); see the class for ownership."""
         self._native.append(channel_id, buffer, data_type)
+
+    def _append_staged(self, channel_id: int, buffer: Any, data_type: int = DataType.DATA) -> None:
+        """:meth:`append` of a gate staged in memory: once it has staged its bound, it
+        drains its writer and moves to a file (up to one buffer past the bound)."""
+        n = self._native
+        n.append(channel_id, buffer, data_type)
+        if self._memory_limit and n.stored_bytes >= self._memory_limit:
+            n.flush()
+            assert isinstance(self._backend, StagingBackend)
+            self._backend.spill(self._name)
+            self._memory_limit = 0
+            self.append = n.append  # type: ignore[method-assign]
 
     def flush(self) -> None:
         """Writes everything appended so far and releases the held buffers."""

@@ -4,10 +4,12 @@ file, each read back exactly through its handle's offset and size."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -306,7 +308,8 @@ def test_staging_files_made_ahead_are_new_empty_and_unlinked(tmp_path: Path) -> 
     for i, f in enumerate(files):
         assert os.fstat(f.fileno()).st_size == 0 and f.tell() == 0
         f.write(b"%d" % i)
-    assert os.listdir(root) == []  # unlinked: nothing to clean up after a crash
+    # In memory or unlinked: nothing to clean up after a crash.
+    assert not os.path.exists(root) or os.listdir(root) == []
     for i, f in enumerate(files):
         f.seek(0)
         assert f.read() == b"%d" % i
@@ -377,3 +380,217 @@ def test_a_shared_file_of_one_member_inspects_past_its_index_section(tmp_path: P
         100,
         True,
     )
+
+
+def test_subtasks_appending_all_their_gates_at_once_side_by_side(tmp_path: Path) -> None:
+    """Each subtask appends all its gates in one call while others do the same: every
+    section reads back exactly, its entry right after it, and the file is nothing but
+    whole sections one after another."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    results: dict[int, list[tuple[GateStateHandle, list[tuple[int, bytes]]]]] = {}
+    start = threading.Barrier(4)
+
+    def subtask(i: int) -> None:
+        backend = StagingBackend(str(tmp_path))
+        storage = Storage(backend, StorageOptions(), 1, i)
+        gates = []
+        for g in range(3):
+            bufs = [(c, os.urandom(1000 + 97 * (i + g + c))) for c in range(3)]
+            storer = storage.create_storer(g)
+            for channel, payload in bufs:
+                storer.append(channel, payload)
+            handle = storer.close()
+            staged = backend.take(state_file_name(g, GateKind.INPUT))
+            gates.append((staged, handle, encode_entry(handle), bufs))
+        start.wait()
+        sections = shared.append_all([(f, h, e) for f, h, e, _ in gates], empty=True)
+        for f, *_ in gates:
+            backend.recycle(f)
+        results[i] = [(s, bufs) for s, (*_, bufs) in zip(sections, gates, strict=True)]
+
+    threads = [threading.Thread(target=subtask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    handles = [h for i in range(4) for h, _ in results[i]]
+    for i in range(4):
+        for handle, bufs in results[i]:
+            assert _read(handle) == _per_channel(bufs)
+            assert handle.index is not None and handle.index.offset == handle.offset + handle.size
+    assert shared.sections == 12 and shared.end == os.path.getsize(shared.path)
+    assert shared_sections(shared.path) == sorted((h.offset, h.size) for h in handles)
+    resolved = resolve_all(handles)
+    assert [h.channels for h in resolved] == [
+        {c: (1, len(p)) for c, p in bufs} for i in range(4) for _, bufs in results[i]
+    ]
+
+
+def test_staging_on_disk_where_memory_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without memory staging (no memfd_create, or SPILLOVER_STAGING_MEMORY=0) gates are
+    staged in unlinked files of the staging directory and copied in the kernel: the
+    same sections come out, and the directory is left empty."""
+    monkeypatch.setattr(shared_mod, "_IN_MEMORY", False)
+    staging = str(tmp_path / "disk-staging")
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    gates: list[Gate] = [(s, 0, [(0, b"a" * 5000), (1, b"b" * 300)]) for s in range(3)]
+    handles = [_write(shared, staging, 1, g, recycle=True, indexed=True) for g in gates]
+    for handle, (_, _, bufs) in zip(handles, gates, strict=True):
+        assert _read(handle) == _per_channel(bufs)
+    assert os.path.isdir(staging) and os.listdir(staging) == []
+
+
+@pytest.fixture
+def budget(monkeypatch: pytest.MonkeyPatch) -> shared_mod.StagingBudget:
+    """A small staging budget of its own (8 KiB a process, 4 KiB a gate)."""
+    if not shared_mod._IN_MEMORY:
+        pytest.skip("no memfd_create here")
+    b = shared_mod.StagingBudget(per_process=8 << 10, per_gate=4 << 10)
+    monkeypatch.setattr(shared_mod, "STAGING_BUDGET", b)
+    return b
+
+
+def test_a_gate_past_its_memory_bound_moves_to_a_file_and_reads_back_exactly(
+    tmp_path: Path, budget: shared_mod.StagingBudget
+) -> None:
+    """A gate staged in memory that outgrows its bound goes on in a temporary file; the
+    section comes back byte-exact, and the memory is given back at once."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    gate: Gate = (0, 0, [(i % 3, bytes([i]) * 1500) for i in range(40)])
+    backend = StagingBackend(str(tmp_path / "staging"))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    for channel, payload in gate[2]:
+        storer.append(channel, payload)
+    name = state_file_name(0, GateKind.INPUT)
+    assert budget.used == 0 and backend.memory_limit(name) == 0  # moved
+    handle = storer.close()
+    staged = backend.take(name)
+    section = shared.append(staged, handle, empty=True)
+    backend.recycle(staged)
+    assert staged.closed  # a moved file is no spare
+    assert _read(section) == _per_channel(gate[2])
+
+
+def test_a_process_whose_budget_is_taken_stages_the_next_gate_in_a_file(
+    tmp_path: Path, budget: shared_mod.StagingBudget
+) -> None:
+    """Two gates take the budget; a third is staged in a file from its start; closing,
+    discarding or failing a gate gives its share back."""
+    backend = StagingBackend(str(tmp_path / "staging"))
+    storage = Storage(backend, StorageOptions(), 1, 0)
+    a, b, c = (storage.create_storer(g) for g in range(3))
+    names = [state_file_name(g, GateKind.INPUT) for g in range(3)]
+    assert [backend.memory_limit(n) for n in names] == [4 << 10, 4 << 10, 0]
+    assert budget.used == 8 << 10
+    for s in (a, b, c):
+        s.append(0, b"x" * 100)
+    a._abandon()  # a discarded gate (abort)
+    backend.delete(names[0])
+    assert budget.used == 4 << 10
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    handle = b.close()
+    staged = backend.take(names[1])
+    shared.append(staged, handle, empty=True)
+    backend.recycle(staged)  # appended and emptied
+    assert budget.used == 0
+    d = storage.create_storer(3)
+    assert backend.memory_limit(state_file_name(3, GateKind.INPUT)) == 4 << 10
+    d.append(0, b"y" * 10)
+    d.close()
+    backend.take(state_file_name(3, GateKind.INPUT)).close()  # a failed append closes it
+    assert budget.used == 0
+    c.close()
+    backend.take(names[2]).close()
+
+
+def test_staging_falls_back_to_files_once_memfd_create_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """memfd_create refused at runtime (an old kernel, a seccomp filter): this gate and
+    every later one of the process is staged in a file, and reads back exactly."""
+
+    def refuse(*_: object) -> int:
+        raise OSError(errno.ENOSYS, "memfd_create")
+
+    monkeypatch.setattr(shared_mod, "_IN_MEMORY", True)
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
+    monkeypatch.setattr(os, "memfd_create", refuse, raising=False)
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    staging = str(tmp_path / "staging")
+    gates: list[Gate] = [(s, 0, [(0, b"m" * 3000)]) for s in range(2)]
+    handles = [_write(shared, staging, 1, g, recycle=True) for g in gates]
+    assert shared_mod._IN_MEMORY is False
+    for handle, (_, _, bufs) in zip(handles, gates, strict=True):
+        assert _read(handle) == _per_channel(bufs)
+
+
+def test_only_a_staged_gate_may_finish_with_the_gil_kept(tmp_path: Path) -> None:
+    """A gate written straight to its own file (maybe NFS or FUSE) lets the GIL go for
+    its trailer; only a staging file of this machine may keep it."""
+    staged = Storage(StagingBackend(str(tmp_path / "s")), StorageOptions(), 1, 0)
+    own = open_storage(str(tmp_path / "own"), checkpoint_id=1)
+    a, b = staged.create_storer(0), own.create_storer(0)
+    assert a._native.staged and not b._native.staged
+    a.close()
+    b.close()
+
+
+def _stage(staging: str, subtask: int, payload: bytes) -> tuple[IO[bytes], GateStateHandle]:
+    backend = StagingBackend(staging)
+    storer = Storage(backend, StorageOptions(), 1, subtask).create_storer(0)
+    storer.append(0, payload)
+    handle = storer.close()
+    return backend.take(state_file_name(0, GateKind.INPUT)), handle
+
+
+def test_a_copy_failing_without_an_errno_leaves_the_part_behind_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part A's copy is held up, part B takes its places after A's and finishes, then
+    A's copy raises (no errno): B reads back exactly, and so does a part after both;
+    a last failing part's places are taken by the next."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    staging = str(tmp_path / "s")
+    first = _write(shared, staging, 1, (0, 0, [(0, b"0" * 50)]))
+    real = shared_mod.native.append_sections
+    b_done = threading.Event()
+
+    def append_sections(*args: object) -> object:
+        if threading.current_thread().name == "part-a":
+            assert b_done.wait(10)
+            raise RuntimeError("not an errno")
+        return real(*args)
+
+    monkeypatch.setattr(shared_mod.native, "append_sections", append_sections)
+    a_staged, a_handle = _stage(staging, 1, b"a" * 700)
+    errors: list[BaseException] = []
+
+    def part_a() -> None:
+        try:
+            shared.append(a_staged, a_handle)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=part_a, name="part-a")
+    t.start()
+    while shared.end == first.size:  # A has taken its places
+        time.sleep(0.001)
+    b_staged, b_handle = _stage(staging, 2, b"b" * 300)
+    b = shared.append(b_staged, b_handle)
+    b_done.set()
+    t.join(10)
+    assert [type(e) for e in errors] == [RuntimeError]
+    c = _write(shared, staging, 1, (3, 0, [(0, b"c" * 90)]))
+    assert _read(b) == {0: [b"b" * 300]} and _read(c) == {0: [b"c" * 90]}
+    assert b.offset == first.size + a_handle.size  # after A's unused places
+    end = shared.end
+    a_staged.close()
+    a_staged, a_handle = _stage(staging, 4, b"d" * 20)  # part_a's next part
+    t = threading.Thread(target=part_a, name="part-a")
+    t.start()
+    t.join(10)
+    assert shared.end == end  # the last places taken, given back
+    for f in (a_staged, b_staged):
+        f.close()

@@ -95,6 +95,7 @@ cdef extern from "writer.h" nogil:
     uint64_t spl_writer_bytes_written(spl_writer *w)
     void spl_writer_free(spl_writer *w)
     int spl_writer_running(spl_writer *w)
+    int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes)
 
 
 cdef extern from "section.h" nogil:
@@ -102,13 +103,15 @@ cdef extern from "section.h" nogil:
         SPL_SECTION_CREATE
         SPL_SECTION_FSYNC
         SPL_SECTION_EMPTY
+        SPL_SECTION_MEMORY
         SPL_STEP_MKDIR
         SPL_STEP_OPEN
         SPL_STEP_COPY
         SPL_STEP_FSYNC
         SPL_STEP_CLOSE
-    int spl_append_section(int src, const char *path, uint64_t count, uint64_t at, int flags,
-                           int *step, int *opened, int *emptied)
+    int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
+                           const void *extra, size_t extra_len, int flags, int *step,
+                           int *opened, int *emptied)
     int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step)
 
 

@@ -15,17 +15,18 @@ each subtask's directory, as before.
 
 Each gate is a whole format-v1 section of the shared file, so every reader of
 format v1 reads it given the section's offset and size (the handle carries both).
-Subtasks close their gates at their own times, and only one may own the file's
-end, so a gate is staged while it grows: its storer writes into an unlinked
-temporary file under ``io.tmp.dirs`` exactly as it would write its own file
-(network buffers still go to the kernel without a copy and come back as soon as
-written; memory stays bounded by the writer's batches), and ``close`` appends the
-finished section to the group's file with an in-kernel copy, under the file's
-lock (:class:`~spillover.storage.shared.SharedFile`). Staging rather than a
-writer thread per group that interleaves buffers (Flink's choice) keeps each
+Subtasks close their gates at their own times, and a section's offset is known only
+when it closes, so a gate is staged while it grows, by the storer's writer thread
+(network buffers go back as soon as written): in memory (a ``memfd``) or, without
+memory staging, in an unlinked temporary file under ``io.tmp.dirs``. ``close``
+finishes a subtask's gates and writes them with their index entries into the
+group's file in one native call, outside the file's lock once their places are
+taken (:meth:`~spillover.storage.shared.SharedFile.append_all`): the bytes reach the
+shared file once, and subtasks closing together copy side by side. Staging rather
+than a writer thread per group that interleaves buffers (Flink's choice) keeps each
 gate's frames contiguous, so the channel index and ranged reads work unchanged
-and a failed gate never leaves half a section where others follow. A failure of
-one subtask's part still declines only that checkpoint.
+and a failed gate never leaves half a section a handle names. A failure of one
+subtask's part still declines only that checkpoint.
 
 On an object store (``s3://``, ``gs://``: no appends) the group's gates are staged
 the same way, and the group publishes one object per checkpoint once its parts
@@ -92,13 +93,13 @@ class ChannelState(Protocol):
 QUICK_CLOSE_BYTES = 1 << 20
 """Channel state of at most this many bytes, staged for a shared file on a local
 disk, may be finished on the task thread when its inputs' barriers are in (a few
-writes and an in-kernel copy, well under a millisecond) instead of being handed to
-the channel-state thread: waking that thread cost 1-2 ms of the acknowledgement on
-a busy worker. Only if nothing could make it wait long: the group's file is not
-on a network filesystem, and another subtask's append to it (usually as small:
-they close at about the same time) ends within :data:`QUICK_CLOSE_WAIT`
-(``close(quick=True)``). Everything else still goes to the thread, so the task
-never waits for storage longer than that."""
+writes and one copy into the shared file, well under a millisecond) instead of
+being handed to the channel-state thread: waking that thread cost 1-2 ms of the
+acknowledgement on a busy worker. Only if nothing could make it wait long: the group's file is not
+on a network filesystem, and the file is not held by another subtask's append
+beyond :data:`QUICK_CLOSE_WAIT` (only the append that creates it holds it through
+its copy; the others copy side by side) (``close(quick=True)``). Everything else
+still goes to the thread, so the task never waits for storage longer than that."""
 
 QUICK_CLOSE_WAIT = 0.002
 """Seconds a task thread waits for its group's shared file before it hands the close
@@ -240,7 +241,10 @@ class ChannelStateWriter:
         shared = self._shared[0] if self._shared is not None else None
         if not isinstance(shared, SharedFile) or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
             return None  # an object store's part waits for the group's publish
-        if not shared.hold(QUICK_CLOSE_WAIT):  # another subtask's append takes long
+        # Parts copy side by side (SharedFile.append_all); only the one creating the
+        # file holds it through its copy. Held longer than this: hand it off. Kept
+        # through the close (the lock is reentrant), so no part takes it in between.
+        if not shared.hold(QUICK_CLOSE_WAIT):
             return None
         try:
             return self._close()
@@ -255,9 +259,9 @@ class ChannelStateWriter:
             if self._shared is not None and isinstance(self._shared[0], SharedObjects):
                 inputs, outputs = self._publish(self._shared[0])
             else:
-                closed = [self._finish(s) for _, s in sorted(self._inputs.items())]
-                closed += [self._finish(s) for _, s in sorted(self._outputs.items())]
-                closed = self._index_object(closed)
+                storers = [s for _, s in sorted(self._inputs.items())]
+                storers += [s for _, s in sorted(self._outputs.items())]
+                closed = self._index_object(self._finish(storers))
                 handles = [gate_entry(h) for h, _ in closed]
                 inputs, outputs = handles[: len(self._inputs)], handles[len(self._inputs) :]
         except BaseException:
@@ -292,23 +296,31 @@ class ChannelStateWriter:
         handles = [gate_entry(h) for h in objects.close(sections, self._member, entries)]
         return handles[: len(self._inputs)], handles[len(self._inputs) :]
 
-    def _finish(self, storer: Storer) -> Closed:
-        """Closes a gate and encodes its channel index entry; a staged gate joins the
-        group's shared file, its entry right after it (the handle names it)."""
-        handle = storer.close()
-        entry = encode_entry(handle)
-        if self._shared is None or self._staging is None:
-            return handle, entry
+    def _finish(self, storers: list[Storer]) -> list[Closed]:
+        """Closes the gates and encodes their channel index entries; staged gates join
+        the group's shared file together, each entry right after its section (the
+        handle names it), in one append (one release of the GIL)."""
+        closed = []
+        for storer in storers:
+            handle = storer.close()
+            closed.append((handle, encode_entry(handle)))
+        if self._shared is None or self._staging is None or not closed:
+            return closed
         shared = self._shared[0]
         assert isinstance(shared, SharedFile)
-        staged = self._staging.take(state_file_name(handle.gate_id, handle.gate_kind))
+        staging = self._staging
+        staged = [staging.take(state_file_name(h.gate_id, h.gate_kind)) for h, _ in closed]
         try:
-            section = shared.append(staged, handle, empty=True, entry=entry)
+            sections = shared.append_all(
+                [(f, h, e) for f, (h, e) in zip(staged, closed, strict=True)], empty=True
+            )
         except BaseException:
-            staged.close()
+            for f in staged:
+                f.close()
             raise
-        self._staging.recycle(staged)  # emptied: it stages another gate next time
-        return section, entry
+        for f in staged:
+            staging.recycle(f)  # emptied: it stages another gate next time
+        return [(section, e) for section, (_, e) in zip(sections, closed, strict=True)]
 
     def _index_object(self, closed: list[Closed]) -> list[Closed]:
         """Gates in files of their own (no index section) get their entries written
