@@ -160,6 +160,14 @@ class StagingBudget:
         self.per_process = per_process
         self.per_gate = min(per_gate, per_process)
         self.used = 0
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """A forked child stages nothing of its parent's: its budget starts empty, with
+        a lock no parent thread can hold."""
+        self._lock = threading.Lock()
+        self.used = 0
 
     def configure(self, per_process: int) -> None:
         """Sets the bound per process (``execution.checkpointing.unaligned.staging-memory``);
@@ -189,11 +197,17 @@ STAGING_BUDGET = StagingBudget()
 
 
 class _StagingFile(io.FileIO):
-    """A staging file (unlinked): emptied as it closes, which frees its pages or blocks
-    even where a process forked meanwhile still holds its descriptor."""
+    """A staging file (unlinked): emptied as it closes in the process that made it,
+    which frees its pages or blocks even where a process forked meanwhile still holds
+    its descriptor. A forked child closing its copy empties nothing: the file is its
+    parent's, perhaps being written."""
+
+    def __init__(self, fd: int, mode: str) -> None:
+        super().__init__(fd, mode)
+        self._pid = os.getpid()
 
     def close(self) -> None:
-        if not self.closed:
+        if not self.closed and os.getpid() == self._pid:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fileno(), 0)
         super().close()
@@ -220,13 +234,9 @@ class _MemoryFile(_StagingFile):
 def _temporary_fd(root: str) -> int:
     """The descriptor of a new unlinked temporary file in ``root`` (made if missing)."""
     os.makedirs(root, exist_ok=True)
-    fd, path = tempfile.mkstemp(dir=root, prefix="spillover-staging-")
-    try:
-        os.unlink(path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    # O_TMPFILE where the filesystem has it: the file never has a name to leave behind.
+    with tempfile.TemporaryFile(dir=root, prefix="spillover-staging-") as f:
+        return os.dup(f.fileno())
 
 
 def _temporary_file(root: str) -> IO[bytes]:
@@ -313,14 +323,21 @@ class StagingBackend:
             return
         try:
             fd, disk = f.fileno(), _temporary_fd(self.root)
+            memory = -1
             try:
                 size, at = os.fstat(fd).st_size, 0
                 while at < size:
-                    at += os.sendfile(disk, fd, at, size - at)
-                os.ftruncate(fd, 0)
+                    sent = os.sendfile(disk, fd, at, size - at)
+                    if not sent:  # the memory file shrank under us: never spin
+                        raise OSError(errno_mod.EIO, "the staged gate shrank while it moved")
+                    at += sent
+                memory = os.dup(fd)
                 os.dup2(disk, fd, inheritable=False)  # the file's offset is at its end
+                os.ftruncate(memory, 0)  # only now: until dup2, fd still wrote there
             finally:
                 os.close(disk)  # not emptied: fd names the same file now
+                if memory >= 0:
+                    os.close(memory)
         except OSError as e:
             raise StorageError(
                 "cannot move a staged gate out of memory",

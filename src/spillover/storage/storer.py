@@ -231,15 +231,16 @@ class Storer(GateFile):
 
     def _append_staged(self, channel_id: int, buffer: Any, data_type: int = DataType.DATA) -> None:
         """:meth:`append` of a gate staged in memory: once it has staged its bound, it
-        drains its writer and moves to a file (up to one buffer past the bound)."""
+        drains its writer and moves to a file before a buffer would take it past the bound."""
         n = self._native
-        n.append(channel_id, buffer, data_type)
-        if self._memory_limit and n.stored_bytes >= self._memory_limit:
+        # len: an OnRelease says its bytes, and a view of it would fire its release
+        if self._memory_limit and n.stored_bytes + len(buffer) > self._memory_limit:
             n.flush()
             assert isinstance(self._backend, StagingBackend)
             self._backend.spill(self._name)
             self._memory_limit = 0
             self.append = n.append  # type: ignore[method-assign]
+        n.append(channel_id, buffer, data_type)
 
     def flush(self) -> None:
         """Writes everything appended so far and releases the held buffers."""

@@ -594,3 +594,36 @@ def test_a_copy_failing_without_an_errno_leaves_the_part_behind_it_whole(
     assert shared.end == end  # the last places taken, given back
     for f in (a_staged, b_staged):
         f.close()
+
+
+@pytest.mark.parametrize("in_memory", [True, False], ids=["memory", "file"])
+def test_a_forked_child_closing_its_copy_leaves_the_parents_staged_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_memory: bool
+) -> None:
+    """A process forked while a gate is staged (a Spark worker's fork, a subprocess)
+    closes its copy of the staging file: the parent's staged bytes stay whole, and the
+    child's staging budget starts empty."""
+    if in_memory and not shared_mod._IN_MEMORY:
+        pytest.skip("no memfd_create here")
+    monkeypatch.setattr(shared_mod, "_IN_MEMORY", in_memory)
+    f = shared_mod._staging_file(str(tmp_path / "staging"))
+    f.write(b"x" * 5000)
+    f.flush()
+    taken = shared_mod.STAGING_BUDGET.reserve()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: close its copy, report its budget, leave at once
+        try:
+            f.close()
+            os.write(w, str(shared_mod.STAGING_BUDGET.used).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    child_used = os.read(r, 64)
+    os.close(r)
+    shared_mod.STAGING_BUDGET.release(taken)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.fstat(f.fileno()).st_size == 5000
+    assert child_used == b"0"
+    f.close()
