@@ -118,17 +118,20 @@ def source_batches(n: int) -> list[Any]:
     return out
 
 
-def route(batches: list[Any], segment: int = SEGMENT) -> list[list[Any]]:
-    """Routes the batches into ``segment``-byte buffers; returns each subpartition's."""
+def _framed(
+    kind: EdgeKind, key: str | None, batches: list[Any], subtask: int, segment: int
+) -> list[list[Any]]:
+    """``PartitionWriter.emit`` of subtask ``subtask`` on an edge of ``kind``: the
+    batches framed into ``segment``-byte buffers; each subpartition's buffers."""
     subs: list[list[Any]] = [[] for _ in range(P)]
     writer = PartitionWriter(
-        EdgeKind.KEY_BY,
+        kind,
         batches[0].dtype,
         P,
-        0,
+        subtask,
         segment,
         MAXP,
-        "key",
+        key,
         lambda sub, buf: subs[sub].append(buf),
         None,
     )
@@ -136,6 +139,11 @@ def route(batches: list[Any], segment: int = SEGMENT) -> list[list[Any]]:
         writer.emit(b)
     writer.flush()
     return subs
+
+
+def route(batches: list[Any], segment: int = SEGMENT) -> list[list[Any]]:
+    """Routes the batches into ``segment``-byte buffers; returns each subpartition's."""
+    return _framed(EdgeKind.KEY_BY, "key", batches, 0, segment)
 
 
 def receive(buffers: list[Any], dtype: Any) -> list[Any]:
@@ -179,22 +187,7 @@ def keyed_rows(batches: list[Any], subtask: int) -> list[Any]:
 def rebalance(batches: list[Any], subtask: int, segment: int) -> list[list[Any]]:
     """The count's output edge: its rows framed into ``segment``-byte buffers, spread
     over the sinks (``PartitionWriter.emit`` of a rebalance edge)."""
-    subs: list[list[Any]] = [[] for _ in range(P)]
-    writer = PartitionWriter(
-        EdgeKind.REBALANCE,
-        batches[0].dtype,
-        P,
-        subtask,
-        segment,
-        MAXP,
-        None,
-        lambda sub, buf: subs[sub].append(buf),
-        None,
-    )
-    for b in batches:
-        writer.emit(b)
-    writer.flush()
-    return subs
+    return _framed(EdgeKind.REBALANCE, None, batches, subtask, segment)
 
 
 def sink(buffers: list[Any], dtype: Any, subtask: int) -> int:

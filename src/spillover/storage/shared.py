@@ -268,6 +268,17 @@ def _keep_open(fsync: bool) -> None:
     pass
 
 
+def _staging_error(what: str, root: str, e: OSError) -> StorageError:
+    """A staging file of ``root`` failed (``e``): the error a gate's writer raises."""
+    return StorageError(
+        what,
+        path=root,
+        errno=e.errno,
+        detail=f"{type(e).__name__}: {e}",
+        hint="check io.tmp.dirs: the channel state of shared files is staged there",
+    )
+
+
 class StagingBackend:
     """A :class:`~spillover.storage.backends.Backend` whose files are staging files (in
     memory, else unlinked temporary files in a local directory): a gate's section
@@ -295,13 +306,7 @@ class StagingBackend:
             else:
                 f = _SPARES.take(self.root)
         except OSError as e:
-            raise StorageError(
-                "cannot create a staging file",
-                path=self.root,
-                errno=e.errno,
-                detail=f"{type(e).__name__}: {e}",
-                hint="check io.tmp.dirs: the channel state of shared files is staged there",
-            ) from e
+            raise _staging_error("cannot create a staging file", self.root, e) from e
         self._files[name] = f
         # The writer writes to f's own descriptor, which f keeps open (and the staged
         # bytes with it) until the section is appended: nothing to close here.
@@ -339,13 +344,7 @@ class StagingBackend:
                 if memory >= 0:
                     os.close(memory)
         except OSError as e:
-            raise StorageError(
-                "cannot move a staged gate out of memory",
-                path=self.root,
-                errno=e.errno,
-                detail=f"{type(e).__name__}: {e}",
-                hint="check io.tmp.dirs: the channel state of shared files is staged there",
-            ) from e
+            raise _staging_error("cannot move a staged gate out of memory", self.root, e) from e
         f.in_memory = False
         f.unreserve()
 
