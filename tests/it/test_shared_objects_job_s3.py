@@ -86,12 +86,15 @@ def test_a_job_on_s3_shares_one_object_per_group(
                 sections += [h for h in cs.get("input", []) + cs.get("output", [])]
     # (a group of one, as after the rescale to p = 2, keeps files of its own)
     assert any("offset" in h for h in sections), sections
-    # Six tasks at p = 3 (the sink is chained), two groups of three: at most one
-    # object per group and checkpoint (a member later than the group's wait would
-    # make its group a second object, ``<group>.1.spill``: still one group's).
+    # Nine tasks at p = 3 (source, running-total and the sink behind a rebalance),
+    # three groups of three, and six at p = 2, two groups: at most one object per
+    # group and checkpoint, never one per subtask (a member later than the group's
+    # wait would make its group a second object, ``<group>.1.spill``: still one
+    # group's). A group whose members held no in-flight data writes none, so a
+    # checkpoint may have fewer.
     for chk, objects in files.items():
         assert all("/channels/" in k for k in objects), objects
         groups = {k.rpartition("/")[2].split(".")[0] for k in objects}
-        assert len(groups) <= 2, (chk, objects)
-    assert any(len(o) == 2 for o in files.values()), files
+        assert len(groups) <= 3, (chk, objects)
+    assert any(len(o) >= 2 for o in files.values()), files
     assert refused.hits > 0  # the refused checkpoint was tried, and is not retained
