@@ -71,7 +71,7 @@ class LocalBackend:
                 hint="each checkpoint and subtask needs its own storage directory",
             ) from e
         except OSError as e:
-            raise _storage_error("cannot create state file", path, e) from e
+            raise storage_error("cannot create state file", path, e) from e
 
         def close(fsync: bool) -> None:
             try:
@@ -79,7 +79,7 @@ class LocalBackend:
                 if fsync:
                     fsync_directory(self.root)
             except OSError as e:
-                raise _storage_error("cannot close state file", path, e) from e
+                raise storage_error("cannot close state file", path, e) from e
 
         return fd, None, close
 
@@ -90,7 +90,7 @@ class LocalBackend:
         except FileNotFoundError as e:
             raise StateFileNotFoundError("state file not found", path=path, errno=e.errno) from e
         except OSError as e:
-            raise _storage_error("cannot open state file", path, e) from e
+            raise storage_error("cannot open state file", path, e) from e
         return cast(ReadableFile, f), os.fstat(f.fileno()).st_size
 
     def delete(self, name: str) -> None:
@@ -154,13 +154,13 @@ class ArrowBackend:
         except StateFileExistsError:
             raise
         except OSError as e:
-            raise _storage_error("cannot create state file", self.uri_of(name), e) from e
+            raise storage_error("cannot create state file", self.uri_of(name), e) from e
 
     def _finish(self, stream: Any, name: str) -> None:
         try:
             stream.close()
         except OSError as e:
-            raise _storage_error("cannot finish state file", self.uri_of(name), e) from e
+            raise storage_error("cannot finish state file", self.uri_of(name), e) from e
 
     def _create_deferred(
         self, name: str
@@ -205,7 +205,7 @@ class ArrowBackend:
                 raise StateFileNotFoundError(
                     "state file not found", path=self.uri_of(name), errno=errno_mod.ENOENT
                 ) from e
-            raise _storage_error("cannot open state file", self.uri_of(name), e) from e
+            raise storage_error("cannot open state file", self.uri_of(name), e) from e
 
     def _missing(self, path: str) -> bool:
         """Asked of the filesystem after a failed open (its error carries no errno)."""
@@ -229,17 +229,17 @@ class ArrowBackend:
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         except OSError as e:
-            raise _storage_error("cannot list storage directory", self.uri_prefix, e) from e
+            raise storage_error("cannot list storage directory", self.uri_prefix, e) from e
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
 
 
-def _storage_error(message: str, path: str, e: OSError) -> StorageError:
+_REACHABLE = "check that the storage is reachable and writable"
+
+
+def storage_error(message: str, path: str, e: OSError, hint: str = _REACHABLE) -> StorageError:
+    """``e`` from storage at ``path`` as the one :class:`StorageError` a user sees."""
     return StorageError(
-        message,
-        path=path,
-        errno=e.errno,
-        detail=f"{type(e).__name__}: {e}",
-        hint="check that the storage is reachable and writable",
+        message, path=path, errno=e.errno, detail=f"{type(e).__name__}: {e}", hint=hint
     )
 
 

@@ -47,6 +47,7 @@ from typing import IO, Any
 
 from spillover._native import _storage as native
 from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
+from spillover.storage.backends import storage_error
 from spillover.storage.handle import GateStateHandle, IndexRef
 from spillover.storage.location import Location, fsync_directory
 
@@ -268,15 +269,7 @@ def _keep_open(fsync: bool) -> None:
     pass
 
 
-def _staging_error(what: str, root: str, e: OSError) -> StorageError:
-    """A staging file of ``root`` failed (``e``): the error a gate's writer raises."""
-    return StorageError(
-        what,
-        path=root,
-        errno=e.errno,
-        detail=f"{type(e).__name__}: {e}",
-        hint="check io.tmp.dirs: the channel state of shared files is staged there",
-    )
+_STAGING_HINT = "check io.tmp.dirs: the channel state of shared files is staged there"
 
 
 class StagingBackend:
@@ -306,7 +299,7 @@ class StagingBackend:
             else:
                 f = _SPARES.take(self.root)
         except OSError as e:
-            raise _staging_error("cannot create a staging file", self.root, e) from e
+            raise storage_error("cannot create a staging file", self.root, e, _STAGING_HINT) from e
         self._files[name] = f
         # The writer writes to f's own descriptor, which f keeps open (and the staged
         # bytes with it) until the section is appended: nothing to close here.
@@ -344,7 +337,9 @@ class StagingBackend:
                 if memory >= 0:
                     os.close(memory)
         except OSError as e:
-            raise _staging_error("cannot move a staged gate out of memory", self.root, e) from e
+            raise storage_error(
+                "cannot move a staged gate out of memory", self.root, e, _STAGING_HINT
+            ) from e
         f.in_memory = False
         f.unreserve()
 
