@@ -158,6 +158,7 @@ class StagingBudget:
 
     def __init__(self, per_process: int = 64 << 20, per_gate: int = 4 << 20) -> None:
         self._lock = threading.Lock()
+        self._gate_bound = per_gate
         self.per_process = per_process
         self.per_gate = min(per_gate, per_process)
         self.used = 0
@@ -172,11 +173,11 @@ class StagingBudget:
 
     def configure(self, per_process: int) -> None:
         """Sets the bound per process (``execution.checkpointing.unaligned.staging-memory``);
-        the bound per gate is 4 MiB, or the whole budget if smaller. 0: every gate is
+        the bound per gate stays, or is the whole budget if smaller. 0: every gate is
         staged in a file."""
         with self._lock:
             self.per_process = per_process
-            self.per_gate = min(4 << 20, per_process)
+            self.per_gate = min(self._gate_bound, per_process)
 
     def reserve(self) -> int:
         """Takes ``per_gate`` bytes for a gate to stage in memory: the bytes taken, 0 if

@@ -51,17 +51,11 @@ class ControlSilence(ControlError):
     connection is intact and may be read again, if the silence is expected."""
 
 
-def _recv_exact(sock: socket.socket, n: int, first: bool = False) -> bytes:
-    """``n`` bytes; with ``first``, a timeout before any of them came is a
-    :class:`ControlSilence` (a timeout inside a message breaks the connection)."""
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes of a handshake (a timeout breaks the connection)."""
     parts: list[bytes] = []
     while n:
-        try:
-            chunk = sock.recv(min(n, 1 << 20))
-        except TimeoutError:
-            if first and not parts:
-                raise ControlSilence(f"nothing heard for {sock.gettimeout():g} s") from None
-            raise
+        chunk = sock.recv(min(n, 1 << 20))
         if not chunk:
             raise ControlError("the peer closed the control connection")
         parts.append(chunk)

@@ -161,9 +161,9 @@ class _Relay:
     message. Closed when the generation is reset: a late word of one of its subtasks
     (a snapshot's acknowledgement) is dropped, never sent after the :class:`Reset`."""
 
-    def __init__(self, conn: ControlConnection, arrivals: _Arrivals | None = None) -> None:
+    def __init__(self, conn: ControlConnection, arrivals: _Arrivals) -> None:
         self.conn = conn
-        self.arrivals = arrivals or _Arrivals()
+        self.arrivals = arrivals
         self._lock = threading.Lock()
         self._closed = False
 
