@@ -102,6 +102,8 @@ class TaskInput:
         self._debloater = gate.debloater
         # The longest an input wait lasts before the loop looks around again.
         self._poll = min(flush_interval, _POLL)
+        # Operators that pace themselves (``ready_at``; set by ``run``): most chains none.
+        self._paced: list[Any] = []
         self.records_in = 0
         self.busy_seconds = 0.0
         self.output_wait_seconds = 0.0  # waiting for the output to drain: backpressure
@@ -149,8 +151,8 @@ class TaskInput:
     def run(self) -> None:
         """The input loop: until every channel ended, or the task must exit."""
         task, gate = self.task, self.gate
-        # Operators that pace themselves (``ready_at``); most chains have none.
         paced = [op for op in task.chain.opened if type(op).ready_at is not Operator.ready_at]
+        self._paced = paced
         while not self.inputs_done():
             task.mail()
             task.cp.reap()
@@ -180,9 +182,9 @@ class TaskInput:
             if item is None:
                 task.maybe_flush()
                 continue
-            # A paced operator, a loop head or an active replay: one buffer a turn, so
-            # their checks run before every buffer.
-            single = paced or task.head is not None or (replay is not None and replay.active)
+            # A loop head or an active replay: one buffer a turn, so their checks run
+            # before every buffer (a paced operator ends a run once it must wait).
+            single = task.head is not None or (replay is not None and replay.active)
             self._take_run(item, 1 if single else RUN_BUFFERS)
             task.maybe_flush()
 
@@ -190,7 +192,8 @@ class TaskInput:
         """Handles ``item`` and then, up to ``limit`` buffers in all, what the gate
         already holds, while the output moves on at once and nothing else asks for
         the loop: mail, an event, a held stop's savepoint, a due flush of the output
-        (a partly filled buffer waits no longer than the buffer timeout). The loop's
+        (a partly filled buffer waits no longer than the buffer timeout), an operator
+        that paces itself and is not ready for more. The loop's
         checks (mail, reaping, pacing, replay) run once per run instead of once per
         buffer; a run takes what it finds and never waits. Each buffer is released
         here; only data counts as busy time."""
@@ -211,6 +214,8 @@ class TaskInput:
                 buf.release()
             if i == limit - 1 or self._held or now >= due:
                 return
+            if self._paced and max(op.ready_at() for op in self._paced) > now:
+                return  # the loop waits for it, taking unaligned barriers meanwhile
             if task.has_mail() or not task.drain():
                 return
             got = gate.poll(0.0)

@@ -119,7 +119,7 @@ def test_a_run_takes_what_the_gate_holds_up_to_its_limit() -> None:
     run(gate, loop)
     assert task.handled == list(range(RUN_BUFFERS))
     assert queued(gate) == 2
-    run(gate, loop, limit=1)  # a paced, loop-head or replaying task: one a turn
+    run(gate, loop, limit=1)  # a loop-head or replaying task: one a turn
     assert task.handled == list(range(RUN_BUFFERS + 1))
     assert queued(gate) == 1
 
@@ -167,6 +167,31 @@ def test_a_run_ends_once_the_flush_is_due(clock: FakeClock) -> None:
     run(gate, loop)
     assert task.handled == [0, 1, 2]  # done at 1, 2 and 3 s: due after the third
     assert queued(gate) == 3
+
+
+class _Paced:
+    """An operator that paces itself: ready again ``per_buffer`` seconds of the clock
+    after each buffer (as ``ThrottledSink`` does at its rate)."""
+
+    def __init__(self, clock: FakeClock, task: RecordingTask, per_buffer: float) -> None:
+        self.clock, self.task, self.per_buffer = clock, task, per_buffer
+
+    def ready_at(self) -> float:
+        taken = sum(isinstance(h, int) for h in self.task.handled)
+        return taken * self.per_buffer
+
+
+@pytest.mark.parametrize(("per_buffer", "taken"), [(0.5, 4), (2.0, 1)])
+def test_a_paced_operator_ends_the_run_once_it_must_wait(
+    clock: FakeClock, per_buffer: float, taken: int
+) -> None:
+    """A paced sink takes buffers in runs while it keeps up (an unreachable pace: the
+    whole run) and the run ends as soon as it must wait for its pace."""
+    task, gate, loop = setup(6, clock)
+    task.tick = 1.0  # each buffer takes a second
+    loop._paced = [_Paced(clock, task, per_buffer)]
+    run(gate, loop, limit=4)
+    assert task.handled == list(range(taken))
 
 
 def test_a_task_holding_a_stops_savepoint_holds_one_buffer_a_run() -> None:
