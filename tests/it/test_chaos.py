@@ -100,6 +100,19 @@ def test_a_storage_fault_the_job_never_met_spares_the_check(tmp_path: Path) -> N
     assert outcome.exact, outcome.report or outcome.error
 
 
+def test_a_drain_after_a_restore_past_the_last_record_still_stops(tmp_path: Path) -> None:
+    """Found by chaos (832849741-3, CI's drawn seed): both failures struck before the
+    stop's bound (0.09 s), and the attempt restored after the sources' last record sent
+    none, so a drain that waited for records never came and the run ended unstopped.
+    Past its bound a drain no longer waits for records; the sources hold their end
+    long enough for it."""
+    s = scenario_for("832849741-3")
+    assert {"failure", "stop-drain"} <= set(s.features)
+    outcome = run_scenario(s, str(tmp_path))
+    assert outcome.exact, outcome.report or outcome.error
+    assert len(outcome.failures_fired) == 2
+
+
 # Failures known and kept as xfails, until their fix lands.
 KNOWN: tuple[str, ...] = ()
 

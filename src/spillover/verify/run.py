@@ -117,6 +117,17 @@ def finish_failed(
     return out
 
 
+HOLD_SLACK_S = 10.0
+"""How long past a stop's bound the first run's sources hold their end. The bound is
+when the stop is due, but it also waits for a checkpoint and, for a drain, for an
+attempt that runs and sent records: a job restarted by an induced failure near the
+bound would otherwise end before it (chaos 832849741-3: bound 0.09 s)."""
+
+
+DRAIN_GRACE_S = 1.0
+"""How long past its bound a drain waits for a running attempt to send records."""
+
+
 class _TwoRuns:
     """A run stopped part way and the run that resumes it, in one work directory."""
 
@@ -140,7 +151,7 @@ class _TwoRuns:
         for v in first.vertices:
             for node in v.nodes:
                 if isinstance(node.prototype, GeneratorSource):
-                    node.prototype.hold_end(hold_end_s)
+                    node.prototype.hold_end(hold_end_s + HOLD_SLACK_S)
         self.first = _executor(spec, first, self.cfg, failures=failures)
 
     def graph(self, parallelism: int) -> Any:
@@ -264,12 +275,15 @@ def run_stopped(
                 # drain at once and end its sources before they emit one, leaving
                 # nothing to commit (chaos 29-60; tests/it/test_drained_stop.py asks
                 # one so, on purpose). A drain waits for an attempt that runs and
-                # sent records.
+                # sent records; past its bound, not for records: an attempt restored
+                # after its sources emitted their last record sends none (chaos
+                # 832849741-3), and one restored before the first is ``vacuous``.
                 if first.running_since() != attempt[0]:  # another attempt began
                     attempt = (first.running_since(), len(failures.fired))
                 running = attempt[0] is not None and len(failures.fired) == attempt[1]
                 sent = sum(m.get("records_out", 0.0) for m in first.task_metrics().values())
-                ready = checkpointed and running and sent > 0
+                late = time.monotonic() >= deadline + DRAIN_GRACE_S
+                ready = checkpointed and running and (sent > 0 or late)
             else:
                 # Not before a checkpoint completed: a job slow to start (storage far
                 # away) would be stopped before its sources emitted anything.
