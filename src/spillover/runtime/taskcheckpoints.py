@@ -99,7 +99,6 @@ class TaskCheckpoints:
         self.gate_of = [(edges.index(c.edge), c.upstream_subtask) for c in task.channels]
         self.offsets = [next(i for i, c in enumerate(task.channels) if c.edge == e) for e in edges]
         self.snapshots = SnapshotThreads(task.name)
-        self.forward_ms = 0.0  # the last unaligned forward's duration (SnapshotHost)
         self.acks = InflightAcks(self.snapshots, self)
         channels: Channels = task.gate if task.has_input else _NoChannels()
         self.feedback = feedback
@@ -206,7 +205,7 @@ class TaskCheckpoints:
             if not inf.forwarded_at:  # when the barrier starts to leave
                 inf.forwarded_at = time.time()
             self.task.output.forward_unaligned(barrier, inf)
-            self.forward_ms = (time.monotonic() - t) * 1000
+            inf.forward_ms = (time.monotonic() - t) * 1000
 
     def begun_records(self, skip: frozenset[int]) -> list[tuple[int, bytes]]:
         out = []

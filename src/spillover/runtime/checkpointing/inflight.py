@@ -61,6 +61,9 @@ class InFlightCheckpoint:
     close_ms: float = 0.0
     closed_here: bool = False  # finished on the task thread (QUICK_CLOSE_BYTES)
     forwarded: bool = False  # the barrier went ahead of the output
+    # How long that took (ms): the barrier and the output state it overtook handed
+    # to the channel state (the breakdown's forward part, bench/checkpoint_breakdown.py).
+    forward_ms: float = 0.0
     inputs_done: float = 0.0  # when the last input's barrier came (monotonic)
     _halves_left: int = 2
     _halves_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

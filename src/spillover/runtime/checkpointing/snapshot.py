@@ -103,9 +103,6 @@ class SnapshotHost(Protocol):
     subtask: int
     snapshots: SnapshotThreads
     acks: InflightAcks
-    # How long the last unaligned forward took (ms): the barrier and the output
-    # state it overtook handed to the channel state (the breakdown's forward part).
-    forward_ms: float
 
     def state_directory(self, cid: int) -> str | None:
         """Where checkpoint ``cid``'s state files go (None: checkpointing is off)."""
@@ -195,7 +192,7 @@ def take_snapshot(
         # The sync part's pieces: the unaligned barrier's forward, what ran before the
         # snapshot (the recovered cut, the begun records, what the barrier overtook
         # on its channel), the operators' and keyed state's capture.
-        "forward_ms": task.forward_ms if inflight is not None and inflight.forwarded else 0.0,
+        "forward_ms": inflight.forward_ms if inflight is not None else 0.0,
         "before_ms": (entered - t0) * 1000,
         "capture_ms": capture_ms,
         "state_bytes": captured.state_bytes,
