@@ -138,19 +138,18 @@ def scan_block(
 SECTION_CREATE: int
 SECTION_FSYNC: int
 SECTION_EMPTY: int
-SECTION_MEMORY: int
 
 def append_sections(
-    srcs: list[int],
+    sections: list[tuple[int, int, int, bool, bytes]],
     path: str,
-    counts: list[int],
-    ats: list[int],
     flags: int,
-    entries: list[bytes],
     keep_gil: bool = False,
-) -> tuple[int, str, int, bool, list[bool]]:
-    """Several sections and their entries in one call: ``(errno, step, failed index or -1,
-    opened, emptied per section)``."""
+) -> tuple[int, str, bool, list[bool]]:
+    """A part's sections, ``(fd, bytes, offset, in memory, entry)`` each, in one call
+    (one open, one fsync): ``(errno, step, opened, emptied per section)``."""
+
+def copy_range(src: int, dst: int, count: int, at: int, in_memory: bool) -> int:
+    """``count`` bytes from offset 0 of ``src`` to offset ``at`` of ``dst``: errno or 0."""
 
 def write_new_file(path: str, data: Any, flags: int) -> tuple[int, str]:
     """Writes ``data`` as a new file at ``path`` in one call: ``(errno, step)``."""

@@ -473,24 +473,25 @@ class SharedFile:
         if not sections:
             return []
         sizes = [h.size + (len(e) if e is not None else 0) for _, h, e in sections]
+        total = sum(sizes)
         with self._lock:
             offset = self.end
             creating = not self._created
-            self.end += sum(sizes)
+            self.end += total
             if creating:  # the others open the file only once it exists
                 try:
-                    rc, step, emptied = self._copy(sections, offset, empty, creating)
+                    rc, step, emptied = self._copy(sections, sizes, offset, empty, creating)
                 except BaseException:  # not an errno (a bad argument, an interrupt)
                     self.end = offset
                     raise
         if not creating:
             try:
-                rc, step, emptied = self._copy(sections, offset, empty, creating)
+                rc, step, emptied = self._copy(sections, sizes, offset, empty, creating)
             except BaseException:
-                self._give_back(offset, sum(sizes))
+                self._give_back(offset, total)
                 raise
         if rc:
-            self._give_back(offset, sum(sizes))
+            self._give_back(offset, total)
             if creating and step == "open" and rc == errno_mod.EEXIST:
                 raise StateFileExistsError(
                     "shared state file already exists",
@@ -532,32 +533,26 @@ class SharedFile:
     def _copy(
         self,
         sections: Sequence[tuple[IO[bytes], GateStateHandle, bytes | None]],
+        sizes: Sequence[int],
         offset: int,
         empty: bool,
         creating: bool,
     ) -> tuple[int, str, list[bool]]:
-        """The native copy of the sections and their entries from ``offset`` on:
-        ``(errno or 0, step, emptied per section)``."""
+        """The native copy of the sections (``sizes``: each with its entry) from
+        ``offset`` on, the file opened and fsynced once: ``(errno or 0, step, emptied
+        per section)``."""
         flags = (
             (native.SECTION_CREATE if creating else 0)
             | (native.SECTION_FSYNC if self.fsync else 0)
             | (native.SECTION_EMPTY if empty else 0)
-            | (native.SECTION_MEMORY if _IN_MEMORY else 0)
         )
-        ats = []
+        places = []
         at = offset
-        for _, handle, entry in sections:
-            ats.append(at)
-            at += handle.size + (len(entry) if entry is not None else 0)
-        rc, step, _, opened, emptied = native.append_sections(
-            [staged.fileno() for staged, _, _ in sections],
-            self.path,
-            [h.size for _, h, _ in sections],
-            ats,
-            flags,
-            [e if e is not None else b"" for _, _, e in sections],
-            _IN_MEMORY and not self.fsync and self.local and at - offset <= KEEP_GIL_BYTES,
-        )
+        for (staged, handle, entry), size in zip(sections, sizes, strict=True):
+            places.append((staged.fileno(), handle.size, at, _IN_MEMORY, entry or b""))
+            at += size
+        keep_gil = _IN_MEMORY and not self.fsync and self.local and at - offset <= KEEP_GIL_BYTES
+        rc, step, opened, emptied = native.append_sections(places, self.path, flags, keep_gil)
         # Ours once opened, even if a copy failed: later sections open it without
         # O_EXCL.
         self._created = self._created or opened

@@ -627,3 +627,66 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_staged_bytes(
     assert os.fstat(f.fileno()).st_size == 5000
     assert child_used == b"0"
     f.close()
+
+
+_FSYNC_SCRIPT = """
+import os, sys
+from spillover.storage import GateKind, Storage, StorageOptions, open_retriever
+from spillover.storage.handle import state_file_name
+from spillover.storage.location import Location
+from spillover.storage.shared import SharedFile, StagingBackend
+
+root = sys.argv[1]
+shared = SharedFile(Location.parse(os.path.join(root, "d")), "g.spill", fsync=True)
+backend = StagingBackend(os.path.join(root, "s"))
+storage = Storage(backend, StorageOptions(), 1, 0)
+
+
+def part(gates):
+    closed = []
+    for g in gates:
+        s = storage.create_storer(g)
+        s.append(0, bytes([g]) * 3000)
+        closed.append((backend.take(state_file_name(g, GateKind.INPUT)), s.close(), b"e" * 7))
+    return shared.append_all(closed)
+
+
+part([0])  # creates the file
+os.write(2, b"PART-OF-THREE")
+handles = part([1, 2, 3])
+os.write(2, b"DONE")
+for g, h in zip([1, 2, 3], handles):
+    with open_retriever(h) as r:
+        assert [bytes(b) for b in r] == [bytes([g]) * 3000]
+print("read back")
+"""
+
+
+def test_a_part_of_several_gates_is_fsynced_once(tmp_path: Path) -> None:
+    """With fsync on, a subtask's part of three gates reaches the disk with one fsync of
+    the shared file, not one per gate (each costs a disk flush), and reads back."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("strace") is None:
+        pytest.skip("no strace here")
+    trace = tmp_path / "trace"
+    run = subprocess.run(
+        [
+            *("strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,write", "-o", str(trace)),
+            *(sys.executable, "-c", _FSYNC_SCRIPT, str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(shared_mod.__file__).parents[2])},
+        timeout=120,
+    )
+    if run.returncode != 0 and "ptrace" in run.stderr:
+        pytest.skip("ptrace not permitted here")
+    assert run.returncode == 0, run.stderr
+    lines = trace.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "PART-OF-THREE" in line)
+    end = next(i for i, line in enumerate(lines) if "DONE" in line)
+    assert sum("fsync(" in line for line in lines[start:end]) == 1
+    assert run.stdout.strip() == "read back"
