@@ -324,14 +324,13 @@ class StagingBackend:
             fd, disk = f.fileno(), _temporary_fd(self.root)
             memory = -1
             try:
-                size, at = os.fstat(fd).st_size, 0
-                while at < size:
-                    sent = os.sendfile(disk, fd, at, size - at)
-                    if not sent:  # the memory file shrank under us: never spin
-                        raise OSError(errno_mod.EIO, "the staged gate shrank while it moved")
-                    at += sent
+                size = os.fstat(fd).st_size
+                rc = native.copy_range(fd, disk, size, 0, True)
+                if rc:  # EIO: the memory file shrank under us
+                    raise OSError(rc, os.strerror(rc))
+                os.lseek(disk, size, os.SEEK_SET)  # the writer goes on at the end
                 memory = os.dup(fd)
-                os.dup2(disk, fd, inheritable=False)  # the file's offset is at its end
+                os.dup2(disk, fd, inheritable=False)
                 os.ftruncate(memory, 0)  # only now: until dup2, fd still wrote there
             finally:
                 os.close(disk)  # not emptied: fd names the same file now

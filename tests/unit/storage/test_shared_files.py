@@ -690,3 +690,39 @@ def test_a_part_of_several_gates_is_fsynced_once(tmp_path: Path) -> None:
     end = next(i for i, line in enumerate(lines) if "DONE" in line)
     assert sum("fsync(" in line for line in lines[start:end]) == 1
     assert run.stdout.strip() == "read back"
+
+
+def test_a_gate_that_cannot_move_out_of_memory_fails_with_one_storage_error(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move of a staged gate to a file fails (a full disk): the append raises one
+    StorageError with the errno and the staging directory, and the gate's memory comes
+    back once it is discarded."""
+    monkeypatch.setattr(shared_mod.native, "copy_range", lambda *_: errno.ENOSPC)
+    backend = StagingBackend(str(tmp_path / "staging"))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    with pytest.raises(StorageError) as caught:
+        for _ in range(10):
+            storer.append(0, b"z" * 1500)
+    assert caught.value.errno == errno.ENOSPC and str(tmp_path / "staging") in str(caught.value)
+    storer.discard()
+    assert budget.used == 0
+
+
+def test_a_gate_moved_by_positioned_writes_goes_on_at_the_end_of_its_file(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move's copy may fall back to pread and pwrite (which leave the file's offset
+    alone): the gate's later buffers still follow its earlier ones, and it reads back
+    exactly."""
+
+    def positioned(src: int, dst: int, count: int, at: int, _: bool) -> int:
+        os.pwrite(dst, os.pread(src, count, 0), at)
+        return 0
+
+    monkeypatch.setattr(shared_mod.native, "copy_range", positioned)
+    gate: Gate = (0, 0, [(i % 2, bytes([i]) * 1000) for i in range(12)])
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    section = _write(shared, str(tmp_path / "staging"), 1, gate)
+    assert budget.used == 0
+    assert _read(section) == _per_channel(gate[2])
