@@ -726,3 +726,24 @@ def test_a_gate_moved_by_positioned_writes_goes_on_at_the_end_of_its_file(
     section = _write(shared, str(tmp_path / "staging"), 1, gate)
     assert budget.used == 0
     assert _read(section) == _per_channel(gate[2])
+
+
+def test_a_staged_gate_moves_once_and_never_holds_more_than_its_bound_in_memory(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Buffers of any size: the gate moves to a file exactly once, before a buffer would
+    take its memory past its bound (4 KiB here), and reads back exactly."""
+    moves: list[int] = []
+    real = StagingBackend.spill
+
+    def spill(self: StagingBackend, name: str) -> None:
+        moves.append(os.fstat(self._files[name].fileno()).st_size)  # in memory now
+        real(self, name)
+
+    monkeypatch.setattr(StagingBackend, "spill", spill)
+    sizes = [700, 1, 1200, 0, 1500, 3000, 5000, 10, 4096]
+    gate: Gate = (0, 0, [(i % 2, bytes([i]) * n) for i, n in enumerate(sizes)])
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    section = _write(shared, str(tmp_path / "staging"), 1, gate)
+    assert len(moves) == 1 and moves[0] <= budget.per_gate
+    assert _read(section) == _per_channel(gate[2])
