@@ -204,6 +204,8 @@ class _StagingFile(io.FileIO):
     its descriptor. A forked child closing its copy empties nothing: the file is its
     parent's, perhaps being written."""
 
+    in_memory = False  # a memfd (copied with sendfile, not copy_file_range)
+
     def __init__(self, fd: int, mode: str) -> None:
         super().__init__(fd, mode)
         self._pid = os.getpid()
@@ -548,9 +550,16 @@ class SharedFile:
         places = []
         at = offset
         for (staged, handle, entry), size in zip(sections, sizes, strict=True):
-            places.append((staged.fileno(), handle.size, at, _IN_MEMORY, entry or b""))
+            # Per file: a gate moved out of memory is copied in the kernel (copy_file_range).
+            memory = isinstance(staged, _StagingFile) and staged.in_memory
+            places.append((staged.fileno(), handle.size, at, memory, entry or b""))
             at += size
-        keep_gil = _IN_MEMORY and not self.fsync and self.local and at - offset <= KEEP_GIL_BYTES
+        keep_gil = (
+            all(memory for _, _, _, memory, _ in places)
+            and not self.fsync
+            and self.local
+            and at - offset <= KEEP_GIL_BYTES
+        )
         rc, step, opened, emptied = native.append_sections(places, self.path, flags, keep_gil)
         # Ours once opened, even if a copy failed: later sections open it without
         # O_EXCL.

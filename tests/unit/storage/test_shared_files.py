@@ -629,15 +629,16 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_staged_bytes(
     f.close()
 
 
-_FSYNC_SCRIPT = """
+_PART_SCRIPT = """
 import os, sys
 from spillover.storage import GateKind, Storage, StorageOptions, open_retriever
+from spillover.storage import shared as shared_mod
 from spillover.storage.handle import state_file_name
 from spillover.storage.location import Location
 from spillover.storage.shared import SharedFile, StagingBackend
 
-root = sys.argv[1]
-shared = SharedFile(Location.parse(os.path.join(root, "d")), "g.spill", fsync=True)
+root, fsync, moved = sys.argv[1], sys.argv[2] == "fsync", sys.argv[3] == "moved"
+shared = SharedFile(Location.parse(os.path.join(root, "d")), "g.spill", fsync=fsync)
 backend = StagingBackend(os.path.join(root, "s"))
 storage = Storage(backend, StorageOptions(), 1, 0)
 
@@ -647,6 +648,8 @@ def part(gates):
     for g in gates:
         s = storage.create_storer(g)
         s.append(0, bytes([g]) * 3000)
+        if moved and g == 1:
+            backend.spill(s._name)  # as past its memory bound
         closed.append((backend.take(state_file_name(g, GateKind.INPUT)), s.close(), b"e" * 7))
     return shared.append_all(closed)
 
@@ -662,9 +665,10 @@ print("read back")
 """
 
 
-def test_a_part_of_several_gates_is_fsynced_once(tmp_path: Path) -> None:
-    """With fsync on, a subtask's part of three gates reaches the disk with one fsync of
-    the shared file, not one per gate (each costs a disk flush), and reads back."""
+def _traced_part(tmp_path: Path, calls: str, *args: str) -> list[str]:
+    """The system calls ``calls`` made while a subtask's part of three gates (each staged
+    in memory unless ``moved``: the first moved to a file) is appended to a shared
+    file (``fsync``: with fsync on), as strace saw them; the part reads back."""
     import shutil
     import subprocess
     import sys
@@ -674,8 +678,8 @@ def test_a_part_of_several_gates_is_fsynced_once(tmp_path: Path) -> None:
     trace = tmp_path / "trace"
     run = subprocess.run(
         [
-            *("strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,write", "-o", str(trace)),
-            *(sys.executable, "-c", _FSYNC_SCRIPT, str(tmp_path)),
+            *("strace", "-f", "-qq", "-e", f"trace={calls},write", "-o", str(trace)),
+            *(sys.executable, "-c", _PART_SCRIPT, str(tmp_path), *args),
         ],
         capture_output=True,
         text=True,
@@ -685,11 +689,31 @@ def test_a_part_of_several_gates_is_fsynced_once(tmp_path: Path) -> None:
     if run.returncode != 0 and "ptrace" in run.stderr:
         pytest.skip("ptrace not permitted here")
     assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "read back"
     lines = trace.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if "PART-OF-THREE" in line)
     end = next(i for i, line in enumerate(lines) if "DONE" in line)
-    assert sum("fsync(" in line for line in lines[start:end]) == 1
-    assert run.stdout.strip() == "read back"
+    return [line for line in lines[start:end] if "write(" not in line]
+
+
+def test_a_part_of_several_gates_is_fsynced_once(tmp_path: Path) -> None:
+    """With fsync on, a subtask's part of three gates reaches the disk with one fsync of
+    the shared file, not one per gate (each costs a disk flush), and reads back."""
+    calls = _traced_part(tmp_path, "fsync,fdatasync", "fsync", "memory")
+    assert sum("fsync(" in line for line in calls) == 1
+
+
+def test_a_gate_moved_to_a_file_is_copied_in_the_kernel_beside_gates_in_memory(
+    tmp_path: Path,
+) -> None:
+    """A part of two gates staged in memory and one moved to a file: the moved one is
+    copied file to file in the kernel (copy_file_range), the others from memory
+    (sendfile), whatever the process stages, and all read back."""
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create here")
+    calls = _traced_part(tmp_path, "copy_file_range,sendfile", "no-fsync", "moved")
+    assert sum("copy_file_range(" in line for line in calls) >= 1
+    assert sum("sendfile(" in line for line in calls) >= 2
 
 
 def test_a_gate_that_cannot_move_out_of_memory_fails_with_one_storage_error(
