@@ -11,14 +11,15 @@ its offset is known only when it closes. A gate is therefore **staged**: its
 storer writes into a staging file (:class:`StagingBackend`) through the native
 writer's thread, in memory (a ``memfd``: no file of the filesystem is written
 before the close; bounded per gate and per process by :data:`STAGING_BUDGET`, past
-which a gate moves to a file) or, without ``memfd_create`` or with
-``SPILLOVER_STAGING_MEMORY=0``, an unlinked temporary file; the caller's buffers
-are given back as soon as written. When a
+which a gate moves to a file) or, with no room in that budget (none with
+``staging-memory`` 0 or ``SPILLOVER_STAGING_MEMORY=0``) or without ``memfd_create``,
+an unlinked temporary file; the caller's buffers are given back as soon as
+written. When a
 subtask's gates close, :meth:`SharedFile.append_all` takes their places at the end
 of the shared file under the file's lock and writes the finished sections there
 (``sendfile`` from memory, ``copy_file_range`` from a file, else ``pread`` and
 ``pwrite``) outside it, in one native call, so the bytes reach the shared file
-once; the emptied staging file is kept for the next gate. No task waits for
+once; the emptied staging file, of either kind, is kept for the next gate. No task waits for
 another's gate or for its copy, a failed or discarded gate leaves nothing a handle
 names, and every section a handle names is whole.
 
@@ -57,19 +58,21 @@ _log = logging.getLogger(__name__)
 
 
 class _Spares:
-    """Staging files (in memory, or unlinked temporary files) ready for use, a few per
-    directory for the few directories last used: a gate staged at a barrier takes
-    one instead of creating it (for a temporary file a directory check and an open,
-    about a millisecond on a busy machine) on the task thread. A staged file, once
-    its section is appended and it is emptied, comes back (:meth:`give`), so in a
-    steady job the same few files serve every checkpoint; one background thread
-    makes more only when a directory runs low. A process made by ``fork`` drops its
-    parent's spares (their file offsets are shared with the parent)."""
+    """Staging files ready for use, a few per kind: in memory (the key ``None``) and
+    unlinked temporary files of each of the few directories last used. A gate staged
+    at a barrier takes one instead of creating it (for a temporary file a directory
+    check and an open, about a millisecond on a busy machine) on the task thread. A
+    staged file, once its section is appended and it is emptied, comes back
+    (:meth:`give`) as a spare of its kind now (a gate moved out of memory is a file),
+    so in a steady job the same few files serve every checkpoint, whether its gates
+    are staged in memory or in files; one background thread makes more only when a
+    kind runs low. A process made by ``fork`` drops its parent's spares (their file
+    offsets are shared with the parent)."""
 
-    AHEAD = 8  # spares made per directory when it runs low
+    AHEAD = 8  # spares made per kind when it runs low
     LOW = 4  # fewer than this left after a take: make more (not at every barrier)
-    KEEP = 16  # spares kept per directory at most (files given back beyond it close)
-    ROOTS = 4  # directories kept; the spares of older ones are closed
+    KEEP = 16  # spares kept per kind at most (files given back beyond it close)
+    ROOTS = 5  # kinds kept (memory and 4 directories); the spares of older ones close
 
     def __init__(self) -> None:
         self._reset()
@@ -79,8 +82,8 @@ class _Spares:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._spares: dict[str, list[IO[bytes]]] = {}  # oldest directory first
-        self._wanted: list[str] = []
+        self._spares: dict[str | None, list[IO[bytes]]] = {}  # the oldest kind first
+        self._wanted: list[str | None] = []
         self._thread: threading.Thread | None = None
 
     def _after_fork(self) -> None:
@@ -90,8 +93,9 @@ class _Spares:
             with contextlib.suppress(OSError):
                 f.close()
 
-    def take(self, root: str) -> IO[bytes]:
-        """An empty unlinked temporary file in ``root`` (made here if none is ready)."""
+    def take(self, root: str | None) -> IO[bytes]:
+        """An empty staging file: in memory for ``None``, else an unlinked temporary file
+        in ``root`` (made here if none is ready; OSError if it cannot be)."""
         with self._lock:
             spares = self._spares.pop(root, [])
             spare = spares.pop() if spares else None
@@ -108,14 +112,25 @@ class _Spares:
             return spare
         return _staging_file(root)
 
-    def give(self, root: str, f: IO[bytes]) -> None:
-        """Takes back an emptied, rewound staging file of ``root`` for a later take."""
+    def give(self, root: str | None, f: IO[bytes]) -> None:
+        """Takes back an emptied, rewound staging file of kind ``root`` (as in
+        :meth:`take`) for a later take."""
         with self._lock:
-            spares = self._spares.get(root)
-            if spares is not None and len(spares) < self.KEEP:
+            spares = self._spares.setdefault(root, [])
+            kept = len(spares) < self.KEEP
+            if kept:
                 spares.append(f)
-                return
-        f.close()
+            evicted = self._evict()
+        for old in evicted if kept else [f, *evicted]:
+            old.close()
+
+    def _evict(self) -> list[IO[bytes]]:
+        """The spares of the kinds used longest ago, past :attr:`ROOTS`, taken out (to be
+        closed outside the lock)."""
+        evicted = []
+        while len(self._spares) > self.ROOTS:
+            evicted.extend(self._spares.pop(next(iter(self._spares))))
+        return evicted
 
     def _fill(self) -> None:
         while True:
@@ -128,11 +143,9 @@ class _Spares:
             with contextlib.suppress(OSError):  # take() makes its own, and says why not
                 for _ in range(missing):
                     made.append(_staging_file(root))
-            with self._lock:
-                self._spares.setdefault(root, []).extend(made)
-                evicted = []
-                while len(self._spares) > self.ROOTS:
-                    evicted.extend(self._spares.pop(next(iter(self._spares))))
+            with self._lock:  # under those given back: a take reuses those first
+                self._spares.setdefault(root, [])[:0] = made
+                evicted = self._evict()
             for f in evicted:
                 f.close()
 
@@ -159,8 +172,10 @@ class StagingBudget:
     def __init__(self, per_process: int = 64 << 20, per_gate: int = 4 << 20) -> None:
         self._lock = threading.Lock()
         self._gate_bound = per_gate
-        self.per_process = per_process
-        self.per_gate = min(per_gate, per_process)
+        # SPILLOVER_STAGING_MEMORY=0 is staging-memory 0 for the process, whatever is set
+        self._off = os.environ.get("SPILLOVER_STAGING_MEMORY") == "0"
+        self.per_process = 0 if self._off else per_process
+        self.per_gate = min(per_gate, self.per_process)
         self.used = 0
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
@@ -174,10 +189,10 @@ class StagingBudget:
     def configure(self, per_process: int) -> None:
         """Sets the bound per process (``execution.checkpointing.unaligned.staging-memory``);
         the bound per gate stays, or is the whole budget if smaller. 0: every gate is
-        staged in a file."""
+        staged in a file, as with SPILLOVER_STAGING_MEMORY=0 (which wins over it)."""
         with self._lock:
-            self.per_process = per_process
-            self.per_gate = min(self._gate_bound, per_process)
+            self.per_process = 0 if self._off else per_process
+            self.per_gate = min(self._gate_bound, self.per_process)
 
     def reserve(self) -> int:
         """Takes ``per_gate`` bytes for a gate to stage in memory: the bytes taken, 0 if
@@ -248,24 +263,30 @@ def _temporary_file(root: str) -> IO[bytes]:
     return _StagingFile(_temporary_fd(root), "w+b")
 
 
-def _staging_file(root: str) -> IO[bytes]:
-    """A new empty staging file: in memory (``memfd_create``) where the system has it
-    and SPILLOVER_STAGING_MEMORY is not 0, else an unlinked temporary file in ``root``.
-    Where ``memfd_create`` fails (an old kernel, a seccomp filter), every later
-    staging file of the process is a temporary file."""
-    global _IN_MEMORY
-    if _IN_MEMORY:
-        try:
-            fd = os.memfd_create("spillover-staging", os.MFD_CLOEXEC)
-        except OSError as e:
-            _IN_MEMORY = False
-            _log.warning("gates are staged in files: memfd_create failed (%s)", e)
-        else:
-            return _MemoryFile(fd, "w+b")
+def _staging_file(root: str | None) -> IO[bytes]:
+    """A new empty staging file: in memory (a ``memfd``) for ``None``, else an unlinked
+    temporary file in ``root``; OSError if it cannot be made."""
+    if root is None:
+        return _MemoryFile(os.memfd_create("spillover-staging", os.MFD_CLOEXEC), "w+b")
     return _temporary_file(root)
 
 
-_IN_MEMORY = hasattr(os, "memfd_create") and os.environ.get("SPILLOVER_STAGING_MEMORY") != "0"
+_MEMFD = hasattr(os, "memfd_create")
+"""Whether gates may be staged in memory here: False once ``memfd_create`` is refused
+for good (an old kernel, a seccomp filter)."""
+
+
+def _take_memory() -> _MemoryFile | None:
+    """A staging file in memory, or None where ``memfd_create`` fails (logged)."""
+    global _MEMFD
+    try:
+        f = _SPARES.take(None)
+    except OSError as e:
+        _MEMFD = False
+        _log.warning("gates are staged in files: memfd_create failed (%s)", e)
+        return None
+    assert isinstance(f, _MemoryFile)
+    return f
 
 
 def _keep_open(fsync: bool) -> None:
@@ -291,15 +312,8 @@ class StagingBackend:
         if name in self._files:
             raise StateFileExistsError("state file already exists", path=self.uri_of(name))
         try:
-            if _IN_MEMORY and (reserved := STAGING_BUDGET.reserve()):
-                f = _SPARES.take(self.root)
-                if isinstance(f, _MemoryFile):
-                    f.reserved = reserved
-                else:  # memfd_create failed just now
-                    STAGING_BUDGET.release(reserved)
-            elif _IN_MEMORY:  # the budget is taken: this gate is staged in a file
-                f = _temporary_file(self.root)
-            else:
+            f: IO[bytes] | None = self._in_memory()
+            if f is None:  # no room in memory (or staging-memory 0): a file, reused
                 f = _SPARES.take(self.root)
         except OSError as e:
             raise storage_error("cannot create a staging file", self.root, e, _STAGING_HINT) from e
@@ -307,6 +321,19 @@ class StagingBackend:
         # The writer writes to f's own descriptor, which f keeps open (and the staged
         # bytes with it) until the section is appended: nothing to close here.
         return f.fileno(), None, _keep_open
+
+    @staticmethod
+    def _in_memory() -> _MemoryFile | None:
+        """A staging file in memory holding its share of :data:`STAGING_BUDGET`, or None
+        if the budget has no room or ``memfd_create`` fails."""
+        if not _MEMFD or not (reserved := STAGING_BUDGET.reserve()):
+            return None
+        f = _take_memory()
+        if f is None:
+            STAGING_BUDGET.release(reserved)
+        else:
+            f.reserved = reserved
+        return f
 
     def memory_limit(self, name: str) -> int:
         """The bytes ``name`` may stage in memory before it must :meth:`spill` (0: it
@@ -353,17 +380,14 @@ class StagingBackend:
         return self._files.pop(name)
 
     def recycle(self, f: IO[bytes]) -> None:
-        """Keeps a taken file, emptied after its append, for another gate (a closed one
-        is dropped)."""
+        """Keeps a taken file, emptied after its append, for another gate, as a spare of
+        its kind now (a gate moved out of memory left a file of this directory); a
+        closed one is dropped."""
         if isinstance(f, _MemoryFile):
             f.unreserve()
-            if f.closed or not f.in_memory:  # moved to a file: not a spare
-                f.close()
-                return
-        elif _IN_MEMORY:  # staged in a file while the budget was taken
-            f.close()
         if not f.closed:
-            _SPARES.give(self.root, f)
+            in_memory = isinstance(f, _StagingFile) and f.in_memory
+            _SPARES.give(None if in_memory else self.root, f)
 
     def delete(self, name: str) -> None:
         f = self._files.pop(name, None)

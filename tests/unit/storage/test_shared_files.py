@@ -201,7 +201,8 @@ def test_an_emptied_staging_file_stages_the_next_gate_and_leaves_no_old_bytes(
     assert os.fstat(staged.fileno()).st_size == 0 and staged.tell() == 0
     backend.recycle(staged)
     second = _write(shared, staging, 1, (1, 0, [(2, b"small")]), recycle=True)
-    assert os.fstat(shared_mod._SPARES.take(staging).fileno()).st_ino == inode  # reused
+    kind = None if isinstance(staged, shared_mod._StagingFile) and staged.in_memory else staging
+    assert os.fstat(shared_mod._SPARES.take(kind).fileno()).st_ino == inode  # reused
     assert _read(first) == {0: [b"big" * 5000]} and _read(second) == {2: [b"small"]}
     assert second.offset == first.size
 
@@ -426,27 +427,54 @@ def test_subtasks_appending_all_their_gates_at_once_side_by_side(tmp_path: Path)
     ]
 
 
+def _staged_inodes(staging: str, shared: SharedFile, gates: list[Gate]) -> list[int]:
+    """Stages, appends and recycles each gate in turn, as barriers do one after another:
+    the inode of each gate's staging file."""
+    inodes = []
+    for subtask, gate_id, bufs in gates:
+        backend = StagingBackend(staging)
+        storer = Storage(backend, StorageOptions(), 1, subtask).create_storer(gate_id)
+        for channel, payload in bufs:
+            storer.append(channel, payload)
+        handle = storer.close()
+        staged = backend.take(state_file_name(gate_id, GateKind.INPUT))
+        inodes.append(os.fstat(staged.fileno()).st_ino)
+        section = shared.append(staged, handle, empty=True, entry=encode_entry(handle))
+        backend.recycle(staged)
+        assert _read(section) == _per_channel(bufs)
+    return inodes
+
+
+@pytest.mark.parametrize("why", ["staging-memory 0", "SPILLOVER_STAGING_MEMORY=0", "no memfd"])
 def test_staging_on_disk_where_memory_is_not_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
-    """Without memory staging (no memfd_create, or SPILLOVER_STAGING_MEMORY=0) gates are
-    staged in unlinked files of the staging directory and copied in the kernel: the
-    same sections come out, and the directory is left empty."""
-    monkeypatch.setattr(shared_mod, "_IN_MEMORY", False)
+    """Without memory staging (``staging-memory`` 0, SPILLOVER_STAGING_MEMORY=0 or no
+    memfd_create) gates are staged in unlinked files of the staging directory, copied
+    in the kernel, and one file serves gate after gate (no new file at each barrier):
+    the same sections come out, and the directory is left empty."""
+    if why == "no memfd":
+        monkeypatch.setattr(shared_mod, "_MEMFD", False)
+    else:
+        if why == "SPILLOVER_STAGING_MEMORY=0":
+            monkeypatch.setenv("SPILLOVER_STAGING_MEMORY", "0")
+        budget = shared_mod.StagingBudget()
+        budget.configure(0 if why == "staging-memory 0" else 64 << 20)
+        monkeypatch.setattr(shared_mod, "STAGING_BUDGET", budget)
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
     staging = str(tmp_path / "disk-staging")
     shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
     gates: list[Gate] = [(s, 0, [(0, b"a" * 5000), (1, b"b" * 300)]) for s in range(3)]
-    handles = [_write(shared, staging, 1, g, recycle=True, indexed=True) for g in gates]
-    for handle, (_, _, bufs) in zip(handles, gates, strict=True):
-        assert _read(handle) == _per_channel(bufs)
+    assert len(set(_staged_inodes(staging, shared, gates))) == 1
     assert os.path.isdir(staging) and os.listdir(staging) == []
 
 
 @pytest.fixture
 def budget(monkeypatch: pytest.MonkeyPatch) -> shared_mod.StagingBudget:
     """A small staging budget of its own (8 KiB a process, 4 KiB a gate)."""
-    if not shared_mod._IN_MEMORY:
+    if not shared_mod._MEMFD:
         pytest.skip("no memfd_create here")
+    monkeypatch.delenv("SPILLOVER_STAGING_MEMORY", raising=False)
     b = shared_mod.StagingBudget(per_process=8 << 10, per_gate=4 << 10)
     monkeypatch.setattr(shared_mod, "STAGING_BUDGET", b)
     return b
@@ -469,7 +497,8 @@ def test_a_gate_past_its_memory_bound_moves_to_a_file_and_reads_back_exactly(
     staged = backend.take(name)
     section = shared.append(staged, handle, empty=True)
     backend.recycle(staged)
-    assert staged.closed  # a moved file is no spare
+    assert not staged.closed  # a spare file of the staging directory now
+    assert shared_mod._SPARES.take(str(tmp_path / "staging")) is staged
     assert _read(section) == _per_channel(gate[2])
 
 
@@ -514,14 +543,14 @@ def test_staging_falls_back_to_files_once_memfd_create_fails(
     def refuse(*_: object) -> int:
         raise OSError(errno.ENOSYS, "memfd_create")
 
-    monkeypatch.setattr(shared_mod, "_IN_MEMORY", True)
+    monkeypatch.setattr(shared_mod, "_MEMFD", True)
     monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
     monkeypatch.setattr(os, "memfd_create", refuse, raising=False)
     shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
     staging = str(tmp_path / "staging")
     gates: list[Gate] = [(s, 0, [(0, b"m" * 3000)]) for s in range(2)]
     handles = [_write(shared, staging, 1, g, recycle=True) for g in gates]
-    assert shared_mod._IN_MEMORY is False
+    assert shared_mod._MEMFD is False
     for handle, (_, _, bufs) in zip(handles, gates, strict=True):
         assert _read(handle) == _per_channel(bufs)
 
@@ -603,10 +632,9 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_staged_bytes(
     """A process forked while a gate is staged (a Spark worker's fork, a subprocess)
     closes its copy of the staging file: the parent's staged bytes stay whole, and the
     child's staging budget starts empty."""
-    if in_memory and not shared_mod._IN_MEMORY:
+    if in_memory and not shared_mod._MEMFD:
         pytest.skip("no memfd_create here")
-    monkeypatch.setattr(shared_mod, "_IN_MEMORY", in_memory)
-    f = shared_mod._staging_file(str(tmp_path / "staging"))
+    f = shared_mod._staging_file(None if in_memory else str(tmp_path / "staging"))
     f.write(b"x" * 5000)
     f.flush()
     taken = shared_mod.STAGING_BUDGET.reserve()
@@ -771,3 +799,26 @@ def test_a_staged_gate_moves_once_and_never_holds_more_than_its_bound_in_memory(
     section = _write(shared, str(tmp_path / "staging"), 1, gate)
     assert len(moves) == 1 and moves[0] <= budget.per_gate
     assert _read(section) == _per_channel(gate[2])
+
+
+def test_once_the_budget_is_taken_file_staged_gates_reuse_one_file(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two open gates hold the whole memory budget: the gates staged at later barriers
+    go to a file, and one file serves them all, not a new one each; a gate moved out
+    of memory leaves its file as a spare too. Everything reads back."""
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
+    holders = Storage(StagingBackend(str(tmp_path / "s")), StorageOptions(), 1, 9)
+    held = [holders.create_storer(g) for g in range(2)]
+    assert budget.used == budget.per_process
+    staging = str(tmp_path / "staging")
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    gates: list[Gate] = [(s, 0, [(0, bytes([s]) * 700)]) for s in range(3)]
+    assert len(set(_staged_inodes(staging, shared, gates))) == 1
+    for s in held:
+        s.discard()
+    moved: Gate = (5, 0, [(0, b"m" * 3000), (0, b"n" * 3000)])  # past its 4 KiB: moved
+    [inode] = _staged_inodes(staging, shared, [moved])
+    assert budget.used == 0
+    assert os.fstat(shared_mod._SPARES.take(staging).fileno()).st_ino == inode  # a spare
+    assert os.listdir(staging) == []
