@@ -273,7 +273,12 @@ def _staging_file(root: str | None) -> IO[bytes]:
 
 _MEMFD = hasattr(os, "memfd_create")
 """Whether gates may be staged in memory here: False once ``memfd_create`` is refused
-for good (an old kernel, a seccomp filter)."""
+for good (an old kernel, a seccomp filter), not for an error in :data:`_TRANSIENT`."""
+
+
+_TRANSIENT = frozenset({errno_mod.EMFILE, errno_mod.ENFILE, errno_mod.ENOMEM})
+"""``memfd_create`` errors that pass (descriptors or memory short for a while): that
+gate is staged in a file, and the next one tries memory again."""
 
 
 def _take_memory() -> _MemoryFile | None:
@@ -282,8 +287,11 @@ def _take_memory() -> _MemoryFile | None:
     try:
         f = _SPARES.take(None)
     except OSError as e:
-        _MEMFD = False
-        _log.warning("gates are staged in files: memfd_create failed (%s)", e)
+        if e.errno in _TRANSIENT:
+            _log.warning("a gate is staged in a file: memfd_create failed (%s)", e)
+        else:  # refused for good (an old kernel, a seccomp filter)
+            _MEMFD = False
+            _log.warning("gates are staged in files: memfd_create failed (%s)", e)
         return None
     assert isinstance(f, _MemoryFile)
     return f

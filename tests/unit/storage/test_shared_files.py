@@ -822,3 +822,40 @@ def test_once_the_budget_is_taken_file_staged_gates_reuse_one_file(
     assert budget.used == 0
     assert os.fstat(shared_mod._SPARES.take(staging).fileno()).st_ino == inode  # a spare
     assert os.listdir(staging) == []
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM])
+def test_a_passing_memfd_create_failure_stages_one_gate_in_a_file_not_all(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """memfd_create fails for a while (descriptors or memory short): the gate staged then
+    goes to a file and gives its memory share back; once memfd_create works again the
+    next gate is staged in memory. Both read back exactly."""
+    real = os.memfd_create
+    failing = [True]
+
+    def memfd_create(*args: object) -> int:
+        if failing[0]:
+            raise OSError(code, os.strerror(code))
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
+    monkeypatch.setattr(os, "memfd_create", memfd_create)
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    staging = str(tmp_path / "staging")
+    backend = StagingBackend(staging)
+    storage = Storage(backend, StorageOptions(), 1, 0)
+    sections = []
+    for gate_id, in_memory in ((0, False), (1, True)):
+        storer = storage.create_storer(gate_id)
+        name = state_file_name(gate_id, GateKind.INPUT)
+        assert (backend.memory_limit(name) > 0) is in_memory
+        assert budget.used == (budget.per_gate if in_memory else 0)
+        storer.append(0, bytes([gate_id]) * 2000)
+        staged = backend.take(name)
+        sections.append(shared.append(staged, storer.close(), empty=True))
+        backend.recycle(staged)
+        failing[0] = False  # the next checkpoint: memfd_create works again
+    assert shared_mod._MEMFD
+    assert [_read(s) for s in sections] == [{0: [bytes([g]) * 2000]} for g in (0, 1)]
+    assert budget.used == 0 and os.listdir(staging) == []
