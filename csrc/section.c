@@ -34,9 +34,9 @@ static int make_parents(const char *path) {
     return 0;
 }
 
-static int copy_range(int src, int dst, uint64_t count, uint64_t at, int same_fs) {
+int spl_copy_range(int src, int dst, uint64_t count, uint64_t at, int in_memory) {
     uint64_t done = 0;
-    int in_kernel = same_fs;
+    int in_kernel = !in_memory;
     while (done < count && in_kernel) {
         loff_t from = (loff_t)done, to = (loff_t)(at + done);
         size_t n = count - done > CHUNK * 64u ? CHUNK * 64u : (size_t)(count - done);
@@ -95,13 +95,13 @@ static int pwrite_all(int fd, const void *data, size_t len, uint64_t at) {
     return 0;
 }
 
-int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
-                       const void *extra, size_t extra_len, int flags, int *step, int *opened,
-                       int *emptied) {
+int spl_append_sections(const char *path, spl_section *sections, size_t n, int flags,
+                        int *step, int *opened) {
     int oflags = O_WRONLY | O_CLOEXEC;
-    int rc;
+    int rc = 0;
+    size_t i;
     *opened = 0;
-    *emptied = 0;
+    for (i = 0; i < n; i++) sections[i].emptied = 0;
     if (flags & SPL_SECTION_CREATE) {
         *step = SPL_STEP_MKDIR;
         if ((rc = make_parents(path))) return rc;
@@ -114,8 +114,11 @@ int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
     if (fd < 0) return errno;
     *opened = 1;
     *step = SPL_STEP_COPY;
-    rc = copy_range(src, fd, count, at, !(flags & SPL_SECTION_MEMORY));
-    if (rc == 0 && extra_len) rc = pwrite_all(fd, extra, extra_len, at + count);
+    for (i = 0; i < n && rc == 0; i++) {
+        spl_section *s = &sections[i];
+        rc = spl_copy_range(s->src, fd, s->count, s->at, s->in_memory);
+        if (rc == 0 && s->extra_len) rc = pwrite_all(fd, s->extra, s->extra_len, s->at + s->count);
+    }
     if (rc == 0 && (flags & SPL_SECTION_FSYNC)) {
         *step = SPL_STEP_FSYNC;
         if (fsync(fd) != 0) rc = errno;
@@ -125,7 +128,9 @@ int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
         rc = errno;
     }
     if (rc == 0 && (flags & SPL_SECTION_EMPTY))
-        *emptied = ftruncate(src, 0) == 0 && lseek(src, 0, SEEK_SET) == 0;
+        for (i = 0; i < n; i++)
+            sections[i].emptied = ftruncate(sections[i].src, 0) == 0 &&
+                                  lseek(sections[i].src, 0, SEEK_SET) == 0;
     return rc;
 }
 

@@ -1,5 +1,5 @@
-/* Appending a finished section (a staged gate file) to a shared state file in one
- * call, and writing a small new file (a keyed-state file) in one call: open, in-kernel copy, optional fsync, close, and emptying the staged file
+/* Appending a subtask's finished sections (staged gate files) to a shared state
+ * file in one call, and writing a small new file (a keyed-state file) in one call: open, in-kernel copy, optional fsync, close, and emptying the staged file
  * for reuse, so a caller that holds an interpreter lock releases it once. */
 #ifndef SPL_SECTION_H
 #define SPL_SECTION_H
@@ -11,8 +11,6 @@
 #define SPL_SECTION_CREATE 1 /* make the file's directories and the file (O_EXCL) */
 #define SPL_SECTION_FSYNC 2  /* fsync the file after the copy */
 #define SPL_SECTION_EMPTY 4  /* afterwards truncate src to 0 bytes and rewind it */
-#define SPL_SECTION_MEMORY 8 /* src is in memory (a memfd): copy_file_range would
-                              * refuse it (EXDEV), so start with sendfile */
 
 /* steps, as *step reports where it failed */
 #define SPL_STEP_MKDIR 1
@@ -21,17 +19,33 @@
 #define SPL_STEP_FSYNC 4
 #define SPL_STEP_CLOSE 5
 
-/* Copies `count` bytes from offset 0 of `src` to offset `at` of the file at
- * `path` (copy_file_range, else sendfile, else pread and pwrite), then writes
- * `extra_len` bytes of `extra` (the section's index entry; none if 0) right
- * after them, at `at + count`, through the same descriptor. Returns 0, or
- * an errno value with *step the step that failed (EIO if src ends early).
- * *opened is 1 once the file was opened (created, with SPL_SECTION_CREATE).
- * *emptied is 1 if SPL_SECTION_EMPTY was asked and src is now empty at offset
- * 0; a failure to empty it is not an error. */
-int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
-                       const void *extra, size_t extra_len, int flags, int *step, int *opened,
-                       int *emptied);
+/* One staged section to append (spl_append_sections). */
+typedef struct spl_section {
+    int src;           /* the staged file, copied from its offset 0 */
+    int in_memory;     /* src is a memfd: copy_file_range would refuse it (EXDEV),
+                        * so start with sendfile */
+    uint64_t count;    /* its bytes */
+    uint64_t at;       /* where they go in the file */
+    const void *extra; /* the section's index entry, written right after it */
+    size_t extra_len;  /* 0: none */
+    int emptied;       /* out: SPL_SECTION_EMPTY was asked and src is empty now */
+} spl_section;
+
+/* Opens the file at `path` once (its directories and the file made, O_EXCL,
+ * with SPL_SECTION_CREATE), copies each of the `n` sections to its place
+ * (copy_file_range, else sendfile, else pread and pwrite) and writes its entry
+ * after it, fsyncs once with SPL_SECTION_FSYNC, and closes it once. Returns 0,
+ * or an errno value with *step the step that failed (EIO if a src ends early);
+ * it stops at the first failure. *opened is 1 once the file was opened. With
+ * SPL_SECTION_EMPTY and success, each src is then emptied and rewound (its
+ * `emptied` says if it was; a failure to empty one is not an error). */
+int spl_append_sections(const char *path, spl_section *sections, size_t n, int flags,
+                        int *step, int *opened);
+
+/* Copies `count` bytes from offset 0 of `src` to offset `at` of `dst`
+ * (copy_file_range unless `in_memory`, else sendfile, else pread and pwrite);
+ * 0 or an errno value (EIO if src ends early). */
+int spl_copy_range(int src, int dst, uint64_t count, uint64_t at, int in_memory);
 
 /* Writes `len` bytes of `data` as a new file at `path` in one call: its
  * directories made, the file created (O_EXCL: an existing one is EEXIST at

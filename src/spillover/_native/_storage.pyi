@@ -59,6 +59,8 @@ class NativeStorer:
         path: str,
     ) -> None: ...
     def append(self, channel_id: int, buffer: Any, data_type: int = 0) -> None: ...
+    def set_bound(self, bound: int, on_bound: Callable[[], object] | None) -> None:
+        """Drains and calls ``on_bound()`` once before the stored bytes pass ``bound``."""
     def submit(self) -> None: ...
     def reap(self) -> None: ...
     def flush(self) -> None: ...
@@ -138,19 +140,18 @@ def scan_block(
 SECTION_CREATE: int
 SECTION_FSYNC: int
 SECTION_EMPTY: int
-SECTION_MEMORY: int
 
 def append_sections(
-    srcs: list[int],
+    sections: list[tuple[int, int, int, bool, bytes]],
     path: str,
-    counts: list[int],
-    ats: list[int],
     flags: int,
-    entries: list[bytes],
     keep_gil: bool = False,
-) -> tuple[int, str, int, bool, list[bool]]:
-    """Several sections and their entries in one call: ``(errno, step, failed index or -1,
-    opened, emptied per section)``."""
+) -> tuple[int, str, bool, list[bool]]:
+    """A part's sections, ``(fd, bytes, offset, in memory, entry)`` each, in one call
+    (one open, one fsync): ``(errno, step, opened, emptied per section)``."""
+
+def copy_range(src: int, dst: int, count: int, at: int, in_memory: bool) -> int:
+    """``count`` bytes from offset 0 of ``src`` to offset ``at`` of ``dst``: errno or 0."""
 
 def write_new_file(path: str, data: Any, flags: int) -> tuple[int, str]:
     """Writes ``data`` as a new file at ``path`` in one call: ``(errno, step)``."""

@@ -3,7 +3,6 @@
 SECTION_CREATE = SPL_SECTION_CREATE
 SECTION_FSYNC = SPL_SECTION_FSYNC
 SECTION_EMPTY = SPL_SECTION_EMPTY
-SECTION_MEMORY = SPL_SECTION_MEMORY
 
 _STEPS = {
     SPL_STEP_MKDIR: "mkdir",
@@ -14,73 +13,53 @@ _STEPS = {
 }
 
 
-cdef int _append_all(Py_ssize_t n, int *fds, const char *path, uint64_t *cs, uint64_t *ts,
-                     const uint8_t **eps, size_t *ens, int flags, int *rc, int *step,
-                     int *any_opened, int *emptied) noexcept nogil:
-    """The loop of append_sections: the index of the failed section, or -1."""
-    cdef Py_ssize_t i
-    cdef int f, opened = 0
-    for i in range(n):
-        f = flags if i == 0 else flags & ~SPL_SECTION_CREATE
-        rc[0] = spl_append_section(fds[i], path, cs[i], ts[i], eps[i], ens[i], f, step,
-                                   &opened, &emptied[i])
-        if opened:
-            any_opened[0] = 1
-        if rc[0]:
-            return <int>i
-    return -1
-
-
-def append_sections(list srcs, str path, list counts, list ats, int flags, list entries,
-                    bint keep_gil=False):
-    """Copies staged sections into one file, each followed by its index entry
-    (csrc/section.h), in one call (one release of the GIL for a subtask's gates, none
-    with ``keep_gil``: for a few hundred KiB from memory the copy is shorter than
-    taking the GIL back on a busy worker): section ``i`` is ``counts[i]`` bytes of
-    ``srcs[i]`` at ``ats[i]``, ``entries[i]`` (bytes) right after it. ``flags``:
-    ``SECTION_*``; ``SECTION_CREATE`` applies to the first only. Stops at the first
-    failure; returns ``(errno or 0, step: "mkdir", "open", "copy", "fsync" or
-    "close", index of the failed section or -1, opened, [emptied per section])``."""
+def append_sections(list sections, str path, int flags, bint keep_gil=False):
+    """Copies a part's staged sections into one file, each followed by its index entry
+    (csrc/section.h), in one call: the file opened, fsynced (``SECTION_FSYNC``) and
+    closed once, the GIL let go once (not at all with ``keep_gil``: for a few hundred
+    KiB from memory the copy is shorter than taking the GIL back on a busy worker).
+    ``sections``: ``(staged fd, bytes, offset in the file, in memory, entry)`` each,
+    the entry (bytes, maybe empty) written right after the section. ``flags``:
+    ``SECTION_*``. Stops at the first failure; returns ``(errno or 0, step: "mkdir",
+    "open", "copy", "fsync" or "close", opened, [emptied per section])``."""
     cdef bytes p = os.fsencode(path)
     cdef const char *cp = p
-    cdef Py_ssize_t n = len(srcs), i
-    if len(counts) != n or len(ats) != n or len(entries) != n:
-        raise ValueError("append_sections needs as many counts, offsets and entries as sections")
-    cdef int *fds = <int *>calloc(n + 1, sizeof(int))
-    cdef uint64_t *cs = <uint64_t *>calloc(n + 1, sizeof(uint64_t))
-    cdef uint64_t *ts = <uint64_t *>calloc(n + 1, sizeof(uint64_t))
-    cdef const uint8_t **eps = <const uint8_t **>calloc(n + 1, sizeof(uint8_t *))
-    cdef size_t *ens = <size_t *>calloc(n + 1, sizeof(size_t))
-    cdef int *emptied = <int *>calloc(n + 1, sizeof(int))
-    cdef int rc = 0, step = 0, any_opened = 0, failed = -1
+    cdef Py_ssize_t n = len(sections), i
+    cdef spl_section *ss = <spl_section *>calloc(n + 1, sizeof(spl_section))
+    cdef int rc = 0, step = 0, opened = 0
+    if ss == NULL:
+        raise MemoryError()
     try:
-        if not (fds and cs and ts and eps and ens and emptied):
-            raise MemoryError()
         for i in range(n):
-            fds[i] = srcs[i]
-            cs[i] = counts[i]
-            ts[i] = ats[i]
-            e = entries[i]
+            fd, count, at, in_memory, e = sections[i]
             if not isinstance(e, bytes):
                 raise TypeError("an index entry is bytes")
-            ens[i] = len(<bytes>e)
-            eps[i] = <const uint8_t *>PyBytes_AS_STRING(e) if ens[i] else NULL
+            ss[i].src = fd
+            ss[i].count = count
+            ss[i].at = at
+            ss[i].in_memory = 1 if in_memory else 0
+            ss[i].extra_len = len(<bytes>e)
+            ss[i].extra = <const void *>PyBytes_AS_STRING(e) if ss[i].extra_len else NULL
+        # `sections` holds the entries (bytes) alive through the call.
         if keep_gil:
-            failed = _append_all(n, fds, cp, cs, ts, eps, ens, flags, &rc, &step, &any_opened,
-                                 emptied)
+            rc = spl_append_sections(cp, ss, <size_t>n, flags, &step, &opened)
         else:
             with nogil:
-                failed = _append_all(n, fds, cp, cs, ts, eps, ens, flags, &rc, &step,
-                                     &any_opened, emptied)
-        return (rc, _STEPS.get(step, "copy"), failed, bool(any_opened),
-                [bool(emptied[i]) for i in range(n)])
+                rc = spl_append_sections(cp, ss, <size_t>n, flags, &step, &opened)
+        return (rc, _STEPS.get(step, "copy"), bool(opened),
+                [bool(ss[i].emptied) for i in range(n)])
     finally:
-        free(fds)
-        free(cs)
-        free(ts)
-        free(eps)
-        free(ens)
-        free(emptied)
+        free(ss)
+
+
+def copy_range(int src, int dst, uint64_t count, uint64_t at, bint in_memory):
+    """Copies ``count`` bytes from offset 0 of ``src`` to offset ``at`` of ``dst`` in the
+    kernel where it can (csrc/section.h), with the GIL let go: 0 or an errno value
+    (EIO if ``src`` ends early)."""
+    cdef int rc
+    with nogil:
+        rc = spl_copy_range(src, dst, count, at, in_memory)
+    return rc
 
 
 def write_new_file(str path, const uint8_t[::1] data, int flags):

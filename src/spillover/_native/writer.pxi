@@ -47,6 +47,10 @@ cdef class NativeStorer:
     # A staging file of this machine (memory or io.tmp.dirs): only then is the
     # trailer written with the GIL kept; NFS or FUSE may block any write.
     cdef public bint staged
+    # A gate staged in memory: before a buffer takes its stored bytes past `bound`
+    # the writer is drained and `on_bound` called, once (it moves the gate to a file).
+    cdef uint64_t bound
+    cdef object on_bound
 
     def __cinit__(self, int fd, object sink_write, bytes header, bytes file_id, object compress,
                   size_t batch_bytes, size_t pool_bytes, str path):
@@ -194,6 +198,8 @@ cdef class NativeStorer:
                 PyBuffer_Release(&view)
                 PyObject_GetBuffer(packed, &view, PyBUF_SIMPLE)
                 codec = SPL_CODEC_LZ4
+        if self.bound and self.stored_bytes + <uint64_t>view.len > self.bound:
+            self._cross_bound(&view)
         self.in_append = True
         try:
             if self.async_mode or view.len >= GIL_RELEASE_MIN:
@@ -236,6 +242,25 @@ cdef class NativeStorer:
                 self._flush()
             else:
                 self._submit()
+
+    def set_bound(self, uint64_t bound, object on_bound):
+        """Before a buffer would take the stored bytes past ``bound`` (0: none), drains the
+        writer and calls ``on_bound()`` once, with no writes in flight (a gate staged in
+        memory moves to a file there); an exception it raises fails that append."""
+        self.bound = bound
+        self.on_bound = on_bound if bound else None
+
+    cdef int _cross_bound(self, Py_buffer *view) except -1:
+        """The bound is crossed: drain, then ``on_bound`` (``view``, the buffer being
+        appended, is released if either fails)."""
+        cb, self.on_bound, self.bound = self.on_bound, None, 0
+        try:
+            self._flush()
+            cb()
+        except BaseException:
+            PyBuffer_Release(view)
+            raise
+        return 0
 
     def submit(self):
         """Hands the batch being filled to the I/O thread now, without waiting for it
@@ -284,11 +309,13 @@ cdef class NativeStorer:
             self._check(rc)
         finally:
             self.closed = True
+            self.on_bound = None
         return spl_writer_bytes_written(self.w)
 
     def discard(self):
         """Stops writing at once and drops everything queued (the caller deletes the file)."""
         self.closed = True
+        self.on_bound = None
         self._release_views()
         self._free()
 

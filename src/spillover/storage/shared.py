@@ -11,14 +11,15 @@ its offset is known only when it closes. A gate is therefore **staged**: its
 storer writes into a staging file (:class:`StagingBackend`) through the native
 writer's thread, in memory (a ``memfd``: no file of the filesystem is written
 before the close; bounded per gate and per process by :data:`STAGING_BUDGET`, past
-which a gate moves to a file) or, without ``memfd_create`` or with
-``SPILLOVER_STAGING_MEMORY=0``, an unlinked temporary file; the caller's buffers
-are given back as soon as written. When a
+which a gate moves to a file) or, with no room in that budget (none with
+``staging-memory`` 0 or ``SPILLOVER_STAGING_MEMORY=0``) or without ``memfd_create``,
+an unlinked temporary file; the caller's buffers are given back as soon as
+written. When a
 subtask's gates close, :meth:`SharedFile.append_all` takes their places at the end
 of the shared file under the file's lock and writes the finished sections there
 (``sendfile`` from memory, ``copy_file_range`` from a file, else ``pread`` and
 ``pwrite``) outside it, in one native call, so the bytes reach the shared file
-once; the emptied staging file is kept for the next gate. No task waits for
+once; the emptied staging file, of either kind, is kept for the next gate. No task waits for
 another's gate or for its copy, a failed or discarded gate leaves nothing a handle
 names, and every section a handle names is whole.
 
@@ -57,19 +58,21 @@ _log = logging.getLogger(__name__)
 
 
 class _Spares:
-    """Staging files (in memory, or unlinked temporary files) ready for use, a few per
-    directory for the few directories last used: a gate staged at a barrier takes
-    one instead of creating it (for a temporary file a directory check and an open,
-    about a millisecond on a busy machine) on the task thread. A staged file, once
-    its section is appended and it is emptied, comes back (:meth:`give`), so in a
-    steady job the same few files serve every checkpoint; one background thread
-    makes more only when a directory runs low. A process made by ``fork`` drops its
-    parent's spares (their file offsets are shared with the parent)."""
+    """Staging files ready for use, a few per kind: in memory (the key ``None``) and
+    unlinked temporary files of each of the few directories last used. A gate staged
+    at a barrier takes one instead of creating it (for a temporary file a directory
+    check and an open, about a millisecond on a busy machine) on the task thread. A
+    staged file, once its section is appended and it is emptied, comes back
+    (:meth:`give`) as a spare of its kind now (a gate moved out of memory is a file),
+    so in a steady job the same few files serve every checkpoint, whether its gates
+    are staged in memory or in files; one background thread makes more only when a
+    kind runs low. A process made by ``fork`` drops its parent's spares (their file
+    offsets are shared with the parent)."""
 
-    AHEAD = 8  # spares made per directory when it runs low
+    AHEAD = 8  # spares made per kind when it runs low
     LOW = 4  # fewer than this left after a take: make more (not at every barrier)
-    KEEP = 16  # spares kept per directory at most (files given back beyond it close)
-    ROOTS = 4  # directories kept; the spares of older ones are closed
+    KEEP = 16  # spares kept per kind at most (files given back beyond it close)
+    ROOTS = 5  # kinds kept (memory and 4 directories); the spares of older ones close
 
     def __init__(self) -> None:
         self._reset()
@@ -79,8 +82,8 @@ class _Spares:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._spares: dict[str, list[IO[bytes]]] = {}  # oldest directory first
-        self._wanted: list[str] = []
+        self._spares: dict[str | None, list[IO[bytes]]] = {}  # the oldest kind first
+        self._wanted: list[str | None] = []
         self._thread: threading.Thread | None = None
 
     def _after_fork(self) -> None:
@@ -90,8 +93,9 @@ class _Spares:
             with contextlib.suppress(OSError):
                 f.close()
 
-    def take(self, root: str) -> IO[bytes]:
-        """An empty unlinked temporary file in ``root`` (made here if none is ready)."""
+    def take(self, root: str | None) -> IO[bytes]:
+        """An empty staging file: in memory for ``None``, else an unlinked temporary file
+        in ``root`` (made here if none is ready; OSError if it cannot be)."""
         with self._lock:
             spares = self._spares.pop(root, [])
             spare = spares.pop() if spares else None
@@ -108,14 +112,25 @@ class _Spares:
             return spare
         return _staging_file(root)
 
-    def give(self, root: str, f: IO[bytes]) -> None:
-        """Takes back an emptied, rewound staging file of ``root`` for a later take."""
+    def give(self, root: str | None, f: IO[bytes]) -> None:
+        """Takes back an emptied, rewound staging file of kind ``root`` (as in
+        :meth:`take`) for a later take."""
         with self._lock:
-            spares = self._spares.get(root)
-            if spares is not None and len(spares) < self.KEEP:
+            spares = self._spares.setdefault(root, [])
+            kept = len(spares) < self.KEEP
+            if kept:
                 spares.append(f)
-                return
-        f.close()
+            evicted = self._evict()
+        for old in evicted if kept else [f, *evicted]:
+            old.close()
+
+    def _evict(self) -> list[IO[bytes]]:
+        """The spares of the kinds used longest ago, past :attr:`ROOTS`, taken out (to be
+        closed outside the lock)."""
+        evicted = []
+        while len(self._spares) > self.ROOTS:
+            evicted.extend(self._spares.pop(next(iter(self._spares))))
+        return evicted
 
     def _fill(self) -> None:
         while True:
@@ -128,11 +143,9 @@ class _Spares:
             with contextlib.suppress(OSError):  # take() makes its own, and says why not
                 for _ in range(missing):
                     made.append(_staging_file(root))
-            with self._lock:
-                self._spares.setdefault(root, []).extend(made)
-                evicted = []
-                while len(self._spares) > self.ROOTS:
-                    evicted.extend(self._spares.pop(next(iter(self._spares))))
+            with self._lock:  # under those given back: a take reuses those first
+                self._spares.setdefault(root, [])[:0] = made
+                evicted = self._evict()
             for f in evicted:
                 f.close()
 
@@ -159,8 +172,10 @@ class StagingBudget:
     def __init__(self, per_process: int = 64 << 20, per_gate: int = 4 << 20) -> None:
         self._lock = threading.Lock()
         self._gate_bound = per_gate
-        self.per_process = per_process
-        self.per_gate = min(per_gate, per_process)
+        # SPILLOVER_STAGING_MEMORY=0 is staging-memory 0 for the process, whatever is set
+        self._off = os.environ.get("SPILLOVER_STAGING_MEMORY") == "0"
+        self.per_process = 0 if self._off else per_process
+        self.per_gate = min(per_gate, self.per_process)
         self.used = 0
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
@@ -174,10 +189,10 @@ class StagingBudget:
     def configure(self, per_process: int) -> None:
         """Sets the bound per process (``execution.checkpointing.unaligned.staging-memory``);
         the bound per gate stays, or is the whole budget if smaller. 0: every gate is
-        staged in a file."""
+        staged in a file, as with SPILLOVER_STAGING_MEMORY=0 (which wins over it)."""
         with self._lock:
-            self.per_process = per_process
-            self.per_gate = min(self._gate_bound, per_process)
+            self.per_process = 0 if self._off else per_process
+            self.per_gate = min(self._gate_bound, self.per_process)
 
     def reserve(self) -> int:
         """Takes ``per_gate`` bytes for a gate to stage in memory: the bytes taken, 0 if
@@ -203,6 +218,8 @@ class _StagingFile(io.FileIO):
     which frees its pages or blocks even where a process forked meanwhile still holds
     its descriptor. A forked child closing its copy empties nothing: the file is its
     parent's, perhaps being written."""
+
+    in_memory = False  # a memfd (copied with sendfile, not copy_file_range)
 
     def __init__(self, fd: int, mode: str) -> None:
         super().__init__(fd, mode)
@@ -246,24 +263,38 @@ def _temporary_file(root: str) -> IO[bytes]:
     return _StagingFile(_temporary_fd(root), "w+b")
 
 
-def _staging_file(root: str) -> IO[bytes]:
-    """A new empty staging file: in memory (``memfd_create``) where the system has it
-    and SPILLOVER_STAGING_MEMORY is not 0, else an unlinked temporary file in ``root``.
-    Where ``memfd_create`` fails (an old kernel, a seccomp filter), every later
-    staging file of the process is a temporary file."""
-    global _IN_MEMORY
-    if _IN_MEMORY:
-        try:
-            fd = os.memfd_create("spillover-staging", os.MFD_CLOEXEC)
-        except OSError as e:
-            _IN_MEMORY = False
-            _log.warning("gates are staged in files: memfd_create failed (%s)", e)
-        else:
-            return _MemoryFile(fd, "w+b")
+def _staging_file(root: str | None) -> IO[bytes]:
+    """A new empty staging file: in memory (a ``memfd``) for ``None``, else an unlinked
+    temporary file in ``root``; OSError if it cannot be made."""
+    if root is None:
+        return _MemoryFile(os.memfd_create("spillover-staging", os.MFD_CLOEXEC), "w+b")
     return _temporary_file(root)
 
 
-_IN_MEMORY = hasattr(os, "memfd_create") and os.environ.get("SPILLOVER_STAGING_MEMORY") != "0"
+_MEMFD = hasattr(os, "memfd_create")
+"""Whether gates may be staged in memory here: False once ``memfd_create`` is refused
+for good (an old kernel, a seccomp filter), not for an error in :data:`_TRANSIENT`."""
+
+
+_TRANSIENT = frozenset({errno_mod.EMFILE, errno_mod.ENFILE, errno_mod.ENOMEM})
+"""``memfd_create`` errors that pass (descriptors or memory short for a while): that
+gate is staged in a file, and the next one tries memory again."""
+
+
+def _take_memory() -> _MemoryFile | None:
+    """A staging file in memory, or None where ``memfd_create`` fails (logged)."""
+    global _MEMFD
+    try:
+        f = _SPARES.take(None)
+    except OSError as e:
+        if e.errno in _TRANSIENT:
+            _log.warning("a gate is staged in a file: memfd_create failed (%s)", e)
+        else:  # refused for good (an old kernel, a seccomp filter)
+            _MEMFD = False
+            _log.warning("gates are staged in files: memfd_create failed (%s)", e)
+        return None
+    assert isinstance(f, _MemoryFile)
+    return f
 
 
 def _keep_open(fsync: bool) -> None:
@@ -289,15 +320,8 @@ class StagingBackend:
         if name in self._files:
             raise StateFileExistsError("state file already exists", path=self.uri_of(name))
         try:
-            if _IN_MEMORY and (reserved := STAGING_BUDGET.reserve()):
-                f = _SPARES.take(self.root)
-                if isinstance(f, _MemoryFile):
-                    f.reserved = reserved
-                else:  # memfd_create failed just now
-                    STAGING_BUDGET.release(reserved)
-            elif _IN_MEMORY:  # the budget is taken: this gate is staged in a file
-                f = _temporary_file(self.root)
-            else:
+            f: IO[bytes] | None = self._in_memory()
+            if f is None:  # no room in memory (or staging-memory 0): a file, reused
                 f = _SPARES.take(self.root)
         except OSError as e:
             raise storage_error("cannot create a staging file", self.root, e, _STAGING_HINT) from e
@@ -305,6 +329,19 @@ class StagingBackend:
         # The writer writes to f's own descriptor, which f keeps open (and the staged
         # bytes with it) until the section is appended: nothing to close here.
         return f.fileno(), None, _keep_open
+
+    @staticmethod
+    def _in_memory() -> _MemoryFile | None:
+        """A staging file in memory holding its share of :data:`STAGING_BUDGET`, or None
+        if the budget has no room or ``memfd_create`` fails."""
+        if not _MEMFD or not (reserved := STAGING_BUDGET.reserve()):
+            return None
+        f = _take_memory()
+        if f is None:
+            STAGING_BUDGET.release(reserved)
+        else:
+            f.reserved = reserved
+        return f
 
     def memory_limit(self, name: str) -> int:
         """The bytes ``name`` may stage in memory before it must :meth:`spill` (0: it
@@ -324,14 +361,13 @@ class StagingBackend:
             fd, disk = f.fileno(), _temporary_fd(self.root)
             memory = -1
             try:
-                size, at = os.fstat(fd).st_size, 0
-                while at < size:
-                    sent = os.sendfile(disk, fd, at, size - at)
-                    if not sent:  # the memory file shrank under us: never spin
-                        raise OSError(errno_mod.EIO, "the staged gate shrank while it moved")
-                    at += sent
+                size = os.fstat(fd).st_size
+                rc = native.copy_range(fd, disk, size, 0, True)
+                if rc:  # EIO: the memory file shrank under us
+                    raise OSError(rc, os.strerror(rc))
+                os.lseek(disk, size, os.SEEK_SET)  # the writer goes on at the end
                 memory = os.dup(fd)
-                os.dup2(disk, fd, inheritable=False)  # the file's offset is at its end
+                os.dup2(disk, fd, inheritable=False)
                 os.ftruncate(memory, 0)  # only now: until dup2, fd still wrote there
             finally:
                 os.close(disk)  # not emptied: fd names the same file now
@@ -352,17 +388,14 @@ class StagingBackend:
         return self._files.pop(name)
 
     def recycle(self, f: IO[bytes]) -> None:
-        """Keeps a taken file, emptied after its append, for another gate (a closed one
-        is dropped)."""
+        """Keeps a taken file, emptied after its append, for another gate, as a spare of
+        its kind now (a gate moved out of memory left a file of this directory); a
+        closed one is dropped."""
         if isinstance(f, _MemoryFile):
             f.unreserve()
-            if f.closed or not f.in_memory:  # moved to a file: not a spare
-                f.close()
-                return
-        elif _IN_MEMORY:  # staged in a file while the budget was taken
-            f.close()
         if not f.closed:
-            _SPARES.give(self.root, f)
+            in_memory = isinstance(f, _StagingFile) and f.in_memory
+            _SPARES.give(None if in_memory else self.root, f)
 
     def delete(self, name: str) -> None:
         f = self._files.pop(name, None)
@@ -473,24 +506,25 @@ class SharedFile:
         if not sections:
             return []
         sizes = [h.size + (len(e) if e is not None else 0) for _, h, e in sections]
+        total = sum(sizes)
         with self._lock:
             offset = self.end
             creating = not self._created
-            self.end += sum(sizes)
+            self.end += total
             if creating:  # the others open the file only once it exists
                 try:
-                    rc, step, emptied = self._copy(sections, offset, empty, creating)
+                    rc, step, emptied = self._copy(sections, sizes, offset, empty, creating)
                 except BaseException:  # not an errno (a bad argument, an interrupt)
                     self.end = offset
                     raise
         if not creating:
             try:
-                rc, step, emptied = self._copy(sections, offset, empty, creating)
+                rc, step, emptied = self._copy(sections, sizes, offset, empty, creating)
             except BaseException:
-                self._give_back(offset, sum(sizes))
+                self._give_back(offset, total)
                 raise
         if rc:
-            self._give_back(offset, sum(sizes))
+            self._give_back(offset, total)
             if creating and step == "open" and rc == errno_mod.EEXIST:
                 raise StateFileExistsError(
                     "shared state file already exists",
@@ -532,32 +566,33 @@ class SharedFile:
     def _copy(
         self,
         sections: Sequence[tuple[IO[bytes], GateStateHandle, bytes | None]],
+        sizes: Sequence[int],
         offset: int,
         empty: bool,
         creating: bool,
     ) -> tuple[int, str, list[bool]]:
-        """The native copy of the sections and their entries from ``offset`` on:
-        ``(errno or 0, step, emptied per section)``."""
+        """The native copy of the sections (``sizes``: each with its entry) from
+        ``offset`` on, the file opened and fsynced once: ``(errno or 0, step, emptied
+        per section)``."""
         flags = (
             (native.SECTION_CREATE if creating else 0)
             | (native.SECTION_FSYNC if self.fsync else 0)
             | (native.SECTION_EMPTY if empty else 0)
-            | (native.SECTION_MEMORY if _IN_MEMORY else 0)
         )
-        ats = []
+        places = []
         at = offset
-        for _, handle, entry in sections:
-            ats.append(at)
-            at += handle.size + (len(entry) if entry is not None else 0)
-        rc, step, _, opened, emptied = native.append_sections(
-            [staged.fileno() for staged, _, _ in sections],
-            self.path,
-            [h.size for _, h, _ in sections],
-            ats,
-            flags,
-            [e if e is not None else b"" for _, _, e in sections],
-            _IN_MEMORY and not self.fsync and self.local and at - offset <= KEEP_GIL_BYTES,
+        for (staged, handle, entry), size in zip(sections, sizes, strict=True):
+            # Per file: a gate moved out of memory is copied in the kernel (copy_file_range).
+            memory = isinstance(staged, _StagingFile) and staged.in_memory
+            places.append((staged.fileno(), handle.size, at, memory, entry or b""))
+            at += size
+        keep_gil = (
+            all(memory for _, _, _, memory, _ in places)
+            and not self.fsync
+            and self.local
+            and at - offset <= KEEP_GIL_BYTES
         )
+        rc, step, opened, emptied = native.append_sections(places, self.path, flags, keep_gil)
         # Ours once opened, even if a copy failed: later sections open it without
         # O_EXCL.
         self._created = self._created or opened

@@ -8,6 +8,7 @@ how to use them and docs/format.md specifies the bytes.
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Callable
@@ -216,31 +217,17 @@ class Storer(GateFile):
             raise
         self._handle: GateStateHandle | None = None
         self._done = False
-        self._memory_limit = 0
         if isinstance(self._backend, StagingBackend):
             self._native.staged = True
-            self._memory_limit = self._backend.memory_limit(self._name)
-        if self._memory_limit:  # staged in memory: moved to a file past its bound
-            self.append = self._append_staged  # type: ignore[method-assign]
-        else:  # binding the native method skips one Python frame per buffer
-            self.append = self._native.append  # type: ignore[method-assign]
+            bound = self._backend.memory_limit(self._name)
+            if bound:  # staged in memory: moved to a file, once, before it passes its bound
+                self._native.set_bound(bound, functools.partial(self._backend.spill, self._name))
+        # Binding the native method skips one Python frame per buffer.
+        self.append = self._native.append  # type: ignore[method-assign]
 
     def append(self, channel_id: int, buffer: Any, data_type: int = DataType.DATA) -> None:
         """Stores one buffer of ``channel_id`` (data or event); see the class for ownership."""
         self._native.append(channel_id, buffer, data_type)
-
-    def _append_staged(self, channel_id: int, buffer: Any, data_type: int = DataType.DATA) -> None:
-        """:meth:`append` of a gate staged in memory: once it has staged its bound, it
-        drains its writer and moves to a file before a buffer would take it past the bound."""
-        n = self._native
-        # len: an OnRelease says its bytes, and a view of it would fire its release
-        if self._memory_limit and n.stored_bytes + len(buffer) > self._memory_limit:
-            n.flush()
-            assert isinstance(self._backend, StagingBackend)
-            self._backend.spill(self._name)
-            self._memory_limit = 0
-            self.append = n.append  # type: ignore[method-assign]
-        n.append(channel_id, buffer, data_type)
 
     def flush(self) -> None:
         """Writes everything appended so far and releases the held buffers."""

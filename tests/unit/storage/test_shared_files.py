@@ -201,7 +201,8 @@ def test_an_emptied_staging_file_stages_the_next_gate_and_leaves_no_old_bytes(
     assert os.fstat(staged.fileno()).st_size == 0 and staged.tell() == 0
     backend.recycle(staged)
     second = _write(shared, staging, 1, (1, 0, [(2, b"small")]), recycle=True)
-    assert os.fstat(shared_mod._SPARES.take(staging).fileno()).st_ino == inode  # reused
+    kind = None if isinstance(staged, shared_mod._StagingFile) and staged.in_memory else staging
+    assert os.fstat(shared_mod._SPARES.take(kind).fileno()).st_ino == inode  # reused
     assert _read(first) == {0: [b"big" * 5000]} and _read(second) == {2: [b"small"]}
     assert second.offset == first.size
 
@@ -426,27 +427,54 @@ def test_subtasks_appending_all_their_gates_at_once_side_by_side(tmp_path: Path)
     ]
 
 
+def _staged_inodes(staging: str, shared: SharedFile, gates: list[Gate]) -> list[int]:
+    """Stages, appends and recycles each gate in turn, as barriers do one after another:
+    the inode of each gate's staging file."""
+    inodes = []
+    for subtask, gate_id, bufs in gates:
+        backend = StagingBackend(staging)
+        storer = Storage(backend, StorageOptions(), 1, subtask).create_storer(gate_id)
+        for channel, payload in bufs:
+            storer.append(channel, payload)
+        handle = storer.close()
+        staged = backend.take(state_file_name(gate_id, GateKind.INPUT))
+        inodes.append(os.fstat(staged.fileno()).st_ino)
+        section = shared.append(staged, handle, empty=True, entry=encode_entry(handle))
+        backend.recycle(staged)
+        assert _read(section) == _per_channel(bufs)
+    return inodes
+
+
+@pytest.mark.parametrize("why", ["staging-memory 0", "SPILLOVER_STAGING_MEMORY=0", "no memfd"])
 def test_staging_on_disk_where_memory_is_not_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
-    """Without memory staging (no memfd_create, or SPILLOVER_STAGING_MEMORY=0) gates are
-    staged in unlinked files of the staging directory and copied in the kernel: the
-    same sections come out, and the directory is left empty."""
-    monkeypatch.setattr(shared_mod, "_IN_MEMORY", False)
+    """Without memory staging (``staging-memory`` 0, SPILLOVER_STAGING_MEMORY=0 or no
+    memfd_create) gates are staged in unlinked files of the staging directory, copied
+    in the kernel, and one file serves gate after gate (no new file at each barrier):
+    the same sections come out, and the directory is left empty."""
+    if why == "no memfd":
+        monkeypatch.setattr(shared_mod, "_MEMFD", False)
+    else:
+        if why == "SPILLOVER_STAGING_MEMORY=0":
+            monkeypatch.setenv("SPILLOVER_STAGING_MEMORY", "0")
+        budget = shared_mod.StagingBudget()
+        budget.configure(0 if why == "staging-memory 0" else 64 << 20)
+        monkeypatch.setattr(shared_mod, "STAGING_BUDGET", budget)
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
     staging = str(tmp_path / "disk-staging")
     shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
     gates: list[Gate] = [(s, 0, [(0, b"a" * 5000), (1, b"b" * 300)]) for s in range(3)]
-    handles = [_write(shared, staging, 1, g, recycle=True, indexed=True) for g in gates]
-    for handle, (_, _, bufs) in zip(handles, gates, strict=True):
-        assert _read(handle) == _per_channel(bufs)
+    assert len(set(_staged_inodes(staging, shared, gates))) == 1
     assert os.path.isdir(staging) and os.listdir(staging) == []
 
 
 @pytest.fixture
 def budget(monkeypatch: pytest.MonkeyPatch) -> shared_mod.StagingBudget:
     """A small staging budget of its own (8 KiB a process, 4 KiB a gate)."""
-    if not shared_mod._IN_MEMORY:
+    if not shared_mod._MEMFD:
         pytest.skip("no memfd_create here")
+    monkeypatch.delenv("SPILLOVER_STAGING_MEMORY", raising=False)
     b = shared_mod.StagingBudget(per_process=8 << 10, per_gate=4 << 10)
     monkeypatch.setattr(shared_mod, "STAGING_BUDGET", b)
     return b
@@ -469,7 +497,8 @@ def test_a_gate_past_its_memory_bound_moves_to_a_file_and_reads_back_exactly(
     staged = backend.take(name)
     section = shared.append(staged, handle, empty=True)
     backend.recycle(staged)
-    assert staged.closed  # a moved file is no spare
+    assert not staged.closed  # a spare file of the staging directory now
+    assert shared_mod._SPARES.take(str(tmp_path / "staging")) is staged
     assert _read(section) == _per_channel(gate[2])
 
 
@@ -514,14 +543,14 @@ def test_staging_falls_back_to_files_once_memfd_create_fails(
     def refuse(*_: object) -> int:
         raise OSError(errno.ENOSYS, "memfd_create")
 
-    monkeypatch.setattr(shared_mod, "_IN_MEMORY", True)
+    monkeypatch.setattr(shared_mod, "_MEMFD", True)
     monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
     monkeypatch.setattr(os, "memfd_create", refuse, raising=False)
     shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
     staging = str(tmp_path / "staging")
     gates: list[Gate] = [(s, 0, [(0, b"m" * 3000)]) for s in range(2)]
     handles = [_write(shared, staging, 1, g, recycle=True) for g in gates]
-    assert shared_mod._IN_MEMORY is False
+    assert shared_mod._MEMFD is False
     for handle, (_, _, bufs) in zip(handles, gates, strict=True):
         assert _read(handle) == _per_channel(bufs)
 
@@ -603,10 +632,9 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_staged_bytes(
     """A process forked while a gate is staged (a Spark worker's fork, a subprocess)
     closes its copy of the staging file: the parent's staged bytes stay whole, and the
     child's staging budget starts empty."""
-    if in_memory and not shared_mod._IN_MEMORY:
+    if in_memory and not shared_mod._MEMFD:
         pytest.skip("no memfd_create here")
-    monkeypatch.setattr(shared_mod, "_IN_MEMORY", in_memory)
-    f = shared_mod._staging_file(str(tmp_path / "staging"))
+    f = shared_mod._staging_file(None if in_memory else str(tmp_path / "staging"))
     f.write(b"x" * 5000)
     f.flush()
     taken = shared_mod.STAGING_BUDGET.reserve()
@@ -627,3 +655,207 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_staged_bytes(
     assert os.fstat(f.fileno()).st_size == 5000
     assert child_used == b"0"
     f.close()
+
+
+_PART_SCRIPT = """
+import os, sys
+from spillover.storage import GateKind, Storage, StorageOptions, open_retriever
+from spillover.storage import shared as shared_mod
+from spillover.storage.handle import state_file_name
+from spillover.storage.location import Location
+from spillover.storage.shared import SharedFile, StagingBackend
+
+root, fsync, moved = sys.argv[1], sys.argv[2] == "fsync", sys.argv[3] == "moved"
+shared = SharedFile(Location.parse(os.path.join(root, "d")), "g.spill", fsync=fsync)
+backend = StagingBackend(os.path.join(root, "s"))
+storage = Storage(backend, StorageOptions(), 1, 0)
+
+
+def part(gates):
+    closed = []
+    for g in gates:
+        s = storage.create_storer(g)
+        s.append(0, bytes([g]) * 3000)
+        if moved and g == 1:
+            backend.spill(s._name)  # as past its memory bound
+        closed.append((backend.take(state_file_name(g, GateKind.INPUT)), s.close(), b"e" * 7))
+    return shared.append_all(closed)
+
+
+part([0])  # creates the file
+os.write(2, b"PART-OF-THREE")
+handles = part([1, 2, 3])
+os.write(2, b"DONE")
+for g, h in zip([1, 2, 3], handles):
+    with open_retriever(h) as r:
+        assert [bytes(b) for b in r] == [bytes([g]) * 3000]
+print("read back")
+"""
+
+
+def _traced_part(tmp_path: Path, calls: str, *args: str) -> list[str]:
+    """The system calls ``calls`` made while a subtask's part of three gates (each staged
+    in memory unless ``moved``: the first moved to a file) is appended to a shared
+    file (``fsync``: with fsync on), as strace saw them; the part reads back."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("strace") is None:
+        pytest.skip("no strace here")
+    trace = tmp_path / "trace"
+    run = subprocess.run(
+        [
+            *("strace", "-f", "-qq", "-e", f"trace={calls},write", "-o", str(trace)),
+            *(sys.executable, "-c", _PART_SCRIPT, str(tmp_path), *args),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(shared_mod.__file__).parents[2])},
+        timeout=120,
+    )
+    if run.returncode != 0 and "ptrace" in run.stderr:
+        pytest.skip("ptrace not permitted here")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "read back"
+    lines = trace.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "PART-OF-THREE" in line)
+    end = next(i for i, line in enumerate(lines) if "DONE" in line)
+    return [line for line in lines[start:end] if "write(" not in line]
+
+
+def test_a_part_of_several_gates_is_fsynced_once(tmp_path: Path) -> None:
+    """With fsync on, a subtask's part of three gates reaches the disk with one fsync of
+    the shared file, not one per gate (each costs a disk flush), and reads back."""
+    calls = _traced_part(tmp_path, "fsync,fdatasync", "fsync", "memory")
+    assert sum("fsync(" in line for line in calls) == 1
+
+
+def test_a_gate_moved_to_a_file_is_copied_in_the_kernel_beside_gates_in_memory(
+    tmp_path: Path,
+) -> None:
+    """A part of two gates staged in memory and one moved to a file: the moved one is
+    copied file to file in the kernel (copy_file_range), the others from memory
+    (sendfile), whatever the process stages, and all read back."""
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create here")
+    calls = _traced_part(tmp_path, "copy_file_range,sendfile", "no-fsync", "moved")
+    assert sum("copy_file_range(" in line for line in calls) >= 1
+    assert sum("sendfile(" in line for line in calls) >= 2
+
+
+def test_a_gate_that_cannot_move_out_of_memory_fails_with_one_storage_error(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move of a staged gate to a file fails (a full disk): the append raises one
+    StorageError with the errno and the staging directory, and the gate's memory comes
+    back once it is discarded."""
+    monkeypatch.setattr(shared_mod.native, "copy_range", lambda *_: errno.ENOSPC)
+    backend = StagingBackend(str(tmp_path / "staging"))
+    storer = Storage(backend, StorageOptions(), 1, 0).create_storer(0)
+    with pytest.raises(StorageError) as caught:
+        for _ in range(10):
+            storer.append(0, b"z" * 1500)
+    assert caught.value.errno == errno.ENOSPC and str(tmp_path / "staging") in str(caught.value)
+    storer.discard()
+    assert budget.used == 0
+
+
+def test_a_gate_moved_by_positioned_writes_goes_on_at_the_end_of_its_file(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move's copy may fall back to pread and pwrite (which leave the file's offset
+    alone): the gate's later buffers still follow its earlier ones, and it reads back
+    exactly."""
+
+    def positioned(src: int, dst: int, count: int, at: int, _: bool) -> int:
+        os.pwrite(dst, os.pread(src, count, 0), at)
+        return 0
+
+    monkeypatch.setattr(shared_mod.native, "copy_range", positioned)
+    gate: Gate = (0, 0, [(i % 2, bytes([i]) * 1000) for i in range(12)])
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    section = _write(shared, str(tmp_path / "staging"), 1, gate)
+    assert budget.used == 0
+    assert _read(section) == _per_channel(gate[2])
+
+
+def test_a_staged_gate_moves_once_and_never_holds_more_than_its_bound_in_memory(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Buffers of any size: the gate moves to a file exactly once, before a buffer would
+    take its memory past its bound (4 KiB here), and reads back exactly."""
+    moves: list[int] = []
+    real = StagingBackend.spill
+
+    def spill(self: StagingBackend, name: str) -> None:
+        moves.append(os.fstat(self._files[name].fileno()).st_size)  # in memory now
+        real(self, name)
+
+    monkeypatch.setattr(StagingBackend, "spill", spill)
+    sizes = [700, 1, 1200, 0, 1500, 3000, 5000, 10, 4096]
+    gate: Gate = (0, 0, [(i % 2, bytes([i]) * n) for i, n in enumerate(sizes)])
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    section = _write(shared, str(tmp_path / "staging"), 1, gate)
+    assert len(moves) == 1 and moves[0] <= budget.per_gate
+    assert _read(section) == _per_channel(gate[2])
+
+
+def test_once_the_budget_is_taken_file_staged_gates_reuse_one_file(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two open gates hold the whole memory budget: the gates staged at later barriers
+    go to a file, and one file serves them all, not a new one each; a gate moved out
+    of memory leaves its file as a spare too. Everything reads back."""
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
+    holders = Storage(StagingBackend(str(tmp_path / "s")), StorageOptions(), 1, 9)
+    held = [holders.create_storer(g) for g in range(2)]
+    assert budget.used == budget.per_process
+    staging = str(tmp_path / "staging")
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    gates: list[Gate] = [(s, 0, [(0, bytes([s]) * 700)]) for s in range(3)]
+    assert len(set(_staged_inodes(staging, shared, gates))) == 1
+    for s in held:
+        s.discard()
+    moved: Gate = (5, 0, [(0, b"m" * 3000), (0, b"n" * 3000)])  # past its 4 KiB: moved
+    [inode] = _staged_inodes(staging, shared, [moved])
+    assert budget.used == 0
+    assert os.fstat(shared_mod._SPARES.take(staging).fileno()).st_ino == inode  # a spare
+    assert os.listdir(staging) == []
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM])
+def test_a_passing_memfd_create_failure_stages_one_gate_in_a_file_not_all(
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """memfd_create fails for a while (descriptors or memory short): the gate staged then
+    goes to a file and gives its memory share back; once memfd_create works again the
+    next gate is staged in memory. Both read back exactly."""
+    real = os.memfd_create
+    failing = [True]
+
+    def memfd_create(*args: object) -> int:
+        if failing[0]:
+            raise OSError(code, os.strerror(code))
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shared_mod, "_SPARES", shared_mod._Spares())
+    monkeypatch.setattr(os, "memfd_create", memfd_create)
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    staging = str(tmp_path / "staging")
+    backend = StagingBackend(staging)
+    storage = Storage(backend, StorageOptions(), 1, 0)
+    sections = []
+    for gate_id, in_memory in ((0, False), (1, True)):
+        storer = storage.create_storer(gate_id)
+        name = state_file_name(gate_id, GateKind.INPUT)
+        assert (backend.memory_limit(name) > 0) is in_memory
+        assert budget.used == (budget.per_gate if in_memory else 0)
+        storer.append(0, bytes([gate_id]) * 2000)
+        staged = backend.take(name)
+        sections.append(shared.append(staged, storer.close(), empty=True))
+        backend.recycle(staged)
+        failing[0] = False  # the next checkpoint: memfd_create works again
+    assert shared_mod._MEMFD
+    assert [_read(s) for s in sections] == [{0: [bytes([g]) * 2000]} for g in (0, 1)]
+    assert budget.used == 0 and os.listdir(staging) == []

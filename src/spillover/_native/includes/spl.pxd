@@ -103,15 +103,22 @@ cdef extern from "section.h" nogil:
         SPL_SECTION_CREATE
         SPL_SECTION_FSYNC
         SPL_SECTION_EMPTY
-        SPL_SECTION_MEMORY
         SPL_STEP_MKDIR
         SPL_STEP_OPEN
         SPL_STEP_COPY
         SPL_STEP_FSYNC
         SPL_STEP_CLOSE
-    int spl_append_section(int src, const char *path, uint64_t count, uint64_t at,
-                           const void *extra, size_t extra_len, int flags, int *step,
-                           int *opened, int *emptied)
+    ctypedef struct spl_section:
+        int src
+        int in_memory
+        uint64_t count
+        uint64_t at
+        const void *extra
+        size_t extra_len
+        int emptied
+    int spl_append_sections(const char *path, spl_section *sections, size_t n, int flags,
+                            int *step, int *opened)
+    int spl_copy_range(int src, int dst, uint64_t count, uint64_t at, int in_memory)
     int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step)
 
 
