@@ -198,7 +198,10 @@ cdef class NativeStorer:
                 PyBuffer_Release(&view)
                 PyObject_GetBuffer(packed, &view, PyBUF_SIMPLE)
                 codec = SPL_CODEC_LZ4
-        if self.bound and self.stored_bytes + <uint64_t>view.len > self.bound:
+        # What the staged file would hold: its frames so far, this one with its header,
+        # and the trailer still to come (empty buffers are 24 bytes each, not nothing).
+        if self.bound and (self.pos + SPL_FRAME_HEADER_SIZE + <uint64_t>view.len
+                           + SPL_TRAILER_SIZE > self.bound):
             self._cross_bound(&view)
         self.in_append = True
         try:
@@ -244,20 +247,25 @@ cdef class NativeStorer:
                 self._submit()
 
     def set_bound(self, uint64_t bound, object on_bound):
-        """Before a buffer would take the stored bytes past ``bound`` (0: none), drains the
-        writer and calls ``on_bound()`` once, with no writes in flight (a gate staged in
-        memory moves to a file there); an exception it raises fails that append."""
+        """Before a buffer would take the file past ``bound`` bytes (0: none; frame headers
+        and the trailer count), drains the writer and calls ``on_bound()`` once, with no
+        writes in flight (a gate staged in memory moves to a file there); an exception
+        it raises fails that append, and the next append tries again."""
         self.bound = bound
         self.on_bound = on_bound if bound else None
 
     cdef int _cross_bound(self, Py_buffer *view) except -1:
         """The bound is crossed: drain, then ``on_bound`` (``view``, the buffer being
         appended, is released if either fails)."""
-        cb, self.on_bound, self.bound = self.on_bound, None, 0
+        cb, bound = self.on_bound, self.bound
+        self.on_bound, self.bound = None, 0
         try:
             self._flush()
             cb()
         except BaseException:
+            # Still staged where it was: bounded as before, so a caller that goes on
+            # appending after the error never grows it past its bound.
+            self.on_bound, self.bound = cb, bound
             PyBuffer_Release(view)
             raise
         return 0

@@ -780,11 +780,13 @@ def test_a_gate_moved_by_positioned_writes_goes_on_at_the_end_of_its_file(
     assert _read(section) == _per_channel(gate[2])
 
 
+@pytest.mark.parametrize("tiny", [False, True], ids=["sizes", "tiny"])
 def test_a_staged_gate_moves_once_and_never_holds_more_than_its_bound_in_memory(
-    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, budget: shared_mod.StagingBudget, monkeypatch: pytest.MonkeyPatch, tiny: bool
 ) -> None:
-    """Buffers of any size: the gate moves to a file exactly once, before a buffer would
-    take its memory past its bound (4 KiB here), and reads back exactly."""
+    """Buffers of any size, empty ones too: the gate moves to a file exactly once,
+    before a buffer would take its memory past its bound (4 KiB here), and reads back
+    exactly."""
     moves: list[int] = []
     real = StagingBackend.spill
 
@@ -795,6 +797,8 @@ def test_a_staged_gate_moves_once_and_never_holds_more_than_its_bound_in_memory(
     monkeypatch.setattr(StagingBackend, "spill", spill)
     sizes = [700, 1, 1200, 0, 1500, 3000, 5000, 10, 4096]
     gate: Gate = (0, 0, [(i % 2, bytes([i]) * n) for i, n in enumerate(sizes)])
+    if tiny:  # each frame's header counts: 300 tiny buffers are 7 KiB staged
+        gate = (0, 0, [(i % 2, bytes([i % 256]) * (i % 2)) for i in range(300)])
     shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
     section = _write(shared, str(tmp_path / "staging"), 1, gate)
     assert len(moves) == 1 and moves[0] <= budget.per_gate
