@@ -362,7 +362,7 @@ def add_key_sums(
     caller to insert. ``keys`` and ``values`` are int64 arrays, strided ones
     (a field of a record batch) read in place. With a ``key_group_range`` (of a valid
     ``max_parallelism``), returns None and changes nothing if a key's group lies
-    outside it. The GIL is released from ``NOGIL_MIN_SUMS_KEYS`` (256) keys.
+    outside it. The GIL is released from ``NOGIL_MIN_SUMS_KEYS`` (4,096) keys.
     """
     lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
     maxp = 0 if key_group_range is None else max_parallelism
