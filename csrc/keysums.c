@@ -135,8 +135,8 @@ static inline size_t lower_bound(const int64_t *keys, size_t lo, size_t n, int64
 int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
                  ptrdiff_t value_stride, size_t n, int32_t max_p,
                  int32_t kg_lo, int32_t kg_hi, spl_sum_run *runs, size_t n_runs,
-                 int ascending, int64_t *out_keys, int64_t *out_totals, int64_t *out_new,
-                 size_t *n_out, size_t *n_new) {
+                 int ascending, int64_t *out_keys, int64_t *out_totals, size_t out_stride,
+                 int64_t *out_new, size_t *n_out, size_t *n_new) {
     *n_out = 0;
     *n_new = 0;
     if (n == 0) return SPL_SUMS_OK;
@@ -223,8 +223,8 @@ int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
             }
         }
         if (!found) out_new[fresh++] = (int64_t)i;
-        out_keys[i] = k;
-        out_totals[i] = (int64_t)total;
+        out_keys[i * out_stride] = k;
+        out_totals[i * out_stride] = (int64_t)total;
     }
     free(pairs);
     *n_out = m;

@@ -42,17 +42,19 @@ void spl_sums_index(const int64_t *keys, size_t n, uint32_t *slots, unsigned bit
  * When max_p > 0 every key's Flink key group must lie in [kg_lo, kg_hi]; otherwise
  * SPL_SUMS_E_RANGE is returned and nothing is written (the runs are untouched).
  *
- * The distinct keys go to out_keys[0 .. *n_out): in ascending order when ascending is
- * non-zero, else in the order of their first record in the batch. A key found in
- * one of the runs (their keys are disjoint) has its batch sum added there in place
- * and its new sum written to out_totals; a key in no run gets its batch sum in
- * out_totals and its index into out_keys listed, ascending, in out_new[0 .. *n_new).
- * Every out array has room for n entries. More than SPL_SUMS_MAX_KEYS keys:
+ * The distinct keys go to out_keys[i * out_stride], i < *n_out: in ascending order when
+ * ascending is non-zero, else in the order of their first record in the batch. A key
+ * found in one of the runs (their keys are disjoint) has its batch sum added there in
+ * place and its new sum written to out_totals[i * out_stride]; a key in no run gets its
+ * batch sum there and its index i listed, ascending, in out_new[0 .. *n_new). With
+ * out_stride 2 and out_totals = out_keys + 1 the output is (key, sum) rows: the memory
+ * of a record batch of two int64 fields, written in the same pass. Every out array has
+ * room for n entries (n rows). More than SPL_SUMS_MAX_KEYS keys:
  * SPL_SUMS_E_TOO_MANY, nothing written. */
 int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
                  ptrdiff_t value_stride, size_t n, int32_t max_p,
                  int32_t kg_lo, int32_t kg_hi, spl_sum_run *runs, size_t n_runs,
-                 int ascending, int64_t *out_keys, int64_t *out_totals, int64_t *out_new,
-                 size_t *n_out, size_t *n_new);
+                 int ascending, int64_t *out_keys, int64_t *out_totals, size_t out_stride,
+                 int64_t *out_new, size_t *n_out, size_t *n_new);
 
 #endif

@@ -42,6 +42,7 @@ __all__ = [
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupRange",
     "KeyType",
+    "add_key_sum_rows",
     "add_key_sums",
     "assign_to_key_group",
     "check_max_parallelism",
@@ -361,7 +362,7 @@ def add_key_sums(
     caller to insert. ``keys`` and ``values`` are int64 arrays, strided ones
     (a field of a record batch) read in place. With a ``key_group_range`` (of a valid
     ``max_parallelism``), returns None and changes nothing if a key's group lies
-    outside it. The GIL is released from ``NOGIL_MIN_SUMS_KEYS`` (256) keys.
+    outside it. The GIL is released from ``NOGIL_MIN_SUMS_KEYS`` (4,096) keys.
     """
     lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
     maxp = 0 if key_group_range is None else max_parallelism
@@ -372,6 +373,45 @@ def add_key_sums(
         return None
     out, n_out, n_new = got
     return out[0, :n_out], out[1, :n_out], out[2, :n_new]
+
+
+def add_key_sum_rows(
+    keys: _I64,
+    values: _I64 | None,
+    main: tuple[_I64, _I64],
+    delta: tuple[_I64, _I64],
+    max_parallelism: int = 0,
+    key_group_range: KeyGroupRange | None = None,
+    indexes: tuple[npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None] = (None, None),
+    ascending: bool = True,
+) -> tuple[_I64, _I64] | None:
+    """:func:`add_key_sums`, with the distinct keys and their new sums as rows: returns
+    ``(rows, new)``, ``rows`` a C-contiguous ``(n, 2)`` int64 array of ``(key, sum)``
+    written by the same native pass, so that a record batch of two int64 fields is
+    ``rows.view(dtype)`` with no copy (a keyed count's output: two field assignments
+    of a batch's length each let the GIL go and wait to take it back), and ``new``
+    the indices of the rows whose keys are in neither run."""
+    lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
+    maxp = 0 if key_group_range is None else max_parallelism
+    got = _records.sums_add(
+        keys,
+        values,
+        maxp,
+        lo,
+        hi,
+        main[0],
+        main[1],
+        delta[0],
+        delta[1],
+        *indexes,
+        ascending,
+        True,
+    )
+    if got is None:
+        return None
+    out, n_out, n_new = got
+    n = len(keys)
+    return out[: 2 * n_out].reshape(n_out, 2), out[2 * n : 2 * n + n_new]
 
 
 def _packed_kind(key_type: str) -> int:

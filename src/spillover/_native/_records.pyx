@@ -24,14 +24,18 @@ import numpy as np
 cnp.import_array()
 
 cdef enum:
-    _NOGIL_MIN = 65536
-    _NOGIL_MIN_SUMS = 256
+    _NOGIL_MIN = 1 << 20
+    _NOGIL_MIN_SUMS = 4096
     _NOGIL_MIN_SCAN = 1 << 20
 NOGIL_MIN_BYTES = _NOGIL_MIN
-"""Inputs (bytes; keys count 8 each) from which a native loop releases the GIL."""
+"""Inputs (bytes; keys count 8 each) from which a native loop releases the GIL: 1 MiB,
+so that the per-buffer loops of a 128 KiB network buffer or a source's batch (the
+generator's fill and the key-group demultiplexer, 10 to 30 microseconds each) keep
+it. Letting it go costs the thread a futex hand-off each way and a wait behind the
+other task threads to take it back, several times the loop."""
 NOGIL_MIN_SUMS_KEYS = _NOGIL_MIN_SUMS
-"""Keys from which keyed sums release the GIL: a hash probe per key is worth the
-hand-off long before 64 KiB of keys."""
+"""Keys from which keyed sums release the GIL: 4,096 keys (about 200 microseconds
+of hash probes); a network buffer's batch of about 1,000 keys keeps it."""
 NOGIL_MIN_SCAN_BYTES = _NOGIL_MIN_SCAN
 """Buffers from which a record scan releases the GIL: the scan hops from length
 prefix to length prefix, about 10 microseconds for a 128 KiB network buffer of

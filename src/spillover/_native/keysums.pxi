@@ -84,6 +84,7 @@ def sums_add(
     cnp.ndarray main_index=None,
     cnp.ndarray delta_index=None,
     bint ascending=True,
+    bint rows=False,
 ):
     """Adds ``values[i]`` (1 each when ``values`` is None) to the sum of ``keys[i]``,
     in place in the run (main, then delta: sorted, distinct, disjoint keys) that holds
@@ -94,8 +95,11 @@ def sums_add(
     (ascending, or with ``ascending`` false in the order the batch first has them),
     ``out[1, :n_out]`` their new sums (a key in neither run: its batch sum), and
     ``out[2, :n_new]`` the indices into ``out[0]`` of the keys in neither run, which the
-    caller inserts. With ``max_parallelism > 0``, returns None and changes nothing when
-    a key's key group lies outside ``kg_lo..kg_hi``."""
+    caller inserts. With ``rows``, ``out`` is 1-D instead: ``out[:2 * n_out]`` the
+    (key, sum) pairs side by side (the memory of a record batch of two int64 fields,
+    with no copy after the pass) and ``out[2 * n:][:n_new]`` the new keys' indices.
+    With ``max_parallelism > 0``, returns None and changes nothing when a key's key
+    group lies outside ``kg_lo..kg_hi``."""
     cdef spl_sum_run runs[2]
     _check_int64(keys, "keys", False, False)
     cdef size_t n = <size_t>cnp.PyArray_DIM(keys, 0)
@@ -109,17 +113,22 @@ def sums_add(
         vstride = cnp.PyArray_STRIDE(values, 0)
     _run(&runs[0], main_keys, main_sums, main_index, "the main run")
     _run(&runs[1], delta_keys, delta_sums, delta_index, "the delta run")
-    out = cnp.PyArray_EMPTY(2, [3, <cnp.npy_intp>n], cnp.NPY_INT64, 0)
+    if rows:
+        out = cnp.PyArray_EMPTY(1, [3 * <cnp.npy_intp>n], cnp.NPY_INT64, 0)
+    else:
+        out = cnp.PyArray_EMPTY(2, [3, <cnp.npy_intp>n], cnp.NPY_INT64, 0)
     if n == 0:
         return out, 0, 0
     cdef int64_t *o = <int64_t *>cnp.PyArray_DATA(out)
+    cdef int64_t *o_totals = o + 1 if rows else o + n
+    cdef size_t o_stride = 2 if rows else 1
     cdef const void *kp = cnp.PyArray_DATA(keys)
     cdef ptrdiff_t kstride = cnp.PyArray_STRIDE(keys, 0)
     cdef size_t n_out = 0, n_new = 0
     cdef int rc
     ts = _release_if(n >= _NOGIL_MIN_SUMS)
     rc = spl_sums_add(kp, kstride, vp, vstride, n, max_parallelism, kg_lo, kg_hi, runs, 2,
-                      ascending, o, o + n, o + 2 * n, &n_out, &n_new)
+                      ascending, o, o_totals, o_stride, o + 2 * n, &n_out, &n_new)
     _reacquire(ts)
     if rc == SPL_SUMS_E_RANGE:
         return None

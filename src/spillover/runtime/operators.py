@@ -165,7 +165,15 @@ class _KeyedAggregate(Operator):
         # Put-and-get in one pass where the backend offers it (the heap's sum state,
         # whose ``add`` counts with ``values`` None; another backend's state is only
         # asked for what every keyed state offers: ``put`` and ``get``).
-        self._add = self.state.add if isinstance(self.state, HeapSumState) else None
+        heap = self.state if isinstance(self.state, HeapSumState) else None
+        self._add = None if heap is None else heap.add
+        # int64 sums on the heap: the sums and the output rows in one native pass (the
+        # output's two field assignments would each let the GIL go and wait for it).
+        self._add_rows = (
+            heap.add_rows
+            if heap is not None and self.sum_dtype == np.int64 and self.emit_updates
+            else None
+        )
 
     def _values(self, batch: Batch) -> npt.NDArray[Any] | None:
         """What each record adds (None: 1 each, which ``add`` counts without an array)."""
@@ -176,6 +184,11 @@ class _KeyedAggregate(Operator):
             return
         keys = np.asarray(batch[self.key_field], dtype=np.int64)
         values = self._values(batch)
+        if self._add_rows is not None:
+            rows = self._add_rows(keys, values)
+            if len(rows):
+                self.ctx.output.emit(rows.view(self.out_dtype).reshape(len(rows)))
+            return
         if self._add is not None:
             uniq, totals = self._add(keys, values)
             if not self.emit_updates:

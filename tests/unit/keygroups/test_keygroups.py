@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from spillover.errors import ConfigError
 from spillover.keygroups import (
     KeyGroupRange,
+    add_key_sum_rows,
     add_key_sums,
     assign_to_key_group,
     compute_default_max_parallelism,
@@ -365,6 +366,36 @@ def test_add_key_sums_by_hash_index_adds_as_by_search(
     assert sorted(hashed[0][hashed[2]].tolist()) == searched[0][searched[2]].tolist()
     for a, b in zip(runs[0], runs[1], strict=True):
         assert a[1].tolist() == b[1].tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    main_keys=st.sets(st.integers(-300, 300), max_size=40),
+    batch=st.lists(st.integers(-300, 300) | st.integers(-(1 << 63), (1 << 63) - 1), max_size=80),
+    indexed=st.booleans(),
+    counted=st.booleans(),
+)
+def test_add_key_sum_rows_are_add_key_sums_side_by_side(
+    main_keys: set[int], batch: list[int], indexed: bool, counted: bool
+) -> None:
+    """The rows variant returns each distinct key beside its new sum, in the order and
+    with the new keys of :func:`add_key_sums`, and leaves the runs as it does: a
+    record batch of ``(key, sum)`` without a copy."""
+    mk = np.array(sorted(main_keys), dtype=np.int64)
+    k = np.array(batch, dtype=np.int64)
+    values = None if counted else np.arange(1, len(batch) + 1, dtype=np.int64) * -3
+    runs = [((mk, np.arange(mk.size, dtype=np.int64) * 5), _empty_run()) for _ in range(2)]
+    index = (key_sums_index(mk) if indexed else None, None)
+    cols = add_key_sums(k, values, *runs[0], indexes=index, ascending=False)
+    rows = add_key_sum_rows(k, values, *runs[1], indexes=index, ascending=False)
+    assert cols is not None and rows is not None
+    assert rows[0].shape == (cols[0].size, 2) and rows[0].flags.c_contiguous
+    assert rows[0][:, 0].tolist() == cols[0].tolist()
+    assert rows[0][:, 1].tolist() == cols[1].tolist()
+    assert rows[1].tolist() == cols[2].tolist()
+    assert runs[0][0][1].tolist() == runs[1][0][1].tolist()
+    batch_of = rows[0].view([("key", "<i8"), ("count", "<i8")]).reshape(-1)
+    assert batch_of["key"].tolist() == cols[0].tolist()
 
 
 def test_a_hash_index_must_be_the_one_built_for_its_run() -> None:

@@ -497,6 +497,38 @@ def test_demux_whole_records_routes_the_same_records_unsplit(
         check_whole_cuts(bs, [12 + extra] * len(read_records(bs)), out_size)
 
 
+def test_rows_past_the_gil_bound_are_routed_and_framed_as_in_pieces() -> None:
+    """A batch past NOGIL_MIN_BYTES (the demultiplexer's and the packer's loops let
+    the GIL go) gives the same buffers as the same rows pushed in pieces below it
+    (the loops keep the GIL)."""
+    from spillover._native._records import NOGIL_MIN_BYTES
+
+    width = 24
+    rng = np.random.default_rng(11)
+    rows = rng.integers(0, 256, size=(NOGIL_MIN_BYTES // width + 7, width), dtype=np.uint8)
+    table = rng.integers(0, 3, size=128)
+
+    def route(pieces: int) -> list[tuple[int, bytes]]:
+        demux = KeyGroupDemux(128, table, 3, key=FieldKey(0, "int64"), buffer_size=1 << 17)
+        got = [
+            (o, bytes(b)) for part in np.array_split(rows, pieces) for o, b in demux.push_rows(part)
+        ]
+        return got + [(o, bytes(b)) for o, b in demux.finish()]
+
+    def frame(pieces: int) -> list[bytes]:
+        writer = RecordWriter(1 << 17, whole_records=True)
+        out = [
+            bytes(b)
+            for part in np.array_split(rows, pieces)
+            for b in writer.write_fixed(part.reshape(-1), width)
+        ]
+        last = writer.flush()
+        return out if last is None else [*out, bytes(last)]
+
+    assert route(1) == route(64)
+    assert frame(1) == frame(64)
+
+
 def test_demux_push_rows_refuses_rows_too_short_for_their_key() -> None:
     demux = KeyGroupDemux(4, [0, 0, 0, 0], 1, key=FieldKey(0, "int64"))
     with pytest.raises(CorruptRecordError):

@@ -47,7 +47,7 @@ from spillover.runtime.connectors.parquet import (
     arrow_to_batch,
     byte_matrix,
 )
-from spillover.runtime.connectors.throttled import ThrottledSink
+from spillover.runtime.connectors.throttled import PACE_SLACK, ThrottledSink
 from spillover.runtime.operators import (
     CoMap,
     FilterOperator,
@@ -753,6 +753,52 @@ def test_throttled_sink_paces_by_sleeping(sink_name: str) -> None:
     assert clock.sleeps[-1] == pytest.approx(0.1)
     with pytest.raises(ConfigError):
         ThrottledSink(0)
+
+
+def test_a_pacing_task_waits_for_a_throttled_sink_only_past_the_slack() -> None:
+    """In a pacing task the sink never sleeps; the task waits for it only once it is
+    more than PACE_SLACK ahead of its pace, and over time it keeps its rate."""
+    clock = FakeClock()
+    sink = ThrottledSink(1000, clock=clock.monotonic, sleep=clock.sleep)
+    sink.open(
+        OperatorContext(
+            uid="s",
+            name="s",
+            subtask_index=0,
+            parallelism=1,
+            max_parallelism=128,
+            attempt=0,
+            output=RecordingOutput(),
+            pacing=True,
+        )
+    )
+    start = clock.now
+    sink.process(kv([0] * 100, [0] * 100))  # owes 0.1 s: the task waits
+    assert sink.ready_at() == pytest.approx(start + 0.1 - PACE_SLACK)
+    taken = 0
+    while clock.now - start < 10.0:  # the task's loop: a batch once it is ready
+        clock.now = max(clock.now, sink.ready_at())
+        sink.process(kv([0] * 1, [0] * 1))  # owes 1 ms, inside the slack
+        taken += 1
+    assert not clock.sleeps
+    # Its rate over the 10 s: ahead by at most the slack's worth and the last batch.
+    elapsed = clock.now - start
+    assert 1000 * elapsed - 2 <= 100 + taken <= 1000 * (elapsed + PACE_SLACK) + 2
+    fast = ThrottledSink(1e8, clock=clock.monotonic, sleep=clock.sleep)
+    fast.open(
+        OperatorContext(
+            uid="f",
+            name="f",
+            subtask_index=0,
+            parallelism=1,
+            max_parallelism=128,
+            attempt=0,
+            output=RecordingOutput(),
+            pacing=True,
+        )
+    )
+    fast.process(kv([0] * 6_500, [0] * 6_500))  # 65 us at its rate: no wait at all
+    assert fast.ready_at() <= clock.now
 
 
 def test_throttled_sink_passes_the_lifecycle_to_its_inner_sink(sink_name: str) -> None:

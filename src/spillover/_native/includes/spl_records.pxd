@@ -47,8 +47,8 @@ cdef extern from "keysums.h" nogil:
     int spl_sums_add(const void *keys, ptrdiff_t key_stride, const void *values,
                      ptrdiff_t value_stride, size_t n, int32_t max_p,
                      int32_t kg_lo, int32_t kg_hi, spl_sum_run *runs, size_t n_runs,
-                     int ascending, int64_t *out_keys, int64_t *out_totals, int64_t *out_new,
-                     size_t *n_out, size_t *n_new)
+                     int ascending, int64_t *out_keys, int64_t *out_totals, size_t out_stride,
+                     int64_t *out_new, size_t *n_out, size_t *n_new)
 
 
 cdef extern from "records.h" nogil:

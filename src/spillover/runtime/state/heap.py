@@ -16,6 +16,7 @@ from spillover.errors import (
 from spillover.keygroups import (
     ADD_KEY_SUMS_MAX_KEYS,
     KEY_SUMS_INDEX_MAX_KEYS,
+    add_key_sum_rows,
     add_key_sums,
     key_sums_index,
 )
@@ -343,6 +344,38 @@ class HeapSumState(_UniqueKeyState):
             order = np.argsort(fresh)
             self._insert_new(fresh[order], sums[order])
         return uniq, totals
+
+    def add_rows(self, keys: npt.ArrayLike, values: npt.ArrayLike | None = None) -> Keys:
+        """:meth:`add` of an int64 sum, its result as a C-contiguous ``(n, 2)`` int64
+        array of ``(key, new sum)`` rows written by the same native pass: the memory of
+        a record batch of the two fields, with no copy after it."""
+        if self.dtype != np.int64:
+            raise TypeError(f"add_rows needs int64 sums, the state holds {self.dtype}")
+        q = self._as_keys(keys)
+        v = None if values is None else self._values(values, q.size)
+        if q.size > ADD_KEY_SUMS_MAX_KEYS:
+            uniq, totals = self.add(q, v)
+            return np.stack([uniq, totals], axis=1)
+        backend = self._backend
+        got = add_key_sum_rows(
+            q,
+            v,
+            (self._mk, self._mv),
+            (self._dk, self._dv),
+            backend._max_p,
+            backend._checked_range,
+            indexes=(self._index_of(0, self._mk), self._index_of(1, self._dk)),
+            ascending=False,
+        )
+        if got is None:
+            backend._check_keys(q)  # raises: a key lies outside the key groups
+            raise AssertionError("add_key_sum_rows refused keys that the backend accepts")
+        rows, new = got
+        if new.size:
+            fresh, sums = rows[new, 0], rows[new, 1]
+            order = np.argsort(fresh)
+            self._insert_new(fresh[order], sums[order])
+        return rows
 
     def _index_of(self, run: int, run_keys: Keys) -> npt.NDArray[np.uint32] | None:
         """The hash index of a run's keys, rebuilt when the run is another array

@@ -188,9 +188,10 @@ wide_keys = st.one_of(
 def test_native_sum_add_matches_the_numpy_reference(
     backend: HeapKeyedStateBackend, batches: list[Any], strided: bool
 ) -> None:
-    """For any key batches and key-group range, the native ``add`` gives the numpy
-    path's distinct keys and totals and leaves the same state; a batch with a key
-    outside the range is refused by both, changing nothing."""
+    """For any key batches and key-group range, the native ``add`` (or ``add_rows``,
+    its result as ``(key, sum)`` rows) gives the numpy path's distinct keys and totals
+    and leaves the same state; a batch with a key outside the range is refused by
+    both, changing nothing."""
     twin = HeapKeyedStateBackend(
         MAXP, backend.key_group_range, merge_rows=backend._merge_rows, name="twin"
     )
@@ -213,12 +214,24 @@ def test_native_sum_add_matches_the_numpy_reference(
                 rows["v"] = values
                 values = rows["v"]
         outside = len(use) != len(inside)
+        as_rows = seed % 2 == 1
         if outside:
             for s in (native, ref):
                 with pytest.raises(KeyGroupRangeError):
-                    s.add(k, values) if s is native else reference_add(s, k, values)
+                    if s is ref:
+                        reference_add(s, k, values)
+                    elif as_rows:
+                        s.add_rows(k, values)
+                    else:
+                        s.add(k, values)
         else:
-            got, want = native.add(k, values), reference_add(ref, k, values)
+            if as_rows:
+                rows = native.add_rows(k, values)
+                assert rows.shape == (len(set(use)), 2) and rows.flags.c_contiguous
+                got = rows[:, 0], rows[:, 1]
+            else:
+                got = native.add(k, values)
+            want = reference_add(ref, k, values)
             assert got[0].tolist() == list(dict.fromkeys(use))  # first-seen order
             assert want[0].tolist() == sorted(set(use))
             assert by_key(*got) == by_key(*want)
