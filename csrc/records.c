@@ -453,28 +453,28 @@ int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const
      * chunk that dropped nothing says the records come from key groups the
      * table keeps (a shared read's old channel, whose key groups all belong to
      * its parts): there the branch is predicted and one walk is cheaper than
-     * two, until a chunk drops again. */
+     * two, until a chunk drops again. The hint outlives the call: a frame
+     * holds fewer records than a chunk. */
     int32_t chunk[SPL_DEMUX_CHUNK];
     size_t done = 0;
-    int rc = SPL_REC_OK, fused = 0;
+    int rc = SPL_REC_OK;
     while (done < max_records) {
         size_t want = max_records - done < SPL_DEMUX_CHUNK ? max_records - done : SPL_DEMUX_CHUNK;
-        size_t routed = 0;
+        size_t routed = 0, walked = 0; /* walked: records hashed, routed or not */
         uint64_t dropped = d->dropped;
-        if (fused) {
+        if (d->fused) {
             rc = demux_fused(d, buf, n, pos, want, &routed);
-            done += routed;
-            if (rc || routed < want) break;
+            walked = routed;
         } else {
-            size_t p = *pos, got = 0;
+            size_t p = *pos;
             int hrc = spl_rec_key_groups(buf, n, &p, d->max_len, &d->key, d->max_p, chunk, want,
-                                         &got);
-            rc = demux_loop(d, buf, n, pos, chunk, got, &routed, d->key.kind);
-            done += routed;
+                                         &walked);
+            rc = demux_loop(d, buf, n, pos, chunk, walked, &routed, d->key.kind);
             if (!rc) rc = hrc; /* the records before a bad one are routed first */
-            if (rc || got < want) break;
         }
-        fused = d->dropped == dropped;
+        done += routed;
+        if (routed) d->fused = d->dropped == dropped;
+        if (rc || walked < want) break;
     }
     *count = done;
     return rc;
