@@ -28,10 +28,12 @@ static inline int32_t spl_murmur_hash(int32_t code) {
     h ^= h >> 13;
     h *= 0xc2b2ae35u;
     h ^= h >> 16;
-    int32_t s = (int32_t)h;
-    if (s >= 0) return s;
-    if (h != 0x80000000u) return (int32_t)(0u - h);
-    return 0;
+    /* Java: code >= 0 ? code : code != MIN_VALUE ? -code : 0. Without a branch:
+     * the sign of a hash is a coin toss, and a branch on it mispredicted every
+     * other record, a third of the key-group pass. The absolute value in two's
+     * complement, then the top bit cleared: only MIN_VALUE has it, and maps to 0. */
+    uint32_t neg = 0u - (h >> 31);
+    return (int32_t)(((h ^ neg) - neg) & 0x7fffffffu);
 }
 
 /* Long.hashCode(v) = (int)(v ^ (v >>> 32)). */

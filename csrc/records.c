@@ -68,22 +68,34 @@ void spl_carry_free(spl_carry *c) {
  * buffer's end is harmless). */
 #define SPL_REC_PREFETCH 2048
 
+/* The scan predicts each record's length to be the one before's: the next
+ * record's address then comes from a register, not from the length just loaded,
+ * so the loads of successive records overlap; a length that differs takes a
+ * branch, rarely taken where records of one serializer are of one width. Over
+ * cached 104-byte records the scan ran some 20 % faster. */
 int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, int64_t *offsets,
                  int64_t *lengths, size_t max_out, size_t *count) {
-    size_t p = *pos, k = 0;
+    size_t p = *pos, k = 0, step = 0;
+    uint64_t predicted = UINT64_MAX; /* no length yet: equal to none */
+    uint32_t len = 0;
     int rc = SPL_REC_OK;
     while (k < max_out && p + SPL_REC_PREFIX <= n) {
         __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
-        uint32_t len = spl_le32(buf + p);
-        if (len > max_len) {
-            rc = SPL_REC_E_TOO_LARGE;
-            break;
+        uint32_t got = spl_le32(buf + p);
+        if (__builtin_expect(got != predicted, 0)) {
+            if (got > max_len) {
+                rc = SPL_REC_E_TOO_LARGE;
+                break;
+            }
+            predicted = got;
+            len = got;
+            step = SPL_REC_PREFIX + (size_t)got;
         }
-        if (len > n - p - SPL_REC_PREFIX) break;
+        if (step > n - p) break;
         offsets[k] = (int64_t)(p + SPL_REC_PREFIX);
         lengths[k] = len;
         k++;
-        p += SPL_REC_PREFIX + (size_t)len;
+        p += step;
     }
     *pos = p;
     *count = k;
@@ -413,33 +425,9 @@ static inline __attribute__((always_inline)) int demux_loop(spl_demux *d, const 
 
 #define SPL_DEMUX_CHUNK 1024
 
-int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const int32_t *kgs,
-                  size_t max_records, size_t *count) {
-    if (kgs) return demux_loop(d, buf, n, pos, kgs, max_records, count, d->key.kind);
-    if (d->drops && !d->keep_all) {
-        /* Where some records are dropped: two passes a chunk at a time, key groups
-         * first, then routing. Hashing has no branch to mispredict, so the hashes
-         * of many records overlap; routing keeps or drops each record on a branch
-         * that mispredicts wherever kept and dropped records mix, and fused with
-         * hashing each miss also stalled the hash chain of the records after it.
-         * Where every record is kept the branch is predicted, and the fused loop
-         * below, one walk over the records, is faster. */
-        int32_t chunk[SPL_DEMUX_CHUNK];
-        size_t done = 0;
-        int rc = SPL_REC_OK;
-        while (done < max_records) {
-            size_t want = max_records - done < SPL_DEMUX_CHUNK ? max_records - done : SPL_DEMUX_CHUNK;
-            size_t p = *pos, got = 0, routed = 0;
-            int hrc = spl_rec_key_groups(buf, n, &p, d->max_len, &d->key, d->max_p, chunk, want,
-                                         &got);
-            rc = demux_loop(d, buf, n, pos, chunk, got, &routed, d->key.kind);
-            done += routed;
-            if (!rc) rc = hrc; /* the records before a bad one are routed first */
-            if (rc || got < want) break;
-        }
-        *count = done;
-        return rc;
-    }
+/* The fused loop, one walk that hashes and routes each record in turn. */
+static int demux_fused(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos,
+                       size_t max_records, size_t *count) {
     switch (d->key.kind) {
     case SPL_KEY_INT32:
         return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_INT32);
@@ -450,6 +438,46 @@ int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const
     default:
         return demux_loop(d, buf, n, pos, NULL, max_records, count, SPL_KEY_BYTES);
     }
+}
+
+int spl_demux_run(spl_demux *d, const uint8_t *buf, size_t n, size_t *pos, const int32_t *kgs,
+                  size_t max_records, size_t *count) {
+    if (kgs) return demux_loop(d, buf, n, pos, kgs, max_records, count, d->key.kind);
+    if (!d->drops || d->keep_all) return demux_fused(d, buf, n, pos, max_records, count);
+    /* A table that drops some key groups: a chunk at a time, in two passes (key
+     * groups first, then routing) while the chunks drop records, fused while
+     * they drop none. Routing keeps or drops each record on a branch that
+     * mispredicts wherever kept and dropped records mix; fused with hashing,
+     * each miss also stalled the hashes of the records after it, so such chunks
+     * hash all their records first, with no branch, and route them after. A
+     * chunk that dropped nothing says the records come from key groups the
+     * table keeps (a shared read's old channel, whose key groups all belong to
+     * its parts): there the branch is predicted and one walk is cheaper than
+     * two, until a chunk drops again. The hint outlives the call: a frame
+     * holds fewer records than a chunk. */
+    int32_t chunk[SPL_DEMUX_CHUNK];
+    size_t done = 0;
+    int rc = SPL_REC_OK;
+    while (done < max_records) {
+        size_t want = max_records - done < SPL_DEMUX_CHUNK ? max_records - done : SPL_DEMUX_CHUNK;
+        size_t routed = 0, walked = 0; /* walked: records hashed, routed or not */
+        uint64_t dropped = d->dropped;
+        if (d->fused) {
+            rc = demux_fused(d, buf, n, pos, want, &routed);
+            walked = routed;
+        } else {
+            size_t p = *pos;
+            int hrc = spl_rec_key_groups(buf, n, &p, d->max_len, &d->key, d->max_p, chunk, want,
+                                         &walked);
+            rc = demux_loop(d, buf, n, pos, chunk, walked, &routed, d->key.kind);
+            if (!rc) rc = hrc; /* the records before a bad one are routed first */
+        }
+        done += routed;
+        if (routed) d->fused = d->dropped == dropped;
+        if (rc || walked < want) break;
+    }
+    *count = done;
+    return rc;
 }
 
 /* The rows loop, specialised per key kind like demux_loop. */

@@ -245,6 +245,7 @@ typedef struct {
     uint32_t max_len;
     int keep_all; /* every record to output 0, no key read (a channel taken whole) */
     int drops;    /* some key group maps to -1 (see spl_demux_run) */
+    int fused;    /* the last chunk dropped nothing: walk the next in one pass (ditto) */
     uint64_t routed, dropped;
 } spl_demux;
 

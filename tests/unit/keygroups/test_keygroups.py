@@ -77,6 +77,23 @@ def test_flink_check_values() -> None:
     assert list(key_groups(np.array([0, 42, -1], dtype=np.int32), 128)) == [94, 29, 80]
 
 
+# Java hash codes whose murmur mix ends at Integer.MIN_VALUE (Flink maps it to 0), at
+# MIN_VALUE + 1 (negated: 2^31 - 1) and at 2^31 - 1 (kept), found by inverting the mix.
+MURMUR_EDGES = {-2089875627: 0, 1814469223: 2**31 - 1, 994512208: 2**31 - 1}
+
+
+def test_murmur_edges_of_the_sign_native_as_in_python() -> None:
+    codes = np.array(list(MURMUR_EDGES), dtype=np.int32)
+    assert [murmur_hash(int(c)) for c in codes] == list(MURMUR_EDGES.values())
+    framed = write_records([struct.pack("<i", int(c)) for c in codes], 4096)[0]
+    for p in (1, 7, 128, 32768):
+        expected = [m % p for m in MURMUR_EDGES.values()]
+        assert key_groups(codes, p).tolist() == expected
+        assert key_groups_from_hashes(codes, p).tolist() == expected
+        assert key_groups_of(framed, p, FieldKey(0, "int32")).tolist() == expected
+        assert [assign_to_key_group(int(c), p, "int32") for c in codes] == expected
+
+
 @pytest.mark.parametrize("name", ["int32", "int64", "str", "bytes", "utf8_malformed"])
 def test_golden_files_are_complete(name: str) -> None:
     g = golden(name)

@@ -131,6 +131,7 @@ cdef extern from "records.h" nogil:
         uint32_t max_len
         int keep_all
         int drops
+        int fused
         uint64_t routed
         uint64_t dropped
 
