@@ -27,6 +27,7 @@ cdef enum:
     _NOGIL_MIN = 1 << 20
     _NOGIL_MIN_SUMS = 4096
     _NOGIL_MIN_SCAN = 1 << 20
+    _NOGIL_MIN_HASH = 1 << 16
 NOGIL_MIN_BYTES = _NOGIL_MIN
 """Inputs (bytes; keys count 8 each) from which a native loop releases the GIL: 1 MiB,
 so that the per-buffer loops of a 128 KiB network buffer or a source's batch (the
@@ -36,6 +37,12 @@ other task threads to take it back, several times the loop."""
 NOGIL_MIN_SUMS_KEYS = _NOGIL_MIN_SUMS
 """Keys from which keyed sums release the GIL: 4,096 keys (about 200 microseconds
 of hash probes); a network buffer's batch of about 1,000 keys keeps it."""
+NOGIL_MIN_HASH_BYTES = _NOGIL_MIN_HASH
+"""Keys (8 bytes each) from which key-group hashing of an array releases the GIL:
+64 KiB, 8,192 keys. Its large callers (state snapshots and restores, the
+comparisons of ``spillover verify``) hash up to whole states, which would hold the
+GIL for milliseconds past the Spark worker's 0.5 ms switch interval and keep its
+receiving and barrier threads waiting."""
 NOGIL_MIN_SCAN_BYTES = _NOGIL_MIN_SCAN
 """Buffers from which a record scan releases the GIL: the scan hops from length
 prefix to length prefix, about 10 microseconds for a 128 KiB network buffer of
