@@ -41,4 +41,9 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
 int spl_sock_send_each(int n, const int *fds, const uint8_t *const *data, const size_t *lens,
                        int timeout_ms, size_t *sent, int *errs);
 
+/* Writes what the socket takes now of `a` then `b` (one sendmsg, MSG_DONTWAIT |
+ * MSG_NOSIGNAL): never waits, so a caller may keep an interpreter lock through
+ * it. Returns the bytes written (0 when the socket is full), or -errno. */
+long spl_sock_send_now(int fd, const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
 #endif

@@ -12,11 +12,11 @@ control connection's sender writes one message to several workers with one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from spillover._native import _storage
 
-__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into", "send_each"]
+__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into", "send_each", "send_now"]
 
 DONE: Final = _storage.SOCK_DONE
 TIMEOUT: Final = _storage.SOCK_TIMEOUT
@@ -55,3 +55,11 @@ def send_each(
     socket that takes nothing for ``timeout`` s fails with ETIMEDOUT. Per socket
     ``(bytes sent, errno or 0)``; a failure does not stop the others."""
     return _storage.sock_send_each(list(fds), list(payloads), timeout)
+
+
+def send_now(fd: int, head: bytes | memoryview, body: Any) -> tuple[int, int]:
+    """Writes what the socket takes now of ``head`` then ``body`` in one ``sendmsg``
+    that never waits, keeping the interpreter lock below 256 KiB (a task thread's
+    write: letting the lock go would cost it a take behind the worker's busy
+    threads). ``(bytes written, errno or 0)``; a full socket writes 0."""
+    return _storage.sock_send_now(fd, head, body)
