@@ -4,7 +4,6 @@ the next message whole and in order, and a peer that closes ends it."""
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import socket
 import threading
@@ -124,61 +123,3 @@ def test_a_watched_send_to_a_peer_that_never_reads_fails(
     with pytest.raises(ControlError, match=r"made no progress .* the peer does not read"):
         for _ in range(1000):  # the socket buffers fill: the send gives up, no hang
             ca.send(b"x" * (1 << 20))
-
-
-@contextlib.contextmanager
-def pairs(n: int) -> Iterator[list[tuple[ControlConnection, ControlConnection]]]:
-    made = [socket.socketpair() for _ in range(n)]
-    conns = [
-        (ControlConnection(a, f"a{i}"), ControlConnection(b, f"b{i}"))
-        for i, (a, b) in enumerate(made)
-    ]
-    try:
-        yield conns
-    finally:
-        for ca, cb in conns:
-            ca.close()
-            cb.close()
-
-
-def test_messages_sent_together_come_to_each_peer_whole_and_in_order() -> None:
-    """One write for every worker of a trigger: each peer reads its own messages, as
-    if each had been sent alone, long ones included."""
-    long = bytes(range(256)) * 4096
-    with pairs(3) as conns:
-        batches = [(conns[0][0], ["t", 1]), (conns[1][0], [long]), (conns[2][0], [("x", 2)])]
-        got: list[list[object]] = [[], [], []]
-        readers = [
-            threading.Thread(
-                target=lambda i=i, k=k: got[i].extend(conns[i][1].recv() for _ in range(k))
-            )
-            for i, k in enumerate((2, 1, 1))
-        ]
-        for r in readers:
-            r.start()
-        assert control.send_together(batches) == [None, None, None]
-        for r in readers:
-            r.join(10)
-        assert got == [["t", 1], [long], [("x", 2)]]
-
-
-def test_a_failed_peer_in_a_send_together_fails_alone() -> None:
-    with pairs(3) as conns:
-        conns[1][1].close()  # the peer is gone: a reset or a broken pipe
-        conns[2][0].close()  # closed on this side: refused before any write
-        errors = control.send_together([(ca, ["m"]) for ca, _ in conns])
-        assert errors[0] is None and conns[0][1].recv() == "m"
-        assert isinstance(errors[1], ControlError) and isinstance(errors[2], ControlError)
-        assert "closed" in str(errors[2])
-
-
-def test_a_watched_send_together_to_a_peer_that_never_reads_fails() -> None:
-    with pairs(2) as conns:
-        for ca, _ in conns:
-            ca.watch(0.05)
-        errors = control.send_together(
-            [(conns[0][0], [b"x" * (1 << 20)] * 64), (conns[1][0], ["small"])]
-        )
-        assert isinstance(errors[0], ControlError)
-        assert "made no progress" in str(errors[0]) and "does not read" in str(errors[0])
-        assert errors[1] is None and conns[1][1].recv() == "small"

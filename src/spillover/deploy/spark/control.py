@@ -18,8 +18,6 @@ hook (``runtime/network/tcp/faults.py``) resets or stalls a worker's connection.
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import pickle
 import socket
 import struct
@@ -28,19 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from spillover import netio
 from spillover.errors import ConfigError
 from spillover.runtime.network.tcp import auth
 from spillover.runtime.network.tcp.faults import FaultCounter
 
-__all__ = [
-    "ControlConnection",
-    "ControlError",
-    "ControlServer",
-    "ControlSilence",
-    "connect",
-    "send_together",
-]
+__all__ = ["ControlConnection", "ControlError", "ControlServer", "ControlSilence", "connect"]
 
 _TAG = b"spillover-control/1"
 _LEN = struct.Struct("<I")
@@ -126,16 +116,6 @@ class ControlConnection:
         if action is not None or self._stalled:
             raise ControlError(f"control connection to {self.peer}: {action} (network fault)")
 
-    @staticmethod
-    def frame(messages: list[Any]) -> bytes:
-        """``messages`` as they go on the wire, one after the other."""
-        out = bytearray()
-        for m in messages:
-            data = pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL)
-            out += _LEN.pack(len(data))
-            out += data
-        return bytes(out)
-
     def send(self, message: Any) -> None:
         if self.fault is not None:
             self._strike()
@@ -206,51 +186,6 @@ class ControlConnection:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
-
-
-def send_together(batches: list[tuple[ControlConnection, list[Any]]]) -> list[ControlError | None]:
-    """Sends each connection its messages, all in one native call that lets the
-    interpreter lock go once (``netio.send_each``): the coordinator's trigger goes to
-    every root's worker at once, where a send per worker let the driver's lock go
-    and waited to take it back behind the driver's other threads each time. Per
-    connection, None or the :class:`ControlError` its send met (a failed one does not
-    stop the others). A connection with the network-fault hook sends on its own."""
-    errors: list[ControlError | None] = [None] * len(batches)
-    native: list[int] = []
-    for i, (conn, messages) in enumerate(batches):
-        if conn.fault is None:
-            native.append(i)
-            continue
-        try:
-            for m in messages:
-                conn.send(m)
-        except ControlError as e:
-            errors[i] = e
-    ready = [(i, batches[i][0], ControlConnection.frame(batches[i][1])) for i in native]
-    live: list[tuple[int, ControlConnection, bytes]] = []
-    with contextlib.ExitStack() as held:  # in one order: no two callers deadlock
-        for conn in sorted({id(c): c for _, c, _ in ready}.values(), key=id):
-            held.enter_context(conn._send_lock)
-        for i, conn, payload in ready:
-            if conn.closed:
-                errors[i] = ControlError(f"control connection to {conn.peer} is closed")
-            else:
-                live.append((i, conn, payload))
-        watches = [c._watch for _, c, _ in live if c._watch]
-        results = netio.send_each(
-            [c.sock.fileno() for _, c, _ in live],
-            [p for _, _, p in live],
-            min(watches, default=-1.0),
-        )
-    for (i, conn, _), (_, err) in zip(live, results, strict=True):
-        if err == errno.ETIMEDOUT:
-            errors[i] = ControlError(
-                f"control connection to {conn.peer}: a send made no progress for "
-                f"{conn._watch or 0:g} s (heartbeat.timeout): the peer does not read"
-            )
-        elif err:
-            errors[i] = ControlError(f"control connection to {conn.peer}: {os.strerror(err)}")
-    return errors
 
 
 def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> ControlConnection:

@@ -36,7 +36,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,6 @@ from spillover.deploy.spark.control import (
     ControlError,
     ControlServer,
     ControlSilence,
-    send_together,
 )
 from spillover.deploy.spark.logs import new_context
 from spillover.deploy.spark.messages import (
@@ -82,12 +81,7 @@ from spillover.deploy.spark.messages import (
 from spillover.deploy.spark.worker import WorkerSpec, run_worker, worker_of, workers_for
 from spillover.errors import ConfigError
 from spillover.runtime.batch.launch import Launcher
-from spillover.runtime.checkpointing.messages import (
-    MailboxMessage,
-    StopSource,
-    Terminate,
-    TriggerCheckpoint,
-)
+from spillover.runtime.checkpointing.messages import MailboxMessage, StopSource, Terminate
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.network.tcp.faults import NetworkFault
@@ -232,24 +226,6 @@ class _RemoteTask:
         )
 
 
-class _RemoteTasks(dict[tuple[str, int], _RemoteTask]):
-    """The coordinator's view of an attempt's subtasks; a trigger for several roots
-    goes to all their workers in one write (``PostsTogether``)."""
-
-    def __init__(self, run: _SparkAttempt, tasks: dict[tuple[str, int], _RemoteTask]) -> None:
-        super().__init__(tasks)
-        self.run = run
-
-    def post_together(self, keys: Sequence[tuple[str, int]], message: TriggerCheckpoint) -> None:
-        by_worker: dict[int, list[ToWorker]] = {}
-        for key in keys:
-            t = self[key]
-            by_worker.setdefault(t.worker, []).append(
-                Post(t.uid, t.subtask, message, self.run.generation)
-            )
-        self.run.send_together(by_worker)
-
-
 @dataclass(eq=False)
 class _Stage:
     """A running barrier stage and the driver's control endpoint its workers talk to,
@@ -291,14 +267,11 @@ class _SparkAttempt:
         self._lock = threading.Lock()
         self.metrics: dict[str, dict[str, float]] = {}
         k = ex.config.deployment.task_slots
-        self.proxies = _RemoteTasks(
-            self,
-            {
-                (v.uid, i): _RemoteTask(self, worker_of(i, k), v.uid, i)
-                for v in g.vertices
-                for i in range(v.parallelism)
-            },
-        )
+        self.proxies = {
+            (v.uid, i): _RemoteTask(self, worker_of(i, k), v.uid, i)
+            for v in g.vertices
+            for i in range(v.parallelism)
+        }
         self.coordinator = make_coordinator(
             ex, self.proxies, restored_id, self._terminate_sources, self._coordinator_failed
         )
@@ -333,16 +306,6 @@ class _SparkAttempt:
         except ControlError as e:
             if worker not in self._finished:
                 self.events.put(WorkerLost(worker, str(e)))
-
-    def send_together(self, messages: dict[int, list[ToWorker]]) -> None:
-        """Each worker its messages, all in one write (``control.send_together``); a
-        worker whose connection fails is lost, as with :meth:`send`."""
-        batches = [(w, self.conns.get(w), m) for w, m in messages.items()]
-        live = [(w, c, m) for w, c, m in batches if c is not None]
-        errors = send_together([(c, m) for _, c, m in live])
-        for (worker, _, _), err in zip(live, errors, strict=True):
-            if err is not None and worker not in self._finished:
-                self.events.put(WorkerLost(worker, str(err)))
 
     def _on_connect(self, conn: ControlConnection) -> None:
         threading.Thread(

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from spillover.errors import SpilloverError
 from spillover.runtime.checkpointing.checkpoint_meta import (
@@ -106,16 +106,6 @@ class CheckpointStats:
             "referenced_bytes": int(self.total("referenced_bytes")),
             "reason": self.reason,
         }
-
-
-@runtime_checkable
-class PostsTogether(Protocol):
-    """Tasks (the coordinator's ``tasks`` mapping) that take one message for several
-    of them in one go: on Spark, one write to all their workers, where a post per
-    task let the driver's interpreter lock go and took it back once per worker."""
-
-    def post_together(self, keys: Sequence[tuple[str, int]], message: TriggerCheckpoint) -> None:
-        """Posts ``message`` to each task of ``keys``, as ``post`` would, in order."""
 
 
 @dataclass
@@ -514,11 +504,8 @@ class CheckpointCoordinator:
         timeout_ms = int(self.alignment_timeout_s * 1000) if kind == ALIGNED_WITH_TIMEOUT else 0
         p.trigger = TriggerCheckpoint(cid, trigger_ms, kind, timeout_ms)
         p.triggered = set(roots)
-        if isinstance(self.tasks, PostsTogether):
-            self.tasks.post_together(roots, p.trigger)
-        else:
-            for key in roots:
-                self.tasks[key].post(p.trigger)
+        for key in roots:
+            self.tasks[key].post(p.trigger)
         if self.stats_listener is not None:
             self.stats_listener.checkpoint_triggered(stats, kind, len(running))
         return cid

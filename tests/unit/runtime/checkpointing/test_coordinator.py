@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +70,6 @@ class RecordingTask:
             return [m for m in self.messages if isinstance(m, kind)]
 
 
-class PostingTogether(dict[tuple[str, int], RecordingTask]):
-    """Tasks that take one message for several at once (as Spark's workers do),
-    recording each such post."""
-
-    def __init__(self, tasks: dict[tuple[str, int], RecordingTask]) -> None:
-        super().__init__(tasks)
-        self.together: list[tuple[list[tuple[str, int]], TriggerCheckpoint]] = []
-
-    def post_together(self, keys: Sequence[tuple[str, int]], message: TriggerCheckpoint) -> None:
-        self.together.append((list(keys), message))
-        for key in keys:
-            self[key].post(message)
-
-
 class Harness:
     def __init__(
         self,
@@ -92,12 +77,9 @@ class Harness:
         graph: dict[str, Any] = GRAPH,
         num_retained: int = 10,
         max_concurrent: int = 1,
-        together: bool = False,
     ) -> None:
         tasks = [(uid, i) for uid, v in graph["vertices"].items() for i in range(v["parallelism"])]
         self.tasks = {key: RecordingTask() for key in tasks}
-        if together:
-            self.tasks = PostingTogether(self.tasks)
         self.failures: list[BaseException] = []
         self.storage = CheckpointStorage(str(tmp), "job")
         self.co = CheckpointCoordinator(
@@ -177,21 +159,6 @@ def h(tmp_path: Path) -> Any:
 def test_a_checkpoint_starts_at_the_sources_while_everything_runs(h: Harness) -> None:
     cid = h.trigger()
     assert h.roots_of(cid) == [("a", 0), ("a", 1), ("c", 0)]
-
-
-def test_tasks_that_take_a_message_together_get_the_trigger_in_one_post(
-    tmp_path: Path,
-) -> None:
-    h = Harness(tmp_path, together=True)
-    try:
-        cid = h.trigger()
-        assert isinstance(h.tasks, PostingTogether)
-        assert [(sorted(k), m.checkpoint_id) for k, m in h.tasks.together] == [
-            ([("a", 0), ("a", 1), ("c", 0)], cid)
-        ]
-        assert h.roots_of(cid) == [("a", 0), ("a", 1), ("c", 0)]
-    finally:
-        h.stop()
 
 
 def test_roots_move_behind_operators_whose_subtasks_all_exited(h: Harness) -> None:
