@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
 """What one take of the interpreter lock costs the network's threads, with a busy
-Python thread beside them: the driver's trigger to several workers (a send per
-worker against one ``control.send_together``), a barrier frame's read by a TCP
-receiving thread (the timed socket's poll, header read and payload read against
-one ``netio.read_frame``) and a task thread's in-place write of a small frame
+Python thread beside them: a barrier frame's read by a TCP receiving thread (the
+timed socket's poll, header read and payload read against one
+``netio.read_frame``) and a task thread's in-place write of a small frame
 (``socket.sendmsg`` against ``netio.send_now``, the lock kept). Each side runs in
 the same process, alternating, at a given switch interval (the driver's is
-Python's 5 ms, a worker's 0.5 ms); the figure is the wall time of the step,
-median, mean and p90 over many repetitions. A step that lets the lock go waits to take
-it back behind the busy thread: about a switch interval each time.
+Python's 5 ms, a worker's 0.5 ms); the figure is the wall time of the step:
+median, mean and p90 over many repetitions. A step that lets the lock go waits to
+take it back behind the busy thread: up to a switch interval each time.
 
-    PYTHONPATH=src .venv/bin/python bench/lock_takes.py --switch 0.005 --workers 2
+    PYTHONPATH=src .venv/bin/python bench/lock_takes.py --switch 0.005
     PYTHONPATH=src .venv/bin/python bench/lock_takes.py --switch 0.0005
 
 See docs/benchmarks.md, "One lock take per barrier hop (issue 34)".
@@ -27,9 +26,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from spillover.deploy.spark import control
-from spillover.deploy.spark.control import ControlConnection
-from spillover.runtime.checkpointing.messages import TriggerCheckpoint
 from spillover.runtime.network.tcp.protocol import (
     _MAX_MESSAGE,
     HEADER,
@@ -68,34 +64,11 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--switch", type=float, default=0.005, help="switch interval, s")
-    ap.add_argument("--workers", type=int, default=2, help="roots' workers a trigger goes to")
     ap.add_argument("--repeat", type=int, default=300)
     args = ap.parse_args()
     sys.setswitchinterval(args.switch)
     stop = threading.Event()
     threading.Thread(target=busy, args=(stop,), daemon=True).start()
-
-    pairs = [socket.socketpair() for _ in range(args.workers)]
-    conns = [ControlConnection(a, f"w{i}") for i, (a, _) in enumerate(pairs)]
-    trigger = TriggerCheckpoint(1, 0, 1, 0)
-
-    def drain() -> None:
-        for _, b in pairs:
-            b.setblocking(False)
-            try:
-                while b.recv(1 << 16):
-                    pass
-            except BlockingIOError:
-                pass
-
-    def per_worker() -> None:
-        for c in conns:
-            c.send(trigger)
-        drain()
-
-    def together() -> None:
-        control.send_together([(c, [trigger]) for c in conns])
-        drain()
 
     w, r = tcp_pair()
     _tune(r, 0.2)
@@ -130,8 +103,6 @@ def main() -> None:
         return step
 
     steps = {
-        f"trigger to {args.workers} workers: a send each": per_worker,
-        f"trigger to {args.workers} workers: send_together": together,
         "barrier frame read: timed socket (pure)": read_pure,
         "barrier frame read: netio.read_frame": read_native,
         "in-place frame write: sendmsg (pure)": write(False),

@@ -118,42 +118,6 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
     return SPL_SOCK_DONE;
 }
 
-int spl_sock_send_each(int n, const int *fds, const uint8_t *const *data, const size_t *lens,
-                       int timeout_ms, size_t *sent, int *errs) {
-    int failed = 0;
-    for (int i = 0; i < n; i++) {
-        sent[i] = 0;
-        errs[i] = 0;
-        int64_t deadline = deadline_of(timeout_ms);
-        while (sent[i] < lens[i]) {
-            ssize_t w = send(fds[i], data[i] + sent[i], lens[i] - sent[i],
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (w > 0) {
-                sent[i] += (size_t)w;
-                deadline = deadline_of(timeout_ms); /* progress: the limit starts again */
-                continue;
-            }
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-                errs[i] = errno;
-                break;
-            }
-            int r = wait_for(fds[i], POLLOUT, deadline);
-            if (r == 0) {
-                errs[i] = ETIMEDOUT;
-                break;
-            }
-            if (r < 0) {
-                errs[i] = errno;
-                break;
-            }
-        }
-        failed += errs[i] != 0;
-    }
-    return failed;
-}
-
 long spl_sock_send_now(int fd, const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
     struct iovec iov[2] = {{.iov_base = (void *)a, .iov_len = alen},
                            {.iov_base = (void *)b, .iov_len = blen}};

@@ -33,14 +33,6 @@ int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t 
 int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                        size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err);
 
-/* Writes `lens[i]` bytes of `data[i]` to socket `fds[i]` for each of the `n`, one
- * after the other (MSG_NOSIGNAL; a socket that takes nothing for `timeout_ms` is
- * a timeout, -1: no limit). sent[i] is what went out; errs[i] 0, an errno value,
- * or ETIMEDOUT. A failed socket does not stop the others. Returns how many
- * failed. */
-int spl_sock_send_each(int n, const int *fds, const uint8_t *const *data, const size_t *lens,
-                       int timeout_ms, size_t *sent, int *errs);
-
 /* Writes what the socket takes now of `a` then `b` (one sendmsg, MSG_DONTWAIT |
  * MSG_NOSIGNAL): never waits, so a caller may keep an interpreter lock through
  * it. Returns the bytes written (0 when the socket is full), or -errno. */

@@ -1,22 +1,22 @@
-"""Socket reads and writes that let the interpreter lock go once (``csrc/sockio.c``).
+"""Socket reads and writes that take the interpreter lock back once, or never
+(``csrc/sockio.c``).
 
 A Python socket with a timeout polls before every read, letting the lock go and
 taking it back, then reads and takes it back again; on a worker whose task threads
 are busy each take waits behind them. These calls wait and transfer in one native
 call: the TCP transport's receiving thread takes a frame (header and small payload)
-with one take, a data frame's payload with the next header likewise, and the
-control connection's sender writes one message to several workers with one.
+with one take, a data frame's payload with the next header likewise, and a task
+thread writes a small frame without letting the lock go.
 ``SPILLOVER_PURE=1`` selects the plain-socket twin where a caller offers one
 (``runtime/network/tcp/protocol.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Final
 
 from spillover._native import _storage
 
-__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into", "send_each", "send_now"]
+__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into", "send_now"]
 
 DONE: Final = _storage.SOCK_DONE
 TIMEOUT: Final = _storage.SOCK_TIMEOUT
@@ -48,18 +48,10 @@ def read_into(
     return _storage.sock_read_into(fd, dst, got, ahead, timeout)
 
 
-def send_each(
-    fds: Sequence[int], payloads: Sequence[bytes], timeout: float
-) -> list[tuple[int, int]]:
-    """Writes each payload whole to its socket, one after the other, in one call; a
-    socket that takes nothing for ``timeout`` s fails with ETIMEDOUT. Per socket
-    ``(bytes sent, errno or 0)``; a failure does not stop the others."""
-    return _storage.sock_send_each(list(fds), list(payloads), timeout)
-
-
 def send_now(fd: int, head: bytes | memoryview, body: Any) -> tuple[int, int]:
     """Writes what the socket takes now of ``head`` then ``body`` in one ``sendmsg``
-    that never waits, keeping the interpreter lock below 256 KiB (a task thread's
-    write: letting the lock go would cost it a take behind the worker's busy
-    threads). ``(bytes written, errno or 0)``; a full socket writes 0."""
+    that never waits, keeping the interpreter lock below 4 KiB (a barrier, a CREDIT
+    frame: letting the lock go would cost the writing task thread a take behind
+    the worker's busy threads). ``(bytes written, errno or 0)``; a full socket
+    writes 0."""
     return _storage.sock_send_now(fd, head, body)

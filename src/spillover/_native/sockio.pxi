@@ -5,6 +5,9 @@ SOCK_TIMEOUT = SPL_SOCK_TIMEOUT
 SOCK_EOF = SPL_SOCK_EOF
 SOCK_ERROR = SPL_SOCK_ERROR
 
+# A write below this keeps the GIL (sock_send_now).
+DEF SEND_KEEP_GIL_MAX = 4096
+
 
 cdef inline int _timeout_ms(double timeout):
     return -1 if timeout < 0 else <int>(timeout * 1000.0 + 0.5)
@@ -60,45 +63,13 @@ def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double time
     return status, <Py_ssize_t>g, <Py_ssize_t>ag, err
 
 
-def sock_send_each(list fds, list payloads, double timeout):
-    """Writes ``payloads[i]`` (bytes) whole to socket ``fds[i]`` for each, one after
-    the other, with the GIL let go once for all (MSG_NOSIGNAL; a socket that takes
-    nothing for ``timeout`` seconds, < 0: no limit, fails with ETIMEDOUT). A failed
-    socket does not stop the others. Returns ``[(bytes sent, errno or 0), ...]``."""
-    cdef Py_ssize_t n = len(fds), i
-    if len(payloads) != n:
-        raise ValueError("sock_send_each needs one payload per socket")
-    cdef int *cfds = <int *>calloc(n + 1, sizeof(int))
-    cdef const uint8_t **data = <const uint8_t **>calloc(n + 1, sizeof(uint8_t *))
-    cdef size_t *lens = <size_t *>calloc(n + 1, sizeof(size_t))
-    cdef size_t *sent = <size_t *>calloc(n + 1, sizeof(size_t))
-    cdef int *errs = <int *>calloc(n + 1, sizeof(int))
-    cdef int ms = _timeout_ms(timeout)
-    cdef bytes p
-    try:
-        if not (cfds and data and lens and sent and errs):
-            raise MemoryError()
-        for i in range(n):
-            p = payloads[i]  # bytes: kept alive by the list during the call
-            cfds[i] = fds[i]
-            data[i] = <const uint8_t *>PyBytes_AS_STRING(p)
-            lens[i] = <size_t>len(p)
-        with nogil:
-            spl_sock_send_each(<int>n, cfds, data, lens, ms, sent, errs)
-        return [(<Py_ssize_t>sent[i], errs[i]) for i in range(n)]
-    finally:
-        free(cfds)
-        free(<void *>data)
-        free(lens)
-        free(sent)
-        free(errs)
-
-
 def sock_send_now(int fd, object head, object body):
     """Writes what the socket takes now of ``head`` then ``body`` (any contiguous
-    buffers) in one ``sendmsg`` that never waits. Below 256 KiB the GIL is kept: the
-    copy into the socket is shorter than taking the GIL back on a busy worker (the
-    writer is a task thread, whose next take waits behind the others). Returns
+    buffers) in one ``sendmsg`` that never waits. Below 4 KiB (an event, a CREDIT
+    frame) the GIL is kept: the write is shorter than taking the GIL back on a busy
+    worker (the writer is a task thread, whose next take waits behind the others).
+    A data buffer lets it go: on loopback the kernel delivers it to the receiver
+    within the call, tens of microseconds that would hold every other thread. Returns
     ``(bytes written, errno or 0)``; a full socket is ``(0, 0)``."""
     cdef Py_buffer a, b
     cdef long n
@@ -106,7 +77,7 @@ def sock_send_now(int fd, object head, object body):
     try:
         PyObject_GetBuffer(body, &b, PyBUF_SIMPLE)
         try:
-            if a.len + b.len < GIL_RELEASE_MIN:
+            if a.len + b.len < SEND_KEEP_GIL_MAX:
                 n = spl_sock_send_now(fd, <const uint8_t *>a.buf, <size_t>a.len,
                                       <const uint8_t *>b.buf, <size_t>b.len)
             else:

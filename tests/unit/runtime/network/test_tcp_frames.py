@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spillover import netio
 from spillover.runtime.network.tcp.protocol import (
     _MAX_MESSAGE,
     HEADER,
@@ -159,22 +158,6 @@ def test_a_wait_in_vain_asks_stop_and_goes_on_where_it_was() -> None:
             time.sleep(POLL)
         writer.sendall(stream[5:])
         assert reader.finish() == [frame]
-
-
-def test_send_each_writes_every_message_whole_and_names_a_failed_socket() -> None:
-    with connected() as (w1, r1):
-        big = bytes(range(256)) * 64
-        a, b = socket.socketpair()
-        b.close()  # a peer gone: the write to it fails, the other goes on
-        results = netio.send_each([w1.fileno(), a.fileno()], [big, b"x"], 5.0)
-        a.close()
-        assert results[0] == (len(big), 0)
-        assert results[1][0] == 0 and results[1][1] != 0
-        r1.settimeout(JOIN)
-        got = bytearray()
-        while len(got) < len(big):
-            got += r1.recv(1 << 16)
-        assert bytes(got) == big
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "pure"])

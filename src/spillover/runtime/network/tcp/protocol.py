@@ -156,10 +156,10 @@ def _send_all(sock: socket.socket, views: list[memoryview], stop: Callable[[], b
 def _send_now(quick: socket.socket, views: list[memoryview], native: bool) -> int:
     """Writes what the socket takes now of a frame (its header and payload views)
     through ``quick``, the non-blocking twin, never waiting; the bytes written (0 when
-    it is full), or ``OSError``. Natively (``netio.send_now``) a frame below 256 KiB is
-    written with the interpreter lock kept: the writers are task threads (a frame
-    written in place, a released buffer's credit), and a lock let go for a write of
-    microseconds is taken back behind the worker's busy threads."""
+    it is full), or ``OSError``. Natively (``netio.send_now``) a frame below 4 KiB (a
+    barrier, a CREDIT) is written with the interpreter lock kept: the writers are task
+    threads, and a lock let go for a write of microseconds is taken back behind the
+    worker's busy threads."""
     if native:
         n, err = netio.send_now(quick.fileno(), views[0], views[1])
         if err:

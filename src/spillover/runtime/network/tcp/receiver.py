@@ -124,9 +124,10 @@ class _Inbound(CreditListener):
             return
         views = _frame(ftype, self.channel_id, payload)
         if ftype in (FrameType.CREDIT, FrameType.BUFFER_SIZE):
-            # 16 bytes the socket nearly always takes at once: one non-blocking write
-            # (on a duplicate descriptor) spares the releasing thread the timed
-            # socket's poll; whatever it does not take is written below.
+            # 16 bytes the socket nearly always takes at once: one write that never
+            # waits (on a duplicate descriptor, natively with the interpreter lock
+            # kept) spares the releasing task thread the timed socket's poll and a
+            # take of the lock; whatever it does not take is written below.
             n = _send_now(self._twin_locked(), views, self._native)
             head = len(views[0])
             if n == head + len(views[1]):
