@@ -2,8 +2,7 @@
 """What one take of the interpreter lock costs the network's threads, with a busy
 Python thread beside them: a barrier frame's read by a TCP receiving thread (the
 timed socket's poll, header read and payload read against one
-``netio.read_frame``) and a task thread's in-place write of a small frame
-(``socket.sendmsg`` against ``netio.send_now``, the lock kept). Each side runs in
+``netio.read_frame``). Each side runs in
 the same process, alternating, at a given switch interval (the driver's is
 Python's 5 ms, a worker's 0.5 ms); the figure is the wall time of the step:
 median, mean and p90 over many repetitions. A step that lets the lock go waits to
@@ -33,7 +32,6 @@ from spillover.runtime.network.tcp.protocol import (
     _read_frame,
     _read_header,
     _read_payload,
-    _send_now,
     _tune,
 )
 
@@ -91,22 +89,9 @@ def main() -> None:
         w.sendall(frame)
         _read_frame(r, buf, 0, never, 0.2)
 
-    views = [memoryview(frame[: HEADER.size]), memoryview(frame[HEADER.size :])]
-    sink_w, sink_r = tcp_pair()
-    sink_w.setblocking(False)
-
-    def write(native: bool) -> Callable[[], None]:
-        def step() -> None:
-            _send_now(sink_w, list(views), native)
-            sink_r.recv(1 << 16)
-
-        return step
-
     steps = {
         "barrier frame read: timed socket (pure)": read_pure,
         "barrier frame read: netio.read_frame": read_native,
-        "in-place frame write: sendmsg (pure)": write(False),
-        "in-place frame write: netio.send_now": write(True),
     }
     results: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(3):  # alternating rounds

@@ -117,22 +117,3 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
     }
     return SPL_SOCK_DONE;
 }
-
-long spl_sock_send_now(int fd, const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
-    struct iovec iov[2] = {{.iov_base = (void *)a, .iov_len = alen},
-                           {.iov_base = (void *)b, .iov_len = blen}};
-    struct msghdr m;
-    memset(&m, 0, sizeof m);
-    m.msg_iov = iov;
-    m.msg_iovlen = blen ? 2 : 1;
-    for (;;) {
-        ssize_t n = sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n >= 0)
-            return (long)n;
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        return -(long)errno;
-    }
-}

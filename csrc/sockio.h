@@ -1,4 +1,4 @@
-/* Socket reads and writes for the TCP transport and the control connection, each
+/* Socket reads for the TCP transport, each
  * in one call: the wait for the socket and the transfer together, so a caller
  * that holds an interpreter lock lets it go once and takes it back once, where a
  * Python socket with a timeout polls, takes the lock back, then reads and takes
@@ -32,10 +32,5 @@ int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t 
  * bytes of `ahead` filled once `dst` is full. */
 int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                        size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err);
-
-/* Writes what the socket takes now of `a` then `b` (one sendmsg, MSG_DONTWAIT |
- * MSG_NOSIGNAL): never waits, so a caller may keep an interpreter lock through
- * it. Returns the bytes written (0 when the socket is full), or -errno. */
-long spl_sock_send_now(int fd, const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
 
 #endif

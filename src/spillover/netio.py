@@ -1,22 +1,20 @@
-"""Socket reads and writes that take the interpreter lock back once, or never
-(``csrc/sockio.c``).
+"""Socket reads that let the interpreter lock go once (``csrc/sockio.c``).
 
 A Python socket with a timeout polls before every read, letting the lock go and
 taking it back, then reads and takes it back again; on a worker whose task threads
 are busy each take waits behind them. These calls wait and transfer in one native
 call: the TCP transport's receiving thread takes a frame (header and small payload)
-with one take, a data frame's payload with the next header likewise, and a task
-thread writes a small frame without letting the lock go.
+with one take, and a data frame's payload with the next header likewise.
 ``SPILLOVER_PURE=1`` selects the plain-socket twin where a caller offers one
 (``runtime/network/tcp/protocol.py``)."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from spillover._native import _storage
 
-__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into", "send_now"]
+__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into"]
 
 DONE: Final = _storage.SOCK_DONE
 TIMEOUT: Final = _storage.SOCK_TIMEOUT
@@ -46,12 +44,3 @@ def read_into(
     """Fills ``dst`` (``got`` bytes are there already), each read running on into
     ``ahead``; each wait at most ``timeout`` s. ``(status, got, ahead_got, errno)``."""
     return _storage.sock_read_into(fd, dst, got, ahead, timeout)
-
-
-def send_now(fd: int, head: bytes | memoryview, body: Any) -> tuple[int, int]:
-    """Writes what the socket takes now of ``head`` then ``body`` in one ``sendmsg``
-    that never waits, keeping the interpreter lock below 4 KiB (a barrier, a CREDIT
-    frame: letting the lock go would cost the writing task thread a take behind
-    the worker's busy threads). ``(bytes written, errno or 0)``; a full socket
-    writes 0."""
-    return _storage.sock_send_now(fd, head, body)

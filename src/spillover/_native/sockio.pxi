@@ -1,12 +1,9 @@
-# Socket reads and writes with the GIL let go once per call (csrc/sockio.h).
+# Socket reads with the GIL let go once per call (csrc/sockio.h).
 
 SOCK_DONE = SPL_SOCK_DONE
 SOCK_TIMEOUT = SPL_SOCK_TIMEOUT
 SOCK_EOF = SPL_SOCK_EOF
 SOCK_ERROR = SPL_SOCK_ERROR
-
-# A write below this keeps the GIL (sock_send_now).
-DEF SEND_KEEP_GIL_MAX = 4096
 
 
 cdef inline int _timeout_ms(double timeout):
@@ -61,33 +58,3 @@ def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double time
     finally:
         PyBuffer_Release(&d)
     return status, <Py_ssize_t>g, <Py_ssize_t>ag, err
-
-
-def sock_send_now(int fd, object head, object body):
-    """Writes what the socket takes now of ``head`` then ``body`` (any contiguous
-    buffers) in one ``sendmsg`` that never waits. Below 4 KiB (an event, a CREDIT
-    frame) the GIL is kept: the write is shorter than taking the GIL back on a busy
-    worker (the writer is a task thread, whose next take waits behind the others).
-    A data buffer lets it go: on loopback the kernel delivers it to the receiver
-    within the call, tens of microseconds that would hold every other thread. Returns
-    ``(bytes written, errno or 0)``; a full socket is ``(0, 0)``."""
-    cdef Py_buffer a, b
-    cdef long n
-    PyObject_GetBuffer(head, &a, PyBUF_SIMPLE)
-    try:
-        PyObject_GetBuffer(body, &b, PyBUF_SIMPLE)
-        try:
-            if a.len + b.len < SEND_KEEP_GIL_MAX:
-                n = spl_sock_send_now(fd, <const uint8_t *>a.buf, <size_t>a.len,
-                                      <const uint8_t *>b.buf, <size_t>b.len)
-            else:
-                with nogil:
-                    n = spl_sock_send_now(fd, <const uint8_t *>a.buf, <size_t>a.len,
-                                          <const uint8_t *>b.buf, <size_t>b.len)
-        finally:
-            PyBuffer_Release(&b)
-    finally:
-        PyBuffer_Release(&a)
-    if n >= 0:
-        return n, 0
-    return 0, -n

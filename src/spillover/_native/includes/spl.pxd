@@ -155,4 +155,3 @@ cdef extern from "sockio.h" nogil:
                             size_t *got, int whole_type_skip, int timeout_ms, int *err)
     int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                            size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err)
-    long spl_sock_send_now(int fd, const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)

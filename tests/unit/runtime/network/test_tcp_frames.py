@@ -28,7 +28,6 @@ from spillover.runtime.network.tcp.protocol import (
     _read_into_ahead,
     _read_payload,
     _recv_with_lookahead,
-    _send_now,
     _tune,
 )
 from support.threads import JOIN, Worker
@@ -158,29 +157,3 @@ def test_a_wait_in_vain_asks_stop_and_goes_on_where_it_was() -> None:
             time.sleep(POLL)
         writer.sendall(stream[5:])
         assert reader.finish() == [frame]
-
-
-@pytest.mark.parametrize("native", [True, False], ids=["native", "pure"])
-def test_a_write_now_takes_what_the_socket_takes_and_never_waits(native: bool) -> None:
-    a, b = socket.socketpair()
-    try:
-        a.setblocking(False)
-        head, body = memoryview(b"HEAD"), memoryview(bytes(range(256)) * 64)
-        sent = 0
-        while (n := _send_now(a, [head, body], native)) > 0:  # until the socket is full
-            sent += n
-        assert sent > 0 and n == 0
-        got = bytearray()
-        b.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            while chunk := b.recv(1 << 20):
-                got += chunk
-        frame = bytes(head) + bytes(body)
-        assert len(got) == sent and got.startswith(frame[: min(sent, len(frame))])
-        b.close()
-        with pytest.raises(OSError):  # the peer is gone: a broken pipe or a reset
-            for _ in range(3):
-                _send_now(a, [head, body], native)
-    finally:
-        a.close()
-        b.close()

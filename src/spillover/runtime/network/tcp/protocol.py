@@ -153,24 +153,6 @@ def _send_all(sock: socket.socket, views: list[memoryview], stop: Callable[[], b
                 n = 0
 
 
-def _send_now(quick: socket.socket, views: list[memoryview], native: bool) -> int:
-    """Writes what the socket takes now of a frame (its header and payload views)
-    through ``quick``, the non-blocking twin, never waiting; the bytes written (0 when
-    it is full), or ``OSError``. Natively (``netio.send_now``) a frame below 4 KiB (a
-    barrier, a CREDIT) is written with the interpreter lock kept: the writers are task
-    threads, and a lock let go for a write of microseconds is taken back behind the
-    worker's busy threads."""
-    if native:
-        n, err = netio.send_now(quick.fileno(), views[0], views[1])
-        if err:
-            raise OSError(err, os.strerror(err))
-        return n
-    try:
-        return quick.sendmsg(views, (), _SEND_FLAGS)
-    except (BlockingIOError, InterruptedError):
-        return 0
-
-
 def _frame(ftype: FrameType, channel: int, payload: bytes) -> list[memoryview]:
     return [memoryview(HEADER.pack(ftype, 0, 0, channel, len(payload))), memoryview(payload)]
 

@@ -34,6 +34,7 @@ from spillover.runtime.network.tcp.protocol import (
     _MAX_HELLO,
     _MAX_MESSAGE,
     _NO_CHANNEL,
+    _SEND_FLAGS,
     _U32,
     HEADER,
     MAGIC,
@@ -54,7 +55,6 @@ from spillover.runtime.network.tcp.protocol import (
     _recv_with_lookahead,
     _remote_cause,
     _send_all,
-    _send_now,
     _Stopped,
     _tune,
 )
@@ -88,7 +88,6 @@ class _Inbound(CreditListener):
         self.pool: BufferPool | None = None
         self.segment_size = 0
         self._send_lock = threading.Lock()
-        self._native = not pure_selected()  # see _serve and protocol._send_now
         self._nonblocking: socket.socket | None = None  # CREDIT out, event payloads in
         self._announcing = False  # credit may be announced (open, before END)
         self._pending = 0  # credit returned and not announced yet
@@ -124,11 +123,13 @@ class _Inbound(CreditListener):
             return
         views = _frame(ftype, self.channel_id, payload)
         if ftype in (FrameType.CREDIT, FrameType.BUFFER_SIZE):
-            # 16 bytes the socket nearly always takes at once: one write that never
-            # waits (on a duplicate descriptor, natively with the interpreter lock
-            # kept) spares the releasing task thread the timed socket's poll and a
-            # take of the lock; whatever it does not take is written below.
-            n = _send_now(self._twin_locked(), views, self._native)
+            # 16 bytes the socket nearly always takes at once: one non-blocking write
+            # (on a duplicate descriptor) spares the releasing thread the timed
+            # socket's poll; whatever it does not take is written below.
+            try:
+                n = self._twin_locked().sendmsg(views, (), _SEND_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                n = 0
             head = len(views[0])
             if n == head + len(views[1]):
                 return
@@ -323,7 +324,7 @@ class _Inbound(CreditListener):
         # Natively, a frame's wait, header and small payload take the interpreter
         # lock once, and a data frame's payload with the next header once more;
         # the pure-Python twin (SPILLOVER_PURE=1) reads through the timed socket.
-        native = self._native
+        native = not pure_selected()
         quick = None if native else self._twin()  # closed only by _close, after this loop
         frame = bytearray(HEADER.size + _MAX_MESSAGE + 2)  # a header and any small payload
         hdr = memoryview(frame)[: HEADER.size]

@@ -32,6 +32,7 @@ from spillover.runtime.network.tcp.protocol import (
     _MAX_MESSAGE,
     _MAX_NAME,
     _NO_CHANNEL,
+    _SEND_FLAGS,
     _U32,
     HEADER,
     MAGIC,
@@ -48,11 +49,9 @@ from spillover.runtime.network.tcp.protocol import (
     _read_small_frame,
     _remote_cause,
     _send_all,
-    _send_now,
     _Stopped,
     _tune,
 )
-from spillover.storage.options import pure_selected
 
 _NO_LINGER = struct.pack("ii", 1, 0)
 
@@ -134,7 +133,6 @@ class TcpSubpartition(Subpartition):
         self._mid_frame = False
         self._partial: tuple[list[memoryview], NetworkBuffer, FrameType] | None = None
         self._nonblocking = socket.socket(fileno=os.dup(sock.fileno()))
-        self._native = not pure_selected()  # in-place writes keep the interpreter lock
         self._nonblocking.settimeout(0.0)
         self._prio: deque[NetworkBuffer] = deque()
         self._end: NetworkBuffer | None = None
@@ -219,7 +217,9 @@ class TcpSubpartition(Subpartition):
         views.append(buffer.data)
         size = len(views[0]) + len(views[1])
         try:
-            n = _send_now(self._nonblocking, views, self._native)
+            n = self._nonblocking.sendmsg(views, (), _SEND_FLAGS)
+        except (BlockingIOError, InterruptedError):
+            n = 0
         except OSError as e:
             with self._lock:
                 self._writing = False
