@@ -29,6 +29,7 @@ EXTENSIONS = {
         "csrc/writer.c",
         "csrc/reader.c",
         "csrc/section.c",
+        "csrc/sockio.c",
         "csrc/bufcache.c",
         "csrc/debug.c",
     ],

@@ -160,3 +160,22 @@ def raw_write_baseline(fd: int, buffers: list[Any], batch_bytes: int) -> int: ..
 def raw_read_baseline(fd: int, block: Block) -> int: ...
 def live_handles() -> int:
     """Native handles of this extension alive now; -1 when not a debug build."""
+
+# sockio.pxi
+SOCK_DONE: int
+SOCK_TIMEOUT: int
+SOCK_EOF: int
+SOCK_ERROR: int
+
+def sock_read_frame(
+    fd: int,
+    buf: bytearray | memoryview,
+    got: int,
+    header: int,
+    length_at: int,
+    whole_type_skip: int,
+    timeout: float,
+) -> tuple[int, int, int]: ...
+def sock_read_into(
+    fd: int, dst: bytearray | memoryview, got: int, ahead: bytearray | memoryview, timeout: float
+) -> tuple[int, int, int, int]: ...

@@ -151,3 +151,14 @@ cdef extern from "reader.h" nogil:
     spl_block *spl_reader_next(spl_reader *r, int wait_ms, int *status, uint64_t *err_offset,
                                int *err_no)
     void spl_reader_free(spl_reader *r)
+
+cdef extern from "sockio.h" nogil:
+    enum:
+        SPL_SOCK_DONE
+        SPL_SOCK_TIMEOUT
+        SPL_SOCK_EOF
+        SPL_SOCK_ERROR
+    int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
+                            size_t *got, int whole_type_skip, int timeout_ms, int *err)
+    int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
+                           size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err)

@@ -6,10 +6,12 @@ its users."""
 from __future__ import annotations
 
 import enum
+import os
 import socket
 import struct
 from collections.abc import Callable
 
+from spillover import netio
 from spillover.errors import ClosedError
 from spillover.runtime.network.buffers import NetworkBuffer
 from spillover.runtime.network.errors import (
@@ -24,6 +26,7 @@ from spillover.storage import DataType
 PROTOCOL_VERSION = 3  # 2: BUFFER_SIZE frames; 3: HEARTBEAT frames
 MAGIC = b"SPLV"
 HEADER = struct.Struct("<BBHII")  # type, flags (0), reserved (0), channel, payload length
+_LENGTH_AT = 8  # the payload length's offset in HEADER
 
 
 class FrameType(enum.IntEnum):
@@ -229,6 +232,72 @@ def _read_payload(
     if got < length and _recv_into(sock, view[got:], stop) < length - got:
         raise TransportError(f"the connection closed inside a frame ({what})")
     return bytes(payload)
+
+
+def _read_frame(
+    sock: socket.socket,
+    buf: bytearray,
+    channel: int,
+    stop: Callable[[], bool],
+    timeout: float,
+    ahead: int = 0,
+) -> tuple[int, int, bytes | None] | None:
+    """The next ``(type, length, payload)`` in one native call (``netio.read_frame``):
+    the wait, the header and a small frame's payload with one take of the
+    interpreter lock, where :func:`_read_header` and :func:`_read_payload` take it
+    three or four times. ``buf`` holds ``ahead`` bytes of the header already; the
+    payload is None for a data frame and for a frame larger than ``buf`` (read it
+    apart). None at EOF on a frame boundary."""
+    fd, got = sock.fileno(), ahead
+    while True:
+        status, got, err = netio.read_frame(
+            fd, buf, got, HEADER.size, _LENGTH_AT, FrameType.DATA, timeout
+        )
+        if status == netio.DONE:
+            break
+        if status == netio.TIMEOUT:
+            if stop():
+                raise _Stopped
+        elif status == netio.EOF:
+            if got == 0:
+                return None
+            if got < HEADER.size:
+                raise TransportError("the connection closed inside a frame header")
+            raise TransportError("the connection closed inside a frame")
+        else:
+            raise OSError(err, os.strerror(err))
+    ftype, flags, reserved, chan, length = HEADER.unpack_from(buf)
+    if flags or reserved:
+        raise ProtocolError(f"frame header with flags {flags} and reserved {reserved}")
+    if channel != _NO_CHANNEL and chan != channel:
+        raise ProtocolError(f"frame for channel {chan} on the connection of channel {channel}")
+    if ftype == FrameType.DATA or length > len(buf) - HEADER.size:
+        return ftype, length, None
+    return ftype, length, bytes(memoryview(buf)[HEADER.size : HEADER.size + length])
+
+
+def _read_into_ahead(
+    sock: socket.socket,
+    view: memoryview,
+    ahead: memoryview,
+    stop: Callable[[], bool],
+    timeout: float,
+) -> int:
+    """:func:`_recv_with_lookahead` in native calls (``netio.read_into``): one take
+    of the interpreter lock per read, not two (a timed socket's poll, then its
+    read)."""
+    fd, got = sock.fileno(), 0
+    while True:
+        status, got, extra, err = netio.read_into(fd, view, got, ahead, timeout)
+        if status == netio.DONE:
+            return extra
+        if status == netio.TIMEOUT:
+            if stop():
+                raise _Stopped
+        elif status == netio.EOF:
+            raise TransportError("the connection closed inside a data frame")
+        else:
+            raise OSError(err, os.strerror(err))
 
 
 def _read_small_frame(

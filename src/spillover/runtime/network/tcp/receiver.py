@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from spillover.errors import ClosedError, ConfigError
@@ -46,7 +47,9 @@ from spillover.runtime.network.tcp.protocol import (
     _error_payload,
     _frame,
     _parse_error,
+    _read_frame,
     _read_header,
+    _read_into_ahead,
     _read_payload,
     _read_small_frame,
     _recv_with_lookahead,
@@ -56,6 +59,7 @@ from spillover.runtime.network.tcp.protocol import (
     _tune,
 )
 from spillover.storage import DataType
+from spillover.storage.options import pure_selected
 
 
 @dataclass
@@ -317,13 +321,24 @@ class _Inbound(CreditListener):
     def _serve(self) -> None:
         ch, pool, sock = self.channel, self.pool, self.sock
         assert ch is not None and pool is not None
-        quick = self._twin()  # closed only by this thread's _close, after this loop
-        hdr = memoryview(bytearray(HEADER.size))
-        stop = self._idle
+        # Natively, a frame's wait, header and small payload take the interpreter
+        # lock once, and a data frame's payload with the next header once more;
+        # the pure-Python twin (SPILLOVER_PURE=1) reads through the timed socket.
+        native = not pure_selected()
+        quick = None if native else self._twin()  # closed only by _close, after this loop
+        frame = bytearray(HEADER.size + _MAX_MESSAGE + 2)  # a header and any small payload
+        hdr = memoryview(frame)[: HEADER.size]
+        stop, timeout = self._idle, self.receiver.poll_interval
         ahead = 0  # bytes of the next header read along with a data frame
         try:
             while True:
-                head = _read_header(sock, hdr, self.channel_id, stop, ahead)
+                inline: bytes | None = None
+                if native:
+                    whole = _read_frame(sock, frame, self.channel_id, stop, timeout, ahead)
+                    head = None if whole is None else whole[:2]
+                    inline = None if whole is None else whole[2]
+                else:
+                    head = _read_header(sock, hdr, self.channel_id, stop, ahead)
                 self._heard = time.monotonic()
                 ahead = 0
                 if head is None:
@@ -346,7 +361,10 @@ class _Inbound(CreditListener):
                         )
                     seg = self._segment()
                     try:
-                        ahead = _recv_with_lookahead(sock, seg.data[:length], hdr, stop)
+                        if native:
+                            ahead = _read_into_ahead(sock, seg.data[:length], hdr, stop, timeout)
+                        else:
+                            ahead = _recv_with_lookahead(sock, seg.data[:length], hdr, stop)
                     except BaseException:
                         pool.return_segment(seg)
                         raise
@@ -360,7 +378,7 @@ class _Inbound(CreditListener):
                         buf.release()
                         raise
                 elif ftype in (FrameType.EVENT, FrameType.PRIORITY_EVENT):
-                    payload = _read_payload(sock, length, _MAX_EVENT, stop, "event", quick)
+                    payload = _payload(inline, sock, length, _MAX_EVENT, stop, "event", quick)
                     ev = NetworkBuffer.unpooled(payload, DataType.EVENT)
                     if ftype == FrameType.EVENT:
                         ch.push_event(ev, False)
@@ -378,14 +396,14 @@ class _Inbound(CreditListener):
                         for b in ch.push_event(ev, True):
                             b.release()
                 elif ftype == FrameType.END:
-                    payload = _read_payload(sock, length, _MAX_EVENT, stop, "END", quick)
+                    payload = _payload(inline, sock, length, _MAX_EVENT, stop, "END", quick)
                     if payload != _END_BYTES:
                         raise ProtocolError("an END frame that is not EndOfPartition")
                     self._announcing = False
                     self._ended = True
                     ch.push_end(NetworkBuffer.unpooled(payload, DataType.EVENT))
                 elif ftype == FrameType.ERROR:
-                    payload = _read_payload(sock, length, _MAX_MESSAGE + 2, stop, "ERROR", quick)
+                    payload = _payload(inline, sock, length, _MAX_MESSAGE + 2, stop, "ERROR", quick)
                     if len(payload) < 2:
                         raise ProtocolError("an ERROR frame without a code")
                     code, message = _parse_error(payload)
@@ -425,6 +443,22 @@ class _Inbound(CreditListener):
         else:  # the receiver is closing
             ch.fail(ChannelCancelledError(f"{self.where}: the TCP receiver was closed"))
             self._tell(ErrorCode.CANCELLED, f"the TCP receiver serving {ch.where} was closed")
+
+
+def _payload(
+    inline: bytes | None,
+    sock: socket.socket,
+    length: int,
+    limit: int,
+    stop: Callable[[], bool],
+    what: str,
+    quick: socket.socket | None,
+) -> bytes:
+    """A frame's payload: the one read with its header if it was, else read now
+    (:func:`_read_payload` checks ``limit`` either way)."""
+    if inline is None or length > limit:
+        return _read_payload(sock, length, limit, stop, what, quick)
+    return inline
 
 
 def _channel_failure(ch: InputChannel) -> BaseException | None:

@@ -1,0 +1,119 @@
+#include "sockio.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits for `events` on fd until `deadline` (ms, monotonic; -1: none). Returns 1
+ * when ready (or in error or hung up: the next call says which), 0 on timeout,
+ * -1 with errno on failure. */
+static int wait_for(int fd, short events, int64_t deadline) {
+    for (;;) {
+        int left = -1;
+        if (deadline >= 0) {
+            int64_t d = deadline - now_ms();
+            left = d < 0 ? 0 : (int)d;
+        }
+        struct pollfd p = {.fd = fd, .events = events, .revents = 0};
+        int r = poll(&p, 1, left);
+        if (r > 0)
+            return 1;
+        if (r == 0)
+            return 0;
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+/* One read of the iovecs, waiting for readability when none is there yet.
+ * Returns the bytes read (> 0), or a status with *err set. */
+static ssize_t read_some(int fd, struct iovec *iov, int iovcnt, int64_t deadline, int *status,
+                         int *err) {
+    for (;;) {
+        struct msghdr m;
+        memset(&m, 0, sizeof m);
+        m.msg_iov = iov;
+        m.msg_iovlen = (size_t)iovcnt;
+        ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT);
+        if (n > 0)
+            return n;
+        if (n == 0) {
+            *status = SPL_SOCK_EOF;
+            return 0;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            *err = errno;
+            *status = SPL_SOCK_ERROR;
+            return 0;
+        }
+        int w = wait_for(fd, POLLIN, deadline);
+        if (w == 0) {
+            *status = SPL_SOCK_TIMEOUT;
+            return 0;
+        }
+        if (w < 0) {
+            *err = errno;
+            *status = SPL_SOCK_ERROR;
+            return 0;
+        }
+    }
+}
+
+static int64_t deadline_of(int timeout_ms) { return timeout_ms < 0 ? -1 : now_ms() + timeout_ms; }
+
+int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
+                        size_t *got, int whole_type_skip, int timeout_ms, int *err) {
+    int64_t deadline = deadline_of(timeout_ms);
+    int status = SPL_SOCK_DONE;
+    *err = 0;
+    for (;;) {
+        size_t need = header;
+        if (*got >= header) {
+            const uint8_t *l = buf + length_at;
+            uint32_t len = (uint32_t)l[0] | (uint32_t)l[1] << 8 | (uint32_t)l[2] << 16 |
+                           (uint32_t)l[3] << 24;
+            if (buf[0] != whole_type_skip && len <= cap - header)
+                need += len;
+        }
+        if (*got >= need)
+            return SPL_SOCK_DONE;
+        struct iovec iov = {.iov_base = buf + *got, .iov_len = need - *got};
+        ssize_t n = read_some(fd, &iov, 1, deadline, &status, err);
+        if (n == 0)
+            return status;
+        *got += (size_t)n;
+    }
+}
+
+int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
+                       size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err) {
+    int64_t deadline = deadline_of(timeout_ms);
+    int status = SPL_SOCK_DONE;
+    *err = 0;
+    *ahead_got = 0;
+    while (*got < len) {
+        struct iovec iov[2] = {{.iov_base = dst + *got, .iov_len = len - *got},
+                               {.iov_base = ahead, .iov_len = ahead_cap}};
+        ssize_t n = read_some(fd, iov, ahead_cap ? 2 : 1, deadline, &status, err);
+        if (n == 0)
+            return status;
+        if ((size_t)n > len - *got) {
+            *ahead_got = (size_t)n - (len - *got);
+            *got = len;
+        } else {
+            *got += (size_t)n;
+        }
+    }
+    return SPL_SOCK_DONE;
+}

@@ -1,0 +1,36 @@
+/* Socket reads for the TCP transport, each
+ * in one call: the wait for the socket and the transfer together, so a caller
+ * that holds an interpreter lock lets it go once and takes it back once, where a
+ * Python socket with a timeout polls, takes the lock back, then reads and takes
+ * it back again (docs/network.md, "TCP transport"). */
+#ifndef SPL_SOCKIO_H
+#define SPL_SOCKIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* statuses */
+#define SPL_SOCK_DONE 0    /* what was asked is in */
+#define SPL_SOCK_TIMEOUT 1 /* nothing came for the timeout: *got says what is in */
+#define SPL_SOCK_EOF 2     /* the peer closed the connection: *got says what is in */
+#define SPL_SOCK_ERROR 3   /* a system call failed: *err is its errno */
+
+/* Reads the next frame's header (`header` bytes, the type in its first byte, the
+ * payload's length a little-endian u32 at `length_at`) into `buf`, where *got
+ * bytes of it already are, and then, unless its type is `whole_type_skip` or its
+ * payload does not fit in `cap` - `header` bytes, its payload right after it: waits (poll) for
+ * readability at most `timeout_ms` for each read (-1: no limit) and reads
+ * exactly what the frame still needs, never a byte of the next frame. Returns a
+ * status; *got is the bytes of buf filled, also on a timeout (call again with it
+ * to go on) and at EOF. */
+int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
+                        size_t *got, int whole_type_skip, int timeout_ms, int *err);
+
+/* Fills `len` bytes of `dst`, where *got already are, letting every read run on
+ * into `ahead` (`ahead_cap` bytes: the next frame's header), so a stream of
+ * frames costs one read each. Waits like spl_sock_read_frame. *ahead_got is the
+ * bytes of `ahead` filled once `dst` is full. */
+int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
+                       size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err);
+
+#endif

@@ -1,0 +1,60 @@
+# Socket reads with the GIL let go once per call (csrc/sockio.h).
+
+SOCK_DONE = SPL_SOCK_DONE
+SOCK_TIMEOUT = SPL_SOCK_TIMEOUT
+SOCK_EOF = SPL_SOCK_EOF
+SOCK_ERROR = SPL_SOCK_ERROR
+
+
+cdef inline int _timeout_ms(double timeout):
+    return -1 if timeout < 0 else <int>(timeout * 1000.0 + 0.5)
+
+
+def sock_read_frame(int fd, object buf, Py_ssize_t got, Py_ssize_t header, Py_ssize_t length_at,
+                    int whole_type_skip, double timeout):
+    """Reads the next frame's ``header`` bytes (its type in the first, its payload's
+    length a little-endian u32 at ``length_at``) into ``buf`` (``got`` bytes of it
+    are there already) and, unless its type is ``whole_type_skip`` or it does not fit,
+    its payload right after it, waiting at most ``timeout`` seconds (< 0: no limit)
+    for each read; the GIL is let go once. Returns ``(status, got, errno)``:
+    ``SOCK_DONE``, ``SOCK_TIMEOUT`` (call again with ``got``), ``SOCK_EOF`` or
+    ``SOCK_ERROR``."""
+    cdef Py_buffer view
+    cdef size_t g = <size_t>got
+    cdef int err = 0, status, ms = _timeout_ms(timeout)
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+    try:
+        if got < 0 or got > view.len or length_at < 0 or header < length_at + 4 \
+                or view.len < header:
+            raise ValueError(f"a frame buffer of {view.len} bytes with {got} read, "
+                             f"a header of {header} with the length at {length_at}")
+        with nogil:
+            status = spl_sock_read_frame(fd, <uint8_t *>view.buf, <size_t>view.len,
+                                         <size_t>header, <size_t>length_at, &g,
+                                         whole_type_skip, ms, &err)
+    finally:
+        PyBuffer_Release(&view)
+    return status, <Py_ssize_t>g, err
+
+
+def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double timeout):
+    """Fills ``dst`` (``got`` bytes of it are there already), letting each read run on
+    into ``ahead`` (the next frame's header); waits and lets the GIL go like
+    :func:`sock_read_frame`. Returns ``(status, got, ahead_got, errno)``."""
+    cdef Py_buffer d, a
+    cdef size_t g = <size_t>got, ag = 0
+    cdef int err = 0, status, ms = _timeout_ms(timeout)
+    PyObject_GetBuffer(dst, &d, PyBUF_SIMPLE | PyBUF_WRITABLE)
+    try:
+        PyObject_GetBuffer(ahead, &a, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        try:
+            if got < 0 or got > d.len:
+                raise ValueError(f"a buffer of {d.len} bytes with {got} read")
+            with nogil:
+                status = spl_sock_read_into(fd, <uint8_t *>d.buf, <size_t>d.len, &g,
+                                            <uint8_t *>a.buf, <size_t>a.len, &ag, ms, &err)
+        finally:
+            PyBuffer_Release(&a)
+    finally:
+        PyBuffer_Release(&d)
+    return status, <Py_ssize_t>g, <Py_ssize_t>ag, err
