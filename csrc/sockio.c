@@ -93,6 +93,7 @@ int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t 
         if (n == 0)
             return status;
         *got += (size_t)n;
+        deadline = deadline_of(timeout_ms); /* the wait is per read: bytes still coming */
     }
 }
 
@@ -114,6 +115,7 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
         } else {
             *got += (size_t)n;
         }
+        deadline = deadline_of(timeout_ms); /* the wait is per read: bytes still coming */
     }
     return SPL_SOCK_DONE;
 }

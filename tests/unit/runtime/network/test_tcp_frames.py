@@ -59,15 +59,18 @@ def encode(frames: list[Frame]) -> bytes:
     return b"".join(HEADER.pack(t, 0, 0, CHANNEL, len(p)) + p for t, p in frames)
 
 
-def read_all(sock: socket.socket, n: int, native: bool, stop: Callable[[], bool]) -> list[Frame]:
-    """``n`` frames as the receiving loop reads them, data frames with look-ahead."""
+def read_all(
+    sock: socket.socket, n: int, native: bool, stop: Callable[[], bool], wait: float = POLL
+) -> list[Frame]:
+    """``n`` frames as the receiving loop reads them, data frames with look-ahead;
+    ``wait``: how long a read waits for bytes before it asks ``stop``."""
     frame = bytearray(HEADER.size + _MAX_MESSAGE + 2)
     hdr = memoryview(frame)[: HEADER.size]
     out: list[Frame] = []
     ahead = 0
     for _ in range(n):
         if native:
-            whole = _read_frame(sock, frame, CHANNEL, stop, POLL, ahead)
+            whole = _read_frame(sock, frame, CHANNEL, stop, wait, ahead)
             assert whole is not None
             ftype, length, payload = whole
         else:
@@ -78,7 +81,7 @@ def read_all(sock: socket.socket, n: int, native: bool, stop: Callable[[], bool]
         if ftype == FrameType.DATA:
             data = memoryview(bytearray(length))
             if native:
-                ahead = _read_into_ahead(sock, data, hdr, stop, POLL)
+                ahead = _read_into_ahead(sock, data, hdr, stop, wait)
             else:
                 ahead = _recv_with_lookahead(sock, data, hdr, stop)
             payload = bytes(data)
@@ -90,10 +93,16 @@ def read_all(sock: socket.socket, n: int, native: bool, stop: Callable[[], bool]
 
 
 frames_st = st.lists(
-    st.tuples(
-        st.sampled_from([FrameType.DATA, FrameType.PRIORITY_EVENT, FrameType.HEARTBEAT]),
-        st.binary(max_size=300),
-    ).map(lambda f: (f[0], b"" if f[0] == FrameType.HEARTBEAT else f[1])),
+    st.one_of(
+        st.tuples(
+            st.sampled_from([FrameType.DATA, FrameType.PRIORITY_EVENT, FrameType.HEARTBEAT]),
+            st.binary(max_size=300),
+        ).map(lambda f: (f[0], b"" if f[0] == FrameType.HEARTBEAT else f[1])),
+        # A data frame many reads long: the look-ahead comes with its last read.
+        st.integers(min_value=64 << 10, max_value=200 << 10).map(
+            lambda n: (FrameType.DATA, bytes(range(256)) * (n // 256) + bytes(n % 256))
+        ),
+    ),
     min_size=1,
     max_size=12,
 )
@@ -139,6 +148,30 @@ def test_a_reset_is_a_lost_connection() -> None:
         writer.close()
         with pytest.raises(ConnectionResetError):
             read_all(sock, 1, True, never)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pure"])
+def test_a_frame_still_arriving_never_counts_as_silence(native: bool) -> None:
+    """A frame whose bytes keep coming, each well within the wait, takes longer in all
+    than the wait: no read asks ``stop`` (the receiver's silence check), as each
+    read's wait starts again once bytes came."""
+    asked: list[float] = []
+
+    def stop() -> bool:
+        asked.append(time.monotonic())
+        return False
+
+    wait = 0.5
+    frames = [(FrameType.PRIORITY_EVENT, b"barrier" * 12), (FrameType.DATA, bytes(range(200)))]
+    stream = encode(frames)
+    with connected() as (writer, sock):
+        _tune(sock, wait)  # the pure reads wait as long as the socket's timeout
+        reader = Worker(lambda: read_all(sock, 2, native, stop, wait))
+        for i in range(0, len(stream), 8):  # about 2 s in all, 8 bytes every 50 ms
+            writer.sendall(stream[i : i + 8])
+            time.sleep(wait / 10)
+        assert reader.finish() == frames
+    assert asked == []
 
 
 def test_a_wait_in_vain_asks_stop_and_goes_on_where_it_was() -> None:
