@@ -364,15 +364,31 @@ def add_key_sums(
     ``max_parallelism``), returns None and changes nothing if a key's group lies
     outside it. The GIL is released from ``NOGIL_MIN_SUMS_KEYS`` (4,096) keys.
     """
-    lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
-    maxp = 0 if key_group_range is None else max_parallelism
-    got = _records.sums_add(
-        keys, values, maxp, lo, hi, main[0], main[1], delta[0], delta[1], *indexes, ascending
-    )
+    got = _sums_add(keys, values, main, delta, max_parallelism, key_group_range, indexes, ascending)
     if got is None:
         return None
     out, n_out, n_new = got
     return out[0, :n_out], out[1, :n_out], out[2, :n_new]
+
+
+def _sums_add(
+    keys: _I64,
+    values: _I64 | None,
+    main: tuple[_I64, _I64],
+    delta: tuple[_I64, _I64],
+    max_parallelism: int,
+    key_group_range: KeyGroupRange | None,
+    indexes: tuple[npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None],
+    ascending: bool,
+    rows: bool = False,
+) -> tuple[_I64, int, int] | None:
+    """The native pass of :func:`add_key_sums` (``rows``: of :func:`add_key_sum_rows`)."""
+    lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
+    maxp = 0 if key_group_range is None else max_parallelism
+    m, d = main, delta
+    return _records.sums_add(
+        keys, values, maxp, lo, hi, m[0], m[1], d[0], d[1], *indexes, ascending, rows
+    )
 
 
 def add_key_sum_rows(
@@ -391,21 +407,8 @@ def add_key_sum_rows(
     ``rows.view(dtype)`` with no copy (a keyed count's output: two field assignments
     of a batch's length each let the GIL go and wait to take it back), and ``new``
     the indices of the rows whose keys are in neither run."""
-    lo, hi = (0, 0) if key_group_range is None else (key_group_range.start, key_group_range.end)
-    maxp = 0 if key_group_range is None else max_parallelism
-    got = _records.sums_add(
-        keys,
-        values,
-        maxp,
-        lo,
-        hi,
-        main[0],
-        main[1],
-        delta[0],
-        delta[1],
-        *indexes,
-        ascending,
-        True,
+    got = _sums_add(
+        keys, values, main, delta, max_parallelism, key_group_range, indexes, ascending, True
     )
     if got is None:
         return None

@@ -755,23 +755,26 @@ def test_throttled_sink_paces_by_sleeping(sink_name: str) -> None:
         ThrottledSink(0)
 
 
+def _pacing_context(uid: str) -> OperatorContext:
+    """A subtask's context in a task that paces its operators (``pacing``)."""
+    return OperatorContext(
+        uid=uid,
+        name=uid,
+        subtask_index=0,
+        parallelism=1,
+        max_parallelism=128,
+        attempt=0,
+        output=RecordingOutput(),
+        pacing=True,
+    )
+
+
 def test_a_pacing_task_waits_for_a_throttled_sink_only_past_the_slack() -> None:
     """In a pacing task the sink never sleeps; the task waits for it only once it is
     more than PACE_SLACK ahead of its pace, and over time it keeps its rate."""
     clock = FakeClock()
     sink = ThrottledSink(1000, clock=clock.monotonic, sleep=clock.sleep)
-    sink.open(
-        OperatorContext(
-            uid="s",
-            name="s",
-            subtask_index=0,
-            parallelism=1,
-            max_parallelism=128,
-            attempt=0,
-            output=RecordingOutput(),
-            pacing=True,
-        )
-    )
+    sink.open(_pacing_context("s"))
     start = clock.now
     sink.process(kv([0] * 100, [0] * 100))  # owes 0.1 s: the task waits
     assert sink.ready_at() == pytest.approx(start + 0.1 - PACE_SLACK)
@@ -785,18 +788,7 @@ def test_a_pacing_task_waits_for_a_throttled_sink_only_past_the_slack() -> None:
     elapsed = clock.now - start
     assert 1000 * elapsed - 2 <= 100 + taken <= 1000 * (elapsed + PACE_SLACK) + 2
     fast = ThrottledSink(1e8, clock=clock.monotonic, sleep=clock.sleep)
-    fast.open(
-        OperatorContext(
-            uid="f",
-            name="f",
-            subtask_index=0,
-            parallelism=1,
-            max_parallelism=128,
-            attempt=0,
-            output=RecordingOutput(),
-            pacing=True,
-        )
-    )
+    fast.open(_pacing_context("f"))
     fast.process(kv([0] * 6_500, [0] * 6_500))  # 65 us at its rate: no wait at all
     assert fast.ready_at() <= clock.now
 

@@ -4,6 +4,7 @@ so that every operation is a vectorised search, never a Python loop per record."
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import numpy as np
@@ -324,25 +325,9 @@ class HeapSumState(_UniqueKeyState):
         if self.dtype != np.int64 or q.size > ADD_KEY_SUMS_MAX_KEYS:
             self._backend._check_keys(q)
             return self._add_numpy(q, np.ones(q.size, self.dtype) if v is None else v)
-        backend = self._backend
-        got = add_key_sums(
-            q,
-            v,
-            (self._mk, self._mv),
-            (self._dk, self._dv),
-            backend._max_p,
-            backend._checked_range,
-            indexes=(self._index_of(0, self._mk), self._index_of(1, self._dk)),
-            ascending=False,
-        )
-        if got is None:
-            backend._check_keys(q)  # raises: a key lies outside the key groups
-            raise AssertionError("add_key_sums refused keys that the backend accepts")
-        uniq, totals, new = got
+        uniq, totals, new = self._native_pass(add_key_sums, q, v)
         if new.size:
-            fresh, sums = uniq[new], totals[new]
-            order = np.argsort(fresh)
-            self._insert_new(fresh[order], sums[order])
+            self._insert_unsorted(uniq[new], totals[new])
         return uniq, totals
 
     def add_rows(self, keys: npt.ArrayLike, values: npt.ArrayLike | None = None) -> Keys:
@@ -356,8 +341,17 @@ class HeapSumState(_UniqueKeyState):
         if q.size > ADD_KEY_SUMS_MAX_KEYS:
             uniq, totals = self.add(q, v)
             return np.stack([uniq, totals], axis=1)
+        rows, new = self._native_pass(add_key_sum_rows, q, v)
+        if new.size:
+            self._insert_unsorted(rows[new, 0], rows[new, 1])
+        return rows
+
+    def _native_pass(self, add: Callable[..., T | None], q: Keys, v: Keys | None) -> T:
+        """``add`` (:func:`add_key_sums` or :func:`add_key_sum_rows`) of ``q`` over the
+        runs, keys in the batch's order; raises as the backend does for a key outside
+        its key groups."""
         backend = self._backend
-        got = add_key_sum_rows(
+        got = add(
             q,
             v,
             (self._mk, self._mv),
@@ -369,13 +363,12 @@ class HeapSumState(_UniqueKeyState):
         )
         if got is None:
             backend._check_keys(q)  # raises: a key lies outside the key groups
-            raise AssertionError("add_key_sum_rows refused keys that the backend accepts")
-        rows, new = got
-        if new.size:
-            fresh, sums = rows[new, 0], rows[new, 1]
-            order = np.argsort(fresh)
-            self._insert_new(fresh[order], sums[order])
-        return rows
+            raise AssertionError(f"{add.__name__} refused keys that the backend accepts")
+        return got
+
+    def _insert_unsorted(self, fresh: Keys, sums: Keys) -> None:
+        order = np.argsort(fresh)
+        self._insert_new(fresh[order], sums[order])
 
     def _index_of(self, run: int, run_keys: Keys) -> npt.NDArray[np.uint32] | None:
         """The hash index of a run's keys, rebuilt when the run is another array
