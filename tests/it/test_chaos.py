@@ -55,6 +55,7 @@ def test_chaos_replays_a_scenario_and_reports_it(
     assert got["all_exact"] is True and got["seed"] == 1
     (only,) = got["scenarios"]
     assert only["id"] == "1-0~-event-time" and only["features"] == ["batch", "failure"]
+    assert only["tries"] == 1
     assert got["coverage"]["batch"] == 1 and got["coverage"]["loop"] == 0
 
 

@@ -65,6 +65,7 @@ class Ran:
             "summary": self.outcome.summary,
             "failures_fired": list(self.outcome.failures_fired),
             "storage_faults": self.outcome.storage_faults,
+            "tries": self.outcome.tries,
             # What went wrong in full (the comparison's report, or the traceback).
             "report": None if self.outcome.exact else self.outcome.report,
         }

@@ -96,6 +96,9 @@ class Outcome:
     attempts: int = 0
     checkpoints_completed: int = 0
     report: str = ""
+    tries: int = 1
+    """Runs it took: more than one when a run proved nothing (``VACUOUS_TRIES``),
+    so a soak can count how often timing, not the system, left nothing to check."""
 
     @property
     def kind(self) -> str:
@@ -303,6 +306,7 @@ def run_scenario(s: Scenario, workdir: str | None = None) -> Outcome:
             attempts=report.attempts,
             checkpoints_completed=report.checkpoints_completed,
             report=report.text(),
+            tries=tried,
         )
     except ConfigError as e:
         return Outcome(

@@ -24,7 +24,7 @@ from spillover.chaos import (
     scenario_for,
     shrink,
 )
-from spillover.chaos.runner import IsolatedRunner
+from spillover.chaos.runner import VACUOUS_TRIES, IsolatedRunner
 from spillover.chaos.scenario import EXECUTORS, Scenario
 from spillover.cli.options import EXIT_CHECK_FAILED, EXIT_OK, check_folder, env_option
 from spillover.errors import ConfigError
@@ -119,6 +119,7 @@ def _line(out: Console, ran: Ran) -> None:
         f"{ran.scenario.describe()}\n  -> {verdict} in {o.seconds:.1f} s"
         + (f": {o.summary}" if o.summary else "")
         + (f"; {o.storage_faults} storage faults" if o.storage_faults else "")
+        + (f"; run {o.tries} of {VACUOUS_TRIES}, those before vacuous" if o.tries > 1 else "")
         + (f"; {o.error}" if o.error else ""),
         markup=True,
     )
