@@ -7,8 +7,10 @@ it must cost no Python. Each repetition appends ``--buffers`` buffers of ``--siz
 bytes (below the bound) to a new storer, and times the appending thread's CPU
 (``time.thread_time``: the writer thread's work is not counted, and other
 processes' load moves it little); the figure is the median over ``--reps``
-repetitions, in ns per buffer, for a gate staged in memory and, as the floor, one
-staged in a file (no bound to check).
+repetitions, in ns per buffer, for a gate staged in memory and one staged in a
+file (no bound to check), beside, in the same run, the machine's limit (``memcpy``:
+the same loop copying each buffer into a slot of a bytearray) and the
+pure-Python twin of the storer (``pure``: ``SPILLOVER_PURE=1``, staged in memory).
 
     PYTHONPATH=src .venv/bin/python bench/staged_append.py
     # A/B, alternating trees round by round (each a checkout with built .so files):
@@ -28,6 +30,13 @@ import sys
 import tempfile
 import time
 
+_NAMES = {
+    "memcpy": "copy into a bytearray (the limit)",
+    "memory": "staged in memory",
+    "file": "staged in a file",
+    "pure": "pure-Python twin, in memory",
+}
+
 
 def _measure(buffers: int, size: int, reps: int) -> dict[str, float]:
     """ns of the appending thread's CPU per buffer (median of ``reps``), by staging."""
@@ -36,9 +45,20 @@ def _measure(buffers: int, size: int, reps: int) -> dict[str, float]:
 
     payload = os.urandom(size)
     out = {}
+    slots = bytearray(size * 8)
+    per_rep = []
+    for _ in range(reps):
+        t = time.thread_time_ns()
+        for i in range(buffers):
+            j = (i & 7) * size
+            slots[j : j + size] = payload
+        per_rep.append((time.thread_time_ns() - t) / buffers)
+    out["memcpy"] = statistics.median(per_rep)
     with tempfile.TemporaryDirectory(prefix="staged-append-") as root:
-        for label, budget in (("memory", 64 << 20), ("file", 0)):
+        for label, budget in (("memory", 64 << 20), ("file", 0), ("pure", 64 << 20)):
             shared_mod.STAGING_BUDGET.configure(budget)
+            if label == "pure":
+                os.environ["SPILLOVER_PURE"] = "1"  # read at every open
             per_rep = []
             for rep in range(reps):
                 backend = shared_mod.StagingBackend(root)
@@ -51,6 +71,7 @@ def _measure(buffers: int, size: int, reps: int) -> dict[str, float]:
                 storer.close()
                 backend.take(storer._name).close()
             out[label] = statistics.median(per_rep)
+    os.environ.pop("SPILLOVER_PURE", None)
     shared_mod.STAGING_BUDGET.configure(64 << 20)
     return out
 
@@ -70,7 +91,7 @@ def main() -> None:
             print(json.dumps(got))
         else:
             for label, ns in got.items():
-                print(f"staged in {label}: {ns:.0f} ns of CPU per buffer")
+                print(f"{_NAMES[label]}: {ns:.0f} ns of CPU per buffer")
         return
     trees = [t.split("=", 1) for t in a.trees.split(",")]
     rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
@@ -82,10 +103,10 @@ def main() -> None:
             run = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
             rows[name].append(json.loads(run.stdout))
     print(f"ns of CPU per buffer ({a.buffers} x {a.size} B, median of {a.reps}), per round:")
-    for label in ("memory", "file"):
+    for label in ("memory", "file", "memcpy", "pure"):
         for name, _ in trees:
             figures = ", ".join(f"{row[label]:.0f}" for row in rows[name])
-            print(f"  staged in {label:6} {name:>8}: {figures}")
+            print(f"  {_NAMES[label]:34} {name:>8}: {figures}")
 
 
 if __name__ == "__main__":
