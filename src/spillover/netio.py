@@ -22,25 +22,14 @@ EOF: Final = _storage.SOCK_EOF
 ERROR: Final = _storage.SOCK_ERROR
 
 
-def read_frame(
-    fd: int,
-    buf: bytearray | memoryview,
-    got: int,
-    header: int,
-    length_at: int,
-    whole_type_skip: int,
-    timeout: float,
-) -> tuple[int, int, int]:
-    """The next frame's ``header`` bytes (its type in the first, its payload's length a
-    little-endian u32 at ``length_at``) into ``buf`` (``got`` bytes are there already)
-    and, unless its type is ``whole_type_skip`` or it does not fit ``buf``, its
-    payload after it; each wait at most ``timeout`` s. ``(status, got, errno)``."""
-    return _storage.sock_read_frame(fd, buf, got, header, length_at, whole_type_skip, timeout)
+read_frame = _storage.sock_read_frame
+"""``read_frame(fd, buf, got, header, length_at, whole_type_skip, timeout)``: the
+next frame's ``header`` bytes (its type in the first, its payload's length a
+little-endian u32 at ``length_at``) into ``buf`` (``got`` bytes are there already)
+and, unless its type is ``whole_type_skip`` or it does not fit ``buf``, its
+payload after it; each wait at most ``timeout`` s. ``(status, got, errno)``."""
 
-
-def read_into(
-    fd: int, dst: bytearray | memoryview, got: int, ahead: bytearray | memoryview, timeout: float
-) -> tuple[int, int, int, int]:
-    """Fills ``dst`` (``got`` bytes are there already), each read running on into
-    ``ahead``; each wait at most ``timeout`` s. ``(status, got, ahead_got, errno)``."""
-    return _storage.sock_read_into(fd, dst, got, ahead, timeout)
+read_into = _storage.sock_read_into
+"""``read_into(fd, dst, got, ahead, timeout)``: fills ``dst`` (``got`` bytes are there
+already), each read running on into ``ahead``; each wait at most ``timeout`` s.
+``(status, got, ahead_got, errno)``."""

@@ -199,7 +199,13 @@ def _read_header(
         return None
     if got < HEADER.size:
         raise TransportError("the connection closed inside a frame header")
-    ftype, flags, reserved, chan, length = HEADER.unpack(view)
+    return _parse_header(view, channel)
+
+
+def _parse_header(buf: bytearray | memoryview, channel: int) -> tuple[int, int]:
+    """``(type, length)`` of the header at the start of ``buf``, checked: no flags, and
+    the connection's own channel (unless ``channel`` is ``_NO_CHANNEL``)."""
+    ftype, flags, reserved, chan, length = HEADER.unpack_from(buf)
     if flags or reserved:
         raise ProtocolError(f"frame header with flags {flags} and reserved {reserved}")
     if channel != _NO_CHANNEL and chan != channel:
@@ -266,11 +272,7 @@ def _read_frame(
             raise TransportError("the connection closed inside a frame")
         else:
             raise OSError(err, os.strerror(err))
-    ftype, flags, reserved, chan, length = HEADER.unpack_from(buf)
-    if flags or reserved:
-        raise ProtocolError(f"frame header with flags {flags} and reserved {reserved}")
-    if channel != _NO_CHANNEL and chan != channel:
-        raise ProtocolError(f"frame for channel {chan} on the connection of channel {channel}")
+    ftype, length = _parse_header(buf, channel)
     if ftype == FrameType.DATA or length > len(buf) - HEADER.size:
         return ftype, length, None
     return ftype, length, bytes(memoryview(buf)[HEADER.size : HEADER.size + length])
