@@ -301,6 +301,7 @@ class FilteringRetriever:
         self._file = 0
         self._file_left: int | None = None
         self._hint_at: int | None = None  # where to start the next file's reads (_poll_files)
+        self._prefetched = -1  # the plan entry whose first reads were started last
         self._files_ended = False
         # Bytes fed to the demux per stream and piece (after its skip): where a
         # checkpoint taken meanwhile cuts each stream (remainder).
@@ -482,6 +483,8 @@ class FilteringRetriever:
                 if left == 0:
                     self._file += 1
                     continue
+                if self._prefetched != self._file:
+                    self._prefetch(self._file)  # its three first reads at once, not in turn
                 self._retriever = open_retriever(
                     handle,
                     filesystem=self._filesystem,
@@ -531,19 +534,25 @@ class FilteringRetriever:
         return end - opts.read_ahead_bytes - opts.read_block_bytes
 
     def _prefetch_next(self) -> None:
-        """Starts the next file's first reads (header, trailer, first blocks) while the
-        open file's last blocks are filtered: the device is idle for this read then,
-        and the next open would wait for each of them in turn."""
+        """Starts the next file's first reads while the open file's last blocks are
+        filtered: the device is idle for this read then, and the next open would wait
+        for each of them (header, trailer, first block) in turn."""
         assert self._plan is not None
-        for handle, channels, left, _ in self._plan[self._file + 1 :]:
-            if left != 0:
-                prefetch_start(
-                    handle,
-                    channels if left is not None else None,
-                    filesystem=self._filesystem,
-                    nbytes=2 * StorageOptions(**self._options).read_block_bytes,
-                )
+        for i in range(self._file + 1, len(self._plan)):
+            if self._plan[i][2] != 0:
+                self._prefetch(i)
                 return
+
+    def _prefetch(self, i: int) -> None:
+        assert self._plan is not None
+        handle, channels, left, _ = self._plan[i]
+        prefetch_start(
+            handle,
+            channels if left is not None else None,
+            filesystem=self._filesystem,
+            nbytes=2 * StorageOptions(**self._options).read_block_bytes,
+        )
+        self._prefetched = i
 
     def _take_frames(self, frames: FrameArrays, channels: dict[int, int], phase: int) -> None:
         """One read-ahead block's frames: each frame of a wanted channel goes to its
