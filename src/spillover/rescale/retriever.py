@@ -61,9 +61,7 @@ from spillover.storage import (
     RetrievedBuffer,
     Retriever,
     StorageOptions,
-    frames_range,
     open_retriever,
-    prefetch_start,
 )
 
 __all__ = ["FilteringRetriever"]
@@ -300,8 +298,6 @@ class FilteringRetriever:
         self._skip: dict[int, int] = {}
         self._file = 0
         self._file_left: int | None = None
-        self._hint_at: int | None = None  # where to start the next file's reads (_poll_files)
-        self._prefetched = -1  # the plan entry whose first reads were started last
         self._files_ended = False
         # Bytes fed to the demux per stream and piece (after its skip): where a
         # checkpoint taken meanwhile cuts each stream (remainder).
@@ -483,8 +479,6 @@ class FilteringRetriever:
                 if left == 0:
                     self._file += 1
                     continue
-                if self._prefetched != self._file:
-                    self._prefetch(self._file)  # its three first reads at once, not in turn
                 self._retriever = open_retriever(
                     handle,
                     filesystem=self._filesystem,
@@ -492,7 +486,6 @@ class FilteringRetriever:
                     **self._options,
                 )
                 self._file_left = left
-                self._hint_at = self._hint_point(handle, channels if left is not None else None)
                 self._skip = {
                     c: self._plan_skips.get((self._file, c), 0)
                     for c in channels
@@ -510,10 +503,6 @@ class FilteringRetriever:
                 continue
             self._take_frames(frames, channels, phase)
             self.blocks_read += 1
-            offsets = frames.file_offsets
-            if self._hint_at is not None and len(offsets) and int(offsets[-1]) >= self._hint_at:
-                self._hint_at = None
-                self._prefetch_next()
             if self._file_left is not None and self._file_left <= 0:
                 # the rest of the file holds other channels only
                 self._close_retriever()
@@ -525,34 +514,6 @@ class FilteringRetriever:
         if not self._ready:
             return None
         return self._ready.popleft()
-
-    def _hint_point(self, handle: GateStateHandle, channels: dict[int, int] | None) -> int:
-        """The file offset past which the open file's reads are all issued: its reader
-        keeps at most a read-ahead window and a block ahead of what was taken."""
-        opts = StorageOptions(**self._options)
-        end = frames_range(handle, channels)[1]
-        return end - opts.read_ahead_bytes - opts.read_block_bytes
-
-    def _prefetch_next(self) -> None:
-        """Starts the next file's first reads while the open file's last blocks are
-        filtered: the device is idle for this read then, and the next open would wait
-        for each of them (header, trailer, first block) in turn."""
-        assert self._plan is not None
-        for i in range(self._file + 1, len(self._plan)):
-            if self._plan[i][2] != 0:
-                self._prefetch(i)
-                return
-
-    def _prefetch(self, i: int) -> None:
-        assert self._plan is not None
-        handle, channels, left, _ = self._plan[i]
-        prefetch_start(
-            handle,
-            channels if left is not None else None,
-            filesystem=self._filesystem,
-            nbytes=2 * StorageOptions(**self._options).read_block_bytes,
-        )
-        self._prefetched = i
 
     def _take_frames(self, frames: FrameArrays, channels: dict[int, int], phase: int) -> None:
         """One read-ahead block's frames: each frame of a wanted channel goes to its

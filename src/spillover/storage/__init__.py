@@ -8,9 +8,7 @@ from spillover.storage.retriever import (
     RetrievedBuffer,
     Retriever,
     check_ends,
-    frames_range,
     open_retriever,
-    prefetch_start,
 )
 from spillover.storage.storer import Storage, Storer, open_storage
 
@@ -28,8 +26,6 @@ __all__ = [
     "StorageOptions",
     "Storer",
     "check_ends",
-    "frames_range",
     "open_retriever",
     "open_storage",
-    "prefetch_start",
 ]

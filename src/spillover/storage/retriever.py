@@ -16,12 +16,10 @@ from spillover.errors import (
     ConfigError,
     CorruptHeaderError,
     ForeignFileError,
-    SpilloverError,
     TruncatedFileError,
 )
 from spillover.storage.backends import (
     Backend,
-    LocalBackend,
     SectionFile,
     backend_for,
     name_file_offset,
@@ -33,15 +31,7 @@ from spillover.storage.handle import Codec, GateKind, GateStateHandle
 from spillover.storage.location import Location
 from spillover.storage.options import StorageOptions, pure_selected
 
-__all__ = [
-    "FrameArrays",
-    "RetrievedBuffer",
-    "Retriever",
-    "check_ends",
-    "frames_range",
-    "open_retriever",
-    "prefetch_start",
-]
+__all__ = ["FrameArrays", "RetrievedBuffer", "Retriever", "check_ends", "open_retriever"]
 
 RetrievedBuffer = native.RetrievedBuffer
 
@@ -466,55 +456,6 @@ def check_ends(handle: GateStateHandle, *, filesystem: Any = None) -> None:
         raise
     finally:
         file.close()
-
-
-def frames_range(handle: GateStateHandle, channels: Iterable[int] | None = None) -> tuple[int, int]:
-    """The file offsets ``[start, end)`` of the frames :func:`open_retriever` of
-    ``handle`` (and ``channels``) reads, the section's offset included."""
-    base = handle.offset or 0
-    start, end = native.HEADER_SIZE, handle.size - native.TRAILER_SIZE
-    if channels is not None:
-        start, end = handle.byte_range(channels) or (start, end)
-    return base + start, base + end
-
-
-def prefetch_start(
-    handle: GateStateHandle,
-    channels: Iterable[int] | None = None,
-    *,
-    filesystem: Any = None,
-    nbytes: int = 2 * 1024 * 1024,
-) -> None:
-    """Asks the kernel to start reading what :func:`open_retriever` of ``handle`` (and
-    ``channels``) reads first: the header, the trailer and the first ``nbytes`` of
-    the frames (``posix_fadvise`` ``WILLNEED``, which returns without waiting).
-
-    A replay that reads state files one after another calls it for the next file
-    while the open one's last blocks are still being consumed, so the next open
-    (header, trailer, then the first block: three waits on a cold device, one after
-    another) finds them in the page cache. A hint only: local files only, nothing
-    read into the process, and every failure ignored (the open reports it).
-    """
-    if not hasattr(os, "posix_fadvise"):
-        return
-    try:
-        loc = Location.parse(handle.uri, filesystem)
-        backend = backend_for(loc.parent)
-        if not isinstance(backend, LocalBackend):
-            return
-        base = handle.offset or 0
-        hs, ts = native.HEADER_SIZE, native.TRAILER_SIZE
-        start, end = frames_range(handle, channels)
-        fd = os.open(backend.uri_of(loc.name), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.posix_fadvise(fd, base, hs, os.POSIX_FADV_WILLNEED)
-            os.posix_fadvise(fd, base + handle.size - ts, ts, os.POSIX_FADV_WILLNEED)
-            if end > start:
-                os.posix_fadvise(fd, start, min(nbytes, end - start), os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
-    except (OSError, ValueError, SpilloverError):
-        return
 
 
 def open_retriever(
