@@ -39,6 +39,10 @@ PARTITIONS = 4
 RECORDS = 20_000  # per partition
 RATE = 6_000  # records/s per keyed subtask
 SLOW = 1_500  # while a checkpoint during replay is awaited: the replay lasts
+# A restored run that awaits a checkpoint during its replay: each keyed subtask takes
+# no more input after this many records (about 31 KiB of the >= 240 KiB it replays),
+# so every checkpoint it completes references the rest, however late it comes.
+PAUSE_AFTER = 256
 KEYED = "running-total"
 LARGE_INPUT = 160 << 10  # bytes of input state at the keyed operator that make c1 large
 # Records of source subtask 0 the keyed subtasks process behind c1's first barrier:
@@ -167,12 +171,17 @@ class _WatchedSink(ThrottledSink):
     While source subtask 0 is held and this subtask has not taken the held checkpoint
     yet, it takes no input (:meth:`ready_at`; the task still takes unaligned
     barriers): source 0's records in flight wait for that checkpoint, whenever the
-    checkpoint is triggered."""
+    checkpoint is triggered. With ``pause_after``, it takes no input once it
+    processed that many records, until the run stops (its replay paused)."""
 
-    def __init__(self, out_dir: str, rate: float, hold: _Hold | None) -> None:
+    def __init__(
+        self, out_dir: str, rate: float, hold: _Hold | None, pause_after: int | None
+    ) -> None:
         super().__init__(rate, inner=ParquetSink(out_dir))
         self.hold = hold
+        self.pause_after = pause_after
         self.taken = 0
+        self.processed = 0
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         self.taken = checkpoint_id
@@ -180,17 +189,25 @@ class _WatchedSink(ThrottledSink):
 
     def process(self, batch: Batch, input_index: int = 0) -> None:
         super().process(batch, input_index)
+        self.processed += len(batch)
         if self.hold is not None:
             self.hold.keyed_batch(self.ctx.subtask_index, self.taken, batch)
 
     def ready_at(self) -> float:
         if self.hold is not None and self.hold.waits_for_barrier(self.taken):
             return float("inf")
+        if self.pause_after is not None and self.processed >= self.pause_after:
+            return float("inf")
         return super().ready_at()
 
 
 def make_job(
-    out_dir: str, name: str, parallelism: int, rate: float = RATE, hold: _Hold | None = None
+    out_dir: str,
+    name: str,
+    parallelism: int,
+    rate: float = RATE,
+    hold: _Hold | None = None,
+    pause_after: int | None = None,
 ) -> StreamEnvironment:
     env = StreamEnvironment(name, parallelism=parallelism, max_parallelism=128)
     gen = GeneratorSource(
@@ -205,7 +222,7 @@ def make_job(
     stall = _Stall(src.dtype, hold)
     keyed = src.process(stall, uid="stall").map(per_partition_keys(0), uid="keys")
     totals = keyed.key_by("key").process(RunningTotal(), uid=KEYED)
-    totals.sink(_WatchedSink(out_dir, rate, hold), uid="sink")
+    totals.sink(_WatchedSink(out_dir, rate, hold, pause_after), uid="sink")
     return env
 
 
@@ -257,8 +274,9 @@ def _run(
     restore: int | None = None,
     rate: float = RATE,
     hold: _Hold | None = None,
+    pause_after: int | None = None,
 ) -> JobResult:
-    env = make_job(out_dir, "job", parallelism, rate, hold)
+    env = make_job(out_dir, "job", parallelism, rate, hold, pause_after)
     ex = LocalExecutor(env, _config(ckpt), restore_checkpoint=restore)
     r = ex.run(timeout=120, stop_when=stop_when)
     assert hold is None or hold.failure is None, hold.failure
@@ -277,10 +295,12 @@ def _until(
     rate: float = RATE,
     parallelism: int = 2,
 ) -> tuple[list[JobResult], int]:
-    """Runs (restoring ``restore``) until the latest completed checkpoint is ``good``.
+    """Runs (restoring ``restore``, each keyed subtask paused after ``PAUSE_AFTER``
+    records) until the latest completed checkpoint is ``good``.
 
-    A stop is not instant: another checkpoint may complete before it takes hold.
-    Then the latest one is restored and the run goes on, as after any stop."""
+    Paused, a run cannot end, and the checkpoints it completes after the pause all
+    reference the same rest of its replay. Should one not be ``good``, the latest one
+    is restored and the run goes on, as after any stop."""
     runs = []
     for _ in range(8):
         floor = restore
@@ -289,7 +309,7 @@ def _until(
             c = _latest(history)
             return c is not None and c["checkpoint_id"] > floor and good(c)
 
-        r = _run(ckpt, out_dir, parallelism, ready, restore, rate)
+        r = _run(ckpt, out_dir, parallelism, ready, restore, rate, pause_after=PAUSE_AFTER)
         runs.append(r)
         done = [c for c in r.completed_checkpoints() if not c["final"]]
         if done and good(done[-1]):
