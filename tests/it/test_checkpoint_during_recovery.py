@@ -8,8 +8,9 @@ subtask 0 in the middle of a batch, so a checkpoint's barrier cannot leave it,
 until the keyed subtasks have processed ``HELD_RECORDS`` of its records behind
 that checkpoint's first barrier: each one is input state, so the checkpoint holds
 a large recovered input state however fast the machine runs (:class:`_Hold`).
-Replaying it is paced by the sink, one small step (``STEP_BYTES``) at a time, so
-checkpoints are triggered during the replay.
+Replaying it is paced by the sink, one small step (``STEP_BYTES``) at a time; a
+restored run that awaits a checkpoint during its replay pauses it after
+``PAUSE_AFTER`` records, so every checkpoint it completes references the rest.
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from spillover.runtime.connectors.throttled import ThrottledSink
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.jobmaster import JobResult
 from spillover.runtime.task import TaskCancelled
-from spillover.verify import RunningTotal, VerifySpec, compare, output_of, per_partition_keys
+from spillover.verify import (
+    RunningTotal,
+    RunOutput,
+    VerifySpec,
+    compare,
+    output_of,
+    per_partition_keys,
+)
 
 PARTITIONS = 4
 RECORDS = 20_000  # per partition
@@ -318,18 +326,28 @@ def _until(
     raise AssertionError("no run stopped on a checkpoint of the kind wanted")
 
 
-class _Case:
-    """A failure-free run's output, then a run stopped at a checkpoint ``c1`` that holds
-    a large input state at the keyed operator (replay takes many small steps, each a
-    chance for a barrier): the first run's :class:`_Hold` makes it so."""
+SPEC = VerifySpec(job=make_job, parallelism=2, state_uid=KEYED, state="total")
 
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> RunOutput:
+    """A failure-free run's output: the same for every case, so run once for all."""
+    d = tmp_path_factory.mktemp("baseline")
+    baseline = _run(d / "ckpt", str(d / "out"), 2, None)
+    return output_of(SPEC, baseline, str(d / "out"), 128)
+
+
+class _Case:
+    """A run stopped at a checkpoint ``c1`` that holds a large input state at the keyed
+    operator (replay takes many small steps, each a chance for a barrier): the first
+    run's :class:`_Hold` makes it so. ``expected``: the failure-free run's output."""
+
+    def __init__(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expected: RunOutput
+    ) -> None:
         monkeypatch.setattr(recovery, "STEP_BYTES", 8192)
         monkeypatch.setattr(recovery, "JOIN_BYTES", 8192)
-        self.spec = VerifySpec(job=make_job, parallelism=2, state_uid=KEYED, state="total")
-        base_out = str(tmp_path / "baseline")
-        baseline = _run(tmp_path / "ckpt-baseline", base_out, 2, None)
-        self.expected = output_of(self.spec, baseline, base_out, 128)
+        self.spec, self.expected = SPEC, expected
         self.ckpt = tmp_path / "ckpt"
         self.out_dir = str(tmp_path / "out")
         hold = _Hold(HELD_RECORDS)
@@ -363,9 +381,9 @@ class _Case:
 
 @pytest.mark.parametrize("new", [2, 3])
 def test_checkpoint_during_replay_restores_exactly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expected: RunOutput, new: int
 ) -> None:
-    case = _Case(tmp_path, monkeypatch)
+    case = _Case(tmp_path, monkeypatch, expected)
     ckpt, out_dir, c1, runs = case.ckpt, case.out_dir, case.c1, case.runs
     recovered = _input_bytes(_metadata(ckpt, c1))
 
@@ -408,12 +426,12 @@ def test_checkpoint_during_replay_restores_exactly(
 
 
 def test_checkpoint_during_rescaled_replay_restores_exactly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expected: RunOutput
 ) -> None:
     """Restored 2 -> 3, the keyed task replays the old channels through the filtering
     retriever; a checkpoint completes during that replay, referencing each old
     channel's rest with its key-group filter; restored at 2 it runs to the end."""
-    case = _Case(tmp_path, monkeypatch)
+    case = _Case(tmp_path, monkeypatch, expected)
     ckpt, out_dir, c1, runs = case.ckpt, case.out_dir, case.c1, case.runs
 
     def filtered(meta: dict[str, Any]) -> list[dict[str, Any]]:
