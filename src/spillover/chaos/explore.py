@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
+import os
 import shlex
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,6 +25,8 @@ from typing import Any
 
 from spillover.chaos.runner import Outcome, Runner, run_scenario
 from spillover.chaos.scenario import VOCABULARY, Scenario, draw, shrink_steps
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ChaosReport",
@@ -179,10 +184,37 @@ def explore(
     return report
 
 
+#: Tries at removing a scenario's folder, the pause growing by this much each time.
+REMOVE_TRIES = 5
+REMOVE_PAUSE_S = 0.2
+
+
 def run_one(s: Scenario, runner: Runner = run_scenario, workdir: str | None = None) -> Ran:
     """Runs ``s`` in a fresh folder under ``workdir`` (removed after)."""
-    with tempfile.TemporaryDirectory(prefix="spillover-chaos-", dir=workdir) as d:
+    d = tempfile.mkdtemp(prefix="spillover-chaos-", dir=workdir)
+    try:
         return Ran(s, runner(s, d))
+    finally:
+        remove_folder(d)
+
+
+def remove_folder(d: str) -> None:
+    """Removes a scenario's folder. A process of the scenario's cluster can still be
+    writing into it when the run has ended (a Spark worker of a failed stage winding
+    down), and one such file made ``rmtree`` fail the whole chaos run with "Directory
+    not empty": it is tried again, and what cannot be removed is left with a warning,
+    never an error (the scenario's outcome was decided before)."""
+    for i in range(REMOVE_TRIES):
+        try:
+            shutil.rmtree(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(REMOVE_PAUSE_S * (i + 1))
+    shutil.rmtree(d, ignore_errors=True)
+    if os.path.exists(d):
+        logger.warning("could not remove the scenario folder %s; left in place", d)
 
 
 def shrink(
