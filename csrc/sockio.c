@@ -57,6 +57,8 @@ static ssize_t read_some(int fd, struct iovec *iov, int iovcnt, int64_t deadline
             *status = SPL_SOCK_ERROR;
             return 0;
         }
+        if (deadline == SPL_SOCK_NO_WAIT)
+            return *status = SPL_SOCK_TIMEOUT, 0;
         int w = wait_for(fd, POLLIN, deadline);
         if (w == 0) {
             *status = SPL_SOCK_TIMEOUT;
@@ -70,7 +72,11 @@ static ssize_t read_some(int fd, struct iovec *iov, int iovcnt, int64_t deadline
     }
 }
 
-static int64_t deadline_of(int timeout_ms) { return timeout_ms < 0 ? -1 : now_ms() + timeout_ms; }
+static int64_t deadline_of(int timeout_ms) {
+    if (timeout_ms == SPL_SOCK_NO_WAIT)
+        return SPL_SOCK_NO_WAIT;
+    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+}
 
 int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
                         size_t *got, int whole_type_skip, int timeout_ms, int *err) {

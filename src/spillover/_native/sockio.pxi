@@ -1,4 +1,5 @@
-# Socket reads with the GIL let go once per call (csrc/sockio.h).
+# Socket reads that let the GIL go at most once per call, and only to wait
+# (csrc/sockio.h): what the socket holds already is read with the GIL kept.
 
 SOCK_DONE = SPL_SOCK_DONE
 SOCK_TIMEOUT = SPL_SOCK_TIMEOUT
@@ -16,7 +17,9 @@ def sock_read_frame(int fd, object buf, Py_ssize_t got, Py_ssize_t header, Py_ss
     length a little-endian u32 at ``length_at``) into ``buf`` (``got`` bytes of it
     are there already) and, unless its type is ``whole_type_skip`` or it does not fit,
     its payload right after it, waiting at most ``timeout`` seconds (< 0: no limit)
-    for each read; the GIL is let go once. Returns ``(status, got, errno)``:
+    for each read; the GIL is let go once, and only if the frame is not there
+    whole already (non-blocking reads first, with the GIL kept: a short copy is
+    cheaper than a hand-off of the lock). Returns ``(status, got, errno)``:
     ``SOCK_DONE``, ``SOCK_TIMEOUT`` (call again with ``got``), ``SOCK_EOF`` or
     ``SOCK_ERROR``."""
     cdef Py_buffer view
@@ -28,10 +31,14 @@ def sock_read_frame(int fd, object buf, Py_ssize_t got, Py_ssize_t header, Py_ss
                 or view.len < header:
             raise ValueError(f"a frame buffer of {view.len} bytes with {got} read, "
                              f"a header of {header} with the length at {length_at}")
-        with nogil:
-            status = spl_sock_read_frame(fd, <uint8_t *>view.buf, <size_t>view.len,
-                                         <size_t>header, <size_t>length_at, &g,
-                                         whole_type_skip, ms, &err)
+        status = spl_sock_read_frame(fd, <uint8_t *>view.buf, <size_t>view.len,
+                                     <size_t>header, <size_t>length_at, &g,
+                                     whole_type_skip, SPL_SOCK_NO_WAIT, &err)
+        if status == SPL_SOCK_TIMEOUT and ms != 0:
+            with nogil:
+                status = spl_sock_read_frame(fd, <uint8_t *>view.buf, <size_t>view.len,
+                                             <size_t>header, <size_t>length_at, &g,
+                                             whole_type_skip, ms, &err)
     finally:
         PyBuffer_Release(&view)
     return status, <Py_ssize_t>g, err
@@ -39,7 +46,7 @@ def sock_read_frame(int fd, object buf, Py_ssize_t got, Py_ssize_t header, Py_ss
 
 def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double timeout):
     """Fills ``dst`` (``got`` bytes of it are there already), letting each read run on
-    into ``ahead`` (the next frame's header); waits and lets the GIL go like
+    into ``ahead`` (the next frame's header); reads, waits and lets the GIL go like
     :func:`sock_read_frame`. Returns ``(status, got, ahead_got, errno)``."""
     cdef Py_buffer d, a
     cdef size_t g = <size_t>got, ag = 0
@@ -50,9 +57,14 @@ def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double time
         try:
             if got < 0 or got > d.len:
                 raise ValueError(f"a buffer of {d.len} bytes with {got} read")
-            with nogil:
-                status = spl_sock_read_into(fd, <uint8_t *>d.buf, <size_t>d.len, &g,
-                                            <uint8_t *>a.buf, <size_t>a.len, &ag, ms, &err)
+            status = spl_sock_read_into(fd, <uint8_t *>d.buf, <size_t>d.len, &g,
+                                        <uint8_t *>a.buf, <size_t>a.len, &ag,
+                                        SPL_SOCK_NO_WAIT, &err)
+            if status == SPL_SOCK_TIMEOUT and ms != 0:
+                with nogil:
+                    status = spl_sock_read_into(fd, <uint8_t *>d.buf, <size_t>d.len, &g,
+                                                <uint8_t *>a.buf, <size_t>a.len, &ag, ms,
+                                                &err)
         finally:
             PyBuffer_Release(&a)
     finally:

@@ -158,6 +158,7 @@ cdef extern from "sockio.h" nogil:
         SPL_SOCK_TIMEOUT
         SPL_SOCK_EOF
         SPL_SOCK_ERROR
+        SPL_SOCK_NO_WAIT
     int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
                             size_t *got, int whole_type_skip, int timeout_ms, int *err)
     int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
