@@ -131,6 +131,7 @@ class TcpSubpartition(Subpartition):
         self._writing = False
         self._sending = False
         self._mid_frame = False
+        self._write_waiters = 0  # threads waiting for the producer's write to end
         self._partial: tuple[list[memoryview], NetworkBuffer, FrameType] | None = None
         self._nonblocking = socket.socket(fileno=os.dup(sock.fileno()))
         self._nonblocking.settimeout(0.0)
@@ -246,7 +247,12 @@ class TcpSubpartition(Subpartition):
                 self._mid_frame = n > 0
                 self.handed_over += 1
                 done = False
-            self._work_cv.notify_all()  # the sender (or a waiting _exit) may go on
+            # Wake the sender only for work it can now do (what is queued, the rest
+            # of this frame) or a thread that waits for this write to end: a direct
+            # write is made while the sender idles, and a wake for nothing is a
+            # hand-off of the interpreter lock per buffer.
+            if not done or self._queue or self._prio or self._write_waiters:
+                self._work_cv.notify_all()
         if done:
             buffer.release()
 
@@ -355,12 +361,20 @@ class TcpSubpartition(Subpartition):
         with contextlib.suppress(OSError):
             self._sock.shutdown(how)
 
+    def _wait_for_write_locked(self) -> None:
+        """Waits (lock held) for the producer's write in place to end."""
+        self._write_waiters += 1
+        try:
+            self._work_cv.wait(self.poll_interval)
+        finally:
+            self._write_waiters -= 1
+
     def _exit(self) -> None:
         with self._lock:
             self._running -= 1
             last = self._running == 0
             while last and self._writing:  # a non-blocking write: never long
-                self._work_cv.wait(self.poll_interval)
+                self._wait_for_write_locked()
             partial, self._partial = (self._partial, None) if last else (None, self._partial)
         if partial is not None:
             partial[1].release()
@@ -477,7 +491,7 @@ class TcpSubpartition(Subpartition):
         cuts the connection."""
         with self._lock:
             while self._writing:  # the producer's non-blocking write: never long
-                self._work_cv.wait(self.poll_interval)
+                self._wait_for_write_locked()
             at_boundary = at_boundary and not self._mid_frame
         cause = self._cause
         if self._tell_peer and cause is not None and at_boundary:
