@@ -125,3 +125,17 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
     }
     return SPL_SOCK_DONE;
 }
+
+int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err) {
+    int status = SPL_SOCK_DONE;
+    *err = 0;
+    *got = 0;
+    if (cap == 0)
+        return SPL_SOCK_DONE;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    ssize_t n = read_some(fd, &iov, 1, deadline_of(timeout_ms), &status, err);
+    if (n == 0)
+        return status;
+    *got = (size_t)n;
+    return SPL_SOCK_DONE;
+}

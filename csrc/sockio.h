@@ -39,4 +39,9 @@ int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t 
 int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                        size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err);
 
+/* Reads what the socket holds, at most `cap` bytes, into `buf`, waiting like
+ * spl_sock_read_frame when nothing is there yet: SPL_SOCK_DONE with *got > 0
+ * bytes, or a status with *got 0 (a stream of small frames, read as it comes). */
+int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err);
+
 #endif

@@ -70,3 +70,26 @@ def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double time
     finally:
         PyBuffer_Release(&d)
     return status, <Py_ssize_t>g, <Py_ssize_t>ag, err
+
+
+def sock_recv(int fd, object buf, Py_ssize_t start, double timeout):
+    """Reads what the socket holds into ``buf[start:]``, waiting at most ``timeout``
+    seconds (< 0: no limit) when nothing is there yet; the GIL is let go only to
+    wait. Returns ``(status, n, errno)``: ``SOCK_DONE`` with ``n`` > 0 bytes read,
+    else ``SOCK_TIMEOUT``, ``SOCK_EOF`` or ``SOCK_ERROR`` with ``n`` 0."""
+    cdef Py_buffer view
+    cdef size_t n = 0
+    cdef int err = 0, status, ms = _timeout_ms(timeout)
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+    try:
+        if start < 0 or start >= view.len:
+            raise ValueError(f"a buffer of {view.len} bytes read from {start}")
+        status = spl_sock_recv(fd, <uint8_t *>view.buf + start, <size_t>(view.len - start),
+                               &n, SPL_SOCK_NO_WAIT, &err)
+        if status == SPL_SOCK_TIMEOUT and ms != 0:
+            with nogil:
+                status = spl_sock_recv(fd, <uint8_t *>view.buf + start,
+                                       <size_t>(view.len - start), &n, ms, &err)
+    finally:
+        PyBuffer_Release(&view)
+    return status, <Py_ssize_t>n, err

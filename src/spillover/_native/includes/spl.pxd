@@ -163,3 +163,4 @@ cdef extern from "sockio.h" nogil:
                             size_t *got, int whole_type_skip, int timeout_ms, int *err)
     int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                            size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err)
+    int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err)

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 
+from spillover import netio
 from spillover.errors import ClosedError, ConfigError
 from spillover.runtime.network.buffers import NetworkBuffer, NetworkTimeoutError
 from spillover.runtime.network.errors import (
@@ -52,6 +53,7 @@ from spillover.runtime.network.tcp.protocol import (
     _Stopped,
     _tune,
 )
+from spillover.storage.options import pure_selected
 
 _NO_LINGER = struct.pack("ii", 1, 0)
 
@@ -524,14 +526,27 @@ class TcpSubpartition(Subpartition):
         view = memoryview(buf)
         start = end = 0
         sock, stop = self._sock, self._stop_reading
+        # Natively a read of what is there keeps the interpreter lock and a wait lets
+        # it go once; the pure-Python twin reads through the timed socket (a poll,
+        # then the read: two takes of the lock per wake).
+        fd = -1 if pure_selected() else sock.fileno()
         try:
             while True:
-                try:
-                    n = sock.recv_into(view[end:])
-                except TimeoutError:
-                    if stop():
-                        raise _Stopped from None
-                    continue
+                if fd >= 0:
+                    status, n, err = netio.recv(fd, buf, end, self.poll_interval)
+                    if status == netio.TIMEOUT:
+                        if stop():
+                            raise _Stopped
+                        continue
+                    if status == netio.ERROR:
+                        raise OSError(err, os.strerror(err))
+                else:
+                    try:
+                        n = sock.recv_into(view[end:])
+                    except TimeoutError:
+                        if stop():
+                            raise _Stopped from None
+                        continue
                 if n == 0:
                     if start != end:
                         raise TransportError(f"{self.where}: the connection closed inside a frame")
