@@ -5,7 +5,8 @@ channel on 127.0.0.1, a consumer thread polls and releases them, and ``--busy``
 Python threads spin beside them (a worker's task threads, which the transport's
 threads wait behind for the interpreter lock). Per frame: the CPU time of the
 receiving thread, of the producer and of the sender thread (each thread's own
-clock, so the busy threads do not count), and each one's context switches
+clock, so the busy threads do not count; the credit-reading thread apart), and
+each one's context switches
 (voluntary: it waited, for the socket or for the lock). Run it per tree,
 alternating; the figures move far less with the machine's load than the rate.
 
@@ -93,7 +94,8 @@ def run(frames: int, size: int, busy: int, exclusive: int) -> dict[str, float]:
         t.start()
     recv = next(t for t in threading.enumerate() if t.name.startswith("spillover-tcp-recv"))
     send = next(t for t in threading.enumerate() if t.name.startswith("spillover-tcp-send"))
-    watched = {"receiving": recv, "sender": send}
+    credit = next(t for t in threading.enumerate() if t.name.startswith("spillover-tcp-credit"))
+    watched = {"receiving": recv, "sender": send, "credit": credit}
     cpu0 = {k: _cpu(t) for k, t in watched.items()}
     sw0 = {k: _switches(t.native_id or 0) for k, t in watched.items()}
     start = time.perf_counter()
@@ -113,7 +115,7 @@ def run(frames: int, size: int, busy: int, exclusive: int) -> dict[str, float]:
     sub.close(10)
     rcv.close()
     out = {"frames/s": frames / wall}
-    for k in ("receiving", "sender", "producer", "consumer"):
+    for k in ("receiving", "sender", "credit", "producer", "consumer"):
         cpu, vol, invol = own[k]
         out[f"{k} µs"] = cpu / frames * 1e6
         out[f"{k} vol"] = vol / frames
