@@ -57,8 +57,10 @@ static ssize_t read_some(int fd, struct iovec *iov, int iovcnt, int64_t deadline
             *status = SPL_SOCK_ERROR;
             return 0;
         }
-        if (deadline == SPL_SOCK_NO_WAIT)
-            return *status = SPL_SOCK_TIMEOUT, 0;
+        if (deadline == SPL_SOCK_NO_WAIT) { /* nothing more now, and no wait asked */
+            *status = SPL_SOCK_TIMEOUT;
+            return 0;
+        }
         int w = wait_for(fd, POLLIN, deadline);
         if (w == 0) {
             *status = SPL_SOCK_TIMEOUT;
