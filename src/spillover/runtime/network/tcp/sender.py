@@ -154,6 +154,7 @@ class TcpSubpartition(Subpartition):
         self.sent_bytes = 0
         self.written_in_place = 0  # data buffers and events the producer wrote whole itself
         self.handed_over = 0  # frames the producer began and the sender finished
+        self.heartbeats_sent = 0
         self._threads = [
             threading.Thread(target=self._send_loop, name=f"spillover-tcp-send {where}"),
             threading.Thread(target=self._read_loop, name=f"spillover-tcp-credit {where}"),
@@ -421,6 +422,18 @@ class TcpSubpartition(Subpartition):
             and time.monotonic() - self._last_sent >= hb
         )
 
+    def _beat_wait_locked(self) -> float | None:
+        """How long the idle sender waits: until a heartbeat is due, counted from the
+        last write (``_last_sent``, which writes in place set too: they do not wake
+        the sender, so a fixed wait begun before one would let the beat slip to
+        almost two intervals after it); a whole interval when the beat is overdue
+        but held back (stalled, or a write in place under way), never a spin."""
+        hb = self.heartbeat_interval
+        if hb is None:
+            return None
+        left = self._last_sent + hb - time.monotonic()
+        return left if left > 0 else hb
+
     def _send_loop(self) -> None:
         at_boundary = True
         try:
@@ -431,7 +444,7 @@ class TcpSubpartition(Subpartition):
                         if self._beat_due_locked():
                             beat = True
                             break
-                        self._work_cv.wait(self.heartbeat_interval)
+                        self._work_cv.wait(self._beat_wait_locked())
                     if self._cause is not None or self._stopping:
                         break
                     partial, self._partial = (None, None) if beat else (self._partial, None)
@@ -465,6 +478,7 @@ class TcpSubpartition(Subpartition):
                         # may write a frame in place and mark the stream cut itself.
                         if sent:
                             self._last_sent = time.monotonic()
+                            self.heartbeats_sent += int(beat)
                             self._mid_frame = False
                             self.sent_buffers += len(data)
                             self.sent_bytes += sum(data)
