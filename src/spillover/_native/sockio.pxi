@@ -7,6 +7,11 @@ SOCK_EOF = SPL_SOCK_EOF
 SOCK_ERROR = SPL_SOCK_ERROR
 
 
+# At most this much is read into a buffer with the GIL kept (a few tens of us
+# of copying); the rest of it is read with the GIL let go.
+cdef size_t _HELD_READ = 256 * 1024
+
+
 cdef inline int _timeout_ms(double timeout):
     return -1 if timeout < 0 else <int>(timeout * 1000.0 + 0.5)
 
@@ -47,9 +52,11 @@ def sock_read_frame(int fd, object buf, Py_ssize_t got, Py_ssize_t header, Py_ss
 def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double timeout):
     """Fills ``dst`` (``got`` bytes of it are there already), letting each read run on
     into ``ahead`` (the next frame's header); reads, waits and lets the GIL go like
-    :func:`sock_read_frame`. Returns ``(status, got, ahead_got, errno)``."""
+    :func:`sock_read_frame`, except that at most 256 KiB are read with the GIL kept
+    (the rest of a large buffer is read with it let go, even if there already).
+    Returns ``(status, got, ahead_got, errno)``."""
     cdef Py_buffer d, a
-    cdef size_t g = <size_t>got, ag = 0
+    cdef size_t g = <size_t>got, ag = 0, held
     cdef int err = 0, status, ms = _timeout_ms(timeout)
     PyObject_GetBuffer(dst, &d, PyBUF_SIMPLE | PyBUF_WRITABLE)
     try:
@@ -57,10 +64,16 @@ def sock_read_into(int fd, object dst, Py_ssize_t got, object ahead, double time
         try:
             if got < 0 or got > d.len:
                 raise ValueError(f"a buffer of {d.len} bytes with {got} read")
-            status = spl_sock_read_into(fd, <uint8_t *>d.buf, <size_t>d.len, &g,
-                                        <uint8_t *>a.buf, <size_t>a.len, &ag,
-                                        SPL_SOCK_NO_WAIT, &err)
-            if status == SPL_SOCK_TIMEOUT and ms != 0:
+            # The pass with the GIL kept stops after _HELD_READ bytes (and then does
+            # not run on into ``ahead``): a segment may be 16 MiB, and a copy that
+            # long would hold up every task thread of the worker.
+            held = min(<size_t>d.len, g + _HELD_READ)
+            status = spl_sock_read_into(fd, <uint8_t *>d.buf, held, &g,
+                                        <uint8_t *>a.buf,
+                                        <size_t>a.len if held == <size_t>d.len else 0,
+                                        &ag, SPL_SOCK_NO_WAIT, &err)
+            if (status == SPL_SOCK_TIMEOUT and ms != 0) or \
+                    (status == SPL_SOCK_DONE and g < <size_t>d.len):
                 with nogil:
                     status = spl_sock_read_into(fd, <uint8_t *>d.buf, <size_t>d.len, &g,
                                                 <uint8_t *>a.buf, <size_t>a.len, &ag, ms,

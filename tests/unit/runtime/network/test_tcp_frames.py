@@ -227,3 +227,29 @@ def test_recv_reads_what_is_there_and_the_stream_comes_back_exact(
         writer.shutdown(socket.SHUT_WR)
         status, n, _ = netio.recv(sock.fileno(), buf, 0, JOIN)
         assert (status, n) == (netio.EOF, 0)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pure"])
+@pytest.mark.parametrize("wait", [POLL, 0.0], ids=["wait", "no-wait"])
+def test_a_segment_larger_than_one_read_with_the_lock_kept_comes_back_whole(
+    native: bool, wait: float
+) -> None:
+    """A data frame of a large segment, there in the socket before it is read: the
+    native read keeps the interpreter lock for its first 256 KiB only and reads the
+    rest with it let go; the same bytes, the next frames' headers not one byte
+    early, as the pure-Python twin reads them."""
+    big = bytes(range(251)) * (5 << 12)  # about 1 MiB, not a multiple of anything round
+    frames = [
+        (FrameType.DATA, big),
+        (FrameType.HEARTBEAT, b""),
+        (FrameType.DATA, big[:300_000]),
+        (FrameType.PRIORITY_EVENT, b"barrier"),
+    ]
+    stream = encode(frames)
+    with connected() as (writer, sock):
+        sender = Worker(lambda: writer.sendall(stream))
+        with contextlib.suppress(AssertionError):  # as much as the socket takes
+            sender.finish(0.2)
+        got = read_all(sock, len(frames), native, never, wait)
+        sender.finish()
+    assert got == frames
