@@ -57,6 +57,10 @@ static ssize_t read_some(int fd, struct iovec *iov, int iovcnt, int64_t deadline
             *status = SPL_SOCK_ERROR;
             return 0;
         }
+        if (deadline == SPL_SOCK_NO_WAIT) { /* nothing more now, and no wait asked */
+            *status = SPL_SOCK_TIMEOUT;
+            return 0;
+        }
         int w = wait_for(fd, POLLIN, deadline);
         if (w == 0) {
             *status = SPL_SOCK_TIMEOUT;
@@ -70,7 +74,11 @@ static ssize_t read_some(int fd, struct iovec *iov, int iovcnt, int64_t deadline
     }
 }
 
-static int64_t deadline_of(int timeout_ms) { return timeout_ms < 0 ? -1 : now_ms() + timeout_ms; }
+static int64_t deadline_of(int timeout_ms) {
+    if (timeout_ms == SPL_SOCK_NO_WAIT)
+        return SPL_SOCK_NO_WAIT;
+    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+}
 
 int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
                         size_t *got, int whole_type_skip, int timeout_ms, int *err) {
@@ -117,5 +125,19 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
         }
         deadline = deadline_of(timeout_ms); /* the wait is per read: bytes still coming */
     }
+    return SPL_SOCK_DONE;
+}
+
+int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err) {
+    int status = SPL_SOCK_DONE;
+    *err = 0;
+    *got = 0;
+    if (cap == 0)
+        return SPL_SOCK_DONE;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    ssize_t n = read_some(fd, &iov, 1, deadline_of(timeout_ms), &status, err);
+    if (n == 0)
+        return status;
+    *got = (size_t)n;
     return SPL_SOCK_DONE;
 }

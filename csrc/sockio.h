@@ -15,12 +15,18 @@
 #define SPL_SOCK_EOF 2     /* the peer closed the connection: *got says what is in */
 #define SPL_SOCK_ERROR 3   /* a system call failed: *err is its errno */
 
+/* A timeout that never waits: read what is there now, then SPL_SOCK_TIMEOUT.
+ * A caller holding an interpreter lock can make this call without letting the
+ * lock go (no poll, only non-blocking reads), and wait only when it says so. */
+#define SPL_SOCK_NO_WAIT (-2)
+
 /* Reads the next frame's header (`header` bytes, the type in its first byte, the
  * payload's length a little-endian u32 at `length_at`) into `buf`, where *got
  * bytes of it already are, and then, unless its type is `whole_type_skip` or its
- * payload does not fit in `cap` - `header` bytes, its payload right after it: waits (poll) for
- * readability at most `timeout_ms` for each read (-1: no limit) and reads
- * exactly what the frame still needs, never a byte of the next frame. Returns a
+ * payload does not fit in `cap` - `header` bytes, its payload right after it:
+ * waits (poll) for readability at most `timeout_ms` for each read (-1: no
+ * limit; SPL_SOCK_NO_WAIT: not at all) and reads exactly what the frame still
+ * needs, never a byte of the next frame. Returns a
  * status; *got is the bytes of buf filled, also on a timeout (call again with it
  * to go on) and at EOF. */
 int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
@@ -32,5 +38,10 @@ int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t 
  * bytes of `ahead` filled once `dst` is full. */
 int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                        size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err);
+
+/* Reads what the socket holds, at most `cap` bytes, into `buf`, waiting like
+ * spl_sock_read_frame when nothing is there yet: SPL_SOCK_DONE with *got > 0
+ * bytes, or a status with *got 0 (a stream of small frames, read as it comes). */
+int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err);
 
 #endif

@@ -3,8 +3,10 @@
 A Python socket with a timeout polls before every read, letting the lock go and
 taking it back, then reads and takes it back again; on a worker whose task threads
 are busy each take waits behind them. These calls wait and transfer in one native
-call: the TCP transport's receiving thread takes a frame (header and small payload)
-with one take, and a data frame's payload with the next header likewise.
+call, and read what the socket already holds without letting the lock go at all:
+the TCP transport's receiving thread takes a frame (header and small payload)
+with at most one take, a data frame's payload with the next header likewise, and
+a producer's credit-reading thread its CREDIT frames.
 ``SPILLOVER_PURE=1`` selects the plain-socket twin where a caller offers one
 (``runtime/network/tcp/protocol.py``)."""
 
@@ -14,7 +16,7 @@ from typing import Final
 
 from spillover._native import _storage
 
-__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into"]
+__all__ = ["DONE", "EOF", "ERROR", "TIMEOUT", "read_frame", "read_into", "recv"]
 
 DONE: Final = _storage.SOCK_DONE
 TIMEOUT: Final = _storage.SOCK_TIMEOUT
@@ -33,3 +35,8 @@ read_into = _storage.sock_read_into
 """``read_into(fd, dst, got, ahead, timeout)``: fills ``dst`` (``got`` bytes are there
 already), each read running on into ``ahead``; each wait at most ``timeout`` s.
 ``(status, got, ahead_got, errno)``."""
+
+recv = _storage.sock_recv
+"""``recv(fd, buf, start, timeout)``: what the socket holds, into ``buf[start:]``,
+waiting at most ``timeout`` s when nothing is there yet. ``(status, n, errno)``,
+``n`` > 0 with ``DONE``."""

@@ -179,3 +179,6 @@ def sock_read_frame(
 def sock_read_into(
     fd: int, dst: bytearray | memoryview, got: int, ahead: bytearray | memoryview, timeout: float
 ) -> tuple[int, int, int, int]: ...
+def sock_recv(
+    fd: int, buf: bytearray | memoryview, start: int, timeout: float
+) -> tuple[int, int, int]: ...

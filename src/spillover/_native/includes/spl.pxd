@@ -158,7 +158,9 @@ cdef extern from "sockio.h" nogil:
         SPL_SOCK_TIMEOUT
         SPL_SOCK_EOF
         SPL_SOCK_ERROR
+        SPL_SOCK_NO_WAIT
     int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t length_at,
                             size_t *got, int whole_type_skip, int timeout_ms, int *err)
     int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                            size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err)
+    int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err)

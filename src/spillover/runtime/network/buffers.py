@@ -342,6 +342,29 @@ class BufferPool:
         recycle = functools.partial(self._recycle, seg)
         return NetworkBuffer._make(array, data_type, recycle)
 
+    def wrap_segment(
+        self, segment: Segment, length: int, data_type: DataType = DataType.DATA
+    ) -> NetworkBuffer:
+        """A :class:`NetworkBuffer` over the first ``length`` bytes of ``segment``, one
+        that :meth:`request_segment` handed out: its permit moves to the buffer.
+        :meth:`wrap` of a slice does the same, but first finds the segment behind
+        the slice; a caller that holds the segment itself (a receiving thread, per
+        frame) names it."""
+        if not 0 <= length <= self.segment_size:
+            raise ConfigError(
+                f"buffer pool {self.name!r}: a buffer of {length} bytes does not fit a "
+                f"segment of {self.segment_size}"
+            )
+        with self._cond:
+            if self._outstanding.pop(id(segment), None) is not segment:
+                raise ValueError(
+                    f"buffer pool {self.name!r}: segment wrapped twice, already returned "
+                    "or not requested here"
+                )
+        return NetworkBuffer._make(
+            segment[:length], data_type, functools.partial(self._recycle, segment)
+        )
+
     def _segment_of_locked(self, data: Any) -> Segment | None:
         """The outstanding segment ``data`` is a view of (now claimed), or None if foreign."""
         owner = data

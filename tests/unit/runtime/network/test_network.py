@@ -167,6 +167,25 @@ def test_pool_permits_for_own_segments_and_foreign_arrays() -> None:
     assert pool.request_segment() is seg
 
 
+def test_pool_wraps_a_segment_it_handed_out_by_name() -> None:
+    pool = BufferPool(8, 2)
+    seg = pool.request_segment()
+    seg[:5] = np.frombuffer(b"hello", dtype=np.uint8)
+    buf = pool.wrap_segment(seg, 5)  # the segment's permit moves into the buffer
+    assert pool.in_use == 1 and bytes(buf) == b"hello" and np.shares_memory(buf, seg)
+    with pytest.raises(ValueError):
+        pool.wrap_segment(seg, 5)  # the same segment twice
+    with pytest.raises(ValueError):
+        pool.wrap_segment(np.zeros(8, dtype=np.uint8), 1)  # not one of the pool's
+    other = pool.request_segment()
+    with pytest.raises(ConfigError):
+        pool.wrap_segment(other, 9)
+    pool.return_segment(other)
+    buf.release()
+    assert pool.available == 2
+    assert pool.request_segment() in (seg, other)
+
+
 def test_pool_close_wakes_waiters() -> None:
     pool = BufferPool(4, 1)
     held = pool.wrap(pool.request_segment())

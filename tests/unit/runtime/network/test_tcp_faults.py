@@ -4,6 +4,7 @@ alive connection is not mistaken for a stalled one."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -113,3 +114,27 @@ def test_without_heartbeats_a_silence_timeout_fails_a_quiet_channel() -> None:
         with pytest.raises(ChannelFailedError, match="nothing heard"):
             gate.poll(JOIN)
         eventually(lambda: sub.closed, timeout=JOIN)
+
+
+def test_a_heartbeat_follows_a_write_in_place_one_interval_after_it() -> None:
+    """A write in place does not wake the sender thread, yet the next heartbeat is
+    due one interval after that write, not after the sender's wait began: a quiet
+    channel stays up with an interval of more than half the silence timeout."""
+    hb, silence = 0.6, 0.9  # a valid configuration: the interval below the timeout
+    with TcpReceiver(SECRET, LOOPBACK, 0, poll_interval=POLL, silence_timeout=silence) as rcv:
+        part, gate, sub = link(rcv, heartbeat=hb)
+        eventually(lambda: sub.heartbeats_sent > 0)
+        time.sleep(hb / 6)  # the sender waits for the next beat: the write comes after
+        beats = sub.heartbeats_sent
+        part.emit(0, NetworkBuffer.unpooled(b"a"), timeout=JOIN)
+        assert sub.written_in_place == 1 and sub.heartbeats_sent == beats
+        item = gate.poll(JOIN)
+        assert item is not None and bytes(item[1]) == b"a"
+        item[1].release()
+        # A heartbeat went out within the silence timeout after the write (a late
+        # one fails the channel: "nothing heard for 0.9 s"), and the channel stays up.
+        assert gate.poll(silence) is None
+        assert sub.heartbeats_sent > beats
+        assert gate.poll(hb) is None
+        part.finish()
+        assert sub.close(JOIN)

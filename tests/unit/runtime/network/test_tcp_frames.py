@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spillover import netio
 from spillover.runtime.network.tcp.protocol import (
     _MAX_MESSAGE,
     HEADER,
@@ -197,3 +198,58 @@ def test_a_wait_in_vain_asks_stop_and_goes_on_where_it_was() -> None:
             time.sleep(POLL)
         writer.sendall(stream[5:])
         assert reader.finish() == [frame]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=20_000),
+    cuts=st.lists(st.integers(min_value=0, max_value=20_000), max_size=6),
+    cap=st.integers(min_value=1, max_value=4096),
+)
+def test_recv_reads_what_is_there_and_the_stream_comes_back_exact(
+    data: bytes, cuts: list[int], cap: int
+) -> None:
+    """``netio.recv`` (the credit-reading thread's read): every byte once, in order,
+    never more than the buffer's room, whatever pieces the writer sends."""
+    edges = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    got = bytearray()
+    with connected() as (writer, sock):
+        buf = bytearray(cap + 1)
+        for a, b in itertools.pairwise(edges):
+            writer.sendall(data[a:b])
+            while len(got) < b:
+                status, n, err = netio.recv(sock.fileno(), buf, 1, JOIN)
+                assert (status, err) == (netio.DONE, 0) and 0 < n <= cap
+                got += buf[1 : 1 + n]
+        assert bytes(got) == data
+        status, n, _ = netio.recv(sock.fileno(), buf, 0, 0.0)  # nothing there: no wait
+        assert (status, n) == (netio.TIMEOUT, 0)
+        writer.shutdown(socket.SHUT_WR)
+        status, n, _ = netio.recv(sock.fileno(), buf, 0, JOIN)
+        assert (status, n) == (netio.EOF, 0)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pure"])
+@pytest.mark.parametrize("wait", [POLL, 0.0], ids=["wait", "no-wait"])
+def test_a_segment_larger_than_one_read_with_the_lock_kept_comes_back_whole(
+    native: bool, wait: float
+) -> None:
+    """A data frame of a large segment, there in the socket before it is read: the
+    native read keeps the interpreter lock for its first 256 KiB only and reads the
+    rest with it let go; the same bytes, the next frames' headers not one byte
+    early, as the pure-Python twin reads them."""
+    big = bytes(range(251)) * (5 << 12)  # about 1 MiB, not a multiple of anything round
+    frames = [
+        (FrameType.DATA, big),
+        (FrameType.HEARTBEAT, b""),
+        (FrameType.DATA, big[:300_000]),
+        (FrameType.PRIORITY_EVENT, b"barrier"),
+    ]
+    stream = encode(frames)
+    with connected() as (writer, sock):
+        sender = Worker(lambda: writer.sendall(stream))
+        with contextlib.suppress(AssertionError):  # as much as the socket takes
+            sender.finish(0.2)
+        got = read_all(sock, len(frames), native, never, wait)
+        sender.finish()
+    assert got == frames

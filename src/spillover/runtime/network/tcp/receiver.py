@@ -368,7 +368,7 @@ class _Inbound(CreditListener):
                     except BaseException:
                         pool.return_segment(seg)
                         raise
-                    buf = pool.wrap(seg[:length])
+                    buf = pool.wrap_segment(seg, length)
                     try:
                         ch.push_data(buf, time.monotonic())  # never waits: sent with credit
                     except NetworkTimeoutError:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 
+from spillover import netio
 from spillover.errors import ClosedError, ConfigError
 from spillover.runtime.network.buffers import NetworkBuffer, NetworkTimeoutError
 from spillover.runtime.network.errors import (
@@ -52,6 +53,7 @@ from spillover.runtime.network.tcp.protocol import (
     _Stopped,
     _tune,
 )
+from spillover.storage.options import pure_selected
 
 _NO_LINGER = struct.pack("ii", 1, 0)
 
@@ -131,6 +133,7 @@ class TcpSubpartition(Subpartition):
         self._writing = False
         self._sending = False
         self._mid_frame = False
+        self._write_waiters = 0  # threads waiting for the producer's write to end
         self._partial: tuple[list[memoryview], NetworkBuffer, FrameType] | None = None
         self._nonblocking = socket.socket(fileno=os.dup(sock.fileno()))
         self._nonblocking.settimeout(0.0)
@@ -151,6 +154,7 @@ class TcpSubpartition(Subpartition):
         self.sent_bytes = 0
         self.written_in_place = 0  # data buffers and events the producer wrote whole itself
         self.handed_over = 0  # frames the producer began and the sender finished
+        self.heartbeats_sent = 0
         self._threads = [
             threading.Thread(target=self._send_loop, name=f"spillover-tcp-send {where}"),
             threading.Thread(target=self._read_loop, name=f"spillover-tcp-credit {where}"),
@@ -246,7 +250,12 @@ class TcpSubpartition(Subpartition):
                 self._mid_frame = n > 0
                 self.handed_over += 1
                 done = False
-            self._work_cv.notify_all()  # the sender (or a waiting _exit) may go on
+            # Wake the sender only for work it can now do (what is queued, the rest
+            # of this frame) or a thread that waits for this write to end: a direct
+            # write is made while the sender idles, and a wake for nothing is a
+            # hand-off of the interpreter lock per buffer.
+            if not done or self._queue or self._prio or self._write_waiters:
+                self._work_cv.notify_all()
         if done:
             buffer.release()
 
@@ -355,12 +364,20 @@ class TcpSubpartition(Subpartition):
         with contextlib.suppress(OSError):
             self._sock.shutdown(how)
 
+    def _wait_for_write_locked(self) -> None:
+        """Waits (lock held) for the producer's write in place to end."""
+        self._write_waiters += 1
+        try:
+            self._work_cv.wait(self.poll_interval)
+        finally:
+            self._write_waiters -= 1
+
     def _exit(self) -> None:
         with self._lock:
             self._running -= 1
             last = self._running == 0
             while last and self._writing:  # a non-blocking write: never long
-                self._work_cv.wait(self.poll_interval)
+                self._wait_for_write_locked()
             partial, self._partial = (self._partial, None) if last else (None, self._partial)
         if partial is not None:
             partial[1].release()
@@ -405,6 +422,18 @@ class TcpSubpartition(Subpartition):
             and time.monotonic() - self._last_sent >= hb
         )
 
+    def _beat_wait_locked(self) -> float | None:
+        """How long the idle sender waits: until a heartbeat is due, counted from the
+        last write (``_last_sent``, which writes in place set too: they do not wake
+        the sender, so a fixed wait begun before one would let the beat slip to
+        almost two intervals after it); a whole interval when the beat is overdue
+        but held back (stalled, or a write in place under way), never a spin."""
+        hb = self.heartbeat_interval
+        if hb is None:
+            return None
+        left = self._last_sent + hb - time.monotonic()
+        return left if left > 0 else hb
+
     def _send_loop(self) -> None:
         at_boundary = True
         try:
@@ -415,7 +444,7 @@ class TcpSubpartition(Subpartition):
                         if self._beat_due_locked():
                             beat = True
                             break
-                        self._work_cv.wait(self.heartbeat_interval)
+                        self._work_cv.wait(self._beat_wait_locked())
                     if self._cause is not None or self._stopping:
                         break
                     partial, self._partial = (None, None) if beat else (self._partial, None)
@@ -449,6 +478,7 @@ class TcpSubpartition(Subpartition):
                         # may write a frame in place and mark the stream cut itself.
                         if sent:
                             self._last_sent = time.monotonic()
+                            self.heartbeats_sent += int(beat)
                             self._mid_frame = False
                             self.sent_buffers += len(data)
                             self.sent_bytes += sum(data)
@@ -477,7 +507,7 @@ class TcpSubpartition(Subpartition):
         cuts the connection."""
         with self._lock:
             while self._writing:  # the producer's non-blocking write: never long
-                self._work_cv.wait(self.poll_interval)
+                self._wait_for_write_locked()
             at_boundary = at_boundary and not self._mid_frame
         cause = self._cause
         if self._tell_peer and cause is not None and at_boundary:
@@ -510,14 +540,27 @@ class TcpSubpartition(Subpartition):
         view = memoryview(buf)
         start = end = 0
         sock, stop = self._sock, self._stop_reading
+        # Natively a read of what is there keeps the interpreter lock and a wait lets
+        # it go once; the pure-Python twin reads through the timed socket (a poll,
+        # then the read: two takes of the lock per wake).
+        fd = -1 if pure_selected() else sock.fileno()
         try:
             while True:
-                try:
-                    n = sock.recv_into(view[end:])
-                except TimeoutError:
-                    if stop():
-                        raise _Stopped from None
-                    continue
+                if fd >= 0:
+                    status, n, err = netio.recv(fd, buf, end, self.poll_interval)
+                    if status == netio.TIMEOUT:
+                        if stop():
+                            raise _Stopped
+                        continue
+                    if status == netio.ERROR:
+                        raise OSError(err, os.strerror(err))
+                else:
+                    try:
+                        n = sock.recv_into(view[end:])
+                    except TimeoutError:
+                        if stop():
+                            raise _Stopped from None
+                        continue
                 if n == 0:
                     if start != end:
                         raise TransportError(f"{self.where}: the connection closed inside a frame")
