@@ -196,3 +196,50 @@ def test_a_damaged_acknowledged_entry_is_refused_when_read() -> None:
     d["index_entry"] = encode_entry(dataclasses.replace(h, channels={2: (1, 4)}))[:-1]
     with pytest.raises(CorruptIndexError):
         resolve(GateStateHandle.from_dict(d))
+
+
+def test_an_entry_is_read_once_per_process_and_checked_at_every_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New subtasks of one worker replaying the same old gates read each entry once
+    between them; a damaged copy kept by mistake would still be refused."""
+    import spillover.storage.channel_index as ci
+
+    cache = ci._EntryCache(1 << 20)
+    monkeypatch.setattr(ci, "_CACHE", cache)
+    a = dataclasses.replace(_handle(), channels={0: (1, 5)}, frame_count=1)
+    entry = encode_entry(a)
+    index = tmp_path / "_index"
+    index.write_bytes(entry)
+    bare = dataclasses.replace(a, channels={}, index=IndexRef(str(index), 0, len(entry)))
+    opened: list[str] = []
+    real = ci.Location.open_input
+
+    def counting(self: ci.Location, what: str = "file") -> object:
+        opened.append(what)
+        return real(self, what)
+
+    monkeypatch.setattr(ci.Location, "open_input", counting)
+    assert resolve_all([bare, bare]) == [a, a]
+    assert resolve(bare) == a  # another subtask: from the cache
+    assert opened == ["channel index"]
+    # another job's gate at the same path and offset: not this gate's entry
+    assert resolve(dataclasses.replace(bare, file_id="11" * 16)) == dataclasses.replace(
+        a, file_id="11" * 16
+    )
+    assert opened == ["channel index"] * 2
+    cache.put((str(index), 0, len(entry), a.file_id), entry[:-1] + bytes([entry[-1] ^ 1]))
+    with pytest.raises(CorruptIndexError):
+        resolve(bare)
+
+
+def test_the_entry_cache_is_bounded() -> None:
+    from spillover.storage.channel_index import _EntryCache
+
+    cache = _EntryCache(100)
+    for i in range(10):
+        cache.put(("u", i, 30, ""), bytes(30))
+    assert cache.get(("u", 9, 30, "")) is not None and cache.get(("u", 0, 30, "")) is None
+    assert sum(cache.get(("u", i, 30, "")) is not None for i in range(10)) == 3
+    cache.put(("u", 99, 101, ""), bytes(101))  # larger than the whole cache: not kept
+    assert cache.get(("u", 99, 101, "")) is None

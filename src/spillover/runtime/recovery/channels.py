@@ -57,7 +57,7 @@ class ChannelStateReplay:
     ) -> None:
         self.offsets = offsets
         self.replayed_bytes = 0
-        plan = plan.resolved()  # only this subtask's gates' channel maps are read
+        plan = plan.resolved(subtask)  # only the channel maps of the gates it reads
         for handle in plan.outputs:
             box = outboxes[handle.gate_id]
             with open_retriever(handle) as r:

@@ -48,6 +48,24 @@ class RescaledInput:
     input_references: Mapping[int, Mapping[int, tuple[Piece, ...]]] = field(default_factory=dict)
     filtered_references: tuple[Reference, ...] = ()
 
+    def handles(self, subtask: int | None = None) -> list[GateStateHandle]:
+        """The state file sections new subtask ``subtask`` reads of this edge (its
+        mapping's old downstreams' input gates and what they referenced, and the old
+        upstreams' output gates that end their channels); every one the edge names
+        without ``subtask``. The handles are shared by the edge's new subtasks."""
+        downs: Iterable[int] = self.input_handles
+        ups: Iterable[int] = self.output_handles
+        if subtask is not None:
+            downs = self.mapping.input.old_subtasks(subtask)
+            if self.mapping.input.pointwise:  # old channel d ends in upstream d's piece
+                ups = downs
+        out = [h for d in downs if (h := self.input_handles.get(d)) is not None]
+        out += [h for u in ups if (h := self.output_handles.get(u)) is not None]
+        out += [
+            p.handle for d in downs for ps in self.input_references.get(d, {}).values() for p in ps
+        ]
+        return out + [p.handle for r in self.filtered_references for p in r.pieces]
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayPlan:
@@ -76,22 +94,24 @@ class ReplayPlan:
     @property
     def handles(self) -> list[GateStateHandle]:
         """Every state file section the plan reads (to check them before any task starts)."""
+        return self.reads()
+
+    def reads(self, subtask: int | None = None) -> list[GateStateHandle]:
+        """The state file sections new subtask ``subtask`` replays (:meth:`RescaledInput.handles`);
+        every one the plan names without it."""
         out = [*self.outputs, *self.inputs, *(p.handle for r in self.references for p in r.pieces)]
         for e in self.rescaled:
-            out += [h for h in (*e.input_handles.values(), *e.output_handles.values()) if h]
-            out += [
-                p.handle for refs in e.input_references.values() for ps in refs.values() for p in ps
-            ]
-            out += [p.handle for r in e.filtered_references for p in r.pieces]
+            out += e.handles(subtask)
         return out
 
-    def resolved(self) -> ReplayPlan:
-        """The plan with every handle's per-channel maps read from its checkpoint's
-        channel index (metadata version 2 keeps them there), each index object
-        opened once and only the entries of this subtask's gates read; the plan
-        itself when every handle holds its maps (version 1)."""
-        handles = self.handles
-        pending = [h for h in handles if h.index is not None]
+    def resolved(self, subtask: int | None = None) -> ReplayPlan:
+        """The plan with the per-channel maps of the handles new subtask ``subtask``
+        reads (every handle's without it: a read shared by several subtasks) read
+        from their checkpoint's channel index (metadata version 2 and 3 keep them
+        there), each index object opened once and each entry read at most once per
+        process (``resolve_all``); the plan itself when every handle holds its maps
+        (version 1). Handles the subtask does not read are left as they are."""
+        pending = [h for h in self.reads(subtask) if h.index is not None]
         if not pending:
             return self
         by_key = dict(zip([id(h) for h in pending], resolve_all(pending), strict=True))
