@@ -23,7 +23,7 @@ one after they exited. Columns:
 - ``plan T->T/2``: ``plan_restore`` at half the parallelism;
 - ``resolve``: one restored map subtask reads the channel maps of every gate
   it replays (the index, lazily); ``resolve +1``: the next one, in the same
-  process (the entries both read are read once per process);
+  process and attempt (the entries both read are read once per attempt here);
 - ``peak``: tracemalloc's peak over one checkpoint, every thread.
 
     PYTHONPATH=src .venv/bin/python bench/sim_coordinator.py            # T = 100 500 1000 2000
@@ -45,6 +45,7 @@ from spillover.runtime.checkpointing.simulated import MAP, SOURCE, SimulatedJob,
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.graph import JobGraph, StreamEnvironment
 from spillover.runtime.recovery.plan import graph_info, plan_restore
+from spillover.storage.channel_index import ReadEntries
 
 
 def job_graph(parallelism: int, max_parallelism: int) -> JobGraph:
@@ -101,15 +102,16 @@ def measure(subtasks: int, fill: float, directory: str, checkpoints: int = 3) ->
         plans = plan_restore(meta, half, validate=False)
         row["plan_ms"] = (time.perf_counter() - t) * 1000
         # As the workers do: subtask 0 resolves what it reads, then subtask 1 in the
-        # same process (the entries it shares with 0 are not read again).
+        # same process and attempt (the entries it shares with 0 are not read again).
+        entries = ReadEntries()
         for name, i in (("resolve_ms", 0), ("resolve_next_ms", 1)):
             if (MAP, i) not in plans:
                 row[name] = None
                 continue
             t = time.perf_counter()
-            plans[(MAP, i)].channel_state.resolved(i)
+            plans[(MAP, i)].channel_state.resolved(i, entries)
             row[name] = (time.perf_counter() - t) * 1000
-        del plans, meta
+        del plans, meta, entries
         row["index_bytes"] = _index_bytes(sim, cid)
         chk = sim.storage.location.child(f"chk-{cid}")
         files = [chk.child(n).path for n in ("_metadata", "_channel_index")]

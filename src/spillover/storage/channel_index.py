@@ -36,15 +36,17 @@ if TYPE_CHECKING:
     from spillover.storage.handle import GateStateHandle
 
 __all__ = [
+    "ENTRY_CACHE_BYTES",
+    "ENTRY_OVERHEAD",
     "INDEX_ENTRY",
     "INDEX_FILE",
     "INDEX_MAGIC",
     "INDEX_OBJECT",
     "INDEX_VERSION",
+    "ReadEntries",
     "check_index",
     "decode_entry",
     "encode_entry",
-    "forget_read_entries",
     "resolve",
     "resolve_all",
 ]
@@ -207,27 +209,40 @@ def check_index(handles: Iterable[GateStateHandle]) -> None:
 
 _Key = tuple[str, int, int, str]
 
+ENTRY_OVERHEAD = 200
+"""Bytes counted per kept entry beside its data and URI (its key, dict node and
+object headers), so that many small entries do not outgrow the bound."""
 
-class _EntryCache:
-    """Channel index entries this process has read, by ``(index URI, offset, length,
-    the gate's file id)``,
-    least recently used first, at most ``limit`` bytes: when several new subtasks of a
-    process replay the same old gates (a rescale: each reads every old upstream's
-    output gate), each entry is read from storage once, not once per subtask.
 
-    The bytes are kept, not the decoded maps (20 times smaller): every resolve still
-    checks the entry's CRC and its frame count against the handle. Keys never go
-    stale: a checkpoint's files are written once, and every gate has a random file
-    id, so another job's gate written at the same path and offset has another key.
-    An entry damaged in storage after this process read it intact is not read again."""
+class ReadEntries:
+    """The channel index entries one execution attempt's restore has read here, by
+    ``(index URI, offset, length, the gate's file id)``, least recently used first, at
+    most ``limit`` bytes (each entry counted as its bytes, its URI and
+    :data:`ENTRY_OVERHEAD`): when several new subtasks of a process replay the same
+    old gates (a rescale: each reads every old upstream's output gate), each entry is
+    read from storage once, not once per subtask.
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    One is made per attempt where its tasks are built and handed to their replays
+    (and to the shared reads); it goes when the last of them has resolved its plan,
+    so nothing outlives the attempt. The bytes are kept, not the decoded maps (20
+    times smaller): every resolve still checks the entry's CRC and its frame count
+    against the handle. Keys never go stale within an attempt: a checkpoint's files
+    are written once, and every gate has a random file id. Thread-safe: the tasks
+    of a process resolve on their own threads."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = ENTRY_CACHE_BYTES if limit is None else limit
         self._entries: OrderedDict[_Key, bytes] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
+    @staticmethod
+    def cost(key: _Key, data: bytes) -> int:
+        """What an entry counts toward the bound."""
+        return len(data) + len(key[0]) + ENTRY_OVERHEAD
+
     def get(self, key: _Key) -> bytes | None:
+        """The entry's bytes if this attempt has read them here, else None."""
         with self._lock:
             data = self._entries.get(key)
             if data is not None:
@@ -235,45 +250,46 @@ class _EntryCache:
             return data
 
     def put(self, key: _Key, data: bytes) -> None:
-        if len(data) > self.limit:
+        """Keeps an entry that decoded, dropping the least recently used beyond the bound."""
+        cost = self.cost(key, data)
+        if cost > self.limit:
             return
         with self._lock:
             old = self._entries.pop(key, None)
-            self._bytes += len(data) - (len(old) if old is not None else 0)
+            self._bytes += cost - (self.cost(key, old) if old is not None else 0)
             self._entries[key] = data
             while self._bytes > self.limit:
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= len(dropped)
+                k, dropped = self._entries.popitem(last=False)
+                self._bytes -= self.cost(k, dropped)
 
-    def clear(self) -> None:
-        """Forgets every entry (the next resolve reads them from storage)."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+    @property
+    def kept_bytes(self) -> int:
+        """What the kept entries count toward the bound."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 ENTRY_CACHE_BYTES = 64 << 20
-"""The bound of this process's cache of channel index entries (entries of a gate
-of 1,000 channels take about 15 KB: 64 MiB holds more than 4,000 of them)."""
-_CACHE = _EntryCache(ENTRY_CACHE_BYTES)
+"""The default bound of an attempt's :class:`ReadEntries` (entries of a gate of 1,000
+channels take about 15 KB: 64 MiB holds more than 4,000 of them)."""
 
 
-def forget_read_entries() -> None:
-    """Empties this process's cache of channel index entries: the next resolve of
-    any gate reads its entry from storage again."""
-    _CACHE.clear()
-
-
-def resolve(handle: GateStateHandle) -> GateStateHandle:
+def resolve(handle: GateStateHandle, entries: ReadEntries | None = None) -> GateStateHandle:
     """``handle`` with its channel maps read from the index, or decoded from the entry
-    it carries (itself when it has them)."""
-    return resolve_all([handle])[0]
+    it carries (itself when it has them); ``entries`` as in :func:`resolve_all`."""
+    return resolve_all([handle], entries)[0]
 
 
-def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
+def resolve_all(
+    handles: Iterable[GateStateHandle], entries: ReadEntries | None = None
+) -> list[GateStateHandle]:
     """Every handle with its channel maps, only the entries these handles name read,
-    each at most once per process (a bounded cache), each index object opened once
-    for those not read yet; an acknowledgement's handle decodes the entry it carries."""
+    each index object opened once for those not read yet; an acknowledgement's
+    handle decodes the entry it carries. Each entry is read once per call, and once
+    per restore attempt in this process when the attempt's ``entries`` is given."""
+    cache = entries if entries is not None else ReadEntries()
     out = list(handles)
     by_uri: dict[str, list[int]] = {}
     for i, h in enumerate(out):
@@ -281,7 +297,7 @@ def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
         if h.entry is not None:
             out[i] = _resolved(h, h.entry, h.uri, 0)
         elif ref is not None:
-            data = _CACHE.get((ref.uri, ref.offset, ref.length, h.file_id))
+            data = cache.get((ref.uri, ref.offset, ref.length, h.file_id))
             if data is not None:
                 out[i] = _resolved(h, data, ref.uri, ref.offset)
             else:
@@ -295,7 +311,7 @@ def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
                 ref = out[i].index
                 assert ref is not None
                 key = (uri, ref.offset, ref.length, out[i].file_id)
-                data = _CACHE.get(key)  # an earlier handle here named the same entry
+                data = cache.get(key)  # an earlier handle here named the same entry
                 if data is None:
                     if ref.offset + ref.length > size:
                         raise CorruptIndexError(
@@ -306,7 +322,7 @@ def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
                         )
                     data = bytes(f.read_at(ref.length, ref.offset))
                     out[i] = _resolved(out[i], data, uri, ref.offset)
-                    _CACHE.put(key, data)  # only an entry that decoded
+                    cache.put(key, data)  # only an entry that decoded
                 else:
                     out[i] = _resolved(out[i], data, uri, ref.offset)
         except OSError as e:
