@@ -9,6 +9,8 @@ duplicated, order kept per key and source partition, every key in its key group.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from spillover.config import Config
+from spillover.deploy import local
 from spillover.deploy.local import LocalExecutor
 from spillover.errors import ConfigError, RescaleError, StorageError
 from spillover.runtime import wiring
@@ -26,6 +29,7 @@ from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.failures import FailureInjector, FailureSpec
 from spillover.runtime.operators import KeyedCount
 from spillover.runtime.recovery.shared_reads import SharedReads
+from spillover.storage.channel_index import ReadEntries
 from spillover.streaming import StreamEnvironment
 from spillover.verify import VerifySpec, build, compare, config_for, output_of, run_once
 from support.checkpointed import checkpointed
@@ -78,6 +82,37 @@ def test_a_scale_up_reads_each_old_channel_once_per_process(
         by_read.setdefault(id(p._shared), set()).add(p.subtask)
     # new 0 and 1 split old 0's key groups, new 2 and 3 old 1's: one read per pair
     assert {frozenset(s) for s in by_read.values()} == {frozenset({0, 1}), frozenset({2, 3})}
+
+
+def test_the_entries_a_restore_reads_go_with_its_attempt(
+    rescale_exact: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The channel index entries a restored attempt reads are kept for its subtasks
+    only until they have resolved their replays: nothing of them stays in the process,
+    not even while its tasks are still referenced."""
+    real = wiring.share_reads
+    kept: list[tuple[weakref.ref[ReadEntries], int]] = []
+    built: list[Any] = []  # every attempt's tasks, kept alive past their run
+    real_build = local.build_tasks
+
+    def recording_build_tasks(*args: Any, **kwargs: Any) -> Any:
+        tasks = real_build(*args, **kwargs)
+        built.append(tasks)
+        return tasks
+
+    def recording_share_reads(*args: Any, **kwargs: Any) -> SharedReads:
+        out = real(*args, **kwargs)
+        entries = args[2]
+        if entries is not None:
+            kept.append((weakref.ref(entries), len(entries)))
+        return out
+
+    monkeypatch.setattr(wiring, "share_reads", recording_share_reads)
+    monkeypatch.setattr(local, "build_tasks", recording_build_tasks)
+    rescale_exact("pipeline", 2, 4)
+    assert built and kept and any(n > 0 for _, n in kept), "no restored attempt shared its entries"
+    gc.collect()
+    assert all(ref() is None for ref, _ in kept)
 
 
 @pytest.mark.slow

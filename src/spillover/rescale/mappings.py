@@ -46,6 +46,7 @@ __all__ = [
     "Filtering",
     "RescaleMapping",
     "Side",
+    "SourceBlock",
     "Target",
     "broadcast_source",
     "key_group_table",
@@ -188,6 +189,30 @@ class ChannelSource:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceBlock:
+    """Every old channel of one old subtask that a new subtask reads, under one
+    selector: the compact form of ``old_channels`` :class:`ChannelSource`\\ s.
+
+    Old channel ``c`` of old subtask ``old_subtask`` goes to new channel
+    ``replay_owner(c, new_channels)`` (``c``'s own on a pointwise edge, which has
+    one channel), with this block's ``key_groups``/``partition`` as its
+    :class:`Target`'s selector. A mapping holds O(old + new subtasks) blocks
+    whatever the channel count; a reader expands its own (:meth:`expand`)."""
+
+    old_subtask: int
+    key_groups: range | None = None
+    partition: int | None = None
+
+    def expand(self, old_channels: int, new_channels: int) -> tuple[ChannelSource, ...]:
+        """The block's sources, by old channel."""
+        d, kgs, part = self.old_subtask, self.key_groups, self.partition
+        return tuple(
+            ChannelSource(d, c, (Target(replay_owner(c, new_channels), kgs, part),))
+            for c in range(old_channels)
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RescaleMapping:
     """For one side of an edge: the old pieces each new subtask reads, in replay order.
 
@@ -195,6 +220,11 @@ class RescaleMapping:
     piece, then the output piece :meth:`EdgeMapping.output_piece_of` names. The
     output side reads nothing itself (``sources`` are empty); ``joined`` lists
     its pieces that input-side readers take as those tails.
+
+    The mapping is held as :class:`SourceBlock`\\ s (``blocks``, per new subtask,
+    by old subtask), O(old + new subtasks) on a key_by edge; ``sources``,
+    ``joined`` and iteration expand them to every channel (O(channels): for
+    tests and small edges), :meth:`for_subtask` only one new subtask's.
     """
 
     side: Side
@@ -204,23 +234,45 @@ class RescaleMapping:
     """Channels per old subtask on this side."""
     new_channels: int
     """Channels per new subtask on this side."""
-    sources: tuple[tuple[ChannelSource, ...], ...]
-    """Indexed by new subtask."""
-    joined: tuple[tuple[int, int], ...] = ()
-    """Output side: old ``(subtask, channel)`` pieces read by the downstream with their channel."""
+    blocks: tuple[tuple[SourceBlock, ...], ...]
+    """Indexed by new subtask: the old subtasks it reads (input side; empty on the
+    output side), by old subtask."""
+    joined_from: tuple[int, ...] = ()
+    """Output side: the old downstream subtasks whose channels the downstream reads
+    (each with every old upstream's output piece for it), ascending."""
+    pointwise: bool = False
+    """One channel per subtask pair (a forward edge): old downstream ``d``'s channel
+    ends in upstream ``d``'s output piece 0."""
+
+    @property
+    def sources(self) -> tuple[tuple[ChannelSource, ...], ...]:
+        """Indexed by new subtask: every old channel it reads (expanded)."""
+        return tuple(self.for_subtask(i) for i in range(len(self.blocks)))
+
+    @property
+    def joined(self) -> tuple[tuple[int, int], ...]:
+        """Output side: old ``(subtask, channel)`` pieces read by the downstream with
+        their channel, ascending (expanded)."""
+        if self.pointwise:
+            return tuple((d, 0) for d in self.joined_from)
+        return tuple((u, d) for u in range(self.old_parallelism) for d in self.joined_from)
 
     def for_subtask(self, new_subtask: int) -> tuple[ChannelSource, ...]:
         """The pieces new subtask ``new_subtask`` reads, ordered by old subtask then channel."""
-        return self.sources[new_subtask]
+        return tuple(
+            s
+            for b in self.blocks[new_subtask]
+            for s in b.expand(self.old_channels, self.new_channels)
+        )
 
     def old_subtasks(self, new_subtask: int) -> tuple[int, ...]:
         """The distinct old subtasks whose state files ``new_subtask`` opens."""
-        return tuple(sorted({s.old_subtask for s in self.sources[new_subtask]}))
+        return tuple(sorted({b.old_subtask for b in self.blocks[new_subtask]}))
 
     def __iter__(self) -> Iterator[tuple[int, ChannelSource]]:
         """Yield ``(new_subtask, source)`` for every piece read."""
-        for i, srcs in enumerate(self.sources):
-            for s in srcs:
+        for i in range(len(self.blocks)):
+            for s in self.for_subtask(i):
                 yield i, s
 
     @property
@@ -229,20 +281,28 @@ class RescaleMapping:
         if self.old_parallelism != self.new_parallelism or self.old_channels != self.new_channels:
             return False
         if self.side is Side.OUTPUT:
-            return not any(self.sources) and not self.discarded
-        return all(
-            tuple(srcs) == _own_pieces(i, self.old_channels) for i, srcs in enumerate(self.sources)
-        )
+            return not any(self.blocks) and not self.discarded
+        return all(blocks == (SourceBlock(i),) for i, blocks in enumerate(self.blocks))
 
     @property
     def discarded(self) -> tuple[tuple[int, int], ...]:
         """Old ``(subtask, channel)`` pieces nobody reads (duplicate broadcast copies)."""
-        read = {(s.old_subtask, s.old_channel) for _, s in self} | set(self.joined)
+        if self.side is Side.OUTPUT:
+            read = set(self.joined_from)
+            if self.pointwise:
+                return tuple((o, 0) for o in range(self.old_parallelism) if o not in read)
+            return tuple(
+                (o, c)
+                for o in range(self.old_parallelism)
+                for c in range(self.old_channels)
+                if c not in read
+            )
+        read = {b.old_subtask for bs in self.blocks for b in bs}
         return tuple(
             (o, c)
             for o in range(self.old_parallelism)
+            if o not in read
             for c in range(self.old_channels)
-            if (o, c) not in read
         )
 
 
@@ -269,10 +329,6 @@ class EdgeMapping:
         if self.edge_type is EdgeType.FORWARD:
             return source.old_subtask, 0
         return source.old_channel, source.old_subtask
-
-
-def _own_pieces(subtask: int, channels: int) -> tuple[ChannelSource, ...]:
-    return tuple(ChannelSource(subtask, c, (Target(c),)) for c in range(channels))
 
 
 def _as_range(key_groups: KeyGroupRange) -> range:
@@ -388,15 +444,11 @@ class _Edge:
     down_new: int
     max_p: int
 
-    def mappings(self, in_: list[list[ChannelSource]], pointwise: bool) -> _Pair:
-        """Wrap the input side's per-new-subtask sources, and the output side they imply."""
+    def mappings(self, in_: list[list[SourceBlock]], pointwise: bool) -> _Pair:
+        """Wrap the input side's per-new-subtask blocks, and the output side they imply."""
         # An input source (d, u) also reads the output piece (u, d) of its old
-        # channel, (d, 0) on a forward edge.
-        joined = {
-            (s.old_subtask, 0) if pointwise else (s.old_channel, s.old_subtask)
-            for srcs in in_
-            for s in srcs
-        }
+        # channel, (d, 0) on a forward edge: every old upstream's piece for d.
+        joined = tuple(sorted({b.old_subtask for blocks in in_ for b in blocks}))
         output = RescaleMapping(
             Side.OUTPUT,
             self.up_old,
@@ -404,7 +456,8 @@ class _Edge:
             1 if pointwise else self.down_old,
             1 if pointwise else self.down_new,
             tuple(() for _ in range(self.up_new)),
-            tuple(sorted(joined)),
+            joined,
+            pointwise,
         )
         input_ = RescaleMapping(
             Side.INPUT,
@@ -412,49 +465,40 @@ class _Edge:
             self.down_new,
             1 if pointwise else self.up_old,
             1 if pointwise else self.up_new,
-            _sorted(in_),
+            tuple(tuple(sorted(b, key=lambda x: x.old_subtask)) for b in in_),
+            (),
+            pointwise,
         )
         return output, input_
 
 
-def _sorted(sources: list[list[ChannelSource]]) -> tuple[tuple[ChannelSource, ...], ...]:
-    return tuple(tuple(sorted(s, key=lambda x: (x.old_subtask, x.old_channel))) for s in sources)
-
-
-def _empty(n: int) -> list[list[ChannelSource]]:
+def _empty(n: int) -> list[list[SourceBlock]]:
     return [[] for _ in range(n)]
 
 
 def _key_by(e: _Edge) -> _Pair:
-    old_ranges = [key_group_range_for_operator(e.max_p, e.down_old, d) for d in range(e.down_old)]
+    # One block per (old downstream, new downstream) whose key-group ranges
+    # intersect: O(old + new) blocks, each standing for every old upstream's channel.
     new_ranges = [key_group_range_for_operator(e.max_p, e.down_new, d) for d in range(e.down_new)]
     in_ = _empty(e.down_new)
-    for d, rng in enumerate(old_ranges):
+    for d in range(e.down_old):
+        rng = key_group_range_for_operator(e.max_p, e.down_old, d)
         first = operator_index_for_key_group(e.max_p, e.down_new, rng.start)
         last = operator_index_for_key_group(e.max_p, e.down_new, rng.end)
         for nd in range(first, last + 1):
             part = rng.intersection(new_ranges[nd])
-            kgs = None if part == rng else _as_range(part)
-            for u in range(e.up_old):
-                target = Target(replay_owner(u, e.up_new), key_groups=kgs)
-                in_[nd].append(ChannelSource(d, u, (target,)))
+            in_[nd].append(SourceBlock(d, None if part == rng else _as_range(part)))
     return e.mappings(in_, pointwise=False)
 
 
 def _rebalance(e: _Edge, pointwise: bool = False) -> _Pair:
     # Unkeyed records may go anywhere, so any one-to-one placement is correct;
-    # old downstream d's channels stay together at new downstream d mod P_new.
+    # old downstream d's channels stay together at new downstream d mod P_new
+    # (one channel, 0, per subtask pair when pointwise).
     in_ = _empty(e.down_new)
-    if pointwise:
-        # One channel (0) per subtask pair.
-        for d in range(e.down_old):
-            in_[d % e.down_new].append(ChannelSource(d, 0, (Target(0),)))
-        return e.mappings(in_, pointwise=True)
     for d in range(e.down_old):
-        in_[d % e.down_new].extend(
-            ChannelSource(d, u, (Target(replay_owner(u, e.up_new)),)) for u in range(e.up_old)
-        )
-    return e.mappings(in_, pointwise=False)
+        in_[d % e.down_new].append(SourceBlock(d))
+    return e.mappings(in_, pointwise=pointwise)
 
 
 def _forward(e: _Edge, force: bool) -> _Pair:
@@ -478,12 +522,7 @@ def _forward(e: _Edge, force: bool) -> _Pair:
 def _broadcast(e: _Edge) -> _Pair:
     # Each new downstream inherits one old downstream's whole view: its old
     # channels, input pieces and the output pieces every old upstream held for it.
-    in_ = _empty(e.down_new)
-    for nd in range(e.down_new):
-        d = broadcast_source(nd, e.down_old)
-        in_[nd].extend(
-            ChannelSource(d, u, (Target(replay_owner(u, e.up_new)),)) for u in range(e.up_old)
-        )
+    in_ = [[SourceBlock(broadcast_source(nd, e.down_old))] for nd in range(e.down_new)]
     return e.mappings(in_, pointwise=False)
 
 
@@ -494,11 +533,5 @@ def _custom(e: _Edge) -> _Pair:
         return _rebalance(e)
     # Every new downstream reads every old channel and keeps the records the
     # partitioner picks for it.
-    in_ = _empty(e.down_new)
-    for nd in range(e.down_new):
-        for d in range(e.down_old):
-            in_[nd].extend(
-                ChannelSource(d, u, (Target(replay_owner(u, e.up_new), partition=nd),))
-                for u in range(e.up_old)
-            )
+    in_ = [[SourceBlock(d, partition=nd) for d in range(e.down_old)] for nd in range(e.down_new)]
     return e.mappings(in_, pointwise=False)

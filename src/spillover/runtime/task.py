@@ -63,6 +63,7 @@ from spillover.runtime.taskinput import (
     TaskInput,
 )
 from spillover.runtime.taskoutput import TaskOutput
+from spillover.storage.channel_index import ReadEntries
 
 __all__ = ["FINAL_WITHOUT_CHECKPOINTS", "InputChannelInfo", "Task", "TaskCancelled", "TaskRestore"]
 
@@ -136,6 +137,9 @@ class Task:
         self.replay: ChannelStateReplay | None = None  # recovered channel state
         # Per rescaled input gate, its part of a read shared with subtasks here (wiring).
         self.shared_reads: dict[int, SharedReplayPart] = {}
+        # The channel index entries this attempt's restore read here (wiring), held
+        # until this subtask's replay has resolved its plan.
+        self.read_entries: ReadEntries | None = None
         self.head: LoopHead | None = None
         if vertex.is_iteration_head:
             feedback = frozenset(ch for ch, c in enumerate(channels) if c.edge.feedback)
@@ -260,6 +264,7 @@ class Task:
 
     def _open(self) -> None:
         r, chain = self.restore_state, self.chain
+        entries, self.read_entries = self.read_entries, None  # not kept past the resolve
         # Restored finished, nothing of the operators runs again (FLIP-147); its keyed
         # state is kept for the next checkpoints, and recovered output state (what the
         # last snapshot's barrier overtook) still goes downstream first.
@@ -283,6 +288,7 @@ class Task:
             outboxes=self.output.outboxes,
             process=self.input.process if self.input is not None else _no_input,
             shared=self.shared_reads,
+            entries=entries,
         )
 
     def _source_output(self, i: int, out: Any) -> Any:

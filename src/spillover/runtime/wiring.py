@@ -30,6 +30,7 @@ from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.recovery.shared_reads import share_reads
 from spillover.runtime.state import HeapKeyedStateBackend
 from spillover.runtime.task import InputChannelInfo, Task
+from spillover.storage.channel_index import ReadEntries
 from spillover.storage.shared import STAGING_BUDGET
 
 _BARRIER_KIND = {
@@ -154,10 +155,17 @@ def build_tasks(
                 checkpointing=storage is not None,
             )
             tasks[(v.uid, i)].chain.job_run = run_id
+    # The channel index entries this attempt's restore reads here, each once for the
+    # subtasks here: held by the tasks until each has resolved its replay, then gone.
+    entries = ReadEntries() if restore else None
+    for task in tasks.values():
+        if task.restore_state is not None:
+            task.read_entries = entries
     # Old channels that several subtasks here replay of a rescaled edge: read once.
     shared = share_reads(
         {k: t.restore_state for k, t in tasks.items()},
         lambda k, gate: tasks[k].cp.input_edges[gate].partitioner,
+        entries,
     )
     for key, parts in shared.items():
         tasks[key].shared_reads = parts

@@ -22,7 +22,9 @@ import dataclasses
 import itertools
 import struct
 import sys
+import threading
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -34,11 +36,14 @@ if TYPE_CHECKING:
     from spillover.storage.handle import GateStateHandle
 
 __all__ = [
+    "ENTRY_CACHE_BYTES",
+    "ENTRY_OVERHEAD",
     "INDEX_ENTRY",
     "INDEX_FILE",
     "INDEX_MAGIC",
     "INDEX_OBJECT",
     "INDEX_VERSION",
+    "ReadEntries",
     "check_index",
     "decode_entry",
     "encode_entry",
@@ -202,23 +207,101 @@ def check_index(handles: Iterable[GateStateHandle]) -> None:
             )
 
 
-def resolve(handle: GateStateHandle) -> GateStateHandle:
+_Key = tuple[str, int, int, str]
+
+ENTRY_OVERHEAD = 200
+"""Bytes counted per kept entry beside its data and URI (its key, dict node and
+object headers), so that many small entries do not outgrow the bound."""
+
+
+class ReadEntries:
+    """The channel index entries one execution attempt's restore has read here, by
+    ``(index URI, offset, length, the gate's file id)``, least recently used first, at
+    most ``limit`` bytes (each entry counted as its bytes, its URI and
+    :data:`ENTRY_OVERHEAD`): when several new subtasks of a process replay the same
+    old gates (a rescale: each reads every old upstream's output gate), each entry is
+    read from storage once, not once per subtask.
+
+    One is made per attempt where its tasks are built and handed to their replays
+    (and to the shared reads); it goes when the last of them has resolved its plan,
+    so nothing outlives the attempt. The bytes are kept, not the decoded maps (20
+    times smaller): every resolve still checks the entry's CRC and its frame count
+    against the handle. Keys never go stale within an attempt: a checkpoint's files
+    are written once, and every gate has a random file id. Thread-safe: the tasks
+    of a process resolve on their own threads."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = ENTRY_CACHE_BYTES if limit is None else limit
+        self._entries: OrderedDict[_Key, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def cost(key: _Key, data: bytes) -> int:
+        """What an entry counts toward the bound."""
+        return len(data) + len(key[0]) + ENTRY_OVERHEAD
+
+    def get(self, key: _Key) -> bytes | None:
+        """The entry's bytes if this attempt has read them here, else None."""
+        with self._lock:
+            data = self._entries.get(key)
+            if data is not None:
+                self._entries.move_to_end(key)
+            return data
+
+    def put(self, key: _Key, data: bytes) -> None:
+        """Keeps an entry that decoded, dropping the least recently used beyond the bound."""
+        cost = self.cost(key, data)
+        if cost > self.limit:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            self._bytes += cost - (self.cost(key, old) if old is not None else 0)
+            self._entries[key] = data
+            while self._bytes > self.limit:
+                k, dropped = self._entries.popitem(last=False)
+                self._bytes -= self.cost(k, dropped)
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the kept entries count toward the bound."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+ENTRY_CACHE_BYTES = 64 << 20
+"""The default bound of an attempt's :class:`ReadEntries` (entries of a gate of 1,000
+channels take about 15 KB: 64 MiB holds more than 4,000 of them)."""
+
+
+def resolve(handle: GateStateHandle, entries: ReadEntries | None = None) -> GateStateHandle:
     """``handle`` with its channel maps read from the index, or decoded from the entry
-    it carries (itself when it has them)."""
-    return resolve_all([handle])[0]
+    it carries (itself when it has them); ``entries`` as in :func:`resolve_all`."""
+    return resolve_all([handle], entries)[0]
 
 
-def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
-    """Every handle with its channel maps, each index object opened once and only
-    the entries these handles name read; an acknowledgement's handle decodes the
-    entry it carries."""
+def resolve_all(
+    handles: Iterable[GateStateHandle], entries: ReadEntries | None = None
+) -> list[GateStateHandle]:
+    """Every handle with its channel maps, only the entries these handles name read,
+    each index object opened once for those not read yet; an acknowledgement's
+    handle decodes the entry it carries. Each entry is read once per call, and once
+    per restore attempt in this process when the attempt's ``entries`` is given."""
+    cache = entries if entries is not None else ReadEntries()
     out = list(handles)
     by_uri: dict[str, list[int]] = {}
     for i, h in enumerate(out):
+        ref = h.index
         if h.entry is not None:
             out[i] = _resolved(h, h.entry, h.uri, 0)
-        elif h.index is not None:
-            by_uri.setdefault(h.index.uri, []).append(i)
+        elif ref is not None:
+            data = cache.get((ref.uri, ref.offset, ref.length, h.file_id))
+            if data is not None:
+                out[i] = _resolved(h, data, ref.uri, ref.offset)
+            else:
+                by_uri.setdefault(ref.uri, []).append(i)
     for uri, positions in by_uri.items():
         where = Location.parse(uri)
         f = where.open_input("channel index")
@@ -227,15 +310,21 @@ def resolve_all(handles: Iterable[GateStateHandle]) -> list[GateStateHandle]:
             for i in positions:
                 ref = out[i].index
                 assert ref is not None
-                if ref.offset + ref.length > size:
-                    raise CorruptIndexError(
-                        "channel index entry beyond the end of the index",
-                        path=uri,
-                        offset=ref.offset,
-                        detail=f"{ref.length} bytes at {ref.offset}, the index has {size}",
-                    )
-                data = f.read_at(ref.length, ref.offset)
-                out[i] = _resolved(out[i], memoryview(data), uri, ref.offset)
+                key = (uri, ref.offset, ref.length, out[i].file_id)
+                data = cache.get(key)  # an earlier handle here named the same entry
+                if data is None:
+                    if ref.offset + ref.length > size:
+                        raise CorruptIndexError(
+                            "channel index entry beyond the end of the index",
+                            path=uri,
+                            offset=ref.offset,
+                            detail=f"{ref.length} bytes at {ref.offset}, the index has {size}",
+                        )
+                    data = bytes(f.read_at(ref.length, ref.offset))
+                    out[i] = _resolved(out[i], data, uri, ref.offset)
+                    cache.put(key, data)  # only an entry that decoded
+                else:
+                    out[i] = _resolved(out[i], data, uri, ref.offset)
         except OSError as e:
             raise where.error("cannot read channel index", e) from e
         finally:

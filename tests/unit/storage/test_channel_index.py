@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from spillover.errors import CorruptIndexError, StateFileNotFoundError, UnsupportedVersionError
 from spillover.storage.channel_index import (
+    ENTRY_OVERHEAD,
     INDEX_MAGIC,
+    ReadEntries,
     check_index,
     decode_entry,
     encode_entry,
@@ -196,3 +198,53 @@ def test_a_damaged_acknowledged_entry_is_refused_when_read() -> None:
     d["index_entry"] = encode_entry(dataclasses.replace(h, channels={2: (1, 4)}))[:-1]
     with pytest.raises(CorruptIndexError):
         resolve(GateStateHandle.from_dict(d))
+
+
+def test_an_entry_is_read_once_per_attempt_and_checked_at_every_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New subtasks of one worker replaying the same old gates read each entry once
+    between them (the attempt's ReadEntries); a damaged copy kept by mistake would
+    still be refused; without one, nothing is kept between two resolves."""
+    import spillover.storage.channel_index as ci
+
+    entries = ReadEntries(1 << 20)
+    a = dataclasses.replace(_handle(), channels={0: (1, 5)}, frame_count=1)
+    entry = encode_entry(a)
+    index = tmp_path / "_index"
+    index.write_bytes(entry)
+    bare = dataclasses.replace(a, channels={}, index=IndexRef(str(index), 0, len(entry)))
+    opened: list[str] = []
+    real = ci.Location.open_input
+
+    def counting(self: ci.Location, what: str = "file") -> object:
+        opened.append(what)
+        return real(self, what)
+
+    monkeypatch.setattr(ci.Location, "open_input", counting)
+    assert resolve_all([bare, bare], entries) == [a, a]
+    assert resolve(bare, entries) == a  # another subtask: from the attempt's entries
+    assert opened == ["channel index"]
+    # another job's gate at the same path and offset: not this gate's entry
+    assert resolve(dataclasses.replace(bare, file_id="11" * 16), entries) == dataclasses.replace(
+        a, file_id="11" * 16
+    )
+    assert opened == ["channel index"] * 2
+    assert resolve(bare) == a and resolve(bare) == a  # no attempt's entries: read anew
+    assert opened == ["channel index"] * 4
+    entries.put((str(index), 0, len(entry), a.file_id), entry[:-1] + bytes([entry[-1] ^ 1]))
+    with pytest.raises(CorruptIndexError):
+        resolve(bare, entries)
+
+
+def test_the_read_entries_are_bounded_with_their_keys_counted() -> None:
+    uri = "u" * 50
+    one = 30 + len(uri) + ENTRY_OVERHEAD
+    entries = ReadEntries(3 * one + one // 2)
+    for i in range(10):
+        entries.put((uri, i, 30, ""), bytes(30))
+    assert entries.get((uri, 9, 30, "")) is not None and entries.get((uri, 0, 30, "")) is None
+    assert sum(entries.get((uri, i, 30, "")) is not None for i in range(10)) == 3
+    assert len(entries) == 3 and entries.kept_bytes == 3 * one
+    entries.put((uri, 99, 1000, ""), bytes(1000))  # larger than the whole bound: not kept
+    assert entries.get((uri, 99, 1000, "")) is None and entries.kept_bytes == 3 * one

@@ -31,6 +31,7 @@ from spillover.runtime.recovery import replay
 from spillover.runtime.recovery.replay import InputRecovery, Part, StreamRecovery
 from spillover.runtime.recovery.replay_plan import ReplayPlan
 from spillover.storage import GateStateHandle, open_retriever
+from spillover.storage.channel_index import ReadEntries
 
 Process = Callable[[int, Any], None]
 """``(task input channel, buffer)``: processes a replayed buffer as input."""
@@ -42,7 +43,8 @@ class ChannelStateReplay:
     (old channels' streams first, then its own files and what they reference) one
     step at a time. ``shared`` gives, per rescaled input gate, this subtask's part of
     a read shared with other subtasks of its process (``shared_reads.py``); other
-    rescaled gates are read by a retriever of its own."""
+    rescaled gates are read by a retriever of its own. ``entries`` holds the channel
+    index entries the attempt's restore has read in this process."""
 
     def __init__(
         self,
@@ -54,10 +56,13 @@ class ChannelStateReplay:
         outboxes: Sequence[Any],
         process: Process,
         shared: Mapping[int, SharedReplayPart] | None = None,
+        entries: ReadEntries | None = None,
     ) -> None:
         self.offsets = offsets
         self.replayed_bytes = 0
-        plan = plan.resolved()  # only this subtask's gates' channel maps are read
+        # only the channel maps of the gates it reads, each entry read once per
+        # attempt in this process (``entries``, shared with the subtasks here)
+        plan = plan.resolved(subtask, entries)
         for handle in plan.outputs:
             box = outboxes[handle.gate_id]
             with open_retriever(handle) as r:

@@ -8,14 +8,18 @@ mappings, never JSON: the metadata file is the only place they are dicts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from spillover.rescale import EdgeMapping, Piece, Reference
 from spillover.storage import GateStateHandle
-from spillover.storage.channel_index import resolve_all
+from spillover.storage.channel_index import ReadEntries, resolve_all
 
 __all__ = ["ReplayPlan", "RescaledInput", "unfiltered"]
+
+
+Subtasks = int | Collection[int] | None
+"""One new subtask, several (what they read between them), or None (everything)."""
 
 
 def unfiltered(refs: Iterable[Reference], gate: int) -> dict[int, tuple[Piece, ...]]:
@@ -48,6 +52,38 @@ class RescaledInput:
     input_references: Mapping[int, Mapping[int, tuple[Piece, ...]]] = field(default_factory=dict)
     filtered_references: tuple[Reference, ...] = ()
 
+    def handles(self, subtasks: Subtasks = None) -> list[GateStateHandle]:
+        """The state file sections new subtask(s) ``subtasks`` read of this edge (their
+        mapping's old downstreams' input gates and what they referenced, and the old
+        upstreams' output gates that end their channels), each once; every one the
+        edge names when None. The handles are shared by the edge's new subtasks."""
+        downs: Iterable[int] = self.input_handles
+        ups: Iterable[int] = self.output_handles
+        if subtasks is not None:
+            rm = self.mapping.input
+            wanted = (subtasks,) if isinstance(subtasks, int) else subtasks
+            downs = sorted({d for i in wanted for d in rm.old_subtasks(i)})
+            if rm.pointwise:  # old channel d ends in upstream d's piece
+                ups = downs
+            elif not downs:
+                ups = ()
+        out = [h for d in downs if (h := self.input_handles.get(d)) is not None]
+        out += [h for u in ups if (h := self.output_handles.get(u)) is not None]
+        out += [
+            p.handle for d in downs for ps in self.input_references.get(d, {}).values() for p in ps
+        ]
+        return out + [p.handle for r in self.filtered_references for p in r.pieces]
+
+    def shared_by(self, subtasks: Iterable[int]) -> tuple[int, ...]:
+        """Those of ``subtasks`` that read an old subtask another of them reads too
+        (each old channel's stream is then read once for them), ascending; worked out
+        from the mapping's blocks, nothing read."""
+        readers: dict[int, list[int]] = {}
+        for i in set(subtasks):
+            for d in self.mapping.input.old_subtasks(i):
+                readers.setdefault(d, []).append(i)
+        return tuple(sorted({i for rs in readers.values() if len(rs) > 1 for i in rs}))
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayPlan:
@@ -76,25 +112,28 @@ class ReplayPlan:
     @property
     def handles(self) -> list[GateStateHandle]:
         """Every state file section the plan reads (to check them before any task starts)."""
+        return self.reads()
+
+    def reads(self, subtasks: Subtasks = None) -> list[GateStateHandle]:
+        """The state file sections new subtask(s) ``subtasks`` replay
+        (:meth:`RescaledInput.handles`); every one the plan names when None."""
         out = [*self.outputs, *self.inputs, *(p.handle for r in self.references for p in r.pieces)]
         for e in self.rescaled:
-            out += [h for h in (*e.input_handles.values(), *e.output_handles.values()) if h]
-            out += [
-                p.handle for refs in e.input_references.values() for ps in refs.values() for p in ps
-            ]
-            out += [p.handle for r in e.filtered_references for p in r.pieces]
+            out += e.handles(subtasks)
         return out
 
-    def resolved(self) -> ReplayPlan:
-        """The plan with every handle's per-channel maps read from its checkpoint's
-        channel index (metadata version 2 keeps them there), each index object
-        opened once and only the entries of this subtask's gates read; the plan
-        itself when every handle holds its maps (version 1)."""
-        handles = self.handles
-        pending = [h for h in handles if h.index is not None]
+    def resolved(self, subtasks: Subtasks = None, entries: ReadEntries | None = None) -> ReplayPlan:
+        """The plan with the per-channel maps of the handles new subtask(s) ``subtasks``
+        read (several: a read they share; None: every handle's) read from their
+        checkpoint's channel index (metadata version 2 and 3 keep them there), each
+        index object opened once and each entry read once, and once per restore
+        attempt in this process with the attempt's ``entries`` (``resolve_all``); the
+        plan itself when every handle holds its maps (version 1). Handles they do not
+        read are left as they are."""
+        pending = [h for h in self.reads(subtasks) if h.index is not None]
         if not pending:
             return self
-        by_key = dict(zip([id(h) for h in pending], resolve_all(pending), strict=True))
+        by_key = dict(zip([id(h) for h in pending], resolve_all(pending, entries), strict=True))
 
         def one(h: GateStateHandle) -> GateStateHandle:
             return by_key.get(id(h), h)

@@ -22,6 +22,7 @@ from spillover.rescale import SharedReplayPart, rescaled_retrievers
 from spillover.runtime.recovery import replay
 from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
 from spillover.runtime.recovery.restore import TaskRestore
+from spillover.storage.channel_index import ReadEntries
 
 __all__ = ["SharedReads", "share_reads"]
 
@@ -35,6 +36,7 @@ SharedReads = dict[TaskKey, dict[int, SharedReplayPart]]
 def share_reads(
     restores: Mapping[TaskKey, TaskRestore | None],
     partitioner: Callable[[TaskKey, int], Any],
+    entries: ReadEntries | None = None,
 ) -> SharedReads:
     """The shared reads of the subtasks ``restores`` names (those hosted here), per
     rescaled input edge that several of them filter by key group from the same old
@@ -45,7 +47,8 @@ def share_reads(
     shared records ahead of them), nor one restored finished (it replays nothing, so
     its part would hold the others back). The parts are read at the first poll; a
     task closes its parts when it ends, so a part nobody drains any more stops
-    holding the others back."""
+    holding the others back. ``entries`` is the attempt's channel index entries read
+    here (the subtasks' replays read them again from it, not from storage)."""
     by_edge: dict[TaskKey, dict[int, RescaledInput]] = {}
     for (uid, i), restore in restores.items():
         if restore is None or restore.finished:
@@ -58,14 +61,18 @@ def share_reads(
         first = items[min(items)]
         # One plan_restore gives every new subtask of an edge the same old state.
         same = sorted(i for i, item in items.items() if item == first)
-        if len(same) < 2:
+        # Only those reading an old subtask another here reads too share anything
+        # (T -> T/2 with a multiple max parallelism: none); only what they read is
+        # resolved (the blocks say, before any entry is read).
+        sharing = first.shared_by(same)
+        if len(sharing) < 2:
             continue
         try:
-            edge = ReplayPlan(rescaled=(first,)).resolved().rescaled[0]
+            edge = ReplayPlan(rescaled=(first,)).resolved(sharing, entries).rescaled[0]
             parts = rescaled_retrievers(
                 edge.mapping,
                 "input",
-                same,
+                sharing,
                 partitioner=partitioner((uid, same[0]), gate),
                 **replay.rescaled_read(edge),
             )
