@@ -24,10 +24,17 @@ one after they exited. Columns:
 - ``resolve``: one restored map subtask reads the channel maps of every gate
   it replays (the index, lazily); ``resolve +1``: the next one, in the same
   process and attempt (the entries both read are read once per attempt here);
-- ``peak``: tracemalloc's peak over one checkpoint, every thread.
+- ``peak``: tracemalloc's peak over one checkpoint, every thread;
+- ``gc``: the cyclic garbage collector's time within a timed checkpoint (median,
+  every thread, from ``gc.callbacks``) and how many full (generation 2)
+  collections struck the timed checkpoints. A full collection walks the whole
+  heap, the retained checkpoints' metadata included, so where one falls shows in
+  that checkpoint's ``coord cpu``; ``--gc-off`` turns the collector off during the
+  timed checkpoints to show the coordinator's own work alone.
 
     PYTHONPATH=src .venv/bin/python bench/sim_coordinator.py            # T = 100 500 1000 2000
     PYTHONPATH=src .venv/bin/python bench/sim_coordinator.py 100 1000 --fill 0.5
+    PYTHONPATH=src .venv/bin/python bench/sim_coordinator.py --checkpoints 9 --gc-off
 """
 
 from __future__ import annotations
@@ -82,14 +89,52 @@ def _raw_io_ms(files: list[str], directory: str) -> tuple[float, float]:
     return write_ms, (time.perf_counter() - t) * 1000
 
 
-def measure(subtasks: int, fill: float, directory: str, checkpoints: int = 3) -> dict[str, Any]:
+class _GcTime:
+    """The collector's time and full collections, from ``gc.callbacks`` (collections
+    run one at a time, under the interpreter lock)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full += info["generation"] == 2
+
+
+def _timed_checkpoints(sim: Simulation, n: int, gc_off: bool) -> tuple[list[Any], list[float], int]:
+    """``n`` checkpoints, each with the collector's time within it."""
+    timer = _GcTime()
+    gc.callbacks.append(timer)
+    if gc_off:
+        gc.disable()
+    runs, gc_s = [], []
+    try:
+        for _ in range(n):
+            before = timer.seconds
+            runs.append(sim.checkpoint())
+            gc_s.append(timer.seconds - before)
+    finally:
+        gc.enable()
+        gc.callbacks.remove(timer)
+    return runs, gc_s, timer.full
+
+
+def measure(
+    subtasks: int, fill: float, directory: str, checkpoints: int = 3, gc_off: bool = False
+) -> dict[str, Any]:
     p = subtasks // 2
     job = SimulatedJob(p, fill=fill)
     graph = graph_info(job_graph(p, job.max_parallelism))
     half = job_graph(max(1, p // 2), job.max_parallelism)
     row: dict[str, Any] = {"T": subtasks, "p": p}
     with Simulation(job, directory, graph=graph, num_retained=2) as sim:
-        runs = [sim.checkpoint() for _ in range(checkpoints)]
+        runs, gc_s, row["full_gcs"] = _timed_checkpoints(sim, checkpoints, gc_off)
+        row["gc_ms"] = statistics.median(gc_s) * 1000
         assert all(r.status == "completed" for r in runs), runs
         cid = runs[-1].checkpoint_id
         gc.collect()
@@ -140,8 +185,8 @@ def _size(n: int) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| T | p | wall | coord cpu | per subtask | relay cpu | write | raw write | `_metadata` "
-        "| index | read | raw read | plan T->T/2 | resolve | resolve +1 | peak |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| index | read | raw read | plan T->T/2 | resolve | resolve +1 | peak | gc |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
     for r in rows:
@@ -155,7 +200,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {_size(r['metadata_bytes'])} "
             f"| {_size(r['index_bytes']) if r['index_bytes'] else '-'} | {r['read_ms']:.0f} ms "
             f"| {r['raw_read_ms']:.1f} ms "
-            f"| {r['plan_ms']:.0f} ms | {resolve} | {after} | {_size(r['peak_bytes'])} |"
+            f"| {r['plan_ms']:.0f} ms | {resolve} | {after} | {_size(r['peak_bytes'])} "
+            f"| {r['gc_ms']:.0f} ms, {r['full_gcs']} full |"
         )
     return "\n".join(lines)
 
@@ -167,11 +213,16 @@ def main() -> None:
     ap.add_argument(
         "--checkpoints", type=int, default=3, help="checkpoints timed per T (their medians)"
     )
+    ap.add_argument(
+        "--gc-off",
+        action="store_true",
+        help="the cyclic garbage collector off during the timed checkpoints",
+    )
     args = ap.parse_args()
     rows = []
     for t in args.subtasks:
         with tempfile.TemporaryDirectory(prefix="sim-coordinator-") as d:
-            rows.append(measure(t, args.fill, d, args.checkpoints))
+            rows.append(measure(t, args.fill, d, args.checkpoints, args.gc_off))
         print(f"T = {t}: done", flush=True)
     print(table(rows))
 
