@@ -28,6 +28,7 @@ from spillover.verify.compare import (
     compare,
 )
 from spillover.verify.driver import run_killing_the_driver
+from spillover.verify.inflight import AfterInflight, InflightWait
 from spillover.verify.output import (
     DrainedSources,
     RunOutput,
@@ -78,7 +79,12 @@ def run_once(
     os.makedirs(out_dir, exist_ok=True)
     graph = spec.factory()(out_dir, name, spec.parallelism).build()
     cfg = config_for(spec, ckpt)
-    result = _executor(spec, graph, cfg, executor, failures=failures).run(timeout=600)
+    if isinstance(failures, AfterInflight):
+        failures.hold_sinks(graph)
+    ex = _executor(spec, graph, cfg, executor, failures=failures)
+    if isinstance(failures, AfterInflight):
+        failures.follow(ex)
+    result = ex.run(timeout=600)
     if on_ended is not None:
         on_ended()
     if result.status == "failed" and result.completed_checkpoints():
@@ -450,6 +456,8 @@ def verify(
             records_per_subtask=max(1, spec.records // spec.parallelism),
             kinds=("operator",) if spec.batch else ("operator", "commit", "restore", "snapshot"),
         )
+        if spec.failures_after_inflight:
+            injector = AfterInflight(injector.specs, InflightWait())
         started = time.monotonic()
         # A bound; stop_when decides. Spark adds a stage start per attempt.
         stop_after = 0.8 * baseline.result.duration_s + 5.0

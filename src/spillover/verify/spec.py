@@ -89,6 +89,11 @@ class VerifySpec:
     # "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"); they
     # go over what the fields above set.
     options: dict[str, Any] = field(default_factory=dict)
+    # Each induced failure fires only while the latest completed checkpoint holds
+    # in-flight data, and while one waits the throttled sinks take no input between
+    # checkpoints (verify/inflight.py): every restore replays in-flight data however
+    # slow the machine. Local executor, an unaligned policy, crashes only.
+    failures_after_inflight: bool = False
 
     def check(self) -> None:
         """Raises a :class:`ConfigError` naming the first count out of range (with its
@@ -117,11 +122,31 @@ class VerifySpec:
             )
         if self.batch:
             self._check_batch()
+        if self.failures_after_inflight:
+            self._check_after_inflight()
         if self.rate_per_subtask is not None and self.rate_per_subtask <= 0:
             raise ConfigError(
                 "rate_per_subtask (--rate) must be positive",
                 detail=f"got {self.rate_per_subtask:g}",
                 hint="--rate 0 (rate_per_subtask=None) runs unthrottled",
+            )
+
+    def _check_after_inflight(self) -> None:
+        """Waiting for in-flight data needs checkpoints that hold some (not aligned
+        ones), a sink held in this process, and failures that crash the run."""
+        why = None
+        if self.policy == "aligned" or self.batch:
+            why = f"the {self.policy} policy persists no in-flight data"
+        elif self.executor != "local":
+            why = f"the {self.executor} executor runs the sinks in other processes"
+        elif self.stop is not None or self.rescale_to is not None or self.kill_driver:
+            why = "a stop, a rescale or a killed driver ends the run its own way"
+        elif not self.rate_per_subtask or self.sink_share >= 1:
+            why = "only a throttled sink (a rate and a sink share below 1) is held"
+        if why is not None:
+            raise ConfigError(
+                "failures_after_inflight cannot apply here: " + why,
+                hint="use it with the local executor, an unaligned policy and plain failures",
             )
 
     def _check_batch(self) -> None:
