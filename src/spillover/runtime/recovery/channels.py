@@ -59,7 +59,7 @@ class ChannelStateReplay:
         entries: ReadEntries | None = None,
     ) -> None:
         self.offsets = offsets
-        self.replayed_bytes = 0
+        self._output_bytes = 0  # recovered output state, sent at once
         # only the channel maps of the gates it reads, each entry read once per
         # attempt in this process (``entries``, shared with the subtasks here)
         plan = plan.resolved(subtask, entries)
@@ -67,7 +67,7 @@ class ChannelStateReplay:
             box = outboxes[handle.gate_id]
             with open_retriever(handle) as r:
                 for buf in r:
-                    self.replayed_bytes += len(buf)
+                    self._output_bytes += len(buf)
                     box.send(buf.channel_id, np.frombuffer(memoryview(buf), np.uint8).copy())
 
         gates: dict[int, tuple[GateStateHandle | None, Mapping[int, Sequence[Piece]]]] = {
@@ -137,6 +137,14 @@ class ChannelStateReplay:
             if parts
             else None
         )
+        # Both recoveries count what they hand on (steps and checkpoints' cuts alike),
+        # and keep their counts once they end.
+        self._recoveries = [r for r in (self.streams, self.inputs) if r is not None]
+
+    @property
+    def replayed_bytes(self) -> int:
+        """Recovered bytes handed on so far, output and input state, each byte once."""
+        return self._output_bytes + sum(r.replayed_bytes for r in self._recoveries)
 
     @property
     def active(self) -> bool:
@@ -150,10 +158,7 @@ class ChannelStateReplay:
         )
         if rec is None:
             return
-        before = rec.replayed_bytes
-        more = rec.step()
-        self.replayed_bytes += rec.replayed_bytes - before
-        if not more:
+        if not rec.step():
             rec.close()
             if rec is self.streams:
                 self.streams = None

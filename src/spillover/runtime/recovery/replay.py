@@ -124,10 +124,12 @@ class StreamRecovery:
 
     def references(self) -> list[Reference]:
         """Processes every record kept so far, then returns each unfinished stream's
-        rest as a reference with its part's filter."""
+        rest as a reference with its part's filter. What the cut hands on is replayed
+        like what a step hands on, and counted once: reading goes on after it."""
         out = []
         for gate, r, flt in self._parts[self._next :]:
             for buf in r.cut():
+                self.replayed_bytes += len(buf)
                 self._process(gate, buf)
             for stream, pieces in r.remainder():
                 out.append(Reference(gate, stream.channel or 0, pieces, flt))
