@@ -11,64 +11,14 @@ from typing import Any
 
 import numpy as np
 
-import spillover
 from spillover.keygroups import key_groups, operator_index_for_key_group
-from spillover.records import RecordReader, RecordWriter
-from spillover.rescale import EdgeType, KeyGroupFilter, Piece, Reference, map_edge
+from spillover.records import RecordReader
+from spillover.rescale import KeyGroupFilter, Piece, Reference
 from spillover.runtime.recovery.channels import ChannelStateReplay
 from spillover.runtime.recovery.replay_plan import ReplayPlan, RescaledInput
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.recovery.shared_reads import share_reads
-
-MAX_P = 128
-OLD, NEW = 2, 4
-
-
-def _old_state(root: Path, n: int = 3000) -> tuple[dict[int, Any], dict[int, Any]]:
-    """Per old channel ``u -> d``: records ``(key, u, seq)`` of d's key groups, the
-    first buffers in d's input gate (channel u), the rest in u's output gate
-    (subpartition d)."""
-    rng = np.random.default_rng(3)
-    keys = rng.integers(-(2**40), 2**40, n)
-    owner = [operator_index_for_key_group(MAX_P, OLD, int(kg)) for kg in key_groups(keys, MAX_P)]
-    ins = {d: spillover.open_storage(root / f"in{d}", subtask_index=d) for d in range(OLD)}
-    outs = {u: spillover.open_storage(root / f"out{u}", subtask_index=u) for u in range(OLD)}
-    in_storers = {d: s.create_storer(0) for d, s in ins.items()}
-    out_storers = {u: s.create_storer(0, kind="output") for u, s in outs.items()}
-    for u in range(OLD):
-        for d in range(OLD):
-            w = RecordWriter(256)
-            bufs = []
-            for i, k in enumerate(keys.tolist()):
-                if owner[i] == d and i % OLD == u:
-                    bufs += w.write(np.array([k, u, i], "<i8").tobytes())
-            last = w.flush()
-            bufs += [last] if last is not None else []
-            half = len(bufs) // 2
-            for b in bufs[:half]:
-                in_storers[d].append(u, b)
-            for b in bufs[half:]:
-                out_storers[u].append(d, b)
-    return (
-        {d: s.close() for d, s in in_storers.items()},
-        {u: s.close() for u, s in out_storers.items()},
-    )
-
-
-def _restores(tmp_path: Path) -> dict[tuple[str, int], TaskRestore]:
-    inputs, outputs = _old_state(tmp_path)
-    m = map_edge(
-        EdgeType.KEY_BY,
-        old_upstream=OLD,
-        old_downstream=OLD,
-        new_upstream=NEW,
-        new_downstream=NEW,
-        max_parallelism=MAX_P,
-    )
-    item = RescaledInput(0, m, inputs, outputs, key_offset=0)
-    return {
-        ("keyed", i): TaskRestore(7, channel_state=ReplayPlan(rescaled=(item,))) for i in range(NEW)
-    }
+from support.rescaled_state import MAX_P, NEW, OLD, rescaled_restores
 
 
 def _replay(restores: dict[tuple[str, int], TaskRestore], shared: Any) -> dict[int, list[Any]]:
@@ -115,7 +65,7 @@ def _expected(got: dict[int, list[Any]]) -> None:
 def test_subtasks_of_one_process_share_each_old_channel_and_replay_exactly(
     tmp_path: Path,
 ) -> None:
-    restores = _restores(tmp_path)
+    restores = rescaled_restores(tmp_path)
     shared = share_reads(restores, lambda task, gate: None)
     assert sorted(shared) == [("keyed", i) for i in range(NEW)]
     reads = {i: shared[("keyed", i)][0]._shared for i in range(NEW)}
@@ -131,7 +81,7 @@ def test_subtasks_of_one_process_share_each_old_channel_and_replay_exactly(
 def test_a_subtask_here_alone_or_finished_or_with_filtered_references_reads_alone(
     tmp_path: Path,
 ) -> None:
-    restores = _restores(tmp_path)
+    restores = rescaled_restores(tmp_path)
     only = {k: r for k, r in restores.items() if k[1] in (0, 2)}
     assert share_reads(only, lambda task, gate: None) == {}  # no sharer hosted here
     item = restores[("keyed", 1)].channel_state.rescaled[0]
