@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from spillover.errors import ConfigError, RescaleError, SpilloverError, StorageError
 from spillover.rescale import (
-    EdgeMapping,
     EdgeType,
     PartitionerFilter,
-    Piece,
     Reference,
     Side,
     check_partitioner,
@@ -183,7 +181,7 @@ def plan_restore(
 
     plans: dict[tuple[str, int], TaskRestore] = {}
     to_check: list[GateStateHandle] = []
-    rescaled_edges: dict[tuple[str, int], _RescaledEdge] = {}
+    rescaled_edges: dict[tuple[str, int], RescaledInput] = {}
     for uid, nv in new.items():
         ov = old.get(uid)
         p_new = nv.parallelism
@@ -239,10 +237,11 @@ def plan_restore(
                     # One mapping and one set of old handles per edge, shared by its
                     # new subtasks (the mapping is O(old + new subtasks) blocks, each
                     # subtask expands only its own; the handles are O(old subtasks)).
-                    shared = rescaled_edges.get((uid, k))
-                    if shared is None:
-                        shared = rescaled_edges[(uid, k)] = _RescaledEdge(
-                            map_edge(
+                    edge = rescaled_edges.get((uid, k))
+                    if edge is None:
+                        edge = rescaled_edges[(uid, k)] = RescaledInput(
+                            gate=k,
+                            mapping=map_edge(
                                 _edge_type(spec.kind, force_forward),
                                 old_upstream=so.parallelism,
                                 old_downstream=p_old,
@@ -251,36 +250,28 @@ def plan_restore(
                                 max_parallelism=g.max_parallelism,
                                 force=force_forward,
                             ),
-                            {d: handle(uid, d, "input", k) for d in range(p_old)},
-                            {
+                            input_handles={d: handle(uid, d, "input", k) for d in range(p_old)},
+                            output_handles={
                                 u: handle(src, u, "output", spec.partition)
                                 for u in range(so.parallelism)
                             },
-                            {d: unfiltered(references(uid, d), k) for d in range(p_old)},
+                            key_offset=spec.key_offset,
+                            input_references={
+                                d: unfiltered(references(uid, d), k) for d in range(p_old)
+                            },
                         )
-                        to_check += shared.handles()
-                    mapping = shared.mapping
+                        to_check += edge.handles()  # no subtask's filtered references yet
                     # Streams the old subtasks referenced with a filter, replayed first: an
                     # old subtask's go where its input state goes (the mapping), then
                     # the new subtask's own filter applies on top.
                     in_filtered = tuple(
                         r
-                        for d in mapping.side(Side.INPUT).old_subtasks(i)
+                        for d in edge.mapping.side(Side.INPUT).old_subtasks(i)
                         for r in references(uid, d)
                         if r.gate == k and r.filter is not None
                     )
                     _check_partitioner(cid, uid, k, edges[uid][k], in_filtered)
-                    rescaled.append(
-                        RescaledInput(
-                            gate=k,
-                            mapping=mapping,
-                            input_handles=shared.input_handles,
-                            output_handles=shared.output_handles,
-                            key_offset=spec.key_offset,
-                            input_references=shared.input_references,
-                            filtered_references=in_filtered,
-                        )
-                    )
+                    rescaled.append(replace(edge, filtered_references=in_filtered))
             replay = ReplayPlan(tuple(outputs), tuple(inputs), tuple(refs), tuple(rescaled))
             # its own files (the rescaled edges' shared ones were added once per edge)
             to_check += [*outputs, *inputs]
@@ -301,24 +292,6 @@ def plan_restore(
             cid, to_check, [h for r in plans.values() for v in r.keyed_handles.values() for h in v]
         )
     return plans
-
-
-@dataclass(frozen=True, slots=True)
-class _RescaledEdge:
-    """What every new downstream subtask of one rescaled edge shares: the edge's
-    mapping and, per old subtask, its gate's handle and unfiltered references."""
-
-    mapping: EdgeMapping
-    input_handles: dict[int, GateStateHandle | None]
-    output_handles: dict[int, GateStateHandle | None]
-    input_references: dict[int, dict[int, tuple[Piece, ...]]]
-
-    def handles(self) -> list[GateStateHandle]:
-        """Every state file section the edge's replays read."""
-        out = [h for h in (*self.input_handles.values(), *self.output_handles.values()) if h]
-        return out + [
-            p.handle for refs in self.input_references.values() for ps in refs.values() for p in ps
-        ]
 
 
 def _check_partitioner(
