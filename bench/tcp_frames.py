@@ -9,6 +9,10 @@ clock, so the busy threads do not count; the credit-reading thread apart), and
 each one's context switches
 (voluntary: it waited, for the socket or for the lock). Run it per tree,
 alternating; the figures move far less with the machine's load than the rate.
+In the same run, beside the same spinning threads: the pure-Python twin of the
+transport (``SPILLOVER_PURE=1``), and the machine's limit, the same frames sent
+with ``sendall`` and read with ``recv_into`` over plain loopback sockets (no
+framing, no credits, no pool).
 
     PYTHONPATH=src .venv/bin/python bench/tcp_frames.py --frames 20000 --busy 1
 
@@ -18,6 +22,8 @@ See docs/benchmarks.md, "The TCP receiving thread (issue 34)".
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import threading
 import time
@@ -123,6 +129,55 @@ def run(frames: int, size: int, busy: int, exclusive: int) -> dict[str, float]:
     return out
 
 
+def raw(frames: int, size: int, busy: int) -> dict[str, float]:
+    """The machine's limit: ``frames`` frames of ``size`` bytes over a plain loopback
+    TCP connection, a thread sending each whole and one reading each whole; per
+    frame, each thread's CPU."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    out_sock = socket.create_connection(lsock.getsockname())
+    in_sock, _ = lsock.accept()
+    lsock.close()
+    stop = threading.Event()
+    spinners = [threading.Thread(target=_busy, args=(stop,), daemon=True) for _ in range(busy)]
+    cpu: dict[str, float] = {}
+
+    def send() -> None:
+        data = bytes(size)
+        t = time.thread_time()
+        for _ in range(frames):
+            out_sock.sendall(data)
+        cpu["raw sender"] = time.thread_time() - t
+
+    def receive() -> None:
+        buf = memoryview(bytearray(size))
+        t = time.thread_time()
+        for _ in range(frames):
+            got = 0
+            while got < size:
+                n = in_sock.recv_into(buf[got:])
+                assert n, "the raw connection closed early"
+                got += n
+        cpu["raw receiving"] = time.thread_time() - t
+
+    threads = [threading.Thread(target=send), threading.Thread(target=receive)]
+    for t in (*spinners, *threads):
+        t.start()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    stop.set()
+    out_sock.close()
+    in_sock.close()
+    out = {"raw frames/s": frames / wall}
+    out.update({f"{k} µs": v / frames * 1e6 for k, v in cpu.items()})
+    return out
+
+
+def _line(r: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.3f}" if v < 1000 else f"{k}={v:,.0f}" for k, v in r.items())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--frames", type=int, default=20_000)
@@ -132,8 +187,17 @@ def main() -> None:
     p.add_argument("--switch", type=float, default=0.0005, help="sys.setswitchinterval")
     a = p.parse_args()
     sys.setswitchinterval(a.switch)
-    r = run(a.frames, a.size, a.busy, a.exclusive)
-    print(" ".join(f"{k}={v:.3f}" if v < 1000 else f"{k}={v:,.0f}" for k, v in r.items()))
+    print("native:", _line(run(a.frames, a.size, a.busy, a.exclusive)))
+    was = os.environ.get("SPILLOVER_PURE")
+    os.environ["SPILLOVER_PURE"] = "1"  # read at every connection's open
+    try:
+        print("pure:  ", _line(run(a.frames, a.size, a.busy, a.exclusive)))
+    finally:
+        if was is None:
+            del os.environ["SPILLOVER_PURE"]
+        else:
+            os.environ["SPILLOVER_PURE"] = was
+    print("raw:   ", _line(raw(a.frames, a.size, a.busy)))
 
 
 if __name__ == "__main__":
