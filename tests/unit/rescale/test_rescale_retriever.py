@@ -24,6 +24,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import spillover
 from spillover.errors import ClosedError, ConfigError, CorruptRecordError, RescaleError
@@ -961,3 +962,131 @@ def test_no_part_of_a_shared_read_is_finished_before_its_last_buffers_are_queued
         assert sorted(rid_of(x) for r in records.values() for x in r) == sorted(
             rid for rid, o in owner.items() if o == i
         )
+
+
+class SharedReadSchedule(RuleBasedStateMachine):
+    """A shared read driven in random order: parts polled, waited on, cut (then closed,
+    as a task checkpointed and restored elsewhere) or closed; each part's records stay
+    its own and in order per old channel, and a part cut hands out, with what its rest
+    replays, exactly its records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.m, self.state, self.owner = split_state(Path(self.tmp.name), 900)
+        self.old_channel = self.state.old_channel_by_rid()
+        self.parts: dict[int, Any] = {}
+        self.got: dict[int, list[ReplayBuffer]] = {i: [] for i in range(4)}
+        self.rest: dict[int, list[Any]] = {}
+        self.dropped: set[int] = set()
+
+    @initialize(queued=st.sampled_from([256, 1024, 1 << 20]))
+    def start(self, queued: int) -> None:
+        self.parts = rescaled_retrievers(
+            self.m,
+            "input",
+            range(4),
+            input_handles=self.state.inputs,
+            output_handles=self.state.outputs,
+            buffer_size=256,
+            max_queued_bytes=queued,
+            read_block_bytes=4096,
+        )
+
+    def open_parts(self) -> list[int]:
+        return [i for i in self.parts if i not in self.rest and i not in self.dropped]
+
+    @rule(data=st.data(), n=st.integers(1, 6))
+    def poll(self, data: st.DataObject, n: int) -> None:
+        if not (open_ := self.open_parts()):
+            return
+        i = data.draw(st.sampled_from(open_))
+        for _ in range(n):
+            if (buf := self.parts[i].poll_next()) is not None:
+                self.got[i].append(buf)
+
+    @rule(data=st.data())
+    def wait(self, data: st.DataObject) -> None:
+        if open_ := self.open_parts():
+            self.parts[data.draw(st.sampled_from(open_))].wait(0.002)
+
+    @rule(data=st.data())
+    def cut(self, data: st.DataObject) -> None:
+        if not (open_ := self.open_parts()):
+            return
+        i = data.draw(st.sampled_from(open_))
+        self.got[i] += self.parts[i].cut()
+        self.rest[i] = self.parts[i].remainder()
+        self.parts[i].close()
+
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        open_ = self.open_parts()
+        if len(open_) > 1:  # one part left open drains the read to its end
+            i = data.draw(st.sampled_from(open_))
+            self.parts[i].close()
+            self.dropped.add(i)
+
+    @invariant()
+    def each_part_gets_its_own_records_in_order(self) -> None:
+        for i, bufs in self.got.items():
+            readers: dict[int, RecordReader] = defaultdict(RecordReader)
+            rids: dict[tuple[int, tuple[int, int]], list[int]] = defaultdict(list)
+            for buf in bufs:  # records so far: the last may go on in the next buffer
+                for batch in readers[buf.channel_id].feed(buf):
+                    for x in batch.to_list():
+                        rids[buf.channel_id, self.old_channel[rid_of(x)]].append(rid_of(x))
+            for got in rids.values():
+                assert got == sorted(got)
+                assert all(self.owner[r] == i for r in got)
+
+    def teardown(self) -> None:
+        try:
+            if not self.parts:
+                return
+            open_ = {i: self.parts[i] for i in self.open_parts()}
+            for i, bufs in drain_in_turn(open_).items():
+                self.got[i] += bufs
+            for p in self.parts.values():
+                p.close()
+            for i, p in self.parts.items():
+                if i in self.dropped:
+                    continue
+                after: list[ReplayBuffer] = []
+                if i in self.rest:
+                    streams = [
+                        RecordStream.of(pieces, s.old_upstream, s.old_downstream, s.channel)
+                        for s, pieces in self.rest[i]
+                    ]
+                    with filter_retriever(
+                        streams, p.filter, partitioner=None, buffer_size=256
+                    ) as r:
+                        after = list(r)
+                got = per_old_channel(self.got[i], self.old_channel)
+                for k, recs in per_old_channel(after, self.old_channel).items():
+                    got.setdefault(k, []).extend(recs)
+                rids = [rid_of(x) for recs in got.values() for x in recs]
+                assert sorted(rids) == sorted(r for r, o in self.owner.items() if o == i)
+                for recs in got.values():
+                    assert [rid_of(x) for x in recs] == sorted(rid_of(x) for x in recs)
+        finally:
+            self.tmp.cleanup()
+
+
+TestSharedReadSchedule = SharedReadSchedule.TestCase
+TestSharedReadSchedule.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
+
+
+def test_a_shared_read_reads_nothing_before_a_part_is_polled(tmp_path: Path) -> None:
+    m, state, owner = split_state(tmp_path, 2000)
+    kw: dict[str, Any] = {"input_handles": state.inputs, "output_handles": state.outputs}
+    parts = rescaled_retrievers(m, "input", range(4), read_block_bytes=4096, **kw)
+    assert all(p.blocks_read == 0 for p in parts.values())  # built, not polled
+    got = drain_in_turn(parts)
+    for i, bufs in got.items():
+        records, _ = collect(bufs)
+        assert sorted(rid_of(x) for r in records.values() for x in r) == sorted(
+            rid for rid, o in owner.items() if o == i
+        )
+    for p in parts.values():
+        p.close()
