@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from spillover.errors import ClosedError, ConfigError
 from spillover.runtime.network.buffers import BufferPool, NetworkBuffer, OutputWaker
@@ -45,6 +45,9 @@ class Subpartition(ABC):
 
     partition: ResultPartition | None = None
     index = 0  # which subpartition of :attr:`partition` (set by ``connect``)
+    # Its ``add_event`` may let the interpreter lock go (a socket write): a priority
+    # broadcast reaches every other subpartition first (``broadcast_event``).
+    lets_lock_go: ClassVar[bool] = False
     announced_size: int | None = None  # the consumer's last BUFFER_SIZE (TCP)
 
     @abstractmethod
@@ -200,13 +203,20 @@ class ResultPartition:
         one (after persisting them). Without ``priority`` the lists are empty.
         """
         subs = [self._sub(i) for i in range(len(self._subs))]
+        order = list(range(len(subs)))
+        if priority:
+            # The subpartitions in this process first: a socket's write lets the
+            # interpreter lock go, and taking it back behind the worker's busy
+            # threads took milliseconds, which a barrier to an in-memory channel
+            # after it waited too. The remote ones follow microseconds later.
+            order.sort(key=lambda i: subs[i].lets_lock_go)
         buf = to_buffer(event)
-        overtaken: list[list[NetworkBuffer]] = []
+        overtaken: list[list[NetworkBuffer]] = [[] for _ in subs]
         try:
-            for sub in subs:
+            for i in order:
                 buf.retain()
                 try:
-                    overtaken.append(sub.add_event(buf, priority))
+                    overtaken[i] = subs[i].add_event(buf, priority)
                 except BaseException:
                     buf.release()
                     raise

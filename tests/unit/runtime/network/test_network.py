@@ -48,7 +48,7 @@ from spillover.runtime.network.events import (
 )
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import connect, wire
-from spillover.runtime.network.partition import ResultPartition
+from spillover.runtime.network.partition import ResultPartition, Subpartition
 from support.threads import JOIN, Worker, eventually
 
 
@@ -539,6 +539,63 @@ def test_priority_event_overtakes_queued_buffers_and_returns_them() -> None:
         (1, EndOfData()),
     ]
     assert pool.available == 8
+
+
+class RemoteLike(Subpartition):
+    """A subpartition whose event writes let the interpreter lock go, like a socket's:
+    records what the in-memory channel beside it held when its event came."""
+
+    lets_lock_go = True
+
+    def __init__(self, beside: InputGate, queued: list[NetworkBuffer]) -> None:
+        self.beside, self.queued, self.seen_beside = beside, queued, []
+
+    def add_data(self, buffer: NetworkBuffer, deadline: float | None) -> float:
+        self.queued.append(buffer)
+        return 0.0
+
+    def add_event(self, buffer: NetworkBuffer, priority: bool) -> list[NetworkBuffer]:
+        self.seen_beside = drain(self.beside)
+        buffer.release()
+        return [b.retain() for b in self.queued] if priority else []
+
+    def finish(self, buffer: NetworkBuffer) -> None:
+        buffer.release()
+
+    def fail(self, cause: BaseException) -> None:
+        pass
+
+    @property
+    def credit(self) -> int:
+        return 1
+
+    @property
+    def backlog(self) -> tuple[int, int]:
+        return len(self.queued), sum(len(b) for b in self.queued)
+
+
+def test_a_priority_event_reaches_in_memory_channels_before_remote_ones() -> None:
+    pool = BufferPool(8, 4)
+    part = ResultPartition(2, pool, "p")
+    gate = InputGate(1, floating_buffers=0, buffers_per_channel=2)
+    remote = RemoteLike(gate, [])
+    part.connect(0, remote)  # the remote one comes first by index
+    connect(part, 1, gate, 0)
+    part.emit(0, pool.wrap(b"r"))
+    part.emit(1, pool.wrap(b"l"))
+    barrier = CheckpointBarrier(3, 0, BarrierKind.UNALIGNED)
+    overtaken = part.broadcast_event(barrier, priority=True)
+    assert remote.seen_beside == [(0, barrier), (0, b"l")]  # it was there already
+    assert [[bytes(b) for b in o] for o in overtaken] == [[b"r"], [b"l"]]  # by index
+    for bufs in overtaken:
+        for b in bufs:
+            b.release()
+    part.broadcast_event(EndOfData())  # in line: by index, the remote one first
+    assert remote.seen_beside == []
+    assert drain(gate) == [(0, EndOfData())]
+    for b in remote.queued:
+        b.release()
+    assert pool.available == 4
 
 
 def test_events_need_no_credit_and_end_of_partition_comes_last() -> None:

@@ -96,6 +96,8 @@ class TcpSubpartition(Subpartition):
     failure is reported to the consumer in an ERROR frame.
     """
 
+    lets_lock_go = True  # the producer writes an event to the socket itself
+
     def __init__(
         self,
         sock: socket.socket,
