@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spillover.errors import (
@@ -387,6 +387,12 @@ def test_an_unknown_event_kind_is_refused(tmp_path: Path) -> None:
 @backends
 @settings(max_examples=30)
 @given(groups=batches, compact_at=st.sets(st.integers(0, 3)))
+# A history that summarises to nothing (a stop abandoned before any job) is compacted
+# too: its segments went on growing.
+@example(
+    groups=[[StopAbandoned("0")], [StopAbandoned("0")], [JobSubmitted("0", "0", 0, {}, "0")]],
+    compact_at={0, 1},
+)
 def test_compaction_preserves_replay(
     groups: list[list[Event]], compact_at: set[int], arrow: bool
 ) -> None:
