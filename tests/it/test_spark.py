@@ -544,11 +544,14 @@ def test_stop_with_savepoint_on_spark_resumes_exactly(
 
     out = tmp_path / "out"
 
-    def job() -> StreamEnvironment:
+    # Paced to 20 s on Spark, so the stop lands while the sources still run however
+    # loaded the machine (at 4,000 records/s one run under load ended first); the
+    # savepoint resumes unpaced (the rate is no part of its state or topology).
+    def job(rate: float | None = 1_000) -> StreamEnvironment:
         env = StreamEnvironment("stop-on-spark", parallelism=2, max_parallelism=128)
         env.from_source(
             GeneratorSource(
-                partitions=2, records_per_partition=20_000, payload_bytes=16, rate_per_subtask=4_000
+                partitions=2, records_per_partition=20_000, payload_bytes=16, rate_per_subtask=rate
             ),
             uid="source",
         ).rebalance().sink(ParquetSink(str(out)), uid="sink")
@@ -573,7 +576,7 @@ def test_stop_with_savepoint_on_spark_resumes_exactly(
     assert stops and stops[-1]["status"] == "completed", result.checkpoints
     first = read_output(str(out))
     assert 0 < len(first) < 40_000, "stopped while the job ran"
-    resumed = LocalExecutor(job(), cfg, restore_checkpoint=result.savepoint).run(timeout=120)
+    resumed = LocalExecutor(job(None), cfg, restore_checkpoint=result.savepoint).run(timeout=120)
     assert resumed.status == "finished"
     rows = read_output(str(out))
     ids = rows["partition"] * 1_000_000 + rows["seq"]
