@@ -8,6 +8,7 @@ so an A/B of two trees reads better in it (same command, alternating trees).
 
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor local --policy none
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --policy unaligned --sink-rate 5000
+    PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --segment-size 512kb
 
 See docs/benchmarks.md, "Checkpoint phases and the task loop, issue 34".
 """
@@ -21,6 +22,8 @@ import time
 
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
+from spillover.config import NetworkConfig
+from spillover.config.units import parse_memory_size
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -64,34 +67,47 @@ def main() -> None:
     ap.add_argument("--sink-rate", type=float, default=1e8)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument(
+        "--segment-size",
+        type=parse_memory_size,
+        default=NetworkConfig.segment_size,
+        help="taskmanager.memory.segment-size, e.g. 256kb (default: the configuration's)",
+    )
     args = ap.parse_args()
     spec = BenchSpec(
         executor=args.executor,
         duration_s=args.duration,
         warmup_s=args.warmup,
         sink_rate=args.sink_rate,
+        segment_size=args.segment_size,
     )
-    samples: list[tuple[float, float, float]] = []  # (wall, cpu, sink records)
+    # (wall, cpu, sink records, the count's input records: what the sources generated)
+    samples: list[tuple[float, float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="spillover-cpu-") as tmp:
         ex = create_executor(args.executor, build_job(spec, "cpu"), spec.config(args.policy, tmp))
         ex.prepare()
 
         def read() -> float:
             records = float(ex.live_metric("sink", "records_in"))
-            samples.append((time.monotonic(), tree_cpu_seconds(), records))
+            counted = float(ex.live_metric("count", "records_in"))
+            samples.append((time.monotonic(), tree_cpu_seconds(), records, counted))
             return records
 
         run_sampled(ex, read, spec.warmup_s, spec.run_s, spec.duration_s)
         started = ex.running_since()
     # The window's ends: the first sample at or after the warm-up, and the last.
     inside = [s for s in samples if started is None or s[0] - started >= spec.warmup_s - 0.05]
-    (w0, c0, r0), (w1, c1, r1) = inside[0], inside[-1]
-    if r1 <= r0:
+    (w0, c0, r0, g0), (w1, c1, r1, g1) = inside[0], inside[-1]
+    if r1 <= r0 or g1 <= g0:
         raise SystemExit("the sinks took no records in the window")
+    # The count emits one row per key a buffer touched, so the sink's rows per
+    # generated record fall as buffers grow: both counts are given.
     print(
         f"{args.executor} {args.policy}: {(r1 - r0) / (w1 - w0):,.0f} records/s, "
         f"{(c1 - c0) / (w1 - w0):.2f} cores, CPU {(c1 - c0) / (r1 - r0) * 1e6:.3f} µs per record "
-        f"(load average {os.getloadavg()[0]:.1f})"
+        f"(load average {os.getloadavg()[0]:.1f}); generated {(g1 - g0) / (w1 - w0):,.0f} "
+        f"records/s, CPU {(c1 - c0) / (g1 - g0) * 1e6:.3f} µs per generated record, "
+        f"{(r1 - r0) / (g1 - g0):.3f} sink rows per generated record"
     )
 
 

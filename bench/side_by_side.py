@@ -5,7 +5,8 @@ Each round runs, as subprocesses of the existing runners (the commands are
 printed, kept in ``<out>/commands.txt`` and every raw result in ``<out>``):
 
 - ``flink``: ``bench/flink/run.py`` unpaced (``none``, ``unaligned`` every 1 s) at
-  Flink's default segment size (32 KiB) and at spillover's (``--segment-size 128kb``),
+  Flink's default segment size (32 KiB) and at spillover's default (read from its
+  configuration, ``NetworkConfig.segment_size``),
   then paced ``unaligned`` (5,000 records/s per sink subtask);
 - ``spark``: ``spillover bench --executor spark`` unpaced (``none,unaligned``) and
   paced ``unaligned``;
@@ -42,12 +43,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from spillover.config import NetworkConfig
+from spillover.config.units import KiB, MiB
+
 HERE = Path(__file__).resolve().parent
 PARTS = ("flink", "spark", "local", "bare", "floor")
 UNPACED_FLINK = 1_000_000_000  # sink records/s per subtask: the sink takes what comes
 UNPACED_SPILLOVER = 100_000_000
+
+
+def _size_flag(size: int) -> str:
+    """A segment size as both runners' ``--segment-size`` takes it (``512kb``, ``1mb``)."""
+    return f"{size // MiB}mb" if size % MiB == 0 else f"{size // KiB}kb"
+
+
+def _size_label(size: int) -> str:
+    return f"{size // MiB} MiB" if size % MiB == 0 else f"{size // KiB} KiB"
+
+
+# spillover's default segment size, as its configuration has it; Flink runs at it too.
+SEGMENT = NetworkConfig.segment_size
 # Flink's segment sizes: its default, and spillover's default; the prefix of their figures.
-FLINK_FLAVOURS = {"32kb": ("32kb", "flink_"), "128kb": ("128kb", "flink128_")}
+FLINK_FLAVOURS = {
+    "32kb": ("32kb", "flink_"),
+    _size_flag(SEGMENT): (_size_flag(SEGMENT), "flinkseg_"),
+}
 
 
 @dataclass(frozen=True)
@@ -117,8 +137,12 @@ class Row:
 FIGURES = (
     Figure("flink_none", "Flink 2.3 unpaced, no checkpoints (32 KiB), records/s", "rps"),
     Figure("flink_unaligned", "Flink 2.3 unpaced, unaligned every 1 s (32 KiB)", "rps"),
-    Figure("flink128_none", "Flink 2.3 unpaced, no checkpoints (128 KiB)", "rps"),
-    Figure("flink128_unaligned", "Flink 2.3 unpaced, unaligned every 1 s (128 KiB)", "rps"),
+    Figure("flinkseg_none", f"Flink 2.3 unpaced, no checkpoints ({_size_label(SEGMENT)})", "rps"),
+    Figure(
+        "flinkseg_unaligned",
+        f"Flink 2.3 unpaced, unaligned every 1 s ({_size_label(SEGMENT)})",
+        "rps",
+    ),
     Figure("spark_none", "spillover on Spark unpaced, no checkpoints", "rps"),
     Figure("spark_unaligned", "spillover on Spark unpaced, unaligned every 1 s", "rps"),
     Figure("local_none", "spillover local unpaced, no checkpoints", "rps"),
@@ -128,7 +152,10 @@ FIGURES = (
     Figure("floor", "work floor: two cores doing the job's work only, sink records/s", "rps"),
     Figure("spark_vs_flink", "Spark / Flink unpaced (Flink at 32 KiB)", "ratio", Target(3.0, True)),
     Figure(
-        "spark_vs_flink128", "Spark / Flink unpaced (both at 128 KiB)", "ratio", Target(3.0, True)
+        "spark_vs_flinkseg",
+        f"Spark / Flink unpaced (both at {_size_label(SEGMENT)})",
+        "ratio",
+        Target(3.0, True),
     ),
     Figure("spark_vs_bare", "Spark job / bare loop", "ratio", Target(0.3, True)),
     Figure("local_vs_bare", "local job / bare loop", "ratio", Target(0.3, True)),
@@ -160,7 +187,7 @@ FIGURES = (
 # Ratios of one round's figures: key -> (numerator, denominator, scale of the denominator).
 RATIOS: dict[str, tuple[str, str, float]] = {
     "spark_vs_flink": ("spark_none", "flink_none", 1.0),
-    "spark_vs_flink128": ("spark_none", "flink128_none", 1.0),
+    "spark_vs_flinkseg": ("spark_none", "flinkseg_none", 1.0),
     "spark_vs_bare": ("spark_none", "bare", 1.0),
     "local_vs_bare": ("local_none", "bare", 1.0),
     "floor_vs_bare": ("floor", "bare", 0.3),

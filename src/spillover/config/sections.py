@@ -237,10 +237,12 @@ class NetworkConfig:
     """Network buffers and credits: ``taskmanager.memory.segment-size`` and
     ``taskmanager.network.memory.*``."""
 
-    # 128 KiB, not Flink's 32: the runtime pays per buffer in the interpreter, and
-    # debloating (on) cuts buffers smaller while consumers lag (docs/runtime.md).
+    # 256 KiB, not Flink's 32: the runtime pays per buffer in the interpreter, and
+    # debloating (on) cuts buffers smaller while consumers lag. Not larger: what is in
+    # flight when a slow consumer starts, and each TCP channel's receiving pool, grow
+    # with it (docs/runtime.md, "Buffer size and debloating").
     segment_size: int = field(
-        default=128 * KiB,
+        default=256 * KiB,
         metadata=_key("taskmanager.memory.segment-size", _MemorySize(4 * KiB, 16 * MiB, True)),
     )
     buffers_per_channel: int = field(default=2, metadata=_key(_TM + "buffers-per-channel", _Int(1)))

@@ -13,6 +13,9 @@ from types import ModuleType
 
 import pytest
 
+from spillover.config import NetworkConfig
+from spillover.config.units import parse_memory_size
+
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
@@ -82,7 +85,7 @@ def test_a_missing_figure_leaves_its_round_out_and_unmeasured_rows_away() -> Non
     assert row.values == (pytest.approx(3.0), None)  # type: ignore[attr-defined]
     assert row.median == pytest.approx(3.0)  # type: ignore[attr-defined]
     assert "spark_paced_median" not in rows
-    assert "flink128_none" not in rows
+    assert "flinkseg_none" not in rows
     no_data = sbs.Row(sbs.FIGURES[-1], (None, None))
     assert no_data.median is None and no_data.verdict == "–"
 
@@ -104,8 +107,9 @@ def test_rounds_alternate_flink_first_then_last(tmp_path: Path) -> None:
     parts = ("flink", "spark", "local", "bare", "floor")
     first = [r.name for r in sbs.plan(parts, 1, _args(), tmp_path)]
     second = [r.name for r in sbs.plan(parts, 2, _args(), tmp_path)]
-    assert first[:3] == ["flink-unpaced-32kb-1", "flink-unpaced-128kb-1", "flink-paced-1"]
-    assert second[-3:] == ["flink-unpaced-32kb-2", "flink-unpaced-128kb-2", "flink-paced-2"]
+    seg = sbs._size_flag(NetworkConfig.segment_size)  # spillover's default, e.g. 512kb
+    assert first[:3] == ["flink-unpaced-32kb-1", f"flink-unpaced-{seg}-1", "flink-paced-1"]
+    assert second[-3:] == ["flink-unpaced-32kb-2", f"flink-unpaced-{seg}-2", "flink-paced-2"]
     assert first[3:] == [n[:-1] + "1" for n in second[:-3]]
     only = [r.part for r in sbs.plan(("local", "bare"), 1, _args(), tmp_path)]
     assert only == ["local", "bare"]
@@ -113,7 +117,9 @@ def test_rounds_alternate_flink_first_then_last(tmp_path: Path) -> None:
     assert "--policies none,unaligned --sink-rate 100000000" in spark["spark-unpaced-1"]
     assert "--compare-local off --policies unaligned" in spark["spark-paced-1"]
     flink = {r.name: r.command() for r in sbs.plan(("flink",), 1, _args(), tmp_path)}
-    assert "--segment-size 128kb" in flink["flink-unpaced-128kb-1"]
+    assert "--segment-size 32kb" in flink["flink-unpaced-32kb-1"]
+    assert f"--segment-size {seg}" in flink[f"flink-unpaced-{seg}-1"]
+    assert parse_memory_size(seg) == NetworkConfig.segment_size
 
 
 def _write_raw(run: object, tmp: Path) -> None:
@@ -168,8 +174,8 @@ def test_raw_results_become_figures_and_failures_are_named(tmp_path: Path) -> No
     assert measured[0] == {
         "flink_none": 2e6,
         "flink_unaligned": 1.9e6,
-        "flink128_none": 2e6,
-        "flink128_unaligned": 1.9e6,
+        "flinkseg_none": 2e6,
+        "flinkseg_unaligned": 1.9e6,
         "flink_paced_median": 20.0,
         "flink_paced_p90": 30.0,
         "spark_none": 5e6,  # the failed unaligned run gives no figure

@@ -310,7 +310,7 @@ def test_defaults() -> None:
     assert cp.max_inflight_bytes is None and cp.compression == "none" and cp.codec.label is None
     assert c.state.checkpoints_dir is None and c.state.num_retained == 1
     net = c.network
-    assert net == NetworkConfig(128 * KB, 2, 8, 16, debloat_target=timedelta(milliseconds=500))
+    assert net == NetworkConfig(256 * KB, 2, 8, 16, debloat_target=timedelta(milliseconds=500))
     assert net.debloat_enabled and net.debloat_period == timedelta(milliseconds=200)
     assert c.pipeline.parallelism == 1 and c.max_parallelism == 128
     assert c.restart_strategy is RestartStrategy.NONE
@@ -564,7 +564,7 @@ def test_good_combinations() -> None:
     c = c.with_options({CP + "aligned-checkpoint-timeout": "50 ms"})
     assert c.checkpointing.alignment is Alignment.ALIGNED_WITH_TIMEOUT
     assert c.checkpointing.aligned_checkpoint_timeout_s == 0.05
-    assert Config.from_dict({CP + "unaligned.max-inflight-bytes": "128 kb"})
+    assert Config.from_dict({CP + "unaligned.max-inflight-bytes": "256 kb"})  # the segment size
     assert Config.from_dict(
         {CP + "unaligned.max-inflight-bytes": "32 kb", "taskmanager.memory.segment-size": "32 kb"}
     )

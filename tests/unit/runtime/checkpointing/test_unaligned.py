@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from spillover.config import NetworkConfig
 from spillover.runtime.checkpointing.inflight import InflightAcks, InFlightCheckpoint
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.network.events import (
@@ -66,7 +67,7 @@ def test_exactly_once_with_inflight_data(
         seed=3,
         rate_per_subtask=50_000,
         interval_ms=60,
-        max_inflight_bytes=128 * 1024,
+        max_inflight_bytes=NetworkConfig.segment_size,  # the smallest bound it allows
         failures_after_inflight=pure,
     )
     report = verify(spec, str(tmp_path))

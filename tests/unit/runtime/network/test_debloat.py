@@ -118,7 +118,7 @@ def test_a_gate_counts_its_channels_exclusive_and_floating_buffers() -> None:
     d = gate_debloater(net, InputGate(4, floating_buffers=8))
     assert d is not None and d.buffers == 4 * 2 + 8  # on by default
     assert d.settings.target_s == 0.5 and d.settings.period_s == 0.2
-    assert d.settings.min_size == 256 and d.max_size == 128 * 1024  # the defaults
+    assert d.settings.min_size == 256 and d.max_size == 256 * 1024  # the defaults
     off = Config.from_dict({"taskmanager.network.memory.buffer-debloat.enabled": False})
     assert gate_debloater(off.network, InputGate(4)) is None
 
