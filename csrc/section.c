@@ -161,3 +161,50 @@ int spl_write_new_file(const char *path, const void *data, size_t len, int flags
     }
     return rc;
 }
+
+/* fsync of the directory holding `path`; 0 or errno. */
+static int fsync_parent(const char *path) {
+    char buf[PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof(buf)) return ENAMETOOLONG;
+    memcpy(buf, path, n + 1);
+    char *slash = strrchr(buf, '/');
+    if (!slash) {
+        buf[0] = '.';
+        buf[1] = '\0';
+    } else if (slash == buf) {
+        buf[1] = '\0';
+    } else {
+        *slash = '\0';
+    }
+    int fd;
+    do fd = open(buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return errno;
+    int rc = fsync(fd) != 0 ? errno : 0;
+    close(fd);
+    return rc;
+}
+
+int spl_publish_file(const char *tmp, const char *path, const void *data, size_t len, int flags,
+                     int *step) {
+    int rc = spl_write_new_file(tmp, data, len, flags & SPL_SECTION_FSYNC, step);
+    if (rc) {
+        if (*step != SPL_STEP_MKDIR && *step != SPL_STEP_OPEN) unlink(tmp);
+        return rc;
+    }
+    if (flags & SPL_PUBLISH_REPLACE) {
+        *step = SPL_STEP_RENAME;
+        if (rename(tmp, path) != 0) rc = errno;
+    } else {
+        *step = SPL_STEP_LINK;
+        if (link(tmp, path) != 0) rc = errno;
+    }
+    if (rc || !(flags & SPL_PUBLISH_REPLACE)) unlink(tmp); /* renamed: nothing left */
+    if (rc) return rc;
+    if (flags & SPL_SECTION_FSYNC) {
+        *step = SPL_STEP_DIRSYNC;
+        rc = fsync_parent(path);
+    }
+    return rc;
+}

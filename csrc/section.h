@@ -10,7 +10,8 @@
 /* flags */
 #define SPL_SECTION_CREATE 1 /* make the file's directories and the file (O_EXCL) */
 #define SPL_SECTION_FSYNC 2  /* fsync the file after the copy */
-#define SPL_SECTION_EMPTY 4  /* afterwards truncate src to 0 bytes and rewind it */
+#define SPL_SECTION_EMPTY 4
+#define SPL_PUBLISH_REPLACE 8 /* spl_publish_file: replace an existing file (rename) */  /* afterwards truncate src to 0 bytes and rewind it */
 
 /* steps, as *step reports where it failed */
 #define SPL_STEP_MKDIR 1
@@ -18,6 +19,9 @@
 #define SPL_STEP_COPY 3
 #define SPL_STEP_FSYNC 4
 #define SPL_STEP_CLOSE 5
+#define SPL_STEP_RENAME 6
+#define SPL_STEP_LINK 7
+#define SPL_STEP_DIRSYNC 8
 
 /* One staged section to append (spl_append_sections). */
 typedef struct spl_section {
@@ -53,5 +57,16 @@ int spl_copy_range(int src, int dst, uint64_t count, uint64_t at, int in_memory)
  * closed. Returns 0, or an errno value with *step the step that failed; a file
  * left by a failed write is the caller's to remove. */
 int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step);
+
+/* Publishes `len` bytes of `data` as the file `path` so that a reader sees all of
+ * it or nothing, in one call: written as the new file `tmp` beside it (as
+ * spl_write_new_file: directories made, fsynced with SPL_SECTION_FSYNC), then
+ * renamed over `path` with SPL_PUBLISH_REPLACE, else hard-linked to it (an
+ * existing `path` is EEXIST at SPL_STEP_LINK, never replaced) and `tmp` removed;
+ * with SPL_SECTION_FSYNC the directory's entries are fsynced last
+ * (SPL_STEP_DIRSYNC). Returns 0, or an errno value with *step the step that
+ * failed; `tmp` is removed on any failure after it was made. */
+int spl_publish_file(const char *tmp, const char *path, const void *data, size_t len, int flags,
+                     int *step);
 
 #endif

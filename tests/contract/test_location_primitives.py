@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spillover.errors import StateFileExistsError, StateFileNotFoundError, StorageError
+from spillover.storage import location as location_module
 from spillover.storage.location import FileKind, Location, delete_tree
 from support.faults import Faults, enospc, fail, failing_renames, faulty_dir
 from support.stores import Store
@@ -200,14 +201,28 @@ def test_a_failing_local_rename_leaves_the_old_file_and_no_temporary(tmp_path: P
     assert os.listdir(tmp_path / "dir") == ["_metadata"]
 
 
+def _without_links(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """A local filesystem whose hard links fail with ``code``: the native publish's
+    and ``os.link``."""
+    real = location_module.publish_file
+
+    def publish(tmp: str, path: str, data: Any, flags: int) -> tuple[int, str]:
+        if flags & location_module.PUBLISH_REPLACE:
+            return real(tmp, path, data, flags)
+        return code, "link"  # as the call returns it: the temporary file removed
+
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(location_module, "publish_file", publish)
+    monkeypatch.setattr(os, "link", no_links)
+
+
 @pytest.mark.parametrize("code", [errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV])
 def test_without_hard_links_a_new_file_still_never_replaces_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    def no_links(src: object, dst: object) -> None:
-        raise OSError(code, os.strerror(code))
-
-    monkeypatch.setattr(os, "link", no_links)
+    _without_links(monkeypatch, code)
     loc = Location.parse(str(tmp_path)).child("seg-1")
     loc.publish(b"first", overwrite=False)
     with pytest.raises(StateFileExistsError):
@@ -220,17 +235,30 @@ def test_any_other_failure_of_the_hard_link_is_a_storage_error(
 ) -> None:
     """Only a filesystem without hard links falls back to check-then-rename: a link
     that failed otherwise (an I/O error, a full directory) publishes nothing."""
-
-    def failing_link(src: object, dst: object) -> None:
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "link", failing_link)
+    _without_links(monkeypatch, errno.EIO)
     loc = Location.parse(str(tmp_path)).child("seg-1")
     with pytest.raises(StorageError) as ei:
         loc.publish(b"data", overwrite=False)
     assert type(ei.value) is StorageError and ei.value.errno == errno.EIO
     assert ei.value.path == loc.uri
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_publish_onto_a_directory_fails_and_leaves_no_temporary(
+    tmp_path: Path, overwrite: bool
+) -> None:
+    """The native publish's own failures (a rename onto a directory, a link onto an
+    existing name): the right error, the directory untouched, no temporary file."""
+    (tmp_path / "taken").mkdir()
+    loc = Location.parse(str(tmp_path)).child("taken")
+    with pytest.raises(StorageError) as ei:
+        loc.publish(b"data", overwrite=overwrite, fsync=True)
+    if overwrite:
+        assert type(ei.value) is StorageError and ei.value.errno == errno.EISDIR
+    else:
+        assert isinstance(ei.value, StateFileExistsError)
+    assert os.listdir(tmp_path) == ["taken"] and os.listdir(tmp_path / "taken") == []
 
 
 # ---- local durability and local failures (native I/O, patched where it calls os)
@@ -259,15 +287,23 @@ def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 def test_a_synced_publish_syncs_the_file_and_its_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overwrite: bool
 ) -> None:
+    """A local publish is one native call (csrc/section.h ``spl_publish_file``: the
+    file fsynced before its name is given, the directory after): what it is asked."""
     synced = _record_fsyncs(monkeypatch)
+    asked: list[int] = []
+    real = location_module.publish_file
+
+    def publish(tmp: str, path: str, data: Any, flags: int) -> tuple[int, str]:
+        asked.append(flags & location_module.PUBLISH_FSYNC)
+        return real(tmp, path, data, flags)
+
+    monkeypatch.setattr(location_module, "publish_file", publish)
     loc = Location.parse(str(tmp_path)).child("dir", "_metadata")
     loc.publish(b"unsynced", overwrite=overwrite)
-    assert synced == []
     loc.delete()
     loc.publish(b"durable", fsync=True, overwrite=overwrite)
-    assert _inode(loc.path) in synced  # the file's content, before its name
-    assert _inode(tmp_path / "dir") in synced  # its name in the directory
-    assert synced.index(_inode(loc.path)) < synced.index(_inode(tmp_path / "dir"))
+    assert asked == [0, location_module.PUBLISH_FSYNC] and synced == []
+    assert loc.read_bytes() == b"durable" and os.listdir(tmp_path / "dir") == ["_metadata"]
 
 
 def test_sync_makes_a_written_file_and_its_directory_entry_durable(

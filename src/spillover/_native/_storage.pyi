@@ -140,6 +140,7 @@ def scan_block(
 SECTION_CREATE: int
 SECTION_FSYNC: int
 SECTION_EMPTY: int
+PUBLISH_REPLACE: int
 
 def append_sections(
     sections: list[tuple[int, int, int, bool, bytes]],
@@ -155,6 +156,9 @@ def copy_range(src: int, dst: int, count: int, at: int, in_memory: bool) -> int:
 
 def write_new_file(path: str, data: Any, flags: int) -> tuple[int, str]:
     """Writes ``data`` as a new file at ``path`` in one call: ``(errno, step)``."""
+
+def publish_file(tmp: str, path: str, data: Any, flags: int) -> tuple[int, str]:
+    """Publishes ``data`` as ``path`` through the new file ``tmp``: ``(errno, step)``."""
 
 def raw_write_baseline(fd: int, buffers: list[Any], batch_bytes: int) -> int: ...
 def raw_read_baseline(fd: int, block: Block) -> int: ...

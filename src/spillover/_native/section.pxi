@@ -3,6 +3,7 @@
 SECTION_CREATE = SPL_SECTION_CREATE
 SECTION_FSYNC = SPL_SECTION_FSYNC
 SECTION_EMPTY = SPL_SECTION_EMPTY
+PUBLISH_REPLACE = SPL_PUBLISH_REPLACE
 
 _STEPS = {
     SPL_STEP_MKDIR: "mkdir",
@@ -10,6 +11,9 @@ _STEPS = {
     SPL_STEP_COPY: "copy",
     SPL_STEP_FSYNC: "fsync",
     SPL_STEP_CLOSE: "close",
+    SPL_STEP_RENAME: "rename",
+    SPL_STEP_LINK: "link",
+    SPL_STEP_DIRSYNC: "dirsync",
 }
 
 
@@ -74,4 +78,22 @@ def write_new_file(str path, const uint8_t[::1] data, int flags):
     cdef int rc, step = 0
     with nogil:
         rc = spl_write_new_file(cp, ptr, n, flags, &step)
+    return rc, _STEPS.get(step, "write").replace("copy", "write")
+
+
+def publish_file(str tmp, str path, const uint8_t[::1] data, int flags):
+    """Publishes ``data`` as the file ``path`` through the new file ``tmp`` beside it
+    (renamed over ``path`` with ``PUBLISH_REPLACE``, else hard-linked to it: an
+    existing ``path`` is EEXIST at "link"), the file and its directory fsynced with
+    ``SECTION_FSYNC``, in one call with the GIL released once; returns ``(errno or
+    0, the step that failed)`` (see csrc/section.h)."""
+    cdef bytes t = os.fsencode(tmp)
+    cdef bytes p = os.fsencode(path)
+    cdef const char *ct = t
+    cdef const char *cp = p
+    cdef const uint8_t *ptr = &data[0] if data.shape[0] else NULL
+    cdef size_t n = data.shape[0]
+    cdef int rc, step = 0
+    with nogil:
+        rc = spl_publish_file(ct, cp, ptr, n, flags, &step)
     return rc, _STEPS.get(step, "write").replace("copy", "write")

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from spillover.storage import location as _location
 from spillover.storage.location import register_filesystem
 
 Rule = Callable[[str, str], BaseException | None]
@@ -195,9 +196,13 @@ def faulty_dir(
 @contextmanager
 def failing_renames(faults: Faults) -> Iterator[Faults]:
     """While active, ``os.replace``, ``os.rename`` and ``os.link`` (a hard link is how
-    the job event log gives a segment its name without replacing one) consult
-    ``faults`` as operation ``rename`` with the destination path, in every thread."""
+    the job event log gives a segment its name without replacing one), and a local
+    publish's native call (:data:`spillover.storage.location.publish_file`, which
+    renames or links in C), consult ``faults`` as operation ``rename`` with the
+    destination path, in every thread. A failing native publish gives its error as
+    the call would after a failed rename or link: nothing published, nothing left."""
     saved = {name: getattr(os, name) for name in ("replace", "rename", "link")}
+    real_publish = _location.publish_file
 
     def wrap(name: str) -> Callable[..., None]:
         real = saved[name]
@@ -208,10 +213,20 @@ def failing_renames(faults: Faults) -> Iterator[Faults]:
 
         return renamed
 
+    def publish(tmp: str, path: str, data: Any, flags: int) -> tuple[int, str]:
+        try:
+            faults.check("rename", path)
+        except OSError as e:
+            replace = flags & _location.PUBLISH_REPLACE
+            return e.errno or errno.EIO, "rename" if replace else "link"
+        return real_publish(tmp, path, data, flags)
+
     for name in saved:
         setattr(os, name, wrap(name))
+    _location.publish_file = publish
     try:
         yield faults
     finally:
         for name, real in saved.items():
             setattr(os, name, real)
+        _location.publish_file = real_publish

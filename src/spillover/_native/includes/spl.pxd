@@ -103,11 +103,15 @@ cdef extern from "section.h" nogil:
         SPL_SECTION_CREATE
         SPL_SECTION_FSYNC
         SPL_SECTION_EMPTY
+        SPL_PUBLISH_REPLACE
         SPL_STEP_MKDIR
         SPL_STEP_OPEN
         SPL_STEP_COPY
         SPL_STEP_FSYNC
         SPL_STEP_CLOSE
+        SPL_STEP_RENAME
+        SPL_STEP_LINK
+        SPL_STEP_DIRSYNC
     ctypedef struct spl_section:
         int src
         int in_memory
@@ -120,6 +124,8 @@ cdef extern from "section.h" nogil:
                             int *step, int *opened)
     int spl_copy_range(int src, int dst, uint64_t count, uint64_t at, int in_memory)
     int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step)
+    int spl_publish_file(const char *tmp, const char *path, const void *data, size_t len,
+                         int flags, int *step)
 
 
 cdef extern from "reader.h" nogil:

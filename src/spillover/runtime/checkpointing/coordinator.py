@@ -81,6 +81,8 @@ class CheckpointStats:
     # Of the duration, the part after the last acknowledgement: the metadata written
     # and the completion recorded in the job's event log.
     finalize_ms: float = 0.0
+    # Of that part, the metadata file's (the rest: the job event log's record).
+    metadata_ms: float = 0.0
     reason: str = ""
     subtasks: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -114,6 +116,8 @@ class _Pending:
     started: float
     expected: set[tuple[str, int]]
     acks: dict[tuple[str, int], Any] = field(default_factory=dict)
+    # Each acknowledgement's metadata entry, made as it arrives: not at completion.
+    entries: dict[tuple[str, int], SubtaskMeta] = field(default_factory=dict)
     switched: bool = False
     trigger: TriggerCheckpoint | None = None  # what its roots were sent
     triggered: set[tuple[str, int]] = field(default_factory=set)  # its roots so far
@@ -516,6 +520,16 @@ class CheckpointCoordinator:
             return  # late ack of an aborted checkpoint
         key = (ack.vertex_uid, ack.subtask)
         p.acks[key] = ack
+        cs = ack.channel_state
+        p.entries[key] = SubtaskMeta(
+            ack.operator_state,
+            ack.keyed,
+            ack.handles,
+            # The gates' maps stay encoded as the task sent them (GateStateHandle.entry).
+            ChannelStateMeta.from_json(cs) if cs else None,
+            ack.metrics,
+            ack.finished,
+        )
         metrics = dict(ack.metrics)
         # When the acknowledgement reached the coordinator, from the trigger: which
         # subtask a checkpoint waited for last.
@@ -530,17 +544,8 @@ class CheckpointCoordinator:
         p = self._pending.pop(cid)
         assert self.storage is not None
         subtasks: dict[str, dict[int, SubtaskMeta]] = {}
-        for (uid, subtask), ack in sorted(p.acks.items()):
-            cs = ack.channel_state
-            subtasks.setdefault(uid, {})[subtask] = SubtaskMeta(
-                ack.operator_state,
-                ack.keyed,
-                ack.handles,
-                # The gates' maps stay encoded as the task sent them (GateStateHandle.entry).
-                ChannelStateMeta.from_json(cs) if cs else None,
-                ack.metrics,
-                ack.finished,
-            )
+        for (uid, subtask), entry in sorted(p.entries.items()):
+            subtasks.setdefault(uid, {})[subtask] = entry
         # Exited subtasks keep the state of the last checkpoint they acknowledged (its
         # files stay, as references); everything they emitted is in the state of the
         # tasks behind them by now, so no channel state.
@@ -572,6 +577,7 @@ class CheckpointCoordinator:
         finalizing = time.monotonic()
         try:
             self.storage.write_metadata(cid, meta)
+            p.stats.metadata_ms = (time.monotonic() - finalizing) * 1000
             if self.on_complete is not None:
                 self.on_complete(cid)
         except (OSError, SpilloverError) as e:
@@ -616,15 +622,18 @@ class CheckpointCoordinator:
         keep.update(self._exported_ids())
         needed = set().union(*(self._references_of(c) for c in keep))
         needed.update(keep)
-        for old in list(self._subsumed):
-            if old not in needed:
-                self._subsumed.remove(old)
-                self._references.pop(old, None)
-                self.storage.delete(old)
-        if self._aborted:
-            self._sweep(cid)
+        unneeded = [old for old in self._subsumed if old not in needed]
+        for old in unneeded:
+            self._subsumed.remove(old)
+            self._references.pop(old, None)
+        # The tasks hear of it first (their sinks commit): what it subsumed is deleted
+        # after, as Flink discards subsumed checkpoints apart from the notification.
         for task in self.tasks.values():
             task.post(NotifyComplete(cid))
+        for old in unneeded:
+            self.storage.delete(old)
+        if self._aborted:
+            self._sweep(cid)
         if p.stats.final:
             self._final_done = True
             self.on_final()

@@ -6,19 +6,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from spillover.config import Config
 from spillover.runtime.jobrecovery import JobRecovery
 from spillover.runtime.wiring import checkpoint_storage
+from spillover.storage import location
 from support.checkpoint_golden import empty_metadata
 
 
 def _synced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every fsync asked: ``os.fsync``'s descriptors, and a local publish's (one native
+    call, which fsyncs the file and its directory when asked)."""
     calls: list[int] = []
-    real = os.fsync
+    real, publish = os.fsync, location.publish_file
     monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real(fd))
+
+    def published(tmp: str, path: str, data: Any, flags: int) -> tuple[int, str]:
+        if flags & location.PUBLISH_FSYNC:
+            calls.append(-1)
+        return publish(tmp, path, data, flags)
+
+    monkeypatch.setattr(location, "publish_file", published)
     return calls
 
 
