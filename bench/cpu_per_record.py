@@ -24,6 +24,7 @@ from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.config import NetworkConfig
 from spillover.config.units import parse_memory_size
+from spillover.errors import ConfigError
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -74,6 +75,10 @@ def main() -> None:
         help="taskmanager.memory.segment-size, e.g. 256kb (default: the configuration's)",
     )
     args = ap.parse_args()
+    try:  # the configuration's own check of the size (a power of two, in its range)
+        NetworkConfig(segment_size=args.segment_size, min_segment_size=min(args.segment_size, 256))
+    except ConfigError as e:
+        ap.error(f"--segment-size: {e}")
     spec = BenchSpec(
         executor=args.executor,
         duration_s=args.duration,

@@ -194,7 +194,9 @@ class Config:
                 f"{_CP}unaligned.max-inflight-bytes is below taskmanager.memory.segment-size",
                 detail=f"{format_memory_size(cp.max_inflight_bytes)} < "
                 f"{format_memory_size(self.network.segment_size)}",
-                hint="allow at least one network buffer of in-flight data, or leave it unset",
+                hint=f"set it to at least {format_memory_size(self.network.segment_size)} "
+                "(one network buffer is persisted whole), lower taskmanager.memory.segment-size, "
+                "or leave it unset",
             )
 
     # --- sources ---
