@@ -15,11 +15,12 @@ $(STAMP): pyproject.toml setup.py $(NATIVE)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Headless chromium and its driver for the dashboard's browser test (Debian's packages;
-# needs root, as CI has). A no-op where chromium is installed.
+# Headless chromium and its driver for the dashboard's browser test, and strace for the
+# test that traces a durable publish's system calls (Debian's packages; needs root, as
+# CI has). A no-op where they are installed.
 browser:
-	(command -v chromium && command -v chromedriver) >/dev/null || \
-		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver)
+	(command -v chromium && command -v chromedriver && command -v strace) >/dev/null || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver strace)
 
 # The main job: checkpoints under backpressure, one run per policy (a few minutes);
 # tables, CSV and plots go to results/. Flags and their SPILLOVER_BENCH_CLI_* twins:

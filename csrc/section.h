@@ -10,8 +10,8 @@
 /* flags */
 #define SPL_SECTION_CREATE 1 /* make the file's directories and the file (O_EXCL) */
 #define SPL_SECTION_FSYNC 2  /* fsync the file after the copy */
-#define SPL_SECTION_EMPTY 4
-#define SPL_PUBLISH_REPLACE 8 /* spl_publish_file: replace an existing file (rename) */  /* afterwards truncate src to 0 bytes and rewind it */
+#define SPL_SECTION_EMPTY 4   /* afterwards truncate src to 0 bytes and rewind it */
+#define SPL_PUBLISH_REPLACE 8 /* spl_publish_file: replace an existing file (rename) */
 
 /* steps, as *step reports where it failed */
 #define SPL_STEP_MKDIR 1

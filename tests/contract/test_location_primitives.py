@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -456,3 +460,46 @@ def test_a_tree_nobody_reads_is_deleted_or_a_warning_says_why(
     delete[caller]()
     delete[caller]()  # gone already: nothing to say
     assert not tree.exists() and caplog.records == []
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (`make browser`)")
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_synced_publish_syncs_in_order_as_the_system_sees_it(
+    tmp_path: Path, overwrite: bool
+) -> None:
+    """The system calls of one synced publish, traced: the temporary file is fsynced
+    before it gets its name (rename or link), the directory after; a publish that
+    lost a sync would lose metadata or an event-log segment on power loss."""
+    trace = tmp_path / "trace"
+    target = tmp_path / "dir" / "_metadata"
+    code = (
+        "from spillover.storage.location import Location\n"
+        f"Location.parse({str(target)!r}).publish(b'durable', fsync=True, overwrite={overwrite})\n"
+    )
+    traced = ("strace", "-f", "-e", "trace=openat,fsync,rename,link", "-o", str(trace))
+    done = subprocess.run(
+        [*traced, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    if done.returncode != 0 and "ptrace" in done.stderr:
+        pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr
+    fds: dict[str, str] = {}  # descriptor -> the path it was opened on
+    order: list[str] = []
+    for line in trace.read_text().splitlines():
+        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)".*= (\d+)$', line):
+            fds[m.group(2)] = m.group(1)
+        elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
+            order.append("fsync " + fds.get(m.group(1), "?"))
+        elif (m := re.search(r'(rename|link)\("([^"]+)", "([^"]+)"\)\s+= 0', line)) and m.group(
+            3
+        ) == str(target):
+            order.append(m.group(1))
+    step = "rename" if overwrite else "link"
+    file_sync = next(i for i, o in enumerate(order) if ".tmp-" in o)
+    named = order.index(step)
+    dir_sync = order.index(f"fsync {target.parent}")
+    assert file_sync < named < dir_sync, order
+    assert target.read_bytes() == b"durable"

@@ -297,12 +297,18 @@ class Location:
         checkpoint's metadata and its event-log record this way on the checkpoint's
         critical path. Without hard links, the check and the rename of
         :func:`_create`."""
+        directory = os.path.dirname(self.path)
+        if not overwrite and directory in _LINKS_REFUSED:
+            self._publish_renamed(data, fsync=fsync, what=what, hint=hint)
+            return
         tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
         flags = (PUBLISH_FSYNC if fsync else 0) | (PUBLISH_REPLACE if overwrite else 0)
         rc, step = publish_file(tmp, self.path, memoryview(data).cast("B"), flags)
         if rc == errno_mod.EEXIST and step == "link":
             raise self.exists_error(what, hint)
         if rc in _NO_HARD_LINKS and step == "link":
+            # Remembered, so later publishes here do not write and sync it all twice.
+            _LINKS_REFUSED.add(directory)
             self._publish_renamed(data, fsync=fsync, what=what, hint=hint)
             return
         if rc:
@@ -573,6 +579,10 @@ def _remove_tree(path: str) -> None:
     if failed:
         raise failed[0]
 
+
+# Directories whose filesystem refused a hard link (a new file is published by a
+# check and a rename there).
+_LINKS_REFUSED: set[str] = set()
 
 # What os.link raises where a filesystem has no hard links (or not across these
 # names): only then does _create fall back to a check and a rename.

@@ -519,9 +519,9 @@ class CheckpointCoordinator:
         if p is None:
             return  # late ack of an aborted checkpoint
         key = (ack.vertex_uid, ack.subtask)
-        p.acks[key] = ack
         cs = ack.channel_state
-        p.entries[key] = SubtaskMeta(
+        # Parsed before either map takes the ack: a bad one leaves both as they were.
+        entry = SubtaskMeta(
             ack.operator_state,
             ack.keyed,
             ack.handles,
@@ -530,6 +530,8 @@ class CheckpointCoordinator:
             ack.metrics,
             ack.finished,
         )
+        p.acks[key] = ack
+        p.entries[key] = entry
         metrics = dict(ack.metrics)
         # When the acknowledgement reached the coordinator, from the trigger: which
         # subtask a checkpoint waited for last.
