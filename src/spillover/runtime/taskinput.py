@@ -27,6 +27,7 @@ from spillover.runtime.iteration.probes import ProbeRelay
 from spillover.runtime.lifecycle import TaskLifecycle
 from spillover.runtime.network import events as ev
 from spillover.runtime.network.buffers import NetworkBuffer
+from spillover.runtime.network.errors import ChannelFailedError
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.recovery.channels import ChannelStateReplay
 from spillover.runtime.taskcheckpoints import TaskCheckpoints
@@ -150,7 +151,7 @@ class TaskInput:
 
     def run(self) -> None:
         """The input loop: until every channel ended, or the task must exit."""
-        task, gate = self.task, self.gate
+        task = self.task
         paced = [op for op in task.chain.opened if type(op).ready_at is not Operator.ready_at]
         self._paced = paced
         while not self.inputs_done():
@@ -178,7 +179,7 @@ class TaskInput:
                 self.busy_seconds += time.monotonic() - t
                 task.maybe_flush()
                 continue
-            item = gate.poll(self._poll)
+            item = self._poll_gate(self._poll)
             if item is None:
                 task.maybe_flush()
                 continue
@@ -227,7 +228,7 @@ class TaskInput:
         """Waits up to ``timeout`` for a priority event (an unaligned barrier) and
         handles it; returns the seconds spent waiting."""
         t = time.monotonic()
-        item = self.gate.poll(timeout, priority_only=True)
+        item = self._poll_gate(timeout, priority_only=True)
         waited = time.monotonic() - t
         if item is not None:
             ch, buf = item
@@ -236,6 +237,24 @@ class TaskInput:
             finally:
                 buf.release()
         return waited
+
+    def _poll_gate(
+        self, timeout: float, priority_only: bool = False
+    ) -> tuple[int, NetworkBuffer] | None:
+        """``InputGate.poll``, except while the task holds a stop's savepoint: then a
+        failed channel is not its failure yet. Its upstream tasks end once that
+        savepoint completed, each as it hears so, and a remote one's channel is
+        cancelled when its worker closes it: heard before this task's own
+        completion, it would fail the stopped job. Until the savepoint completes (the
+        task ends) or is aborted (the next poll raises), the wait is only a wait."""
+        try:
+            return self.gate.poll(timeout, priority_only=priority_only)
+        except ChannelFailedError:
+            if not self.task.life.suspended:
+                raise
+        if timeout > 0:
+            time.sleep(timeout)  # the mail it waits for comes between two polls
+        return None
 
     def on_data(self, ch: int, buf: NetworkBuffer) -> None:
         task = self.task

@@ -15,6 +15,7 @@ from spillover.runtime import taskinput
 from spillover.runtime.lifecycle import TaskLifecycle
 from spillover.runtime.network import events as ev
 from spillover.runtime.network.buffers import NetworkBuffer
+from spillover.runtime.network.errors import ChannelCancelledError
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.taskinput import RUN_BUFFERS, InputChannelInfo, TaskInput
 
@@ -220,3 +221,66 @@ def test_only_data_counts_as_busy_time(clock: FakeClock, limit: int) -> None:
     assert task.handled == [0, barrier]
     assert clock.now == 6.0
     assert loop.busy_seconds == 1.0
+
+
+class StoppingTask(RecordingTask):
+    """A task holding stop's savepoint 1 that hears how the savepoint ended
+    (``completed`` or not: aborted) in its second run of the mailbox: after the input
+    loop's first turn polled the gate."""
+
+    def __init__(self, completed: bool, mails_before: int = 2) -> None:
+        super().__init__()
+        self.life.suspend_announced(1)
+        self.life.snapshot_taken(1)
+        self.cp.reap = lambda: None
+        self.completed, self.mails_before = completed, mails_before
+
+    def mail(self, block: bool = False, timeout: float | None = None) -> float:
+        self.mails_before -= 1
+        if self.mails_before == 0:
+            if self.completed:
+                self.life.checkpoint_completed(1)
+            else:
+                self.life.checkpoint_aborted(1)
+        return 0.0
+
+    def maybe_flush(self) -> None:
+        pass
+
+
+def stopping(completed: bool) -> tuple[StoppingTask, InputGate, TaskInput]:
+    """A stopping task whose one input channel was cancelled before it heard how its
+    savepoint ended: its upstream, on another worker, heard first and ended."""
+    task = StoppingTask(completed)
+    gate = InputGate(1, floating_buffers=0, buffers_per_channel=16, name="sink#1")
+    channels = [InputChannelInfo(0, Any, 0, np.int64)]
+    vertex = SimpleNamespace(loop=None, is_iteration_head=False)
+    loop = TaskInput(task, gate, channels, Any, vertex, flush_interval=0.005)  # type: ignore[arg-type]
+    gate.channel(0).fail(ChannelCancelledError("result partition 'source#0' was cancelled"))
+    return task, gate, loop
+
+
+def test_a_channel_cancelled_before_the_stops_savepoint_completed_ends_the_task_cleanly() -> None:
+    """The stop's savepoint completed: its upstream ended (its channel cancelled) before
+    this task heard so; the task ends as stopped, not failed."""
+    task, _, loop = stopping(completed=True)
+    loop.run()
+    assert task.life.exit_requested
+    assert task.life.suspended  # ended holding the savepoint: no EndOfPartition follows
+
+
+def test_a_channel_cancelled_while_holding_a_savepoint_that_is_aborted_fails_the_task() -> None:
+    """Aborted, the savepoint no longer explains the cancelled channel: the task fails
+    as it would have without the stop."""
+    task, _, loop = stopping(completed=False)
+    with pytest.raises(ChannelCancelledError, match="channel 0 of input gate 'sink#1'"):
+        loop.run()
+    assert not task.life.suspended
+
+
+def test_a_channel_failed_while_running_fails_the_task_at_once() -> None:
+    task, _, loop = stopping(completed=True)
+    task.life.checkpoint_aborted(1)  # not suspended: the failure is the task's own
+    task.mails_before = -1
+    with pytest.raises(ChannelCancelledError):
+        loop.run()
