@@ -203,35 +203,33 @@ def tcp_ms(rounds: int = 2000, size: int = 64) -> float:
 def write_ms(nbytes: int, directory: str, rounds: int = 30) -> float:
     """Writing ``nbytes`` into a new file and closing it, without fsync (median);
     nothing to write costs nothing (no file is made for it)."""
-    if nbytes <= 0:
-        return 0.0
-    data, times = os.urandom(max(0, nbytes)), []
-    for i in range(rounds):
-        path = os.path.join(directory, f"floor-{i}")
-        t0 = time.perf_counter()
-        with open(path, "wb", buffering=0) as f:
-            f.write(data)
-        times.append(time.perf_counter() - t0)
-        os.unlink(path)
-    return statistics.median(times) * 1000
+    return _file_writes_ms(nbytes, directory, rounds, durable=False) if nbytes > 0 else 0.0
 
 
 def durable_write_ms(nbytes: int, directory: str, rounds: int = 30) -> float:
     """Publishing ``nbytes`` durably as the metadata and the job event log are (a new
     file written and fsynced, then its directory fsynced; median): the floor of
     each of the two with ``state.checkpoints.fsync-metadata`` on, the default."""
+    return _file_writes_ms(nbytes, directory, rounds, durable=True)
+
+
+def _file_writes_ms(nbytes: int, directory: str, rounds: int, *, durable: bool) -> float:
+    """The median of ``rounds`` writes of ``nbytes`` into a new file, each closed
+    (and with ``durable`` fsynced, then its directory fsynced), in ms."""
     data, times = os.urandom(max(0, nbytes)), []
     for i in range(rounds):
-        path = os.path.join(directory, f"durable-{i}")
+        path = os.path.join(directory, f"floor-{i}")
         t0 = time.perf_counter()
         with open(path, "wb", buffering=0) as f:
             f.write(data)
-            os.fsync(f.fileno())
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            if durable:
+                os.fsync(f.fileno())
+        if durable:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         times.append(time.perf_counter() - t0)
         os.unlink(path)
     return statistics.median(times) * 1000

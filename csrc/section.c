@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h> /* rename */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sendfile.h>
@@ -12,15 +13,28 @@
 
 #define CHUNK (1u << 20)
 
+/* The directory holding `path` into buf (PATH_MAX bytes): "" for a name without a
+ * slash, "/" for a name at the root; 0 or ENAMETOOLONG. */
+static int parent_of(const char *path, char *buf) {
+    size_t n = strlen(path);
+    if (n >= PATH_MAX) return ENAMETOOLONG;
+    memcpy(buf, path, n + 1);
+    char *slash = strrchr(buf, '/');
+    if (!slash)
+        buf[0] = '\0';
+    else if (slash == buf)
+        buf[1] = '\0';
+    else
+        *slash = '\0';
+    return 0;
+}
+
 /* mkdir -p of the directory holding `path`; 0 or errno. */
 static int make_parents(const char *path) {
     char buf[PATH_MAX];
-    size_t n = strlen(path);
-    if (n >= sizeof(buf)) return ENAMETOOLONG;
-    memcpy(buf, path, n + 1);
-    char *slash = strrchr(buf, '/');
-    if (!slash || slash == buf) return 0;
-    *slash = '\0';
+    int bad = parent_of(path, buf);
+    if (bad) return bad;
+    if (buf[0] == '\0' || (buf[0] == '/' && buf[1] == '\0')) return 0;
     if (mkdir(buf, 0777) == 0 || errno == EEXIST) return 0;
     if (errno != ENOENT) return errno;
     for (char *p = buf + 1; *p; p++) { /* a parent is missing: make each in turn */
@@ -165,17 +179,11 @@ int spl_write_new_file(const char *path, const void *data, size_t len, int flags
 /* fsync of the directory holding `path`; 0 or errno. */
 static int fsync_parent(const char *path) {
     char buf[PATH_MAX];
-    size_t n = strlen(path);
-    if (n >= sizeof(buf)) return ENAMETOOLONG;
-    memcpy(buf, path, n + 1);
-    char *slash = strrchr(buf, '/');
-    if (!slash) {
+    int bad = parent_of(path, buf);
+    if (bad) return bad;
+    if (buf[0] == '\0') {
         buf[0] = '.';
         buf[1] = '\0';
-    } else if (slash == buf) {
-        buf[1] = '\0';
-    } else {
-        *slash = '\0';
     }
     int fd;
     do fd = open(buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

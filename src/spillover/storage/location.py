@@ -312,13 +312,17 @@ class Location:
             self._publish_renamed(data, fsync=fsync, what=what, hint=hint)
             return
         if rc:
-            raise StorageError(
-                f"cannot write {what}",
-                path=self.uri,
-                errno=rc,
-                detail=f"{step}: {os.strerror(rc)}",
-                hint=_REACHABLE,
-            )
+            raise self._native_error(what, rc, step)
+
+    def _native_error(self, what: str, rc: int, step: str) -> StorageError:
+        """A native write's failure: ``rc`` an errno, ``step`` where it failed."""
+        return StorageError(
+            f"cannot write {what}",
+            path=self.uri,
+            errno=rc,
+            detail=f"{step}: {os.strerror(rc)}",
+            hint=_REACHABLE,
+        )
 
     def _publish_renamed(self, data: bytes, *, fsync: bool, what: str, hint: str | None) -> None:
         """A new file published on a filesystem without hard links: a check, then a
@@ -490,13 +494,7 @@ class Location:
             if step not in ("mkdir", "open"):
                 with contextlib.suppress(OSError):
                     os.unlink(self.path)
-            raise StorageError(
-                f"cannot write {what}",
-                path=self.uri,
-                errno=rc,
-                detail=f"{step}: {os.strerror(rc)}",
-                hint=_REACHABLE,
-            )
+            raise self._native_error(what, rc, step)
         if fsync:
             try:
                 fsync_directory(os.path.dirname(self.path))
