@@ -483,7 +483,8 @@ def test_a_synced_publish_syncs_in_order_as_the_system_sees_it(
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    if done.returncode != 0 and "ptrace" in done.stderr:
+    if done.returncode != 0 and any(ln.startswith("strace:") for ln in done.stderr.splitlines()):
+        # (a container that forbids ptrace): strace's own complaint, not the publish's
         pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
     assert done.returncode == 0, done.stderr
     fds: dict[str, str] = {}  # descriptor -> the path it was opened on
