@@ -115,9 +115,8 @@ class _Pending:
     stats: CheckpointStats
     started: float
     expected: set[tuple[str, int]]
-    acks: dict[tuple[str, int], Any] = field(default_factory=dict)
     # Each acknowledgement's metadata entry, made as it arrives: not at completion.
-    entries: dict[tuple[str, int], SubtaskMeta] = field(default_factory=dict)
+    acks: dict[tuple[str, int], SubtaskMeta] = field(default_factory=dict)
     switched: bool = False
     trigger: TriggerCheckpoint | None = None  # what its roots were sent
     triggered: set[tuple[str, int]] = field(default_factory=set)  # its roots so far
@@ -520,7 +519,7 @@ class CheckpointCoordinator:
             return  # late ack of an aborted checkpoint
         key = (ack.vertex_uid, ack.subtask)
         cs = ack.channel_state
-        # Parsed before either map takes the ack: a bad one leaves both as they were.
+        # Parsed before the map takes the ack: a bad one leaves it as it was.
         entry = SubtaskMeta(
             ack.operator_state,
             ack.keyed,
@@ -530,8 +529,7 @@ class CheckpointCoordinator:
             ack.metrics,
             ack.finished,
         )
-        p.acks[key] = ack
-        p.entries[key] = entry
+        p.acks[key] = entry
         metrics = dict(ack.metrics)
         # When the acknowledgement reached the coordinator, from the trigger: which
         # subtask a checkpoint waited for last.
@@ -546,7 +544,7 @@ class CheckpointCoordinator:
         p = self._pending.pop(cid)
         assert self.storage is not None
         subtasks: dict[str, dict[int, SubtaskMeta]] = {}
-        for (uid, subtask), entry in sorted(p.entries.items()):
+        for (uid, subtask), entry in sorted(p.acks.items()):
             subtasks.setdefault(uid, {})[subtask] = entry
         # Exited subtasks keep the state of the last checkpoint they acknowledged (its
         # files stay, as references); everything they emitted is in the state of the
