@@ -446,7 +446,7 @@ class SharedFile:
         self.end = 0
         self.sections = 0
         self._created = False
-        self._lock = threading.RLock()  # held across appends by hold()
+        self._lock = threading.Lock()  # held only to count places (and to make the file)
         self._local = local
 
     @property
@@ -456,17 +456,6 @@ class SharedFile:
         if self._local is None:
             self._local = on_local_disk(self.directory)
         return self._local
-
-    def hold(self, timeout: float = 0.0) -> bool:
-        """Takes the file for the caller's next appends if no one else has it within
-        ``timeout`` seconds (0: at once); True if taken, then :meth:`release` gives it
-        back."""
-        if timeout <= 0:
-            return self._lock.acquire(blocking=False)
-        return self._lock.acquire(timeout=timeout)
-
-    def release(self) -> None:
-        self._lock.release()
 
     def append(
         self,
@@ -498,48 +487,28 @@ class SharedFile:
         (it opens, copies in the kernel, writes each entry, fsyncs if asked and
         closes, with the GIL let go once: on a busy worker each time it is taken back
         costs). Parts closing at the same time so copy side by side and none waits
-        for another's copy; only the checkpoint's first part, which creates the file,
-        copies under the lock. On an error nothing is counted: the places are written
-        over by the next sections if none was taken after them, else left unused (no
-        handle names them; the checkpoint is declined); every section a handle names
-        stays whole."""
+        for another's copy; the checkpoint's first part only makes the file under the
+        lock (:meth:`_create`), then copies outside it too. On an error nothing is
+        counted: the places are written over by the next sections if none was taken
+        after them, else left unused (no handle names them; the checkpoint is
+        declined); every section a handle names stays whole."""
         if not sections:
             return []
         sizes = [h.size + (len(e) if e is not None else 0) for _, h, e in sections]
         total = sum(sizes)
         with self._lock:
             offset = self.end
-            creating = not self._created
+            if not self._created:
+                self._create()  # raises with nothing counted
             self.end += total
-            if creating:  # the others open the file only once it exists
-                try:
-                    rc, step, emptied = self._copy(sections, sizes, offset, empty, creating)
-                except BaseException:  # not an errno (a bad argument, an interrupt)
-                    self.end = offset
-                    raise
-        if not creating:
-            try:
-                rc, step, emptied = self._copy(sections, sizes, offset, empty, creating)
-            except BaseException:
-                self._give_back(offset, total)
-                raise
+        try:
+            rc, step, emptied = self._copy(sections, sizes, offset, empty)
+        except BaseException:  # not an errno (a bad argument, an interrupt)
+            self._give_back(offset, total)
+            raise
         if rc:
             self._give_back(offset, total)
-            if creating and step == "open" and rc == errno_mod.EEXIST:
-                raise StateFileExistsError(
-                    "shared state file already exists",
-                    path=self.path,
-                    errno=rc,
-                    hint="each checkpoint needs its own directory",
-                )
-            raise StorageError(
-                "cannot write shared state file",
-                path=self.path,
-                offset=offset,
-                errno=rc,
-                detail=f"{step}: {os.strerror(rc)}",
-                hint="check that the storage is reachable and writable",
-            )
+            raise self._error(rc, step, offset)
         with self._lock:
             self.sections += len(sections)
         out = []
@@ -569,16 +538,11 @@ class SharedFile:
         sizes: Sequence[int],
         offset: int,
         empty: bool,
-        creating: bool,
     ) -> tuple[int, str, list[bool]]:
         """The native copy of the sections (``sizes``: each with its entry) from
-        ``offset`` on, the file opened and fsynced once: ``(errno or 0, step, emptied
-        per section)``."""
-        flags = (
-            (native.SECTION_CREATE if creating else 0)
-            | (native.SECTION_FSYNC if self.fsync else 0)
-            | (native.SECTION_EMPTY if empty else 0)
-        )
+        ``offset`` on into the file made already, opened and fsynced once: ``(errno or
+        0, step, emptied per section)``."""
+        flags = (native.SECTION_FSYNC if self.fsync else 0) | (native.SECTION_EMPTY if empty else 0)
         places = []
         at = offset
         for (staged, handle, entry), size in zip(sections, sizes, strict=True):
@@ -592,16 +556,44 @@ class SharedFile:
             and self.local
             and at - offset <= KEEP_GIL_BYTES
         )
-        rc, step, opened, emptied = native.append_sections(places, self.path, flags, keep_gil)
-        # Ours once opened, even if a copy failed: later sections open it without
-        # O_EXCL.
+        rc, step, _, emptied = native.append_sections(places, self.path, flags, keep_gil)
+        return rc, step, emptied
+
+    def _create(self) -> None:
+        """Makes the file, empty, under the lock (and with ``fsync`` its directory entry
+        durable), so that every part copies outside it, the first one too: a part that
+        waited for the first one's copy waited again for the GIL after it, milliseconds
+        on a busy worker. Without fsync the GIL stays held: a few metadata calls."""
+        rc, step, opened, _ = native.append_sections(
+            [], self.path, native.SECTION_CREATE, not self.fsync
+        )
+        # Ours once opened: later sections open it without O_EXCL.
         self._created = self._created or opened
-        if rc == 0 and self.fsync and creating:
+        if rc == 0 and self.fsync:
             try:
                 fsync_directory(self.directory)
             except OSError as e:
                 rc, step = e.errno or errno_mod.EIO, "fsync of its directory"
-        return rc, step, emptied
+        if rc:
+            raise self._error(rc, step, self.end)
+
+    def _error(self, rc: int, step: str, offset: int) -> StorageError:
+        """What a failed creation or copy raises."""
+        if step == "open" and rc == errno_mod.EEXIST:  # only a creation opens with O_EXCL
+            return StateFileExistsError(
+                "shared state file already exists",
+                path=self.path,
+                errno=rc,
+                hint="each checkpoint needs its own directory",
+            )
+        return StorageError(
+            "cannot write shared state file",
+            path=self.path,
+            offset=offset,
+            errno=rc,
+            detail=f"{step}: {os.strerror(rc)}",
+            hint="check that the storage is reachable and writable",
+        )
 
 
 def write_at(

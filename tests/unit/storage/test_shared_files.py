@@ -427,6 +427,40 @@ def test_subtasks_appending_all_their_gates_at_once_side_by_side(tmp_path: Path)
     ]
 
 
+def test_the_part_that_makes_the_file_copies_beside_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint's first part makes the file and copies outside the file's lock,
+    as every other part does: a second part appends, whole, while the first one's
+    copy is still going (it waited for that copy, then for the GIL, before)."""
+    shared = SharedFile(Location.parse(str(tmp_path / "d")), "g.spill")
+    real = shared_mod.native.append_sections
+    copying, go_on = threading.Event(), threading.Event()
+
+    def append_sections(sections: list[object], *args: object) -> object:
+        if sections and threading.current_thread().name == "first":
+            copying.set()
+            assert go_on.wait(30)
+        return real(sections, *args)
+
+    monkeypatch.setattr(shared_mod.native, "append_sections", append_sections)
+    handles: dict[str, GateStateHandle] = {}
+
+    def part(name: str, subtask: int) -> None:
+        handles[name] = _write(shared, str(tmp_path), 1, (subtask, 0, [(0, name.encode() * 50)]))
+
+    first = threading.Thread(target=part, args=("first", 0), name="first")
+    first.start()
+    assert copying.wait(30)
+    part("second", 1)  # the first one's copy has not written a byte yet
+    go_on.set()
+    first.join(30)
+    assert (handles["first"].offset, handles["second"].offset > 0) == (0, True)
+    assert _read(handles["first"]) == {0: [b"first" * 50]}
+    assert _read(handles["second"]) == {0: [b"second" * 50]}
+    assert shared_sections(shared.path) == sorted((h.offset, h.size) for h in handles.values())
+
+
 def _staged_inodes(staging: str, shared: SharedFile, gates: list[Gate]) -> list[int]:
     """Stages, appends and recycles each gate in turn, as barriers do one after another:
     the inode of each gate's staging file."""

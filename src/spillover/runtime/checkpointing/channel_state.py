@@ -95,15 +95,11 @@ QUICK_CLOSE_BYTES = 1 << 20
 disk, may be finished on the task thread when its inputs' barriers are in (a few
 writes and one copy into the shared file, well under a millisecond) instead of
 being handed to the channel-state thread: waking that thread cost 1-2 ms of the
-acknowledgement on a busy worker. Only if nothing could make it wait long: the group's file is not
-on a network filesystem, and the file is not held by another subtask's append
-beyond :data:`QUICK_CLOSE_WAIT` (only the append that creates it holds it through
-its copy; the others copy side by side) (``close(quick=True)``). Everything else
-still goes to the thread, so the task never waits for storage longer than that."""
-
-QUICK_CLOSE_WAIT = 0.002
-"""Seconds a task thread waits for its group's shared file before it hands the close
-to the channel-state thread after all."""
+acknowledgement on a busy worker. Only if nothing could make it wait long: the
+group's file is not on a network filesystem (parts copy into it side by side and
+take its lock only to count their places, :meth:`SharedFile.append_all`)
+(``close(quick=True)``). Everything else still goes to the thread, so the task
+never waits for storage."""
 
 
 class ChannelStateWriter:
@@ -234,22 +230,14 @@ class ChannelStateWriter:
     def close(self, quick: bool = False) -> dict[str, Any] | None:
         """Finishes every file; ``{"input": [...], "output": [...], "bytes": n}``; raises
         what failed the checkpoint's storage before, if anything did. With ``quick``
-        only if that cannot wait on storage or on another subtask (see
-        :data:`QUICK_CLOSE_BYTES`); None, having done nothing, if it could."""
+        only if that cannot wait on storage (see :data:`QUICK_CLOSE_BYTES`); None,
+        having done nothing, if it could."""
         if not quick or self.failed is not None:
             return self._close()
         shared = self._shared[0] if self._shared is not None else None
         if not isinstance(shared, SharedFile) or self.bytes > QUICK_CLOSE_BYTES or not shared.local:
             return None  # an object store's part waits for the group's publish
-        # Parts copy side by side (SharedFile.append_all); only the one creating the
-        # file holds it through its copy. Held longer than this: hand it off. Kept
-        # through the close (the lock is reentrant), so no part takes it in between.
-        if not shared.hold(QUICK_CLOSE_WAIT):
-            return None
-        try:
-            return self._close()
-        finally:
-            shared.release()
+        return self._close()
 
     def _close(self) -> dict[str, Any]:
         self.closed = True
