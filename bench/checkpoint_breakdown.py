@@ -26,7 +26,9 @@ worker into the wire to the TCP receiving thread and that thread to the task; th
 acknowledgement into the wire to the master's reading thread and that thread to
 the coordinator's. Their floors: a thread woken by another process's message (a
 process at rest, and one with a busy Python thread beside the woken one at the
-workers' switch interval), a loopback TCP message, a hand-off.
+workers' switch interval), a loopback TCP message, a hand-off. Printed apart: a
+hand-off and a small step after 1 s at rest, the price a thread that runs once a
+checkpoint pays where idle cores lose their caches (``rested_step_ms``).
 
 A keyed subtask's snapshot is split into its parts (the unaligned barrier's
 forward with the output state it overtook, the begun records, the capture, the
@@ -118,6 +120,39 @@ def handoff_ms(rounds: int = 2000) -> float:
     there.put(-1)
     t.join()
     return statistics.median(times) / 2 * 1000
+
+
+def rested_step_ms(rest_s: float, rounds: int = 5) -> tuple[float, float]:
+    """A thread's hand-off and its first small step (50 dicts built) once the process
+    rested ``rest_s`` seconds, as the checkpoint's threads that run once a checkpoint
+    do (the coordinator, a worker's control thread, the snapshot threads), and the
+    same step right after it, warm (medians, ms). On a machine whose idle cores lose
+    their caches (a VM beside others) the first is far above :func:`handoff_ms`."""
+    there: queue.SimpleQueue[float] = queue.SimpleQueue()
+    back: queue.SimpleQueue[tuple[float, float]] = queue.SimpleQueue()
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        _ = [{"step": i} for i in range(50)]
+        return time.perf_counter() - t0
+
+    def woken() -> None:
+        while (sent := there.get()) >= 0:
+            cold = time.perf_counter() - sent + step()
+            back.put((cold, step()))
+
+    t = threading.Thread(target=woken, daemon=True)
+    t.start()
+    cold, warm = [], []
+    for _ in range(rounds):
+        time.sleep(rest_s)
+        there.put(time.perf_counter())
+        c, w = back.get()
+        cold.append(c)
+        warm.append(w)
+    there.put(-1.0)
+    t.join()
+    return statistics.median(cold) * 1000, statistics.median(warm) * 1000
 
 
 _WAKER = r"""
@@ -529,6 +564,7 @@ def main() -> None:
     # thread (Spark workers run at WorkerSpec.switch_interval).
     switch = WorkerSpec.switch_interval if remote else sys.getswitchinterval()
     idle, busy = busy_wakeup_ms(0, switch), busy_wakeup_ms(1, switch)
+    rested, warm = rested_step_ms(1.0)
     for vertex in predecessors:
         floors[f"inputs {vertex}: last forward to last barrier in"] = floors["trigger"]
     found = phases(done, triggered_at, predecessors, posted_at)
@@ -545,7 +581,9 @@ def main() -> None:
         f"{statistics.median(durations):.2f} ms; floors measured after the job: thread "
         f"hand-off {handoff:.3f} ms, loopback TCP one way {tcp:.3f} ms, a thread woken by "
         f"another process {idle:.3f} ms (with one busy Python thread beside it at a "
-        f"{switch * 1000:g} ms switch interval: {busy:.3f} ms), writes without "
+        f"{switch * 1000:g} ms switch interval: {busy:.3f} ms), a hand-off and a small "
+        f"step after 1 s at rest {rested:.3f} ms (the step again, warm: {warm:.3f} ms), "
+        f"writes without "
         f"fsync of a subtask's median state / in-flight bytes ({', '.join(sizes)}) and "
         f"of the metadata ({meta_bytes} B; its parts' floors: the same bytes and an "
         f"event's 300 B written and fsynced with their directory, {durable:.3f} and "
