@@ -481,6 +481,15 @@ class Executor:
         run = self._current
         return {} if run is None else dict(run.task_metrics())
 
+    def _retain_own(self, own: list[int]) -> None:
+        """A resumed run's retention, as its dead master left it: the newest
+        ``state.checkpoints.num-retained`` of the run's complete checkpoints (``own``,
+        oldest first, the resumed one last) retained, the older ones subsumed, deleted
+        at the next completion unless a retained one references them (Flink's
+        completed checkpoint store, recovered on failover, subsumes them the same way)."""
+        keep = self.config.state.num_retained
+        self.retained_ids, self.subsumed_ids = own[-keep:], own[:-keep]
+
     def _restore_point(self) -> CheckpointMetadata | None:
         """The metadata of the checkpoint to restore: the one asked for (an id in this
         job's checkpoint directory, or a checkpoint directory's path), else the latest."""
@@ -703,7 +712,7 @@ class Executor:
                     assert self.storage is not None
                     cp = resume.checkpoint
                     meta = first_meta = self.storage.read(cp.checkpoint_id)
-                    self.retained_ids = [resume.checkpoint.checkpoint_id]  # the run's own
+                    self._retain_own(recovery.own_checkpoints(cp.checkpoint_id))
         restore = self._plan(meta)  # refuses a checkpoint that does not fit, before starting
         if meta is not None and meta is first_meta and self.restore_checkpoint is not None:
             owned = self._claim.claim(meta, self.restore_checkpoint)

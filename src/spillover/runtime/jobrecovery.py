@@ -78,6 +78,8 @@ class Resume:
     generation: int
     reason: str
     stop: StopRequested | None = None
+    # A resumed run's own checkpoint ids start at or above this (see own_checkpoints).
+    run_floor: int = 0
 
 
 class JobRecovery:
@@ -133,7 +135,12 @@ class JobRecovery:
             if resume.fresh:
                 log.append(
                     JobSubmitted(
-                        job_name, fingerprint, parallelism, configuration, run_id=resume.run_id
+                        job_name,
+                        fingerprint,
+                        parallelism,
+                        configuration,
+                        run_id=resume.run_id,
+                        first_checkpoint_id=resume.first_checkpoint_id,
                     )
                 )
                 log.flush()
@@ -187,6 +194,7 @@ class JobRecovery:
         return Resume(
             run_id, False, False, cp, first, generation,
             f"resuming run {run_id[:12]} from {where}: {_why(state)}{then}", stop,
+            _run_floor(state),
         )  # fmt: skip
 
     def _check_present(self, cp: CheckpointCompleted) -> None:
@@ -216,6 +224,14 @@ class JobRecovery:
                 self.storage.location.name,
                 ", ".join(map(str, stale)),
             )
+
+    def own_checkpoints(self, resumed: int) -> list[int]:
+        """The resumed run's complete checkpoints up to ``resumed``, oldest first: what
+        the dead master retained, and what it had subsumed but not yet deleted when it
+        died (its tasks hear of a checkpoint before what it subsumes goes). An earlier
+        run's checkpoints are never among them."""
+        floor = self.resume.run_floor if self.resume is not None else resumed
+        return [c for c in self.storage.completed_ids() if floor <= c <= resumed]
 
     def latest_metadata(self) -> CheckpointMetadata | None:
         """The metadata of the newest checkpoint of this run the log names, if any:
@@ -341,6 +357,17 @@ class JobRecovery:
         finally:
             if self.lost is None:
                 self.lease.release()
+
+
+def _run_floor(state: JobLogState) -> int:
+    """The lowest id the log's run may have used: its first checkpoint id as recorded
+    when it was submitted, else (a log of an earlier version) its newest generation's,
+    else its newest checkpoint's (nothing below it is known to be the run's)."""
+    if state.submitted is not None and state.submitted.first_checkpoint_id > 0:
+        return state.submitted.first_checkpoint_id
+    if state.generation is not None:
+        return state.generation.first_checkpoint_id
+    return state.checkpoint.checkpoint_id if state.checkpoint is not None else 0
 
 
 def _status(state: JobLogState) -> str:

@@ -43,7 +43,10 @@ class Event:
 @dataclass(frozen=True)
 class JobSubmitted(Event):
     """A fresh run of the job: replay forgets what earlier runs recorded (savepoints
-    aside). A master that resumes a run does not append this again."""
+    aside). A master that resumes a run does not append this again.
+    ``first_checkpoint_id``: the run's checkpoint ids start there (0: not recorded, a
+    log of an earlier version), so a master resuming the run knows which of the
+    job's checkpoints are the run's own to retain or delete, never an earlier run's."""
 
     KIND: ClassVar[str] = "job-submitted"
     job_name: str
@@ -51,6 +54,7 @@ class JobSubmitted(Event):
     parallelism: int
     configuration: Mapping[str, Any] = field(default_factory=dict)
     run_id: str = ""
+    first_checkpoint_id: int = 0
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Self:
