@@ -210,12 +210,19 @@ class JobRecovery:
 
     def _drop_unconfirmed(self, state: JobLogState, resume: Resume) -> None:
         """Deletes the dead run's checkpoint directories the log never confirmed (those
-        after its newest logged checkpoint, from its last generation on)."""
+        after its newest logged checkpoint, from its last generation on), and the
+        run's incomplete ones below it (aborted checkpoints a late write made again,
+        which the dead master's next completion would have swept)."""
         if state.generation is None:
             return
         floor = state.generation.first_checkpoint_id
         logged = state.checkpoint.checkpoint_id if state.checkpoint is not None else 0
-        stale = [c for c in self.storage.all_ids() if c >= floor and c > logged]
+        ids, complete = self.storage.all_ids(), set(self.storage.completed_ids())
+        stale = [
+            c
+            for c in ids
+            if (c >= floor and c > logged) or (resume.run_floor <= c < logged and c not in complete)
+        ]
         for cid in stale:
             self.storage.delete(cid)
         if stale:

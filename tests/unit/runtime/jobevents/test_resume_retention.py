@@ -80,3 +80,25 @@ def test_a_log_of_an_earlier_version_owns_from_its_newest_generation(tmp_path: P
         assert third.own_checkpoints(5) == [3, 4, 5]
     finally:
         third.close()
+
+
+def test_a_resumed_run_deletes_its_own_aborted_leftovers_only(tmp_path: Path) -> None:
+    """An aborted checkpoint's directory that a late write made again (no metadata)
+    below the dead master's last logged one is deleted on resume, as its next
+    completion would have swept it; an earlier run's leftover stays."""
+    storage = CheckpointStorage(str(tmp_path), "job", fsync=False)
+    (tmp_path / "job" / "chk-1" / "channels").mkdir(parents=True)  # an earlier run's
+    storage.write_metadata(2, empty_metadata(2))
+    first = _master(storage)
+    assert first.resume is not None and first.resume.first_checkpoint_id == 3
+    first.generation_started(0, 1, "submitted", None, 3)
+    _complete(storage, first, range(3, 4))
+    (tmp_path / "job" / "chk-4" / "channels").mkdir(parents=True)  # aborted, written late
+    _complete(storage, first, range(5, 6))
+    first.close()
+    second = _master(storage)
+    try:
+        assert storage.all_ids() == [1, 2, 3, 5]
+        assert second.own_checkpoints(5) == [3, 5]
+    finally:
+        second.close()
