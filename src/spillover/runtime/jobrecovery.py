@@ -368,13 +368,14 @@ class JobRecovery:
 
 def _run_floor(state: JobLogState) -> int:
     """The lowest id the log's run may have used: its first checkpoint id as recorded
-    when it was submitted, else (a log of an earlier version) its newest generation's,
-    else its newest checkpoint's (nothing below it is known to be the run's)."""
+    when it was submitted, else (a log of an earlier version) the lower of its newest
+    generation's first id and its newest checkpoint's (a generation restarted after
+    that checkpoint starts above it; nothing below both is known to be the run's)."""
     if state.submitted is not None and state.submitted.first_checkpoint_id > 0:
         return state.submitted.first_checkpoint_id
-    if state.generation is not None:
-        return state.generation.first_checkpoint_id
-    return state.checkpoint.checkpoint_id if state.checkpoint is not None else 0
+    known = [state.generation.first_checkpoint_id] if state.generation is not None else []
+    known += [state.checkpoint.checkpoint_id] if state.checkpoint is not None else []
+    return min(known, default=0)
 
 
 def _status(state: JobLogState) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,27 +58,31 @@ def test_a_resumed_run_owns_its_checkpoints_and_no_earlier_runs(
         second.close()
 
 
-def test_a_log_of_an_earlier_version_owns_from_its_newest_generation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("generation_first", [3, 7])
+def test_a_log_of_an_earlier_version_owns_from_its_newest_generation(
+    tmp_path: Path, generation_first: int
+) -> None:
     """A run submitted without its first id (an earlier version's log): only what its
-    newest generation made is known to be its own, so nothing older is deleted."""
+    newest generation made is known to be its own, and the checkpoint it resumes
+    from, even when that generation started after it (a restart that completed no
+    checkpoint yet): nothing older is deleted, and the resumed one is retained."""
     storage = CheckpointStorage(str(tmp_path), "job", fsync=False)
     first = _master(storage)
     assert first.log is not None
-    # What an earlier version wrote: the submission without the run's first id.
     submitted = next(e for e in first.log.events() if isinstance(e, JobSubmitted))
-    assert submitted.first_checkpoint_id == 1
+    assert submitted.first_checkpoint_id == 1  # what this version records
     first.close()
     log = JobEventLog.open(first.directory)
-    log.append(JobSubmitted("job", "f", 1, {}, run_id="r"))
+    log.append(JobSubmitted("job", "f", 1, {}, run_id="r"))  # as an earlier version did
     log.flush()
-    storage2 = CheckpointStorage(str(tmp_path), "job", fsync=False)
-    second = _master(storage2)
-    second.generation_started(0, 1, "submitted", None, 3)
-    _complete(storage2, second, range(1, 6))
+    second = _master(storage)
+    second.generation_started(0, 1, "submitted", None, min(generation_first, 3))
+    _complete(storage, second, range(1, 6))
+    second.generation_started(1, 1, "restarted", None, generation_first)
     second.close()
-    third = _master(storage2)
+    third = _master(storage)
     try:
-        assert third.own_checkpoints(5) == [3, 4, 5]
+        assert third.own_checkpoints(5) == list(range(min(generation_first, 5), 6))
     finally:
         third.close()
 
