@@ -8,8 +8,10 @@ T subtasks speaking the real messages) completes checkpoints whose
 ``CheckpointStorage.write_metadata`` is timed (``_metadata`` and the channel index
 beside it), with fsync off and on, alternating blocks so that both see the same
 load. Per event: ``JobEventLog.append`` of one ``checkpoint-completed`` and the
-``flush`` that publishes it as a segment, off and on. The limits, measured in the
-same run: the same bytes written to a new file and renamed into place (what
+``flush`` that publishes it as a segment, off and on. Per completion: the two
+files a checkpoint's completion publishes (its metadata, then the event), one after
+the other or as one ordered group (``publish_in_order``), fsync on. The limits,
+measured in the same run: the same bytes written to a new file and renamed into place (what
 ``Location.publish`` does), then the same with the file and its directory fsynced.
 
     PYTHONPATH=src .venv/bin/python bench/bench_durability.py            # T = 100
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from spillover.runtime.checkpointing.simulated import SimulatedJob, Simulation
 from spillover.runtime.jobevents.events import CheckpointCompleted
 from spillover.runtime.jobevents.log import JobEventLog
-from spillover.storage.location import fsync_directory
+from spillover.storage.location import Location, Publication, fsync_directory, publish_in_order
 
 _names = itertools.count()
 
@@ -121,6 +123,36 @@ def per_event(directory: str, blocks: int) -> dict[str, float]:
     }
 
 
+def per_completion(directory: str, blocks: int, meta_bytes: int) -> dict[str, float]:
+    """A completion's two files, fsync on: ``meta_bytes`` of metadata and then an
+    event's segment, published one after the other (two ``Location.publish``, four
+    fsyncs) or as one ordered group (``publish_in_order``: both files synced
+    together, then each named and its directory synced), alternating blocks."""
+    base = Location.parse(tempfile.mkdtemp(prefix="completion-", dir=directory))
+    meta, event = os.urandom(meta_bytes), os.urandom(260)
+    got: dict[bool, list[float]] = {False: [], True: []}
+    for b in range(blocks):
+        for grouped in (False, True) if b % 2 == 0 else (True, False):
+            for _ in range(10):
+                n = next(_names)
+                files = [
+                    Publication(base.child(f"chk-{n}", "_metadata"), meta, True, True),
+                    Publication(base.child("_events", f"events-{n:08d}.log"), event, True, False),
+                ]
+                t = time.perf_counter()
+                if grouped:
+                    publish_in_order(files)
+                else:
+                    for f in files:
+                        f.publish()
+                got[grouped].append((time.perf_counter() - t) * 1000)
+    return {
+        "bytes": meta_bytes + len(event),
+        "apart": statistics.median(got[False]),
+        "grouped": statistics.median(got[True]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--subtasks", type=int, default=100, help="T of the simulated job")
@@ -135,6 +167,7 @@ def main() -> None:
             ),
             ("per event (one flush)", per_event(d, args.blocks)),
         ]
+        completion = per_completion(d, args.blocks, int(rows[0][1]["bytes"]))
     print("| what | bytes | fsync off | fsync on | raw write | raw write + fsync |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, r in rows:
@@ -142,6 +175,13 @@ def main() -> None:
             f"| {name} | {r['bytes']:,.0f} | {r['off']:.2f} ms | {r['on']:.2f} ms "
             f"| {r['raw_off']:.2f} ms | {r['raw_on']:.2f} ms |"
         )
+    print()
+    print("| completion, fsync on | bytes | one file after the other | one ordered group |")
+    print("|---|---:|---:|---:|")
+    print(
+        f"| metadata, then its event | {completion['bytes']:,.0f} "
+        f"| {completion['apart']:.2f} ms | {completion['grouped']:.2f} ms |"
+    )
 
 
 if __name__ == "__main__":

@@ -216,3 +216,88 @@ int spl_publish_file(const char *tmp, const char *path, const void *data, size_t
     }
     return rc;
 }
+
+/* Undoes what spl_publish_files made of files [from, made): each open one closed,
+ * each temporary file removed. */
+static void unmake(size_t from, size_t made, int *fds, const char *const *tmps) {
+    for (size_t i = from; i < made; i++) {
+        if (fds[i] >= 0) close(fds[i]);
+        fds[i] = -1;
+        unlink(tmps[i]);
+    }
+}
+
+int spl_publish_files(size_t n, const char *const *tmps, const char *const *paths,
+                      const void *const *datas, const size_t *lens, const int *flags,
+                      size_t *at, int *step) {
+    int fds[SPL_PUBLISH_MAX];
+    size_t made = 0, published = 0, i;
+    int rc = 0;
+    *at = 0;
+    *step = 0;
+    if (n > SPL_PUBLISH_MAX) return EINVAL;
+    /* 1. every file's data, its write-out started at once where it is to be synced */
+    for (i = 0; i < n; i++) {
+        *at = i;
+        *step = SPL_STEP_MKDIR;
+        if ((rc = make_parents(tmps[i]))) goto fail;
+        *step = SPL_STEP_OPEN;
+        int fd;
+        do fd = open(tmps[i], O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0644);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0) {
+            rc = errno;
+            goto fail;
+        }
+        fds[made++] = fd;
+        *step = SPL_STEP_COPY;
+        if ((rc = pwrite_all(fd, datas[i], lens[i], 0))) goto fail;
+        if (flags[i] & SPL_SECTION_FSYNC) /* a hint: the fsync below is what counts */
+            (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    }
+    /* 2. each file synced and closed: the first sync's commit takes the rest along */
+    for (i = 0; i < n; i++) {
+        *at = i;
+        if (flags[i] & SPL_SECTION_FSYNC) {
+            *step = SPL_STEP_FSYNC;
+            if (fsync(fds[i]) != 0) {
+                rc = errno;
+                goto fail;
+            }
+        }
+        *step = SPL_STEP_CLOSE;
+        rc = close(fds[i]) != 0 && errno != EINTR ? errno : 0;
+        fds[i] = -1;
+        if (rc) goto fail;
+    }
+    /* 3. in order: each file visible (and its entry durable) before the next */
+    for (i = 0; i < n; i++) {
+        *at = i;
+        if (flags[i] & SPL_PUBLISH_REPLACE) {
+            *step = SPL_STEP_RENAME;
+            if (rename(tmps[i], paths[i]) != 0) {
+                rc = errno;
+                goto fail;
+            }
+        } else {
+            *step = SPL_STEP_LINK;
+            if (link(tmps[i], paths[i]) != 0) {
+                rc = errno;
+                goto fail;
+            }
+            unlink(tmps[i]);
+        }
+        if (flags[i] & SPL_SECTION_FSYNC) {
+            *step = SPL_STEP_DIRSYNC;
+            if ((rc = fsync_parent(paths[i]))) {
+                published = i + 1; /* visible: only the later ones are undone */
+                goto fail;
+            }
+        }
+        published = i + 1;
+    }
+    return 0;
+fail:
+    unmake(published, made, fds, tmps);
+    return rc;
+}

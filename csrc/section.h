@@ -69,4 +69,21 @@ int spl_write_new_file(const char *path, const void *data, size_t len, int flags
 int spl_publish_file(const char *tmp, const char *path, const void *data, size_t len, int flags,
                      int *step);
 
+/* At most this many files per spl_publish_files call. */
+#define SPL_PUBLISH_MAX 16
+
+/* Publishes `n` files in order, each as spl_publish_file does (`flags[i]` its
+ * SPL_SECTION_FSYNC and SPL_PUBLISH_REPLACE): file i becomes visible only after
+ * files 0 to i-1 are, and with SPL_SECTION_FSYNC only after their directory
+ * entries are durable. Every file's data is written first, its write-out started
+ * at once (sync_file_range), and then each is fsynced: on a journaling filesystem
+ * the first fsync's commit takes the others' data along, so their data costs one
+ * commit where a spl_publish_file each costs one per file. Returns 0, or an errno
+ * value (EINVAL: more than SPL_PUBLISH_MAX files) with *at the file and *step the
+ * step that failed; the files before *at are published (and *at itself when its
+ * directory's fsync failed), and no temporary file of a later one is left. */
+int spl_publish_files(size_t n, const char *const *tmps, const char *const *paths,
+                      const void *const *datas, const size_t *lens, const int *flags,
+                      size_t *at, int *step);
+
 #endif

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from spillover.storage import location as location_module
 from spillover.storage.location import FileKind, Location, delete_tree
 from support.faults import Faults, enospc, fail, failing_renames, faulty_dir
 from support.stores import Store
+from support.synced import durable_steps
 
 
 @pytest.fixture
@@ -476,31 +474,10 @@ def test_a_synced_publish_syncs_in_order_as_the_system_sees_it(
         "from spillover.storage.location import Location\n"
         f"Location.parse({str(target)!r}).publish(b'durable', fsync=True, overwrite={overwrite})\n"
     )
-    traced = ("strace", "-f", "-e", "trace=openat,fsync,rename,link", "-o", str(trace))
-    done = subprocess.run(
-        [*traced, sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    if done.returncode != 0 and any(ln.startswith("strace:") for ln in done.stderr.splitlines()):
-        # (a container that forbids ptrace): strace's own complaint, not the publish's
-        pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
-    assert done.returncode == 0, done.stderr
-    fds: dict[str, str] = {}  # descriptor -> the path it was opened on
-    order: list[str] = []
-    for line in trace.read_text().splitlines():
-        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)".*= (\d+)$', line):
-            fds[m.group(2)] = m.group(1)
-        elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
-            order.append("fsync " + fds.get(m.group(1), "?"))
-        elif (m := re.search(r'(rename|link)\("([^"]+)", "([^"]+)"\)\s+= 0', line)) and m.group(
-            3
-        ) == str(target):
-            order.append(m.group(1))
+    order = durable_steps(code, trace, {str(target)})
     step = "rename" if overwrite else "link"
     file_sync = next(i for i, o in enumerate(order) if ".tmp-" in o)
-    named = order.index(step)
+    named = order.index(f"{step} {target}")
     dir_sync = order.index(f"fsync {target.parent}")
     assert file_sync < named < dir_sync, order
     assert target.read_bytes() == b"durable"

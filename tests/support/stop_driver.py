@@ -46,8 +46,8 @@ def drive(
     elif kill_at == "savepoint":
         record = ex.checkpoint_completed
 
-        def completed(cid: int) -> None:
-            record(cid)
+        def completed(cid: int, metadata: Any) -> None:
+            record(cid, metadata)
             if cid == ex._current.coordinator.stop_id:
                 os.kill(os.getpid(), signal.SIGKILL)
 

@@ -160,6 +160,11 @@ def write_new_file(path: str, data: Any, flags: int) -> tuple[int, str]:
 def publish_file(tmp: str, path: str, data: Any, flags: int) -> tuple[int, str]:
     """Publishes ``data`` as ``path`` through the new file ``tmp``: ``(errno, step)``."""
 
+PUBLISH_MAX: int
+
+def publish_files(files: list[tuple[str, str, Any, int]]) -> tuple[int, int, str]:
+    """Publishes ``(tmp, path, data, flags)`` files in order: ``(errno, index, step)``."""
+
 def raw_write_baseline(fd: int, buffers: list[Any], batch_bytes: int) -> int: ...
 def raw_read_baseline(fd: int, block: Block) -> int: ...
 def live_handles() -> int:

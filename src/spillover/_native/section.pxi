@@ -97,3 +97,38 @@ def publish_file(str tmp, str path, const uint8_t[::1] data, int flags):
     with nogil:
         rc = spl_publish_file(ct, cp, ptr, n, flags, &step)
     return rc, _STEPS.get(step, "write").replace("copy", "write")
+
+
+PUBLISH_MAX = SPL_PUBLISH_MAX
+
+
+def publish_files(list files):
+    """Publishes ``files``, ``(tmp, path, data, flags)`` each, in order (csrc/section.h,
+    ``spl_publish_files``): every file's data written and synced first, then each
+    renamed or linked and its directory synced in turn, so that none is visible
+    before every earlier one is; one call with the GIL released once. Returns
+    ``(errno or 0, the index of the file that failed, the step that failed)``."""
+    cdef size_t n = len(files), i, at = 0
+    cdef int rc, step = 0
+    if n > <size_t>SPL_PUBLISH_MAX:
+        raise ValueError(f"at most {SPL_PUBLISH_MAX} files per call, not {n}")
+    cdef const char *tmps[64]
+    cdef const char *paths[64]
+    cdef const void *datas[64]
+    cdef size_t lens[64]
+    cdef int flags[64]
+    cdef const uint8_t[::1] view
+    keep = []  # the encoded names and the data's views, alive through the call
+    for i in range(n):
+        tmp, path, data, flag = files[i]
+        t, p = os.fsencode(tmp), os.fsencode(path)
+        view = data
+        keep.append((t, p, view))
+        tmps[i] = t
+        paths[i] = p
+        datas[i] = &view[0] if view.shape[0] else NULL
+        lens[i] = view.shape[0]
+        flags[i] = flag
+    with nogil:
+        rc = spl_publish_files(n, tmps, paths, datas, lens, flags, &at, &step)
+    return rc, <Py_ssize_t>at, _STEPS.get(step, "write").replace("copy", "write")

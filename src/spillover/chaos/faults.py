@@ -198,11 +198,13 @@ def failing_renames(faults: Faults) -> Iterator[Faults]:
     """While active, ``os.replace``, ``os.rename`` and ``os.link`` (a hard link is how
     the job event log gives a segment its name without replacing one), and a local
     publish's native call (:data:`spillover.storage.location.publish_file`, which
-    renames or links in C), consult ``faults`` as operation ``rename`` with the
-    destination path, in every thread. A failing native publish gives its error as
-    the call would after a failed rename or link: nothing published, nothing left."""
+    renames or links in C) and an ordered group's (``publish_files``), consult
+    ``faults`` as operation ``rename`` with the destination path, in every thread.
+    A failing native publish gives its error as the call would after a failed
+    rename or link: nothing published, nothing left (in a group: from the failing
+    file on)."""
     saved = {name: getattr(os, name) for name in ("replace", "rename", "link")}
-    real_publish = _location.publish_file
+    real_publish, real_publish_files = _location.publish_file, _location.publish_files
 
     def wrap(name: str) -> Callable[..., None]:
         real = saved[name]
@@ -221,12 +223,27 @@ def failing_renames(faults: Faults) -> Iterator[Faults]:
             return e.errno or errno.EIO, "rename" if replace else "link"
         return real_publish(tmp, path, data, flags)
 
+    def publish_files(files: list[tuple[str, str, Any, int]]) -> tuple[int, int, str]:
+        # In order, as the call renames or links them: the files before a failing one
+        # are published, it and the later ones not.
+        for i, (_, path, _, flags) in enumerate(files):
+            try:
+                faults.check("rename", path)
+            except OSError as e:
+                if i:
+                    rc, at, step = real_publish_files(files[:i])
+                    if rc:
+                        return rc, at, step
+                replace = flags & _location.PUBLISH_REPLACE
+                return e.errno or errno.EIO, i, "rename" if replace else "link"
+        return real_publish_files(files)
+
     for name in saved:
         setattr(os, name, wrap(name))
-    _location.publish_file = publish
+    _location.publish_file, _location.publish_files = publish, publish_files
     try:
         yield faults
     finally:
         for name, real in saved.items():
             setattr(os, name, real)
-        _location.publish_file = real_publish
+        _location.publish_file, _location.publish_files = real_publish, real_publish_files

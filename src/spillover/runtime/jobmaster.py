@@ -50,6 +50,7 @@ from spillover.runtime.savepoints import Savepoints
 from spillover.runtime.stopping import Stop
 from spillover.runtime.task import Task
 from spillover.runtime.wiring import checkpoint_storage
+from spillover.storage.location import Publication
 
 __all__ = [
     "Executor",
@@ -412,11 +413,14 @@ class Executor:
         if run is not None:
             run.coordinator.on_failure(JobCancelledError("the job was cancelled"))
 
-    def checkpoint_completed(self, checkpoint_id: int) -> None:
-        """The coordinator wrote a checkpoint's metadata: recorded in the job's event
-        log before any task hears of it (a restarted master restores it)."""
+    def checkpoint_completed(self, checkpoint_id: int, metadata: Publication) -> None:
+        """A checkpoint completed: its metadata file published, and then the checkpoint
+        recorded in the job's event log, before any task hears of it (a restarted
+        master restores it)."""
         if self.recovery is not None:
-            self.recovery.checkpoint_completed(checkpoint_id)
+            self.recovery.checkpoint_completed(checkpoint_id, metadata)
+        else:
+            metadata.publish()
         self._claim.checkpoint_completed(checkpoint_id)
 
     def _begin_recovery(self) -> JobRecovery | None:

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from spillover.errors import ConfigError, SpilloverError
@@ -50,6 +50,7 @@ from spillover.runtime.jobevents import (
     StopRequested,
     TaskFinished,
 )
+from spillover.storage.location import Publication, publish_in_order
 
 logger = logging.getLogger("spillover.runtime.jobmaster")
 
@@ -265,10 +266,14 @@ class JobRecovery:
     def generation_ended(self, generation: int, cause: str) -> None:
         self._note(GenerationEnded(generation, cause))
 
-    def checkpoint_completed(self, checkpoint_id: int) -> None:
-        """Flushed before returning: the checkpoint is what a restart restores from now."""
+    def checkpoint_completed(self, checkpoint_id: int, metadata: Publication | None = None) -> None:
+        """Flushed before returning: the checkpoint is what a restart restores from now.
+        ``metadata``: its metadata file, published first in the same ordered group (the
+        record is never visible without it; their data costs one sync, not two)."""
         path = self.storage.checkpoint_dir(checkpoint_id)
-        self._record(CheckpointCompleted(checkpoint_id, path))
+        self._record(
+            CheckpointCompleted(checkpoint_id, path), () if metadata is None else (metadata,)
+        )
 
     def task_finished(
         self,
@@ -324,15 +329,17 @@ class JobRecovery:
                 raise
             logger.warning("job event log: could not record %s: %s", type(event).KIND, e)
 
-    def _record(self, event: Event) -> None:
-        """Appends and flushes ``event``; when the flush fails it is forgotten (a
-        checkpoint whose record failed is aborted: no later flush may name it)."""
+    def _record(self, event: Event, before: Sequence[Publication] = ()) -> None:
+        """Appends and flushes ``event``, after publishing ``before`` (in order, in the
+        same call); when the flush fails it is forgotten (a checkpoint whose record
+        failed is aborted: no later flush may name it)."""
         with self._write:
             if self.log is None or self.lost is not None:
+                publish_in_order(before)
                 return
             self.log.append(event)
             try:
-                self.log.flush()
+                self.log.flush(before)
             except BaseException:
                 self.log.discard_pending()
                 raise

@@ -31,6 +31,7 @@ from spillover.runtime.recovery.shared_reads import share_reads
 from spillover.runtime.state import HeapKeyedStateBackend
 from spillover.runtime.task import InputChannelInfo, Task
 from spillover.storage.channel_index import ReadEntries
+from spillover.storage.location import Publication
 from spillover.storage.shared import STAGING_BUDGET
 
 _BARRIER_KIND = {
@@ -216,7 +217,7 @@ class CoordinatedJob(Protocol):
     def subsumed_ids(self) -> list[int]: ...
     @property
     def stats(self) -> CheckpointStatsListener: ...
-    def checkpoint_completed(self, checkpoint_id: int) -> None: ...
+    def checkpoint_completed(self, checkpoint_id: int, metadata: Publication) -> None: ...
 
 
 def make_coordinator(

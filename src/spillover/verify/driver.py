@@ -28,6 +28,7 @@ from spillover.errors import ConfigError, SpilloverError
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
 from spillover.runtime.jobevents import EVENTS_DIR, JobEventLog
 from spillover.runtime.jobmaster import Executor, JobResult
+from spillover.storage.location import Publication
 from spillover.verify.output import RunOutput, output_of
 from spillover.verify.spec import VerifySpec, _checkpoints, config_for
 
@@ -117,14 +118,15 @@ def _arm(ex: Executor, point: str) -> None:
 
         ex._attempt = restoring  # type: ignore[method-assign,assignment]
         return
-    record: Callable[[int], None] = ex.checkpoint_completed
+    record: Callable[[int, Publication], None] = ex.checkpoint_completed
     seen = [0]
 
-    def completed(checkpoint_id: int) -> None:
+    def completed(checkpoint_id: int, metadata: Publication) -> None:
         seen[0] += 1
         if seen[0] == 2 and point == "unlogged":
+            metadata.publish()  # what a death between the group's two files leaves
             os.kill(os.getpid(), signal.SIGKILL)
-        record(checkpoint_id)
+        record(checkpoint_id, metadata)
         if seen[0] == 2 and point == "logged":
             os.kill(os.getpid(), signal.SIGKILL)
 

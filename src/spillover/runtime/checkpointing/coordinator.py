@@ -57,6 +57,7 @@ from spillover.runtime.checkpointing.savepoint_request import SavepointRequest
 from spillover.runtime.checkpointing.stats import CheckpointStatsListener
 from spillover.runtime.iteration.termination import LoopTermination
 from spillover.runtime.jobevents.lease import LeaseError
+from spillover.storage.location import Publication
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class CheckpointStats:
     # Of the duration, the part after the last acknowledgement: the metadata written
     # and the completion recorded in the job's event log.
     finalize_ms: float = 0.0
-    # Of that part, the metadata file's (the rest: the job event log's record).
+    # Of that part, building the metadata file (the rest: publishing it and then the
+    # job event log's record of it, in one ordered group).
     metadata_ms: float = 0.0
     reason: str = ""
     subtasks: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -147,7 +149,7 @@ class CheckpointCoordinator:
         barrier_kind: int = 0,
         alignment_timeout_s: float = 0.0,
         graph: dict[str, Any] | None = None,
-        on_complete: Callable[[int], None] | None = None,
+        on_complete: Callable[[int, Publication], None] | None = None,
         retained: Sequence[int] = (),
         subsumed: Sequence[int] = (),
         stats_listener: CheckpointStatsListener | None = None,
@@ -162,8 +164,10 @@ class CheckpointCoordinator:
         self._exporting: list[SavepointRequest] = []
         self._requests_lock = threading.Lock()
         self._requests_closed = False  # the loop ended: requests are refused
-        # Called once a checkpoint's metadata is written, before anything is subsumed
-        # or any task told: the job master records it durably (its event log).
+        # Given a completed checkpoint's metadata file, before anything is subsumed or
+        # any task told: the job master publishes it and then records the checkpoint
+        # durably (its event log), both in one ordered group (publish_in_order).
+        # Without it, the metadata file is published alone.
         self.on_complete = on_complete
         self.fingerprint = fingerprint
         self.settings = settings
@@ -576,10 +580,12 @@ class CheckpointCoordinator:
         self._references[cid] = set(meta.references)
         finalizing = time.monotonic()
         try:
-            self.storage.write_metadata(cid, meta)
+            file = self.storage.metadata_file(cid, meta)
             p.stats.metadata_ms = (time.monotonic() - finalizing) * 1000
             if self.on_complete is not None:
-                self.on_complete(cid)
+                self.on_complete(cid, file)
+            else:
+                file.publish()
         except (OSError, SpilloverError) as e:
             if isinstance(e, LeaseError):  # the master must stop, not go on
                 raise

@@ -38,7 +38,7 @@ from spillover.runtime.checkpointing.checkpoint_meta import (
     check_metadata,
 )
 from spillover.storage.channel_index import INDEX_FILE
-from spillover.storage.location import Location, delete_tree
+from spillover.storage.location import Location, Publication, delete_tree
 
 __all__ = [
     "METADATA_FILE",
@@ -104,7 +104,17 @@ class CheckpointStorage:
     def write_metadata(
         self, checkpoint_id: int, metadata: CheckpointMetadata, *, relative: bool = False
     ) -> str:
-        """Publishes the checkpoint's metadata (its presence completes it): the one
+        """Publishes the checkpoint's metadata (its presence completes it): what
+        :meth:`metadata_file` gives, published. Returns its path."""
+        file = self.metadata_file(checkpoint_id, metadata, relative=relative)
+        file.publish()
+        return file.location.path
+
+    def metadata_file(
+        self, checkpoint_id: int, metadata: CheckpointMetadata, *, relative: bool = False
+    ) -> Publication:
+        """The checkpoint's metadata file, to publish (the job master publishes it and
+        then its event log's record of it, :func:`publish_in_order`): the one
         place it becomes JSON. Tasks wrote their gates' channel index entries beside
         their state and the gates name them (version 3), so nothing but ``_metadata``
         is written; only gates that carry encoded maps (the version 2
@@ -129,8 +139,7 @@ class CheckpointStorage:
             d = relativize(d, self.location)
         data = encode_metadata(d)
         target = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
-        target.publish(data, fsync=self.fsync, what="checkpoint metadata")
-        return target.path
+        return Publication(target, data, self.fsync, True, "checkpoint metadata")
 
     def read(self, checkpoint_id: int) -> CheckpointMetadata:
         """Checkpoint ``checkpoint_id``'s metadata; :class:`FormatError` naming its file

@@ -43,7 +43,7 @@ from spillover.runtime.jobevents.segments import (
     parse_segment,
     valid_record_after,
 )
-from spillover.storage.location import Location
+from spillover.storage.location import Location, Publication, publish_in_order
 
 if TYPE_CHECKING:
     from spillover.runtime.jobevents.lease import JobLease
@@ -283,15 +283,20 @@ class JobEventLog:
             self._entries.append(entry)
         return entry
 
-    def flush(self) -> None:
+    def flush(self, before: Sequence[Publication] = ()) -> None:
         """Publishes the appended events as one new segment. On failure they stay
-        pending and the next flush tries the same segment again."""
+        pending and the next flush tries the same segment again.
+
+        ``before``: files published first, in order, none of the events visible
+        before they are (:func:`~spillover.storage.location.publish_in_order`): a
+        checkpoint's metadata, and then the record that it completed."""
         with self._lock:
             if not self._pending:
+                publish_in_order(before)
                 return
             self._prepare()
             first = self._index - len(self._pending)
-            self._publish(KIND_EVENTS, first, self._pending)
+            self._publish(KIND_EVENTS, first, self._pending, before)
             self._pending = []
             self._chain += 1
             due = self.compact_after is not None and self._chain > self.compact_after
@@ -380,8 +385,11 @@ class JobEventLog:
             )
             publish(seg.location, data, overwrite=True, fsync=self.fsync, what="segment")
 
-    def _publish(self, kind: int, first: int, payloads: Sequence[bytes]) -> None:
+    def _publish(
+        self, kind: int, first: int, payloads: Sequence[bytes], before: Sequence[Publication] = ()
+    ) -> None:
         data = encode_segment(kind, self._seq, first, self._log_id, payloads)
         loc = self.location.child(segment_name(self._seq))
-        publish(loc, data, overwrite=False, fsync=self.fsync, what="job event log segment")
+        segment = Publication(loc, data, self.fsync, False, "job event log segment", _ONE_WRITER)
+        publish_in_order([*before, segment])
         self._seq += 1
