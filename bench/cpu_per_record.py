@@ -76,7 +76,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     try:  # the configuration's own check of the size (a power of two, in its range)
-        NetworkConfig(segment_size=args.segment_size, min_segment_size=min(args.segment_size, 256))
+        NetworkConfig.check_segment_size(args.segment_size)
     except ConfigError as e:
         ap.error(f"--segment-size: {e}")
     spec = BenchSpec(

@@ -128,7 +128,7 @@ _SEGMENT_SIZE_RULE = "a power of two from 4 kb to 16 mb"
 def _segment_size_ok(size: int) -> bool:
     """Whether ``taskmanager.memory.segment-size`` takes ``size`` (its own check)."""
     try:
-        NetworkConfig(segment_size=size, min_segment_size=min(size, 256))
+        NetworkConfig.check_segment_size(size)
     except ConfigError:
         return False
     return True

@@ -316,6 +316,12 @@ class NetworkConfig:
                 hint="lower the minimum or raise the segment size",
             )
 
+    @staticmethod
+    def check_segment_size(size: int) -> None:
+        """Raises the :class:`ConfigError` ``taskmanager.memory.segment-size: <size>``
+        would raise (a power of two in its range), whatever the other keys say."""
+        NetworkConfig(segment_size=size, min_segment_size=min(size, 256))
+
     @property
     def heartbeat_interval_s(self) -> float:
         return _seconds(self.heartbeat_interval)
