@@ -261,8 +261,10 @@ def completion_publish_ms(nbytes: int, directory: str, rounds: int = 30) -> floa
     base, meta, event, times = Location.parse(directory), os.urandom(nbytes), os.urandom(300), []
     for i in range(rounds):
         files = [
-            Publication(base.child(f"chk-{i}", "_metadata"), meta, True, True),
-            Publication(base.child("_events", f"events-{i:08d}.log"), event, True, False),
+            Publication(base.child(f"chk-{i}", "_metadata"), meta, fsync=True),
+            Publication(
+                base.child("_events", f"events-{i:08d}.log"), event, fsync=True, overwrite=False
+            ),
         ]
         t0 = time.perf_counter()
         publish_in_order(files)

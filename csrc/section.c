@@ -148,23 +148,26 @@ int spl_append_sections(const char *path, spl_section *sections, size_t n, int f
     return rc;
 }
 
-int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step) {
+/* Makes the new file `path` (its directories first; O_EXCL) and writes `data` into
+ * it: 0 with *fd open, or an errno value with *step the step that failed (*fd is -1
+ * unless the file was opened). */
+static int create_written(const char *path, const void *data, size_t len, int *fd, int *step) {
     int rc;
+    *fd = -1;
     *step = SPL_STEP_MKDIR;
     if ((rc = make_parents(path))) return rc;
     *step = SPL_STEP_OPEN;
-    int fd;
-    do fd = open(path, O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0644);
-    while (fd < 0 && errno == EINTR);
-    if (fd < 0) return errno;
+    do *fd = open(path, O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0644);
+    while (*fd < 0 && errno == EINTR);
+    if (*fd < 0) return errno;
     *step = SPL_STEP_COPY;
-    rc = 0;
-    for (size_t done = 0; done < len && rc == 0;) {
-        ssize_t w = write(fd, (const char *)data + done, len - done);
-        if (w > 0) done += (size_t)w;
-        else if (w == 0) rc = EIO;
-        else if (errno != EINTR) rc = errno;
-    }
+    return pwrite_all(*fd, data, len, 0);
+}
+
+int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step) {
+    int fd;
+    int rc = create_written(path, data, len, &fd, step);
+    if (fd < 0) return rc;
     if (rc == 0 && (flags & SPL_SECTION_FSYNC)) {
         *step = SPL_STEP_FSYNC;
         if (fsync(fd) != 0) rc = errno;
@@ -196,25 +199,8 @@ static int fsync_parent(const char *path) {
 
 int spl_publish_file(const char *tmp, const char *path, const void *data, size_t len, int flags,
                      int *step) {
-    int rc = spl_write_new_file(tmp, data, len, flags & SPL_SECTION_FSYNC, step);
-    if (rc) {
-        if (*step != SPL_STEP_MKDIR && *step != SPL_STEP_OPEN) unlink(tmp);
-        return rc;
-    }
-    if (flags & SPL_PUBLISH_REPLACE) {
-        *step = SPL_STEP_RENAME;
-        if (rename(tmp, path) != 0) rc = errno;
-    } else {
-        *step = SPL_STEP_LINK;
-        if (link(tmp, path) != 0) rc = errno;
-    }
-    if (rc || !(flags & SPL_PUBLISH_REPLACE)) unlink(tmp); /* renamed: nothing left */
-    if (rc) return rc;
-    if (flags & SPL_SECTION_FSYNC) {
-        *step = SPL_STEP_DIRSYNC;
-        rc = fsync_parent(path);
-    }
-    return rc;
+    size_t at;
+    return spl_publish_files(1, &tmp, &path, &data, &len, &flags, &at, step);
 }
 
 /* Undoes what spl_publish_files made of files [from, made): each open one closed,
@@ -239,20 +225,11 @@ int spl_publish_files(size_t n, const char *const *tmps, const char *const *path
     /* 1. every file's data, its write-out started at once where it is to be synced */
     for (i = 0; i < n; i++) {
         *at = i;
-        *step = SPL_STEP_MKDIR;
-        if ((rc = make_parents(tmps[i]))) goto fail;
-        *step = SPL_STEP_OPEN;
         int fd;
-        do fd = open(tmps[i], O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0644);
-        while (fd < 0 && errno == EINTR);
-        if (fd < 0) {
-            rc = errno;
-            goto fail;
-        }
-        fds[made++] = fd;
-        *step = SPL_STEP_COPY;
-        if ((rc = pwrite_all(fd, datas[i], lens[i], 0))) goto fail;
-        if (flags[i] & SPL_SECTION_FSYNC) /* a hint: the fsync below is what counts */
+        rc = create_written(tmps[i], datas[i], lens[i], &fd, step);
+        if (fd >= 0) fds[made++] = fd;
+        if (rc) goto fail;
+        if (n > 1 && (flags[i] & SPL_SECTION_FSYNC)) /* a hint: the fsync is what counts */
             (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     }
     /* 2. each file synced and closed: the first sync's commit takes the rest along */

@@ -112,11 +112,11 @@ def publish_files(list files):
     cdef int rc, step = 0
     if n > <size_t>SPL_PUBLISH_MAX:
         raise ValueError(f"at most {SPL_PUBLISH_MAX} files per call, not {n}")
-    cdef const char *tmps[64]
-    cdef const char *paths[64]
-    cdef const void *datas[64]
-    cdef size_t lens[64]
-    cdef int flags[64]
+    cdef const char *tmps[SPL_PUBLISH_MAX]
+    cdef const char *paths[SPL_PUBLISH_MAX]
+    cdef const void *datas[SPL_PUBLISH_MAX]
+    cdef size_t lens[SPL_PUBLISH_MAX]
+    cdef int flags[SPL_PUBLISH_MAX]
     cdef const uint8_t[::1] view
     keep = []  # the encoded names and the data's views, alive through the call
     for i in range(n):

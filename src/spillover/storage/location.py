@@ -141,27 +141,14 @@ def publish_in_order(files: Sequence[Publication]) -> None:
         for f in files:
             f.publish()
         return
-    calls = [
-        (
-            f"{f.location.path}.tmp-{uuid.uuid4().hex[:12]}",
-            f.location.path,
-            memoryview(f.data).cast("B"),
-            PUBLISH_FSYNC | (PUBLISH_REPLACE if f.overwrite else 0),
-        )
-        for f in files
-    ]
-    rc, at, step = publish_files(calls)
-    if not rc:
-        return
-    failed = files[at]
-    if rc == errno_mod.EEXIST and step == "link":
-        raise failed.location.exists_error(failed.what, failed.hint)
-    if rc in _NO_HARD_LINKS and step == "link":
-        # This file and the later ones, one by one (the refusal is remembered there).
-        for f in files[at:]:
+    rc, at, step = publish_files(
+        [f.location._native_publish(f.data, fsync=True, overwrite=f.overwrite) for f in files]
+    )
+    if rc:
+        failed = files[at]
+        failed.location._native_publish_failed(rc, step, failed.what, failed.hint)
+        for f in files[at:]:  # hard links refused: this one and the rest, one by one
             f.publish()
-        return
-    raise failed.location._native_error(failed.what, rc, step)
 
 
 def delete_tree(location: Location, what: str = "directory") -> None:
@@ -370,18 +357,31 @@ class Location:
         if not overwrite and directory in _LINKS_REFUSED:
             self._publish_renamed(data, fsync=fsync, what=what, hint=hint)
             return
+        rc, step = publish_file(*self._native_publish(data, fsync=fsync, overwrite=overwrite))
+        if rc:
+            self._native_publish_failed(rc, step, what, hint)
+            self._publish_renamed(data, fsync=fsync, what=what, hint=hint)
+
+    def _native_publish(
+        self, data: bytes, *, fsync: bool, overwrite: bool
+    ) -> tuple[str, str, memoryview, int]:
+        """A native publish's arguments for ``data`` as this file: ``(temporary file
+        beside it, path, bytes, flags)``."""
         tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:12]}"
         flags = (PUBLISH_FSYNC if fsync else 0) | (PUBLISH_REPLACE if overwrite else 0)
-        rc, step = publish_file(tmp, self.path, memoryview(data).cast("B"), flags)
+        return tmp, self.path, memoryview(data).cast("B"), flags
+
+    def _native_publish_failed(self, rc: int, step: str, what: str, hint: str | None) -> None:
+        """Raises the error of a native publish of this file that returned ``rc`` at
+        ``step``; returns only where the filesystem refused the hard link, remembering
+        that (publish it again: later publishes there check, then rename, and do not
+        write and sync it all twice)."""
         if rc == errno_mod.EEXIST and step == "link":
             raise self.exists_error(what, hint)
         if rc in _NO_HARD_LINKS and step == "link":
-            # Remembered, so later publishes here do not write and sync it all twice.
-            _LINKS_REFUSED.add(directory)
-            self._publish_renamed(data, fsync=fsync, what=what, hint=hint)
+            _LINKS_REFUSED.add(os.path.dirname(self.path))
             return
-        if rc:
-            raise self._native_error(what, rc, step)
+        raise self._native_error(what, rc, step)
 
     def _native_error(self, what: str, rc: int, step: str) -> StorageError:
         """A native write's failure: ``rc`` an errno, ``step`` where it failed."""

@@ -120,8 +120,11 @@ def test_without_hard_links_the_group_still_publishes_in_order(
                 return code, i, "link"
         return real(files)
 
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(code, os.strerror(code))
+
     monkeypatch.setattr(location_module, "publish_files", refuse_links)
-    monkeypatch.setattr(os, "link", lambda *_: (_ for _ in ()).throw(OSError(code, "no links")))
+    monkeypatch.setattr(os, "link", no_links)
     base = Location.parse(str(tmp_path))
     meta, seg = base.child("chk-1", "_metadata"), base.child("_events", "seg-1")
     publish_in_order([Publication(meta, b"m", True, True), Publication(seg, b"s", True, False)])

@@ -126,7 +126,7 @@ cdef extern from "section.h" nogil:
     int spl_write_new_file(const char *path, const void *data, size_t len, int flags, int *step)
     int spl_publish_file(const char *tmp, const char *path, const void *data, size_t len,
                          int flags, int *step)
-    int SPL_PUBLISH_MAX
+    enum: SPL_PUBLISH_MAX
     int spl_publish_files(size_t n, const char *const *tmps, const char *const *paths,
                           const void *const *datas, const size_t *lens, const int *flags,
                           size_t *at, int *step)

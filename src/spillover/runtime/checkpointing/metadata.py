@@ -139,7 +139,7 @@ class CheckpointStorage:
             d = relativize(d, self.location)
         data = encode_metadata(d)
         target = self.location.child(f"chk-{checkpoint_id}", METADATA_FILE)
-        return Publication(target, data, self.fsync, True, "checkpoint metadata")
+        return Publication(target, data, fsync=self.fsync, what="checkpoint metadata")
 
     def read(self, checkpoint_id: int) -> CheckpointMetadata:
         """Checkpoint ``checkpoint_id``'s metadata; :class:`FormatError` naming its file

@@ -390,6 +390,13 @@ class JobEventLog:
     ) -> None:
         data = encode_segment(kind, self._seq, first, self._log_id, payloads)
         loc = self.location.child(segment_name(self._seq))
-        segment = Publication(loc, data, self.fsync, False, "job event log segment", _ONE_WRITER)
+        segment = Publication(
+            loc,
+            data,
+            fsync=self.fsync,
+            overwrite=False,
+            what="job event log segment",
+            hint=_ONE_WRITER,
+        )
         publish_in_order([*before, segment])
         self._seq += 1
