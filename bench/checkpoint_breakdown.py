@@ -31,6 +31,14 @@ workers' switch interval), a loopback TCP message, a hand-off. Printed apart: a
 hand-off and a small step after 1 s at rest, the price a thread that runs once a
 checkpoint pays where idle cores lose their caches (``rested_step_ms``).
 
+Every floor is also measured at rest ("at rest" column): the same work in the
+driver after resting as long as the job's checkpoint interval before each of
+three rounds, with the price of memory written again after that rest per 4 KiB
+page (``memory_at_rest.rested_touch_us``); a hop at rest is a hand-off and a first
+step after the rest. Where idle memory ages (a VM), work done once a checkpoint
+pays between the two columns: more than back to back, less than a process that
+did nothing else (docs/benchmarks.md, "Memory at rest").
+
 A keyed subtask's snapshot is split into its parts (the unaligned barrier's
 forward with the output state it overtook, the begun records, the capture, the
 hand-off to the snapshot thread, the keyed write; the capture's floor is a memory
@@ -75,6 +83,7 @@ from typing import Any
 
 import numpy as np
 
+from memory_at_rest import rested_touch_us
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.deploy.spark.worker import WorkerSpec
@@ -237,52 +246,76 @@ def tcp_ms(rounds: int = 2000, size: int = 64) -> float:
     return statistics.median(times) / 2 * 1000
 
 
-def write_ms(nbytes: int, directory: str, rounds: int = 30) -> float:
+def _rested(sample: Callable[[int], float], rounds: int, rest_s: float) -> float:
+    """The median of ``rounds`` samples (ms), each taken after ``rest_s`` seconds at
+    rest when ``rest_s`` is above 0, back to back otherwise."""
+    times = []
+    for i in range(rounds):
+        if rest_s > 0:
+            time.sleep(rest_s)
+        times.append(sample(i))
+    return statistics.median(times)
+
+
+def write_ms(nbytes: int, directory: str, rounds: int = 30, rest_s: float = 0.0) -> float:
     """Writing ``nbytes`` into a new file and closing it, without fsync (median);
     nothing to write costs nothing (no file is made for it)."""
     if nbytes <= 0:
         return 0.0
-    data, times = os.urandom(nbytes), []
-    for i in range(rounds):
+    data = os.urandom(nbytes)
+
+    def sample(i: int) -> float:
         path = os.path.join(directory, f"floor-{i}")
         t0 = time.perf_counter()
         with open(path, "wb", buffering=0) as f:
             f.write(data)
-        times.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
         os.unlink(path)
-    return statistics.median(times) * 1000
+        return took * 1000
+
+    return _rested(sample, rounds, rest_s)
 
 
-def completion_publish_ms(nbytes: int, directory: str, rounds: int = 30) -> float:
+def completion_publish_ms(
+    nbytes: int, directory: str, rounds: int = 30, rest_s: float = 0.0
+) -> float:
     """Publishing ``nbytes`` of metadata and then an event's 300 B durably, as a
     completion does (``publish_in_order``: both files written and fsynced, then each
     named and its directory fsynced in turn; median): the floor with
     ``state.checkpoints.fsync-metadata`` on, the default."""
-    base, meta, event, times = Location.parse(directory), os.urandom(nbytes), os.urandom(300), []
-    for i in range(rounds):
+    base, meta, event = Location.parse(directory), os.urandom(nbytes), os.urandom(300)
+    tag = f"r{rest_s:g}"
+
+    def sample(i: int) -> float:
         files = [
-            Publication(base.child(f"chk-{i}", "_metadata"), meta, fsync=True),
+            Publication(base.child(f"chk-{tag}-{i}", "_metadata"), meta, fsync=True),
             Publication(
-                base.child("_events", f"events-{i:08d}.log"), event, fsync=True, overwrite=False
+                base.child("_events", f"events-{tag}-{i:08d}.log"),
+                event,
+                fsync=True,
+                overwrite=False,
             ),
         ]
         t0 = time.perf_counter()
         publish_in_order(files)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+        return (time.perf_counter() - t0) * 1000
+
+    return _rested(sample, rounds, rest_s)
 
 
-def copy_ms(nbytes: int, rounds: int = 200) -> float:
+def copy_ms(nbytes: int, rounds: int = 200, rest_s: float = 0.0) -> float:
     """Copying ``nbytes`` in memory (median): the floor of a state's capture, which
     copies the state's arrays so that the write may run while the task goes on."""
     if nbytes <= 0:
         return 0.0
-    data, times = np.frombuffer(os.urandom(nbytes), dtype=np.uint8), []
-    for _ in range(rounds):
+    data = np.frombuffer(os.urandom(nbytes), dtype=np.uint8)
+
+    def sample(_: int) -> float:
         t0 = time.perf_counter()
         data.copy()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+        return (time.perf_counter() - t0) * 1000
+
+    return _rested(sample, rounds, rest_s)
 
 
 ORDER = (
@@ -542,10 +575,19 @@ def main() -> None:
         floor_dir = os.path.join(tmp, "floors")
         os.makedirs(floor_dir)
         handoff, tcp = handoff_ms(), tcp_ms()
+        # Each floor twice: back to back, and after resting as long as the job did
+        # between checkpoints (its interval), the state the checkpoint's path is in.
+        rest = spec.interval_ms / 1000
         durable = completion_publish_ms(meta_bytes, floor_dir)
         floors: dict[str, float] = {
             "metadata (after the last ack)": write_ms(meta_bytes, floor_dir),
             "metadata: published with its log record": durable,
+        }
+        at_rest: dict[str, float] = {
+            "metadata (after the last ack)": write_ms(meta_bytes, floor_dir, 3, rest),
+            "metadata: published with its log record": completion_publish_ms(
+                meta_bytes, floor_dir, 3, rest
+            ),
         }
         sizes = []
         for vertex, b in per_vertex.items():
@@ -553,10 +595,11 @@ def main() -> None:
                 int(statistics.median(b["state"])),
                 int(statistics.median(b["inflight"])),
             )
-            floors[f"snapshot {vertex}"] = write_ms(state, floor_dir)
-            floors[f"snapshot {vertex}: keyed write"] = floors[f"snapshot {vertex}"]
-            floors[f"snapshot {vertex}: capture"] = copy_ms(state)
-            floors[f"channel-state close {vertex}"] = write_ms(inflight, floor_dir)
+            for table, rounds, r in ((floors, 30, 0.0), (at_rest, 3, rest)):
+                table[f"snapshot {vertex}"] = write_ms(state, floor_dir, rounds, r)
+                table[f"snapshot {vertex}: keyed write"] = table[f"snapshot {vertex}"]
+                table[f"snapshot {vertex}: capture"] = copy_ms(state, rounds, r)
+                table[f"channel-state close {vertex}"] = write_ms(inflight, floor_dir, rounds, r)
             sizes.append(f"{vertex} {state} / {inflight}")
     remote = args.executor != "local"
     predecessors = {
@@ -568,7 +611,8 @@ def main() -> None:
     # thread (Spark workers run at WorkerSpec.switch_interval).
     switch = WorkerSpec.switch_interval if remote else sys.getswitchinterval()
     idle, busy = busy_wakeup_ms(0, switch), busy_wakeup_ms(1, switch)
-    rested, warm = rested_step_ms(1.0)
+    rested, warm = rested_step_ms(rest)
+    touch_cold, touch_warm = rested_touch_us(rest)
     for vertex in predecessors:
         floors[f"inputs {vertex}: last forward to last barrier in"] = floors["trigger"]
     found = phases(done, triggered_at, predecessors, posted_at)
@@ -579,6 +623,17 @@ def main() -> None:
             floors[name] = tcp
         if name.endswith("to task") or name.endswith("to coordinator"):
             floors[name] = handoff
+    # A hop at rest: the woken thread's first step after the interval, plus the wire.
+    for name in found:
+        if name in at_rest:
+            continue
+        floor = floors.get(name)
+        if floor is None and (
+            name.startswith("barrier hop") or name.endswith("hand-off to snapshot thread")
+        ):
+            floor = handoff
+        if floor is not None:
+            at_rest[name] = floor - min(floor, handoff) + rested
     durations = [float(c["duration_ms"]) for c in done]
     print(
         f"{len(done)} checkpoints on the {args.executor} executor, median "
@@ -590,15 +645,29 @@ def main() -> None:
         f"writes without "
         f"fsync of a subtask's median state / in-flight bytes ({', '.join(sizes)}) and "
         f"of the metadata ({meta_bytes} B; published durably with an event's 300 B "
-        f"after it, as a completion does: {durable:.3f} ms)"
+        f"after it, as a completion does: {durable:.3f} ms). At rest: memory written "
+        f"again after {rest:g} s {touch_cold:.2f} us per 4 KiB page (right after: "
+        f"{touch_warm:.2f} us); the last column is each floor measured after {rest:g} s "
+        f"at rest, as the job's interval leaves the checkpoint's path"
     )
-    print("phase".ljust(44) + "median ms".rjust(11) + "p90 ms".rjust(11) + "floor ms".rjust(11))
+    print(
+        "phase".ljust(44)
+        + "median ms".rjust(11)
+        + "p90 ms".rjust(11)
+        + "floor ms".rjust(11)
+        + "at rest".rjust(11)
+    )
     for name, values in found.items():
         med, p90 = _median_p90(values)
         hop = name.startswith("barrier hop") or name.endswith("hand-off to snapshot thread")
         floor = floors.get(name, handoff if hop else None)
-        cell = f"{floor:.3f}" if floor is not None else "-"
-        print(name.ljust(44) + f"{med:.3f}".rjust(11) + f"{p90:.3f}".rjust(11) + cell.rjust(11))
+        cells = [f"{f:.3f}" if f is not None else "-" for f in (floor, at_rest.get(name))]
+        print(
+            name.ljust(44)
+            + f"{med:.3f}".rjust(11)
+            + f"{p90:.3f}".rjust(11)
+            + "".join(c.rjust(11) for c in cells)
+        )
     print()
     rows: dict[str, dict[str, list[float]]] = {}
     for c in done:
