@@ -57,6 +57,7 @@ the acknowledgement reached the coordinator, from the trigger).
 
     PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --executor local
     PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --executor spark
+    PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --executor spark --interval-ms 100
     PYTHONPATH=src .venv/bin/python bench/checkpoint_breakdown.py --no-spares   # A/B
 
 ``--no-spares`` makes every staging file of shared channel-state files on the task
@@ -531,14 +532,27 @@ def main() -> None:
         default=None,
         help="execution.checkpointing.unaligned.max-subtasks-per-channel-state-file",
     )
+    ap.add_argument(
+        "--interval-ms",
+        type=int,
+        default=BenchSpec.interval_ms,
+        help="checkpoint interval (default: spillover bench's); the floors at rest rest as long",
+    )
     args = ap.parse_args()
+    if args.interval_ms < 10:
+        ap.error("--interval-ms must be at least 10")
     if args.no_spares:
         shared._Spares.AHEAD = 0
     triggered_at: dict[int, float] = {}
     posted_at: dict[int, float] = {}
     graph: dict[str, Any] = {}
     record_coordinator(triggered_at, graph, posted_at)
-    spec = BenchSpec(executor=args.executor, duration_s=args.duration, warmup_s=args.warmup)
+    spec = BenchSpec(
+        executor=args.executor,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        interval_ms=args.interval_ms,
+    )
     with tempfile.TemporaryDirectory(prefix="spillover-breakdown-") as tmp:
         config = spec.config(args.policy, tmp)
         if args.per_file is not None:

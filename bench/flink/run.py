@@ -234,6 +234,8 @@ def run_policy(
         "2",
         "--segment-size",
         args.segment_size,
+        "--interval-ms",
+        str(args.interval_ms),
     ]
     if args.raw_dir:
         Path(args.raw_dir).mkdir(parents=True, exist_ok=True)
@@ -315,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         default="32kb",
         help="taskmanager.memory.segment-size, e.g. 128kb (default 32kb, Flink's)",
     )
+    p.add_argument(
+        "--interval-ms",
+        type=int,
+        default=1000,
+        help="execution.checkpointing.interval in ms (default 1000, as spillover bench)",
+    )
     p.add_argument("--heap", default="1g", help="JVM heap, -Xmx/-Xms (default 1g)")
     p.add_argument(
         "--cache-dir",
@@ -372,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--stops, --recovery and --rescale exclude each other")
     if args.to_parallelism < 1 or args.after <= 0:
         p.error("--to-parallelism must be >= 1 and --after > 0")
+    if args.interval_ms < 10:
+        p.error("--interval-ms must be at least 10 (Flink's minimum checkpoint interval)")
     if not re.fullmatch(r"[0-9]+(b|kb|mb)", args.segment_size.strip().lower()):
         p.error(f"--segment-size {args.segment_size!r} is not a size like 32kb or 1mb")
 
@@ -414,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
             "keys": 10_000,
             "payload_bytes": 100,
             "sink_rate_per_subtask": args.sink_rate,
-            "checkpoint_interval_ms": 1000,
+            "checkpoint_interval_ms": args.interval_ms,
             "segment_size": args.segment_size,
             "warmup_s": args.warmup,
             "duration_s": None if args.stops else args.duration,
