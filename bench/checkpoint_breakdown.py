@@ -28,16 +28,19 @@ acknowledgement into the wire to the master's reading thread and that thread to
 the coordinator's. Their floors: a thread woken by another process's message (a
 process at rest, and one with a busy Python thread beside the woken one at the
 workers' switch interval), a loopback TCP message, a hand-off. Printed apart: a
-hand-off and a small step after 1 s at rest, the price a thread that runs once a
-checkpoint pays where idle cores lose their caches (``rested_step_ms``).
+hand-off and a small step after resting the job's checkpoint interval, the price
+a thread that runs once a checkpoint pays where idle memory ages
+(``rested_step_ms``).
 
-Every floor is also measured at rest ("at rest" column): the same work in the
-driver after resting as long as the job's checkpoint interval before each of
-three rounds, with the price of memory written again after that rest per 4 KiB
-page (``memory_at_rest.rested_touch_us``); a hop at rest is a hand-off and a first
-step after the rest. Where idle memory ages (a VM), work done once a checkpoint
-pays between the two columns: more than back to back, less than a process that
-did nothing else (docs/benchmarks.md, "Memory at rest").
+Each floor also has an "at rest" column. The writes, the copy and the durable
+publish are measured again in the driver, resting the job's checkpoint interval
+before each of three rounds; the header gives the price of memory written again
+after that rest, per 4 KiB page (``memory_at_rest.rested_touch_us``). A hop's or
+hand-off's value at rest is derived, not measured: its warm floor plus what a
+hand-off and first step cost more after the rest than right after
+(``rested_step_ms``, five rounds). Where idle memory ages (a VM), work done once a
+checkpoint pays between the two columns: more than back to back, less than a
+process that did nothing else (docs/benchmarks.md, "Memory at rest").
 
 A keyed subtask's snapshot is split into its parts (the unaligned barrier's
 forward with the output state it overtook, the begun records, the capture, the
@@ -637,7 +640,8 @@ def main() -> None:
             floors[name] = tcp
         if name.endswith("to task") or name.endswith("to coordinator"):
             floors[name] = handoff
-    # A hop at rest: the woken thread's first step after the interval, plus the wire.
+    # A hop at rest: its warm floor plus what a hand-off and first step cost more
+    # after the interval's rest than right after (rested_step_ms, five rounds).
     for name in found:
         if name in at_rest:
             continue
@@ -647,7 +651,7 @@ def main() -> None:
         ):
             floor = handoff
         if floor is not None:
-            at_rest[name] = floor - min(floor, handoff) + rested
+            at_rest[name] = floor + max(0.0, rested - warm - handoff)
     durations = [float(c["duration_ms"]) for c in done]
     print(
         f"{len(done)} checkpoints on the {args.executor} executor, median "
@@ -655,7 +659,7 @@ def main() -> None:
         f"hand-off {handoff:.3f} ms, loopback TCP one way {tcp:.3f} ms, a thread woken by "
         f"another process {idle:.3f} ms (with one busy Python thread beside it at a "
         f"{switch * 1000:g} ms switch interval: {busy:.3f} ms), a hand-off and a small "
-        f"step after 1 s at rest {rested:.3f} ms (the step again, warm: {warm:.3f} ms), "
+        f"step after {rest:g} s at rest {rested:.3f} ms (the step again, warm: {warm:.3f} ms), "
         f"writes without "
         f"fsync of a subtask's median state / in-flight bytes ({', '.join(sizes)}) and "
         f"of the metadata ({meta_bytes} B; published durably with an event's 300 B "
