@@ -124,6 +124,17 @@ def per_event(directory: str, blocks: int) -> dict[str, float]:
     }
 
 
+def completion_files(base: Location, name: str, meta: bytes, event: bytes) -> list[Publication]:
+    """A completion's two durable files under ``base``, in the order it publishes
+    them: checkpoint ``name``'s metadata, then the event log segment recording it."""
+    return [
+        Publication(base.child(f"chk-{name}", "_metadata"), meta, fsync=True),
+        Publication(
+            base.child("_events", f"events-{name}.log"), event, fsync=True, overwrite=False
+        ),
+    ]
+
+
 def per_completion(directory: str, blocks: int, meta_bytes: int) -> dict[str, float]:
     """A completion's two files, fsync on: ``meta_bytes`` of metadata and then an
     event's segment, published one after the other (two ``Location.publish``, four
@@ -136,15 +147,7 @@ def per_completion(directory: str, blocks: int, meta_bytes: int) -> dict[str, fl
         for grouped in (False, True) if b % 2 == 0 else (True, False):
             for _ in range(10):
                 n = next(_names)
-                files = [
-                    Publication(base.child(f"chk-{n}", "_metadata"), meta, fsync=True),
-                    Publication(
-                        base.child("_events", f"events-{n:08d}.log"),
-                        event,
-                        fsync=True,
-                        overwrite=False,
-                    ),
-                ]
+                files = completion_files(base, str(n), meta, event)
                 t = time.perf_counter()
                 if grouped:
                     publish_in_order(files)

@@ -87,7 +87,8 @@ from typing import Any
 
 import numpy as np
 
-from memory_at_rest import rested_touch_us
+from bench_durability import completion_files
+from memory_at_rest import rested_ms, rested_touch_us, write_ms
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.deploy.spark.worker import WorkerSpec
@@ -95,7 +96,7 @@ from spillover.runtime.checkpointing import coordinator
 from spillover.runtime.checkpointing.metadata import METADATA_FILE
 from spillover.storage import shared
 from spillover.storage.channel_index import INDEX_FILE
-from spillover.storage.location import Location, Publication, publish_in_order
+from spillover.storage.location import Location, publish_in_order
 
 METRICS = (
     "start_delay_ms",
@@ -250,36 +251,6 @@ def tcp_ms(rounds: int = 2000, size: int = 64) -> float:
     return statistics.median(times) / 2 * 1000
 
 
-def _rested(sample: Callable[[int], float], rounds: int, rest_s: float) -> float:
-    """The median of ``rounds`` samples (ms), each taken after ``rest_s`` seconds at
-    rest when ``rest_s`` is above 0, back to back otherwise."""
-    times = []
-    for i in range(rounds):
-        if rest_s > 0:
-            time.sleep(rest_s)
-        times.append(sample(i))
-    return statistics.median(times)
-
-
-def write_ms(nbytes: int, directory: str, rounds: int = 30, rest_s: float = 0.0) -> float:
-    """Writing ``nbytes`` into a new file and closing it, without fsync (median);
-    nothing to write costs nothing (no file is made for it)."""
-    if nbytes <= 0:
-        return 0.0
-    data = os.urandom(nbytes)
-
-    def sample(i: int) -> float:
-        path = os.path.join(directory, f"floor-{i}")
-        t0 = time.perf_counter()
-        with open(path, "wb", buffering=0) as f:
-            f.write(data)
-        took = time.perf_counter() - t0
-        os.unlink(path)
-        return took * 1000
-
-    return _rested(sample, rounds, rest_s)
-
-
 def completion_publish_ms(
     nbytes: int, directory: str, rounds: int = 30, rest_s: float = 0.0
 ) -> float:
@@ -288,23 +259,15 @@ def completion_publish_ms(
     named and its directory fsynced in turn; median): the floor with
     ``state.checkpoints.fsync-metadata`` on, the default."""
     base, meta, event = Location.parse(directory), os.urandom(nbytes), os.urandom(300)
-    tag = f"r{rest_s:g}"
+    tag = f"r{rest_s:g}"  # warm and rested calls share the directory
 
     def sample(i: int) -> float:
-        files = [
-            Publication(base.child(f"chk-{tag}-{i}", "_metadata"), meta, fsync=True),
-            Publication(
-                base.child("_events", f"events-{tag}-{i:08d}.log"),
-                event,
-                fsync=True,
-                overwrite=False,
-            ),
-        ]
+        files = completion_files(base, f"{tag}-{i}", meta, event)
         t0 = time.perf_counter()
         publish_in_order(files)
         return (time.perf_counter() - t0) * 1000
 
-    return _rested(sample, rounds, rest_s)
+    return rested_ms(sample, rounds, rest_s)
 
 
 def copy_ms(nbytes: int, rounds: int = 200, rest_s: float = 0.0) -> float:
@@ -319,7 +282,7 @@ def copy_ms(nbytes: int, rounds: int = 200, rest_s: float = 0.0) -> float:
         data.copy()
         return (time.perf_counter() - t0) * 1000
 
-    return _rested(sample, rounds, rest_s)
+    return rested_ms(sample, rounds, rest_s)
 
 
 ORDER = (
@@ -640,18 +603,12 @@ def main() -> None:
             floors[name] = tcp
         if name.endswith("to task") or name.endswith("to coordinator"):
             floors[name] = handoff
+        if name.startswith("barrier hop") or name.endswith("hand-off to snapshot thread"):
+            floors.setdefault(name, handoff)
     # A hop at rest: its warm floor plus what a hand-off and first step cost more
     # after the interval's rest than right after (rested_step_ms, five rounds).
-    for name in found:
-        if name in at_rest:
-            continue
-        floor = floors.get(name)
-        if floor is None and (
-            name.startswith("barrier hop") or name.endswith("hand-off to snapshot thread")
-        ):
-            floor = handoff
-        if floor is not None:
-            at_rest[name] = floor + max(0.0, rested - warm - handoff)
+    for name, floor in floors.items():
+        at_rest.setdefault(name, floor + max(0.0, rested - warm - handoff))
     durations = [float(c["duration_ms"]) for c in done]
     print(
         f"{len(done)} checkpoints on the {args.executor} executor, median "
@@ -677,9 +634,9 @@ def main() -> None:
     )
     for name, values in found.items():
         med, p90 = _median_p90(values)
-        hop = name.startswith("barrier hop") or name.endswith("hand-off to snapshot thread")
-        floor = floors.get(name, handoff if hop else None)
-        cells = [f"{f:.3f}" if f is not None else "-" for f in (floor, at_rest.get(name))]
+        cells = [
+            f"{f:.3f}" if f is not None else "-" for f in (floors.get(name), at_rest.get(name))
+        ]
         print(
             name.ljust(44)
             + f"{med:.3f}".rjust(11)

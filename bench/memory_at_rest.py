@@ -61,14 +61,35 @@ def rested_touch_us(
     return statistics.median(cold), statistics.median(warm)
 
 
-def _rested_ms(sample: Callable[[int], float], rest_s: float, rounds: int) -> float:
+def rested_ms(sample: Callable[[int], float], rounds: int, rest_s: float) -> float:
     """The median of ``rounds`` samples (ms, each timing only its own work), each
-    after ``rest_s`` seconds at rest."""
+    taken after ``rest_s`` seconds at rest when ``rest_s`` is above 0, back to back
+    otherwise."""
     times = []
     for i in range(rounds):
-        time.sleep(rest_s)
+        if rest_s > 0:
+            time.sleep(rest_s)
         times.append(sample(i))
     return statistics.median(times)
+
+
+def write_ms(nbytes: int, directory: str, rounds: int = 30, rest_s: float = 0.0) -> float:
+    """Writing ``nbytes`` into a new file and closing it, without fsync (median, the
+    unlink after it untimed); nothing to write costs nothing (no file is made)."""
+    if nbytes <= 0:
+        return 0.0
+    data = os.urandom(nbytes)
+
+    def sample(i: int) -> float:
+        path = os.path.join(directory, f"floor-{i}")
+        t0 = time.perf_counter()
+        with open(path, "wb", buffering=0) as f:
+            f.write(data)
+        took = time.perf_counter() - t0
+        os.unlink(path)
+        return took * 1000
+
+    return rested_ms(sample, rounds, rest_s)
 
 
 def main() -> None:
@@ -90,7 +111,6 @@ def main() -> None:
     for batch in source_batches(50):
         kg = key_groups(np.ascontiguousarray(batch["key"]), MAXP)
         count.process(batch[(kg >= own.start) & (kg <= own.end)])
-    data = os.urandom(1 << 20)
     print(
         "rest s".rjust(7)
         + "page us".rjust(10)
@@ -103,15 +123,6 @@ def main() -> None:
             plain, _ = rested_touch_us(rest, args.rounds)
             huge, _ = rested_touch_us(rest, args.rounds, huge=True)
 
-            def write(i: int, n: int = n) -> float:
-                path = os.path.join(tmp, f"w-{n}-{i}")
-                t0 = time.perf_counter()
-                with open(path, "wb", buffering=0) as f:
-                    f.write(data)
-                took = time.perf_counter() - t0
-                os.unlink(path)
-                return took * 1000
-
             def state(i: int, n: int = n) -> float:
                 directory = os.path.join(tmp, f"s-{n}-{i}")
                 os.mkdir(directory)
@@ -119,8 +130,8 @@ def main() -> None:
                 keyed.snapshot()(directory)
                 return (time.perf_counter() - t0) * 1000
 
-            w = _rested_ms(write, rest, args.rounds)
-            s = _rested_ms(state, rest, args.rounds)
+            w = write_ms(1 << 20, tmp, args.rounds, rest)
+            s = rested_ms(state, args.rounds, rest)
             print(
                 f"{rest:7g}{plain:10.3f}{huge:14.3f}{w:16.3f}{s:28.3f}",
                 flush=True,

@@ -72,7 +72,6 @@ int spl_publish_file(const char *tmp, const char *path, const void *data, size_t
 /* At most this many files per spl_publish_files call. */
 #define SPL_PUBLISH_MAX 16
 
-
 /* Publishes `n` files in order, each as spl_publish_file does (`flags[i]` its
  * SPL_SECTION_FSYNC and SPL_PUBLISH_REPLACE): file i becomes visible only after
  * files 0 to i-1 are, and with SPL_SECTION_FSYNC only after their directory
