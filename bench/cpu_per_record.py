@@ -9,6 +9,7 @@ so an A/B of two trees reads better in it (same command, alternating trees).
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor local --policy none
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --policy unaligned --sink-rate 5000
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --segment-size 512kb
+    PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --slots 2  # one worker
 
 See docs/benchmarks.md, "Checkpoint phases and the task loop, issue 34".
 """
@@ -74,6 +75,12 @@ def main() -> None:
         default=NetworkConfig.segment_size,
         help="taskmanager.memory.segment-size, e.g. 256kb (default: the configuration's)",
     )
+    ap.add_argument(
+        "--slots",
+        type=int,
+        default=BenchSpec.slots,
+        help="taskmanager.numberOfTaskSlots: subtasks of each operator one worker hosts",
+    )
     args = ap.parse_args()
     try:  # the configuration's own check of the size (a power of two, in its range)
         NetworkConfig.check_segment_size(args.segment_size)
@@ -85,6 +92,7 @@ def main() -> None:
         warmup_s=args.warmup,
         sink_rate=args.sink_rate,
         segment_size=args.segment_size,
+        slots=args.slots,
     )
     # (wall, cpu, sink records, the count's input records: what the sources generated)
     samples: list[tuple[float, float, float, float]] = []

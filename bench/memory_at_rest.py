@@ -2,7 +2,7 @@
 """What touching memory costs once a process rested: the price of work that runs
 once a checkpoint, as a paced job's checkpoint path does.
 
-Three measures, each after resting 0 s (back to back) up to the checkpoint interval:
+Four measures, each after resting 0 s (back to back) up to the checkpoint interval:
 
 - one byte written into each 4 KiB page of 8 MiB this process wrote before (no page
   fault either way), the pages plain and advised as huge pages (``MADV_HUGEPAGE``);
@@ -10,7 +10,10 @@ Three measures, each after resting 0 s (back to back) up to the checkpoint inter
   checkpoint's in-flight bytes);
 - the keyed count's state file of one subtask of the bench job (parallelism 2: the
   records of its key groups, about 5,000 keys), written with the engine's own
-  ``snapshot()`` and write.
+  ``snapshot()`` and write;
+- a round trip over two pipes to another process (one byte there and back: two
+  wake-ups of a sleeping thread in another process, as a barrier's TCP hop and its
+  acknowledgement take).
 
 On a machine whose idle memory ages (a VM whose host reclaims or rescans the guest's
 memory) the rested figures are far above the warm ones, whatever the code does.
@@ -59,6 +62,36 @@ def rested_touch_us(
     finally:
         m.close()
     return statistics.median(cold), statistics.median(warm)
+
+
+def rested_wake_us(rest_s: float, rounds: int = 5) -> float:
+    """One byte to a child process over a pipe and back over another, once both
+    rested ``rest_s`` seconds (median, µs): two wake-ups across processes."""
+    there_r, there_w = os.pipe()
+    back_r, back_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child echoes until the pipe closes
+        os.close(there_w)
+        os.close(back_r)
+        while os.read(there_r, 1):
+            os.write(back_w, b"x")
+        os._exit(0)
+    os.close(there_r)
+    os.close(back_w)
+    try:
+
+        def sample(_: int) -> float:
+            t0 = time.perf_counter()
+            os.write(there_w, b"x")
+            os.read(back_r, 1)
+            return (time.perf_counter() - t0) * 1e6
+
+        sample(0)  # the child is up
+        return rested_ms(sample, rounds, rest_s)
+    finally:
+        os.close(there_w)
+        os.close(back_r)
+        os.waitpid(pid, 0)
 
 
 def rested_ms(sample: Callable[[int], float], rounds: int, rest_s: float) -> float:
@@ -117,6 +150,7 @@ def main() -> None:
         + "huge page us".rjust(14)
         + "1 MiB write ms".rjust(16)
         + f"keyed state ({keyed.state_bytes() >> 10} KiB) ms".rjust(28)
+        + "round trip us".rjust(15)
     )
     with tempfile.TemporaryDirectory(prefix="spillover-rest-") as tmp:
         for n, rest in enumerate(rests):
@@ -132,8 +166,9 @@ def main() -> None:
 
             w = write_ms(1 << 20, tmp, args.rounds, rest)
             s = rested_ms(state, args.rounds, rest)
+            rt = rested_wake_us(rest, args.rounds)
             print(
-                f"{rest:7g}{plain:10.3f}{huge:14.3f}{w:16.3f}{s:28.3f}",
+                f"{rest:7g}{plain:10.3f}{huge:14.3f}{w:16.3f}{s:28.3f}{rt:15.1f}",
                 flush=True,
             )
 

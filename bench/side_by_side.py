@@ -10,6 +10,9 @@ printed, kept in ``<out>/commands.txt`` and every raw result in ``<out>``):
   then paced ``unaligned`` (5,000 records/s per sink subtask);
 - ``spark``: ``spillover bench --executor spark`` unpaced (``none,unaligned``) and
   paced ``unaligned``;
+- ``spark1w``: the same unpaced without checkpoints, with ``--slots`` at the
+  parallelism: every subtask in one worker process, its channels in memory, as
+  Flink's local MiniCluster runs the job in one TaskManager;
 - ``local``: ``spillover bench --executor local`` unpaced (``none,unaligned``);
 - ``bare``: the bare network loop (``bench/bench_runtime.py -k bare``);
 - ``floor``: the job's own work on one thread, no runtime around it
@@ -43,11 +46,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from spillover.benchmark.spec import BenchSpec
 from spillover.config import NetworkConfig
 from spillover.config.units import KiB, MiB
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("flink", "spark", "local", "bare", "floor")
+PARTS = ("flink", "spark", "spark1w", "local", "bare", "floor")
+# --slots of the one-worker run: the bench job's parallelism, every subtask in one worker
+ONE_WORKER_SLOTS = BenchSpec.parallelism
 UNPACED_FLINK = 1_000_000_000  # sink records/s per subtask: the sink takes what comes
 UNPACED_SPILLOVER = 100_000_000
 
@@ -145,6 +151,11 @@ FIGURES = (
     ),
     Figure("spark_none", "spillover on Spark unpaced, no checkpoints", "rps"),
     Figure("spark_unaligned", "spillover on Spark unpaced, unaligned every 1 s", "rps"),
+    Figure(
+        "spark1w_none",
+        "spillover on Spark unpaced, no checkpoints, one worker (as Flink's one TaskManager)",
+        "rps",
+    ),
     Figure("local_none", "spillover local unpaced, no checkpoints", "rps"),
     Figure("local_unaligned", "spillover local unpaced, unaligned every 1 s", "rps"),
     Figure("bare", "bare network loop, records/s", "rps"),
@@ -154,6 +165,18 @@ FIGURES = (
     Figure(
         "spark_vs_flinkseg",
         f"Spark / Flink unpaced (both at {_size_label(SEGMENT)})",
+        "ratio",
+        Target(3.0, True),
+    ),
+    Figure(
+        "spark1w_vs_flink",
+        "Spark, one worker / Flink unpaced (Flink at 32 KiB)",
+        "ratio",
+        Target(3.0, True),
+    ),
+    Figure(
+        "spark1w_vs_flinkseg",
+        f"Spark, one worker / Flink unpaced (both at {_size_label(SEGMENT)})",
         "ratio",
         Target(3.0, True),
     ),
@@ -188,6 +211,8 @@ FIGURES = (
 RATIOS: dict[str, tuple[str, str, float]] = {
     "spark_vs_flink": ("spark_none", "flink_none", 1.0),
     "spark_vs_flinkseg": ("spark_none", "flinkseg_none", 1.0),
+    "spark1w_vs_flink": ("spark1w_none", "flink_none", 1.0),
+    "spark1w_vs_flinkseg": ("spark1w_none", "flinkseg_none", 1.0),
     "spark_vs_bare": ("spark_none", "bare", 1.0),
     "local_vs_bare": ("local_none", "bare", 1.0),
     "floor_vs_bare": ("floor", "bare", 0.3),
@@ -271,6 +296,11 @@ def plan(parts: Sequence[str], n: int, a: argparse.Namespace, out: Path) -> list
         name = f"spark-paced-{n}"
         argv = (*spark, "--policies", "unaligned", "--out", str(out / name))
         ours.append(Run("spark", name, argv, out / name, "spark_", paced=True))
+    if "spark1w" in parts:
+        name = f"spark1w-unpaced-{n}"
+        argv = (*bench, "--executor", "spark", "--compare-local", "off", "--policies", "none")
+        argv += ("--sink-rate", str(UNPACED_SPILLOVER), "--slots", str(ONE_WORKER_SLOTS))
+        ours.append(Run("spark1w", name, (*argv, "--out", str(out / name)), out / name, "spark1w_"))
     if "local" in parts:
         name = f"local-unpaced-{n}"
         argv = (*bench, "--executor", "local", *unpaced, "--out", str(out / name))
@@ -302,7 +332,7 @@ def figures(run: Run) -> dict[str, float]:
             else:
                 _put(got, run.prefix + r["policy"], r.get("sink_records_per_s"))
         return got
-    if run.part in ("spark", "local"):
+    if run.part in ("spark", "spark1w", "local"):
         doc = json.loads((run.out / "bench.json").read_text())
         got = {}
         for policy, r in doc.get("policies", {}).items():

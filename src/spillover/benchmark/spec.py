@@ -55,6 +55,10 @@ class BenchSpec:
     keys: int = 10_000
     payload_bytes: int = 100
     segment_size: int = NetworkConfig.segment_size  # taskmanager.memory.segment-size
+    # taskmanager.numberOfTaskSlots: subtasks of each operator one worker hosts (1: a
+    # worker per subtask index; the parallelism: every subtask in one worker, as
+    # Flink's local MiniCluster runs them in one TaskManager)
+    slots: int = 1
     aligned_timeout_ms: int = 100
     max_inflight_bytes: int = 1024 * 1024
     checkpoint_dir: str | None = None  # None: a temporary directory, removed afterwards
@@ -122,6 +126,7 @@ class BenchSpec:
         _check(self.warmup_s >= 0, "warmup_s", self.warmup_s, ">= 0")
         _check(self.sink_rate > 0, "sink_rate", self.sink_rate, "> 0")
         _check(self.keys >= 1, "keys", self.keys, ">= 1")
+        _check(self.slots >= 1, "slots", self.slots, ">= 1")
         _check(self.payload_bytes >= 1, "payload_bytes", self.payload_bytes, ">= 1")
         _check(self.aligned_timeout_ms > 0, "aligned_timeout_ms", self.aligned_timeout_ms, "> 0")
         for policy in self.policies:  # every config key checked before the first run
@@ -147,6 +152,7 @@ class BenchSpec:
             "parallelism.default": self.parallelism,
             "restart-strategy.type": "none",  # a failure ends the run: it is not measured
             "taskmanager.memory.segment-size": self.segment_size,
+            "taskmanager.numberOfTaskSlots": self.slots,
         }
         if policy != "none":
             options["execution.checkpointing.interval"] = f"{self.interval_ms} ms"

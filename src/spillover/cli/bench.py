@@ -76,6 +76,13 @@ def _bench_flags() -> tuple[tuple[str, str, str | None, str], ...]:
             "network buffer size (taskmanager.memory.segment-size), a power of two",
         ),
         (
+            "--slots",
+            str(d.slots),
+            "subtasks of each operator one worker hosts (taskmanager.numberOfTaskSlots); "
+            "the parallelism puts every subtask in one worker, as Flink's local "
+            "MiniCluster does",
+        ),
+        (
             "--aligned-timeout-ms",
             str(d.aligned_timeout_ms),
             "timeout policy: switch to unaligned after this long",
@@ -204,6 +211,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             segment_size=value(
                 "--segment-size", parse_memory_size, _segment_size_ok, _SEGMENT_SIZE_RULE
             ),
+            slots=value("--slots", int, lambda v: v >= 1, ">= 1"),
             aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
             max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
             checkpoint_dir=args.checkpoint_dir or None,

@@ -230,6 +230,7 @@ def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
         (["--payload-bytes", "0"], "--payload-bytes (env SPILLOVER_BENCH_CLI_PAYLOAD_BYTES)"),
         (["--segment-size", "48kb"], "--segment-size (env SPILLOVER_BENCH_CLI_SEGMENT_SIZE)"),
         (["--segment-size", "32mb"], "--segment-size (env SPILLOVER_BENCH_CLI_SEGMENT_SIZE)"),
+        (["--slots", "0"], "--slots (env SPILLOVER_BENCH_CLI_SLOTS)"),
         (
             ["--policies", "none", "--compare-local", "aligned"],
             "--compare-local (env SPILLOVER_BENCH_CLI_COMPARE_LOCAL)",
@@ -466,3 +467,16 @@ def test_the_plots_draw_the_inflight_bound_and_the_sinks_cap() -> None:
     # Without the max-inflight policy there is no bound to draw.
     results["policies"] = {"none": policies["none"]}
     assert not any("bound" in k for k in lines("inflight-bytes.png", figures(results)))
+
+
+def test_slots_put_that_many_subtasks_of_each_operator_in_one_worker() -> None:
+    """``--slots``: the job's workers host that many subtasks each (2 at parallelism 2:
+    one worker, every channel in memory, as Flink's local MiniCluster runs the job),
+    and the report's spec says so."""
+    spec = BenchSpec(policies=["none", "unaligned"], executor="processes", slots=2, repeat=1)
+    for policy in spec.policies:
+        assert spec.config(policy, "/tmp/unused").deployment.task_slots == 2
+    assert spec.to_dict()["slots"] == 2
+    assert BenchSpec(policies=["none"]).config("none", "/tmp/unused").deployment.task_slots == 1
+    with pytest.raises(ConfigError, match="slots"):
+        BenchSpec(slots=0)

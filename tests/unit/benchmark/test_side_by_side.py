@@ -104,7 +104,7 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def test_rounds_alternate_flink_first_then_last(tmp_path: Path) -> None:
-    parts = ("flink", "spark", "local", "bare", "floor")
+    parts = ("flink", "spark", "spark1w", "local", "bare", "floor")
     first = [r.name for r in sbs.plan(parts, 1, _args(), tmp_path)]
     second = [r.name for r in sbs.plan(parts, 2, _args(), tmp_path)]
     seg = sbs._size_flag(NetworkConfig.segment_size)  # spillover's default, e.g. 512kb
@@ -116,6 +116,8 @@ def test_rounds_alternate_flink_first_then_last(tmp_path: Path) -> None:
     spark = {r.name: r.command() for r in sbs.plan(("spark",), 1, _args(), tmp_path)}
     assert "--policies none,unaligned --sink-rate 100000000" in spark["spark-unpaced-1"]
     assert "--compare-local off --policies unaligned" in spark["spark-paced-1"]
+    one = {r.name: r.command() for r in sbs.plan(("spark1w",), 1, _args(), tmp_path)}
+    assert "--policies none --sink-rate 100000000 --slots 2" in one["spark1w-unpaced-1"]
     flink = {r.name: r.command() for r in sbs.plan(("flink",), 1, _args(), tmp_path)}
     assert "--segment-size 32kb" in flink["flink-unpaced-32kb-1"]
     assert f"--segment-size {seg}" in flink[f"flink-unpaced-{seg}-1"]
@@ -136,7 +138,7 @@ def _write_raw(run: object, tmp: Path) -> None:
             {"policy": "unaligned", "sink_records_per_s": 1.9e6},
         ]
         out.write_text(json.dumps({"runs": runs}))
-    elif name.startswith(("spark", "local")):
+    elif name.startswith(("spark", "local")):  # spark1w too
         out.mkdir()
         if "-paced" in name:
             policies = {
@@ -160,7 +162,7 @@ def _write_raw(run: object, tmp: Path) -> None:
 
 
 def test_raw_results_become_figures_and_failures_are_named(tmp_path: Path) -> None:
-    parts = ("flink", "spark", "local", "bare", "floor")
+    parts = ("flink", "spark", "spark1w", "local", "bare", "floor")
 
     def execute(run: object, out: Path) -> bool:
         if run.name == "bare-2":  # type: ignore[attr-defined]
@@ -181,6 +183,7 @@ def test_raw_results_become_figures_and_failures_are_named(tmp_path: Path) -> No
         "spark_none": 5e6,  # the failed unaligned run gives no figure
         "spark_paced_median": 8.0,
         "spark_paced_p90": 12.0,
+        "spark1w_none": 5e6,  # one worker: the same job's figure under its own name
         "local_none": 5e6,
         "bare": 20e6,
         "floor": 9e6,
@@ -190,6 +193,7 @@ def test_raw_results_become_figures_and_failures_are_named(tmp_path: Path) -> No
     assert failed == ["bare-2"]
     rows = _rows(measured)
     assert rows["spark_vs_flink"].median == pytest.approx(2.5)  # type: ignore[attr-defined]
+    assert rows["spark1w_vs_flink"].median == pytest.approx(2.5)  # type: ignore[attr-defined]
     assert rows["spark_paced_vs_flink"].verdict == "not met"  # type: ignore[attr-defined]
 
 
