@@ -218,7 +218,8 @@ class JobRecovery:
             return
         floor = state.generation.first_checkpoint_id
         logged = state.checkpoint.checkpoint_id if state.checkpoint is not None else 0
-        ids, complete = self.storage.all_ids(), set(self.storage.completed_ids())
+        ids, completed = self.storage.listing()
+        complete = set(completed)
         stale = [
             c
             for c in ids

@@ -667,7 +667,8 @@ class CheckpointCoordinator:
         pending checkpoint. Complete ones are never touched here."""
         assert self.storage is not None
         try:
-            done, ids = set(self.storage.completed_ids()), self.storage.all_ids()
+            ids, complete = self.storage.listing()
+            done = set(complete)
         except (OSError, SpilloverError) as e:
             # Housekeeping, after the checkpoint completed: a listing that fails costs
             # neither it nor the attempt; the next completion sweeps again.

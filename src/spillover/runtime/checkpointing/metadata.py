@@ -162,23 +162,29 @@ class CheckpointStorage:
 
     def completed_ids(self) -> list[int]:
         """Ids of checkpoints whose metadata exists, oldest first."""
-        return self._ids(completed=True)
+        return self.listing()[1]
 
     def highest_id(self) -> int:
         """The highest id of any checkpoint directory, complete or not (0 if none): a
         new run continues after it, so a stopped run's unfinished checkpoint is never
         written into again."""
-        return max(self._ids(completed=False), default=0)
+        return max(self._ids(), default=0)
 
     def all_ids(self) -> list[int]:
         """Ids of every checkpoint directory, complete or not, oldest first."""
-        return self._ids(completed=False)
+        return self._ids()
 
-    def _ids(self, *, completed: bool) -> list[int]:
+    def listing(self) -> tuple[list[int], list[int]]:
+        """``(all_ids(), completed_ids())`` from one listing of the folder: what a
+        sweep of incomplete directories needs, without listing an object store twice."""
+        ids = self._ids()
+        return ids, [c for c in ids if self.location.child(f"chk-{c}", METADATA_FILE).exists()]
+
+    def _ids(self) -> list[int]:
         ids = []
         for name in self.location.list("checkpoint directory"):
             m = re.fullmatch(r"chk-(\d+)", name)
-            if m and (not completed or self.location.child(name, METADATA_FILE).exists()):
+            if m:
                 ids.append(int(m.group(1)))
         return sorted(ids)
 

@@ -4,10 +4,11 @@ into it and out again unchanged, and every value survives its JSON."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillover.errors import FormatError
@@ -22,6 +23,7 @@ from spillover.runtime.checkpointing.checkpoint_meta import (
     VertexInfo,
 )
 from spillover.runtime.checkpointing.metadata import (
+    METADATA_FILE,
     CheckpointStorage,
     new_metadata,
     read_checkpoint,
@@ -30,6 +32,7 @@ from spillover.runtime.connectors.collecting import CollectingSink
 from spillover.runtime.connectors.generator import GeneratorSource
 from spillover.runtime.graph import StreamEnvironment
 from spillover.runtime.recovery.plan import graph_info, vertex_infos
+from spillover.storage.location import Location
 
 
 def _written(tmp_path: Path) -> dict:  # type: ignore[type-arg]
@@ -179,3 +182,38 @@ def test_the_graph_a_job_records_is_the_graph_it_reads_back() -> None:
     g = env.build()
     raw = json.loads(json.dumps(graph_info(g)))
     assert {uid: VertexInfo.from_json(v) for uid, v in raw["vertices"].items()} == vertex_infos(g)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    dirs=st.dictionaries(st.integers(min_value=1, max_value=40), st.booleans(), max_size=8),
+    strays=st.lists(st.sampled_from(["shared", "chk-x", "chk-", "taskowned", "chk-7.tmp"])),
+)
+def test_one_listing_gives_every_checkpoint_and_the_complete_ones(
+    dirs: dict[int, bool], strays: list[str]
+) -> None:
+    """A sweep (the coordinator's after an abort, a resume's of what a dead master left)
+    lists the folder once: on an object store each listing is a paid round trip.
+    ``listing()`` gives exactly ``all_ids()`` and ``completed_ids()``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = CheckpointStorage(tmp, "job")
+        root = Path(storage.location.path)
+        for cid, complete in dirs.items():
+            (root / f"chk-{cid}").mkdir(parents=True)
+            if complete:
+                (root / f"chk-{cid}" / METADATA_FILE).write_bytes(b"{}")
+        for name in strays:
+            (root / name).mkdir(parents=True, exist_ok=True)
+        calls: list[str] = []
+        real = Location.list
+
+        def counted(self: Location, what: str = "directory") -> list[str]:
+            calls.append(what)
+            return real(self, what)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Location, "list", counted)
+            ids, completed = storage.listing()
+        assert len(calls) == 1
+        assert ids == sorted(dirs) == storage.all_ids()
+        assert completed == sorted(c for c, ok in dirs.items() if ok) == storage.completed_ids()
