@@ -168,25 +168,27 @@ class CheckpointStorage:
         """The highest id of any checkpoint directory, complete or not (0 if none): a
         new run continues after it, so a stopped run's unfinished checkpoint is never
         written into again."""
-        return max(self._ids(), default=0)
+        return max(self.all_ids(), default=0)
 
     def all_ids(self) -> list[int]:
         """Ids of every checkpoint directory, complete or not, oldest first."""
-        return self._ids()
+        return [cid for cid, _ in self._dirs()]
 
     def listing(self) -> tuple[list[int], list[int]]:
         """``(all_ids(), completed_ids())`` from one listing of the folder: what a
         sweep of incomplete directories needs, without listing an object store twice."""
-        ids = self._ids()
-        return ids, [c for c in ids if self.location.child(f"chk-{c}", METADATA_FILE).exists()]
+        dirs = self._dirs()
+        complete = [cid for cid, name in dirs if self.location.child(name, METADATA_FILE).exists()]
+        return [cid for cid, _ in dirs], complete
 
-    def _ids(self) -> list[int]:
-        ids = []
+    def _dirs(self) -> list[tuple[int, str]]:
+        """``(id, name)`` of every checkpoint directory, oldest first."""
+        dirs = []
         for name in self.location.list("checkpoint directory"):
             m = re.fullmatch(r"chk-(\d+)", name)
             if m:
-                ids.append(int(m.group(1)))
-        return sorted(ids)
+                dirs.append((int(m.group(1)), name))
+        return sorted(dirs)
 
     def latest(self) -> CompletedCheckpoint | None:
         ids = self.completed_ids()
