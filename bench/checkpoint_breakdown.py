@@ -88,7 +88,7 @@ from typing import Any
 import numpy as np
 
 from bench_durability import completion_files
-from memory_at_rest import rested_ms, rested_touch_us, write_ms
+from memory_at_rest import rested_median, rested_touch_us, write_ms
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.deploy.spark.worker import WorkerSpec
@@ -267,7 +267,7 @@ def completion_publish_ms(
         publish_in_order(files)
         return (time.perf_counter() - t0) * 1000
 
-    return rested_ms(sample, rounds, rest_s)
+    return rested_median(sample, rounds, rest_s)
 
 
 def copy_ms(nbytes: int, rounds: int = 200, rest_s: float = 0.0) -> float:
@@ -282,7 +282,7 @@ def copy_ms(nbytes: int, rounds: int = 200, rest_s: float = 0.0) -> float:
         data.copy()
         return (time.perf_counter() - t0) * 1000
 
-    return rested_ms(sample, rounds, rest_s)
+    return rested_median(sample, rounds, rest_s)
 
 
 ORDER = (

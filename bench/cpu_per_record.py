@@ -82,6 +82,8 @@ def main() -> None:
         help="taskmanager.numberOfTaskSlots: subtasks of each operator one worker hosts",
     )
     args = ap.parse_args()
+    if args.slots < 1:
+        ap.error(f"--slots: {args.slots} is not >= 1")
     try:  # the configuration's own check of the size (a power of two, in its range)
         NetworkConfig.check_segment_size(args.segment_size)
     except ConfigError as e:

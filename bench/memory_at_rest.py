@@ -87,17 +87,17 @@ def rested_wake_us(rest_s: float, rounds: int = 5) -> float:
             return (time.perf_counter() - t0) * 1e6
 
         sample(0)  # the child is up
-        return rested_ms(sample, rounds, rest_s)
+        return rested_median(sample, rounds, rest_s)
     finally:
         os.close(there_w)
         os.close(back_r)
         os.waitpid(pid, 0)
 
 
-def rested_ms(sample: Callable[[int], float], rounds: int, rest_s: float) -> float:
-    """The median of ``rounds`` samples (ms, each timing only its own work), each
-    taken after ``rest_s`` seconds at rest when ``rest_s`` is above 0, back to back
-    otherwise."""
+def rested_median(sample: Callable[[int], float], rounds: int, rest_s: float) -> float:
+    """The median of ``rounds`` samples (in the samples' unit, each timing only its
+    own work), each taken after ``rest_s`` seconds at rest when ``rest_s`` is above
+    0, back to back otherwise."""
     times = []
     for i in range(rounds):
         if rest_s > 0:
@@ -122,7 +122,7 @@ def write_ms(nbytes: int, directory: str, rounds: int = 30, rest_s: float = 0.0)
         os.unlink(path)
         return took * 1000
 
-    return rested_ms(sample, rounds, rest_s)
+    return rested_median(sample, rounds, rest_s)
 
 
 def main() -> None:
@@ -165,7 +165,7 @@ def main() -> None:
                 return (time.perf_counter() - t0) * 1000
 
             w = write_ms(1 << 20, tmp, args.rounds, rest)
-            s = rested_ms(state, args.rounds, rest)
+            s = rested_median(state, args.rounds, rest)
             rt = rested_wake_us(rest, args.rounds)
             print(
                 f"{rest:7g}{plain:10.3f}{huge:14.3f}{w:16.3f}{s:28.3f}{rt:15.1f}",

@@ -186,22 +186,29 @@ def test_the_graph_a_job_records_is_the_graph_it_reads_back() -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    dirs=st.dictionaries(st.integers(min_value=1, max_value=40), st.booleans(), max_size=8),
+    dirs=st.dictionaries(
+        st.integers(min_value=1, max_value=40),
+        st.tuples(st.booleans(), st.booleans()),  # (complete, its name zero-padded)
+        max_size=8,
+    ),
     strays=st.lists(st.sampled_from(["shared", "chk-x", "chk-", "taskowned", "chk-7.tmp"])),
 )
 def test_one_listing_gives_every_checkpoint_and_the_complete_ones(
-    dirs: dict[int, bool], strays: list[str]
+    dirs: dict[int, tuple[bool, bool]], strays: list[str]
 ) -> None:
     """A sweep (the coordinator's after an abort, a resume's of what a dead master left)
     lists the folder once: on an object store each listing is a paid round trip.
-    ``listing()`` gives exactly ``all_ids()`` and ``completed_ids()``."""
+    ``listing()`` gives every checkpoint directory's id and those whose metadata is
+    there, looked up under the name the directory was listed by (``chk-007`` is
+    checkpoint 7, its metadata not in ``chk-7``)."""
     with tempfile.TemporaryDirectory() as tmp:
         storage = CheckpointStorage(tmp, "job")
         root = Path(storage.location.path)
-        for cid, complete in dirs.items():
-            (root / f"chk-{cid}").mkdir(parents=True)
+        for cid, (complete, padded) in dirs.items():
+            folder = root / (f"chk-{cid:03d}" if padded else f"chk-{cid}")
+            folder.mkdir(parents=True)
             if complete:
-                (root / f"chk-{cid}" / METADATA_FILE).write_bytes(b"{}")
+                (folder / METADATA_FILE).write_bytes(b"{}")
         for name in strays:
             (root / name).mkdir(parents=True, exist_ok=True)
         calls: list[str] = []
@@ -216,4 +223,5 @@ def test_one_listing_gives_every_checkpoint_and_the_complete_ones(
             ids, completed = storage.listing()
         assert len(calls) == 1
         assert ids == sorted(dirs) == storage.all_ids()
-        assert completed == sorted(c for c, ok in dirs.items() if ok) == storage.completed_ids()
+        assert completed == sorted(c for c, (ok, _) in dirs.items() if ok)
+        assert completed == storage.completed_ids()
