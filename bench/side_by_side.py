@@ -193,15 +193,48 @@ FIGURES = (
     Figure("spark_ckpt_cost", "Spark unaligned / none", "ratio", Target(0.95, True)),
     Figure("local_ckpt_cost", "local unaligned / none", "ratio", Target(0.95, True)),
     Figure("flink_ckpt_cost", "Flink unaligned / none (32 KiB)", "ratio"),
-    Figure("flink_paced_median", "Flink 2.3 paced unaligned checkpoint median, ms", "ms"),
-    Figure("flink_paced_p90", "Flink 2.3 paced unaligned checkpoint p90, ms", "ms"),
+    # Flink's checkpoint duration is its REST end_to_end_duration: trigger to the last
+    # acknowledgement. spillover's is given both ways: to the last acknowledgement (the
+    # same measure) and to completion (its metadata durable, the completion logged).
     Figure(
-        "spark_paced_median", "Spark paced unaligned checkpoint median, ms", "ms", Target(5, False)
+        "flink_paced_median",
+        "Flink 2.3 paced unaligned checkpoint median (trigger to last ack), ms",
+        "ms",
     ),
-    Figure("spark_paced_p90", "Spark paced unaligned checkpoint p90, ms", "ms", Target(10, False)),
+    Figure("flink_paced_p90", "Flink 2.3 paced unaligned checkpoint p90 (to last ack), ms", "ms"),
+    Figure(
+        "spark_paced_acked_median",
+        "Spark paced unaligned checkpoint median (trigger to last ack), ms",
+        "ms",
+        Target(5, False),
+    ),
+    Figure(
+        "spark_paced_acked_p90",
+        "Spark paced unaligned checkpoint p90 (to last ack), ms",
+        "ms",
+        Target(10, False),
+    ),
+    Figure(
+        "spark_paced_acked_vs_flink",
+        "Spark / Flink paced checkpoint median (both to last ack)",
+        "ratio",
+        Target(0.25, False),
+    ),
+    Figure(
+        "spark_paced_median",
+        "Spark paced unaligned checkpoint median (trigger to completion, metadata durable), ms",
+        "ms",
+        Target(5, False),
+    ),
+    Figure(
+        "spark_paced_p90",
+        "Spark paced unaligned checkpoint p90 (to completion), ms",
+        "ms",
+        Target(10, False),
+    ),
     Figure(
         "spark_paced_vs_flink",
-        "Spark / Flink paced checkpoint median",
+        "Spark to completion / Flink to last ack, paced checkpoint median",
         "ratio",
         Target(0.25, False),
     ),
@@ -222,6 +255,7 @@ RATIOS: dict[str, tuple[str, str, float]] = {
     "local_ckpt_cost": ("local_unaligned", "local_none", 1.0),
     "flink_ckpt_cost": ("flink_unaligned", "flink_none", 1.0),
     "spark_paced_vs_flink": ("spark_paced_median", "flink_paced_median", 1.0),
+    "spark_paced_acked_vs_flink": ("spark_paced_acked_median", "flink_paced_median", 1.0),
 }
 
 
@@ -342,6 +376,9 @@ def figures(run: Run) -> dict[str, float]:
                 ckpt = r.get("checkpoint_duration_ms", {})
                 _put(got, run.prefix + "paced_median", ckpt.get("median"))
                 _put(got, run.prefix + "paced_p90", ckpt.get("p90"))
+                acked = r.get("checkpoint_acked_ms", {})
+                _put(got, run.prefix + "paced_acked_median", acked.get("median"))
+                _put(got, run.prefix + "paced_acked_p90", acked.get("p90"))
             else:
                 _put(got, run.prefix + policy, r.get("throughput_rps"))
         return got

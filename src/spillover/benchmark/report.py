@@ -32,15 +32,16 @@ def to_markdown(results: dict[str, Any]) -> str:
     per = f" (min–max of {rounds} rounds)" if rounds > 1 else ""
     rows = [
         f"| executor | policy | checkpoints | aborted | duration median{per} "
-        f"| duration p90{per} | duration max (ms) "
+        f"| duration p90{per} | duration max (ms) | to the last ack median / p90 (ms) "
         "| start delay median / p90 (ms) | alignment median / p90 (ms) "
         f"| in-flight median{per} / max | sink records/s{per} |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     tagged = [(r, "") for r in results["policies"].values()]
     tagged += [(r, " (comparison)") for r in results.get("local", {}).values()]
     for r, tag in tagged:
         name = r["policy"]
+        k = r.get("checkpoint_acked_ms", {})
         d, s, a, i = (
             r["checkpoint_duration_ms"],
             r["start_delay_ms"],
@@ -54,7 +55,7 @@ def to_markdown(results: dict[str, Any]) -> str:
             return _with_spread(_ms(v), spread.get(f"{metric}.{stat}"), _ms, n)
 
         if name == "none":
-            cells = ["–"] * 8
+            cells = ["–"] * 9
         else:
             inflight = (
                 "–"
@@ -70,6 +71,7 @@ def to_markdown(results: dict[str, Any]) -> str:
                 ms("checkpoint_duration_ms", "median", d["median"]),
                 ms("checkpoint_duration_ms", "p90", d["p90"]),
                 _ms(d["max"]),
+                f"{_ms(k.get('median'))} / {_ms(k.get('p90'))}",
                 f"{_ms(s['median'])} / {_ms(s['p90'])}",
                 f"{_ms(a['median'])} / {_ms(a['p90'])}",
                 inflight,
@@ -145,6 +147,7 @@ RUN_COLUMNS = (
     "aborted",
     "cut_off",
     *(f"duration_ms_{k}" for k in ("median", "p90", "max")),
+    *(f"acked_ms_{k}" for k in ("median", "p90", "max")),
     *(f"start_delay_ms_{k}" for k in ("median", "p90", "max")),
     *(f"alignment_ms_{k}" for k in ("median", "p90", "max")),
     "inflight_bytes_median",
@@ -160,6 +163,7 @@ CHECKPOINT_COLUMNS = (
     "in_window",
     "status",
     "duration_ms",
+    "acked_ms",
     "start_delay_ms",
     "alignment_ms",
     "inflight_bytes",
@@ -175,11 +179,12 @@ def _run_row(r: dict[str, Any], local: dict[str, Any] | None) -> dict[str, Any]:
     row["vs_local"] = round(r["throughput_rps"] / there, 3) if there else ""
     for metric, prefix in (
         ("checkpoint_duration_ms", "duration_ms"),
+        ("checkpoint_acked_ms", "acked_ms"),
         ("start_delay_ms", "start_delay_ms"),
         ("alignment_ms", "alignment_ms"),
         ("inflight_bytes", "inflight_bytes"),
     ):
-        for k, v in r[metric].items():
+        for k, v in r.get(metric, {}).items():
             row[f"{prefix}_{k}"] = "" if v is None else v
     return row
 

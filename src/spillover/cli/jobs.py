@@ -145,7 +145,7 @@ def _run_with_progress(job: ServedJob) -> JobResult:
             live.update(
                 f"{job.name} [bold]{st.state}[/] · checkpoints {s.completed_count} completed, "
                 f"{s.failed_count} failed"
-                + (f" · last {last.duration_ms:.0f} ms" if last else "")
+                + (f" · last {last.end_to_end_ms} ms" if last else "")
                 + f" · {rate:,.0f} records/s in"
             )
             runner.join(0.25)

@@ -41,8 +41,8 @@ class FlinkMetricsCollector(Collector):
             ("totalNumberOfCheckpoints", "checkpoints triggered", s.total_count),
             (
                 "lastCheckpointDuration",
-                "the last completed checkpoint's duration (ms)",
-                round(last.duration_ms) if last else -1,
+                "the last completed checkpoint's duration to its last acknowledgement (ms)",
+                last.end_to_end_ms if last else -1,
             ),
             (
                 "lastCheckpointPersistedData",

@@ -55,6 +55,12 @@ def test_aligned_and_unaligned_short_run(tmp_path: Path) -> None:
         assert r["checkpoints"] >= 1, name
         assert set(r["checkpoint_duration_ms"]) == {"median", "p90", "max"}
         assert all("trigger_s" in c for c in r["runs"][0]["checkpoint_list"])
+        # Trigger to the last acknowledgement (Flink's end_to_end_duration) is the
+        # duration without the metadata's completion: never longer, never negative.
+        for c in r["runs"][0]["checkpoint_list"]:
+            if c["status"] == "completed":
+                assert 0 <= c["acked_ms"] <= c["duration_ms"], c
+        assert r["checkpoint_acked_ms"]["median"] <= r["checkpoint_duration_ms"]["median"]
     assert results["policies"]["aligned"]["inflight_bytes"]["max"] == 0
     assert results["policies"]["unaligned"]["inflight_bytes"]["max"] > 0
     table = to_markdown(results)

@@ -146,6 +146,7 @@ def _write_raw(run: object, tmp: Path) -> None:
                     "status": "stopped",
                     "throughput_rps": 1e4,
                     "checkpoint_duration_ms": {"median": 8.0, "p90": 12.0},
+                    "checkpoint_acked_ms": {"median": 4.5, "p90": 9.0},
                 }
             }
         else:
@@ -183,6 +184,8 @@ def test_raw_results_become_figures_and_failures_are_named(tmp_path: Path) -> No
         "spark_none": 5e6,  # the failed unaligned run gives no figure
         "spark_paced_median": 8.0,
         "spark_paced_p90": 12.0,
+        "spark_paced_acked_median": 4.5,  # to the last ack, as Flink's figure is taken
+        "spark_paced_acked_p90": 9.0,
         "spark1w_none": 5e6,  # one worker: the same job's figure under its own name
         "local_none": 5e6,
         "bare": 20e6,
@@ -195,6 +198,11 @@ def test_raw_results_become_figures_and_failures_are_named(tmp_path: Path) -> No
     assert rows["spark_vs_flink"].median == pytest.approx(2.5)  # type: ignore[attr-defined]
     assert rows["spark1w_vs_flink"].median == pytest.approx(2.5)  # type: ignore[attr-defined]
     assert rows["spark_paced_vs_flink"].verdict == "not met"  # type: ignore[attr-defined]
+    # Like for like (both to the last acknowledgement): 4.5 / 20 is within 0.25.
+    acked = rows["spark_paced_acked_vs_flink"]
+    assert acked.median == pytest.approx(0.225)  # type: ignore[attr-defined]
+    assert acked.verdict == "met"  # type: ignore[attr-defined]
+    assert rows["spark_paced_acked_median"].verdict == "met"  # type: ignore[attr-defined]
 
 
 def test_the_work_floor_runs_every_stage_of_the_job() -> None:

@@ -61,6 +61,15 @@ def test_tracker_counts_latest_and_history() -> None:
     assert body["latest"]["failed"]["failure_message"] == "declined"
     assert body["latest"]["completed"]["persisted_data"] == 200
     assert body["summary"]["persisted_data"]["max"] == 200
+    # As in Flink, a completed checkpoint's end_to_end_duration runs from the trigger to
+    # its last acknowledgement (7 ms); its completion, the metadata durable, is apart.
+    completed = body["latest"]["completed"]
+    assert completed["end_to_end_duration"] == 7
+    assert completed["latest_ack_timestamp"] - completed["trigger_timestamp"] == 7
+    assert completed["completion_duration"] == 9
+    assert body["summary"]["end_to_end_duration"]["max"] == 7
+    assert body["summary"]["completion_duration"]["max"] == 9
+    assert body["latest"]["failed"]["end_to_end_duration"] == 9  # to the failure
 
     pending.status = "completed"
     tracker.checkpoint_ended(pending)  # exported before it ended: the export's path

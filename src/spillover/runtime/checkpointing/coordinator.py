@@ -102,6 +102,10 @@ class CheckpointStats:
             "final": self.final,
             "savepoint": self.savepoint,
             "duration_ms": round(self.duration_ms, 3),
+            # Trigger to the last acknowledgement: Flink's end_to_end_duration, which
+            # leaves the metadata and the completion's record (finalize_ms) out.
+            "acked_ms": round(self.peak("acked_ms"), 3),
+            "finalize_ms": round(self.finalize_ms, 3),
             "start_delay_ms": round(self.peak("start_delay_ms"), 3),
             "alignment_ms": round(self.peak("alignment_ms"), 3),
             "bytes_during_alignment": int(self.total("bytes_during_alignment")),

@@ -82,6 +82,16 @@ class CheckpointRecord:
         return max((s.ack_ms for s in self.subtasks), default=self.trigger_ms)
 
     @property
+    def end_to_end_ms(self) -> int:
+        """Flink's ``end_to_end_duration``: for a completed checkpoint, trigger to the
+        last acknowledgement (``duration_ms`` adds its completion: the metadata durable
+        and the completion logged); for a failed one, to the failure; for one in
+        progress, so far."""
+        if self.status == "COMPLETED":
+            return max(0, self.latest_ack_ms - self.trigger_ms)
+        return max(0, round(self.duration_ms))
+
+    @property
     def state_size(self) -> int:
         """Bytes of operator state and in-flight data the checkpoint holds."""
         return self.total("state_bytes") + self.total("inflight_bytes")
