@@ -491,7 +491,7 @@ def aggregate(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     def stats(metric: str) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
-        for k in rounds[0].get(metric, {}):
+        for k in dict.fromkeys(k for r in rounds for k in r.get(metric, {})):
             vs = values(metric, k)
             out[k] = (max(vs) if vs else None) if k == "max" else median(metric, k)
         return out

@@ -430,10 +430,23 @@ def test_a_policy_over_rounds_is_the_median_of_its_runs_with_their_spread() -> N
     assert a["checkpoint_duration_ms"]["median"] == 20  # the median of 20, 50, 6
     assert a["spread"]["checkpoint_duration_ms.median"] == [6, 50]
     assert a["checkpoint_duration_ms"]["max"] == 60 and a["checkpoints"] == 9
+
     failed = {**_run("unaligned", 4, 1.0, []), "status": "failed", "failures": ["boom"]}
     b = bench_run.aggregate([*rounds, failed])
     assert b["status"] == "failed" and b["failures"] == ["round 4: boom"]
     assert b["throughput_rps"] == a["throughput_rps"]  # a failed round is not measured
+
+
+def test_a_figure_only_later_rounds_have_is_aggregated_from_them() -> None:
+    # A result without the figure (written before it existed) first, then two with it.
+    old = _run("unaligned", 1, 9000, [10, 20, 30])
+    old.pop("checkpoint_acked_ms")
+    new = [_run("unaligned", n, 9000, [10, 20, 30]) for n in (2, 3)]
+    for r, acked in zip(new, ([4.0, 8.0], [6.0, 12.0]), strict=True):
+        r["checkpoint_acked_ms"] = bench_run._stats(acked)
+    a = bench_run.aggregate([old, *new])
+    assert a["checkpoint_acked_ms"]["median"] == 7.5  # the median of the runs' 6 and 9
+    assert a["checkpoint_acked_ms"]["max"] == 12.0
 
 
 def test_the_plots_draw_the_inflight_bound_and_the_sinks_cap() -> None:

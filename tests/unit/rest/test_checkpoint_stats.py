@@ -69,7 +69,9 @@ def test_tracker_counts_latest_and_history() -> None:
     assert completed["completion_duration"] == 9
     assert body["summary"]["end_to_end_duration"]["max"] == 7
     assert body["summary"]["completion_duration"]["max"] == 9
-    assert body["latest"]["failed"]["end_to_end_duration"] == 9  # to the failure
+    failed = body["latest"]["failed"]
+    assert failed["end_to_end_duration"] == 9  # to the failure, as its timestamp says
+    assert failed["failure_timestamp"] - failed["trigger_timestamp"] == 9
 
     pending.status = "completed"
     tracker.checkpoint_ended(pending)  # exported before it ended: the export's path

@@ -79,8 +79,9 @@ class CheckpointStats:
     final: bool = False
     savepoint: bool = False  # the unaligned savepoint of a stop (``request_stop``)
     duration_ms: float = 0.0
-    # Of the duration, the part after the last acknowledgement: the metadata written
-    # and the completion recorded in the job's event log.
+    # Of the duration, after the last acknowledgement: the metadata written and the
+    # completion recorded in the job's event log (building the metadata before that,
+    # a fraction of a millisecond, counts in neither this nor ``acked_ms``).
     finalize_ms: float = 0.0
     # Of that part, building the metadata file (the rest: publishing it and then the
     # job event log's record of it, in one ordered group).

@@ -83,12 +83,14 @@ class CheckpointRecord:
 
     @property
     def end_to_end_ms(self) -> int:
-        """Flink's ``end_to_end_duration``: for a completed checkpoint, trigger to the
-        last acknowledgement (``duration_ms`` adds its completion: the metadata durable
-        and the completion logged); for a failed one, to the failure; for one in
-        progress, so far."""
+        """``end_to_end_duration``: as Flink's for a completed checkpoint, trigger to
+        the last acknowledgement (``duration_ms`` adds its completion: the metadata
+        durable and the completion logged), and for a failed one, to the failure; for
+        one in progress the time so far (Flink's: to its latest acknowledgement)."""
         if self.status == "COMPLETED":
             return max(0, self.latest_ack_ms - self.trigger_ms)
+        if self.failure_ms is not None:
+            return max(0, self.failure_ms - self.trigger_ms)
         return max(0, round(self.duration_ms))
 
     @property
