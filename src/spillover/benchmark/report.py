@@ -41,7 +41,7 @@ def to_markdown(results: dict[str, Any]) -> str:
     tagged += [(r, " (comparison)") for r in results.get("local", {}).values()]
     for r, tag in tagged:
         name = r["policy"]
-        k = r.get("checkpoint_acked_ms", {})
+        acked = r.get("checkpoint_acked_ms", {})
         d, s, a, i = (
             r["checkpoint_duration_ms"],
             r["start_delay_ms"],
@@ -71,7 +71,9 @@ def to_markdown(results: dict[str, Any]) -> str:
                 ms("checkpoint_duration_ms", "median", d["median"]),
                 ms("checkpoint_duration_ms", "p90", d["p90"]),
                 _ms(d["max"]),
-                f"{_ms(k.get('median'))} / {_ms(k.get('p90'))}",
+                ms("checkpoint_acked_ms", "median", acked.get("median"))
+                + " / "
+                + ms("checkpoint_acked_ms", "p90", acked.get("p90")),
                 f"{_ms(s['median'])} / {_ms(s['p90'])}",
                 f"{_ms(a['median'])} / {_ms(a['p90'])}",
                 inflight,

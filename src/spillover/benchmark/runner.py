@@ -156,7 +156,7 @@ def _summarise(
         aborted=sum(c["status"] == "aborted" for c in inside) - len(cut),
         cut_off=len(cut),
         checkpoint_duration_ms=_stats([c["duration_ms"] for c in done]),
-        checkpoint_acked_ms=_stats([c["acked_ms"] for c in done if "acked_ms" in c]),
+        checkpoint_acked_ms=_stats([c["acked_ms"] for c in done]),
         start_delay_ms=_stats([c["start_delay_ms"] for c in done]),
         alignment_ms=_stats([c["alignment_ms"] for c in done]),
         inflight_bytes=_stats([c["inflight_bytes"] for c in done], p90=False),

@@ -430,7 +430,6 @@ def test_a_policy_over_rounds_is_the_median_of_its_runs_with_their_spread() -> N
     assert a["checkpoint_duration_ms"]["median"] == 20  # the median of 20, 50, 6
     assert a["spread"]["checkpoint_duration_ms.median"] == [6, 50]
     assert a["checkpoint_duration_ms"]["max"] == 60 and a["checkpoints"] == 9
-
     failed = {**_run("unaligned", 4, 1.0, []), "status": "failed", "failures": ["boom"]}
     b = bench_run.aggregate([*rounds, failed])
     assert b["status"] == "failed" and b["failures"] == ["round 4: boom"]
