@@ -92,6 +92,7 @@ from memory_at_rest import rested_median, rested_touch_us, write_ms
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.deploy.spark.worker import WorkerSpec
+from spillover.errors import ConfigError
 from spillover.runtime.checkpointing import coordinator
 from spillover.runtime.checkpointing.metadata import METADATA_FILE
 from spillover.storage import shared
@@ -504,7 +505,21 @@ def main() -> None:
         default=BenchSpec.interval_ms,
         help="checkpoint interval (default: spillover bench's); the floors at rest rest as long",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a configuration option for the job (repeatable), e.g. "
+        "taskmanager.network.memory.floating-buffers-per-gate=0",
+    )
     args = ap.parse_args()
+    options: dict[str, str] = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            ap.error(f"--set takes KEY=VALUE, not {item!r}")
+        options[key.strip()] = value.strip()
     if args.interval_ms < 10:
         ap.error("--interval-ms must be at least 10")
     if args.no_spares:
@@ -524,6 +539,11 @@ def main() -> None:
         if args.per_file is not None:
             key = "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"
             config = config.with_options({key: args.per_file})
+        if options:
+            try:
+                config = config.with_options(options)
+            except ConfigError as e:
+                ap.error(str(e))
         ex = create_executor(args.executor, build_job(spec, "breakdown"), config)
         ex.prepare()
         result, _, _ = run_sampled(

@@ -3,11 +3,11 @@ any run, and the job it builds."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spillover.config import Config, NetworkConfig
+from spillover.config import Config, NetworkConfig, canonical_key
 from spillover.config.policies import POLICIES, policy_options
 from spillover.deploy import EXECUTORS
 from spillover.errors import ConfigError
@@ -68,6 +68,9 @@ class BenchSpec:
     # Rounds: every run of runs() once per round, round 1 of every run first, so that
     # drift on the machine (load, thermals, page cache) touches every policy alike.
     repeat: int = 3
+    # More configuration keys for every run (``spillover bench -D key=value``), as
+    # strings or typed values; a key the bench sets itself is refused (its flag sets it).
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.policies = tuple(self.policies)
@@ -129,6 +132,20 @@ class BenchSpec:
         _check(self.slots >= 1, "slots", self.slots, ">= 1")
         _check(self.payload_bytes >= 1, "payload_bytes", self.payload_bytes, ">= 1")
         _check(self.aligned_timeout_ms > 0, "aligned_timeout_ms", self.aligned_timeout_ms, "> 0")
+        self.options = {str(k).strip(): v for k, v in self.options.items()}
+        # Every policy's keys, not only those run: a key another policy sets would
+        # turn this run into that policy under this one's name.
+        owned = {k for p in POLICIES for k in self._own_options(p, _PLACEHOLDER_DIR)}
+        taken = sorted(k for k in self.options if canonical_key(k) in owned)
+        if taken:
+            raise BenchSpecError(
+                "bad -D option",
+                field="options",
+                detail=f"the bench sets {', '.join(taken)} itself",
+                hint="its own flags set those: --parallelism, --segment-size, --slots, "
+                "--interval-ms, --checkpoint-dir, --policies, --aligned-timeout-ms, "
+                "--max-inflight-bytes",
+            )
         for policy in self.policies:  # every config key checked before the first run
             self.config(policy, self.checkpoint_dir or _PLACEHOLDER_DIR)
 
@@ -147,7 +164,12 @@ class BenchSpec:
         return self.warmup_s + self.duration_s
 
     def config(self, policy: str, checkpoint_dir: str) -> Config:
-        """The runtime configuration of one policy's run."""
+        """The runtime configuration of one policy's run: :attr:`options` and the
+        bench's own keys."""
+        return Config.from_dict({**self.options, **self._own_options(policy, checkpoint_dir)})
+
+    def _own_options(self, policy: str, checkpoint_dir: str) -> dict[str, Any]:
+        """The keys the bench sets for one policy's run (its flags)."""
         options: dict[str, Any] = {
             "parallelism.default": self.parallelism,
             "restart-strategy.type": "none",  # a failure ends the run: it is not measured
@@ -164,12 +186,13 @@ class BenchSpec:
                 max_inflight_bytes=self.max_inflight_bytes,
             )
         )
-        return Config.from_dict(options)
+        return options
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["policies"] = list(self.policies)
         d["compare_local"] = list(self.compare_local or ())
+        d["options"] = {k: str(v) for k, v in self.options.items()}
         return d
 
 

@@ -19,7 +19,15 @@ from spillover.benchmark import (
     write_results,
 )
 from spillover.benchmark import runs as bench_runs
-from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, check_folder, env_flag, env_option
+from spillover.cli.options import (
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    check_folder,
+    define_option,
+    defines,
+    env_flag,
+    env_option,
+)
 from spillover.cli.sparklog import spark_logs
 from spillover.config import NetworkConfig, parse_duration, parse_memory_size
 from spillover.errors import ConfigError
@@ -215,6 +223,7 @@ def _bench_spec(args: argparse.Namespace) -> BenchSpec:
             aligned_timeout_ms=value("--aligned-timeout-ms", int, lambda v: v > 0, "> 0"),
             max_inflight_bytes=value("--max-inflight-bytes", parse_memory_size),
             checkpoint_dir=args.checkpoint_dir or None,
+            options=defines(args.define),
         )
     except BenchSpecError as e:  # BenchSpec's own check, in the words of the command line
         envs = {f: env for f, env, _, _ in _bench_flags()}
@@ -311,5 +320,11 @@ def add_parser(sub: Any) -> None:
         env="SPILLOVER_BENCH_CLI_VERBOSE",
         help="Spark's and the JVM's log lines to the terminal, as they come; without it "
         "they go to <out>/spark.log (spark executor)",
+    )
+    define_option(
+        p,
+        "a configuration option for every run (repeatable), e.g. -D "
+        "taskmanager.network.memory.floating-buffers-per-gate=2; recorded in bench.json. "
+        "Keys the flags above set are refused",
     )
     p.set_defaults(func=cmd_bench)

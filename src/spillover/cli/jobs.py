@@ -26,7 +26,14 @@ from typing import Any
 
 from rich.live import Live
 
-from spillover.cli.options import EXIT_OK, EXIT_RUN_FAILED, env_flag, env_option
+from spillover.cli.options import (
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    define_option,
+    defines,
+    env_flag,
+    env_option,
+)
 from spillover.config import Config
 from spillover.deploy import EXECUTORS, create_executor
 from spillover.errors import ConfigError, JobNotRunningError, SpilloverError
@@ -78,18 +85,8 @@ def load_job(spec: str) -> StreamEnvironment | JobGraph:
     return job
 
 
-def _options(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"-D takes key=value, not {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    overrides = _options(args.define)
+    overrides = defines(args.define)
     if args.claim_mode:
         overrides["execution.state-recovery.claim-mode"] = args.claim_mode
     config = Config.load(args.config, overrides=overrides)
@@ -385,9 +382,7 @@ def add_parsers(sub: Any) -> None:
     )
     env_option(p, "--master", env="SPILLOVER_RUN_MASTER", help="the Spark master URL")
     env_option(p, "--config", env="SPILLOVER_RUN_CONFIG", help="a YAML or TOML config file")
-    p.add_argument(
-        "-D", dest="define", action="append", default=[], metavar="KEY=VALUE", help="an option"
-    )
+    define_option(p, "an option")
     env_option(
         p,
         "--from-savepoint",

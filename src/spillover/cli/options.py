@@ -7,6 +7,7 @@ import argparse
 import os
 from typing import Any
 
+from spillover.errors import ConfigError
 from spillover.storage.folders import check_folder as check_folder  # the commands' import
 
 # The exit codes of every command (docs/getting-started.md).
@@ -68,6 +69,22 @@ class _EnvDefault(argparse.Action):
 
 def env_option(p: argparse.ArgumentParser, *names: str, env: str, **kw: Any) -> None:
     p.add_argument(*names, action=_EnvDefault, env=env, **kw)
+
+
+def define_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``-D KEY=VALUE``, repeatable, into ``args.define`` (read with :func:`defines`)."""
+    p.add_argument("-D", dest="define", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def defines(pairs: list[str]) -> dict[str, str]:
+    """The ``-D`` options as key -> value; a pair without ``=`` or a key raises ConfigError."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"-D takes key=value, not {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def env_flag(p: argparse.ArgumentParser, name: str, *, env: str, help: str) -> None:

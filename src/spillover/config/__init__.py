@@ -20,6 +20,7 @@ from __future__ import annotations
 from spillover.config.load import (
     KEYS,
     Config,
+    canonical_key,
     env_var,
 )
 from spillover.config.sections import (
@@ -64,6 +65,7 @@ __all__ = [
     "RestartStrategy",
     "RuntimeMode",
     "StateConfig",
+    "canonical_key",
     "env_var",
     "format_duration",
     "format_memory_size",

@@ -80,6 +80,12 @@ KEYS: Final[tuple[str, ...]] = tuple(_OPTIONS)
 """Every dotted key, in documentation order."""
 
 
+def canonical_key(name: str) -> str:
+    """The key ``name`` stands for: itself, or the key an older name of it (an alias
+    Flink also accepts) sets."""
+    return _ALIASES.get(name.strip(), name.strip())
+
+
 def env_var(key: str) -> str:
     """The environment variable of a key: ``SPILLOVER_`` + the key upper-cased with ``.`` and
     ``-`` as ``_``; a ``spillover.*`` key drops its own prefix (``SPILLOVER_EXECUTOR``)."""
@@ -124,7 +130,7 @@ def _parse_options(options: object, where: str = "") -> dict[str, object]:
     """Canonical key -> typed value (None: back to the default), every value checked."""
     parsed: dict[str, object] = {}
     for name, raw in _flatten(options, where).items():
-        key = _ALIASES.get(name.strip(), name.strip())
+        key = canonical_key(name)
         if key in _RETIRED:
             raise ConfigError(f"{key} {_RETIRED[key]}{where}", hint="remove it")
         if key not in _OPTIONS:

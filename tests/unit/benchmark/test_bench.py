@@ -237,6 +237,13 @@ def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
         (["--segment-size", "48kb"], "--segment-size (env SPILLOVER_BENCH_CLI_SEGMENT_SIZE)"),
         (["--segment-size", "32mb"], "--segment-size (env SPILLOVER_BENCH_CLI_SEGMENT_SIZE)"),
         (["--slots", "0"], "--slots (env SPILLOVER_BENCH_CLI_SLOTS)"),
+        (["-D", "taskmanager.network.memory.floating-buffers-per-gate"], "-D takes key=value"),
+        (["-D", "taskmanager.network.memory.floating-buffers=2"], "'taskmanager.network"),
+        (["-D", "taskmanager.network.memory.floating-buffers-per-gate=-1"], "floating-buffers"),
+        # Keys the bench's flags set, under their own name or an alias: a -D would run
+        # another policy or size under this one's name.
+        (["-D", "execution.checkpointing.unaligned=true"], "--policies"),
+        (["-D", "taskmanager.memory.segment-size=32kb"], "segment-size itself"),
         (
             ["--policies", "none", "--compare-local", "aligned"],
             "--compare-local (env SPILLOVER_BENCH_CLI_COMPARE_LOCAL)",
@@ -485,6 +492,39 @@ def test_the_plots_draw_the_inflight_bound_and_the_sinks_cap() -> None:
     # Without the max-inflight policy there is no bound to draw.
     results["policies"] = {"none": policies["none"]}
     assert not any("bound" in k for k in lines("inflight-bytes.png", figures(results)))
+
+
+def test_d_options_reach_every_run_and_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-D key=value``: each run's configuration has it, as Flink's ``-D`` sets a
+    job's; bench.json records it, so a result says what it was measured with."""
+    configs: list[tuple[str, Any]] = []
+
+    def create(kind: str, job: Any, config: Any, *, master: str | None = None) -> Any:
+        configs.append((kind, config))
+        return _ScriptedExecutor()
+
+    monkeypatch.setattr(bench_run, "create_executor", create)
+    key = "taskmanager.network.memory.floating-buffers-per-gate"
+    spec = BenchSpec(
+        policies=["none", "unaligned"],
+        executor="processes",
+        compare_local=["unaligned"],
+        duration_s=0.3,
+        warmup_s=0.0,
+        repeat=1,
+        options={key: "3", "execution.checkpointing.tolerable-failed-checkpoints": 7},
+    )
+    results = run(spec)
+    assert [k for k, _ in configs] == ["processes", "processes", "local"]
+    for _, config in configs:
+        assert config.network.floating_buffers_per_gate == 3
+        assert config.checkpointing.tolerable_failed_checkpoints == 7
+    assert configs[2][1].checkpointing.unaligned  # the bench's own keys stay its own
+    assert results["spec"]["options"] == {
+        key: "3",
+        "execution.checkpointing.tolerable-failed-checkpoints": "7",
+    }
+    assert BenchSpec(policies=["none"]).to_dict()["options"] == {}
 
 
 def test_slots_put_that_many_subtasks_of_each_operator_in_one_worker() -> None:
