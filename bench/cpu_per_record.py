@@ -48,18 +48,38 @@ def _children() -> dict[int, list[int]]:
 def tree_cpu_seconds(root: int | None = None) -> float:
     """User + system CPU seconds of process ``root`` (this one) and its live
     descendants, from /proc (a process that already exited is not counted)."""
+    return sum(tree_cpu_by_process(root).values())
+
+
+def tree_cpu_by_process(root: int | None = None) -> dict[tuple[int, str], float]:
+    """:func:`tree_cpu_seconds` per process: ``(pid, role)`` -> CPU seconds, the role
+    ``driver`` (this process), ``jvm``, ``worker`` (a Python process below the JVM
+    that runs subtasks) or its command's name."""
     root = os.getpid() if root is None else root
-    kids, todo, total = _children(), [root], 0.0
+    kids, todo, out = _children(), [root], {}
     while todo:
         pid = todo.pop()
         todo.extend(kids.get(pid, []))
         try:
             with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-    return total
+        fields = stat.rpartition(")")[2].split()
+        name = os.path.basename(argv[0].decode(errors="replace")) if argv[0] else "?"
+        role = (
+            "driver"
+            if pid == root
+            else "jvm"
+            if name == "java"
+            else "worker"
+            if name.startswith("python")
+            else name
+        )
+        out[(pid, role)] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+    return out
 
 
 def main() -> None:
@@ -74,6 +94,13 @@ def main() -> None:
         type=parse_memory_size,
         default=NetworkConfig.segment_size,
         help="taskmanager.memory.segment-size, e.g. 256kb (default: the configuration's)",
+    )
+    ap.add_argument(
+        "--by-process",
+        action="store_true",
+        help="also the cores of each process in the window (driver, JVM, each worker): "
+        "a checkpointing policy's less a --policy none run's, times the interval, is "
+        "what each process spends on a checkpoint",
     )
     ap.add_argument(
         "--slots",
@@ -98,6 +125,7 @@ def main() -> None:
     )
     # (wall, cpu, sink records, the count's input records: what the sources generated)
     samples: list[tuple[float, float, float, float]] = []
+    per_process: list[tuple[float, dict[tuple[int, str], float]]] = []
     with tempfile.TemporaryDirectory(prefix="spillover-cpu-") as tmp:
         ex = create_executor(args.executor, build_job(spec, "cpu"), spec.config(args.policy, tmp))
         ex.prepare()
@@ -105,7 +133,9 @@ def main() -> None:
         def read() -> float:
             records = float(ex.live_metric("sink", "records_in"))
             counted = float(ex.live_metric("count", "records_in"))
-            samples.append((time.monotonic(), tree_cpu_seconds(), records, counted))
+            now, cpu = time.monotonic(), tree_cpu_by_process()
+            samples.append((now, sum(cpu.values()), records, counted))
+            per_process.append((now, cpu))
             return records
 
         run_sampled(ex, read, spec.warmup_s, spec.run_s, spec.duration_s)
@@ -124,6 +154,11 @@ def main() -> None:
         f"records/s, CPU {(c1 - c0) / (g1 - g0) * 1e6:.3f} µs per generated record, "
         f"{(r1 - r0) / (g1 - g0):.3f} sink rows per generated record"
     )
+    if args.by_process:  # a checkpoint's CPU: these against a --policy none run's
+        first, last = (next(c for t, c in per_process if t == w) for w in (w0, w1))
+        for key in sorted(last, key=lambda k: (k[1], k[0])):
+            used = last[key] - first.get(key, 0.0)
+            print(f"  {key[1]} (pid {key[0]}): {used / (w1 - w0):.3f} cores")
 
 
 if __name__ == "__main__":

@@ -255,3 +255,43 @@ cdef class Demux:
         cdef _Carry cr = self._carries.pop(channel, None)
         if cr is not None:
             spl_carry_reset(&cr.c)
+
+
+def route_frames(const uint32_t[::1] channel_ids, const int64_t[::1] lengths,
+                 const uint8_t[::1] data_types, const int32_t[::1] lut,
+                 Py_ssize_t n_streams):
+    """A read-ahead block's frames given to their streams in one call.
+
+    ``slots[i]`` is ``lut[channel_ids[i]]``, -1 for a channel past the table's end
+    (no stream reads it). Returns ``(slots, wanted, fed, frames, events)``: the
+    int32 slots, how many frames some stream reads, per stream the payload bytes
+    and frames it gets (int64, ``n_streams`` each), and whether a frame some stream
+    reads is not data. A few frames a block: the GIL is kept."""
+    cdef Py_ssize_t n = channel_ids.shape[0], nl = lut.shape[0], i, wanted = 0
+    cdef int32_t v
+    cdef bint events = False
+    if lengths.shape[0] != n or data_types.shape[0] != n:
+        raise ValueError("channel_ids, lengths and data_types differ in length")
+    if n_streams < 0:
+        raise ValueError(f"n_streams {n_streams} < 0")
+    for i in range(nl):
+        if lut[i] >= n_streams:
+            raise ValueError(f"channel {i} maps to stream {lut[i]} of {n_streams}")
+    slots = np.empty(n, np.int32)
+    fed = np.zeros(n_streams, np.int64)
+    frames = np.zeros(n_streams, np.int64)
+    cdef int32_t[::1] s = slots
+    cdef int64_t[::1] f = fed
+    cdef int64_t[::1] c = frames
+    for i in range(n):
+        v = lut[channel_ids[i]] if channel_ids[i] < <uint32_t>nl else -1
+        if v < 0:
+            v = -1
+        s[i] = v
+        if v >= 0:
+            wanted += 1
+            f[v] += lengths[i]
+            c[v] += 1
+            if data_types[i] != 0:
+                events = True
+    return slots, wanted, fed, frames, events

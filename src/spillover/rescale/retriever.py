@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from spillover._native import _records
 from spillover.errors import (
     ClosedError,
     ConfigError,
@@ -271,8 +272,14 @@ class FilteringRetriever:
                 raise ConfigError("stream tables that differ must route to different outputs")
         self._stream_keys: list[object] = [self._key(st) for st in self.streams]
         self._single_route = len(set(self._routes)) <= 1
-        self._in_route = {
-            r: np.array([route == r for route in self._routes] + [False]) for r in set(self._routes)
+        # Per route, each stream's slot if the route is its own, else -1; the last entry
+        # (-1) is where a frame of no stream (slot -1) looks up: a block's slots for one
+        # route's demultiplexer in one indexing.
+        self._route_slots = {
+            r: np.array(
+                [i if route == r else -1 for i, route in enumerate(self._routes)] + [-1], np.int32
+            )
+            for r in set(self._routes)
         }
         # Outputs a stream's records can reach: where a forwarded event goes.
         self._table_outputs = sorted({int(o) for o in np.unique(self._table) if o >= 0})
@@ -296,6 +303,8 @@ class FilteringRetriever:
         self._plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] | None = None
         self._plan_skips: dict[tuple[int, int], int] = {}  # (plan entry, channel) -> bytes
         self._skip: dict[int, int] = {}
+        # (plan entry, its channel -> stream table) of the file being read
+        self._lut: tuple[int, npt.NDArray[np.int32]] = (-1, np.empty(0, np.int32))
         self._file = 0
         self._file_left: int | None = None
         self._files_ended = False
@@ -517,17 +526,11 @@ class FilteringRetriever:
 
     def _take_frames(self, frames: FrameArrays, channels: dict[int, int], phase: int) -> None:
         """One read-ahead block's frames: each frame of a wanted channel goes to its
-        stream, in order; with the native key, one demux call per route and block."""
+        stream, in order; with the native key, one demux call per route and block.
+        Which stream each frame feeds and what each stream is fed is one native call
+        (``route_frames``): the bookkeeping of a block, under the GIL, stays short."""
         ids = frames.channel_ids
-        slots = np.full(len(ids), -1, np.int32)
-        for channel, index in channels.items():
-            slots[ids == channel] = index
-        wanted = slots >= 0
-        if self._file_left is not None:
-            self._file_left -= int(np.count_nonzero(wanted))
-        if not wanted.any():
-            return
-        for channel, skip in self._skip.items():
+        for channel, skip in self._skip.items():  # only channels some stream reads
             if skip <= 0:
                 continue
             for i in np.flatnonzero(ids == channel).tolist():
@@ -538,20 +541,29 @@ class FilteringRetriever:
                 if skip == 0:
                     break
             self._skip[channel] = skip
-        fed = np.bincount(
-            slots[wanted], weights=frames.lengths[wanted], minlength=len(self.streams)
+        at, lut = self._lut
+        if at != self._file:  # channel -> stream of this plan entry, built once
+            lut = np.full(max(channels, default=-1) + 1, -1, np.int32)
+            for channel, index in channels.items():
+                lut[channel] = index
+            self._lut = (self._file, lut)
+        slots, wanted, fed, present, events = _records.route_frames(
+            ids, frames.lengths, frames.data_types, lut, len(self.streams)
         )
+        if self._file_left is not None:
+            self._file_left -= wanted
+        if not wanted:
+            return
         for i in np.flatnonzero(fed).tolist():
             self._fed[i][phase] += int(fed[i])
         self._piece = phase
         if self._single_route:
             routes = {self._routes[0]}
         else:
-            present = np.bincount(slots[wanted], minlength=len(self.streams))
             routes = {self._routes[i] for i in np.flatnonzero(present).tolist()}
-        if (frames.data_types[wanted] != 0).any() or self._partitioner is not None:
+        if events or self._partitioner is not None:
             view = frames.data
-            for i in np.flatnonzero(wanted).tolist():
+            for i in np.flatnonzero(slots >= 0).tolist():
                 o = int(frames.offsets[i])
                 self._stream = int(slots[i])
                 self._take_frame(
@@ -563,7 +575,7 @@ class FilteringRetriever:
         for route in routes:
             mine = slots
             if len(routes) > 1:
-                mine = np.where(self._in_route[route][slots], slots, -1).astype(np.int32)
+                mine = self._route_slots[route][slots]
             demux = self._demux(route)
             assert isinstance(demux, KeyGroupDemux)  # partitioner demuxes go frame by frame
             try:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spillover
+from spillover._native import _records
 from spillover.errors import CorruptFrameError, CorruptHeaderError
 from spillover.records import FieldKey, FrameJoiner, KeyGroupDemux, RecordReader, RecordWriter
 from spillover.rescale import FilteringRetriever, RecordStream
@@ -293,3 +294,40 @@ def test_coalesced_pass_through_keeps_every_record(tmp_path: Path) -> None:
     got = [bytes(rec) for buf in r for batch in reader.feed(buf) for rec in batch]
     reader.finish()
     assert got == [np.int64(i).tobytes() * 3 for i in range(500)]
+
+
+@given(
+    frames=st.lists(
+        st.tuples(st.integers(0, 9), st.integers(0, 1 << 20), st.integers(0, 1)), max_size=60
+    ),
+    lut=st.lists(st.integers(-3, 4), max_size=8),
+)
+def test_route_frames_is_the_per_channel_bookkeeping(
+    frames: list[tuple[int, int, int]], lut: list[int]
+) -> None:
+    """One native call per block gives each frame's stream and each stream's bytes and
+    frames as the per-channel numpy masks did: a channel past the table, or mapped
+    below 0, feeds no stream; an event only counts when a stream reads it."""
+    n_streams = 5
+    ids = np.array([f[0] for f in frames], np.uint32)
+    lengths = np.array([f[1] for f in frames], np.int64)
+    types = np.array([f[2] for f in frames], np.uint8)
+    table = np.array(lut, np.int32)
+    slots, wanted, fed, present, events = _records.route_frames(
+        ids, lengths, types, table, n_streams
+    )
+    expect = np.array([lut[c] if c < len(lut) and lut[c] >= 0 else -1 for c in ids], np.int32)
+    mask = expect >= 0
+    assert slots.tolist() == expect.tolist()
+    assert wanted == int(mask.sum())
+    assert fed.tolist() == [int(lengths[expect == s].sum()) for s in range(n_streams)]
+    assert present.tolist() == [int((expect == s).sum()) for s in range(n_streams)]
+    assert events == bool(types[mask].any())
+
+
+def test_route_frames_refuses_a_table_beyond_its_streams() -> None:
+    one = np.zeros(1, np.uint32), np.zeros(1, np.int64), np.zeros(1, np.uint8)
+    with pytest.raises(ValueError, match="stream 2 of 2"):
+        _records.route_frames(*one, np.array([2], np.int32), 2)
+    with pytest.raises(ValueError, match="differ in length"):
+        _records.route_frames(one[0], np.zeros(2, np.int64), one[2], np.array([0], np.int32), 1)
