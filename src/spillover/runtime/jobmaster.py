@@ -105,7 +105,7 @@ def next_event(
             pass
         now = time.monotonic()
         if (stop_at is not None and now >= stop_at) or (
-            stop_when is not None and stop_when([c.summary() for c in coordinator.history])
+            stop_when is not None and stop_when(list(coordinator.summaries))
         ):
             return "stop", None
         if deadline is not None and now >= deadline:
@@ -770,7 +770,7 @@ class Executor:
                 result.restart_s.append(round(run.running_at - failed_at, 4))
             failed_at = run.failed_at or time.monotonic()
             result.attempts = attempt + 1
-            result.checkpoints += [c.summary() for c in run.coordinator.history]
+            result.add_checkpoints(run.coordinator.summaries, run.coordinator.ended)
             for name, m in run.task_metrics().items():
                 result.tasks[name] = m
                 result.replayed_bytes += int(m.get("replayed_bytes", 0))

@@ -4,8 +4,12 @@ and the reports, benchmarks and checks read."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+# The checkpoint summaries a result keeps (the coordinator's SUMMARY_HISTORY).
+MAX_CHECKPOINTS = 10_000
 
 
 @dataclass
@@ -16,7 +20,10 @@ class JobResult:
     status: str  # finished | stopped | failed | cancelled
     attempts: int
     duration_s: float
+    # Each ended checkpoint's summary, every attempt's, oldest first: the newest
+    # ``MAX_CHECKPOINTS`` of them (a job that ran longer: ``checkpoints_ended`` counts all).
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints_ended: int = 0
     tasks: dict[str, dict[str, float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list, repr=False)
@@ -37,6 +44,12 @@ class JobResult:
     already_finished: bool = False
     # A batch job: the tasks whose results an earlier master left and this run reused.
     reused_tasks: list[str] = field(default_factory=list)
+
+    def add_checkpoints(self, summaries: Iterable[dict[str, Any]], ended: int) -> None:
+        """An attempt's ended checkpoints: ``summaries`` (its newest) of ``ended``."""
+        self.checkpoints += summaries
+        del self.checkpoints[:-MAX_CHECKPOINTS]
+        self.checkpoints_ended += ended
 
     def completed_checkpoints(self) -> list[dict[str, Any]]:
         return [c for c in self.checkpoints if c["status"] == "completed"]

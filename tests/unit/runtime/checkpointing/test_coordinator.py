@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from spillover.runtime import jobresult
+from spillover.runtime.checkpointing import coordinator
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.messages import (
     Ack,
@@ -20,6 +22,7 @@ from spillover.runtime.checkpointing.messages import (
     TriggerCheckpoint,
 )
 from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.jobresult import JobResult
 
 # a -> b -> d and c -> d: two sources, d has two inputs.
 
@@ -403,3 +406,39 @@ def test_checkpoints_after_the_stops_savepoint_never_delete_it_or_what_it_refere
         h.storage.export(sp, target)  # every file it points to is still there
     finally:
         h.stop()
+
+
+def test_a_long_running_job_keeps_the_newest_checkpoints_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory stays bounded however long a job runs: every subtask's metrics of the
+    newest checkpoints (1.2 kB a subtask each), the summaries of more of them, and a
+    count of all; a result over several attempts keeps the newest summaries too."""
+    monkeypatch.setattr(coordinator, "HISTORY_SIZE", 3)
+    monkeypatch.setattr(coordinator, "SUMMARY_HISTORY", 5)
+    h = Harness(tmp_path)
+    ids = []
+    try:
+        for n in range(1, 9):
+            cid = h.trigger()
+            for key in TASKS:
+                h.ack(cid, key)
+            deadline = time.monotonic() + 10
+            while h.co.ended < n and time.monotonic() < deadline:
+                time.sleep(0.002)
+            ids.append(cid)
+    finally:
+        h.stop()
+    assert h.co.ended == 8
+    assert [s.checkpoint_id for s in h.co.history] == ids[-3:]
+    assert all(len(s.subtasks) == len(TASKS) for s in h.co.history)
+    summaries = list(h.co.summaries)
+    assert [c["checkpoint_id"] for c in summaries] == ids[-5:]
+    assert all(c["status"] == "completed" and "subtasks" not in c for c in summaries)
+
+    monkeypatch.setattr(jobresult, "MAX_CHECKPOINTS", 7)
+    result = JobResult("job", "finished", 2, 1.0)
+    result.add_checkpoints(summaries, h.co.ended)  # two attempts
+    result.add_checkpoints(summaries, h.co.ended)
+    assert result.checkpoints == (summaries + summaries)[-7:]
+    assert result.checkpoints_ended == 16
