@@ -510,8 +510,8 @@ def main() -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a configuration option for the job (repeatable), e.g. "
-        "taskmanager.network.memory.floating-buffers-per-gate=0",
+        help="a configuration option for the job (repeatable), as spillover bench -D, "
+        "e.g. taskmanager.network.memory.floating-buffers-per-gate=0",
     )
     args = ap.parse_args()
     options: dict[str, str] = {}
@@ -528,22 +528,22 @@ def main() -> None:
     posted_at: dict[int, float] = {}
     graph: dict[str, Any] = {}
     record_coordinator(triggered_at, graph, posted_at)
-    spec = BenchSpec(
-        executor=args.executor,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-        interval_ms=args.interval_ms,
-    )
+    try:  # keys the bench sets itself are refused: --policy and the flags set them
+        spec = BenchSpec(
+            executor=args.executor,
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            interval_ms=args.interval_ms,
+            policies=[args.policy],
+            options=options,
+        )
+    except ConfigError as e:
+        ap.error(str(e))
     with tempfile.TemporaryDirectory(prefix="spillover-breakdown-") as tmp:
         config = spec.config(args.policy, tmp)
         if args.per_file is not None:
             key = "execution.checkpointing.unaligned.max-subtasks-per-channel-state-file"
             config = config.with_options({key: args.per_file})
-        if options:
-            try:
-                config = config.with_options(options)
-            except ConfigError as e:
-                ap.error(str(e))
         ex = create_executor(args.executor, build_job(spec, "breakdown"), config)
         ex.prepare()
         result, _, _ = run_sampled(

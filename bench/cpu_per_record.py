@@ -10,6 +10,9 @@ so an A/B of two trees reads better in it (same command, alternating trees).
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --policy unaligned --sink-rate 5000
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --segment-size 512kb
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --slots 2  # one worker
+    # each process's cores (driver, JVM, workers): paced, with checkpoints and without
+    PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --policy unaligned \
+        --sink-rate 5000 --by-process
 
 See docs/benchmarks.md, "Checkpoint phases and the task loop, issue 34".
 """

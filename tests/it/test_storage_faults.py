@@ -61,7 +61,7 @@ def _exact(out: Path) -> None:
 
 
 def _aborted(ex: Any) -> list[Any]:
-    return [c for c in ex._current.coordinator.history if c.status == "aborted"]
+    return [c for c in list(ex._current.coordinator.history) if c.status == "aborted"]
 
 
 def _run_with_a_fault_window(

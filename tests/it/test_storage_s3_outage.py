@@ -94,7 +94,7 @@ def test_checkpoints_survive_an_s3_server_killed_and_restarted(tmp_path: Path) -
             while not ended.wait(0.005):
                 aborted = [
                     c
-                    for c in ex._current.coordinator.history
+                    for c in list(ex._current.coordinator.history)
                     if c.status == "aborted" and c.checkpoint_id > window["killed_after"]
                 ]
                 if len(aborted) >= DOWN_FOR:

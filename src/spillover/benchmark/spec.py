@@ -144,7 +144,7 @@ class BenchSpec:
                 detail=f"the bench sets {', '.join(taken)} itself",
                 hint="its own flags set those: --parallelism, --segment-size, --slots, "
                 "--interval-ms, --checkpoint-dir, --policies, --aligned-timeout-ms, "
-                "--max-inflight-bytes",
+                "--max-inflight-bytes; restart-strategy.type is none (a failure ends a run)",
             )
         for policy in self.policies:  # every config key checked before the first run
             self.config(policy, self.checkpoint_dir or _PLACEHOLDER_DIR)

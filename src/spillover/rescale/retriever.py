@@ -543,6 +543,8 @@ class FilteringRetriever:
             self._skip[channel] = skip
         at, lut = self._lut
         if at != self._file:  # channel -> stream of this plan entry, built once
+            if min(channels, default=0) < 0:  # numpy would wrap it to the table's end
+                raise ConfigError(f"a stream reads channel {min(channels)}")
             lut = np.full(max(channels, default=-1) + 1, -1, np.int32)
             for channel, index in channels.items():
                 lut[channel] = index

@@ -51,6 +51,17 @@ class JobResult:
         del self.checkpoints[:-MAX_CHECKPOINTS]
         self.checkpoints_ended += ended
 
+    def continues(self, earlier: JobResult) -> None:
+        """This run restored from ``earlier``'s checkpoint: its attempts, checkpoints,
+        failures, restore points and replayed bytes come first in this result."""
+        self.attempts += earlier.attempts
+        later, self.checkpoints = self.checkpoints, list(earlier.checkpoints)
+        self.checkpoints_ended, ended = earlier.checkpoints_ended, self.checkpoints_ended
+        self.add_checkpoints(later, ended)
+        self.failures = earlier.failures + self.failures
+        self.restored_from = earlier.restored_from + self.restored_from
+        self.replayed_bytes += earlier.replayed_bytes
+
     def completed_checkpoints(self) -> list[dict[str, Any]]:
         return [c for c in self.checkpoints if c["status"] == "completed"]
 

@@ -110,11 +110,7 @@ def finish_failed(
     cid = int(failed.completed_checkpoints()[-1]["checkpoint_id"])
     graph = spec.factory()(out_dir, name, spec.parallelism).build()
     result = _executor(spec, graph, cfg, restore_checkpoint=cid).run(timeout=600)
-    result.attempts += failed.attempts
-    result.checkpoints = failed.checkpoints + result.checkpoints
-    result.failures = failed.failures + result.failures
-    result.restored_from = failed.restored_from + result.restored_from
-    result.replayed_bytes += failed.replayed_bytes
+    result.continues(failed)
     finished = result.status
     result.status = failed.status
     out = output_of(spec, result, out_dir, graph.max_parallelism, failures)
@@ -180,11 +176,7 @@ class _TwoRuns:
         )
         if on_ended is not None:
             on_ended()
-        r2.attempts += r1.attempts
-        r2.checkpoints = r1.checkpoints + r2.checkpoints
-        r2.failures = r1.failures + r2.failures
-        r2.restored_from = r1.restored_from + r2.restored_from
-        r2.replayed_bytes += r1.replayed_bytes
+        r2.continues(r1)
         return RunOutput(
             r2,
             _read(self.spec, self.out_dir),

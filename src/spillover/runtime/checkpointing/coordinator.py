@@ -204,7 +204,9 @@ class CheckpointCoordinator:
         self.graph = graph or {}
         self.alignment_timeout_s = alignment_timeout_s
         # The newest ended checkpoints with their subtasks' metrics, and the newest
-        # summaries, oldest first (SUMMARY_HISTORY); ``ended`` counts them all.
+        # summaries, oldest first (SUMMARY_HISTORY); ``ended`` counts them all. Only
+        # the coordinator's thread appends: another thread copies them (``list(...)``,
+        # one step) before it iterates, as a deque appended meanwhile refuses that.
         self.history: collections.deque[CheckpointStats] = collections.deque(maxlen=HISTORY_SIZE)
         self.summaries: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=SUMMARY_HISTORY
@@ -798,7 +800,7 @@ class CheckpointCoordinator:
                 f.write(json.dumps({"type": "checkpoint", **summary}) + "\n")
 
     def stats_dicts(self) -> list[dict[str, Any]]:
-        return [asdict(s) for s in self.history]
+        return [asdict(s) for s in list(self.history)]  # (one copy: appended meanwhile)
 
     def state(self) -> CoordinatorState:
         """What it waits for, read from any thread (for a job that does not end): a

@@ -442,3 +442,8 @@ def test_a_long_running_job_keeps_the_newest_checkpoints_only(
     result.add_checkpoints(summaries, h.co.ended)
     assert result.checkpoints == (summaries + summaries)[-7:]
     assert result.checkpoints_ended == 16
+    # A run restored from that one (spillover verify's second run) comes after it.
+    later = JobResult("job", "finished", 1, 1.0, checkpoints=summaries[:2], checkpoints_ended=2)
+    later.continues(result)
+    assert later.checkpoints == (result.checkpoints + summaries[:2])[-7:]
+    assert later.checkpoints_ended == 18 and later.attempts == 3
