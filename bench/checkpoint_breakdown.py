@@ -91,6 +91,7 @@ from bench_durability import completion_files
 from memory_at_rest import rested_median, rested_touch_us, write_ms
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
+from spillover.cli.options import define_option, defines
 from spillover.deploy.spark.worker import WorkerSpec
 from spillover.errors import ConfigError
 from spillover.runtime.checkpointing import coordinator
@@ -505,21 +506,12 @@ def main() -> None:
         default=BenchSpec.interval_ms,
         help="checkpoint interval (default: spillover bench's); the floors at rest rest as long",
     )
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a configuration option for the job (repeatable), as spillover bench -D, "
+    define_option(
+        ap,
+        "a configuration option for the job (repeatable), as spillover bench -D, "
         "e.g. taskmanager.network.memory.floating-buffers-per-gate=0",
     )
     args = ap.parse_args()
-    options: dict[str, str] = {}
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            ap.error(f"--set takes KEY=VALUE, not {item!r}")
-        options[key.strip()] = value.strip()
     if args.interval_ms < 10:
         ap.error("--interval-ms must be at least 10")
     if args.no_spares:
@@ -535,7 +527,7 @@ def main() -> None:
             warmup_s=args.warmup,
             interval_ms=args.interval_ms,
             policies=[args.policy],
-            options=options,
+            options=defines(args.define),
         )
     except ConfigError as e:
         ap.error(str(e))

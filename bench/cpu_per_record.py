@@ -48,16 +48,12 @@ def _children() -> dict[int, list[int]]:
     return out
 
 
-def tree_cpu_seconds(root: int | None = None) -> float:
-    """User + system CPU seconds of process ``root`` (this one) and its live
-    descendants, from /proc (a process that already exited is not counted)."""
-    return sum(tree_cpu_by_process(root).values())
-
-
 def tree_cpu_by_process(root: int | None = None) -> dict[tuple[int, str], float]:
-    """:func:`tree_cpu_seconds` per process: ``(pid, role)`` -> CPU seconds, the role
-    ``driver`` (this process), ``jvm``, ``worker`` (a Python process below the JVM
-    that runs subtasks) or its command's name."""
+    """User + system CPU seconds of process ``root`` (this one) and of each of its live
+    descendants, from /proc (a process that already exited is not counted):
+    ``(pid, role)`` -> seconds, the role ``driver`` (this process), ``jvm``,
+    ``worker`` (a Python process below the JVM that runs subtasks) or its command's
+    name."""
     root = os.getpid() if root is None else root
     kids, todo, out = _children(), [root], {}
     while todo:
@@ -126,9 +122,9 @@ def main() -> None:
         segment_size=args.segment_size,
         slots=args.slots,
     )
-    # (wall, cpu, sink records, the count's input records: what the sources generated)
-    samples: list[tuple[float, float, float, float]] = []
-    per_process: list[tuple[float, dict[tuple[int, str], float]]] = []
+    # (wall, CPU seconds per process, sink records, the count's input records: what
+    # the sources generated)
+    samples: list[tuple[float, dict[tuple[int, str], float], float, float]] = []
     with tempfile.TemporaryDirectory(prefix="spillover-cpu-") as tmp:
         ex = create_executor(args.executor, build_job(spec, "cpu"), spec.config(args.policy, tmp))
         ex.prepare()
@@ -136,16 +132,15 @@ def main() -> None:
         def read() -> float:
             records = float(ex.live_metric("sink", "records_in"))
             counted = float(ex.live_metric("count", "records_in"))
-            now, cpu = time.monotonic(), tree_cpu_by_process()
-            samples.append((now, sum(cpu.values()), records, counted))
-            per_process.append((now, cpu))
+            samples.append((time.monotonic(), tree_cpu_by_process(), records, counted))
             return records
 
         run_sampled(ex, read, spec.warmup_s, spec.run_s, spec.duration_s)
         started = ex.running_since()
     # The window's ends: the first sample at or after the warm-up, and the last.
     inside = [s for s in samples if started is None or s[0] - started >= spec.warmup_s - 0.05]
-    (w0, c0, r0, g0), (w1, c1, r1, g1) = inside[0], inside[-1]
+    (w0, first, r0, g0), (w1, last, r1, g1) = inside[0], inside[-1]
+    c0, c1 = sum(first.values()), sum(last.values())
     if r1 <= r0 or g1 <= g0:
         raise SystemExit("the sinks took no records in the window")
     # The count emits one row per key a buffer touched, so the sink's rows per
@@ -158,7 +153,6 @@ def main() -> None:
         f"{(r1 - r0) / (g1 - g0):.3f} sink rows per generated record"
     )
     if args.by_process:  # a checkpoint's CPU: these against a --policy none run's
-        first, last = (next(c for t, c in per_process if t == w) for w in (w0, w1))
         for key in sorted(last, key=lambda k: (k[1], k[0])):
             used = last[key] - first.get(key, 0.0)
             print(f"  {key[1]} (pid {key[0]}): {used / (w1 - w0):.3f} cores")

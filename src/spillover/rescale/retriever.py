@@ -67,6 +67,10 @@ from spillover.storage import (
 
 __all__ = ["FilteringRetriever"]
 
+# One file of the read plan: ``(handle, {channel: stream index}, frames to read or
+# None, phase, channel -> stream table)``; the table is what ``route_frames`` takes.
+_PlanEntry = tuple[GateStateHandle, dict[int, int], int | None, int, npt.NDArray[np.int32]]
+
 
 @dataclass(frozen=True, slots=True)
 class _TableRoute:
@@ -300,11 +304,9 @@ class FilteringRetriever:
         self._left: int | None = None
         self._error: BaseException | None = None
         self._closed = False
-        self._plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] | None = None
+        self._plan: list[_PlanEntry] | None = None
         self._plan_skips: dict[tuple[int, int], int] = {}  # (plan entry, channel) -> bytes
         self._skip: dict[int, int] = {}
-        # (plan entry, its channel -> stream table) of the file being read
-        self._lut: tuple[int, npt.NDArray[np.int32]] = (-1, np.empty(0, np.int32))
         self._file = 0
         self._file_left: int | None = None
         self._files_ended = False
@@ -444,12 +446,11 @@ class FilteringRetriever:
 
     # -- reading, filtering mode: each state file once --------------------------
 
-    def _file_plan(self) -> list[tuple[GateStateHandle, dict[int, int], int | None, int]]:
+    def _file_plan(self) -> list[_PlanEntry]:
         """The files to read, in phases: every stream's first piece (the old downstream's
         input part), then every stream's second piece (the old upstream's output part).
-        A stream's pieces stay in order, and each file is read once per phase:
-        ``(handle, {channel: stream index}, frames to read or None, phase)``."""
-        plan: list[tuple[GateStateHandle, dict[int, int], int | None, int]] = []
+        A stream's pieces stay in order, and each file is read once per phase."""
+        plan: list[_PlanEntry] = []
         phases = max((len(s.pieces) for s in self.streams), default=0)
         for phase in range(phases):
             # Keyed by section, not file: gates of several subtasks may share a file.
@@ -466,7 +467,7 @@ class FilteringRetriever:
                     )
                 n = frames_in(handle, channel)
                 entry[2] = None if n is None or entry[2] is None else entry[2] + n
-            plan += [(e[0], e[1], e[2], e[3]) for e in files.values()]
+            plan += [(e[0], e[1], e[2], e[3], _stream_table(e[1])) for e in files.values()]
         return plan
 
     def _poll_files(self) -> ReplayBuffer | None:
@@ -483,7 +484,7 @@ class FilteringRetriever:
                     continue  # the demuxes' last buffers
                 return None
             r = self._retriever
-            handle, channels, left, phase = self._plan[self._file]
+            handle, channels, left, phase, table = self._plan[self._file]
             if r is None:
                 if left == 0:
                     self._file += 1
@@ -510,7 +511,7 @@ class FilteringRetriever:
                 self._close_retriever()
                 self._file += 1
                 continue
-            self._take_frames(frames, channels, phase)
+            self._take_frames(frames, table, phase)
             self.blocks_read += 1
             if self._file_left is not None and self._file_left <= 0:
                 # the rest of the file holds other channels only
@@ -524,7 +525,7 @@ class FilteringRetriever:
             return None
         return self._ready.popleft()
 
-    def _take_frames(self, frames: FrameArrays, channels: dict[int, int], phase: int) -> None:
+    def _take_frames(self, frames: FrameArrays, table: npt.NDArray[np.int32], phase: int) -> None:
         """One read-ahead block's frames: each frame of a wanted channel goes to its
         stream, in order; with the native key, one demux call per route and block.
         Which stream each frame feeds and what each stream is fed is one native call
@@ -541,16 +542,8 @@ class FilteringRetriever:
                 if skip == 0:
                     break
             self._skip[channel] = skip
-        at, lut = self._lut
-        if at != self._file:  # channel -> stream of this plan entry, built once
-            if min(channels, default=0) < 0:  # numpy would wrap it to the table's end
-                raise ConfigError(f"a stream reads channel {min(channels)}")
-            lut = np.full(max(channels, default=-1) + 1, -1, np.int32)
-            for channel, index in channels.items():
-                lut[channel] = index
-            self._lut = (self._file, lut)
         slots, wanted, fed, present, events = _records.route_frames(
-            ids, frames.lengths, frames.data_types, lut, len(self.streams)
+            ids, frames.lengths, frames.data_types, table, len(self.streams)
         )
         if self._file_left is not None:
             self._file_left -= wanted
@@ -741,3 +734,14 @@ class FilteringRetriever:
         else:
             channels = self._table_outputs
         self._ready.extend(replay_buffer(buf, c, DataType.EVENT) for c in channels)
+
+
+def _stream_table(channels: dict[int, int]) -> npt.NDArray[np.int32]:
+    """``channels`` (channel -> stream index) as a table indexed by channel, -1 where
+    no stream reads it."""
+    if min(channels, default=0) < 0:  # numpy would wrap it to the table's end
+        raise ConfigError(f"a stream reads channel {min(channels)}")
+    table = np.full(max(channels, default=-1) + 1, -1, np.int32)
+    for channel, index in channels.items():
+        table[channel] = index
+    return table

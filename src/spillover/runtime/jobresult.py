@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-# The checkpoint summaries a result keeps (the coordinator's SUMMARY_HISTORY).
+# The checkpoint summaries a result keeps, and a checkpoint coordinator.
 MAX_CHECKPOINTS = 10_000
 
 
@@ -55,9 +55,8 @@ class JobResult:
         """This run restored from ``earlier``'s checkpoint: its attempts, checkpoints,
         failures, restore points and replayed bytes come first in this result."""
         self.attempts += earlier.attempts
-        later, self.checkpoints = self.checkpoints, list(earlier.checkpoints)
-        self.checkpoints_ended, ended = earlier.checkpoints_ended, self.checkpoints_ended
-        self.add_checkpoints(later, ended)
+        self.checkpoints = (earlier.checkpoints + self.checkpoints)[-MAX_CHECKPOINTS:]
+        self.checkpoints_ended += earlier.checkpoints_ended
         self.failures = earlier.failures + self.failures
         self.restored_from = earlier.restored_from + self.restored_from
         self.replayed_bytes += earlier.replayed_bytes

@@ -71,14 +71,6 @@ class CheckpointFailuresExceeded(RuntimeError):
     """Too many checkpoints failed in a row."""
 
 
-# What the coordinator keeps of its ended checkpoints, so that its memory stays
-# bounded however long a job runs: every subtask's metrics of the newest
-# ``HISTORY_SIZE`` (about 1.2 kB a subtask: 1.2 MB a checkpoint at 1,000 subtasks),
-# and the summaries (``JobResult.checkpoints``, about 1 kB each) of the newest
-# ``SUMMARY_HISTORY``: almost three hours at one checkpoint a second.
-SUMMARY_HISTORY = MAX_CHECKPOINTS
-
-
 @dataclass
 class CheckpointStats:
     """What one checkpoint cost; ``subtasks`` holds each subtask's metrics."""
@@ -203,13 +195,17 @@ class CheckpointCoordinator:
         self.barrier_kind = barrier_kind  # events.BarrierKind
         self.graph = graph or {}
         self.alignment_timeout_s = alignment_timeout_s
-        # The newest ended checkpoints with their subtasks' metrics, and the newest
-        # summaries, oldest first (SUMMARY_HISTORY); ``ended`` counts them all. Only
-        # the coordinator's thread appends: another thread copies them (``list(...)``,
-        # one step) before it iterates, as a deque appended meanwhile refuses that.
+        # What it keeps of its ended checkpoints, oldest first, so that its memory stays
+        # bounded however long a job runs: every subtask's metrics of the newest
+        # HISTORY_SIZE (about 1.2 kB a subtask: 1.2 MB a checkpoint at 1,000
+        # subtasks), the summaries (JobResult.checkpoints, about 1 kB each) of the
+        # newest MAX_CHECKPOINTS (almost three hours at one a second); ``ended``
+        # counts them all. Only the coordinator's thread appends: another thread
+        # copies them (``list(...)``, one step) before it iterates, as a deque
+        # appended meanwhile refuses that.
         self.history: collections.deque[CheckpointStats] = collections.deque(maxlen=HISTORY_SIZE)
         self.summaries: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=SUMMARY_HISTORY
+            maxlen=MAX_CHECKPOINTS
         )
         self.ended = 0
         self.completed_ids: list[int] = []  # this attempt's, still retained

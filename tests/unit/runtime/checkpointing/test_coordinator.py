@@ -415,7 +415,7 @@ def test_a_long_running_job_keeps_the_newest_checkpoints_only(
     newest checkpoints (1.2 kB a subtask each), the summaries of more of them, and a
     count of all; a result over several attempts keeps the newest summaries too."""
     monkeypatch.setattr(coordinator, "HISTORY_SIZE", 3)
-    monkeypatch.setattr(coordinator, "SUMMARY_HISTORY", 5)
+    monkeypatch.setattr(coordinator, "MAX_CHECKPOINTS", 5)
     h = Harness(tmp_path)
     ids = []
     try:
