@@ -273,6 +273,14 @@ class NetworkConfig:
     debloat_threshold_percentages: int = field(
         default=25, metadata=_key(_DEBLOAT + "threshold-percentages", _Int(0, 100))
     )
+    # Where producers cut buffers until their consumer's first measurement (then up
+    # to the segment size, or down): 32 KiB, Flink's segment size. At the segment
+    # size, a slow consumer's gate filled with full buffers in the job's first
+    # moments and held them for tens of seconds (docs/runtime.md).
+    debloat_initial_size: int = field(
+        default=32 * KiB,
+        metadata=_key(_DEBLOAT + "initial-size", _MemorySize(16, 16 * MiB)),
+    )
     min_segment_size: int = field(
         default=256,
         metadata=_key("taskmanager.memory.min-segment-size", _MemorySize(16, 16 * MiB)),

@@ -108,7 +108,12 @@ def build_tasks(
             if not here(u):
                 continue
             pool = BufferPool(net.segment_size, net.buffers_per_partition, f"{up.uid}#{u}")
-            part = ResultPartition(down.parallelism, pool, name=f"{up.uid}#{u}->{down.uid}")
+            part = ResultPartition(
+                down.parallelism,
+                pool,
+                name=f"{up.uid}#{u}->{down.uid}",
+                buffer_size=debloat_start_size(net),
+            )
             for d in range(down.parallelism):
                 if here(d):
                     connect(part, d, gates[(down.id, d)], first + u)
@@ -295,6 +300,15 @@ def edge_writer(
     )
 
 
+def debloat_start_size(net: NetworkConfig) -> int | None:
+    """Where a streaming edge's producers cut buffers before its consumer first
+    measured what it takes (None: the segment size, debloating off). The consumer's
+    :class:`BufferDebloater` assumes the same size, in this process or another."""
+    if not net.debloat_enabled:
+        return None
+    return min(net.segment_size, max(net.min_segment_size, net.debloat_initial_size))
+
+
 def gate_debloater(
     net: NetworkConfig, gate: InputGate, remote: bool = False
 ) -> BufferDebloater | None:
@@ -309,6 +323,7 @@ def gate_debloater(
         period_s=net.debloat_period.total_seconds(),
         min_size=net.min_segment_size,
         threshold=net.debloat_threshold_percentages / 100,
+        initial_size=debloat_start_size(net),
     )
     buffers = gate.num_channels * net.buffers_per_channel
     if not remote:

@@ -131,6 +131,12 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.network.debloat_threshold_percentages,
         {},
     ),
+    "taskmanager.network.memory.buffer-debloat.initial-size": (
+        "64 kb",
+        64 * KB,
+        lambda c: c.network.debloat_initial_size,
+        {},
+    ),
     "taskmanager.network.memory.buffers-per-channel": (
         4,
         4,
@@ -456,6 +462,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("taskmanager.network.memory.buffer-debloat.target", "0 ms"),
     ("taskmanager.network.memory.buffer-debloat.period", "soon"),
     ("taskmanager.network.memory.buffer-debloat.threshold-percentages", 101),
+    ("taskmanager.network.memory.buffer-debloat.initial-size", "8 b"),
     ("taskmanager.network.memory.buffers-per-channel", 0),
     ("taskmanager.network.memory.floating-buffers-per-gate", -1),
     ("taskmanager.network.memory.buffers-per-partition", 0),

@@ -31,6 +31,7 @@ class Debloat:
     period_s: float
     min_size: int
     threshold: float = 0.25
+    initial_size: int | None = None  # None: the segment size (``max_size``)
     clock: Callable[[], float] = field(default=time.monotonic, compare=False)
 
 
@@ -50,8 +51,11 @@ class BufferDebloater:
         self.channels = channels  # each with ``on_buffer_size`` (None: not connected)
         self.max_size = max_size
         self.buffers = max(1, buffers)
-        self.size = max_size  # what the producers cut at until told otherwise
-        self._told = [max_size] * len(channels)  # what each channel's producer was told
+        # What the producers cut at until told otherwise (they start there too:
+        # wiring.debloat_start_size).
+        initial = max_size if settings.initial_size is None else settings.initial_size
+        self.size = max(1, min(initial, max_size))
+        self._told = [self.size] * len(channels)  # what each channel's producer was told
         self._clock = settings.clock
         self._bytes = 0
         self._since: float | None = None  # measuring from the first buffer taken

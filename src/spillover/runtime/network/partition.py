@@ -90,7 +90,13 @@ class ResultPartition:
     ``backpressured_seconds`` adds up the time spent waiting for credit.
     """
 
-    def __init__(self, num_subpartitions: int, pool: BufferPool, name: str = "partition") -> None:
+    def __init__(
+        self,
+        num_subpartitions: int,
+        pool: BufferPool,
+        name: str = "partition",
+        buffer_size: int | None = None,
+    ) -> None:
         if num_subpartitions < 1:
             raise ConfigError(f"result partition {name!r} needs at least one subpartition")
         self.name = name
@@ -103,9 +109,13 @@ class ResultPartition:
         self._cause: BaseException | None = None
         self.backpressured_seconds = 0.0
         self.waker: OutputWaker | None = None  # told when a consumer grants credit
-        # Where each subpartition's buffers are cut: the segment size, or what its
-        # consumer announced (buffer debloating); the writer follows ``sizes_version``.
-        self.buffer_sizes = [pool.segment_size] * num_subpartitions
+        # Where each subpartition's buffers are cut: ``buffer_size`` (debloating's
+        # initial size; default the segment size), then what its consumer announced
+        # (buffer debloating); the writer follows ``sizes_version``.
+        start = pool.segment_size
+        if buffer_size is not None:
+            start = max(1, min(buffer_size, start))
+        self.buffer_sizes = [start] * num_subpartitions
         self.sizes_version = 0
 
     @property

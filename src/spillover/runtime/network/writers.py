@@ -77,7 +77,11 @@ class PartitionWriter:
             self._key = FieldKey(offset, "int64")
             self._table = key_group_table(max_parallelism, ranges)
             self._max_parallelism = max_parallelism
-        self._cut_at([segment_size] * n_subpartitions)
+        if sizes is not None:  # debloating's initial size, or what was announced already
+            self._seen = sizes.sizes_version
+            self._cut_at(list(sizes.buffer_sizes))
+        else:
+            self._cut_at([segment_size] * n_subpartitions)
         if kind is EdgeKind.CUSTOM:
             assert key_field is not None and partitioner is not None
             self._partitioner = partitioner

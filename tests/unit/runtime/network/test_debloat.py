@@ -18,7 +18,7 @@ from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import LocalChannel, connect
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import PartitionWriter
-from spillover.runtime.wiring import gate_debloater
+from spillover.runtime.wiring import debloat_start_size, gate_debloater
 
 DTYPE = np.dtype([("key", "<i8"), ("payload", "S20")])  # 32 framed bytes a record
 SEGMENT = 4096
@@ -212,3 +212,48 @@ def test_a_writer_cuts_at_the_announced_size_from_its_next_batch() -> None:
     assert w.resized == 1 and w.buffer_size == 100
     # Whole records: three 32-byte frames a buffer, the 100th record left for a flush.
     assert out[0] == [] and len(out[1]) == 33 and all(len(b) == 96 for b in out[1])
+
+
+def test_producers_and_their_consumer_start_at_the_initial_size_then_follow_the_rate() -> None:
+    """A job starts (or restarts) with buffers of the initial size on every streaming
+    edge, so a slow consumer's gate fills with small buffers, not full segments it
+    would hold for tens of seconds; a fast consumer's first measurement grows them
+    to the segment size."""
+    net = Config.from_dict(
+        {
+            "taskmanager.memory.segment-size": "64 kb",
+            "taskmanager.network.memory.buffer-debloat.initial-size": "8 kb",
+        }
+    ).network
+    assert debloat_start_size(net) == 8 * 1024
+    part = ResultPartition(2, BufferPool(net.segment_size, 8), "p", debloat_start_size(net))
+    out: list[list[bytes]] = [[], []]
+    w = PartitionWriter(
+        EdgeKind.REBALANCE,
+        DTYPE,
+        2,
+        0,
+        net.segment_size,
+        128,
+        "key",
+        send=lambda sub, buf: out[sub].append(bytes(buf)),
+        send_all=lambda buf: None,
+        sizes=part,
+    )
+    assert w.buffer_size == 8 * 1024  # before any consumer said a word
+    w.emit(np.zeros(2048, DTYPE))  # 32 KiB to each subpartition
+    assert out[0] and all(len(b) <= 8 * 1024 for b in out[0] + out[1])
+    clock, chan = Clock(), Channel()
+    gate = gate_debloater(net, InputGate(1, floating_buffers=8))
+    assert gate is not None and gate.size == 8 * 1024  # the consumer assumes the same
+    d = BufferDebloater(
+        Debloat(target_s=0.5, period_s=0.2, min_size=256, clock=clock, initial_size=8 * 1024),
+        [chan],
+        net.segment_size,
+        10,
+    )
+    consume(d, clock, rate=1e9, seconds=0.3)
+    assert chan.told == [net.segment_size]  # a fast consumer: full segments again
+    off = Config.from_dict({"taskmanager.network.memory.buffer-debloat.enabled": False})
+    assert debloat_start_size(off.network) is None  # Flink's: the segment size throughout
+    assert ResultPartition(1, BufferPool(4096, 2), "q", None).buffer_sizes == [4096]
