@@ -27,14 +27,18 @@ parallelism 2):
 Per generated record in every stage (receive and keyed see subtask 0's half).
 
 **The work floor** (``--floor``, :func:`work_floor`): the job's whole per-record work
-back to back on one thread, both count subtasks and both sinks, at the runtime's
-default segment size: generate, route, receive, keyed (the count's rows kept),
-``emit`` (the rows framed into the rebalance edge's buffers) and ``sink`` (those
-buffers read back and taken by ``ThrottledSink``, unpaced). CPU time per stage
+on one thread, both count subtasks and both sinks, at the runtime's default segment
+size: generate, route, receive, keyed (the count's rows kept), ``emit`` (the rows
+framed into the rebalance edge's buffers) and ``sink`` (those buffers read back and
+taken by ``ThrottledSink``, unpaced), each generated batch through every stage
+before the next, as the job runs them, the keyed state warm. CPU time per stage
 (``time.thread_time_ns``, median of ``--passes``), per generated record, and the
 records/s two cores would reach doing nothing else: what the job could move if the
-runtime around it cost nothing. ``bench/side_by_side.py`` prints it beside the bare
-network loop and the job (docs/benchmarks.md, "Issue 34, side by side").
+runtime around it cost nothing. ``--floor --staged`` (:func:`work_floor_staged`)
+runs each stage over every batch before the next, as the floor was first measured:
+about twice as much, from cold caches and a new keyed state a pass.
+``bench/side_by_side.py`` prints the floor beside the bare network loop and the job
+(docs/benchmarks.md, "Issue 34, side by side").
 
     PYTHONPATH=src .venv/bin/python bench/bench_hotpath.py --floor --json floor.json
 """
@@ -216,6 +220,7 @@ class WorkFloor:
     segment_size: int
     passes: int
     stage_ns: dict[str, float]
+    staged: bool = False  # :func:`work_floor_staged`'s, not the pipelined floor
 
     @property
     def ns_per_record(self) -> float:
@@ -239,10 +244,139 @@ class WorkFloor:
         }
 
 
+class _Pipeline:
+    """The job's operators and edges on one thread, as :func:`work_floor` runs them:
+    a generator, the key_by edge into two counts (heap keyed state), the rebalance
+    edge into two unpaced sinks; each stage's CPU time added up per stage."""
+
+    STAGES = ("generate", "route", "receive", "keyed", "emit", "sink")
+
+    def __init__(self, segment: int) -> None:
+        self.segment = segment
+        self.src = GeneratorSource(partitions=2 * P, payload_bytes=100, keys=10_000)
+        self.src.open(_Ctx(0))  # type: ignore[arg-type]
+        self.made: list[Any] = []
+        self.src.ctx.output.emit = self.made.append  # type: ignore[method-assign]
+        self.src.on_timer()
+        dtype = self.made.pop().dtype
+        self.routed: list[list[Any]] = [[] for _ in range(P)]
+        self.router = self._writer(EdgeKind.KEY_BY, "key", dtype, 0, self.routed)
+        self.serializer = FixedWidthSerializer(dtype)
+        self.readers = [RecordReader() for _ in range(P)]
+        self.rows = [_Collect() for _ in range(P)]
+        self.counts = []
+        for d in range(P):
+            backend = HeapKeyedStateBackend(MAXP, key_group_range_for_operator(MAXP, P, d))
+            op = KeyedCount("key", out="updates")
+            op.open(_Ctx(d, backend, self.rows[d]))  # type: ignore[arg-type]
+            self.counts.append(op)
+        self.emitted: list[list[Any]] = [[] for _ in range(P)]
+        self.emitters: list[PartitionWriter] = []  # made with the first rows' dtype
+        self.sink_readers = [RecordReader() for _ in range(P)]
+        self.sinks = []
+        for s in range(P):
+            sink_op = ThrottledSink(1e12)
+            sink_op.open(_Ctx(s, pacing=True))  # type: ignore[arg-type]
+            self.sinks.append(sink_op)
+        self.ns = dict.fromkeys(self.STAGES, 0)
+        self.records = self.counted = self.taken = 0
+
+    def _writer(
+        self, kind: EdgeKind, key: str | None, dtype: Any, subtask: int, out: list[list[Any]]
+    ) -> PartitionWriter:
+        def send(sub: int, buf: Any) -> None:
+            out[sub].append(buf)
+
+        return PartitionWriter(kind, dtype, P, subtask, self.segment, MAXP, key, send, None)
+
+    def step(self, last: bool = False) -> None:
+        """One generated batch through every stage (``last``: the writers flushed too,
+        so that the sinks have taken every row made so far)."""
+        clock, ns = time.thread_time_ns, self.ns
+        t0 = clock()
+        self.src.on_timer()
+        batch = self.made.pop()
+        self.records += len(batch)
+        t1 = clock()
+        self.router.emit(batch)
+        if last:
+            self.router.flush()
+        t2 = clock()
+        received = []
+        for d in range(P):
+            for buf in self.routed[d]:
+                got = self.serializer.read_buffer(self.readers[d], buf)
+                if len(got):
+                    received.append((d, got))
+            self.routed[d].clear()
+        t3 = clock()
+        for d, got in received:
+            self.counts[d].process(got)
+        t4 = clock()
+        for d in range(P):
+            for rows in self.rows[d].batches:
+                if not self.emitters:
+                    self.row_serializer = FixedWidthSerializer(rows.dtype)
+                    self.emitters = [
+                        self._writer(EdgeKind.REBALANCE, None, rows.dtype, c, self.emitted)
+                        for c in range(P)
+                    ]
+                self.counted += len(rows)
+                self.emitters[d].emit(rows)
+            self.rows[d].batches.clear()
+        if last:
+            for w in self.emitters:
+                w.flush()
+        t5 = clock()
+        for s in range(P):
+            for buf in self.emitted[s]:
+                got = self.row_serializer.read_buffer(self.sink_readers[s], buf)
+                if len(got):
+                    self.sinks[s].process(got)
+                    self.taken += len(got)
+            self.emitted[s].clear()
+        t6 = clock()
+        stamps = (t0, t1, t2, t3, t4, t5, t6)
+        for i, stage in enumerate(self.STAGES):
+            ns[stage] += stamps[i + 1] - stamps[i]
+
+
 def work_floor(batches: int = BATCHES, passes: int = 5, segment: int | None = None) -> WorkFloor:
-    """Times the job's stages back to back on this thread (CPU time), ``passes`` times
-    after one warm-up pass; each stage's median pass. Checks that the sinks took every
-    row the counts made."""
+    """Times the job's stages on this thread (CPU time) as the job runs them: each
+    generated batch through every stage before the next, so each buffer is in the
+    cache its next stage reads it from, and the counts' keyed state warm (the job's
+    steady state). ``passes`` passes of ``batches`` batches after one warm-up pass;
+    each stage's median pass. Checks that the sinks took every row the counts made."""
+    seg = NetworkConfig.segment_size if segment is None else segment
+    job = _Pipeline(seg)
+    times: dict[str, list[int]] = {stage: [] for stage in _Pipeline.STAGES}
+    for i in range(passes + 1):  # the first pass warms up (imports, allocator, caches)
+        job.ns = dict.fromkeys(_Pipeline.STAGES, 0)
+        job.records = job.counted = job.taken = 0
+        for b in range(batches):
+            job.step(last=b == batches - 1)
+        if job.taken != job.counted:
+            raise AssertionError(f"the sinks took {job.taken} of the counts' {job.counted} rows")
+        if i:
+            for stage, ns in job.ns.items():
+                times[stage].append(ns)
+    return WorkFloor(
+        records=job.records,
+        sink_records=job.taken,
+        segment_size=seg,
+        passes=passes,
+        stage_ns={k: statistics.median(v) / job.records for k, v in times.items()},
+    )
+
+
+def work_floor_staged(
+    batches: int = BATCHES, passes: int = 5, segment: int | None = None
+) -> WorkFloor:
+    """The floor as it was first measured: each stage over every batch before the next
+    stage, a new keyed state a pass. Each stage then reads what the last one wrote
+    megabytes ago, from beyond the core's caches, and the counts insert every key anew:
+    an upper bound, about twice the job's own work (docs/benchmarks.md, "The work
+    floor, pipelined")."""
     seg = NetworkConfig.segment_size if segment is None else segment
     times: dict[str, list[int]] = {}
 
@@ -282,6 +416,7 @@ def work_floor(batches: int = BATCHES, passes: int = 5, segment: int | None = No
         segment_size=seg,
         passes=passes,
         stage_ns={k: statistics.median(v[1:]) / records for k, v in times.items()},
+        staged=True,
     )
 
 
@@ -391,6 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         "runtime's default unless --segment-kib is given)",
     )
     ap.add_argument("--passes", type=int, default=5, help="--floor: timed passes (median)")
+    ap.add_argument(
+        "--staged",
+        action="store_true",
+        help="--floor: each stage over every batch before the next (cold caches)",
+    )
     ap.add_argument("--json", default=None, help="--floor: also write the figures here")
     ap.add_argument(
         "--segment-kib", type=int, default=None, help="network buffer size in KiB (default 32)"
@@ -438,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_floor(a: argparse.Namespace) -> int:
     seg = None if a.segment_kib is None else a.segment_kib * 1024
-    floor = work_floor(a.batches, a.passes, seg)
+    floor = (work_floor_staged if a.staged else work_floor)(a.batches, a.passes, seg)
     for stage, ns in floor.stage_ns.items():
         print(f"{stage:<9} {ns:8.1f} ns per record")
     print(

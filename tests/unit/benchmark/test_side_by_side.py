@@ -205,10 +205,13 @@ def test_raw_results_become_figures_and_failures_are_named(tmp_path: Path) -> No
     assert rows["spark_paced_acked_median"].verdict == "met"  # type: ignore[attr-defined]
 
 
-def test_the_work_floor_runs_every_stage_of_the_job() -> None:
-    floor = _load("bench_hotpath").work_floor(batches=4, passes=1)
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_work_floor_runs_every_stage_of_the_job(staged: bool) -> None:
+    hotpath = _load("bench_hotpath")
+    measure = hotpath.work_floor_staged if staged else hotpath.work_floor
+    floor = measure(batches=4, passes=1)  # raises unless the sinks took every row made
     assert list(floor.stage_ns) == ["generate", "route", "receive", "keyed", "emit", "sink"]
-    assert floor.records == 4 * 1024
+    assert floor.records == 4 * 1024 and floor.staged is staged
     assert 0 < floor.sink_records <= floor.records  # one row per key a batch touched
     assert all(ns >= 0 for ns in floor.stage_ns.values())
     assert floor.sink_records_per_s(2) == pytest.approx(
