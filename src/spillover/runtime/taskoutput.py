@@ -149,7 +149,8 @@ class TaskOutput:
         return sum(p.backpressured_seconds + p.pool.waited_seconds for p in self.partitions)
 
     def buffer_bytes(self) -> float:
-        """Where output buffers are cut now (below the segment size: debloated)."""
+        """Where output buffers are cut now (below the segment size: debloating's
+        initial or announced size)."""
         return float(min((w.buffer_size for w in self.writers), default=0))
 
     def spilled_bytes(self) -> float:

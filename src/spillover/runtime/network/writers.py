@@ -3,8 +3,9 @@
 Records are framed as in ``spillover.records`` (length prefix + row bytes). Each
 subpartition gets its own stream of full buffers, so a record cut by a buffer
 boundary is completed in the next buffer of the same channel. Buffers are cut at
-``segment_size``, or at the smaller size a debloating consumer announced
-(``network/debloat.py``), which keeps checkpoints under backpressure short.
+``segment_size``, or with debloating at its initial size until the consumer has
+measured what it takes, then at the size it announced (``network/debloat.py``),
+which keeps checkpoints under backpressure short.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ class PartitionWriter:
         self._next = subtask_index % n_subpartitions  # rebalance spreads from here
         self._subtask = subtask_index
         self.records_out = 0
-        # The partition whose ``buffer_sizes`` (announced by debloating consumers)
-        # this writer follows; None: always the segment size.
+        # The partition whose ``buffer_sizes`` (debloating's initial size, then what
+        # its consumers announced) this writer follows; None: always the segment size.
         self._sizes = sizes
         self._seen = 0  # the ``sizes_version`` followed
         self.resized = 0  # times debloating changed a buffer size
@@ -90,7 +91,8 @@ class PartitionWriter:
     @property
     def buffer_size(self) -> int:
         """Where buffers are cut now (the smallest over subpartitions): the segment
-        size, or less while debloated."""
+        size, or with debloating its initial size until a consumer measured, then the
+        size it announced."""
         return min(self._cut)
 
     def _cut_at(self, sizes: list[int]) -> None:

@@ -6,19 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spillover.benchmark.spec import BenchSpec, build_job
 from spillover.config import Config
 from spillover.records import RecordReader
 from spillover.runtime.api import EdgeKind
+from spillover.runtime.failures import FailureInjector
 from spillover.runtime.network.buffers import BufferPool
 from spillover.runtime.network.debloat import BufferDebloater, Debloat
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.local import LocalChannel, connect
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import PartitionWriter
-from spillover.runtime.wiring import debloat_start_size, gate_debloater
+from spillover.runtime.wiring import build_tasks, debloat_start_size, gate_debloater
 
 DTYPE = np.dtype([("key", "<i8"), ("payload", "S20")])  # 32 framed bytes a record
 SEGMENT = 4096
@@ -244,8 +247,8 @@ def test_producers_and_their_consumer_start_at_the_initial_size_then_follow_the_
     w.emit(np.zeros(2048, DTYPE))  # 32 KiB to each subpartition
     assert out[0] and all(len(b) <= 8 * 1024 for b in out[0] + out[1])
     clock, chan = Clock(), Channel()
-    gate = gate_debloater(net, InputGate(1, floating_buffers=8))
-    assert gate is not None and gate.size == 8 * 1024  # the consumer assumes the same
+    assumed = gate_debloater(net, InputGate(1, floating_buffers=8))
+    assert assumed is not None and assumed.size == 8 * 1024  # the consumer: the same
     d = BufferDebloater(
         Debloat(target_s=0.5, period_s=0.2, min_size=256, clock=clock, initial_size=8 * 1024),
         [chan],
@@ -257,3 +260,40 @@ def test_producers_and_their_consumer_start_at_the_initial_size_then_follow_the_
     off = Config.from_dict({"taskmanager.network.memory.buffer-debloat.enabled": False})
     assert debloat_start_size(off.network) is None  # Flink's: the segment size throughout
     assert ResultPartition(1, BufferPool(4096, 2), "q", None).buffer_sizes == [4096]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, 32 * 1024),  # the defaults: 32 KiB until measured, segments of 256 KiB
+        ({"taskmanager.memory.segment-size": "16 kb"}, 16 * 1024),  # never above it
+        ({"taskmanager.memory.min-segment-size": "64 kb"}, 64 * 1024),  # never below it
+        ({"taskmanager.network.memory.buffer-debloat.enabled": False}, None),
+    ],
+)
+def test_every_writer_of_a_job_starts_where_its_consumers_gates_assume(
+    options: dict[str, Any], expected: int | None
+) -> None:
+    """Producers and consumers agree on the initial size without a word between them
+    (the consumer may be in another process): a job's every streaming writer starts
+    at the size every input gate's debloater assumes, or at the segment size with
+    debloating off."""
+    cfg = Config.from_dict(options)
+    graph = build_job(BenchSpec(executor="local"), "initial").build()
+    tasks = build_tasks(
+        graph,
+        cfg,
+        attempt=0,
+        restore=None,
+        storage=None,
+        failures=FailureInjector(),
+        on_done=lambda task, error: None,
+        flush_interval=0.005,
+    )
+    writers = {w.buffer_size for t in tasks.values() for w in t.output.writers}
+    gates = [t.gate.debloater for t in tasks.values() if t.has_input]
+    assert len(gates) == 4 and writers  # two counts, two sinks; sources and counts write
+    if expected is None:
+        assert writers == {cfg.network.segment_size} and gates == [None, None, None, None]
+    else:
+        assert writers == {expected} == {d.size for d in gates if d is not None}
