@@ -112,11 +112,44 @@ class _Ctx:
         self.pacing = pacing  # a paced sink then says when, instead of sleeping
 
 
-def source_batches(n: int) -> list[Any]:
+def _source(out: list[Any]) -> GeneratorSource:
+    """The job's source subtask 0, its batches appended to ``out``."""
     src = GeneratorSource(partitions=2 * P, payload_bytes=100, keys=10_000)
     src.open(_Ctx(0))  # type: ignore[arg-type]
-    out: list[Any] = []
     src.ctx.output.emit = out.append  # type: ignore[method-assign]
+    return src
+
+
+def _count(subtask: int, out: _Sink | None = None) -> KeyedCount:
+    """Count subtask ``subtask`` on heap keyed state, its rows emitted to ``out``."""
+    backend = HeapKeyedStateBackend(MAXP, key_group_range_for_operator(MAXP, P, subtask))
+    op = KeyedCount("key", out="updates")
+    op.open(_Ctx(subtask, backend, out))  # type: ignore[arg-type]
+    return op
+
+
+def _sink(subtask: int) -> ThrottledSink:
+    """Sink subtask ``subtask``: a ``ThrottledSink`` at an unreachable pace."""
+    op = ThrottledSink(1e12)
+    op.open(_Ctx(subtask, pacing=True))  # type: ignore[arg-type]
+    return op
+
+
+def _writer(
+    kind: EdgeKind, key: str | None, dtype: Any, subtask: int, segment: int, out: list[list[Any]]
+) -> PartitionWriter:
+    """Subtask ``subtask``'s writer of an edge of ``kind``: ``segment``-byte buffers
+    appended to ``out``, one list per subpartition."""
+
+    def send(sub: int, buf: Any) -> None:
+        out[sub].append(buf)
+
+    return PartitionWriter(kind, dtype, P, subtask, segment, MAXP, key, send, None)
+
+
+def source_batches(n: int) -> list[Any]:
+    out: list[Any] = []
+    src = _source(out)
     for _ in range(n):
         src.on_timer()
     return out
@@ -128,17 +161,7 @@ def _framed(
     """``PartitionWriter.emit`` of subtask ``subtask`` on an edge of ``kind``: the
     batches framed into ``segment``-byte buffers; each subpartition's buffers."""
     subs: list[list[Any]] = [[] for _ in range(P)]
-    writer = PartitionWriter(
-        kind,
-        batches[0].dtype,
-        P,
-        subtask,
-        segment,
-        MAXP,
-        key,
-        lambda sub, buf: subs[sub].append(buf),
-        None,
-    )
+    writer = _writer(kind, key, batches[0].dtype, subtask, segment, subs)
     for b in batches:
         writer.emit(b)
     writer.flush()
@@ -169,9 +192,7 @@ def receive(buffers: list[Any], dtype: Any) -> list[Any]:
 
 
 def keyed(batches: list[Any], subtask: int = 0) -> int:
-    backend = HeapKeyedStateBackend(MAXP, key_group_range_for_operator(MAXP, P, subtask))
-    op = KeyedCount("key", out="updates")
-    op.open(_Ctx(subtask, backend))  # type: ignore[arg-type]
+    op = _count(subtask)
     for b in batches:
         op.process(b)
     return int(op.ctx.output.records)
@@ -179,10 +200,8 @@ def keyed(batches: list[Any], subtask: int = 0) -> int:
 
 def keyed_rows(batches: list[Any], subtask: int) -> list[Any]:
     """``KeyedCount.process`` of count subtask ``subtask`` on its input; its rows."""
-    backend = HeapKeyedStateBackend(MAXP, key_group_range_for_operator(MAXP, P, subtask))
-    op = KeyedCount("key", out="updates")
     out = _Collect()
-    op.open(_Ctx(subtask, backend, out))  # type: ignore[arg-type]
+    op = _count(subtask, out)
     for b in batches:
         op.process(b)
     return out.batches
@@ -197,8 +216,7 @@ def rebalance(batches: list[Any], subtask: int, segment: int) -> list[list[Any]]
 def sink(buffers: list[Any], dtype: Any, subtask: int) -> int:
     """A sink task's work: its input buffers read back and taken by ``ThrottledSink``
     at an unreachable pace (the unpaced job's sink); the records it took."""
-    op = ThrottledSink(1e12)
-    op.open(_Ctx(subtask, pacing=True))  # type: ignore[arg-type]
+    op = _sink(subtask)
     taken = 0
     for b in receive(buffers, dtype):
         op.process(b)
@@ -252,42 +270,25 @@ class _Pipeline:
     STAGES = ("generate", "route", "receive", "keyed", "emit", "sink")
 
     def __init__(self, segment: int) -> None:
-        self.segment = segment
-        self.src = GeneratorSource(partitions=2 * P, payload_bytes=100, keys=10_000)
-        self.src.open(_Ctx(0))  # type: ignore[arg-type]
         self.made: list[Any] = []
-        self.src.ctx.output.emit = self.made.append  # type: ignore[method-assign]
-        self.src.on_timer()
-        dtype = self.made.pop().dtype
+        self.src = _source(self.made)
+        dtype = self.src.out_dtype
         self.routed: list[list[Any]] = [[] for _ in range(P)]
-        self.router = self._writer(EdgeKind.KEY_BY, "key", dtype, 0, self.routed)
+        self.router = _writer(EdgeKind.KEY_BY, "key", dtype, 0, segment, self.routed)
         self.serializer = FixedWidthSerializer(dtype)
         self.readers = [RecordReader() for _ in range(P)]
         self.rows = [_Collect() for _ in range(P)]
-        self.counts = []
-        for d in range(P):
-            backend = HeapKeyedStateBackend(MAXP, key_group_range_for_operator(MAXP, P, d))
-            op = KeyedCount("key", out="updates")
-            op.open(_Ctx(d, backend, self.rows[d]))  # type: ignore[arg-type]
-            self.counts.append(op)
+        self.counts = [_count(d, self.rows[d]) for d in range(P)]
+        row_dtype = self.counts[0].out_dtype
         self.emitted: list[list[Any]] = [[] for _ in range(P)]
-        self.emitters: list[PartitionWriter] = []  # made with the first rows' dtype
+        self.emitters = [
+            _writer(EdgeKind.REBALANCE, None, row_dtype, d, segment, self.emitted) for d in range(P)
+        ]
+        self.row_serializer = FixedWidthSerializer(row_dtype)
         self.sink_readers = [RecordReader() for _ in range(P)]
-        self.sinks = []
-        for s in range(P):
-            sink_op = ThrottledSink(1e12)
-            sink_op.open(_Ctx(s, pacing=True))  # type: ignore[arg-type]
-            self.sinks.append(sink_op)
+        self.sinks = [_sink(s) for s in range(P)]
         self.ns = dict.fromkeys(self.STAGES, 0)
         self.records = self.counted = self.taken = 0
-
-    def _writer(
-        self, kind: EdgeKind, key: str | None, dtype: Any, subtask: int, out: list[list[Any]]
-    ) -> PartitionWriter:
-        def send(sub: int, buf: Any) -> None:
-            out[sub].append(buf)
-
-        return PartitionWriter(kind, dtype, P, subtask, self.segment, MAXP, key, send, None)
 
     def step(self, last: bool = False) -> None:
         """One generated batch through every stage (``last``: the writers flushed too,
@@ -315,12 +316,6 @@ class _Pipeline:
         t4 = clock()
         for d in range(P):
             for rows in self.rows[d].batches:
-                if not self.emitters:
-                    self.row_serializer = FixedWidthSerializer(rows.dtype)
-                    self.emitters = [
-                        self._writer(EdgeKind.REBALANCE, None, rows.dtype, c, self.emitted)
-                        for c in range(P)
-                    ]
                 self.counted += len(rows)
                 self.emitters[d].emit(rows)
             self.rows[d].batches.clear()
