@@ -112,9 +112,7 @@ class ResultPartition:
         # Where each subpartition's buffers are cut: ``buffer_size`` (debloating's
         # initial size; default the segment size), then what its consumer announced
         # (buffer debloating); the writer follows ``sizes_version``.
-        start = pool.segment_size
-        if buffer_size is not None:
-            start = max(1, min(buffer_size, start))
+        start = pool.segment_size if buffer_size is None else self._cut_size(buffer_size)
         self.buffer_sizes = [start] * num_subpartitions
         self.sizes_version = 0
 
@@ -136,10 +134,14 @@ class ResultPartition:
         if target.announced_size is not None:  # told before it was connected
             self.announce_buffer_size(subpartition, target.announced_size)
 
+    def _cut_size(self, size: int) -> int:
+        """``size`` as a buffer may be cut: 1 byte to the segment size."""
+        return max(1, min(int(size), self.pool.segment_size))
+
     def announce_buffer_size(self, subpartition: int, size: int) -> None:
         """A consumer's debloated buffer size for one subpartition (any thread):
         its writer cuts buffers at it from its next batch, never above the segment."""
-        size = max(1, min(int(size), self.pool.segment_size))
+        size = self._cut_size(size)
         if self.buffer_sizes[subpartition] != size:
             self.buffer_sizes[subpartition] = size
             self.sizes_version += 1
