@@ -102,6 +102,30 @@ int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, in
     return rc;
 }
 
+int spl_rec_scan_fixed(const uint8_t *buf, size_t n, size_t *pos, uint32_t width, uint32_t max_len,
+                       size_t *count, int64_t *bad) {
+    size_t p = *pos, k = 0, step = SPL_REC_PREFIX + (size_t)width;
+    int rc = SPL_REC_OK;
+    *bad = -1;
+    while (p + SPL_REC_PREFIX <= n) {
+        __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
+        uint32_t got = spl_le32(buf + p);
+        if (__builtin_expect(got != width, 0)) {
+            if (got > max_len)
+                rc = SPL_REC_E_TOO_LARGE;
+            else
+                *bad = got;
+            break;
+        }
+        if (step > n - p) break;
+        k++;
+        p += step;
+    }
+    *pos = p;
+    *count = k;
+    return rc;
+}
+
 /* ---- the buffer pool ---- */
 
 struct spl_pool {

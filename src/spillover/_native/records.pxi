@@ -285,19 +285,34 @@ cdef class Reassembler:
         """:meth:`feed` for records of ``width`` bytes, without per-buffer arrays:
         ``(carried, start, count, bad)``. When ``bad`` is -1 the ``count`` records lying
         wholly in ``buf`` are the payloads at ``start + i * (width + 4)``; else ``bad``
-        is the length of the first of them that is not ``width`` bytes long."""
-        cdef size_t count = 0, i
+        is the length of the first header after the carried record that is not
+        ``width`` (the reader is then left as it is: the stream is corrupt). One pass
+        over the headers that only compares them (``spl_rec_scan_fixed``)."""
+        cdef const uint8_t[::1] buf = _as_bytes(buffer)
+        cdef size_t n = buf.shape[0], pos = 0, count = 0, start
         cdef int64_t bad = -1
-        cdef int64_t[::1] l
-        carried = self._scan(buffer, &count)
+        cdef int rc
+        carried = None
+        if n == 0:
+            return None, 0, 0, -1
+        cdef const uint8_t *p = &buf[0]
+        if self.c.hdr_have:
+            carried = self._continue(p, n, &pos)
+        start = pos
+        if pos < n and not self.c.hdr_have:
+            ts = _release_if(n >= _NOGIL_MIN_SCAN)
+            rc = spl_rec_scan_fixed(p, n, &pos, width, self.max_len, &count, &bad)
+            _reacquire(ts)
+            if rc:
+                _raise_rc(rc, self._consumed + pos, "reading records")
+            if bad >= 0:
+                return carried, 0, 0, bad
+            if pos < n:
+                self._continue(p, n, &pos)
+        self._consumed += n
         if count == 0:
             return carried, 0, 0, -1
-        l = self._len
-        for i in range(count):
-            if l[i] != width:
-                bad = l[i]
-                break
-        return carried, self._off[0], count, bad
+        return carried, start + SPL_REC_PREFIX, count, -1
 
     cdef object _scan(self, object buffer, size_t *count_out):
         """Feeds ``buffer``: returns the carried record (or None) and leaves the offsets

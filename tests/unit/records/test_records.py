@@ -254,13 +254,16 @@ def test_read_buffer_views_the_buffer_and_refuses_other_widths() -> None:
     assert (view["key"] == np.arange(100)).all()
     with pytest.raises(CorruptRecordError):
         ser.read_buffer(RecordReader(), write_records([b"short"], 64)[0])
-    # A carried record of the wrong width is refused too.
+    # A header of another width is refused as soon as it is read, even before its
+    # record is whole; a carried record of the wrong width (its header cut) too.
     pieces = write_records([b"x" * 40], 16)
-    reader = RecordReader()
-    assert len(ser.read_buffer(reader, pieces[0])) == 0
     with pytest.raises(CorruptRecordError):
-        for b in pieces[1:]:
-            ser.read_buffer(reader, b)
+        ser.read_buffer(RecordReader(), pieces[0])
+    stream = b"".join(bytes(b) for b in pieces)
+    reader = RecordReader()
+    assert len(ser.read_buffer(reader, stream[:2])) == 0
+    with pytest.raises(CorruptRecordError):
+        ser.read_buffer(reader, stream[2:])
 
 
 def test_fixed_width_batch_is_a_view_of_the_buffer() -> None:
@@ -648,3 +651,41 @@ def test_a_scan_with_or_without_the_gil_reads_the_same_records(big: bool) -> Non
             buf[start + i * (width + 4) : start + i * (width + 4) + width] for i in range(count)
         ]
     assert got == records
+
+
+def _read_fixed(bufs: list[bytes], width: int) -> list[bytes]:
+    reader, got = RecordReader(), []
+    for buf in bufs:
+        carried, start, count = reader.feed_fixed(buf, width)
+        if carried is not None:
+            got.append(bytes(carried))
+        step = width + 4
+        got += [buf[start + i * step : start + i * step + width] for i in range(count)]
+    assert reader.pending_bytes == 0, "a record was left incomplete"
+    return got
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    width=st.integers(1, 40),
+    n=st.integers(0, 60),
+    odd=st.one_of(st.none(), st.tuples(st.integers(0, 59), st.integers(0, 80))),
+    cuts=st.lists(st.integers(0, 3000), max_size=6),
+)
+def test_a_fixed_width_read_is_the_general_read_and_refuses_any_other_length(
+    width: int, n: int, odd: tuple[int, int] | None, cuts: list[int]
+) -> None:
+    """The fixed-width read (one pass that only compares headers) gives the records
+    the general read gives, however the stream is cut into buffers; a record of any
+    other length, whole or cut, is refused rather than read at another stride."""
+    records = [bytes([i % 251]) * width for i in range(n)]
+    if odd is not None and odd[0] < n and odd[1] != width:
+        records[odd[0]] = b"x" * odd[1]
+    stream = b"".join(struct.pack("<I", len(r)) + r for r in records)
+    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    bufs = [stream[a:b] for a, b in itertools.pairwise(bounds)]
+    if all(len(r) == width for r in records):
+        assert _read_fixed(bufs, width) == records == read_records(bufs)
+    else:
+        with pytest.raises(CorruptRecordError):
+            _read_fixed(bufs, width)

@@ -76,6 +76,8 @@ cdef extern from "records.h" nogil:
     void spl_carry_free(spl_carry *c)
     int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len,
                      int64_t *offsets, int64_t *lengths, size_t max_out, size_t *count)
+    int spl_rec_scan_fixed(const uint8_t *buf, size_t n, size_t *pos, uint32_t width,
+                           uint32_t max_len, size_t *count, int64_t *bad)
 
     ctypedef struct spl_out:
         uint8_t *buf
