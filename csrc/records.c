@@ -110,7 +110,7 @@ int spl_rec_scan_fixed(const uint8_t *buf, size_t n, size_t *pos, uint32_t width
     while (p + SPL_REC_PREFIX <= n) {
         __builtin_prefetch(buf + p + SPL_REC_PREFETCH);
         uint32_t got = spl_le32(buf + p);
-        if (__builtin_expect(got != width, 0)) {
+        if (__builtin_expect(got != width || width > max_len, 0)) {
             if (got > max_len)
                 rc = SPL_REC_E_TOO_LARGE;
             else

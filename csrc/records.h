@@ -80,11 +80,12 @@ int spl_rec_scan(const uint8_t *buf, size_t n, size_t *pos, uint32_t max_len, in
                  int64_t *lengths, size_t max_out, size_t *count);
 
 /* spl_rec_scan for records of `width` payload bytes each: counts the whole
- * records from *pos without writing their offsets (the i-th payload is at
- * *pos + SPL_REC_PREFIX + i * (SPL_REC_PREFIX + width)). Stops at the first
- * record that does not end inside the buffer, or at the first header of another
- * length: *bad is then that length (-1 when none), or the result
- * SPL_REC_E_TOO_LARGE when it exceeds max_len, as spl_rec_scan's. */
+ * records from the incoming *pos without writing their offsets (the i-th
+ * payload is at that *pos + SPL_REC_PREFIX + i * (SPL_REC_PREFIX + width)).
+ * Stops at the first record that does not end inside the buffer, or at the
+ * first header of another length: *bad is then that length (-1 when none). A
+ * header above max_len (width's own included) is SPL_REC_E_TOO_LARGE, as in
+ * spl_rec_scan. */
 int spl_rec_scan_fixed(const uint8_t *buf, size_t n, size_t *pos, uint32_t width, uint32_t max_len,
                        size_t *count, int64_t *bad);
 

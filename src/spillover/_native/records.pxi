@@ -285,9 +285,10 @@ cdef class Reassembler:
         """:meth:`feed` for records of ``width`` bytes, without per-buffer arrays:
         ``(carried, start, count, bad)``. When ``bad`` is -1 the ``count`` records lying
         wholly in ``buf`` are the payloads at ``start + i * (width + 4)``; else ``bad``
-        is the length of the first header after the carried record that is not
-        ``width`` (the reader is then left as it is: the stream is corrupt). One pass
-        over the headers that only compares them (``spl_rec_scan_fixed``)."""
+        is the length of the first header lying whole in ``buf`` after the carried
+        record that is not ``width``, and no record of ``buf`` is given: the stream is
+        corrupt, and the reader is reset (it cannot be resynchronised). One pass over
+        the headers that only compares them (``spl_rec_scan_fixed``)."""
         cdef const uint8_t[::1] buf = _as_bytes(buffer)
         cdef size_t n = buf.shape[0], pos = 0, count = 0, start
         cdef int64_t bad = -1
@@ -306,6 +307,7 @@ cdef class Reassembler:
             if rc:
                 _raise_rc(rc, self._consumed + pos, "reading records")
             if bad >= 0:
+                self.reset()
                 return carried, 0, 0, bad
             if pos < n:
                 self._continue(p, n, &pos)

@@ -19,6 +19,7 @@ from spillover.keygroups import (
     key_group_table,
 )
 from spillover.records import (
+    MAX_RECORD_SIZE,
     BytesSerializer,
     FieldKey,
     FixedWidthSerializer,
@@ -653,8 +654,8 @@ def test_a_scan_with_or_without_the_gil_reads_the_same_records(big: bool) -> Non
     assert got == records
 
 
-def _read_fixed(bufs: list[bytes], width: int) -> list[bytes]:
-    reader, got = RecordReader(), []
+def _read_fixed(bufs: list[bytes], width: int, max_len: int) -> list[bytes]:
+    reader, got = RecordReader(max_len), []
     for buf in bufs:
         carried, start, count = reader.feed_fixed(buf, width)
         if carried is not None:
@@ -665,27 +666,30 @@ def _read_fixed(bufs: list[bytes], width: int) -> list[bytes]:
     return got
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
-    width=st.integers(1, 40),
+    width=st.integers(0, 40),
     n=st.integers(0, 60),
     odd=st.one_of(st.none(), st.tuples(st.integers(0, 59), st.integers(0, 80))),
     cuts=st.lists(st.integers(0, 3000), max_size=6),
+    max_len=st.sampled_from([MAX_RECORD_SIZE, 24]),
 )
 def test_a_fixed_width_read_is_the_general_read_and_refuses_any_other_length(
-    width: int, n: int, odd: tuple[int, int] | None, cuts: list[int]
+    width: int, n: int, odd: tuple[int, int] | None, cuts: list[int], max_len: int
 ) -> None:
     """The fixed-width read (one pass that only compares headers) gives the records
-    the general read gives, however the stream is cut into buffers; a record of any
-    other length, whole or cut, is refused rather than read at another stride."""
+    the general read gives, however the stream is cut into buffers (empty ones
+    too); a record of any other length, whole or cut, or above the reader's
+    largest record (the width's own included), is refused rather than read at
+    another stride."""
     records = [bytes([i % 251]) * width for i in range(n)]
     if odd is not None and odd[0] < n and odd[1] != width:
         records[odd[0]] = b"x" * odd[1]
     stream = b"".join(struct.pack("<I", len(r)) + r for r in records)
-    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    bounds = sorted([0, len(stream), *(c for c in cuts if c <= len(stream))])
     bufs = [stream[a:b] for a, b in itertools.pairwise(bounds)]
-    if all(len(r) == width for r in records):
-        assert _read_fixed(bufs, width) == records == read_records(bufs)
+    if all(len(r) == width <= max_len for r in records):
+        assert _read_fixed(bufs, width, max_len) == records == read_records(bufs, max_len)
     else:
         with pytest.raises(CorruptRecordError):
-            _read_fixed(bufs, width)
+            _read_fixed(bufs, width, max_len)
