@@ -459,6 +459,10 @@ class DeploymentConfig:
         default="127.0.0.1", metadata=_key("rest.bind-address", _Text("a host name or address"))
     )
     rest_port: int = field(default=0, metadata=_key("rest.port", _Int(0, 65535)))
+    # The threads of each worker process on one CPU, round-robin over the CPUs it may
+    # use (on the local executor, the task threads of the job): the interpreter lock
+    # handed between threads of one core is a switch, not a cross-core wake-up.
+    cpu_pinning: bool = field(default=True, metadata=_key("spillover.cpu-pinning.enabled", _Bool()))
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -8,6 +8,7 @@ import sys
 import time
 import traceback
 
+from spillover.runtime.affinity import allowed_cpus, cpu_for
 from spillover.runtime.checkpointing.messages import StopSource, Terminate
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.recovery.restore import TaskRestore
@@ -76,7 +77,10 @@ class _Attempt:
         """Runs until every task finished (None) or one failed (its error); at
         ``stop_at`` the job is stopped (cancelled, not failed: returns None)."""
         self.coordinator.start()
+        # The task threads on one core (runtime/affinity.py); the driver's float.
+        cpu = cpu_for(0, allowed_cpus()) if self.ex.config.deployment.cpu_pinning else None
         for t in self.tasks.values():
+            t.cpu = cpu
             t.start()
         self.running_at = time.monotonic()
         remaining = set(self.tasks)

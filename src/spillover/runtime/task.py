@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spillover.rescale import SharedReplayPart
+from spillover.runtime.affinity import pin
 from spillover.runtime.chain import OperatorChain
 from spillover.runtime.checkpointing.barriers.states import CollectingAligned, CollectingUnaligned
 from spillover.runtime.checkpointing.channel_state import CheckpointDir
@@ -114,6 +115,9 @@ class Task:
         self.mailbox = TaskMailbox(self)
         self.cancelled = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"task {self.name}", daemon=True)
+        # Set before start: the CPU the task thread pins itself to first, and the
+        # snapshot threads it starts inherit (runtime/affinity.py).
+        self.cpu: int | None = None
         keyed = (
             keyed_backend_factory(vertex, subtask)
             if keyed_backend_factory is not None and vertex.head.keyed
@@ -231,6 +235,8 @@ class Task:
     # -- the task thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.cpu is not None:
+            pin(self.cpu, [threading.get_native_id()])
         error: BaseException | None = None
         self.started_at = time.monotonic()
         try:

@@ -211,6 +211,7 @@ EXAMPLES: dict[str, tuple[Any, Any, Callable[[Config], Any], dict[str, Any]]] = 
         lambda c: c.deployment.restart_in_place,
         {},
     ),
+    "spillover.cpu-pinning.enabled": ("false", False, lambda c: c.deployment.cpu_pinning, {}),
     "execution.state-recovery.path": (
         "/ckpt/job/chk-7",
         "/ckpt/job/chk-7",
@@ -487,6 +488,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("rest.port", 70000),
     ("taskmanager.numberOfTaskSlots", 0),
     ("spillover.restart-in-place.enabled", "sometimes"),
+    ("spillover.cpu-pinning.enabled", "maybe"),
     ("execution.state-recovery.path", 7),
     ("execution.state-recovery.ignore-unclaimed-state", "perhaps"),
     ("execution.state-recovery.claim-mode", "LEGACY"),

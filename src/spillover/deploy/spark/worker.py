@@ -65,6 +65,7 @@ from spillover.deploy.spark.messages import (
     ToMaster,
     Wired,
 )
+from spillover.runtime.affinity import allowed_cpus, cpu_for, pin
 from spillover.runtime.checkpointing.messages import Ack, TriggerCheckpoint
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import JobGraph
@@ -254,6 +255,18 @@ def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
     # Receiving threads wait for the GIL after each socket read; the default 5 ms
     # switch interval would hold a channel to a few hundred buffers a second.
     sys.setswitchinterval(spec.switch_interval)
+    # Every thread of this process, and those it starts, on one CPU of its own
+    # (round-robin by index), undone when it returns: Spark reuses the process.
+    cpu = cpu_for(index, allowed_cpus()) if spec.config.deployment.cpu_pinning else None
+    unpin = pin(cpu) if cpu is not None else None
+    try:
+        return _serve(spec, index)
+    finally:
+        if unpin is not None:
+            unpin()
+
+
+def _serve(spec: WorkerSpec, index: int) -> dict[str, Any]:
     conn = connect(spec.control, spec.secret, timeout=spec.connect_timeout)
     fault = spec.network_fault
     if fault is not None:
