@@ -10,6 +10,7 @@ so an A/B of two trees reads better in it (same command, alternating trees).
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --policy unaligned --sink-rate 5000
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --segment-size 512kb
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --slots 2  # one worker
+    PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py -D spillover.cpu-pinning.enabled=false
     # each process's cores (driver, JVM, workers): paced, with checkpoints and without
     PYTHONPATH=src .venv/bin/python bench/cpu_per_record.py --executor spark --policy unaligned \
         --sink-rate 5000 --by-process
@@ -107,21 +108,37 @@ def main() -> None:
         default=BenchSpec.slots,
         help="taskmanager.numberOfTaskSlots: subtasks of each operator one worker hosts",
     )
+    ap.add_argument(
+        "-D",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a configuration key for the job, e.g. -D spillover.cpu-pinning.enabled=false",
+    )
     args = ap.parse_args()
+    if any("=" not in kv or kv.startswith("=") for kv in args.options):
+        ap.error("-D takes KEY=VALUE")
+    options = dict(kv.partition("=")[::2] for kv in args.options)
     if args.slots < 1:
         ap.error(f"--slots: {args.slots} is not >= 1")
     try:  # the configuration's own check of the size (a power of two, in its range)
         NetworkConfig.check_segment_size(args.segment_size)
     except ConfigError as e:
         ap.error(f"--segment-size: {e}")
-    spec = BenchSpec(
-        executor=args.executor,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-        sink_rate=args.sink_rate,
-        segment_size=args.segment_size,
-        slots=args.slots,
-    )
+    try:  # a bad -D: one line, before anything starts
+        spec = BenchSpec(
+            executor=args.executor,
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            sink_rate=args.sink_rate,
+            segment_size=args.segment_size,
+            slots=args.slots,
+            options=options,
+        )
+        spec.config(args.policy, tempfile.gettempdir())
+    except ConfigError as e:
+        ap.error(f"-D: {e}")
     # (wall, CPU seconds per process, sink records, the count's input records: what
     # the sources generated)
     samples: list[tuple[float, dict[tuple[int, str], float], float, float]] = []
