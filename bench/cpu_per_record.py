@@ -27,7 +27,8 @@ import time
 
 from spillover.benchmark.runner import create_executor, run_sampled
 from spillover.benchmark.spec import BenchSpec, build_job
-from spillover.config import NetworkConfig
+from spillover.cli.options import defines
+from spillover.config import Config, NetworkConfig
 from spillover.config.units import parse_memory_size
 from spillover.errors import ConfigError
 
@@ -117,28 +118,23 @@ def main() -> None:
         help="a configuration key for the job, e.g. -D spillover.cpu-pinning.enabled=false",
     )
     args = ap.parse_args()
-    if any("=" not in kv or kv.startswith("=") for kv in args.options):
-        ap.error("-D takes KEY=VALUE")
-    options = dict(kv.partition("=")[::2] for kv in args.options)
-    if args.slots < 1:
-        ap.error(f"--slots: {args.slots} is not >= 1")
-    try:  # the configuration's own check of the size (a power of two, in its range)
-        NetworkConfig.check_segment_size(args.segment_size)
-    except ConfigError as e:
-        ap.error(f"--segment-size: {e}")
     try:  # a bad -D: one line, before anything starts
-        spec = BenchSpec(
-            executor=args.executor,
-            duration_s=args.duration,
-            warmup_s=args.warmup,
-            sink_rate=args.sink_rate,
-            segment_size=args.segment_size,
-            slots=args.slots,
-            options=options,
-        )
-        spec.config(args.policy, tempfile.gettempdir())
+        options = defines(args.options)
+    except ConfigError as e:
+        ap.error(str(e))
+    try:
+        Config.from_dict(options)
     except ConfigError as e:
         ap.error(f"-D: {e}")
+    spec = BenchSpec(
+        executor=args.executor,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        sink_rate=args.sink_rate,
+        segment_size=args.segment_size,
+        slots=args.slots,
+        options=options,
+    )
     # (wall, CPU seconds per process, sink records, the count's input records: what
     # the sources generated)
     samples: list[tuple[float, dict[tuple[int, str], float], float, float]] = []

@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 
-from spillover.runtime.affinity import allowed_cpus, cpu_for
+from spillover.runtime.affinity import allowed_cpus, cpu_for, pin
 from spillover.runtime.checkpointing.messages import StopSource, Terminate
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.recovery.restore import TaskRestore
@@ -82,6 +82,18 @@ class _Attempt:
         for t in self.tasks.values():
             t.cpu = cpu
             t.start()
+        try:
+            return self._wait(deadline, stop_at, stop_when)
+        finally:
+            if cpu is not None:  # threads the tasks started that outlive them
+                pin(cpu, ())()
+
+    def _wait(
+        self,
+        deadline: float | None,
+        stop_at: float | None,
+        stop_when: StopWhen | None,
+    ) -> BaseException | None:
         self.running_at = time.monotonic()
         remaining = set(self.tasks)
         error: BaseException | None = None

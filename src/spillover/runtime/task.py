@@ -235,7 +235,7 @@ class Task:
     # -- the task thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.cpu is not None:
+        if self.cpu is not None:  # (never raises)
             pin(self.cpu, [threading.get_native_id()])
         error: BaseException | None = None
         self.started_at = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -28,18 +29,22 @@ def test_workers_take_the_cpus_round_robin_and_one_cpu_is_no_choice() -> None:
 
 @needs_two
 def test_a_pinned_thread_and_the_threads_it_starts_run_on_one_cpu_until_undone() -> None:
-    go, done = threading.Event(), threading.Event()
+    """The undo gives the process's CPUs back to every thread left on the one CPU,
+    those started after the pin included (a pool a task started outlives it)."""
+    go, done, started = threading.Event(), threading.Event(), threading.Event()
     seen: dict[str, set[int]] = {}
+    kids: list[threading.Thread] = []
 
     def child() -> None:
         seen["child"] = os.sched_getaffinity(0)
+        started.set()
+        done.wait(10)
 
     def body() -> None:
         go.wait(10)
         seen["self"] = os.sched_getaffinity(0)
-        t = threading.Thread(target=child)
-        t.start()
-        t.join()
+        kids.append(threading.Thread(target=child))
+        kids[0].start()
         done.wait(10)
 
     t = threading.Thread(target=body)
@@ -47,14 +52,26 @@ def test_a_pinned_thread_and_the_threads_it_starts_run_on_one_cpu_until_undone()
     assert t.native_id is not None
     undo = pin(CPUS[-1], [t.native_id])
     go.set()
-    while "child" not in seen and t.is_alive():
-        threading.Event().wait(0.01)
+    assert started.wait(10)
     assert seen == {"self": {CPUS[-1]}, "child": {CPUS[-1]}}
+    assert os.sched_getaffinity(0) == set(CPUS)  # the caller is not pinned
     undo()
     assert os.sched_getaffinity(t.native_id) == set(CPUS)
+    assert kids[0].native_id is not None
+    assert os.sched_getaffinity(kids[0].native_id) == set(CPUS)
     done.set()
     t.join()
-    undo()  # the thread is gone: nothing to give back, no error
+    kids[0].join()
+    undo()  # the threads are gone: nothing to give back, no error
+
+
+def test_pinning_never_raises() -> None:
+    """A CPU the process may not use, a thread that is gone: nothing changes, and
+    the task thread that pins itself first goes on to run its task."""
+    undo = pin(10**6, [0])
+    undo()
+    pin(0, [2**40])()
+    assert os.sched_getaffinity(0) == set(CPUS) or not CPUS
 
 
 class _Affinity(Operator):
@@ -89,4 +106,15 @@ def test_a_local_jobs_task_threads_share_one_cpu_unless_turned_off(
     cpus = set(_Affinity.seen.values())
     assert len(_Affinity.seen) == 2
     assert cpus == ({frozenset({CPUS[0]})} if enabled else {frozenset(CPUS)})
-    assert os.sched_getaffinity(0) == set(CPUS)
+    # Nothing stays pinned once the job ended: not the driver, nor a thread its
+    # tasks started that outlives them.
+    assert {CPUS[0]} not in _masks()
+
+
+def _masks() -> list[set[int]]:
+    """The CPUs of every live thread of this process."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            out.append(os.sched_getaffinity(int(tid)))
+    return out

@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -249,24 +250,22 @@ def _error_info(err: BaseException | None) -> tuple[str, str, str, bool] | None:
     return (type(err).__name__, str(err), "".join(traceback.format_exception(err)), broken)
 
 
+def _pin_worker(index: int, table: dict[int, Any]) -> Callable[[], None] | None:
+    """Every thread of this worker, and those it starts, on one CPU: the worker's
+    rank among the workers of its host (by their receivers' addresses) picks it,
+    round-robin over the CPUs the process may use (runtime/affinity.py)."""
+    host = table[index][0]
+    rank = sorted(i for i, a in table.items() if a[0] == host).index(index)
+    cpu = cpu_for(rank, allowed_cpus())
+    return None if cpu is None else pin(cpu)
+
+
 def run_worker(spec: WorkerSpec, index: int) -> dict[str, Any]:
     """Runs worker ``index`` of ``spec``'s generation to its end, and the generations
     the master restarts in place after it; returns a summary."""
     # Receiving threads wait for the GIL after each socket read; the default 5 ms
     # switch interval would hold a channel to a few hundred buffers a second.
     sys.setswitchinterval(spec.switch_interval)
-    # Every thread of this process, and those it starts, on one CPU of its own
-    # (round-robin by index), undone when it returns: Spark reuses the process.
-    cpu = cpu_for(index, allowed_cpus()) if spec.config.deployment.cpu_pinning else None
-    unpin = pin(cpu) if cpu is not None else None
-    try:
-        return _serve(spec, index)
-    finally:
-        if unpin is not None:
-            unpin()
-
-
-def _serve(spec: WorkerSpec, index: int) -> dict[str, Any]:
     conn = connect(spec.control, spec.secret, timeout=spec.connect_timeout)
     fault = spec.network_fault
     if fault is not None:
@@ -274,6 +273,7 @@ def _serve(spec: WorkerSpec, index: int) -> dict[str, Any]:
     receiver: TcpReceiver | None = None
     current = _Current()
     stop = threading.Event()
+    unpin: Callable[[], None] | None = None
     try:
         host = conn.sock.getsockname()[0]
         receiver = TcpReceiver(
@@ -286,6 +286,8 @@ def _serve(spec: WorkerSpec, index: int) -> dict[str, Any]:
         if not isinstance(message, Table):
             return {"index": index, "status": "cancelled before start"}
         table = message.addresses
+        if spec.config.deployment.cpu_pinning:
+            unpin = _pin_worker(index, table)
         inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         threading.Thread(
             target=_control_loop,
@@ -310,6 +312,8 @@ def _serve(spec: WorkerSpec, index: int) -> dict[str, Any]:
         stop.set()
         current.cancel()
         settle(current.tasks.values())  # no late snapshot write once this worker returned
+        if unpin is not None:  # Spark reuses the process
+            unpin()
         if receiver is not None:
             receiver.close(timeout=2.0)
         conn.close()
