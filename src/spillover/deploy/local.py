@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 
-from spillover.runtime.affinity import allowed_cpus, cpu_for, pin
+from spillover.runtime.affinity import allowed_cpus, cpu_for, release
 from spillover.runtime.checkpointing.messages import StopSource, Terminate
 from spillover.runtime.jobmaster import Executor, StopWhen, next_event
 from spillover.runtime.recovery.restore import TaskRestore
@@ -86,7 +86,7 @@ class _Attempt:
             return self._wait(deadline, stop_at, stop_when)
         finally:
             if cpu is not None:  # threads the tasks started that outlive them
-                pin(cpu, ())()
+                release(cpu)
 
     def _wait(
         self,

@@ -39,21 +39,25 @@ def _threads() -> set[int]:
 
 def pin(cpu: int, threads: Iterable[int] | None = None) -> Callable[[], None]:
     """Pins ``threads`` (native thread ids; None: every thread of this process) to
-    ``cpu``; threads they start later inherit it. Returns the undo: every thread of
-    this process still on ``cpu`` alone, those started since included, gets the CPUs
-    the process had. Never raises: a thread that ended meanwhile, a CPU the process
-    may not use or a platform without affinity leaves things as they were."""
+    ``cpu``; threads they start later inherit it. Returns the undo,
+    :func:`release` of ``cpu`` to the CPUs the caller had. Never raises: a thread
+    that ended meanwhile, a CPU the process may not use or a platform without
+    affinity leaves things as they were."""
     before = allowed_cpus()
     for tid in _threads() if threads is None else threads:
         with contextlib.suppress(*_ERRORS):
             os.sched_setaffinity(tid, {cpu})
+    return lambda: release(cpu, before)
 
-    def undo() -> None:
-        if not before:
-            return
-        for tid in _threads():  # live ones only: an ended thread's id may be reused
-            with contextlib.suppress(*_ERRORS):
-                if os.sched_getaffinity(tid) == {cpu}:
-                    os.sched_setaffinity(tid, before)
 
-    return undo
+def release(cpu: int, cpus: list[int] | None = None) -> None:
+    """Every live thread of this process on ``cpu`` alone, those started since a
+    :func:`pin` included, gets ``cpus`` (None: the caller's). Live ones only: an
+    ended thread's id may be reused. Never raises."""
+    cpus = allowed_cpus() if cpus is None else cpus
+    if not cpus:
+        return
+    for tid in _threads():
+        with contextlib.suppress(*_ERRORS):
+            if os.sched_getaffinity(tid) == {cpu}:
+                os.sched_setaffinity(tid, cpus)
