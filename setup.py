@@ -30,6 +30,7 @@ EXTENSIONS = {
         "csrc/reader.c",
         "csrc/section.c",
         "csrc/sockio.c",
+        "csrc/wake.c",
         "csrc/bufcache.c",
         "csrc/debug.c",
     ],

@@ -50,7 +50,7 @@ STAGES: list[tuple[str, str]] = [  # innermost match wins
     ("Task.mail", "mailbox"),
     ("Task.take_priority", "mailbox"),
 ]
-_LOCK_WAITS = ("PyThread_acquire_lock_timed", "sem_clockwait", "sem_timedwait")
+_LOCK_WAITS = ("PyThread_acquire_lock_timed", "sem_clockwait", "sem_timedwait", "spl_wake_wait")
 
 
 def wait_state(frames: list[str]) -> str:

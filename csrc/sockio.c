@@ -141,3 +141,58 @@ int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms,
     *got = (size_t)n;
     return SPL_SOCK_DONE;
 }
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t *end,
+                         uint8_t credit_type, uint32_t channel, spl_credit *credit,
+                         spl_wake *credit_wake, spl_wake *output_wake, int timeout_ms, int *err) {
+    int64_t deadline = deadline_of(timeout_ms);
+    *err = 0;
+    for (;;) {
+        int64_t delta = 0;
+        int other = 0;
+        while (*end - *start >= SPL_FRAME_HEADER) {
+            const uint8_t *h = buf + *start;
+            if (h[0] != credit_type || h[1] || h[2] || h[3] || le32(h + 4) != channel ||
+                le32(h + 8) != 4) {
+                other = 1;
+                break;
+            }
+            if (*end - *start < SPL_FRAME_HEADER + 4)
+                break;
+            delta += le32(h + SPL_FRAME_HEADER);
+            *start += SPL_FRAME_HEADER + 4;
+        }
+        if (delta) {
+            spl_credit_add(credit, delta);
+            spl_wake_post(credit_wake);
+            if (output_wake)
+                spl_wake_notify_armed(output_wake);
+        }
+        if (other)
+            return SPL_SOCK_FRAME;
+        if (*start) { /* a partial frame moves to the front */
+            memmove(buf, buf + *start, *end - *start);
+            *end -= *start;
+            *start = 0;
+        }
+        if (*end >= cap) /* never: a credit frame is 16 bytes */
+            return SPL_SOCK_FRAME;
+        /* No wait at all: read what is there (then SPL_SOCK_TIMEOUT from the read). */
+        int left = timeout_ms == SPL_SOCK_NO_WAIT || timeout_ms == 0 ? SPL_SOCK_NO_WAIT : -1;
+        if (left == -1 && deadline >= 0) {
+            int64_t d = deadline - now_ms();
+            if (d <= 0)
+                return SPL_SOCK_TIMEOUT;
+            left = (int)d;
+        }
+        size_t got = 0;
+        int status = spl_sock_recv(fd, buf + *end, cap - *end, &got, left, err);
+        if (status != SPL_SOCK_DONE)
+            return status;
+        *end += got;
+    }
+}

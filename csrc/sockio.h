@@ -9,11 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wake.h"
+
 /* statuses */
 #define SPL_SOCK_DONE 0    /* what was asked is in */
 #define SPL_SOCK_TIMEOUT 1 /* nothing came for the timeout: *got says what is in */
 #define SPL_SOCK_EOF 2     /* the peer closed the connection: *got says what is in */
 #define SPL_SOCK_ERROR 3   /* a system call failed: *err is its errno */
+#define SPL_SOCK_FRAME 4   /* spl_sock_read_credit: a frame of another kind is next */
 
 /* A timeout that never waits: read what is there now, then SPL_SOCK_TIMEOUT.
  * A caller holding an interpreter lock can make this call without letting the
@@ -43,5 +46,23 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
  * spl_sock_read_frame when nothing is there yet: SPL_SOCK_DONE with *got > 0
  * bytes, or a status with *got 0 (a stream of small frames, read as it comes). */
 int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err);
+
+/* The transport's frame header (docs/network.md): type u8, flags u8 (0), reserved
+ * u16 (0), channel u32, payload length u32, little-endian. */
+#define SPL_FRAME_HEADER 12
+
+/* A producer's credit reader, without an interpreter lock: reads the consumer's
+ * CREDIT frames (type `credit_type`, channel `channel`, a u32 payload) into
+ * `buf` (`cap` bytes; [*start, *end) holds bytes not yet parsed), and for each
+ * read's credit adds it to `credit`, posts `credit_wake` (a producer blocked in
+ * a send) and notifies `output_wake` if it is not NULL (a task waiting for its
+ * output to move). Returns SPL_SOCK_FRAME as soon as a whole header that is not
+ * such a CREDIT frame is at *start (the caller parses it), SPL_SOCK_TIMEOUT once
+ * `timeout_ms` passed (also while credit flows: the caller looks around every
+ * `timeout_ms`), SPL_SOCK_EOF or SPL_SOCK_ERROR. Bytes of a partial frame are
+ * moved to the front of `buf`. */
+int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t *end,
+                         uint8_t credit_type, uint32_t channel, spl_credit *credit,
+                         spl_wake *credit_wake, spl_wake *output_wake, int timeout_ms, int *err);
 
 #endif

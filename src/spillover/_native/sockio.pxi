@@ -106,3 +106,104 @@ def sock_recv(int fd, object buf, Py_ssize_t start, double timeout):
     finally:
         PyBuffer_Release(&view)
     return status, <Py_ssize_t>n, err
+
+
+SOCK_FRAME = SPL_SOCK_FRAME
+
+
+cdef class Wake:
+    """An auto-reset wake-up (``csrc/wake.h``): :meth:`post` from any thread, with or
+    without the GIL (the native credit reader posts it without); one :meth:`wait`
+    takes the post. ``arm``/``notify_armed``: an output waker's flag, a notify
+    wakes only an armed waiter and disarms it."""
+
+    cdef spl_wake w
+    cdef bint ready
+
+    def __cinit__(self):
+        cdef int r = spl_wake_init(&self.w)
+        if r:
+            raise OSError(r, os.strerror(r))
+        self.ready = True
+
+    def __dealloc__(self):
+        if self.ready:
+            spl_wake_destroy(&self.w)
+
+    def post(self):
+        spl_wake_post(&self.w)
+
+    def arm(self):
+        spl_wake_arm(&self.w, 1)
+
+    def disarm(self):
+        spl_wake_arm(&self.w, 0)
+
+    def notify_armed(self):
+        return bool(spl_wake_notify_armed(&self.w))
+
+    def wait(self, timeout=None):
+        """Waits for a post (the GIL let go) at most ``timeout`` seconds (None: no
+        limit); True when one came, and it is taken."""
+        cdef int64_t ms = -1 if timeout is None else max(0, <int64_t>(timeout * 1000.0 + 0.5))
+        cdef int got
+        with nogil:
+            got = spl_wake_wait(&self.w, ms)
+        return bool(got)
+
+    @property
+    def wakes(self):
+        """Notifies that found it armed."""
+        return spl_wake_count(&self.w)
+
+
+cdef class Credit:
+    """A producer's credit on one channel: granted by its reader (natively too),
+    taken by the producer, without a lock."""
+
+    cdef spl_credit c
+
+    def __cinit__(self, long long initial=0):
+        spl_credit_init(&self.c, initial)
+
+    def add(self, long long delta):
+        spl_credit_add(&self.c, delta)
+
+    def take(self):
+        """Takes one buffer's credit: True, or False when there is none."""
+        return bool(spl_credit_take(&self.c))
+
+    @property
+    def value(self):
+        return spl_credit_get(&self.c)
+
+    @property
+    def granted(self):
+        """All credit ever granted, the initial included."""
+        return spl_credit_granted(&self.c)
+
+
+def sock_read_credit(int fd, object buf, Py_ssize_t start, Py_ssize_t end, int credit_type,
+                     unsigned int channel, Credit credit, Wake credit_wake, Wake output_wake,
+                     double timeout):
+    """Reads the consumer's CREDIT frames of ``channel`` (type ``credit_type``) into
+    ``buf`` (``[start, end)`` holds what is not parsed yet) and grants their credit to
+    ``credit`` as each read brings it, posting ``credit_wake`` and notifying
+    ``output_wake`` (may be None), the GIL let go the whole time; returns after
+    ``timeout`` seconds, or at once when another kind of frame is next
+    (``SOCK_FRAME``), at EOF or on an error. ``(status, start, end, errno)``."""
+    cdef Py_buffer view
+    cdef size_t s = <size_t>start, e = <size_t>end
+    cdef int err = 0, status, ms = _timeout_ms(timeout)
+    cdef spl_wake *ow = NULL if output_wake is None else &output_wake.w
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+    try:
+        if start < 0 or end < start or end > view.len or view.len < 64:
+            raise ValueError(f"a buffer of {view.len} bytes holding [{start}, {end})")
+        with nogil:
+            status = spl_sock_read_credit(fd, <uint8_t *>view.buf, <size_t>view.len, &s, &e,
+                                          <uint8_t>credit_type, <uint32_t>channel,
+                                          &credit.c, &credit_wake.w, ow, ms, &err)
+    finally:
+        PyBuffer_Release(&view)
+    return status, <Py_ssize_t>s, <Py_ssize_t>e, err

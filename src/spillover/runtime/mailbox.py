@@ -4,10 +4,11 @@ task thread, one message at a time."""
 
 from __future__ import annotations
 
-import queue
 import time
+from collections import deque
 from typing import Protocol
 
+from spillover import netio
 from spillover.runtime.chain import OperatorChain
 from spillover.runtime.checkpointing.messages import (
     Cancel,
@@ -20,7 +21,6 @@ from spillover.runtime.checkpointing.messages import (
     SwitchToUnaligned,
     Terminate,
     TriggerCheckpoint,
-    Wake,
 )
 from spillover.runtime.failures import FailureInjector
 from spillover.runtime.graph import Vertex
@@ -28,6 +28,7 @@ from spillover.runtime.iteration.head import LoopHead
 from spillover.runtime.lifecycle import TaskLifecycle
 from spillover.runtime.taskcheckpoints import TaskCheckpoints
 from spillover.runtime.taskinput import TaskCancelled, TaskInput
+from spillover.storage.options import pure_selected
 
 
 class MailTask(Protocol):
@@ -47,33 +48,41 @@ class MailTask(Protocol):
 
 class TaskMailbox:
     """The messages for one task, and what they leave pending: a stop-with-savepoint
-    request for a source, and root triggers that came before every input ended."""
+    request for a source, and root triggers that came before every input ended.
+
+    A message is queued, then ``signal`` posted; the task waits on ``signal``. A
+    source's output waker shares it (``signal``'s armed flag): a TCP channel's
+    credit reader wakes a source waiting for credit natively, without a message
+    and without the interpreter lock (``netio.read_credit``)."""
 
     def __init__(self, task: MailTask) -> None:
         self.task = task
-        self.queue: queue.SimpleQueue[MailboxMessage] = queue.SimpleQueue()
+        self.messages: deque[MailboxMessage] = deque()
+        self.signal: netio.WakeCell = netio.PyWake() if pure_selected() else netio.Wake()
         self.stop_request: bool | None = None  # a StopSource's drain, until handled
         self.deferred: list[TriggerCheckpoint] = []
 
     def put(self, message: MailboxMessage) -> None:
-        self.queue.put(message)
+        self.messages.append(message)
+        self.signal.post()
+
+    def pending(self) -> int:
+        """Messages queued now."""
+        return len(self.messages)
 
     def run(self, block: bool = False, timeout: float | None = None) -> float:
-        """Runs the queued messages (``block``: waits up to ``timeout`` for the first);
-        returns the seconds spent waiting for one."""
+        """Runs the queued messages (``block``: if none is queued, waits up to
+        ``timeout`` for a message or a wake of the output); returns the seconds spent
+        waiting."""
         waited = 0.0
-        while True:
-            try:
-                if block:
-                    t = time.monotonic()
-                    message = self.queue.get(True, timeout)
-                    waited = time.monotonic() - t
-                else:
-                    message = self.queue.get_nowait()
-            except queue.Empty:
-                return waited + (timeout or 0.0) if block else waited
-            block = False
-            self._on(message)
+        messages = self.messages
+        if block and not messages:
+            t = time.monotonic()
+            self.signal.wait(timeout)
+            waited = time.monotonic() - t
+        while messages:
+            self._on(messages.popleft())
+        return waited
 
     def take_deferred_trigger(self) -> bool:
         """Takes one root trigger that waited for the inputs to end; False if none."""
@@ -120,5 +129,3 @@ class TaskMailbox:
             case LoopDone():
                 if task.head is not None:
                     task.head.loop_done()
-            case Wake():
-                pass

@@ -39,7 +39,6 @@ from spillover.runtime.checkpointing.messages import (
     CoordinatorGateway,
     MailboxMessage,
     SwitchToUnaligned,
-    Wake,
 )
 from spillover.runtime.eventtime.clock import TaskClock
 from spillover.runtime.failures import FailureInjector
@@ -49,7 +48,7 @@ from spillover.runtime.iteration.head import LoopHead
 from spillover.runtime.lifecycle import TaskLifecycle
 from spillover.runtime.mailbox import TaskMailbox
 from spillover.runtime.network import events as ev
-from spillover.runtime.network.buffers import NetworkBuffer
+from spillover.runtime.network.buffers import NetworkBuffer, OutputWaker, SignalWaker
 from spillover.runtime.network.gate import InputGate
 from spillover.runtime.network.partition import ResultPartition
 from spillover.runtime.network.writers import Outbox, PartitionWriter
@@ -67,8 +66,6 @@ from spillover.runtime.taskoutput import TaskOutput
 from spillover.storage.channel_index import ReadEntries
 
 __all__ = ["FINAL_WITHOUT_CHECKPOINTS", "InputChannelInfo", "Task", "TaskCancelled", "TaskRestore"]
-
-_WAKE = Wake()
 
 
 def _no_input(ch: int, buf: Any) -> None:
@@ -124,9 +121,15 @@ class Task:
             else None
         )
         self.chain = OperatorChain(graph, vertex, subtask, attempt, keyed)
-        self.output = TaskOutput(
-            partitions, outboxes, writers, flush_interval, self._output_can_move
+        # A source waits in its mailbox, and its output's waker is the mailbox's signal
+        # (a TCP channel's credit reader wakes it natively); a task with inputs waits
+        # on its gate.
+        waker = (
+            OutputWaker(self._output_can_move)
+            if gate is not None
+            else SignalWaker(self.mailbox.signal)
         )
+        self.output = TaskOutput(partitions, outboxes, writers, flush_interval, waker)
         # FLIP-147: restored finished, the operators run nothing (two-phase-commit ones
         # are opened only to commit what the restored checkpoint left pending).
         self.life = TaskLifecycle.restored(restore is not None and restore.finished)
@@ -207,11 +210,10 @@ class Task:
             self._gate.wake()
 
     def _output_can_move(self) -> None:
-        """From the thread that returned credit or a permit: ends the task's wait."""
+        """From the thread that returned credit or a permit: ends the wait of a task
+        with inputs (a source's waker wakes its mailbox itself)."""
         if self._gate is not None:
             self._gate.wake()
-        else:
-            self.mailbox.put(_WAKE)
 
     def request_unaligned(self, cid: int) -> None:
         """From the coordinator: checkpoint ``cid``'s alignment timed out. Seen at once
@@ -306,7 +308,7 @@ class Task:
 
     def has_mail(self) -> bool:
         """Whether a mailbox message waits (cheap: asked between two input buffers)."""
-        return not self.mailbox.queue.empty()
+        return bool(self.mailbox.messages)
 
     # -- what the chain's ending and the loop head ask of the task ---------------------
 
@@ -411,7 +413,7 @@ class Task:
         if self.input is not None:
             line += f", channels ended {len(barriers.ended)}/{len(self.channels)}"
             line += f", held {self.input.held}" if self.input.held else ""
-        mail = self.mailbox.queue.qsize()
+        mail = self.mailbox.pending()
         deferred = len(self.mailbox.deferred)
         if mail or deferred:
             line += f"; mail {mail}, deferred triggers {deferred}"

@@ -4,7 +4,6 @@ cancel markers and the end of data leave through them."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from spillover.runtime.checkpointing.inflight import InFlightCheckpoint
 from spillover.runtime.iteration.feedback import FeedbackPartition
@@ -26,7 +25,7 @@ class TaskOutput:
         outboxes: list[Outbox],
         writers: list[PartitionWriter],
         flush_interval: float,
-        on_can_move: Callable[[], None],
+        waker: OutputWaker,
     ) -> None:
         self.partitions = partitions
         self.outboxes = outboxes
@@ -35,7 +34,7 @@ class TaskOutput:
         self.net = NetworkOutput(writers, outboxes)
         self.feedback = [p for p in partitions if isinstance(p, FeedbackPartition)]
         # A backpressured task waits for its output's credit to come back, woken by it.
-        self.waker = OutputWaker(on_can_move)
+        self.waker = waker
         for box in outboxes:
             box.pool.waker = self.waker
             target = box.partition

@@ -1,5 +1,5 @@
 # C declarations of csrc/crc32c.h, csrc/frame.h, csrc/writer.h and csrc/section.h; no code here.
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "<sys/uio.h>" nogil:
@@ -162,6 +162,24 @@ cdef extern from "reader.h" nogil:
                                int *err_no)
     void spl_reader_free(spl_reader *r)
 
+cdef extern from "wake.h" nogil:
+    ctypedef struct spl_wake:
+        pass
+    ctypedef struct spl_credit:
+        pass
+    int spl_wake_init(spl_wake *w)
+    void spl_wake_destroy(spl_wake *w)
+    void spl_wake_post(spl_wake *w)
+    void spl_wake_arm(spl_wake *w, int armed)
+    int spl_wake_notify_armed(spl_wake *w)
+    int spl_wake_wait(spl_wake *w, int64_t timeout_ms)
+    uint64_t spl_wake_count(spl_wake *w)
+    void spl_credit_init(spl_credit *c, int64_t initial)
+    void spl_credit_add(spl_credit *c, int64_t delta)
+    int spl_credit_take(spl_credit *c)
+    int64_t spl_credit_get(const spl_credit *c)
+    int64_t spl_credit_granted(const spl_credit *c)
+
 cdef extern from "sockio.h" nogil:
     enum:
         SPL_SOCK_DONE
@@ -174,3 +192,9 @@ cdef extern from "sockio.h" nogil:
     int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                            size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err)
     int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err)
+    enum:
+        SPL_SOCK_FRAME
+    int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t *end,
+                             uint8_t credit_type, uint32_t channel, spl_credit *credit,
+                             spl_wake *credit_wake, spl_wake *output_wake, int timeout_ms,
+                             int *err)

@@ -87,11 +87,6 @@ class Cancel:
     """Stop at once: the attempt is failing over or stopping."""
 
 
-@dataclass(frozen=True, slots=True)
-class Wake:
-    """Nothing to do: ends a wait (a backpressured source's output can move)."""
-
-
 MailboxMessage = (
     TriggerCheckpoint
     | SwitchToUnaligned
@@ -102,7 +97,6 @@ MailboxMessage = (
     | Terminate
     | LoopDone
     | Cancel
-    | Wake
 )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 import numpy.typing as npt
 
+from spillover import netio
 from spillover.errors import ClosedError, ConfigError, SpilloverError
 from spillover.storage import DataType, OnRelease, Storer
 
@@ -31,6 +32,7 @@ __all__ = [
     "PoolClosedError",
     "Recycler",
     "Segment",
+    "SignalWaker",
     "append_zero_copy",
 ]
 
@@ -190,15 +192,25 @@ class OutputWaker:
 
     The producer arms it *before* it checks for credit and waits only if the check
     fails; credit returned after the arming wakes it, so no wake is lost between the
-    check and the wait. Called from any thread, no lock held.
+    check and the wait. Called from any thread, no lock held. ``signal`` is None
+    here; see :class:`SignalWaker`.
     """
 
-    __slots__ = ("_armed", "_wake", "wakes")
+    __slots__ = ("_armed", "_wake", "_wakes")
 
     def __init__(self, wake: Callable[[], None]) -> None:
         self._armed = False
         self._wake = wake
-        self.wakes = 0
+        self._wakes = 0
+
+    @property
+    def signal(self) -> netio.WakeCell | None:
+        return None
+
+    @property
+    def wakes(self) -> int:
+        """Wakes given."""
+        return self._wakes
 
     def arm(self) -> None:
         self._armed = True
@@ -209,8 +221,37 @@ class OutputWaker:
     def __call__(self) -> None:
         if self._armed:
             self._armed = False
-            self.wakes += 1
+            self._wakes += 1
             self._wake()
+
+
+class SignalWaker(OutputWaker):
+    """An :class:`OutputWaker` whose flag and wake are a :class:`~spillover.netio.Wake`
+    (``signal``) that the producer waits on: a TCP channel's credit reader notifies
+    it natively, without taking the interpreter lock (``netio.read_credit``)."""
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, signal: netio.WakeCell) -> None:
+        super().__init__(signal.post)
+        self._cell = signal
+
+    @property
+    def signal(self) -> netio.WakeCell:
+        return self._cell
+
+    @property
+    def wakes(self) -> int:
+        return self._cell.wakes
+
+    def arm(self) -> None:
+        self._cell.arm()
+
+    def disarm(self) -> None:
+        self._cell.disarm()
+
+    def __call__(self) -> None:
+        self._cell.notify_armed()
 
 
 class BufferPool:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import spillover
+from spillover import netio
 from spillover.errors import ClosedError
 from spillover.runtime.api import EdgeKind
 from spillover.runtime.network.buffers import (
@@ -27,6 +28,7 @@ from spillover.runtime.network.buffers import (
     NetworkBuffer,
     NetworkTimeoutError,
     OutputWaker,
+    SignalWaker,
 )
 from spillover.runtime.network.errors import ChannelCancelledError, ChannelFailedError
 from spillover.runtime.network.events import (
@@ -90,8 +92,13 @@ def tcp_link(
     floating: int = 8,
     name: str = "g",
     segment_size: int = 64,
+    signal: bool = False,
 ) -> tuple[ResultPartition, InputGate, list[TcpSubpartition]]:
+    """``signal``: the partition's waker is a source's (a native signal), so its credit
+    reader reads natively (``netio.read_credit``) and leaves other frames to Python."""
     part = ResultPartition(subpartitions, BufferPool(segment_size, 64), f"p-{name}")
+    if signal:
+        part.waker = SignalWaker(netio.Wake())
     gate = InputGate(
         subpartitions, floating_buffers=floating, buffers_per_channel=exclusive, name=name
     )
@@ -263,25 +270,39 @@ def test_credit_stalls_the_producer_after_exactly_the_announced_credit(
     finish_and_close(part, [sub])
 
 
-def test_credit_from_the_consumer_wakes_an_armed_producer(receiver: TcpReceiver) -> None:
+@pytest.mark.parametrize("kind", ["callback", "native signal", "pure signal"])
+def test_credit_from_the_consumer_wakes_an_armed_producer(receiver: TcpReceiver, kind: str) -> None:
+    """A task with inputs is woken through a callback (its gate); a source through its
+    mailbox's signal, which the credit reader posts natively without the lock."""
     part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0)
     woken = threading.Event()
-    part.waker = OutputWaker(woken.set)
-    part.emit(0, data(b"a"), timeout=0)
-    assert part.credit(0) == 0
-    part.waker.arm()
-    eventually(lambda: gate.channel(0).queued_buffers == 1)
-    _, held = gate.poll(0) or (None, None)
-    assert held is not None
-    held.release()  # the CREDIT frame reaches the producer's reading thread
-    assert woken.wait(JOIN) and part.credit(0) == 1
+    if kind == "callback":
+        part.waker = OutputWaker(woken.set)
+        wait: Callable[[], bool] = lambda: woken.wait(JOIN)  # noqa: E731
+    else:
+        signal = netio.Wake() if kind == "native signal" else netio.PyWake()
+        part.waker = SignalWaker(signal)
+        wait = lambda: signal.wait(JOIN)  # noqa: E731
+    for round_ in range(3):  # each armed wait is woken once, by the credit that ends it
+        woken.clear()
+        part.emit(0, data(b"a"), timeout=0)
+        assert part.credit(0) == 0
+        part.waker.arm()
+        eventually(lambda: gate.channel(0).queued_buffers == 1)
+        _, held = gate.poll(0) or (None, None)
+        assert held is not None
+        held.release()  # the CREDIT frame reaches the producer's reading thread
+        assert wait() and part.credit(0) == 1
+        assert part.waker.wakes == round_ + 1
     finish_and_close(part, [sub])
 
 
+@pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
 def test_a_debloated_size_reaches_the_producer_s_partition_and_its_writer(
     receiver: TcpReceiver,
+    signal: bool,
 ) -> None:
-    part, gate, subs = tcp_link(receiver, subpartitions=2, segment_size=4096)
+    part, gate, subs = tcp_link(receiver, subpartitions=2, segment_size=4096, signal=signal)
     out: list[list[bytes]] = [[], []]
     w = PartitionWriter(
         EdgeKind.REBALANCE,
@@ -327,8 +348,11 @@ def test_large_credits_are_announced_in_batches_but_never_withheld(
     finish_and_close(part, [sub])
 
 
-def test_a_blocked_emit_resumes_when_the_consumer_releases(receiver: TcpReceiver) -> None:
-    part, gate, subs = tcp_link(receiver, exclusive=1, floating=0)
+@pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
+def test_a_blocked_emit_resumes_when_the_consumer_releases(
+    receiver: TcpReceiver, signal: bool
+) -> None:
+    part, gate, subs = tcp_link(receiver, exclusive=1, floating=0, signal=signal)
     part.emit(0, data(b"a"))
     producer = Worker(lambda: part.emit(0, data(b"b"), timeout=JOIN))
     waiting(producer)
@@ -468,12 +492,15 @@ def test_wire_bytes_and_a_priority_event_overtaking_the_send_queue() -> None:
         sub.close(JOIN)
 
 
+@pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
 @pytest.mark.parametrize("size", [0, 4097])
 def test_a_buffer_size_outside_the_segment_fails_the_producer_with_a_protocol_error(
-    size: int,
+    size: int, signal: bool
 ) -> None:
     peer = RawConsumer()
     part = ResultPartition(1, BufferPool(4096, 4), "prod")
+    if signal:  # the native credit read leaves the frame to Python
+        part.waker = SignalWaker(netio.Wake())
     accepted = Worker(lambda: peer.accept(credit=4))
     sub = connect_tcp(part, 0, peer.address, "gate-x", 5, SECRET, poll_interval=POLL)
     accepted.finish()
@@ -645,8 +672,9 @@ def test_a_cut_connection_fails_both_sides_promptly(receiver: TcpReceiver) -> No
     assert not sub.close(JOIN)
 
 
-def test_cancelling_the_gate_wakes_the_remote_producer(receiver: TcpReceiver) -> None:
-    part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0)
+@pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
+def test_cancelling_the_gate_wakes_the_remote_producer(receiver: TcpReceiver, signal: bool) -> None:
+    part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0, signal=signal)
     part.emit(0, data(b"a"))
     producer = Worker(lambda: part.emit(0, data(b"b")))
     waiting(producer)
@@ -668,10 +696,12 @@ def test_cancelling_the_partition_reaches_the_remote_consumer(receiver: TcpRecei
     assert not sub.close(JOIN)
 
 
+@pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
 def test_a_consumer_that_finishes_its_channel_early_closes_the_producer(
     receiver: TcpReceiver,
+    signal: bool,
 ) -> None:
-    part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0)
+    part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0, signal=signal)
     part.emit(0, data(b"a"))
     producer = Worker(lambda: part.emit(0, data(b"b")))
     waiting(producer)

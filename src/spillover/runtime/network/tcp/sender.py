@@ -124,7 +124,14 @@ class TcpSubpartition(Subpartition):
         self.end_timeout = end_timeout
         self._sock = sock
         self._lock = threading.Lock()
-        self._credit_cv = threading.Condition(self._lock)  # the producer waits here
+        # Credit is a lock-free cell the reader grants to (natively, without the
+        # interpreter lock: netio.read_credit) and the producer takes from; a producer
+        # out of credit in add_data waits on _credit_wake.
+        pure = pure_selected()
+        self._cell: netio.CreditCell = (
+            netio.PyCredit(initial_credit) if pure else netio.Credit(initial_credit)
+        )
+        self._credit_wake: netio.WakeCell = netio.PyWake() if pure else netio.Wake()
         self._work_cv = threading.Condition(self._lock)  # the sender waits here
         self._queue: deque[NetworkBuffer] = deque()
         # The producer writes in place while nothing is queued and the sender thread
@@ -141,7 +148,6 @@ class TcpSubpartition(Subpartition):
         self._nonblocking.settimeout(0.0)
         self._prio: deque[NetworkBuffer] = deque()
         self._end: NetworkBuffer | None = None
-        self._credit = initial_credit
         self._queued_buffers = 0
         self._queued_bytes = 0
         self._finished = False
@@ -151,7 +157,6 @@ class TcpSubpartition(Subpartition):
         self._stopping = False
         self._running = 2
         self._done = threading.Event()
-        self.credit_granted = initial_credit
         self.sent_buffers = 0
         self.sent_bytes = 0
         self.written_in_place = 0  # data buffers and events the producer wrote whole itself
@@ -184,24 +189,9 @@ class TcpSubpartition(Subpartition):
             )
         if self._fault is not None:
             self._strike(self._fault.sent())
-        waited = 0.0
+        waited = 0.0 if self._cell.take() else self._wait_for_credit(deadline)
         with self._lock:
             self._check_open_locked()
-            if self._credit <= 0:
-                start = time.monotonic()
-                try:
-                    while self._credit <= 0:
-                        remaining = None if deadline is None else deadline - time.monotonic()
-                        if remaining is not None and remaining <= 0:
-                            raise NetworkTimeoutError(
-                                f"{self.where}: no credit before the deadline",
-                                hint="the consumer is slow, blocked or not polling",
-                            )
-                        self._credit_cv.wait(remaining)
-                        self._check_open_locked()
-                finally:
-                    waited = time.monotonic() - start
-            self._credit -= 1
             direct = not (
                 self._stalled or self._sending or self._queue or self._prio or self._partial
             )
@@ -214,6 +204,30 @@ class TcpSubpartition(Subpartition):
                 self._work_cv.notify()
         if direct:
             self._write_now(buffer)
+        return waited
+
+    def _wait_for_credit(self, deadline: float | None) -> float:
+        """Waits until one buffer's credit is taken; returns the seconds waited."""
+        start = time.monotonic()
+        try:
+            while True:
+                with self._lock:
+                    self._check_open_locked()
+                if self._cell.take():
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise NetworkTimeoutError(
+                        f"{self.where}: no credit before the deadline",
+                        hint="the consumer is slow, blocked or not polling",
+                    )
+                # A grant, a failure and close post the wake; the poll is a safety net.
+                wait = (
+                    self.poll_interval if remaining is None else min(remaining, self.poll_interval)
+                )
+                self._credit_wake.wait(wait)
+        finally:
+            waited = time.monotonic() - start
         return waited
 
     def _write_now(self, buffer: NetworkBuffer, ftype: FrameType = FrameType.DATA) -> None:
@@ -297,7 +311,12 @@ class TcpSubpartition(Subpartition):
 
     @property
     def credit(self) -> int:
-        return self._credit
+        return self._cell.value
+
+    @property
+    def credit_granted(self) -> int:
+        """All credit the consumer granted, the initial included."""
+        return self._cell.granted
 
     @property
     def backlog(self) -> tuple[int, int]:
@@ -323,7 +342,7 @@ class TcpSubpartition(Subpartition):
             with self._lock:
                 self._stopping = True
                 self._work_cv.notify_all()
-                self._credit_cv.notify_all()
+            self._credit_wake.post()
             self._shutdown()
             self._done.wait(self.linger + 4 * self.poll_interval)
         return self._end_written_at is not None and self._cause is None
@@ -354,8 +373,8 @@ class TcpSubpartition(Subpartition):
             self._prio.clear()
             self._queue.clear()
             self._queued_buffers = self._queued_bytes = 0
-            self._credit_cv.notify_all()
             self._work_cv.notify_all()
+        self._credit_wake.post()
         for b in dropped:
             b.release()
         if not tell_peer:
@@ -548,7 +567,24 @@ class TcpSubpartition(Subpartition):
         fd = -1 if pure_selected() else sock.fileno()
         try:
             while True:
-                if fd >= 0:
+                # Natively, while the credit's producer waits on a signal the native
+                # reader can post (a source's mailbox) and the next frame is CREDIT,
+                # the reader grants credit without the lock at all until another kind
+                # of frame comes (then parsed below), or a poll interval passed.
+                native = self._native_cells(fd, buf, start, end)
+                if native is not None:
+                    status, start, end, err = netio.read_credit(
+                        fd, buf, start, end, FrameType.CREDIT, self.channel_id, *native,
+                        self.poll_interval,
+                    )  # fmt: skip
+                    if status == netio.TIMEOUT:
+                        if stop():
+                            raise _Stopped
+                        continue
+                    if status == netio.ERROR:
+                        raise OSError(err, os.strerror(err))
+                    n = 0 if status == netio.EOF else -1  # -1: a frame to parse is in
+                elif fd >= 0:
                     status, n, err = netio.recv(fd, buf, end, self.poll_interval)
                     if status == netio.TIMEOUT:
                         if stop():
@@ -572,7 +608,7 @@ class TcpSubpartition(Subpartition):
                             tell_peer=False,
                         )
                     return
-                end += n
+                end += max(n, 0)
                 delta = 0
                 while end - start >= HEADER.size:
                     ftype, length = self._consumer_frame(*HEADER.unpack_from(buf, start))
@@ -613,6 +649,26 @@ class TcpSubpartition(Subpartition):
         finally:
             self._exit()
 
+    def _native_cells(
+        self, fd: int, buf: bytearray, start: int, end: int
+    ) -> tuple[netio.Credit, netio.Wake, netio.Wake] | None:
+        """The credit, its wake and the task's signal for the native credit read (see
+        ``_read_loop``), or None to read in Python: the pure twin, a producer whose
+        waker has no native signal (a task with inputs waits on its gate), or the
+        start of a frame of another type in the buffer."""
+        if fd < 0 or (start != end and buf[start] != FrameType.CREDIT):
+            return None
+        part = self.partition
+        signal = part.waker.signal if part is not None and part.waker is not None else None
+        cell, wake = self._cell, self._credit_wake
+        if (
+            isinstance(signal, netio.Wake)
+            and isinstance(cell, netio.Credit)
+            and isinstance(wake, netio.Wake)
+        ):
+            return cell, wake, signal
+        return None
+
     def _consumer_frame(
         self, ftype: int, flags: int, reserved: int, chan: int, length: int
     ) -> tuple[int, int]:
@@ -648,16 +704,14 @@ class TcpSubpartition(Subpartition):
         """The consumer's credit: the producer may send ``delta`` more buffers."""
         if not delta:
             return
-        with self._lock:
-            self._credit += delta
-            self.credit_granted += delta
-            self._credit_cv.notify_all()
+        self._cell.add(delta)
+        self._credit_wake.post()
         if self.partition is not None:
             self.partition.credit_returned()
 
     def __repr__(self) -> str:
         state = "failed" if self._cause else "finished" if self._finished else "open"
-        return f"TcpSubpartition({self.where}, {state}, credit {self._credit})"
+        return f"TcpSubpartition({self.where}, {state}, credit {self._cell.value})"
 
 
 def connect_tcp(
