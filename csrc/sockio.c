@@ -150,6 +150,7 @@ int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t
                          uint8_t credit_type, uint32_t channel, spl_credit *credit,
                          spl_wake *credit_wake, spl_wake *output_wake, int timeout_ms, int *err) {
     int64_t deadline = deadline_of(timeout_ms);
+    int once = timeout_ms == SPL_SOCK_NO_WAIT || timeout_ms == 0; /* 1, then 2: done */
     *err = 0;
     for (;;) {
         int64_t delta = 0;
@@ -179,11 +180,17 @@ int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t
             *end -= *start;
             *start = 0;
         }
-        if (*end >= cap) /* never: a credit frame is 16 bytes */
-            return SPL_SOCK_FRAME;
-        /* No wait at all: read what is there (then SPL_SOCK_TIMEOUT from the read). */
-        int left = timeout_ms == SPL_SOCK_NO_WAIT || timeout_ms == 0 ? SPL_SOCK_NO_WAIT : -1;
-        if (left == -1 && deadline >= 0) {
+        if (*end >= cap) { /* never: a CREDIT frame is 16 bytes, the buffer far more */
+            *err = EMSGSIZE;
+            return SPL_SOCK_ERROR;
+        }
+        /* No wait at all: one pass over what is there, then SPL_SOCK_TIMEOUT. */
+        int left = -1;
+        if (once) {
+            if (once++ > 1)
+                return SPL_SOCK_TIMEOUT;
+            left = SPL_SOCK_NO_WAIT;
+        } else if (deadline >= 0) {
             int64_t d = deadline - now_ms();
             if (d <= 0)
                 return SPL_SOCK_TIMEOUT;

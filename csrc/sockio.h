@@ -59,7 +59,8 @@ int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms,
  * output to move). Returns SPL_SOCK_FRAME as soon as a whole header that is not
  * such a CREDIT frame is at *start (the caller parses it), SPL_SOCK_TIMEOUT once
  * `timeout_ms` passed (also while credit flows: the caller looks around every
- * `timeout_ms`), SPL_SOCK_EOF or SPL_SOCK_ERROR. Bytes of a partial frame are
+ * `timeout_ms`; 0 or SPL_SOCK_NO_WAIT: after one read of what is there),
+ * SPL_SOCK_EOF or SPL_SOCK_ERROR. Bytes of a partial frame are
  * moved to the front of `buf`. */
 int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t *end,
                          uint8_t credit_type, uint32_t channel, spl_credit *credit,

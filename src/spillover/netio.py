@@ -130,6 +130,10 @@ class PyWake:
         return True
 
     def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None and not timeout > 0:  # 0, negative or NaN: no wait
+            timeout = 0.0
+        elif timeout is not None and timeout >= 1e9:  # as the native one: no limit
+            timeout = None
         with self._cond:
             if not self._set:
                 self._cond.wait(timeout)

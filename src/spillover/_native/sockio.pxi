@@ -145,8 +145,17 @@ cdef class Wake:
     def wait(self, timeout=None):
         """Waits for a post (the GIL let go) at most ``timeout`` seconds (None: no
         limit); True when one came, and it is taken."""
-        cdef int64_t ms = -1 if timeout is None else max(0, <int64_t>(timeout * 1000.0 + 0.5))
+        cdef double t
+        cdef int64_t ms = -1
         cdef int got
+        if timeout is not None:
+            t = timeout
+            if not t > 0:  # 0, negative or NaN: no wait
+                ms = 0
+            elif t < 1e9:
+                ms = <int64_t>(t * 1000.0)
+                if ms < t * 1000.0:  # whole milliseconds, rounded up: never shorter
+                    ms += 1
         with nogil:
             got = spl_wake_wait(&self.w, ms)
         return bool(got)
@@ -184,7 +193,8 @@ cdef class Credit:
 
 
 def sock_read_credit(int fd, object buf, Py_ssize_t start, Py_ssize_t end, int credit_type,
-                     unsigned int channel, Credit credit, Wake credit_wake, Wake output_wake,
+                     unsigned int channel, Credit credit not None, Wake credit_wake not None,
+                     Wake output_wake,
                      double timeout):
     """Reads the consumer's CREDIT frames of ``channel`` (type ``credit_type``) into
     ``buf`` (``[start, end)`` holds what is not parsed yet) and grants their credit to

@@ -41,7 +41,10 @@ class Subpartition(ABC):
 
     A transport calls :attr:`partition`'s ``credit_returned`` when its consumer
     grants credit, and ``announce_buffer_size`` when it debloats, from any thread
-    with no lock held."""
+    with no lock held. When the partition's waker has a native ``signal`` (a
+    source's), the TCP transport may notify that signal itself instead, without
+    the interpreter lock (``netio.read_credit``): ``credit_returned`` must do no
+    more than wake the waker."""
 
     partition: ResultPartition | None = None
     index = 0  # which subpartition of :attr:`partition` (set by ``connect``)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,6 +53,7 @@ from spillover.runtime.network.tcp import (
     connect_tcp,
 )
 from spillover.runtime.network.writers import PartitionWriter
+from spillover.storage.options import pure_selected
 from support.threads import JOIN, Worker, eventually, transport_threads
 
 SECRET = b"job-7f3a secret 01"
@@ -93,12 +95,14 @@ def tcp_link(
     name: str = "g",
     segment_size: int = 64,
     signal: bool = False,
+    waker: OutputWaker | None = None,
 ) -> tuple[ResultPartition, InputGate, list[TcpSubpartition]]:
     """``signal``: the partition's waker is a source's (a native signal), so its credit
-    reader reads natively (``netio.read_credit``) and leaves other frames to Python."""
+    reader reads natively (``netio.read_credit``) and leaves other frames to Python;
+    ``waker``: that waker, given."""
     part = ResultPartition(subpartitions, BufferPool(segment_size, 64), f"p-{name}")
-    if signal:
-        part.waker = SignalWaker(netio.Wake())
+    if signal or waker is not None:
+        part.waker = waker if waker is not None else SignalWaker(netio.Wake())
     gate = InputGate(
         subpartitions, floating_buffers=floating, buffers_per_channel=exclusive, name=name
     )
@@ -108,6 +112,28 @@ def tcp_link(
         for s in range(subpartitions)
     ]
     return part, gate, subs
+
+
+@pytest.fixture
+def native_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the credit readers' native reads (``netio.read_credit`` calls)."""
+    calls = [0]
+    real = netio.read_credit
+
+    def counted(*args: Any) -> tuple[int, int, int, int]:
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(netio, "read_credit", counted)
+    return calls
+
+
+def reads_natively(calls: list[int], signal: bool) -> None:
+    """A source's credit reader reads natively unless pure; any other never does."""
+    if signal and not pure_selected():
+        eventually(lambda: calls[0] > 0)
+    else:
+        assert calls[0] == 0
 
 
 def drain(gate: InputGate, count: int) -> list[tuple[int, bytes | Event]]:
@@ -271,18 +297,23 @@ def test_credit_stalls_the_producer_after_exactly_the_announced_credit(
 
 
 @pytest.mark.parametrize("kind", ["callback", "native signal", "pure signal"])
-def test_credit_from_the_consumer_wakes_an_armed_producer(receiver: TcpReceiver, kind: str) -> None:
+def test_credit_from_the_consumer_wakes_an_armed_producer(
+    receiver: TcpReceiver, kind: str, native_reads: list[int]
+) -> None:
     """A task with inputs is woken through a callback (its gate); a source through its
-    mailbox's signal, which the credit reader posts natively without the lock."""
-    part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0)
+    mailbox's signal, which the credit reader posts natively without the lock (a
+    pure twin's signal: in Python)."""
     woken = threading.Event()
+    waker: OutputWaker
     if kind == "callback":
-        part.waker = OutputWaker(woken.set)
+        waker = OutputWaker(woken.set)
         wait: Callable[[], bool] = lambda: woken.wait(JOIN)  # noqa: E731
     else:
         signal = netio.Wake() if kind == "native signal" else netio.PyWake()
-        part.waker = SignalWaker(signal)
+        waker = SignalWaker(signal)
         wait = lambda: signal.wait(JOIN)  # noqa: E731
+    part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0, waker=waker)
+    reads_natively(native_reads, kind == "native signal")
     for round_ in range(3):  # each armed wait is woken once, by the credit that ends it
         woken.clear()
         part.emit(0, data(b"a"), timeout=0)
@@ -301,8 +332,10 @@ def test_credit_from_the_consumer_wakes_an_armed_producer(receiver: TcpReceiver,
 def test_a_debloated_size_reaches_the_producer_s_partition_and_its_writer(
     receiver: TcpReceiver,
     signal: bool,
+    native_reads: list[int],
 ) -> None:
     part, gate, subs = tcp_link(receiver, subpartitions=2, segment_size=4096, signal=signal)
+    reads_natively(native_reads, signal)
     out: list[list[bytes]] = [[], []]
     w = PartitionWriter(
         EdgeKind.REBALANCE,
@@ -350,9 +383,10 @@ def test_large_credits_are_announced_in_batches_but_never_withheld(
 
 @pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
 def test_a_blocked_emit_resumes_when_the_consumer_releases(
-    receiver: TcpReceiver, signal: bool
+    receiver: TcpReceiver, signal: bool, native_reads: list[int]
 ) -> None:
     part, gate, subs = tcp_link(receiver, exclusive=1, floating=0, signal=signal)
+    reads_natively(native_reads, signal)
     part.emit(0, data(b"a"))
     producer = Worker(lambda: part.emit(0, data(b"b"), timeout=JOIN))
     waiting(producer)
@@ -673,8 +707,11 @@ def test_a_cut_connection_fails_both_sides_promptly(receiver: TcpReceiver) -> No
 
 
 @pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
-def test_cancelling_the_gate_wakes_the_remote_producer(receiver: TcpReceiver, signal: bool) -> None:
+def test_cancelling_the_gate_wakes_the_remote_producer(
+    receiver: TcpReceiver, signal: bool, native_reads: list[int]
+) -> None:
     part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0, signal=signal)
+    reads_natively(native_reads, signal)
     part.emit(0, data(b"a"))
     producer = Worker(lambda: part.emit(0, data(b"b")))
     waiting(producer)
@@ -700,8 +737,10 @@ def test_cancelling_the_partition_reaches_the_remote_consumer(receiver: TcpRecei
 def test_a_consumer_that_finishes_its_channel_early_closes_the_producer(
     receiver: TcpReceiver,
     signal: bool,
+    native_reads: list[int],
 ) -> None:
     part, gate, (sub,) = tcp_link(receiver, exclusive=1, floating=0, signal=signal)
+    reads_natively(native_reads, signal)
     part.emit(0, data(b"a"))
     producer = Worker(lambda: part.emit(0, data(b"b")))
     waiting(producer)

@@ -189,6 +189,9 @@ class TcpSubpartition(Subpartition):
             )
         if self._fault is not None:
             self._strike(self._fault.sent())
+        if self._cause is not None or self._finished:  # no credit taken from a closed one
+            with self._lock:
+                self._check_open_locked()
         waited = 0.0 if self._cell.take() else self._wait_for_credit(deadline)
         with self._lock:
             self._check_open_locked()
