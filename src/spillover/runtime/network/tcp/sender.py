@@ -574,21 +574,16 @@ class TcpSubpartition(Subpartition):
                 # reader can post (a source's mailbox) and the next frame is CREDIT,
                 # the reader grants credit without the lock at all until another kind
                 # of frame comes (then parsed below), or a poll interval passed.
-                native = self._native_cells(fd, buf, start, end)
-                if native is not None:
-                    status, start, end, err = netio.read_credit(
-                        fd, buf, start, end, FrameType.CREDIT, self.channel_id, *native,
-                        self.poll_interval,
-                    )  # fmt: skip
-                    if status == netio.TIMEOUT:
-                        if stop():
-                            raise _Stopped
-                        continue
-                    if status == netio.ERROR:
-                        raise OSError(err, os.strerror(err))
-                    n = 0 if status == netio.EOF else -1  # -1: a frame to parse is in
-                elif fd >= 0:
-                    status, n, err = netio.recv(fd, buf, end, self.poll_interval)
+                if fd >= 0:
+                    native = self._native_cells(buf, start, end)
+                    if native is not None:
+                        status, start, end, err = netio.read_credit(
+                            fd, buf, start, end, FrameType.CREDIT, self.channel_id, *native,
+                            self.poll_interval,
+                        )  # fmt: skip
+                        n = 0 if status == netio.EOF else -1  # -1: a frame to parse is in
+                    else:
+                        status, n, err = netio.recv(fd, buf, end, self.poll_interval)
                     if status == netio.TIMEOUT:
                         if stop():
                             raise _Stopped
@@ -653,13 +648,13 @@ class TcpSubpartition(Subpartition):
             self._exit()
 
     def _native_cells(
-        self, fd: int, buf: bytearray, start: int, end: int
+        self, buf: bytearray, start: int, end: int
     ) -> tuple[netio.Credit, netio.Wake, netio.Wake] | None:
         """The credit, its wake and the task's signal for the native credit read (see
-        ``_read_loop``), or None to read in Python: the pure twin, a producer whose
-        waker has no native signal (a task with inputs waits on its gate), or the
-        start of a frame of another type in the buffer."""
-        if fd < 0 or (start != end and buf[start] != FrameType.CREDIT):
+        ``_read_loop``), or None to read in Python: a producer whose waker has no
+        native signal (a task with inputs waits on its gate), or the start of a frame
+        of another type in the buffer."""
+        if start != end and buf[start] != FrameType.CREDIT:
             return None
         part = self.partition
         signal = part.waker.signal if part is not None and part.waker is not None else None
