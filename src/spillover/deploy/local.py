@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import sys
+import threading
 import time
 import traceback
 
@@ -16,6 +17,27 @@ from spillover.runtime.task import Task, TaskCancelled
 from spillover.runtime.wiring import build_tasks, make_coordinator, settle
 
 logger = logging.getLogger(__name__)
+
+# Local jobs of this process whose task threads are pinned, by CPU: the last of
+# them to end gives the CPU's threads back, so one job's end never frees another's
+# threads (runtime/affinity.py).
+_pinned_lock = threading.Lock()
+_pinned_runs: dict[int, int] = {}
+
+
+def _hold_cpu(cpu: int) -> None:
+    with _pinned_lock:
+        _pinned_runs[cpu] = _pinned_runs.get(cpu, 0) + 1
+
+
+def _let_go_cpu(cpu: int) -> None:
+    with _pinned_lock:  # held while releasing: a run starting now pins after it
+        left = _pinned_runs[cpu] - 1
+        if left:
+            _pinned_runs[cpu] = left
+            return
+        del _pinned_runs[cpu]
+        release(cpu)  # threads the tasks started that outlive them
 
 
 class _Attempt:
@@ -79,14 +101,16 @@ class _Attempt:
         self.coordinator.start()
         # The task threads on one core (runtime/affinity.py); the driver's float.
         cpu = cpu_for(0, allowed_cpus()) if self.ex.config.deployment.cpu_pinning else None
-        for t in self.tasks.values():
-            t.cpu = cpu
-            t.start()
+        if cpu is not None:
+            _hold_cpu(cpu)
         try:
+            for t in self.tasks.values():
+                t.cpu = cpu
+                t.start()
             return self._wait(deadline, stop_at, stop_when)
         finally:
-            if cpu is not None:  # threads the tasks started that outlive them
-                release(cpu)
+            if cpu is not None:
+                _let_go_cpu(cpu)
 
     def _wait(
         self,

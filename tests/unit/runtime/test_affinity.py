@@ -118,3 +118,52 @@ def _masks() -> list[set[int]]:
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             out.append(os.sched_getaffinity(int(tid)))
     return out
+
+
+class _Blocking(Operator):
+    """Holds its task until ``go`` is set, then records its thread's CPUs."""
+
+    started: ClassVar[threading.Event] = threading.Event()
+    go: ClassVar[threading.Event] = threading.Event()
+    seen: ClassVar[list[frozenset[int]]] = []
+
+    def process(self, batch: Any, input_index: int = 0) -> None:
+        if len(batch) and not self.seen:
+            self.started.set()
+            self.go.wait(60)
+            self.seen.append(frozenset(os.sched_getaffinity(0)))
+
+
+@needs_two
+def test_a_local_job_that_ends_leaves_another_running_jobs_threads_pinned(
+    tmp_path: Path,
+) -> None:
+    """Two local jobs in one process share the CPU; the first to end does not free
+    the threads of the other, the last one frees them all."""
+    _Blocking.started.clear()
+    _Blocking.go.clear()
+    _Blocking.seen = []
+    config = Config.from_dict({"state.checkpoints.dir": str(tmp_path / "a")})
+    long_env = StreamEnvironment("long", parallelism=1)
+    long_env.from_source(GeneratorSource(1, 10, payload_bytes=8), uid="src").process(
+        _Blocking(), uid="held"
+    )
+    results: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: results.append(LocalExecutor(long_env, config).run(timeout=60))
+    )
+    runner.start()
+    try:
+        assert _Blocking.started.wait(30)
+        short_env = StreamEnvironment("short", parallelism=1)
+        short_env.from_source(GeneratorSource(1, 100, payload_bytes=8), uid="src").process(
+            _Affinity(), uid="seen"
+        )
+        short = Config.from_dict({"state.checkpoints.dir": str(tmp_path / "b")})
+        assert LocalExecutor(short_env, short).run(timeout=60).status == "finished"
+    finally:
+        _Blocking.go.set()
+        runner.join(60)
+    assert results and results[0].status == "finished", results
+    assert _Blocking.seen == [frozenset({CPUS[0]})]  # still pinned after the other ended
+    assert {CPUS[0]} not in _masks()
