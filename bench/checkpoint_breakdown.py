@@ -365,7 +365,7 @@ def phases(
                             (m["taken_at"] - inb) * 1000,
                         )
                 add(f"snapshot {vertex}", m.get("sync_ms", 0.0) + m.get("async_ms", 0.0))
-                if "capture_ms" in m and m.get("state_bytes", 0.0) > 0:
+                if "capture_ms" in m:
                     for part, value in snapshot_parts(m).items():
                         add(f"snapshot {vertex}: {part}", value)
                 if "inputs_ms" in m and ups:
