@@ -42,7 +42,7 @@ hand-off and first step cost more after the rest than right after
 checkpoint pays between the two columns: more than back to back, less than a
 process that did nothing else (docs/benchmarks.md, "Memory at rest").
 
-A keyed subtask's snapshot is split into its parts (the unaligned barrier's
+Each subtask's snapshot is split into its parts (the unaligned barrier's
 forward with the output state it overtook, the begun records, the capture, the
 hand-off to the snapshot thread, the keyed write; the capture's floor is a memory
 copy of the state's bytes, the keyed write's the write above), and its wait for

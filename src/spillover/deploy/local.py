@@ -101,15 +101,18 @@ class _Attempt:
         self.coordinator.start()
         # The task threads on one core (runtime/affinity.py); the driver's float.
         cpu = cpu_for(0, allowed_cpus()) if self.ex.config.deployment.cpu_pinning else None
-        if cpu is not None:
-            _hold_cpu(cpu)
+        held = False
         try:
+            if cpu is not None:
+                _hold_cpu(cpu)
+                held = True
             for t in self.tasks.values():
                 t.cpu = cpu
                 t.start()
             return self._wait(deadline, stop_at, stop_when)
         finally:
-            if cpu is not None:
+            if held:
+                assert cpu is not None
                 _let_go_cpu(cpu)
 
     def _wait(

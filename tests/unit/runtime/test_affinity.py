@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 from spillover.config import Config
+from spillover.deploy import local
 from spillover.deploy.local import LocalExecutor
 from spillover.runtime.affinity import allowed_cpus, cpu_for, pin
 from spillover.runtime.connectors.generator import GeneratorSource
@@ -93,6 +94,7 @@ def test_a_local_jobs_task_threads_share_one_cpu_unless_turned_off(
     """On: every subtask's thread runs on the same one CPU of the process's (the
     interpreter lock handed on one core); off: each keeps all of them. The driver's
     own thread is never pinned."""
+    assert local._pinned_runs == {}  # no other local job runs in this process
     _Affinity.seen = {}
     env = StreamEnvironment("affinity", parallelism=2)
     env.from_source(GeneratorSource(2, 2_000, payload_bytes=8), uid="src").key_by("key").process(
@@ -140,9 +142,11 @@ def test_a_local_job_that_ends_leaves_another_running_jobs_threads_pinned(
 ) -> None:
     """Two local jobs in one process share the CPU; the first to end does not free
     the threads of the other, the last one frees them all."""
+    assert local._pinned_runs == {}  # no other local job runs in this process
     _Blocking.started.clear()
     _Blocking.go.clear()
     _Blocking.seen = []
+    _Affinity.seen = {}
     config = Config.from_dict({"state.checkpoints.dir": str(tmp_path / "a")})
     long_env = StreamEnvironment("long", parallelism=1)
     long_env.from_source(GeneratorSource(1, 10, payload_bytes=8), uid="src").process(
@@ -150,7 +154,8 @@ def test_a_local_job_that_ends_leaves_another_running_jobs_threads_pinned(
     )
     results: list[Any] = []
     runner = threading.Thread(
-        target=lambda: results.append(LocalExecutor(long_env, config).run(timeout=60))
+        target=lambda: results.append(LocalExecutor(long_env, config).run(timeout=60)),
+        daemon=True,
     )
     runner.start()
     try:
@@ -161,6 +166,7 @@ def test_a_local_job_that_ends_leaves_another_running_jobs_threads_pinned(
         )
         short = Config.from_dict({"state.checkpoints.dir": str(tmp_path / "b")})
         assert LocalExecutor(short_env, short).run(timeout=60).status == "finished"
+        assert set(_Affinity.seen.values()) == {frozenset({CPUS[0]})}  # it shared the CPU
     finally:
         _Blocking.go.set()
         runner.join(60)
