@@ -16,7 +16,7 @@ without taking the lock at all.
 from __future__ import annotations
 
 import threading
-from typing import Final, Protocol
+from typing import Final, TypeAlias
 
 from spillover._native import _storage
 
@@ -73,29 +73,6 @@ of another type is next (``FRAME``), at EOF or on an error.
 
 Wake = _storage.Wake
 Credit = _storage.Credit
-
-
-class WakeCell(Protocol):
-    """What :class:`Wake` and :class:`PyWake` offer."""
-
-    def post(self) -> None: ...
-    def arm(self) -> None: ...
-    def disarm(self) -> None: ...
-    def notify_armed(self) -> bool: ...
-    def wait(self, timeout: float | None = None) -> bool: ...
-    @property
-    def wakes(self) -> int: ...
-
-
-class CreditCell(Protocol):
-    """What :class:`Credit` and :class:`PyCredit` offer."""
-
-    def add(self, delta: int) -> None: ...
-    def take(self) -> bool: ...
-    @property
-    def value(self) -> int: ...
-    @property
-    def granted(self) -> int: ...
 
 
 class PyWake:
@@ -173,3 +150,9 @@ class PyCredit:
     @property
     def granted(self) -> int:
         return self._granted
+
+
+WakeCell: TypeAlias = "Wake | PyWake"
+"""A wake-up, native or its pure twin."""
+CreditCell: TypeAlias = "Credit | PyCredit"
+"""A credit cell, native or its pure twin."""

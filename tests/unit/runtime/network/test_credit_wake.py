@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -243,19 +244,11 @@ def test_a_bad_buffer_or_a_missing_cell_is_refused_in_one_line() -> None:
             0, bytearray(256), 10, 5, FrameType.CREDIT, CHANNEL,
             netio.Credit(), netio.Wake(), None, 0,
         )  # fmt: skip
-    for cell, wake in [(None, netio.Wake()), (netio.Credit(), None)]:
+    cells: list[tuple[Any, Any]] = [(None, netio.Wake()), (netio.Credit(), None)]
+    for cell, wake in cells:
         with pytest.raises(TypeError):
             netio.read_credit(
-                0,
-                bytearray(256),
-                0,
-                0,
-                FrameType.CREDIT,
-                CHANNEL,
-                cell,
-                wake,
-                None,
-                0,  # type: ignore[arg-type]
+                0, bytearray(256), 0, 0, FrameType.CREDIT, CHANNEL, cell, wake, None, 0
             )
 
 
