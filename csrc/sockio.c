@@ -1,5 +1,7 @@
 #include "sockio.h"
 
+#include "records.h" /* spl_le32 */
+
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
@@ -88,9 +90,7 @@ int spl_sock_read_frame(int fd, uint8_t *buf, size_t cap, size_t header, size_t 
     for (;;) {
         size_t need = header;
         if (*got >= header) {
-            const uint8_t *l = buf + length_at;
-            uint32_t len = (uint32_t)l[0] | (uint32_t)l[1] << 8 | (uint32_t)l[2] << 16 |
-                           (uint32_t)l[3] << 24;
+            uint32_t len = spl_le32(buf + length_at);
             if (buf[0] != whole_type_skip && len <= cap - header)
                 need += len;
         }
@@ -142,29 +142,25 @@ int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms,
     return SPL_SOCK_DONE;
 }
 
-static uint32_t le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t *end,
                          uint8_t credit_type, uint32_t channel, spl_credit *credit,
                          spl_wake *credit_wake, spl_wake *output_wake, int timeout_ms, int *err) {
     int64_t deadline = deadline_of(timeout_ms);
-    int once = timeout_ms == SPL_SOCK_NO_WAIT || timeout_ms == 0; /* 1, then 2: done */
+    int no_wait = timeout_ms == SPL_SOCK_NO_WAIT || timeout_ms == 0, read = 0;
     *err = 0;
     for (;;) {
         int64_t delta = 0;
         int other = 0;
         while (*end - *start >= SPL_FRAME_HEADER) {
             const uint8_t *h = buf + *start;
-            if (h[0] != credit_type || h[1] || h[2] || h[3] || le32(h + 4) != channel ||
-                le32(h + 8) != 4) {
+            if (h[0] != credit_type || h[1] || h[2] || h[3] || spl_le32(h + 4) != channel ||
+                spl_le32(h + 8) != 4) {
                 other = 1;
                 break;
             }
             if (*end - *start < SPL_FRAME_HEADER + 4)
                 break;
-            delta += le32(h + SPL_FRAME_HEADER);
+            delta += spl_le32(h + SPL_FRAME_HEADER);
             *start += SPL_FRAME_HEADER + 4;
         }
         if (delta) {
@@ -186,8 +182,8 @@ int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t
         }
         /* No wait at all: one pass over what is there, then SPL_SOCK_TIMEOUT. */
         int left = -1;
-        if (once) {
-            if (once++ > 1)
+        if (no_wait) {
+            if (read)
                 return SPL_SOCK_TIMEOUT;
             left = SPL_SOCK_NO_WAIT;
         } else if (deadline >= 0) {
@@ -198,6 +194,7 @@ int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t
         }
         size_t got = 0;
         int status = spl_sock_recv(fd, buf + *end, cap - *end, &got, left, err);
+        read = 1;
         if (status != SPL_SOCK_DONE)
             return status;
         *end += got;

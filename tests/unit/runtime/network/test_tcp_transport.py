@@ -129,7 +129,8 @@ def native_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def reads_natively(calls: list[int], signal: bool) -> None:
-    """A source's credit reader reads natively unless pure; any other never does."""
+    """A source's credit reader reads natively unless pure; any other never does
+    (asserted again at a test's end, once its reader has read credit)."""
     if signal and not pure_selected():
         eventually(lambda: calls[0] > 0)
     else:
@@ -326,6 +327,7 @@ def test_credit_from_the_consumer_wakes_an_armed_producer(
         assert wait() and part.credit(0) == 1
         assert part.waker.wakes == round_ + 1
     finish_and_close(part, [sub])
+    reads_natively(native_reads, kind == "native signal")
 
 
 @pytest.mark.parametrize("signal", [False, True], ids=["callback", "native signal"])
@@ -357,6 +359,7 @@ def test_a_debloated_size_reaches_the_producer_s_partition_and_its_writer(
     w.emit(np.arange(100, dtype="<i8"))  # to subpartition 1: 1,200 B in 120 B buffers
     assert out[0] == [] and [len(b) for b in out[1]] == [120] * 10
     finish_and_close(part, subs)
+    reads_natively(native_reads, signal)
 
 
 def test_large_credits_are_announced_in_batches_but_never_withheld(
@@ -396,6 +399,7 @@ def test_a_blocked_emit_resumes_when_the_consumer_releases(
     assert [p for _, p in drain(gate, 1)] == [b"b"]
     finish_and_close(part, subs)
     assert drain(gate, 1) == [(0, EndOfPartition())] and gate.finished
+    reads_natively(native_reads, signal)
 
 
 def test_events_need_no_credit_and_end_of_partition_comes_last(receiver: TcpReceiver) -> None:
@@ -719,6 +723,7 @@ def test_cancelling_the_gate_wakes_the_remote_producer(
     with pytest.raises(ChannelCancelledError):
         producer.finish(timeout=5)
     assert not sub.close(JOIN)
+    reads_natively(native_reads, signal)
 
 
 def test_cancelling_the_partition_reaches_the_remote_consumer(receiver: TcpReceiver) -> None:
@@ -748,6 +753,7 @@ def test_a_consumer_that_finishes_its_channel_early_closes_the_producer(
     with pytest.raises(ClosedError):
         producer.finish(timeout=5)
     assert not sub.close(JOIN)
+    reads_natively(native_reads, signal)
 
 
 def test_closing_the_receiver_cancels_open_channels(receiver: TcpReceiver) -> None:
