@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "writer.h"
 #include "debug.h"
 
@@ -50,10 +51,13 @@ struct spl_writer {
     int flush_req;
 
     int stop;
+    /* A pool thread runs this writer (from the first submit in blocking mode,
+     * from the start in non-blocking mode) until `done`. */
     int thread_started;
-    pthread_t thread;
+    int done;                  /* the thread has left this writer; set under mu */
+    struct spl_writer *next;   /* in the pool's queue of writers awaiting a thread */
     /* The owner and a running thread each hold a reference: a thread let go of
-     * without a join (spl_writer_finish) frees the writer if it ends last. */
+     * without waiting for it (spl_writer_finish) frees the writer if it ends last. */
     int refs;
     /* mu and the conditions are only for sleeping; the state above is read and
      * written with atomics, and a side that changes it wakes the other only if
@@ -237,17 +241,130 @@ static void unref(spl_writer *w) {
     if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) == 0) destroy(w);
 }
 
-static void *writer_main(void *arg) {
-    spl_writer *w = arg;
+/* Writer threads are pooled, process-wide: a thread that has finished a writer
+ * parks for up to POOL_IDLE_S seconds waiting for the next one, so a storer made
+ * at a checkpoint barrier hands its first batch to a parked thread (one wake-up)
+ * instead of creating a thread (a clone and its first scheduling, tens to
+ * hundreds of microseconds on a busy worker, on the task's path). */
+#define POOL_IDLE_S 30
+#define POOL_MAX_IDLE 64
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_cv;
+static spl_writer *pool_head, *pool_tail; /* writers handed over, not yet taken */
+static int pool_free;                     /* parked threads no queued writer is promised to */
+static uint64_t pool_created;             /* threads ever created (spl_writer_pool_stats) */
+
+static void pool_cv_init(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&pool_cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* A forked child has none of the parent's threads: it starts an empty pool. */
+static void pool_prepare(void) { pthread_mutex_lock(&pool_mu); }
+static void pool_parent(void) { pthread_mutex_unlock(&pool_mu); }
+static void pool_child(void) {
+    pthread_mutex_init(&pool_mu, NULL);
+    pool_cv_init();
+    pool_head = pool_tail = NULL;
+    pool_free = 0;
+    pool_created = 0;
+}
+
+static void pool_init(void) {
+    pool_cv_init();
+    pthread_atfork(pool_prepare, pool_parent, pool_child);
+}
+
+static void run_writer(spl_writer *w) {
     if (w->async)
         ring_loop(w);
     else
         batches_loop(w);
     pthread_mutex_lock(&w->mu);
+    w->done = 1;
     pthread_cond_broadcast(&w->not_full);
     pthread_mutex_unlock(&w->mu);
     unref(w);
+}
+
+/* Waits up to POOL_IDLE_S for a writer handed to the pool; NULL once it is time to
+ * end (idle too long, or enough threads parked already). Called with pool_mu held. */
+static spl_writer *pool_take(void) {
+    if (pool_free >= POOL_MAX_IDLE) return NULL;
+    pool_free++;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += POOL_IDLE_S;
+    while (!pool_head) {
+        if (pthread_cond_timedwait(&pool_cv, &pool_mu, &until) == ETIMEDOUT && !pool_head) {
+            pool_free--; /* the queue is empty: no writer was promised to this thread */
+            return NULL;
+        }
+    }
+    /* A queued writer: the thread that queued it already took one off pool_free. */
+    spl_writer *w = pool_head;
+    pool_head = w->next;
+    if (!pool_head) pool_tail = NULL;
+    w->next = NULL;
+    return w;
+}
+
+static void *pool_main(void *arg) {
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "spl-writer");
+#endif
+    spl_writer *w = arg;
+    while (w) {
+        run_writer(w);
+        pthread_mutex_lock(&pool_mu);
+        w = pool_take();
+        pthread_mutex_unlock(&pool_mu);
+    }
     return NULL;
+}
+
+/* Gives `w` a thread: a parked one if any, else a new one. Returns 0 or errno. */
+static int start_thread(spl_writer *w) {
+    pthread_once(&pool_once, pool_init);
+    __atomic_add_fetch(&w->refs, 1, __ATOMIC_ACQ_REL); /* the thread's reference */
+    w->thread_started = 1;
+    pthread_mutex_lock(&pool_mu);
+    if (pool_free > 0) {
+        pool_free--;
+        if (pool_tail)
+            pool_tail->next = w;
+        else
+            pool_head = w;
+        pool_tail = w;
+        pthread_cond_signal(&pool_cv);
+        pthread_mutex_unlock(&pool_mu);
+        return 0;
+    }
+    pool_created++;
+    pthread_mutex_unlock(&pool_mu);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, pool_main, w);
+    pthread_attr_destroy(&attr);
+    if (rc) {
+        w->thread_started = 0;
+        __atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL);
+    }
+    return rc;
+}
+
+void spl_writer_pool_stats(uint64_t *created, int *parked) {
+    pthread_mutex_lock(&pool_mu);
+    *created = pool_created;
+    *parked = pool_free;
+    pthread_mutex_unlock(&pool_mu);
 }
 
 spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batch_bytes,
@@ -271,14 +388,17 @@ spl_writer *spl_writer_new(int fd, spl_sink_fn sink, void *sink_ctx, size_t batc
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->not_empty, NULL);
     pthread_cond_init(&w->not_full, NULL);
-    w->refs = 2;
-    int rc = pthread_create(&w->thread, NULL, writer_main, w);
-    if (rc) {
-        destroy(w);
-        errno = rc;
-        return NULL;
+    w->refs = 1;
+    /* Blocking mode starts its thread at the first submit: a gate closed before
+     * any batch filled is written on the caller's thread without one. */
+    if (w->async) {
+        int rc = start_thread(w);
+        if (rc) {
+            destroy(w);
+            errno = rc;
+            return NULL;
+        }
     }
-    w->thread_started = 1;
     SPL_HANDLE_NEW();
     return w;
 }
@@ -365,6 +485,14 @@ uint64_t spl_writer_submitted(spl_writer *w) { return w->submitted; }
 uint64_t spl_writer_written(spl_writer *w) { return LOAD(w->written); }
 
 int spl_writer_submit(spl_writer *w) {
+    if (!w->thread_started) {
+        if (LOAD(w->error)) return LOAD(w->error);
+        int rc = start_thread(w);
+        if (rc) { /* nothing is submitted: a flush does not wait for a thread */
+            set_error(w, rc);
+            return LOAD(w->error);
+        }
+    }
     /* The next slot must be free: wait while every slot is in flight. */
     WAIT_FOR(w, w->submitted + 1 - LOAD(w->written) < SPL_WRITER_SLOTS, w->not_full,
              &w->caller_sleeps);
@@ -398,14 +526,14 @@ static void stop_thread(spl_writer *w) {
     pthread_mutex_lock(&w->mu);
     STORE(w->stop, 1);
     pthread_cond_broadcast(&w->not_empty);
+    while (!w->done) pthread_cond_wait(&w->not_full, &w->mu);
     pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL);
     w->thread_started = 0;
 }
 
-/* Blocking mode, the thread idle (every submitted batch written): stops it without
- * waiting for it to end, and writes the batch being filled (the trailer) on the
- * caller's thread. Closing a gate then costs one write instead of waking the
+/* Blocking mode, the thread idle (every submitted batch written) or never started:
+ * lets it go without waiting for it to leave, and writes the batch being filled
+ * (the trailer) on the caller's thread. Closing a gate then costs one write instead of waking the
  * thread, waiting for its write and joining it (four thread wake-ups, which on
  * a VM with idle cores cost a millisecond or more per gate). Once `stop` is seen
  * with nothing submitted the thread only exits: it never touches the fd again. */
@@ -415,7 +543,6 @@ static int finish_here(spl_writer *w) {
     STORE(w->stop, 1);
     pthread_cond_broadcast(&w->not_empty);
     pthread_mutex_unlock(&w->mu);
-    pthread_detach(w->thread);
     w->thread_started = 0;
     batch *b = &w->batches[w->submitted % SPL_WRITER_SLOTS];
     if (!LOAD(w->error) && b->iovcnt) {
@@ -428,7 +555,7 @@ static int finish_here(spl_writer *w) {
 
 int spl_writer_finish(spl_writer *w, int do_fsync) {
     int rc;
-    if (!w->async && w->fd >= 0 && w->thread_started) {
+    if (!w->async && w->fd >= 0) {
         rc = finish_here(w);
     } else {
         rc = spl_writer_flush(w);
@@ -440,7 +567,7 @@ int spl_writer_finish(spl_writer *w, int do_fsync) {
 }
 
 int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes) {
-    if (w->async || w->fd < 0 || !w->thread_started) return 0;
+    if (w->async || w->fd < 0) return 0;
     if (LOAD(w->written) != w->submitted) return 0;
     return w->batches[w->submitted % SPL_WRITER_SLOTS].pending <= max_bytes;
 }

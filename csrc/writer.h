@@ -86,8 +86,13 @@ void spl_writer_free(spl_writer *w);
  * a lock it holds (one short write on its own thread). */
 int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes);
 
-/* Whether the writer thread still runs (spl_writer_free would join it); 0 after
+/* Whether a writer thread runs this writer (spl_writer_free would wait for it to
+ * leave); 0 before the first submit in blocking mode, and after
  * spl_writer_finish, when freeing never waits. */
 int spl_writer_running(spl_writer *w);
+
+/* The writer threads ever created in this process, and how many are parked now
+ * waiting for a writer (threads are pooled: see writer.c). */
+void spl_writer_pool_stats(uint64_t *created, int *parked);
 
 #endif

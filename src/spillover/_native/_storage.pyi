@@ -36,6 +36,7 @@ def encode_trailer(
 def decode_trailer(
     data: Any, path: str | None = None, offset: int | None = None
 ) -> dict[str, Any]: ...
+def writer_pool_stats() -> tuple[int, int]: ...
 
 class NativeStorer:
     path: str

@@ -344,6 +344,15 @@ cdef class NativeStorer:
         return spl_writer_bytes_written(self.w) if self.w != NULL else 0
 
 
+def writer_pool_stats():
+    """``(threads ever created, threads parked now)`` of the process's pool of storer
+    writer threads: a storer hands its batches to a parked thread when there is one."""
+    cdef uint64_t created = 0
+    cdef int parked = 0
+    spl_writer_pool_stats(&created, &parked)
+    return created, parked
+
+
 cdef class OnRelease:
     """Exports another object's bytes, read-only, and calls ``callback`` once every view
     of it has been released.

@@ -96,6 +96,7 @@ cdef extern from "writer.h" nogil:
     void spl_writer_free(spl_writer *w)
     int spl_writer_running(spl_writer *w)
     int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes)
+    void spl_writer_pool_stats(uint64_t *created, int *parked)
 
 
 cdef extern from "section.h" nogil:
