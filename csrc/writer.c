@@ -55,6 +55,7 @@ struct spl_writer {
      * from the start in non-blocking mode) until `done`. */
     int thread_started;
     int done;                  /* the thread has left this writer; set under mu */
+    unsigned gen;              /* the pool's generation when it started (pool_gen) */
     struct spl_writer *next;   /* in the pool's queue of writers awaiting a thread */
     /* The owner and a running thread each hold a reference: a thread let go of
      * without waiting for it (spl_writer_finish) frees the writer if it ends last. */
@@ -249,12 +250,14 @@ static void unref(spl_writer *w) {
 #define POOL_IDLE_S 30
 #define POOL_MAX_IDLE 64
 
-static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_cv;
 static spl_writer *pool_head, *pool_tail; /* writers handed over, not yet taken */
 static int pool_free;                     /* parked threads no queued writer is promised to */
 static uint64_t pool_created;             /* threads ever created (spl_writer_pool_stats) */
+/* Bumped in a forked child: a writer started under an older generation had its
+ * thread in the parent, and nothing in the child will ever run it. */
+static unsigned pool_gen;
 
 static void pool_cv_init(void) {
     pthread_condattr_t a;
@@ -273,11 +276,29 @@ static void pool_child(void) {
     pool_head = pool_tail = NULL;
     pool_free = 0;
     pool_created = 0;
+    pool_gen++;
 }
 
-static void pool_init(void) {
+/* At load, once: no thread can fork halfway through it (as one could through a
+ * lazy pthread_once, registering the handlers twice in the child). */
+__attribute__((constructor)) static void pool_init(void) {
     pool_cv_init();
     pthread_atfork(pool_prepare, pool_parent, pool_child);
+}
+
+/* Whether a thread of this process runs `w` (not one left in a parent). */
+static int has_thread(const spl_writer *w) { return w->thread_started && w->gen == pool_gen; }
+
+/* A writer a forked child inherited with its thread left in the parent: nothing
+ * will write what it queued, so it fails (sticky) instead of waiting for ever.
+ * No lock: its mutex may have been held by the parent's thread at the fork. */
+static int inherited(spl_writer *w) {
+    if (!w->thread_started || w->gen == pool_gen) return 0;
+    if (!LOAD(w->error)) {
+        w->err_no = ECHILD;
+        STORE(w->error, SPL_E_IO);
+    }
+    return 1;
 }
 
 static void run_writer(spl_writer *w) {
@@ -330,9 +351,9 @@ static void *pool_main(void *arg) {
 
 /* Gives `w` a thread: a parked one if any, else a new one. Returns 0 or errno. */
 static int start_thread(spl_writer *w) {
-    pthread_once(&pool_once, pool_init);
     __atomic_add_fetch(&w->refs, 1, __ATOMIC_ACQ_REL); /* the thread's reference */
     w->thread_started = 1;
+    w->gen = pool_gen;
     pthread_mutex_lock(&pool_mu);
     if (pool_free > 0) {
         pool_free--;
@@ -465,6 +486,7 @@ int spl_writer_add(spl_writer *w, uint32_t channel_id, uint8_t data_type, uint8_
     spl_frame_header f = {channel_id, data_type, codec, 0, stored_length, raw_length,
                           spl_crc32c(0, payload, stored_length)};
     if (w->async) {
+        if (inherited(w)) return LOAD(w->error); /* its ring would never drain */
         uint8_t hdr[SPL_FRAME_HEADER_SIZE];
         spl_encode_frame_header(hdr, &f);
         int rc = ring_put(w, hdr, sizeof hdr);
@@ -485,6 +507,7 @@ uint64_t spl_writer_submitted(spl_writer *w) { return w->submitted; }
 uint64_t spl_writer_written(spl_writer *w) { return LOAD(w->written); }
 
 int spl_writer_submit(spl_writer *w) {
+    if (inherited(w)) return LOAD(w->error);
     if (!w->thread_started) {
         if (LOAD(w->error)) return LOAD(w->error);
         int rc = start_thread(w);
@@ -506,6 +529,7 @@ int spl_writer_submit(spl_writer *w) {
 }
 
 int spl_writer_flush(spl_writer *w) {
+    if (inherited(w)) return LOAD(w->error);
     if (w->async) {
         STORE(w->flush_req, 1);
         pthread_mutex_lock(&w->mu);
@@ -522,7 +546,10 @@ int spl_writer_flush(spl_writer *w) {
 }
 
 static void stop_thread(spl_writer *w) {
-    if (!w->thread_started) return;
+    if (!w->thread_started || inherited(w)) {
+        w->thread_started = 0;
+        return;
+    }
     pthread_mutex_lock(&w->mu);
     STORE(w->stop, 1);
     pthread_cond_broadcast(&w->not_empty);
@@ -555,6 +582,10 @@ static int finish_here(spl_writer *w) {
 
 int spl_writer_finish(spl_writer *w, int do_fsync) {
     int rc;
+    if (inherited(w)) {
+        w->thread_started = 0;
+        return LOAD(w->error);
+    }
     if (!w->async && w->fd >= 0) {
         rc = finish_here(w);
     } else {
@@ -582,12 +613,16 @@ int spl_writer_error(spl_writer *w, int *err_no) {
 
 uint64_t spl_writer_bytes_written(spl_writer *w) { return __atomic_load_n(&w->bytes_out, __ATOMIC_RELAXED); }
 
-int spl_writer_running(spl_writer *w) { return w->thread_started; }
+int spl_writer_running(spl_writer *w) { return has_thread(w); }
 
 void spl_writer_free(spl_writer *w) {
     if (!w) return;
     SPL_HANDLE_FREE();
-    if (w->thread_started) {
+    if (inherited(w)) {
+        /* Its thread, and the reference that thread holds, stayed in the parent:
+         * the writer is left allocated rather than waited for. */
+        w->thread_started = 0;
+    } else if (w->thread_started) {
         /* Abandoned without finish: make the thread drop what is queued, and wait
          * for it (it may be writing to the fd the caller closes next). */
         set_error(w, ECANCELED);

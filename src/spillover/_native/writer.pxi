@@ -82,8 +82,8 @@ cdef class NativeStorer:
                                        &flush_needed))
 
     def __dealloc__(self):
+        self._free()  # first: the thread may still be writing from the held views
         self._release_views()
-        self._free()
         free(self._small)
         self._small = NULL
         free(self._small_range)
@@ -324,8 +324,8 @@ cdef class NativeStorer:
         """Stops writing at once and drops everything queued (the caller deletes the file)."""
         self.closed = True
         self.on_bound = None
+        self._free()  # stops the thread (it may be writing from the views) first
         self._release_views()
-        self._free()
 
     cdef void _free(self) noexcept:
         """Frees the writer; the GIL is let go only if its thread must be joined (a
