@@ -200,3 +200,22 @@ int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t
         *end += got;
     }
 }
+
+int spl_sock_send_now(int fd, const void *a, size_t alen, const void *b, size_t blen,
+                      size_t *sent) {
+    struct iovec iov[2];
+    int n = 0;
+    if (alen) iov[n++] = (struct iovec){(void *)a, alen};
+    if (blen) iov[n++] = (struct iovec){(void *)b, blen};
+    *sent = 0;
+    if (!n) return 0;
+    struct msghdr msg = {0};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)n;
+    ssize_t r = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r >= 0) {
+        *sent = (size_t)r;
+        return 0;
+    }
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : errno;
+}

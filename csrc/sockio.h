@@ -47,6 +47,13 @@ int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *a
  * bytes, or a status with *got 0 (a stream of small frames, read as it comes). */
 int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err);
 
+/* One non-blocking vectored write of `a` then `b` (either may be empty;
+ * MSG_DONTWAIT | MSG_NOSIGNAL): *sent is what the socket took now, 0 when it is
+ * full or the call was interrupted. Never waits, so a caller may keep an
+ * interpreter lock it holds. Returns 0 or errno. */
+int spl_sock_send_now(int fd, const void *a, size_t alen, const void *b, size_t blen,
+                      size_t *sent);
+
 /* The transport's frame header (docs/network.md): type u8, flags u8 (0), reserved
  * u16 (0), channel u32, payload length u32, little-endian. */
 #define SPL_FRAME_HEADER 12

@@ -528,6 +528,10 @@ int spl_writer_submit(spl_writer *w) {
     return e;
 }
 
+int spl_writer_submit_waits(spl_writer *w) {
+    return !w->async && w->submitted + 1 - LOAD(w->written) >= SPL_WRITER_SLOTS;
+}
+
 int spl_writer_flush(spl_writer *w) {
     if (inherited(w)) return LOAD(w->error);
     if (w->async) {

@@ -1,4 +1,5 @@
-"""Socket reads that let the interpreter lock go once (``csrc/sockio.c``).
+"""Socket reads that let the interpreter lock go once, and writes that never let it
+go (``csrc/sockio.c``).
 
 A Python socket with a timeout polls before every read, letting the lock go and
 taking it back, then reads and takes it back again; on a worker whose task threads
@@ -36,6 +37,7 @@ __all__ = [
     "read_frame",
     "read_into",
     "recv",
+    "send_now",
 ]
 
 DONE: Final = _storage.SOCK_DONE
@@ -70,6 +72,11 @@ credit granted to ``credit`` (a :class:`Credit`), ``credit_wake`` posted and
 lock let go the whole time; returns after ``timeout`` s, or at once when a frame
 of another type is next (``FRAME``), at EOF or on an error.
 ``(status, start, end, errno)``: ``buf[start:end]`` is still to parse."""
+
+send_now = _storage.sock_send_now
+"""``send_now(fd, head, body)``: ``head`` then ``body`` in one non-blocking
+``sendmsg`` with the lock kept (it never waits); the bytes the socket took, 0
+when it is full; ``OSError`` on any other failure."""
 
 Wake = _storage.Wake
 Credit = _storage.Credit

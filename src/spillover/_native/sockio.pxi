@@ -108,6 +108,28 @@ def sock_recv(int fd, object buf, Py_ssize_t start, double timeout):
     return status, <Py_ssize_t>n, err
 
 
+def sock_send_now(int fd, object head, object body):
+    """Writes ``head`` then ``body`` (bytes-like) in one non-blocking ``sendmsg``, with
+    the GIL kept (it never waits: a busy worker's task threads would take the GIL,
+    and the caller wait to take it back). Returns the bytes the socket took, 0 when
+    it is full; raises ``OSError`` on any other failure."""
+    cdef Py_buffer hv, bv
+    cdef size_t sent = 0
+    cdef int rc
+    PyObject_GetBuffer(head, &hv, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(body, &bv, PyBUF_SIMPLE)
+        try:
+            rc = spl_sock_send_now(fd, hv.buf, <size_t>hv.len, bv.buf, <size_t>bv.len, &sent)
+        finally:
+            PyBuffer_Release(&bv)
+    finally:
+        PyBuffer_Release(&hv)
+    if rc:
+        raise OSError(rc, os.strerror(rc))
+    return <Py_ssize_t>sent
+
+
 SOCK_FRAME = SPL_SOCK_FRAME
 
 

@@ -147,7 +147,13 @@ cdef class NativeStorer:
 
     cdef int _submit(self) except -1:
         cdef int rc
-        with nogil:
+        if spl_writer_submit_waits(self.w):
+            with nogil:
+                rc = spl_writer_submit(self.w)
+        else:
+            # A free slot: the batch is only handed over. Keeping the GIL saves a
+            # switch on a busy worker (a task thread there would take it, and this
+            # one wait to take it back, at a checkpoint's barrier most of all).
             rc = spl_writer_submit(self.w)
         if rc:
             self._release_views()

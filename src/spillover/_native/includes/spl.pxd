@@ -96,6 +96,7 @@ cdef extern from "writer.h" nogil:
     void spl_writer_free(spl_writer *w)
     int spl_writer_running(spl_writer *w)
     int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes)
+    int spl_writer_submit_waits(spl_writer *w)
     void spl_writer_pool_stats(uint64_t *created, int *parked)
 
 
@@ -193,6 +194,8 @@ cdef extern from "sockio.h" nogil:
     int spl_sock_read_into(int fd, uint8_t *dst, size_t len, size_t *got, uint8_t *ahead,
                            size_t ahead_cap, size_t *ahead_got, int timeout_ms, int *err)
     int spl_sock_recv(int fd, uint8_t *buf, size_t cap, size_t *got, int timeout_ms, int *err)
+    int spl_sock_send_now(int fd, const void *a, size_t alen, const void *b, size_t blen,
+                          size_t *sent)
     enum:
         SPL_SOCK_FRAME
     int spl_sock_read_credit(int fd, uint8_t *buf, size_t cap, size_t *start, size_t *end,

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from spillover import netio
 from spillover.errors import ClosedError, ConfigError
 from spillover.runtime.network.buffers import (
     BufferPool,
@@ -89,6 +90,9 @@ class _Inbound(CreditListener):
         self.segment_size = 0
         self._send_lock = threading.Lock()
         self._nonblocking: socket.socket | None = None  # CREDIT out, event payloads in
+        # CREDIT written with the interpreter lock kept (netio.send_now): the releasing
+        # task thread does not hand the lock to another for a write that never waits.
+        self._send_now = None if pure_selected() else netio.send_now
         self._announcing = False  # credit may be announced (open, before END)
         self._pending = 0  # credit returned and not announced yet
         self._batch = 1  # credits announced together while the consumer is busy
@@ -127,7 +131,11 @@ class _Inbound(CreditListener):
             # (on a duplicate descriptor) spares the releasing thread the timed
             # socket's poll; whatever it does not take is written below.
             try:
-                n = self._twin_locked().sendmsg(views, (), _SEND_FLAGS)
+                twin = self._twin_locked()
+                if self._send_now is not None:
+                    n = self._send_now(twin.fileno(), views[0], views[1])
+                else:
+                    n = twin.sendmsg(views, (), _SEND_FLAGS)
             except (BlockingIOError, InterruptedError):
                 n = 0
             head = len(views[0])

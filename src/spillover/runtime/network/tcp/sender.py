@@ -146,6 +146,10 @@ class TcpSubpartition(Subpartition):
         self._partial: tuple[list[memoryview], NetworkBuffer, FrameType] | None = None
         self._nonblocking = socket.socket(fileno=os.dup(sock.fileno()))
         self._nonblocking.settimeout(0.0)
+        # The producer's in-place write keeps the interpreter lock (netio.send_now):
+        # on a busy worker, letting it go around a write that never waits hands it
+        # to another task thread, and the producer waits to take it back.
+        self._send_now = None if pure else netio.send_now
         self._prio: deque[NetworkBuffer] = deque()
         self._end: NetworkBuffer | None = None
         self._queued_buffers = 0
@@ -240,7 +244,10 @@ class TcpSubpartition(Subpartition):
         views.append(buffer.data)
         size = len(views[0]) + len(views[1])
         try:
-            n = self._nonblocking.sendmsg(views, (), _SEND_FLAGS)
+            if self._send_now is not None:
+                n = self._send_now(self._nonblocking.fileno(), views[0], views[1])
+            else:
+                n = self._nonblocking.sendmsg(views, (), _SEND_FLAGS)
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError as e:
