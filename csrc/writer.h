@@ -53,11 +53,6 @@ int spl_writer_put_raw(spl_writer *w, const void *data, size_t len, int *flush_n
  * slot, waiting first while every slot is in flight. */
 int spl_writer_submit(spl_writer *w);
 
-/* Whether spl_writer_submit would wait for a batch slot now (every slot in
- * flight); otherwise it only hands the batch over (a wake-up, or a pooled thread
- * at the first submit) and returns, so a caller may keep a lock it holds. */
-int spl_writer_submit_waits(spl_writer *w);
-
 /* Batches submitted so far; the one being filled is number `submitted`, in
  * slot `submitted % SPL_WRITER_SLOTS`. */
 uint64_t spl_writer_submitted(spl_writer *w);

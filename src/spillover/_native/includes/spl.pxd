@@ -96,7 +96,6 @@ cdef extern from "writer.h" nogil:
     void spl_writer_free(spl_writer *w)
     int spl_writer_running(spl_writer *w)
     int spl_writer_finish_is_quick(spl_writer *w, size_t max_bytes)
-    int spl_writer_submit_waits(spl_writer *w)
     void spl_writer_pool_stats(uint64_t *created, int *parked)
 
 
