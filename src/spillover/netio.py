@@ -75,8 +75,9 @@ of another type is next (``FRAME``), at EOF or on an error.
 
 send_now = _storage.sock_send_now
 """``send_now(fd, head, body)``: ``head`` then ``body`` in one non-blocking
-``sendmsg`` with the lock kept (it never waits); the bytes the socket took, 0
-when it is full; ``OSError`` on any other failure."""
+``sendmsg`` with the lock kept (it never waits; a frame above 256 KiB lets it go
+for the copy); the bytes the socket took, 0 when it is full; ``OSError`` on any
+other failure."""
 
 Wake = _storage.Wake
 Credit = _storage.Credit

@@ -111,8 +111,10 @@ def sock_recv(int fd, object buf, Py_ssize_t start, double timeout):
 def sock_send_now(int fd, object head, object body):
     """Writes ``head`` then ``body`` (bytes-like) in one non-blocking ``sendmsg``, with
     the GIL kept (it never waits: a busy worker's task threads would take the GIL,
-    and the caller wait to take it back). Returns the bytes the socket took, 0 when
-    it is full; raises ``OSError`` on any other failure."""
+    and the caller wait to take it back) for up to 256 KiB in all, as the reads
+    keep it; a larger frame's copy into the socket lets the GIL go. Returns the
+    bytes the socket took, 0 when it is full; raises ``OSError`` on any other
+    failure."""
     cdef Py_buffer hv, bv
     cdef size_t sent = 0
     cdef int rc
@@ -120,7 +122,13 @@ def sock_send_now(int fd, object head, object body):
     try:
         PyObject_GetBuffer(body, &bv, PyBUF_SIMPLE)
         try:
-            rc = spl_sock_send_now(fd, hv.buf, <size_t>hv.len, bv.buf, <size_t>bv.len, &sent)
+            if <size_t>(hv.len + bv.len) <= _HELD_READ:
+                rc = spl_sock_send_now(fd, hv.buf, <size_t>hv.len, bv.buf, <size_t>bv.len,
+                                       &sent)
+            else:
+                with nogil:
+                    rc = spl_sock_send_now(fd, hv.buf, <size_t>hv.len, bv.buf,
+                                           <size_t>bv.len, &sent)
         finally:
             PyBuffer_Release(&bv)
     finally:
