@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spillover
-from spillover._native import _storage as native
 from spillover.storage.options import pure_selected
 
 pytestmark = pytest.mark.skipif(pure_selected(), reason="the pool is the native writer's")
-
-
-def _created() -> int:
-    return native.writer_pool_stats()[0]
-
-
-def _parked(at_least: int = 1) -> int:
-    """Waits until ``at_least`` threads are parked (a thread let go by a closed storer
-    is on its way back); the count then."""
-    deadline = time.monotonic() + 30
-    while (parked := native.writer_pool_stats()[1]) < at_least:
-        assert time.monotonic() < deadline, "no writer thread came back to the pool"
-        time.sleep(0.001)
-    return parked
 
 
 def _write_gate(
@@ -51,21 +35,67 @@ def _write_gate(
         assert [bytes(b) for b in r] == buffers
 
 
+_COUNTING = """
+import sys, time
+from pathlib import Path
+import spillover
+from spillover._native import _storage as native
+
+def gate(root, k, buffers, submit):
+    storage = spillover.open_storage(root)
+    with storage.create_storer(k) as s:
+        for b in buffers:
+            s.append(0, b)
+            if submit:
+                s.submit()
+    with spillover.open_retriever(s.close()) as r:
+        assert [bytes(b) for b in r] == buffers
+
+def parked():
+    deadline = time.monotonic() + 30
+    while native.writer_pool_stats()[1] < 1:
+        assert time.monotonic() < deadline, "no writer thread came back to the pool"
+        time.sleep(0.001)
+
+root = Path(sys.argv[1])
+"""
+
+
+def _counting(tmp_path: Path, body: str) -> None:
+    """Runs ``body`` after :data:`_COUNTING` in a process of its own: the pool's counts
+    are the process's, which another test's storers must not move."""
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNTING + body, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+
+
 def test_storers_made_one_after_another_share_one_writer_thread(tmp_path: Path) -> None:
-    _write_gate(tmp_path / "warm", 0, [b"w" * 100], 1)
-    _parked()
-    before = _created()
-    for k in range(20):
-        _write_gate(tmp_path / str(k), k, [bytes([k]) * 5000, b"", bytes([k]) * 70], 1)
-        _parked()  # back before the next storer: it is the one that storer takes
-    assert _created() == before
+    _counting(
+        tmp_path,
+        """
+gate(root / "warm", 0, [b"w" * 100], True)
+parked()  # the one thread there is, back in the pool
+for k in range(20):
+    gate(root / str(k), k, [bytes([k]) * 5000, b"", bytes([k]) * 70], True)
+    parked()  # back before the next storer: it is the one that storer takes
+assert native.writer_pool_stats()[0] == 1, native.writer_pool_stats()
+""",
+    )
 
 
 def test_a_gate_closed_before_any_batch_filled_needs_no_thread(tmp_path: Path) -> None:
-    before = _created()
-    for k in range(10):
-        _write_gate(tmp_path / str(k), k, [b"small" * 10, b"frames"], 0)
-    assert _created() == before
+    _counting(
+        tmp_path,
+        """
+for k in range(10):
+    gate(root / str(k), k, [b"small" * 10, b"frames"], False)
+assert native.writer_pool_stats() == (0, 0), native.writer_pool_stats()
+""",
+    )
 
 
 def test_one_thread_filling_two_storers_in_turn(tmp_path: Path) -> None:

@@ -153,6 +153,19 @@ def _send_all(sock: socket.socket, views: list[memoryview], stop: Callable[[], b
                 n = 0
 
 
+def _send_now(sock: socket.socket, views: list[memoryview], native: bool) -> int:
+    """One write of a frame's two views that never waits, on a non-blocking socket:
+    the bytes the socket took (0 when it is full). Native (``netio.send_now``) it
+    keeps the interpreter lock; the pure twin is ``socket.sendmsg``. Any other
+    failure raises ``OSError``."""
+    if native:
+        return netio.send_now(sock.fileno(), views[0], views[1])
+    try:
+        return sock.sendmsg(views, (), _SEND_FLAGS)
+    except (BlockingIOError, InterruptedError):
+        return 0
+
+
 def _frame(ftype: FrameType, channel: int, payload: bytes) -> list[memoryview]:
     return [memoryview(HEADER.pack(ftype, 0, 0, channel, len(payload))), memoryview(payload)]
 

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spillover import netio
 from spillover.errors import ClosedError, ConfigError
 from spillover.runtime.network.buffers import (
     BufferPool,
@@ -35,7 +34,6 @@ from spillover.runtime.network.tcp.protocol import (
     _MAX_HELLO,
     _MAX_MESSAGE,
     _NO_CHANNEL,
-    _SEND_FLAGS,
     _U32,
     HEADER,
     MAGIC,
@@ -56,6 +54,7 @@ from spillover.runtime.network.tcp.protocol import (
     _recv_with_lookahead,
     _remote_cause,
     _send_all,
+    _send_now,
     _Stopped,
     _tune,
 )
@@ -92,7 +91,7 @@ class _Inbound(CreditListener):
         self._nonblocking: socket.socket | None = None  # CREDIT out, event payloads in
         # CREDIT written with the interpreter lock kept (netio.send_now): the releasing
         # task thread does not hand the lock to another for a write that never waits.
-        self._send_now = None if pure_selected() else netio.send_now
+        self._native_send = not pure_selected()
         self._announcing = False  # credit may be announced (open, before END)
         self._pending = 0  # credit returned and not announced yet
         self._batch = 1  # credits announced together while the consumer is busy
@@ -130,14 +129,7 @@ class _Inbound(CreditListener):
             # 16 bytes the socket nearly always takes at once: one non-blocking write
             # (on a duplicate descriptor) spares the releasing thread the timed
             # socket's poll; whatever it does not take is written below.
-            try:
-                twin = self._twin_locked()
-                if self._send_now is not None:
-                    n = self._send_now(twin.fileno(), views[0], views[1])
-                else:
-                    n = twin.sendmsg(views, (), _SEND_FLAGS)
-            except (BlockingIOError, InterruptedError):
-                n = 0
+            n = _send_now(self._twin_locked(), views, self._native_send)
             head = len(views[0])
             if n == head + len(views[1]):
                 return

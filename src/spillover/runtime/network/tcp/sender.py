@@ -33,7 +33,6 @@ from spillover.runtime.network.tcp.protocol import (
     _MAX_MESSAGE,
     _MAX_NAME,
     _NO_CHANNEL,
-    _SEND_FLAGS,
     _U32,
     HEADER,
     MAGIC,
@@ -50,6 +49,7 @@ from spillover.runtime.network.tcp.protocol import (
     _read_small_frame,
     _remote_cause,
     _send_all,
+    _send_now,
     _Stopped,
     _tune,
 )
@@ -149,7 +149,7 @@ class TcpSubpartition(Subpartition):
         # The producer's in-place write keeps the interpreter lock (netio.send_now):
         # on a busy worker, letting it go around a write that never waits hands it
         # to another task thread, and the producer waits to take it back.
-        self._send_now = None if pure else netio.send_now
+        self._native_send = not pure
         self._prio: deque[NetworkBuffer] = deque()
         self._end: NetworkBuffer | None = None
         self._queued_buffers = 0
@@ -244,12 +244,7 @@ class TcpSubpartition(Subpartition):
         views.append(buffer.data)
         size = len(views[0]) + len(views[1])
         try:
-            if self._send_now is not None:
-                n = self._send_now(self._nonblocking.fileno(), views[0], views[1])
-            else:
-                n = self._nonblocking.sendmsg(views, (), _SEND_FLAGS)
-        except (BlockingIOError, InterruptedError):
-            n = 0
+            n = _send_now(self._nonblocking, views, self._native_send)
         except OSError as e:
             with self._lock:
                 self._writing = False
