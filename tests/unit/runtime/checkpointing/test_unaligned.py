@@ -191,8 +191,15 @@ def test_channel_state_is_finished_while_the_operator_part_still_runs(
     """An unaligned checkpoint's two halves run side by side: its channel-state files
     are finished while the operator part (state files) is still being written, and
     the acknowledgement waits for both and carries both, in checkpoint order."""
+    from spillover.runtime.checkpointing.snapshot import SnapshotThreads
+
     h = harness
     release = threading.Event()
+    # The map writes no files; an operator part that does runs on the snapshot thread.
+    real_part = SnapshotThreads.operator_part
+    monkeypatch.setattr(
+        SnapshotThreads, "operator_part", lambda self, fn, light: real_part(self, fn, False)
+    )
     real = InflightAcks.operator_part_done
     slowed: list[Any] = []
 
@@ -224,6 +231,74 @@ def test_channel_state_is_finished_while_the_operator_part_still_runs(
     assert h.coordinator.declines == []
 
 
+def test_an_operator_part_with_nothing_to_write_is_done_on_the_task_thread(
+    harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stateless task's operator part is only its acknowledgement: it is done at the
+    barrier on the task's own thread, without waking the snapshot thread, and the
+    checkpoint still carries the operator's snapshot and the in-flight data."""
+    h = harness
+    threads: list[str] = []
+    real = InflightAcks.operator_part_done
+
+    def record(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
+        threads.append(threading.current_thread().name)
+        real(self, inf, ack, error)
+
+    monkeypatch.setattr(InflightAcks, "operator_part_done", record)
+    h.barrier(0, 1)
+    h.settle()
+    b = h.data(1)
+    h.settle()
+    h.barrier(1, 1)
+    ack = h.coordinator.ack_for(1)
+    assert persisted_input(ack, h.task) == {1: [b]}
+    assert "map" in ack.operator_state
+    assert len(threads) == 1 and not threads[0].startswith("snapshot"), threads
+
+
+def test_a_light_operator_part_waits_behind_an_outstanding_one(
+    harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While an earlier checkpoint's operator part is still on the snapshot thread, a
+    later one with nothing to write queues behind it instead of running at once, so
+    acknowledgements still go out in checkpoint order."""
+    from spillover.runtime.checkpointing.snapshot import SnapshotThreads
+
+    h = harness
+    release = threading.Event()
+    real_part = SnapshotThreads.operator_part
+    order: list[tuple[int, str]] = []
+    real_done = InflightAcks.operator_part_done
+
+    def part(self: SnapshotThreads, fn: Any, light: bool) -> bool:
+        # Checkpoint 1's part is held on the snapshot thread (as a slow state write).
+        first = not order and not release.is_set()
+        return real_part(self, fn, light and not first)
+
+    def done(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
+        order.append((inf.checkpoint_id, threading.current_thread().name))
+        if inf.checkpoint_id == 1:
+            assert release.wait(10)
+        real_done(self, inf, ack, error)
+
+    monkeypatch.setattr(SnapshotThreads, "operator_part", part)
+    monkeypatch.setattr(InflightAcks, "operator_part_done", done)
+    h.barrier(0, 1)
+    h.barrier(1, 1)
+    wait_for(lambda: order, "checkpoint 1's operator part never ran")
+    h.barrier(0, 2)
+    h.barrier(1, 2)
+    h.settle()
+    assert [c for c, _ in order] == [1]  # 2 waits behind 1, not run on the task thread
+    release.set()
+    h.coordinator.ack_for(2)
+    assert [c for c, _ in order] == [1, 2]
+    assert all(t.startswith("snapshot") for _, t in order), order
+    assert [a.checkpoint_id for a in h.coordinator.acks] == [1, 2]
+    assert h.coordinator.declines == []
+
+
 @pytest.mark.parametrize("failing", ["operator", "channels", "both"])
 def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     failing: str, harness: Any, monkeypatch: pytest.MonkeyPatch
@@ -251,6 +326,15 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
 
     monkeypatch.setattr(InflightAcks, "operator_part_done", part)
     monkeypatch.setattr(ChannelStateWriter, "close", close)
+    if failing == "both":
+        # Its part waits for the close, which the task thread does: a part that
+        # fails late is a state write, and those run on the snapshot thread.
+        from spillover.runtime.checkpointing.snapshot import SnapshotThreads
+
+        real_op = SnapshotThreads.operator_part
+        monkeypatch.setattr(
+            SnapshotThreads, "operator_part", lambda self, fn, light: real_op(self, fn, False)
+        )
     h.barrier(0, 1)
     h.settle()
     h.data(1)
