@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,31 +186,51 @@ def test_output_a_checkpoint_makes_from_recovered_state_goes_out_before_its_barr
     assert "data" in ahead or sum(len(bytes(b)) for b in output_state(ack)) > 0
 
 
+def parts_on_the_snapshot_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every operator part goes to the snapshot thread, as one that writes files does
+    (the harness's map writes none, so its part would run on the task thread)."""
+    from spillover.runtime.checkpointing.snapshot import SnapshotThreads
+
+    real = SnapshotThreads.operator_part
+    monkeypatch.setattr(
+        SnapshotThreads, "operator_part", lambda self, fn, light: real(self, fn, False)
+    )
+
+
+Done = Callable[[InflightAcks, Any, Any, "str | None"], "tuple[Any, str | None] | None"]
+
+
+def on_operator_part_done(monkeypatch: pytest.MonkeyPatch, hook: Done) -> None:
+    """Runs ``hook(acks, inf, ack, error)`` as each operator part ends, on the thread
+    it ends on; a tuple it returns replaces ``(ack, error)``."""
+    real = InflightAcks.operator_part_done
+
+    def done(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
+        replaced = hook(self, inf, ack, error)
+        if replaced is not None:
+            ack, error = replaced
+        real(self, inf, ack, error)
+
+    monkeypatch.setattr(InflightAcks, "operator_part_done", done)
+
+
 def test_channel_state_is_finished_while_the_operator_part_still_runs(
     harness: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An unaligned checkpoint's two halves run side by side: its channel-state files
     are finished while the operator part (state files) is still being written, and
     the acknowledgement waits for both and carries both, in checkpoint order."""
-    from spillover.runtime.checkpointing.snapshot import SnapshotThreads
-
     h = harness
     release = threading.Event()
-    # The map writes no files; an operator part that does runs on the snapshot thread.
-    real_part = SnapshotThreads.operator_part
-    monkeypatch.setattr(
-        SnapshotThreads, "operator_part", lambda self, fn, light: real_part(self, fn, False)
-    )
-    real = InflightAcks.operator_part_done
+    parts_on_the_snapshot_thread(monkeypatch)
     slowed: list[Any] = []
 
-    def slow(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
+    def slow(_: InflightAcks, inf: Any, ack: Any, error: str | None) -> None:
         if inf.checkpoint_id == 1:
             slowed.append(inf)
             assert release.wait(10)
-        real(self, inf, ack, error)
 
-    monkeypatch.setattr(InflightAcks, "operator_part_done", slow)
+    on_operator_part_done(monkeypatch, slow)
     h.barrier(0, 1)
     h.settle()
     b = h.data(1)
@@ -239,13 +260,11 @@ def test_an_operator_part_with_nothing_to_write_is_done_on_the_task_thread(
     checkpoint still carries the operator's snapshot and the in-flight data."""
     h = harness
     threads: list[str] = []
-    real = InflightAcks.operator_part_done
 
-    def record(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
+    def record(*_: Any) -> None:
         threads.append(threading.current_thread().name)
-        real(self, inf, ack, error)
 
-    monkeypatch.setattr(InflightAcks, "operator_part_done", record)
+    on_operator_part_done(monkeypatch, record)
     h.barrier(0, 1)
     h.settle()
     b = h.data(1)
@@ -269,21 +288,19 @@ def test_a_light_operator_part_waits_behind_an_outstanding_one(
     release = threading.Event()
     real_part = SnapshotThreads.operator_part
     order: list[tuple[int, str]] = []
-    real_done = InflightAcks.operator_part_done
 
     def part(self: SnapshotThreads, fn: Any, light: bool) -> bool:
         # Checkpoint 1's part is held on the snapshot thread (as a slow state write).
         first = not order and not release.is_set()
         return real_part(self, fn, light and not first)
 
-    def done(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
+    def done(_: InflightAcks, inf: Any, ack: Any, error: str | None) -> None:
         order.append((inf.checkpoint_id, threading.current_thread().name))
         if inf.checkpoint_id == 1:
             assert release.wait(10)
-        real_done(self, inf, ack, error)
 
     monkeypatch.setattr(SnapshotThreads, "operator_part", part)
-    monkeypatch.setattr(InflightAcks, "operator_part_done", done)
+    on_operator_part_done(monkeypatch, done)
     h.barrier(0, 1)
     h.barrier(1, 1)
     wait_for(lambda: order, "checkpoint 1's operator part never ran")
@@ -309,32 +326,26 @@ def test_a_failed_half_declines_the_unaligned_checkpoint_once(
     from spillover.runtime.checkpointing.channel_state import ChannelStateWriter
 
     h = harness
-    real_part = InflightAcks.operator_part_done
     real_close = ChannelStateWriter.close
 
-    def part(self: InflightAcks, inf: Any, ack: Any, error: str | None = None) -> None:
+    def part(_: InflightAcks, inf: Any, ack: Any, error: str | None) -> Any:
         if inf.checkpoint_id == 1 and failing in ("operator", "both"):
             if failing == "both":  # fails after the close failed: both halves fail
                 wait_for(lambda: inf.channel_error is not None, "the close never failed")
-            ack, error = None, "snapshot failed: OSError('disk gone')"
-        real_part(self, inf, ack, error)
+            return None, "snapshot failed: OSError('disk gone')"
+        return None
 
     def close(self: ChannelStateWriter, quick: bool = False) -> dict[str, Any] | None:
         if self._args[0] == 1 and failing in ("channels", "both"):
             raise OSError("disk gone")
         return real_close(self, quick)
 
-    monkeypatch.setattr(InflightAcks, "operator_part_done", part)
+    on_operator_part_done(monkeypatch, part)
     monkeypatch.setattr(ChannelStateWriter, "close", close)
     if failing == "both":
         # Its part waits for the close, which the task thread does: a part that
         # fails late is a state write, and those run on the snapshot thread.
-        from spillover.runtime.checkpointing.snapshot import SnapshotThreads
-
-        real_op = SnapshotThreads.operator_part
-        monkeypatch.setattr(
-            SnapshotThreads, "operator_part", lambda self, fn, light: real_op(self, fn, False)
-        )
+        parts_on_the_snapshot_thread(monkeypatch)
     h.barrier(0, 1)
     h.settle()
     h.data(1)
