@@ -27,7 +27,7 @@ from spillover.runtime.checkpointing.messages import Ack
 from spillover.runtime.network.events import BarrierKind, CheckpointBarrier
 
 
-class _Thread:
+class _CountedThread:
     """One snapshot thread, started on first use, and the count of the work given to
     it and not finished (a count, not the last future: work queued from another
     thread counts as much)."""
@@ -67,31 +67,25 @@ class SnapshotThreads:
     checkpoint n+1 needs both threads past their part of n."""
 
     def __init__(self, name: str) -> None:
-        self._operators = _Thread(f"snapshot {name}")
+        self._operators = _CountedThread(f"snapshot {name}")
         # Closes of channel state, and the acknowledgements held behind them.
-        self._channels = _Thread(f"channel state {name}")
+        self._channels = _CountedThread(f"channel state {name}")
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the operator parts' thread."""
         return self._operators.submit(fn, *args)
 
-    def operators_idle(self) -> bool:
-        """Whether the operator parts' thread has nothing left to do: an operator part
-        run on the caller's thread now cannot overtake an earlier checkpoint's."""
-        return self._operators.idle()
-
-    def operator_part(self, fn: Callable[[], None], light: bool) -> bool:
+    def operator_part(self, fn: Callable[[], None], light: bool) -> None:
         """Runs operator part ``fn``: on the caller's thread if it is ``light`` (no
-        files to write) and no earlier part is outstanding, else on the operator
-        parts' thread, behind them. True if it ran here.
+        files to write) and no earlier part is outstanding (it cannot overtake an
+        earlier checkpoint's), else on the operator parts' thread, behind them.
 
         Waking the snapshot thread costs a task pinned to one core most of a
         millisecond (the hand-off); a part that writes nothing is done sooner here."""
-        if light and self.operators_idle():
+        if light and self._operators.idle():
             fn()
-            return True
-        self.submit(fn)
-        return False
+        else:
+            self.submit(fn)
 
     def submit_channels(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Runs ``fn`` on the channel-state thread."""
