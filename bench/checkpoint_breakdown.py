@@ -50,6 +50,11 @@ the last input barrier into the upstream subtasks' forwards apart (a trigger's
 spread, a busy source) and the last one's hop (floor: a loopback TCP message and a
 hand-off on Spark, where the last barrier comes from the other worker).
 
+On Spark, per worker: from the checkpoint's first trigger there to its last
+acknowledgement, the time and the process's CPU time (all its threads), and their
+ratio: near 1, the worker's one core was busy with the checkpoint throughout, and
+what shortens it is less work, not fewer waits.
+
 Per subtask, the medians and maxima of what each acknowledged: start delay
 (trigger to snapshot), sync (the task thread's part), async (the snapshot
 thread's operator part) and persist (an unaligned checkpoint's in-flight data,
@@ -420,6 +425,27 @@ def phases(
     return {name: out[name] for name in sorted(out, key=lambda n: rank[n])}
 
 
+def worker_windows(done: list[dict[str, Any]]) -> dict[int, tuple[list[float], list[float]]]:
+    """Per Spark worker (the benchmark's subtask i runs on worker i), over the
+    checkpoints: from the first trigger there to its last acknowledgement, the time
+    and the process's CPU time (``worker_wall_ms``, ``worker_cpu_ms`` of the
+    acknowledgement that came last)."""
+    out: dict[int, tuple[list[float], list[float]]] = {}
+    for c in done:
+        last: dict[int, dict[str, float]] = {}
+        for key, m in c["subtasks"].items():
+            worker = int(key.rsplit("#", 1)[1])
+            if "worker_wall_ms" in m and m["worker_wall_ms"] > last.get(worker, {}).get(
+                "worker_wall_ms", -1.0
+            ):
+                last[worker] = m
+        for worker, m in last.items():
+            walls, cpus = out.setdefault(worker, ([], []))
+            walls.append(float(m["worker_wall_ms"]))
+            cpus.append(float(m["worker_cpu_ms"]))
+    return out
+
+
 def snapshot_parts(m: dict[str, float]) -> dict[str, float]:
     """A subtask's snapshot split into its parts (ms): on the task thread the
     unaligned barrier's forward with the output state it overtook, what came before
@@ -656,6 +682,23 @@ def main() -> None:
             + "".join(c.rjust(11) for c in cells)
         )
     print()
+    windows = worker_windows(done)
+    if windows:
+        print(
+            "each worker from the checkpoint's first trigger there to its last acknowledgement "
+            "(Spark): the time, the process's CPU time, their ratio (1: its core was busy "
+            "with the checkpoint throughout)"
+        )
+        heads = ("wall ms", "cpu ms", "cpu / wall")
+        print("worker".ljust(12) + "".join(k.rjust(22) for k in heads))
+        for worker, (walls, cpus) in sorted(windows.items()):
+            ratios = [c / w for w, c in zip(walls, cpus, strict=True) if w > 0]
+            spans = [_median_p90(v) for v in (walls, cpus, ratios)]
+            print(
+                f"worker {worker}".ljust(12)
+                + "".join(f"{m:.3f} (p90 {q:.3f})".rjust(22) for m, q in spans)
+            )
+        print()
     rows: dict[str, dict[str, list[float]]] = {}
     for c in done:
         for subtask, m in c["subtasks"].items():

@@ -128,23 +128,39 @@ class _Arrivals:
     the first unaligned (priority) barrier over the network (``barrier_in_at``; an
     aligned one travels in line with the data and is not stamped). With the task's
     own stamps they split the trigger and a barrier's hop between the wire and its
-    thread, and the task's wake-up (``bench/checkpoint_breakdown.py``). One stamp
-    per checkpoint and subtask; nothing per buffer."""
+    thread, and the task's wake-up (``bench/checkpoint_breakdown.py``). And from the
+    checkpoint's first trigger on this worker to each acknowledgement, the time and
+    the CPU time of the whole process (``worker_wall_ms``, ``worker_cpu_ms``): at the
+    worker's last acknowledgement, how busy its core was with the checkpoint. One
+    stamp per checkpoint and subtask; nothing per buffer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._at: dict[tuple[str, int, int], dict[str, float]] = {}
+        self._began: dict[int, tuple[float, float]] = {}  # id -> (monotonic, process CPU)
 
     def stamp(self, key: tuple[str, int], checkpoint_id: int, what: str) -> None:
         now = time.time()
+        began = (time.monotonic(), time.process_time()) if what == "trigger_in_at" else None
         with self._lock:
             self._at.setdefault((*key, checkpoint_id), {}).setdefault(what, now)
+            if began is not None:
+                self._began.setdefault(checkpoint_id, began)
 
     def taken(self, ack: Ack) -> dict[str, float]:
+        wall, cpu = time.monotonic(), time.process_time()
+        cid = ack.checkpoint_id
         with self._lock:
-            for k in [k for k in self._at if k[2] < ack.checkpoint_id - 8]:
+            for k in [k for k in self._at if k[2] < cid - 8]:
                 del self._at[k]  # aborted ones, never acknowledged
-            return self._at.pop((ack.vertex_uid, ack.subtask, ack.checkpoint_id), {})
+            for old in [c for c in self._began if c < cid - 8]:
+                del self._began[old]
+            at = self._at.pop((ack.vertex_uid, ack.subtask, cid), {})
+            began = self._began.get(cid)
+        if began is not None:
+            at["worker_wall_ms"] = (wall - began[0]) * 1000
+            at["worker_cpu_ms"] = (cpu - began[1]) * 1000
+        return at
 
     def watching(self, task: Task) -> OvertakenHandler:
         """``task.overtaken``, stamping a checkpoint barrier's arrival first."""

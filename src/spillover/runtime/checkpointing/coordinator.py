@@ -241,6 +241,7 @@ class CheckpointCoordinator:
         self.loops = LoopTermination(
             {uid: v["parallelism"] for uid, v in vertices.items() if v.get("iteration_head")}
         )
+        self._prepared: int | None = None  # the next checkpoint's folders, made ahead
         self._final_id: int | None = None
         self._final_done = False
         self._stopping = False  # a stop's savepoint was asked for
@@ -362,6 +363,9 @@ class CheckpointCoordinator:
         finally:
             for cid in list(self._pending):
                 self._abort(cid, "job attempt ended")
+            if self._prepared is not None and self._prepared >= self.next_id:
+                assert self.storage is not None
+                self.storage.delete(self._prepared)  # made ahead, never triggered
             self.close_savepoints()
 
     def _can_trigger(self, now: float) -> bool:
@@ -659,6 +663,10 @@ class CheckpointCoordinator:
             self.storage.delete(old)
         if self._aborted:
             self._sweep(cid)
+        # The next checkpoint's folders, while no task waits (CheckpointStorage.prepare).
+        periodic = self.interval_s is not None and not p.stats.final
+        if periodic and self.storage.prepare(self.next_id, meta):
+            self._prepared = self.next_id
         if p.stats.final:
             self._final_done = True
             self.on_final()

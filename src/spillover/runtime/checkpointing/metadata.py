@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +32,14 @@ from spillover.errors import ConfigError, FormatError, StorageError
 from spillover.runtime.checkpointing.checkpoint_meta import (
     METADATA_FORMAT,
     METADATA_VERSION,
+    ChannelStateMeta,
     CheckpointMetadata,
     OperatorMeta,
     VertexInfo,
     check_metadata,
 )
 from spillover.storage.channel_index import INDEX_FILE
+from spillover.storage.handle import GateStateHandle
 from spillover.storage.location import Location, Publication, delete_tree
 
 __all__ = [
@@ -196,6 +198,30 @@ class CheckpointStorage:
             return None
         cid = ids[-1]
         return CompletedCheckpoint(cid, self._path(cid), self.read(cid))
+
+    def prepare(self, checkpoint_id: int, like: CheckpointMetadata) -> bool:
+        """Makes the folders of checkpoint ``checkpoint_id`` ahead of it on a local disk:
+        its directory and, under it, those checkpoint ``like`` (the last completed one)
+        wrote its own files in. A writer that finds its folder missing makes it as its
+        first step, on the checkpoint's path, and a folder is a new inode (0.1 ms or
+        more where a disk recycles many, docs/benchmarks.md); between checkpoints
+        nothing waits for it. Best effort: what cannot be made here the writer makes,
+        or reports. True when the checkpoint's directory is there."""
+        if not self.local:
+            return False
+        old = self._path(like.checkpoint_id) + "/"
+        new = self._path(checkpoint_id)
+        folders = {new: None}
+        for uri in written_uris(like):
+            path = Location.parse(uri).path
+            if path.startswith(old):
+                folders[os.path.dirname(f"{new}/{path[len(old) :]}")] = None
+        try:
+            for folder in folders:
+                os.makedirs(folder, exist_ok=True)
+        except OSError:
+            return os.path.isdir(new)
+        return True
 
     def delete(self, checkpoint_id: int) -> None:
         """Removes a checkpoint directory (subsumed or aborted); missing is fine, a
@@ -399,16 +425,32 @@ def referenced_checkpoints(
 def referenced_uris(meta: CheckpointMetadata) -> list[str]:
     """Every file URI a checkpoint's references and exited subtasks' state name
     (those :func:`referenced_checkpoints` reads), in order, once each."""
+    return _state_uris(
+        meta, lambda cs: (piece.handle for ref in cs.references for piece in ref.pieces)
+    )
+
+
+def written_uris(meta: CheckpointMetadata) -> list[str]:
+    """Every file URI a checkpoint's subtasks name as their own (their gates' files and
+    channel index entries, keyed state, other handles), in order, once each; not the
+    older checkpoints' files it references."""
+    return _state_uris(meta, lambda cs: (*cs.input, *cs.output))
+
+
+def _state_uris(
+    meta: CheckpointMetadata, gates: Callable[[ChannelStateMeta], Iterable[GateStateHandle]]
+) -> list[str]:
+    """The URIs of the ``gates`` of each subtask's channel state (with their index
+    entries'), then of its keyed state and other handles."""
     found: dict[str, None] = {}
     for op in meta.tasks.values():
         for st in op.subtasks.values():
             cs = st.channel_state
             if cs is not None:
-                for ref in cs.references:
-                    for piece in ref.pieces:
-                        _add_uri(piece.handle.uri, found)
-                        if piece.handle.index is not None:  # its maps' entry, elsewhere
-                            _add_uri(piece.handle.index.uri, found)
+                for handle in gates(cs):
+                    _add_uri(handle.uri, found)
+                    if handle.index is not None:  # its maps' entry, elsewhere
+                        _add_uri(handle.index.uri, found)
             _add_uris(st.keyed, found)
             _add_uris(st.handles, found)
     return list(found)

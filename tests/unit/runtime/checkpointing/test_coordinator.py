@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
+from spillover.rescale import Piece, Reference
 from spillover.runtime import jobresult
 from spillover.runtime.checkpointing import coordinator
+from spillover.runtime.checkpointing.checkpoint_meta import (
+    ChannelStateMeta,
+    OperatorMeta,
+    SubtaskMeta,
+)
 from spillover.runtime.checkpointing.coordinator import CheckpointCoordinator
 from spillover.runtime.checkpointing.messages import (
     Ack,
@@ -21,8 +27,9 @@ from spillover.runtime.checkpointing.messages import (
     NotifyComplete,
     TriggerCheckpoint,
 )
-from spillover.runtime.checkpointing.metadata import CheckpointStorage
+from spillover.runtime.checkpointing.metadata import CheckpointStorage, new_metadata
 from spillover.runtime.jobresult import JobResult
+from spillover.storage.handle import GateKind, GateStateHandle
 
 # a -> b -> d and c -> d: two sources, d has two inputs.
 
@@ -80,6 +87,7 @@ class Harness:
         graph: dict[str, Any] = GRAPH,
         num_retained: int = 10,
         max_concurrent: int = 1,
+        interval_s: float | None = None,
     ) -> None:
         tasks = [(uid, i) for uid, v in graph["vertices"].items() for i in range(v["parallelism"])]
         self.tasks = {key: RecordingTask() for key in tasks}
@@ -92,7 +100,7 @@ class Harness:
             storage=self.storage,
             tasks=self.tasks,
             sources=[k for k in tasks if not graph["vertices"][k[0]]["inputs"]],
-            interval_s=None,
+            interval_s=interval_s,
             on_final=lambda: None,
             on_failure=self.failures.append,
             graph=graph,
@@ -447,3 +455,77 @@ def test_a_long_running_job_keeps_the_newest_checkpoints_only(
     later.continues(result)
     assert later.checkpoints == (result.checkpoints + summaries[:2])[-7:]
     assert later.checkpoints_ended == 18 and later.attempts == 3
+
+
+def _complete(h: Harness, n: int) -> int:
+    """Triggers a checkpoint, acknowledges it everywhere and waits until it is the
+    ``n``-th ended."""
+    cid = h.trigger()
+    for key in TASKS:
+        h.ack(cid, key)
+    deadline = time.monotonic() + 10
+    while h.co.ended < n and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert h.co.ended == n
+    return cid
+
+
+def test_the_next_checkpoints_folders_are_made_between_checkpoints(tmp_path: Path) -> None:
+    """A periodic checkpoint's folders are made as the one before completes, so that
+    no task makes one on its checkpoint's path: those the last one wrote its files
+    in, under the next one's directory, empty and not complete. The next checkpoint
+    completes in them; the job ending before the one after, its folders go."""
+    h = Harness(tmp_path, interval_s=3600)  # triggered by hand only
+    try:
+        first = _complete(h, 1)
+        ahead = Path(h.storage.checkpoint_dir(first + 1))
+        assert sorted(p.name for p in ahead.iterdir()) == sorted(f"{u}-{i}" for u, i in TASKS)
+        assert not any(any(p.iterdir()) for p in ahead.iterdir())
+        assert h.storage.completed_ids() == [first]
+        second = _complete(h, 2)
+        assert second == first + 1
+        assert Path(h.storage.checkpoint_dir(second + 1)).is_dir()
+    finally:
+        h.stop()
+    assert h.storage.all_ids() == h.storage.completed_ids() == [first, second]
+
+
+def test_checkpoints_triggered_only_by_hand_make_nothing_ahead(h: Harness) -> None:
+    """Without a checkpoint interval nothing says another checkpoint comes."""
+    first = _complete(h, 1)
+    assert h.storage.all_ids() == [first]
+
+
+def _gate(uri: str) -> GateStateHandle:
+    return GateStateHandle(uri, 0, GateKind.INPUT, 0, 0, "f", 4, 0, 0, 0)
+
+
+def test_prepared_folders_are_those_a_checkpoint_wrote_its_own_files_in(tmp_path: Path) -> None:
+    """Its gates' shared file, its keyed state and other handles, nested or not;
+    not the folders of older checkpoints' files it references, nor the files."""
+    storage = CheckpointStorage(str(tmp_path), "j")
+    chk3, chk1 = Path(storage.checkpoint_dir(3)), Path(storage.checkpoint_dir(1))
+    channel_state = ChannelStateMeta(
+        input=(_gate(str(chk3 / "channels" / "worker-0.spill")),),
+        bytes=4,
+        references=(Reference(0, 0, (Piece(_gate(str(chk1 / "old" / "in.spill")), 0),)),),
+    )
+    subtask = SubtaskMeta(
+        keyed={"count": {"states": [{"uri": str(chk3 / "count-0" / "keyed.arrow")}]}},
+        handles={"sink": {"files": [str(chk3 / "sink-0" / "part" / "f.parquet")]}},
+        channel_state=channel_state,
+    )
+    meta = new_metadata(
+        job_name="j",
+        checkpoint_id=3,
+        trigger_ms=1,
+        fingerprint="f",
+        settings={"max-parallelism": 128},
+        tasks={"m": OperatorMeta({0: subtask}, 1)},
+        final=False,
+    )
+    assert storage.prepare(4, meta)
+    chk4 = Path(storage.checkpoint_dir(4))
+    made = sorted(str(p.relative_to(chk4)) for p in chk4.rglob("*"))
+    assert made == ["channels", "count-0", "sink-0", "sink-0/part"]
+    assert storage.all_ids() == [4]  # chk-3 and chk-1 were never made here
