@@ -416,6 +416,19 @@ def test_checkpoints_after_the_stops_savepoint_never_delete_it_or_what_it_refere
         h.stop()
 
 
+def _complete(h: Harness, n: int) -> int:
+    """Triggers a checkpoint, acknowledges it everywhere and waits until it is the
+    ``n``-th ended."""
+    cid = h.trigger()
+    for key in TASKS:
+        h.ack(cid, key)
+    deadline = time.monotonic() + 10
+    while h.co.ended < n and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert h.co.ended == n
+    return cid
+
+
 def test_a_long_running_job_keeps_the_newest_checkpoints_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -428,13 +441,7 @@ def test_a_long_running_job_keeps_the_newest_checkpoints_only(
     ids = []
     try:
         for n in range(1, 9):
-            cid = h.trigger()
-            for key in TASKS:
-                h.ack(cid, key)
-            deadline = time.monotonic() + 10
-            while h.co.ended < n and time.monotonic() < deadline:
-                time.sleep(0.002)
-            ids.append(cid)
+            ids.append(_complete(h, n))
     finally:
         h.stop()
     assert h.co.ended == 8
@@ -455,19 +462,6 @@ def test_a_long_running_job_keeps_the_newest_checkpoints_only(
     later.continues(result)
     assert later.checkpoints == (result.checkpoints + summaries[:2])[-7:]
     assert later.checkpoints_ended == 18 and later.attempts == 3
-
-
-def _complete(h: Harness, n: int) -> int:
-    """Triggers a checkpoint, acknowledges it everywhere and waits until it is the
-    ``n``-th ended."""
-    cid = h.trigger()
-    for key in TASKS:
-        h.ack(cid, key)
-    deadline = time.monotonic() + 10
-    while h.co.ended < n and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert h.co.ended == n
-    return cid
 
 
 def test_the_next_checkpoints_folders_are_made_between_checkpoints(tmp_path: Path) -> None:
