@@ -425,24 +425,29 @@ def phases(
     return {name: out[name] for name in sorted(out, key=lambda n: rank[n])}
 
 
-def worker_windows(done: list[dict[str, Any]]) -> dict[int, tuple[list[float], list[float]]]:
+def worker_windows(done: list[dict[str, Any]]) -> dict[int, dict[str, list[float]]]:
     """Per Spark worker (the benchmark's subtask i runs on worker i), over the
-    checkpoints: from the first trigger there to its last acknowledgement, the time
-    and the process's CPU time (``worker_wall_ms``, ``worker_cpu_ms`` of the
-    acknowledgement that came last)."""
-    out: dict[int, tuple[list[float], list[float]]] = {}
+    checkpoints, from the acknowledgement that came last there: ``wall`` and ``cpu``,
+    the time and the process's CPU time from the checkpoint's first trigger there;
+    ``busy`` their ratio; ``before``, the same ratio from the worker's
+    acknowledgement before to that trigger (its baseline, the job between
+    checkpoints)."""
+    out: dict[int, dict[str, list[float]]] = {}
     for c in done:
         last: dict[int, dict[str, float]] = {}
         for key, m in c["subtasks"].items():
             worker = int(key.rsplit("#", 1)[1])
-            if "worker_wall_ms" in m and m["worker_wall_ms"] > last.get(worker, {}).get(
-                "worker_wall_ms", -1.0
-            ):
+            if m.get("worker_wall_ms", -1.0) > last.get(worker, {}).get("worker_wall_ms", -1.0):
                 last[worker] = m
         for worker, m in last.items():
-            walls, cpus = out.setdefault(worker, ([], []))
-            walls.append(float(m["worker_wall_ms"]))
-            cpus.append(float(m["worker_cpu_ms"]))
+            w = out.setdefault(worker, {"wall": [], "cpu": [], "busy": [], "before": []})
+            wall, cpu = float(m["worker_wall_ms"]), float(m["worker_cpu_ms"])
+            w["wall"].append(wall)
+            w["cpu"].append(cpu)
+            if wall > 0:
+                w["busy"].append(cpu / wall)
+            if "worker_busy_before" in m:
+                w["before"].append(float(m["worker_busy_before"]))
     return out
 
 
@@ -687,17 +692,17 @@ def main() -> None:
         print(
             "each worker from the checkpoint's first trigger there to its last acknowledgement "
             "(Spark): the time, the process's CPU time, their ratio (1: its core was busy "
-            "with the checkpoint throughout)"
+            "with the checkpoint throughout), and beside it the same ratio from the "
+            "worker's acknowledgement before to the trigger (the job between checkpoints)"
         )
-        heads = ("wall ms", "cpu ms", "cpu / wall")
+        heads = ("wall ms", "cpu ms", "cpu / wall", "cpu / wall before")
         print("worker".ljust(12) + "".join(k.rjust(22) for k in heads))
-        for worker, (walls, cpus) in sorted(windows.items()):
-            ratios = [c / w for w, c in zip(walls, cpus, strict=True) if w > 0]
-            spans = [_median_p90(v) for v in (walls, cpus, ratios)]
-            print(
-                f"worker {worker}".ljust(12)
-                + "".join(f"{m:.3f} (p90 {q:.3f})".rjust(22) for m, q in spans)
-            )
+        for worker, w in sorted(windows.items()):
+            cells = [
+                "{:.3f} (p90 {:.3f})".format(*_median_p90(w[k])) if w[k] else "-"
+                for k in ("wall", "cpu", "busy", "before")
+            ]
+            print(f"worker {worker}".ljust(12) + "".join(c.rjust(22) for c in cells))
         print()
     rows: dict[str, dict[str, list[float]]] = {}
     for c in done:

@@ -131,21 +131,29 @@ class _Arrivals:
     thread, and the task's wake-up (``bench/checkpoint_breakdown.py``). And from the
     checkpoint's first trigger on this worker to each acknowledgement, the time and
     the CPU time of the whole process (``worker_wall_ms``, ``worker_cpu_ms``): at the
-    worker's last acknowledgement, how busy its core was with the checkpoint. One
-    stamp per checkpoint and subtask; nothing per buffer."""
+    worker's last acknowledgement, how busy its core was with the checkpoint; beside
+    it, the same share from the worker's acknowledgement before to that trigger
+    (``worker_busy_before``), its baseline. One stamp per checkpoint and subtask;
+    nothing per buffer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._at: dict[tuple[str, int, int], dict[str, float]] = {}
-        self._began: dict[int, tuple[float, float]] = {}  # id -> (monotonic, process CPU)
+        # id -> (monotonic, process CPU) at its first trigger here, and the CPU share
+        # since the acknowledgement before (None: the worker's first)
+        self._began: dict[int, tuple[float, float, float | None]] = {}
+        self._last_ack: tuple[float, float] | None = None  # (monotonic, process CPU)
 
     def stamp(self, key: tuple[str, int], checkpoint_id: int, what: str) -> None:
         now = time.time()
-        began = (time.monotonic(), time.process_time()) if what == "trigger_in_at" else None
+        trigger = what == "trigger_in_at"
+        wall, cpu = (time.monotonic(), time.process_time()) if trigger else (0.0, 0.0)
         with self._lock:
             self._at.setdefault((*key, checkpoint_id), {}).setdefault(what, now)
-            if began is not None:
-                self._began.setdefault(checkpoint_id, began)
+            if trigger and checkpoint_id not in self._began:
+                last = self._last_ack
+                before = (cpu - last[1]) / (wall - last[0]) if last and wall > last[0] else None
+                self._began[checkpoint_id] = (wall, cpu, before)
 
     def taken(self, ack: Ack) -> dict[str, float]:
         wall, cpu = time.monotonic(), time.process_time()
@@ -155,11 +163,14 @@ class _Arrivals:
                 del self._at[k]  # aborted ones, never acknowledged
             for old in [c for c in self._began if c < cid - 8]:
                 del self._began[old]
+            self._last_ack = (wall, cpu)
             at = self._at.pop((ack.vertex_uid, ack.subtask, cid), {})
             began = self._began.get(cid)
         if began is not None:
             at["worker_wall_ms"] = (wall - began[0]) * 1000
             at["worker_cpu_ms"] = (cpu - began[1]) * 1000
+            if began[2] is not None:
+                at["worker_busy_before"] = began[2]
         return at
 
     def watching(self, task: Task) -> OvertakenHandler:
