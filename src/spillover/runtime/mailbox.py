@@ -115,6 +115,7 @@ class TaskMailbox:
                 for op in task.chain.opened:
                     op.notify_checkpoint_complete(cid)
                 task.life.checkpoint_completed(cid)
+                task.cp.completed(cid)  # the next one's channel state opened ahead
             case NotifyAborted(checkpoint_id=cid):
                 task.life.checkpoint_aborted(cid)  # a stop's savepoint: go on
                 task.cp.aborted(cid)

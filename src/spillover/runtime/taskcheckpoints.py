@@ -13,7 +13,9 @@ from spillover.runtime.checkpointing.barriers.alignment import AlignmentStats
 from spillover.runtime.checkpointing.barriers.controller import Channels, RecoveredCut
 from spillover.runtime.checkpointing.barriers.handler import BarrierHandler
 from spillover.runtime.checkpointing.channel_state import (
+    ChannelState,
     ChannelStateGroup,
+    ChannelStateWriter,
     CheckpointDir,
     open_channel_state,
 )
@@ -98,6 +100,10 @@ class TaskCheckpoints:
         self.input_edges = edges
         self.gate_of = [(edges.index(c.edge), c.upstream_subtask) for c in task.channels]
         self.offsets = [next(i for i, c in enumerate(task.channels) if c.edge == e) for e in edges]
+        # The latest checkpoint this task wrote channel state for, and its writer; the
+        # next one's channel state opened ahead, and its id (see completed).
+        self._last: tuple[int, ChannelState] | None = None
+        self._prepared: tuple[int, ChannelStateWriter] | None = None
         self.snapshots = SnapshotThreads(task.name)
         self.acks = InflightAcks(self.snapshots, self)
         channels: Channels = task.gate if task.has_input else _NoChannels()
@@ -131,6 +137,8 @@ class TaskCheckpoints:
 
     def aborted(self, cid: int) -> None:
         """Checkpoint ``cid`` was cancelled upstream or aborted by the coordinator."""
+        if self._prepared is not None and self._prepared[0] == cid:
+            self._drop_prepared()
         if self.feedback is not None:
             self.feedback.on_cancel(cid)
         self.barriers.on_cancel(cid)
@@ -159,9 +167,47 @@ class TaskCheckpoints:
         if self.feedback is not None:
             self.feedback.reap()
 
+    def completed(self, cid: int) -> None:
+        """Checkpoint ``cid`` completed: if this task wrote channel state for it, the
+        next checkpoint's gates (those it wrote) are opened now, between checkpoints,
+        instead of when its barrier comes (``ChannelStateWriter.prepare``: storers,
+        staging files, about 0.1 ms each on a worker at rest). Only for a group's shared
+        file (``ChannelStateWriter.preparable``); dropped unused if another checkpoint
+        comes first, on its abort, or at the end."""
+        last = self._last
+        self._last = None  # its gates are read once (and never after the end: release)
+        if last is None or last[0] != cid:
+            return
+        if not isinstance(last[1], ChannelStateWriter) or not last[1].preparable:
+            return
+        gates = last[1].gates()
+        if not gates or self.checkpoint_dir is None or self._prepared is not None:
+            return
+        writer = open_channel_state(
+            self.checkpoint_dir,
+            cid + 1,
+            self.vertex_uid,
+            self.subtask,
+            self.compression,
+            self.channel_group,
+        )
+        if not isinstance(writer, ChannelStateWriter) or not writer.preparable:
+            return  # (the group changed kind: never) nothing opened yet, nothing to drop
+        if writer.prepare(gates):
+            self._prepared = (cid + 1, writer)
+        else:
+            writer.discard()  # storage failed: the barrier opens it again, and says why
+
+    def _drop_prepared(self) -> None:
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            prepared[1].discard()
+
     def release(self) -> None:
         """The task ends: what unfinished checkpoints hold is let go, and its
         channel-state group waits for it no more."""
+        self._last = None  # nothing is opened ahead any more
+        self._drop_prepared()
         self.barriers.release()
         if self.feedback is not None:
             self.feedback.release()
@@ -171,14 +217,22 @@ class TaskCheckpoints:
     # -- Controller ----------------------------------------------------------------------
 
     def open_inflight(self, barrier: ev.CheckpointBarrier, pending: set[int]) -> InFlightCheckpoint:
-        writer = open_channel_state(
-            self.checkpoint_dir,
-            barrier.checkpoint_id,
-            self.vertex_uid,
-            self.subtask,
-            self.compression,
-            self.channel_group,
-        )
+        writer: ChannelState
+        prepared = self._prepared
+        if prepared is not None and prepared[0] == barrier.checkpoint_id:
+            self._prepared = None
+            writer = prepared[1]
+        else:
+            self._drop_prepared()  # for another checkpoint: this one came instead
+            writer = open_channel_state(
+                self.checkpoint_dir,
+                barrier.checkpoint_id,
+                self.vertex_uid,
+                self.subtask,
+                self.compression,
+                self.channel_group,
+            )
+        self._last = (barrier.checkpoint_id, writer)
         return InFlightCheckpoint(
             barrier.checkpoint_id,
             writer,

@@ -138,6 +138,8 @@ class ChannelStateWriter:
         self.input_bytes = 0
         self.output_bytes = 0
         self.closed = False
+        # Gates opened ahead (prepare) that nothing was appended to yet: dropped at close.
+        self._untouched: set[tuple[str, int]] = set()
         # Storage failed this checkpoint (a file it could not create or write): later
         # appends are dropped, and close() raises it, so the task declines the
         # checkpoint instead of failing (failing storage costs a checkpoint).
@@ -153,7 +155,10 @@ class ChannelStateWriter:
         if self.failed is not None:
             return None
         storer = storers.get(index)
-        if storer is None:
+        if storer is not None:
+            if self._untouched:
+                self._untouched.discard((kind, index))
+        else:
             try:
                 if self._storage is None:
                     cid, subtask, compression = self._args
@@ -173,6 +178,45 @@ class ChannelStateWriter:
                 self._fail(e)
                 return None
         return storer
+
+    @property
+    def preparable(self) -> bool:
+        """Whether its gates may be opened ahead (:meth:`prepare`): they are staged for a
+        group's shared file on a local disk, so opening one writes nothing the
+        checkpoint's directory holds until it closes. Not gates in files of their own
+        (opened, each is a file there), nor a part of an object store's group object
+        (one dropped unused would decline the group's checkpoint)."""
+        return self._shared is not None and isinstance(self._shared[0], SharedFile)
+
+    def gates(self) -> list[tuple[str, int]]:
+        """The gates opened so far, ``("input" or "output", index)`` each (those it
+        wrote, once closed)."""
+        return [("input", i) for i in sorted(self._inputs)] + [
+            ("output", i) for i in sorted(self._outputs)
+        ]
+
+    def prepare(self, gates: Sequence[tuple[str, int]]) -> bool:
+        """Opens the storers of ``gates`` (``("input" or "output", index)`` each) now,
+        before the checkpoint reaches the task, so that its barrier finds them open; a
+        gate opened so that gets nothing is dropped at close, as if never opened.
+        False if storage failed (the writer is then failed: discard it)."""
+        for kind, index in gates:
+            storers = self._inputs if kind == "input" else self._outputs
+            if index in storers:
+                continue
+            if self._storer(storers, index, kind) is None:
+                return False
+            self._untouched.add((kind, index))
+        return True
+
+    def _drop_untouched(self) -> None:
+        """Discards the gates opened ahead that got nothing (their staged files too)."""
+        for kind, index in sorted(self._untouched):
+            storers = self._inputs if kind == "input" else self._outputs
+            storer = storers.pop(index, None)
+            if storer is not None:
+                storer.discard()
+        self._untouched.clear()
 
     def _append(self, storer: Storer, channel: int, buffer: Any, submit: bool = True) -> None:
         """Zero-copy for network buffers: retained now, released once written."""
@@ -244,6 +288,8 @@ class ChannelStateWriter:
         if self.failed is not None:
             raise self.failed
         try:
+            if self._untouched:
+                self._drop_untouched()
             if self._shared is not None and isinstance(self._shared[0], SharedObjects):
                 inputs, outputs = self._publish(self._shared[0])
             else:
