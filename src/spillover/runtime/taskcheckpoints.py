@@ -5,6 +5,8 @@ acknowledgements, and what the barrier states and the snapshot may do to the tas
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from typing import Any, Protocol
 
@@ -30,6 +32,8 @@ from spillover.runtime.network import events as ev
 from spillover.runtime.network.buffers import NetworkBuffer
 from spillover.runtime.recovery.restore import TaskRestore
 from spillover.runtime.taskoutput import TaskOutput
+
+_log = logging.getLogger(__name__)
 
 
 class CheckpointedTask(Protocol):
@@ -172,31 +176,49 @@ class TaskCheckpoints:
         next checkpoint's gates (those it wrote) are opened now, between checkpoints,
         instead of when its barrier comes (``ChannelStateWriter.prepare``: storers,
         staging files, about 0.1 ms each on a worker at rest). Only for a group's shared
-        file (``ChannelStateWriter.preparable``); dropped unused if another checkpoint
-        comes first, on its abort, or at the end."""
+        file (``ChannelStateWriter.preparable``), and only while the next id is still
+        to come to this task; dropped unused if another checkpoint comes first (an
+        aligned one too), on its abort, or at the end. Never fails the task: a
+        failure to open leaves the barrier to open it, and to say why."""
+        if self._prepared is not None and self._prepared[0] <= cid:
+            self._drop_prepared()  # its checkpoint never came here: it is past
         last = self._last
+        if last is None or cid < last[0]:
+            return  # an older one's completion: the latest's may still come
         self._last = None  # its gates are read once (and never after the end: release)
-        if last is None or last[0] != cid:
-            return
+        if last[0] != cid or self._prepared is not None or self.task.life.may_end:
+            return  # not the latest; one opened already; or the task is about to end
         if not isinstance(last[1], ChannelStateWriter) or not last[1].preparable:
             return
         gates = last[1].gates()
-        if not gates or self.checkpoint_dir is None or self._prepared is not None:
+        if not gates or self.checkpoint_dir is None or self.barriers.stale(cid + 1):
             return
-        writer = open_channel_state(
-            self.checkpoint_dir,
-            cid + 1,
-            self.vertex_uid,
-            self.subtask,
-            self.compression,
-            self.channel_group,
-        )
-        if not isinstance(writer, ChannelStateWriter) or not writer.preparable:
-            return  # (the group changed kind: never) nothing opened yet, nothing to drop
-        if writer.prepare(gates):
-            self._prepared = (cid + 1, writer)
-        else:
-            writer.discard()  # storage failed: the barrier opens it again, and says why
+        writer: ChannelStateWriter | None = None
+        try:
+            opened = open_channel_state(
+                self.checkpoint_dir,
+                cid + 1,
+                self.vertex_uid,
+                self.subtask,
+                self.compression,
+                self.channel_group,
+            )
+            if not isinstance(opened, ChannelStateWriter) or not opened.preparable:
+                return  # (the group changed kind: never) nothing opened, nothing to drop
+            writer = opened
+            if writer.prepare(gates):
+                self._prepared, writer = (cid + 1, writer), None
+        except Exception:
+            _log.debug(
+                "%s: checkpoint %d's channel state not opened ahead",
+                self.task.name,
+                cid + 1,
+                exc_info=True,
+            )
+        finally:
+            if writer is not None:  # not kept: storage failed, or opening it raised
+                with contextlib.suppress(Exception):
+                    writer.discard()
 
     def _drop_prepared(self) -> None:
         prepared, self._prepared = self._prepared, None
@@ -207,7 +229,8 @@ class TaskCheckpoints:
         """The task ends: what unfinished checkpoints hold is let go, and its
         channel-state group waits for it no more."""
         self._last = None  # nothing is opened ahead any more
-        self._drop_prepared()
+        with contextlib.suppress(Exception):  # what follows lets go of buffers and credit
+            self._drop_prepared()
         self.barriers.release()
         if self.feedback is not None:
             self.feedback.release()
@@ -276,6 +299,9 @@ class TaskCheckpoints:
         inf: InFlightCheckpoint | None,
     ) -> None:
         self.task.life.snapshot_taken(barrier.checkpoint_id)
+        prepared = self._prepared
+        if inf is None and prepared is not None and prepared[0] <= barrier.checkpoint_id:
+            self._drop_prepared()  # an aligned checkpoint came instead: no channel state
         take_snapshot(self, barrier, stats, inf)
 
     def decline(self, checkpoint_id: int, reason: str) -> None:
