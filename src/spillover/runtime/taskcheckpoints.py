@@ -186,27 +186,18 @@ class TaskCheckpoints:
         if last is None or cid < last[0]:
             return  # an older one's completion: the latest's may still come
         self._last = None  # its gates are read once (and never after the end: release)
-        if last[0] != cid or self._prepared is not None or self.task.life.may_end:
-            return  # not the latest; one opened already; or the task is about to end
+        if last[0] != cid or self.task.life.may_end:
+            return  # not the latest; or the task is about to end
         if not isinstance(last[1], ChannelStateWriter) or not last[1].preparable:
             return
         gates = last[1].gates()
-        if not gates or self.checkpoint_dir is None or self.barriers.stale(cid + 1):
+        if not gates or self.barriers.stale(cid + 1):
             return
-        writer: ChannelStateWriter | None = None
+        writer: ChannelState | None = None
         try:
-            opened = open_channel_state(
-                self.checkpoint_dir,
-                cid + 1,
-                self.vertex_uid,
-                self.subtask,
-                self.compression,
-                self.channel_group,
-            )
-            if not isinstance(opened, ChannelStateWriter) or not opened.preparable:
-                return  # (the group changed kind: never) nothing opened, nothing to drop
-            writer = opened
-            if writer.prepare(gates):
+            # The same group as the last one's: its gates are staged here too.
+            writer = self._channel_state(cid + 1)
+            if isinstance(writer, ChannelStateWriter) and writer.prepare(gates):
                 self._prepared, writer = (cid + 1, writer), None
         except Exception:
             _log.debug(
@@ -219,6 +210,17 @@ class TaskCheckpoints:
             if writer is not None:  # not kept: storage failed, or opening it raised
                 with contextlib.suppress(Exception):
                     writer.discard()
+
+    def _channel_state(self, cid: int) -> ChannelState:
+        """Checkpoint ``cid``'s channel state of this subtask, opened now."""
+        return open_channel_state(
+            self.checkpoint_dir,
+            cid,
+            self.vertex_uid,
+            self.subtask,
+            self.compression,
+            self.channel_group,
+        )
 
     def _drop_prepared(self) -> None:
         prepared, self._prepared = self._prepared, None
@@ -247,14 +249,7 @@ class TaskCheckpoints:
             writer = prepared[1]
         else:
             self._drop_prepared()  # for another checkpoint: this one came instead
-            writer = open_channel_state(
-                self.checkpoint_dir,
-                barrier.checkpoint_id,
-                self.vertex_uid,
-                self.subtask,
-                self.compression,
-                self.channel_group,
-            )
+            writer = self._channel_state(barrier.checkpoint_id)
         self._last = (barrier.checkpoint_id, writer)
         return InFlightCheckpoint(
             barrier.checkpoint_id,

@@ -138,8 +138,8 @@ class ChannelStateWriter:
         self.input_bytes = 0
         self.output_bytes = 0
         self.closed = False
-        # Gates opened ahead (prepare) that nothing was appended to yet: dropped at close.
-        self._untouched: set[tuple[str, int]] = set()
+        # Gates opened ahead (prepare): those still without a frame are dropped at close.
+        self._ahead: list[tuple[str, int]] = []
         # Storage failed this checkpoint (a file it could not create or write): later
         # appends are dropped, and close() raises it, so the task declines the
         # checkpoint instead of failing (failing storage costs a checkpoint).
@@ -155,10 +155,7 @@ class ChannelStateWriter:
         if self.failed is not None:
             return None
         storer = storers.get(index)
-        if storer is not None:
-            if self._untouched:
-                self._untouched.discard((kind, index))
-        else:
+        if storer is None:
             try:
                 if self._storage is None:
                     cid, subtask, compression = self._args
@@ -201,22 +198,24 @@ class ChannelStateWriter:
         gate opened so that gets nothing is dropped at close, as if never opened.
         False if storage failed (the writer is then failed: discard it)."""
         for kind, index in gates:
-            storers = self._inputs if kind == "input" else self._outputs
-            if index in storers:
-                continue
-            if self._storer(storers, index, kind) is None:
-                return False
-            self._untouched.add((kind, index))
+            storers = self._of_kind(kind)
+            if index not in storers:
+                if self._storer(storers, index, kind) is None:
+                    return False
+                self._ahead.append((kind, index))
         return True
 
-    def _drop_untouched(self) -> None:
-        """Discards the gates opened ahead that got nothing (their staged files too)."""
-        for kind, index in sorted(self._untouched):
-            storers = self._inputs if kind == "input" else self._outputs
-            storer = storers.pop(index, None)
-            if storer is not None:
-                storer.discard()
-        self._untouched.clear()
+    def _of_kind(self, kind: str) -> dict[int, Storer]:
+        return self._inputs if kind == "input" else self._outputs
+
+    def _drop_unused_ahead(self) -> None:
+        """Discards the gates opened ahead that got no frame (their staged files too):
+        counted by the storers, so appends pay nothing for it."""
+        for kind, index in self._ahead:
+            storers = self._of_kind(kind)
+            if storers[index].frames == 0:
+                storers.pop(index).discard()
+        self._ahead.clear()
 
     def _append(self, storer: Storer, channel: int, buffer: Any, submit: bool = True) -> None:
         """Zero-copy for network buffers: retained now, released once written."""
@@ -288,8 +287,8 @@ class ChannelStateWriter:
         if self.failed is not None:
             raise self.failed
         try:
-            if self._untouched:
-                self._drop_untouched()
+            if self._ahead:
+                self._drop_unused_ahead()
             if self._shared is not None and isinstance(self._shared[0], SharedObjects):
                 inputs, outputs = self._publish(self._shared[0])
             else:
