@@ -633,7 +633,6 @@ class CheckpointCoordinator:
         for key in p.acks:  # what a subtask that exits after this leaves
             self._last[key] = meta.tasks[key[0]].subtasks[key[1]]
             self._carried.pop(key, None)
-        self._record(p.stats)
         self._retained.append(cid)
         while len(self._retained) > self.num_retained:
             old = self._retained.pop(0)
@@ -667,6 +666,10 @@ class CheckpointCoordinator:
         periodic = self.interval_s is not None and not p.stats.final
         if periodic and self.storage.prepare(self.next_id, meta):
             self._prepared = self.next_id
+        # Counted as ended last: whoever sees the count (REST, the statistics, a
+        # test) sees its completion's whole effect, subsumed folders gone and the
+        # next one's made.
+        self._record(p.stats)
         if p.stats.final:
             self._final_done = True
             self.on_final()
