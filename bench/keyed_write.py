@@ -3,13 +3,15 @@
 
 A keyed operator's snapshot thread writes its state as one Arrow IPC file per state
 (``runtime/state/files.py``, ``_write_snapshot``): the rows' key groups, a stable
-sort by them, three gathers, the Arrow batch and its IPC file in memory, then the
-file's creation and write. This times each step apart (medians of ``--runs``, µs)
-on ``--rows`` rows of int64 keys and sums (the bench's count holds 5,000), beside,
-in the same run, the machine's limits of the same work: the three sorted columns
-copied into one buffer (memcpy: the copy an IPC file cannot beat), a new file's
-creation (``open(O_CREAT|O_EXCL)``, ``close``) and a write of the file's bytes over
-pages already cached; and the whole write with the pure-Python twin
+sort by them, the same file pyarrow's writer makes, built from the schema's layout
+with the three columns gathered into it (``ipcfile.py``), then the file's creation
+and write; pyarrow's own writer, which it replaces, is timed beside it. This
+times each step apart (medians of ``--runs``, µs) on ``--rows`` rows of int64 keys
+and sums (the bench's count holds 5,000), beside, in the same run, the machine's
+limits of the same work: the three sorted columns copied into one buffer (memcpy:
+the copy an IPC file cannot beat), a new file's creation (``open(O_CREAT|O_EXCL)``,
+``close``) and a write of the file's bytes over pages already cached; and the whole
+write with the pure-Python twin
 (``SPILLOVER_PURE=1``, in a child process). A new file's creation moves with the
 file system's journal: compare it with the limit of the same run, not across runs.
 
@@ -37,7 +39,8 @@ _STEPS = {
     "sort": "their stable sort",
     "gathers": "the three gathers",
     "raw_join": "the sorted columns copied into one buffer (memcpy: the limit)",
-    "ipc": "the Arrow batch and its IPC file in memory",
+    "ipc": "the Arrow batch and its IPC file in memory (pyarrow's writer)",
+    "layout": "the gathers and the same file from its layout (what a write does)",
     "file": "the file's creation and write (Location.write_new)",
     "create": "  of which a new file: open(O_CREAT|O_EXCL), close (the limit)",
     "write": "  of which the bytes: pwrite over a file's cached pages (the limit)",
@@ -97,6 +100,9 @@ def measure(rows: int, runs: int, whole_only: bool = False) -> dict[str, float]:
             return sink.getvalue()
 
         data: Any = ipc(0)
+        layout = files._layout("count", "value", dtype, max_p, rng.start, rng.end)
+        assert layout is not None
+        assert layout.write(rows, [kg, keys, values], order).tobytes() == data.to_pybytes()
 
         def create(i: int) -> None:
             os.close(
@@ -115,6 +121,7 @@ def measure(rows: int, runs: int, whole_only: bool = False) -> dict[str, float]:
             "gathers": lambda _: (kg[order], keys[order], values[order]),
             "raw_join": lambda _: np.concatenate([c.view(np.uint8) for c in cols]),
             "ipc": ipc,
+            "layout": lambda _: layout.write(rows, [kg, keys, values], order),
             "file": file,
             "create": create,
             "write": lambda _: os.pwrite(cached, data, 0),

@@ -37,6 +37,7 @@ from spillover.runtime.state.heap import (
     _dtype_from_json,
     _dtype_to_json,
 )
+from spillover.runtime.state.ipcfile import Layout, learn, pyarrow_file
 from spillover.storage.location import Location
 
 # ---- snapshot files ----
@@ -61,13 +62,20 @@ def _write_snapshot(
         # Rows are sorted by key; a stable sort by key group keeps key and append order
         # (key groups fit int16, max parallelism <= 32768: numpy then radix-sorts).
         order = np.argsort(kg.astype(np.int16, copy=False), kind="stable")
-        schema = _schema(name, kind, dtype, max_p, rng.start, rng.end)
-        batch = pa.record_batch(
-            [pa.array(kg[order]), pa.array(keys[order]), _to_arrow(values[order], dtype)],
-            schema=schema,
-        )
+        layout = _layout(name, kind, dtype, max_p, rng.start, rng.end)
+        data: Any
+        if layout is not None and keys.size:  # pyarrow's bytes, the columns gathered in
+            leaves = [values] if dtype.names is None else [values[n] for n in dtype.names]
+            data = layout.write(int(keys.size), [kg, keys, *leaves], order)
+        else:
+            data = pyarrow_file(
+                pa.record_batch(
+                    [pa.array(kg[order]), pa.array(keys[order]), _to_arrow(values[order], dtype)],
+                    schema=_schema(name, kind, dtype, max_p, rng.start, rng.end),
+                )
+            )
         where = directory.child(_file_name(prefix, rng.start, rng.end, i, name))
-        size = _write_file(where, batch, fsync)
+        size = _write_file(where, data, fsync)
         entries.append(
             {
                 "name": name,
@@ -111,6 +119,16 @@ def _schema(
 
 
 @functools.lru_cache(maxsize=1024)
+def _layout(
+    name: str, kind: str, dtype: np.dtype[Any], max_p: int, start: int, end: int
+) -> Layout | None:
+    """How a state file of that schema is laid out (learned once: a few ms), so
+    that each checkpoint writes its bytes without pyarrow's writer (ipcfile.py);
+    None: pyarrow writes it."""
+    return learn(_schema(name, kind, dtype, max_p, start, end))
+
+
+@functools.lru_cache(maxsize=1024)
 def _file_name(prefix: str, start: int, end: int, i: int, name: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
     return f"{prefix}-kg{start:05d}-{end:05d}-{i:03d}-{safe}.arrow"
@@ -135,15 +153,11 @@ def _from_arrow(column: pa.ChunkedArray, dtype: np.dtype[Any]) -> Values:
     return out
 
 
-def _write_file(where: Location, batch: pa.RecordBatch, fsync: bool) -> int:
-    """Writes ``batch`` as a new Arrow IPC file at ``where`` (never over one) and
-    returns its size; ``fsync``: the file and its directory entry are durable. The
-    file is made in memory first and written in one call (``Location.write_new``):
-    on a busy task process every I/O call that lets the GIL go costs."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    data = sink.getvalue()
+def _write_file(where: Location, data: Any, fsync: bool) -> int:
+    """Writes ``data``, an Arrow IPC file made in memory, as a new file at ``where``
+    (never over one) and returns its size; ``fsync``: the file and its directory
+    entry are durable. One call writes it (``Location.write_new``): on a busy task
+    process every I/O call that lets the GIL go costs."""
     where.write_new(
         data,
         fsync=fsync,
@@ -151,7 +165,7 @@ def _write_file(where: Location, batch: pa.RecordBatch, fsync: bool) -> int:
         hint="each checkpoint needs its own directory, and each keyed operator "
         "sharing one its own backend name",
     )
-    return int(data.size)
+    return int(memoryview(data).nbytes)
 
 
 def _check_handle(handle: Any, max_p: int) -> KeyGroupRange:
