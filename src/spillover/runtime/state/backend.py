@@ -27,6 +27,7 @@ from spillover.runtime.state.files import (
     _check_handle,
     _read_state_file,
     _write_snapshot,
+    learn_layout,
 )
 from spillover.runtime.state.heap import (
     _STATE_CLASSES,
@@ -120,6 +121,7 @@ class HeapKeyedStateBackend:
         _check_dtype(kind, dtype, name)
         state = _STATE_CLASSES[kind](self, name, dtype)
         self._states[name] = state
+        learn_layout(name, kind, dtype, self._max_p, self._range)
         return state
 
     def _check_keys(self, keys: Keys) -> None:

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillover.keygroups import KeyGroupRange
-from spillover.runtime.state import files, ipcfile
+from spillover.runtime.api import StateDescriptor
+from spillover.runtime.state import HeapKeyedStateBackend, files, ipcfile
 from spillover.runtime.state.heap import KINDS
 
 SCALARS = [
@@ -146,3 +147,22 @@ def test_every_state_kind_is_written_from_a_layout(kind: str) -> None:
     others any numeric or structured numeric) are written without pyarrow's writer."""
     dtype = np.dtype(np.int64) if kind in ("timers", "sum") else np.dtype([("a", np.float32)])
     assert ipcfile.learn(_schema(dtype, kind=kind)) is not None
+
+
+def test_a_state_learns_its_layout_when_declared_not_at_its_first_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The learning (a dozen pyarrow files, milliseconds cold) happens as an operator
+    declares its state; its checkpoints, the first included, only use it."""
+    files._layout.cache_clear()
+    backend = HeapKeyedStateBackend(128, KeyGroupRange(0, 127))
+    counts = backend.state(StateDescriptor("counts", "sum", np.int64))
+    assert files._layout.cache_info().currsize == 1
+    counts.put(np.arange(10, dtype=np.int64), np.ones(10, np.int64))
+    handle = backend.snapshot()(str(tmp_path))
+    assert files._layout.cache_info().misses == 1
+    restored = HeapKeyedStateBackend(128, KeyGroupRange(0, 127))
+    restored.restore([handle])
+    got = restored.state(StateDescriptor("counts", "sum", np.int64))
+    values, present = got.get(np.arange(10, dtype=np.int64))
+    assert values.tolist() == [1] * 10 and present.all()
