@@ -746,11 +746,11 @@ class CheckpointCoordinator:
             request.failed(f"checkpoint {cid} was aborted: {reason}")
         self._aborted = True  # the next completion sweeps what late writes left
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
-        self._record(p.stats)
         if self.storage is not None:
             self.storage.delete(cid)
         for task in self.tasks.values():
             task.post(NotifyAborted(cid))
+        self._record(p.stats)  # counted after its effect, as a completion is
 
     def _count_failure(self, cid: int, reason: str) -> None:
         """Flink's rule: more than tolerable-failed-checkpoints failures in a row fail
