@@ -85,7 +85,9 @@ def measure(rows: int, runs: int, whole_only: bool = False) -> dict[str, float]:
             os.mkdir(path)
             return path
 
-        copies = [("count", "value", dtype, keys, values)]
+        layout = files.learn_layout("count", "value", dtype, max_p, rng)
+        assert layout is not None
+        copies = [("count", "value", dtype, keys, values, layout)]
         out["whole"] = _median_us(
             lambda i: files._write_snapshot(fresh("w", i), copies, max_p, rng, "p", False), runs
         )
@@ -100,8 +102,6 @@ def measure(rows: int, runs: int, whole_only: bool = False) -> dict[str, float]:
             return sink.getvalue()
 
         data: Any = ipc(0)
-        layout = files._layout("count", "value", dtype, max_p, rng.start, rng.end)
-        assert layout is not None
         assert layout.write(rows, [kg, keys, values], order).tobytes() == data.to_pybytes()
 
         def create(i: int) -> None:

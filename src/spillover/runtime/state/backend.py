@@ -36,6 +36,7 @@ from spillover.runtime.state.heap import (
     _check_dtype,
     _HeapState,
 )
+from spillover.runtime.state.ipcfile import Layout
 
 # ---- the backend ----
 
@@ -76,6 +77,7 @@ class HeapKeyedStateBackend:
         # The range a native state operation checks keys against (None: no check).
         self._checked_range = key_group_range if self._check else None
         self._states: dict[str, _HeapState] = {}
+        self._layouts: dict[str, Layout | None] = {}  # of each state's files (ipcfile.py)
 
     @classmethod
     def for_subtask(
@@ -119,9 +121,10 @@ class HeapKeyedStateBackend:
                 )
             return existing
         _check_dtype(kind, dtype, name)
+        layout = learn_layout(name, kind, dtype, self._max_p, self._range)
         state = _STATE_CLASSES[kind](self, name, dtype)
         self._states[name] = state
-        learn_layout(name, kind, dtype, self._max_p, self._range)
+        self._layouts[name] = layout
         return state
 
     def _check_keys(self, keys: Keys) -> None:
@@ -149,7 +152,10 @@ class HeapKeyedStateBackend:
         ``write`` may run on another thread; it writes one Arrow IPC file per state
         under the directory (a local path or a ``pyarrow.fs`` URI) and returns the
         JSON-able handle described in ``docs/state.md``."""
-        copies = [(s.name, s.kind, s.dtype, *s.items()) for s in self._states.values()]
+        copies = [
+            (s.name, s.kind, s.dtype, *s.items(), self._layouts[s.name])
+            for s in self._states.values()
+        ]
         max_p, rng, prefix, fsync = self._max_p, self._range, self._name, self._fsync
 
         def write(directory_uri: str) -> dict[str, Any]:

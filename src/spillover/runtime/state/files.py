@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from spillover.errors import (
@@ -49,7 +51,7 @@ def _meta(key: str) -> bytes:
 
 def _write_snapshot(
     directory_uri: str,
-    copies: list[tuple[str, str, np.dtype[Any], Keys, Values]],
+    copies: Sequence[tuple[str, str, np.dtype[Any], Keys, Values, Layout | None]],
     max_p: int,
     rng: KeyGroupRange,
     prefix: str,
@@ -57,13 +59,12 @@ def _write_snapshot(
 ) -> dict[str, Any]:
     directory = Location.parse(directory_uri)
     entries = []
-    for i, (name, kind, dtype, keys, values) in enumerate(copies):
+    for i, (name, kind, dtype, keys, values, layout) in enumerate(copies):
         kg = key_groups(keys, max_p)
         # Rows are sorted by key; a stable sort by key group keeps key and append order
         # (key groups fit int16, max parallelism <= 32768: numpy then radix-sorts).
         order = np.argsort(kg.astype(np.int16, copy=False), kind="stable")
-        layout = _layout(name, kind, dtype, max_p, rng.start, rng.end)
-        data: Any
+        data: pa.Buffer | npt.NDArray[np.uint8]
         if layout is not None and keys.size:  # pyarrow's bytes, the columns gathered in
             leaves = [values] if dtype.names is None else [values[n] for n in dtype.names]
             data = layout.write(int(keys.size), [kg, keys, *leaves], order)
@@ -122,18 +123,17 @@ def _schema(
 def _layout(
     name: str, kind: str, dtype: np.dtype[Any], max_p: int, start: int, end: int
 ) -> Layout | None:
-    """How a state file of that schema is laid out (learned once: a few ms), so
-    that each checkpoint writes its bytes without pyarrow's writer (ipcfile.py);
-    None: pyarrow writes it."""
     return learn(_schema(name, kind, dtype, max_p, start, end))
 
 
 def learn_layout(
     name: str, kind: str, dtype: np.dtype[Any], max_p: int, rng: KeyGroupRange
-) -> None:
-    """Learns a state's file layout as the state is declared, so that its first
-    checkpoint does not (pyarrow writes a dozen files for it, a few ms cold)."""
-    _layout(name, kind, dtype, max_p, rng.start, rng.end)
+) -> Layout | None:
+    """How the files of a state are laid out, so that its checkpoints write them
+    without pyarrow's writer (``ipcfile.py``); None: pyarrow writes them. Learned as
+    the state is declared or restored and kept with it (a dozen pyarrow files: 1-2
+    ms, some 30 ms the first time in a process), so no checkpoint learns."""
+    return _layout(name, kind, dtype, max_p, rng.start, rng.end)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -161,7 +161,7 @@ def _from_arrow(column: pa.ChunkedArray, dtype: np.dtype[Any]) -> Values:
     return out
 
 
-def _write_file(where: Location, data: Any, fsync: bool) -> int:
+def _write_file(where: Location, data: pa.Buffer | npt.NDArray[np.uint8], fsync: bool) -> int:
     """Writes ``data``, an Arrow IPC file made in memory, as a new file at ``where``
     (never over one) and returns its size; ``fsync``: the file and its directory
     entry are durable. One call writes it (``Location.write_new``): on a busy task
@@ -173,7 +173,7 @@ def _write_file(where: Location, data: Any, fsync: bool) -> int:
         hint="each checkpoint needs its own directory, and each keyed operator "
         "sharing one its own backend name",
     )
-    return int(memoryview(data).nbytes)
+    return len(data)  # (bytes: a buffer, or a 1-D uint8 array)
 
 
 def _check_handle(handle: Any, max_p: int) -> KeyGroupRange:

@@ -34,15 +34,19 @@ def _pad(n: int) -> int:
     return (n + 7) & ~7
 
 
-def _widths(t: pa.DataType, out: list[int]) -> bool:
+def _columns(t: pa.DataType, widths: list[int], dtypes: list[np.dtype[Any]]) -> bool:
     """Appends each buffer's bytes per row of a column of type ``t``, in the order
-    of the IPC body (a validity buffer: 0); False unless it is fixed-width bytes."""
+    of the IPC body (a validity buffer: 0), and each column's numpy dtype; False
+    unless it is fixed-width bytes."""
     if pa.types.is_struct(t):
-        out.append(0)
-        return all(_widths(t.field(i).type, out) for i in range(t.num_fields))
+        widths.append(0)
+        return t.num_fields > 0 and all(
+            _columns(t.field(i).type, widths, dtypes) for i in range(t.num_fields)
+        )
     if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
         return False  # booleans are bits, others have offsets or children
-    out.extend((0, t.bit_width // 8))
+    widths.extend((0, t.bit_width // 8))
+    dtypes.append(np.dtype(t.to_pandas_dtype()))
     return True
 
 
@@ -63,6 +67,7 @@ class Layout:
     def __init__(
         self,
         widths: Sequence[int],
+        dtypes: Sequence[np.dtype[Any]],
         prefix: bytes,
         meta: bytes,
         tail: bytes,
@@ -70,10 +75,12 @@ class Layout:
         tail_slots: tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]],
     ) -> None:
         self.widths = tuple(widths)
+        self.dtypes = tuple(dtypes)  # of the columns, in the body's order
         self._data = [i for i, w in enumerate(widths) if w]  # buffers holding columns
         self._prefix = np.frombuffer(prefix, np.uint8)
         self._meta = np.frombuffer(meta, np.uint8)
         self._tail = np.frombuffer(tail, np.uint8)
+        self._body_at = len(prefix) + len(meta)
         self._slots, self._tail_slots = slots, tail_slots
 
     @property
@@ -85,24 +92,27 @@ class Layout:
         self, rows: int, sources: Sequence[npt.NDArray[Any]], order: npt.NDArray[np.intp]
     ) -> npt.NDArray[np.uint8]:
         """The file of ``rows`` rows whose columns are ``sources`` (one per column,
-        fields of a struct in turn) taken in ``order``."""
+        fields of a struct in turn, each ``rows`` long) taken in ``order`` (a
+        permutation: ``np.argsort``'s)."""
         if len(sources) != len(self._data) or rows < 1 or order.size != rows:
             raise ValueError(f"{len(sources)} columns of {order.size} rows for {rows}")
+        for src, dtype in zip(sources, self.dtypes, strict=True):
+            if src.dtype != dtype or src.shape != (rows,):
+                raise ValueError(f"a column of {src.shape} {src.dtype} for {rows} {dtype}")
         values, offsets = _variables(self.widths, rows)
-        body_at = self._prefix.size + self._meta.size
+        body_at = self._body_at
         tail_at = body_at + int(values[1])
         out = np.empty(tail_at + self._tail.size, np.uint8)
         out[: self._prefix.size] = self._prefix
-        out[self._prefix.size : body_at] = self._meta
+        meta = out[self._prefix.size : body_at]
+        meta[:] = self._meta
         words, which = self._slots
-        out[self._prefix.size : body_at].view(np.int64)[words] = values[which]
+        meta.view(np.int64)[words] = values[which]
         for i, src in zip(self._data, sources, strict=True):
-            n = self.widths[i] * rows
-            at = body_at + offsets[i]
-            if src.dtype.itemsize != self.widths[i]:
-                raise ValueError(f"a column of {src.dtype} for {self.widths[i]}-byte values")
-            np.take(src, order, out=out[at : at + n].view(src.dtype))
-            out[at + n : body_at + _pad(at - body_at + n)] = 0
+            n, at = self.widths[i] * rows, body_at + offsets[i]
+            # (clip: in range by construction, and numpy then gathers straight into out)
+            np.take(src, order, out=out[at : at + n].view(src.dtype), mode="clip")
+            out[at + n : at + _pad(n)] = 0
         tail = out[tail_at:]
         tail[:] = self._tail
         words, which = self._tail_slots
@@ -177,8 +187,16 @@ def learn(schema: pa.Schema) -> Layout | None:
     more of them; None if its columns are not all fixed-width or its files do not
     follow one (the caller writes with pyarrow)."""
     widths: list[int] = []
-    if not all(_widths(field.type, widths) for field in schema):
+    dtypes: list[np.dtype[Any]] = []
+    if not all(_columns(field.type, widths, dtypes) for field in schema):
         return None
+    try:
+        return _learn(schema, widths, dtypes)
+    except (pa.ArrowException, ValueError):
+        return None  # pyarrow could not write it either: the caller's write will say why
+
+
+def _learn(schema: pa.Schema, widths: list[int], dtypes: list[np.dtype[Any]]) -> Layout | None:
     (va, _), (vb, _) = (_variables(widths, n) for n in _PROBES)
     (fa, _), (fb, _) = (_sample(schema, n, n) for n in _PROBES)
     a, b = _split(fa.to_pybytes(), int(va[1])), _split(fb.to_pybytes(), int(vb[1]))
@@ -187,7 +205,7 @@ def learn(schema: pa.Schema) -> Layout | None:
     meta, tail = _slots(a[1], b[1], va, vb), _slots(a[2], b[2], va, vb)
     if meta is None or tail is None:
         return None
-    layout = Layout(widths, a[0], a[1], a[2], meta, tail)
+    layout = Layout(widths, dtypes, a[0], a[1], a[2], meta, tail)
     for rows in _CHECKS:
         expected, leaves = _sample(schema, rows, rows)
         got = layout.write(rows, leaves, np.arange(rows, dtype=np.intp))

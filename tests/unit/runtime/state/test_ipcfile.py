@@ -33,12 +33,28 @@ SCALARS = [
     )
 ]
 scalar = st.sampled_from(SCALARS)
-structured = st.lists(
+fields = st.lists(
     st.tuples(st.text("abcxyz_", min_size=1, max_size=6), scalar),
     min_size=1,
     max_size=4,
     unique_by=lambda f: f[0],
-).map(np.dtype)
+)
+# Packed, aligned (padding between fields and after them), or fields out of order
+# with room to spare: a structured value's field views are strided.
+structured = st.one_of(
+    fields.map(np.dtype),
+    fields.map(lambda fs: np.dtype(fs, align=True)),
+    fields.map(
+        lambda fs: np.dtype(
+            {
+                "names": [n for n, _ in fs][::-1],
+                "formats": [t for _, t in fs][::-1],
+                "offsets": [8 * i for i in range(len(fs))][::-1],
+                "itemsize": 8 * len(fs) + 3,
+            }
+        )
+    ),
+)
 dtypes = st.one_of(scalar, structured)
 
 
@@ -108,6 +124,23 @@ def test_a_layout_refuses_columns_that_do_not_fit_it() -> None:
         layout.write(4, [kg, keys, values.astype(np.int32)], order)
     with pytest.raises(ValueError):
         layout.write(0, [kg[:0], keys[:0], values[:0]], order[:0])
+    with pytest.raises(ValueError):  # the width of a key group, not its type
+        layout.write(4, [kg.astype(np.float32), keys, values], order)
+    with pytest.raises(ValueError):  # shorter than the order
+        layout.write(4, [kg, keys, values[:3]], order)
+
+
+def test_a_struct_without_fields_is_left_to_pyarrow() -> None:
+    """Learning never raises: what pyarrow cannot write has no layout, and the
+    write says why as before."""
+    assert ipcfile.learn(_schema(np.dtype([]))) is None
+
+
+def _fields(values: Any) -> list[bytes]:
+    """A state's values as bytes, field by field (a structured dtype's padding is
+    not part of the state)."""
+    names = values.dtype.names or (None,)
+    return [np.ascontiguousarray(values if n is None else values[n]).tobytes() for n in names]
 
 
 @settings(max_examples=30, deadline=None)
@@ -120,23 +153,18 @@ def test_snapshot_files_are_the_same_with_or_without_a_layout(
     _, keys, values, _ = _columns(dtype, rows, seed)
     keys = np.unique(keys)
     values = values[: keys.size]
-    copies = [("s", "value", dtype, keys, values)]
     rng = KeyGroupRange(0, 127)
     out = []
-    for learned in (True, False):
+    for layout in (files.learn_layout("s", "value", dtype, 128, rng), None):
         root = tmp_path_factory.mktemp("w")
-        if learned:
-            handle = files._write_snapshot(str(root), copies, 128, rng, "p", False)
-        else:
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(files, "_layout", lambda *a: None)
-                handle = files._write_snapshot(str(root), copies, 128, rng, "p", False)
+        copies = [("s", "value", dtype, keys, values, layout)]
+        handle = files._write_snapshot(str(root), copies, 128, rng, "p", False)
         (entry,) = handle["states"]
         out.append((Path(entry["uri"]).read_bytes(), entry["bytes"], entry["rows"]))
         *_, got_keys, got_values = files._read_state_file(entry, handle, rng)
         by_key = np.argsort(got_keys, kind="stable")
         assert np.array_equal(got_keys[by_key], keys)
-        assert got_values[by_key].tobytes() == values.tobytes()  # (NaNs bit for bit)
+        assert _fields(got_values[by_key]) == _fields(values)  # (NaNs bit for bit)
     assert out[0] == out[1]
     assert out[0][1] == len(out[0][0])
 
@@ -149,20 +177,27 @@ def test_every_state_kind_is_written_from_a_layout(kind: str) -> None:
     assert ipcfile.learn(_schema(dtype, kind=kind)) is not None
 
 
-def test_a_state_learns_its_layout_when_declared_not_at_its_first_checkpoint(
-    tmp_path: Path,
+def test_a_state_learns_its_layout_when_declared_not_at_its_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The learning (a dozen pyarrow files, milliseconds cold) happens as an operator
-    declares its state; its checkpoints, the first included, only use it."""
-    files._layout.cache_clear()
+    declares its state; its checkpoints, the first included, write from what it
+    learned and restore as ever."""
     backend = HeapKeyedStateBackend(128, KeyGroupRange(0, 127))
     counts = backend.state(StateDescriptor("counts", "sum", np.int64))
-    assert files._layout.cache_info().currsize == 1
     counts.put(np.arange(10, dtype=np.int64), np.ones(10, np.int64))
-    handle = backend.snapshot()(str(tmp_path))
-    assert files._layout.cache_info().misses == 1
+
+    def no_learning(schema: pa.Schema) -> None:
+        raise AssertionError("a checkpoint learned a layout")
+
+    monkeypatch.setattr(ipcfile, "learn", no_learning)
+    monkeypatch.setattr(files, "learn", no_learning)
+    monkeypatch.setattr(ipcfile, "pyarrow_file", no_learning)
+    monkeypatch.setattr(files, "pyarrow_file", no_learning)
+    handles = [backend.snapshot()(str(tmp_path / f"chk-{n}")) for n in (1, 2)]
+    monkeypatch.undo()
     restored = HeapKeyedStateBackend(128, KeyGroupRange(0, 127))
-    restored.restore([handle])
+    restored.restore([handles[-1]])
     got = restored.state(StateDescriptor("counts", "sum", np.int64))
     values, present = got.get(np.arange(10, dtype=np.int64))
     assert values.tolist() == [1] * 10 and present.all()
