@@ -633,6 +633,9 @@ class CheckpointCoordinator:
         for key in p.acks:  # what a subtask that exits after this leaves
             self._last[key] = meta.tasks[key[0]].subtasks[key[1]]
             self._carried.pop(key, None)
+        # Counted and reported at once: deleting what it subsumes may wait on slow
+        # storage (seconds while S3 is unreachable), and nothing of it is the user's.
+        self._record(p.stats)
         self._retained.append(cid)
         while len(self._retained) > self.num_retained:
             old = self._retained.pop(0)
@@ -666,10 +669,6 @@ class CheckpointCoordinator:
         periodic = self.interval_s is not None and not p.stats.final
         if periodic and self.storage.prepare(self.next_id, meta):
             self._prepared = self.next_id
-        # Counted as ended last: whoever sees the count (REST, the statistics, a
-        # test) sees its completion's whole effect, subsumed folders gone and the
-        # next one's made.
-        self._record(p.stats)
         if p.stats.final:
             self._final_done = True
             self.on_final()
@@ -746,11 +745,11 @@ class CheckpointCoordinator:
             request.failed(f"checkpoint {cid} was aborted: {reason}")
         self._aborted = True  # the next completion sweeps what late writes left
         p.stats.duration_ms = (time.monotonic() - p.started) * 1000
+        self._record(p.stats)  # at once: the delete may wait on unreachable storage
         if self.storage is not None:
             self.storage.delete(cid)
         for task in self.tasks.values():
             task.post(NotifyAborted(cid))
-        self._record(p.stats)  # counted after its effect, as a completion is
 
     def _count_failure(self, cid: int, reason: str) -> None:
         """Flink's rule: more than tolerable-failed-checkpoints failures in a row fail

@@ -30,6 +30,7 @@ from spillover.runtime.checkpointing.messages import (
 from spillover.runtime.checkpointing.metadata import CheckpointStorage, new_metadata
 from spillover.runtime.jobresult import JobResult
 from spillover.storage.handle import GateKind, GateStateHandle
+from support.threads import eventually
 
 # a -> b -> d and c -> d: two sources, d has two inputs.
 
@@ -470,15 +471,21 @@ def test_the_next_checkpoints_folders_are_made_between_checkpoints(tmp_path: Pat
     in, under the next one's directory, empty and not complete. The next checkpoint
     completes in them; the job ending before the one after, its folders go."""
     h = Harness(tmp_path, interval_s=3600)  # triggered by hand only
+    folders = sorted(f"{u}-{i}" for u, i in TASKS)
+
+    def made(cid: int) -> bool:  # (after the completion is counted, on its thread)
+        ahead = Path(h.storage.checkpoint_dir(cid))
+        return ahead.is_dir() and sorted(p.name for p in ahead.iterdir()) == folders
+
     try:
         first = _complete(h, 1)
+        eventually(lambda: made(first + 1))
         ahead = Path(h.storage.checkpoint_dir(first + 1))
-        assert sorted(p.name for p in ahead.iterdir()) == sorted(f"{u}-{i}" for u, i in TASKS)
         assert not any(any(p.iterdir()) for p in ahead.iterdir())
         assert h.storage.completed_ids() == [first]
         second = _complete(h, 2)
         assert second == first + 1
-        assert Path(h.storage.checkpoint_dir(second + 1)).is_dir()
+        eventually(lambda: made(second + 1))
     finally:
         h.stop()
     assert h.storage.all_ids() == h.storage.completed_ids() == [first, second]
