@@ -71,5 +71,9 @@ setup(
             "embedsignature": True,
         },
         include_path=["src/spillover/_native", "src/spillover/_native/includes"],
+        # The C Cython makes depends on the directives above: debug and release each
+        # keep their own, so a release build never compiles the debug build's C
+        # (Cython regenerates by timestamp, not by directive).
+        build_dir=f"build/cython-{'debug' if DEBUG else 'release'}",
     ),
 )
