@@ -102,7 +102,7 @@ def measure(rows: int, runs: int, whole_only: bool = False) -> dict[str, float]:
             return sink.getvalue()
 
         data: Any = ipc(0)
-        assert layout.write(rows, [kg, keys, values], order).tobytes() == data.to_pybytes()
+        assert layout.write([kg, keys, values], order).tobytes() == data.to_pybytes()
 
         def create(i: int) -> None:
             os.close(
@@ -121,7 +121,7 @@ def measure(rows: int, runs: int, whole_only: bool = False) -> dict[str, float]:
             "gathers": lambda _: (kg[order], keys[order], values[order]),
             "raw_join": lambda _: np.concatenate([c.view(np.uint8) for c in cols]),
             "ipc": ipc,
-            "layout": lambda _: layout.write(rows, [kg, keys, values], order),
+            "layout": lambda _: layout.write([kg, keys, values], order),
             "file": file,
             "create": create,
             "write": lambda _: os.pwrite(cached, data, 0),

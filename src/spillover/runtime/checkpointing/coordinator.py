@@ -633,8 +633,8 @@ class CheckpointCoordinator:
         for key in p.acks:  # what a subtask that exits after this leaves
             self._last[key] = meta.tasks[key[0]].subtasks[key[1]]
             self._carried.pop(key, None)
-        # Counted and reported at once: deleting what it subsumes may wait on slow
-        # storage (seconds while S3 is unreachable), and nothing of it is the user's.
+        # Counted and reported before the deletes and folders below: those may wait
+        # on slow storage (seconds while S3 is unreachable).
         self._record(p.stats)
         self._retained.append(cid)
         while len(self._retained) > self.num_retained:

@@ -67,7 +67,7 @@ def _write_snapshot(
         data: pa.Buffer | npt.NDArray[np.uint8]
         if layout is not None and keys.size:  # pyarrow's bytes, the columns gathered in
             leaves = [values] if dtype.names is None else [values[n] for n in dtype.names]
-            data = layout.write(int(keys.size), [kg, keys, *leaves], order)
+            data = layout.write([kg, keys, *leaves], order)
         else:
             data = pyarrow_file(
                 pa.record_batch(

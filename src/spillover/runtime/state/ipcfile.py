@@ -83,19 +83,15 @@ class Layout:
         self._body_at = len(prefix) + len(meta)
         self._slots, self._tail_slots = slots, tail_slots
 
-    @property
-    def columns(self) -> int:
-        """How many fixed-width columns a file holds (struct fields each one)."""
-        return len(self._data)
-
     def write(
-        self, rows: int, sources: Sequence[npt.NDArray[Any]], order: npt.NDArray[np.intp]
+        self, sources: Sequence[npt.NDArray[Any]], order: npt.NDArray[np.intp]
     ) -> npt.NDArray[np.uint8]:
-        """The file of ``rows`` rows whose columns are ``sources`` (one per column,
-        fields of a struct in turn, each ``rows`` long) taken in ``order`` (a
-        permutation: ``np.argsort``'s)."""
-        if len(sources) != len(self._data) or rows < 1 or order.size != rows:
-            raise ValueError(f"{len(sources)} columns of {order.size} rows for {rows}")
+        """The file whose columns are ``sources`` (one per column, fields of a struct
+        in turn, each as long as ``order``) taken in ``order`` (a permutation:
+        ``np.argsort``'s; at least one row)."""
+        rows = order.size
+        if len(sources) != len(self.dtypes) or rows < 1:
+            raise ValueError(f"{len(sources)} columns of {rows} rows")
         for src, dtype in zip(sources, self.dtypes, strict=True):
             if src.dtype != dtype or src.shape != (rows,):
                 raise ValueError(f"a column of {src.shape} {src.dtype} for {rows} {dtype}")
@@ -208,7 +204,7 @@ def _learn(schema: pa.Schema, widths: list[int], dtypes: list[np.dtype[Any]]) ->
     layout = Layout(widths, dtypes, a[0], a[1], a[2], meta, tail)
     for rows in _CHECKS:
         expected, leaves = _sample(schema, rows, rows)
-        got = layout.write(rows, leaves, np.arange(rows, dtype=np.intp))
+        got = layout.write(leaves, np.arange(rows, dtype=np.intp))
         if got.tobytes() != expected.to_pybytes():
             return None
     return layout

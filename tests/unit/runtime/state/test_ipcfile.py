@@ -90,7 +90,7 @@ def test_a_learned_layout_writes_pyarrows_bytes(dtype: np.dtype[Any], rows: int,
     cols = _columns(dtype, rows, seed)
     kg, keys, values, order = cols
     leaves = [values] if dtype.names is None else [values[n] for n in dtype.names]
-    got = layout.write(rows, [kg, keys, *leaves], order).tobytes()
+    got = layout.write([kg, keys, *leaves], order).tobytes()
     assert got == _pyarrow(dtype, cols)
     table = pa.ipc.open_file(pa.py_buffer(got)).read_all()
     assert np.array_equal(table.column("key").to_numpy(), keys[order])
@@ -116,18 +116,18 @@ def test_a_layout_that_does_not_reproduce_pyarrows_files_is_not_used(
 
 def test_a_layout_refuses_columns_that_do_not_fit_it() -> None:
     layout = ipcfile.learn(_schema(np.dtype(np.int64)))
-    assert layout is not None and layout.columns == 3
+    assert layout is not None and len(layout.dtypes) == 3
     kg, keys, values, order = _columns(np.dtype(np.int64), 4, 1)
     with pytest.raises(ValueError):
-        layout.write(4, [kg, keys], order)
+        layout.write([kg, keys], order)
     with pytest.raises(ValueError):
-        layout.write(4, [kg, keys, values.astype(np.int32)], order)
+        layout.write([kg, keys, values.astype(np.int32)], order)
     with pytest.raises(ValueError):
-        layout.write(0, [kg[:0], keys[:0], values[:0]], order[:0])
+        layout.write([kg[:0], keys[:0], values[:0]], order[:0])
     with pytest.raises(ValueError):  # the width of a key group, not its type
-        layout.write(4, [kg.astype(np.float32), keys, values], order)
+        layout.write([kg.astype(np.float32), keys, values], order)
     with pytest.raises(ValueError):  # shorter than the order
-        layout.write(4, [kg, keys, values[:3]], order)
+        layout.write([kg, keys, values[:3]], order)
 
 
 def test_a_struct_without_fields_is_left_to_pyarrow() -> None:
