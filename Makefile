@@ -61,11 +61,12 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
-# The storage tests on a debug build (C asserts on, native handles counted): the run
-# fails unless every handle was freed. The optimised build is put back afterwards.
+# The unit and contract tests on a debug build (C asserts, bounds checks and Cython
+# line tracing on, native handles counted): the run fails unless every handle was
+# freed. The optimised build is put back afterwards.
 debug-test: $(STAMP)
 	SPILLOVER_DEBUG=1 $(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/debug
-	SPILLOVER_CHECK_LEAKS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/contract tests/unit/storage -m "not s3"; \
+	SPILLOVER_CHECK_LEAKS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/contract tests/unit -m "not s3 and not slow"; \
 	status=$$?; \
 	$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/release; \
 	exit $$status

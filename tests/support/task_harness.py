@@ -183,6 +183,14 @@ class Harness:
         self.drainer.start()
         self.task.start()
 
+    def close_downstream(self) -> None:
+        """Cancels the drained gate and waits for the drainer: a task that ends at a
+        stop sends no EndOfPartition, so nothing else ends the drainer, and its gate
+        would hold the task's buffers (and their native pool) past the test."""
+        self.out_gate.cancel()
+        self.drainer.join(5)
+        assert not self.drainer.is_alive(), "the downstream drainer did not end"
+
     def data(self, ch: int, n: int = 10) -> bytes:
         """Sends one buffer of ``n`` whole records on channel ``ch``; returns its bytes."""
         rows = np.zeros(n, DTYPE)

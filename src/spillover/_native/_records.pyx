@@ -10,6 +10,7 @@ its switch interval). Use :mod:`spillover.keygroups` and :mod:`spillover.records
 rather than this module.
 """
 
+cimport cython
 from cpython.buffer cimport PyBUF_FORMAT
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport SIZE_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t
@@ -56,12 +57,19 @@ cdef extern from "Python.h":
     void PyEval_RestoreThread(PyThreadState *)
 
 
+@cython.linetrace(False)
+@cython.profile(False)
 cdef inline PyThreadState *_release_if(bint cond) noexcept:
     """Releases the GIL when ``cond`` (a loop big enough); pair with :func:`_reacquire`.
-    Between the two only C runs: no Python object may be touched."""
+    Between the two only C runs: no Python object may be touched. Cython does not
+    know the GIL is gone there, so a debug build's line tracing (which needs it)
+    is off from the release to the reacquire: each pair sits in a
+    ``with cython.linetrace(False):`` block."""
     return PyEval_SaveThread() if cond else NULL
 
 
+@cython.linetrace(False)
+@cython.profile(False)
 cdef inline void _reacquire(PyThreadState *ts) noexcept:
     if ts is not NULL:
         PyEval_RestoreThread(ts)

@@ -121,9 +121,10 @@ cdef class Demux:
         p = &buf[0]
         cr = self._carries.get(channel)
         if cr is not None and cr.c.hdr_have:
-            ts = _release_if(n >= _NOGIL_MIN)
-            rc = spl_carry_feed(&cr.c, p, n, self.d.max_len, &used)
-            _reacquire(ts)
+            with cython.linetrace(False):
+                ts = _release_if(n >= _NOGIL_MIN)
+                rc = spl_carry_feed(&cr.c, p, n, self.d.max_len, &used)
+                _reacquire(ts)
             pos = used
             if rc == SPL_REC_OK:
                 kg = -1
@@ -138,9 +139,10 @@ cdef class Demux:
                 self._fail(rc, 0)
         if pos < n and (cr is None or not cr.c.hdr_have):
             if selector is None:
-                ts = _release_if(n >= _NOGIL_MIN)
-                rc = spl_demux_run(&self.d, p, n, &pos, NULL, SIZE_MAX, &count)
-                _reacquire(ts)
+                with cython.linetrace(False):
+                    ts = _release_if(n >= _NOGIL_MIN)
+                    rc = spl_demux_run(&self.d, p, n, &pos, NULL, SIZE_MAX, &count)
+                    _reacquire(ts)
             else:
                 cap = (n - pos) // SPL_REC_PREFIX + 1
                 if <size_t>self._off.shape[0] < cap:
@@ -166,9 +168,10 @@ cdef class Demux:
                 if cr is None:
                     cr = _Carry()
                     self._carries[channel] = cr
-                ts = _release_if(n - pos >= _NOGIL_MIN)
-                rc = spl_carry_feed(&cr.c, p + pos, n - pos, self.d.max_len, &used)
-                _reacquire(ts)
+                with cython.linetrace(False):
+                    ts = _release_if(n - pos >= _NOGIL_MIN)
+                    rc = spl_carry_feed(&cr.c, p + pos, n - pos, self.d.max_len, &used)
+                    _reacquire(ts)
                 if rc != SPL_REC_MORE:
                     self._fail(rc, pos)
         return _take_full(&self.d.packer)
@@ -182,9 +185,10 @@ cdef class Demux:
         self._check_usable()
         if n == 0:
             return []
-        ts = _release_if(n * width >= _NOGIL_MIN)
-        rc = spl_demux_rows(&self.d, &rows[0, 0], n, width, &count)
-        _reacquire(ts)
+        with cython.linetrace(False):
+            ts = _release_if(n * width >= _NOGIL_MIN)
+            rc = spl_demux_rows(&self.d, &rows[0, 0], n, width, &count)
+            _reacquire(ts)
         if rc:
             self._fail(rc, count * width)
         return _take_full(&self.d.packer)

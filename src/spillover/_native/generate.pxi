@@ -49,6 +49,7 @@ def generate_fill(
     cdef uint8_t *o = <uint8_t *>cnp.PyArray_DATA(out)
     cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(parts)
     cdef const uint8_t *pat = &pattern[0] if pattern.shape[0] else NULL
-    ts = _release_if(<size_t>total * layout.itemsize >= _NOGIL_MIN)
-    spl_gen_fill(o, &layout, p, s, c, m, seed_mix, keys, pat)
-    _reacquire(ts)
+    with cython.linetrace(False):
+        ts = _release_if(<size_t>total * layout.itemsize >= _NOGIL_MIN)
+        spl_gen_fill(o, &layout, p, s, c, m, seed_mix, keys, pat)
+        _reacquire(ts)

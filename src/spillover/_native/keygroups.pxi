@@ -16,9 +16,10 @@ def key_groups_from_hashes(const int32_t[::1] hashes, int32_t max_parallelism):
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     if n:
-        ts = _release_if(n * 8 >= _NOGIL_MIN_HASH)
-        spl_key_groups_from_hashes(&hashes[0], n, max_parallelism, &o[0])
-        _reacquire(ts)
+        with cython.linetrace(False):
+            ts = _release_if(n * 8 >= _NOGIL_MIN_HASH)
+            spl_key_groups_from_hashes(&hashes[0], n, max_parallelism, &o[0])
+            _reacquire(ts)
     return out
 
 
@@ -28,9 +29,10 @@ def key_groups_int32(const int32_t[::1] keys, int32_t max_parallelism):
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     if n:
-        ts = _release_if(n * 8 >= _NOGIL_MIN_HASH)
-        spl_key_groups_int32(&keys[0], n, max_parallelism, &o[0])
-        _reacquire(ts)
+        with cython.linetrace(False):
+            ts = _release_if(n * 8 >= _NOGIL_MIN_HASH)
+            spl_key_groups_int32(&keys[0], n, max_parallelism, &o[0])
+            _reacquire(ts)
     return out
 
 
@@ -40,9 +42,10 @@ def key_groups_int64(const int64_t[::1] keys, int32_t max_parallelism):
     out = np.empty(n, dtype=np.int32)
     cdef int32_t[::1] o = out
     if n:
-        ts = _release_if(n * 8 >= _NOGIL_MIN_HASH)
-        spl_key_groups_int64(&keys[0], n, max_parallelism, &o[0])
-        _reacquire(ts)
+        with cython.linetrace(False):
+            ts = _release_if(n * 8 >= _NOGIL_MIN_HASH)
+            spl_key_groups_int64(&keys[0], n, max_parallelism, &o[0])
+            _reacquire(ts)
     return out
 
 

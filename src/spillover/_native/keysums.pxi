@@ -126,10 +126,11 @@ def sums_add(
     cdef ptrdiff_t kstride = cnp.PyArray_STRIDE(keys, 0)
     cdef size_t n_out = 0, n_new = 0
     cdef int rc
-    ts = _release_if(n >= _NOGIL_MIN_SUMS)
-    rc = spl_sums_add(kp, kstride, vp, vstride, n, max_parallelism, kg_lo, kg_hi, runs, 2,
-                      ascending, o, o_totals, o_stride, o + 2 * n, &n_out, &n_new)
-    _reacquire(ts)
+    with cython.linetrace(False):
+        ts = _release_if(n >= _NOGIL_MIN_SUMS)
+        rc = spl_sums_add(kp, kstride, vp, vstride, n, max_parallelism, kg_lo, kg_hi, runs, 2,
+                          ascending, o, o_totals, o_stride, o + 2 * n, &n_out, &n_new)
+        _reacquire(ts)
     if rc == SPL_SUMS_E_RANGE:
         return None
     if rc == SPL_SUMS_E_NOMEM:

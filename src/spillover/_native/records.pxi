@@ -122,9 +122,10 @@ cdef class Packer:
             raise IndexError(output)
         if <size_t>payload.shape[0] > SPL_REC_MAX_LENGTH:
             raise ValueError("a record is at most 2**31 - 1 bytes")
-        ts = _release_if(payload.shape[0] >= _NOGIL_MIN)
-        rc = spl_packer_put(&self.p, output, _bytes_ptr(payload), <uint32_t>payload.shape[0])
-        _reacquire(ts)
+        with cython.linetrace(False):
+            ts = _release_if(payload.shape[0] >= _NOGIL_MIN)
+            rc = spl_packer_put(&self.p, output, _bytes_ptr(payload), <uint32_t>payload.shape[0])
+            _reacquire(ts)
         if rc:
             _raise_rc(rc, 0, "packing records")
         return _take_full(&self.p)
@@ -139,14 +140,15 @@ cdef class Packer:
             raise IndexError(output)
         _check_offsets(data, offsets)
         n = offsets.shape[0] - 1
-        ts = _release_if(data.shape[0] >= _NOGIL_MIN)
-        for i in range(<Py_ssize_t>n):
-            if offsets[i + 1] - offsets[i] > SPL_REC_MAX_LENGTH:
-                rc = -100
-                break
-        else:
-            rc = spl_packer_put_batch(&self.p, output, _bytes_ptr(data), &offsets[0], n)
-        _reacquire(ts)
+        with cython.linetrace(False):
+            ts = _release_if(data.shape[0] >= _NOGIL_MIN)
+            for i in range(<Py_ssize_t>n):
+                if offsets[i + 1] - offsets[i] > SPL_REC_MAX_LENGTH:
+                    rc = -100
+                    break
+            else:
+                rc = spl_packer_put_batch(&self.p, output, _bytes_ptr(data), &offsets[0], n)
+            _reacquire(ts)
         if rc == -100:
             raise ValueError("a record is at most 2**31 - 1 bytes")
         if rc:
@@ -162,10 +164,11 @@ cdef class Packer:
             raise IndexError(output)
         if width < 1 or width > SPL_REC_MAX_LENGTH or <size_t>data.shape[0] % width:
             raise ValueError(f"{data.shape[0]} bytes are not records of {width} bytes")
-        ts = _release_if(data.shape[0] >= _NOGIL_MIN)
-        rc = spl_packer_put_fixed(&self.p, output, _bytes_ptr(data), width,
-                                  <size_t>data.shape[0] // width)
-        _reacquire(ts)
+        with cython.linetrace(False):
+            ts = _release_if(data.shape[0] >= _NOGIL_MIN)
+            rc = spl_packer_put_fixed(&self.p, output, _bytes_ptr(data), width,
+                                      <size_t>data.shape[0] // width)
+            _reacquire(ts)
         if rc:
             _raise_rc(rc, 0, "packing records")
         return _take_full(&self.p)
@@ -251,9 +254,10 @@ cdef class Reassembler:
         cdef size_t used
         cdef uint8_t[::1] dst
         while True:
-            ts = _release_if(n - pos[0] >= _NOGIL_MIN)
-            rc = spl_carry_feed(&self.c, buf + pos[0], n - pos[0], self.max_len, &used)
-            _reacquire(ts)
+            with cython.linetrace(False):
+                ts = _release_if(n - pos[0] >= _NOGIL_MIN)
+                rc = spl_carry_feed(&self.c, buf + pos[0], n - pos[0], self.max_len, &used)
+                _reacquire(ts)
             pos[0] += used
             if rc == SPL_REC_NEED_ALLOC:
                 self._carry_arr = np.empty(self.c.len, dtype=np.uint8)
@@ -301,9 +305,10 @@ cdef class Reassembler:
             carried = self._continue(p, n, &pos)
         start = pos
         if pos < n and not self.c.hdr_have:
-            ts = _release_if(n >= _NOGIL_MIN_SCAN)
-            rc = spl_rec_scan_fixed(p, n, &pos, width, self.max_len, &count, &bad)
-            _reacquire(ts)
+            with cython.linetrace(False):
+                ts = _release_if(n >= _NOGIL_MIN_SCAN)
+                rc = spl_rec_scan_fixed(p, n, &pos, width, self.max_len, &count, &bad)
+                _reacquire(ts)
             if rc:
                 _raise_rc(rc, self._consumed + pos, "reading records")
             if bad >= 0:
@@ -338,9 +343,10 @@ cdef class Reassembler:
                 self._len = np.empty(cap, dtype=np.int64)
             o = self._off
             l = self._len
-            ts = _release_if(n >= _NOGIL_MIN_SCAN)
-            rc = spl_rec_scan(p, n, &pos, self.max_len, &o[0], &l[0], cap, &count)
-            _reacquire(ts)
+            with cython.linetrace(False):
+                ts = _release_if(n >= _NOGIL_MIN_SCAN)
+                rc = spl_rec_scan(p, n, &pos, self.max_len, &o[0], &l[0], cap, &count)
+                _reacquire(ts)
             if rc:
                 _raise_rc(rc, self._consumed + pos, "reading records")
             if pos < n:

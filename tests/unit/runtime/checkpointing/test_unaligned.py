@@ -724,3 +724,4 @@ def test_a_finished_task_holding_a_stops_savepoint_ends_with_it(
     wait_for(lambda: len(h.arrived) >= len(expected), f"downstream got {h.arrived}")
     assert h.arrived == expected
     assert h.out.finished == (savepoint == "aborted")
+    h.close_downstream()
